@@ -1,0 +1,36 @@
+//! Pure data model of preheat.
+//!
+//! This crate implements the data side of the working-set estimation and preheating of
+//! Gottschlag & Bellosa, *Reducing Response Time with Preheated Caches* (§3.1, §3.3):
+//!
+//! * [`addr`]: strong address types. A line is always named either by an absolute virtual
+//!   address ([`addr::VirtAddr`]) or relative to a memory region ([`addr::RegionLine`]); the two
+//!   never mix silently.
+//! * [`region`]: regions a profile is relative to (file-backed mappings by path + build-id/inode,
+//!   anonymous ones by kind and order), so a profile survives ASLR and restarts.
+//! * [`ws`]: line sets, the paper's k-of-n sample filter ("only those memory locations which have
+//!   been repeatedly accessed", 8 samples in the paper), address sorting and run-length encoding
+//!   with an optional gap merge.
+//! * [`profile`] and [`format`]: the versioned, checksummed `.phws` file.
+//! * [`resolve`]: turning a profile back into absolute, prioritised runs for a live process.
+//! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
+//!
+//! Invariants: no I/O, no `unsafe`, no global state. Everything here is deterministic and can be
+//! property-tested and fuzzed.
+#![forbid(unsafe_code)]
+
+pub mod addr;
+pub mod format;
+pub mod profile;
+pub mod proto;
+pub mod region;
+pub mod resolve;
+pub mod varint;
+pub mod ws;
+
+pub use addr::{RegionLine, VirtAddr, LINE_SIZE};
+pub use format::{decode_profile, encode_profile, FormatError};
+pub use profile::{Backend, BinaryIdent, FilterParams, Profile, RequestClass};
+pub use region::{AnonKind, FileIdent, Mapping, RegionKey, RegionTable};
+pub use resolve::{resolve_class, AbsRun, ResolveError, Resolved};
+pub use ws::{encode_runs, filter_k_of_n, LineSet, Run, WorkingSet, WsStats};

@@ -1,0 +1,93 @@
+//! A recorded profile: the working set of each request class of one server build.
+
+use serde::{Deserialize, Serialize};
+
+use crate::region::{FileIdent, RegionKey};
+use crate::ws::WorkingSet;
+
+/// How the working set was estimated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Backend {
+    /// Flush+reload timing probe of candidate lines (our user-space stand-in for the paper's
+    /// RAMINDEX tag dump).
+    Probe,
+    /// Exact binary-instrumentation trace (Valgrind).
+    Trace,
+    /// Hardware sampling of data addresses (AMD IBS / Intel PEBS).
+    Pmu,
+}
+
+impl Backend {
+    pub fn code(self) -> u8 {
+        match self {
+            Backend::Probe => 1,
+            Backend::Trace => 2,
+            Backend::Pmu => 3,
+        }
+    }
+    pub fn from_code(c: u8) -> Option<Backend> {
+        match c {
+            1 => Some(Backend::Probe),
+            2 => Some(Backend::Trace),
+            3 => Some(Backend::Pmu),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Probe => "probe",
+            Backend::Trace => "trace",
+            Backend::Pmu => "pmu",
+        }
+    }
+}
+
+/// The estimation filter: keep lines seen in at least `k` of `n` samples, then merge runs
+/// separated by at most `gap` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterParams {
+    pub k: u32,
+    pub n: u32,
+    pub gap: u32,
+}
+
+impl Default for FilterParams {
+    /// The paper uses 8 samples; "keep lines seen in ≥ 4 of 8" is what worked here for the probe.
+    fn default() -> Self {
+        FilterParams { k: 4, n: 8, gap: 0 }
+    }
+}
+
+/// The executable a profile was recorded for. A profile is refused for any other build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BinaryIdent {
+    pub exe: FileIdent,
+}
+
+/// One request class: requests that arrived on listening port `port`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestClass {
+    pub port: u16,
+    /// Number of samples (requests or request batches) the estimate is built from.
+    pub samples: u32,
+    pub ws: WorkingSet,
+}
+
+/// A complete profile (the content of a `.phws` file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Profile {
+    pub binary: BinaryIdent,
+    pub backend: Backend,
+    pub filter: FilterParams,
+    /// Seconds since the Unix epoch when recorded (supplied by the caller; informational).
+    pub created_unix_s: u64,
+    /// Regions referenced by the classes' working sets (by index).
+    pub regions: Vec<RegionKey>,
+    pub classes: Vec<RequestClass>,
+}
+
+impl Profile {
+    pub fn class(&self, port: u16) -> Option<&RequestClass> {
+        self.classes.iter().find(|c| c.port == port)
+    }
+}

@@ -1,0 +1,348 @@
+//! Messages between the CLI, the agent and announcers.
+//!
+//! Two channels, both local to a host:
+//!
+//! * **Control** (`<run-dir>/agent-<pid>.sock`, a Unix stream socket): one JSON [`Request`] per
+//!   line, one JSON [`Reply`] per line. Used by `preheat record`, `preheat agent status`,
+//!   profile loading and configuration. Never on a latency-critical path.
+//! * **Announcements** (`<run-dir>/agent-<pid>.trig`, a Unix datagram socket): fixed 40-byte
+//!   binary [`Announcement`]s: "a request for port P arrives at time T". This is the trigger API:
+//!   the load generator sends them today; the network arbiter's receiver daemon will send the same
+//!   datagrams unchanged.
+//!
+//! Times are `CLOCK_MONOTONIC` nanoseconds of the receiving host.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Default directory for agent sockets (overridden by `PREHEAT_RUN_DIR`).
+pub const DEFAULT_RUN_DIR: &str = "/tmp/preheat";
+
+/// Preheat strategies, composable as bit flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Strategies(pub u8);
+
+impl Strategies {
+    /// Occupy the server's core from announcement to arrival so it does not halt (anticipatory
+    /// wakeup, Zhu et al.).
+    pub const WAKE: Strategies = Strategies(1);
+    /// Prefetch the recorded working set (the paper's preheating).
+    pub const LINES: Strategies = Strategies(2);
+    /// Send a configured idempotent warm-up request through the real kernel path.
+    pub const REPLAY: Strategies = Strategies(4);
+    pub const ALL: Strategies = Strategies(7);
+    pub const NONE: Strategies = Strategies(0);
+
+    pub fn contains(self, o: Strategies) -> bool {
+        self.0 & o.0 == o.0 && o.0 != 0
+    }
+    pub fn union(self, o: Strategies) -> Strategies {
+        Strategies(self.0 | o.0)
+    }
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    /// Parse `wake+lines`, `lines,replay`, `all`, `none`.
+    pub fn parse(s: &str) -> Result<Strategies, String> {
+        let mut out = Strategies::NONE;
+        for part in s.split(['+', ',']) {
+            out = out.union(match part.trim() {
+                "wake" => Strategies::WAKE,
+                "lines" => Strategies::LINES,
+                "replay" => Strategies::REPLAY,
+                "all" => Strategies::ALL,
+                "none" | "" => Strategies::NONE,
+                other => return Err(format!(
+                    "unknown strategy '{other}' (use wake, lines, replay, all, none; join with +)"
+                )),
+            });
+        }
+        Ok(out)
+    }
+    /// `wake+lines` etc.
+    pub fn name(self) -> String {
+        let mut v = Vec::new();
+        if self.contains(Strategies::WAKE) {
+            v.push("wake");
+        }
+        if self.contains(Strategies::LINES) {
+            v.push("lines");
+        }
+        if self.contains(Strategies::REPLAY) {
+            v.push("replay");
+        }
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join("+")
+        }
+    }
+}
+
+pub const ANNOUNCE_MAGIC: [u8; 4] = *b"PHAN";
+pub const ANNOUNCE_VERSION: u8 = 1;
+pub const ANNOUNCE_LEN: usize = 40;
+
+/// "A request for `port` arrives at `arrival_ns`": the trigger datagram.
+///
+/// Layout (little endian): magic `PHAN`, version u8, strategies u8, port u16, seq u64,
+/// arrival_ns u64, sent_ns u64, budget_ns u64 (how long preheating may take at most; 0 = until
+/// arrival).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Announcement {
+    pub strategies: Strategies,
+    pub port: u16,
+    pub seq: u64,
+    pub arrival_ns: u64,
+    pub sent_ns: u64,
+    pub budget_ns: u64,
+}
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum AnnounceError {
+    #[error("announcement has {0} bytes, expected {ANNOUNCE_LEN}")]
+    Length(usize),
+    #[error("announcement has a bad magic")]
+    Magic,
+    #[error("announcement version {0} unsupported (expected {ANNOUNCE_VERSION})")]
+    Version(u8),
+    #[error("announcement has unknown strategy bits {0:#04x}")]
+    Strategy(u8),
+}
+
+impl Announcement {
+    pub fn encode(&self) -> [u8; ANNOUNCE_LEN] {
+        let mut b = [0u8; ANNOUNCE_LEN];
+        b[0..4].copy_from_slice(&ANNOUNCE_MAGIC);
+        b[4] = ANNOUNCE_VERSION;
+        b[5] = self.strategies.0;
+        b[6..8].copy_from_slice(&self.port.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..24].copy_from_slice(&self.arrival_ns.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sent_ns.to_le_bytes());
+        b[32..40].copy_from_slice(&self.budget_ns.to_le_bytes());
+        b
+    }
+
+    /// Decode without allocating (usable on the agent's trigger path).
+    pub fn decode(b: &[u8]) -> Result<Announcement, AnnounceError> {
+        if b.len() != ANNOUNCE_LEN {
+            return Err(AnnounceError::Length(b.len()));
+        }
+        if b[0..4] != ANNOUNCE_MAGIC {
+            return Err(AnnounceError::Magic);
+        }
+        if b[4] != ANNOUNCE_VERSION {
+            return Err(AnnounceError::Version(b[4]));
+        }
+        if b[5] & !Strategies::ALL.0 != 0 {
+            return Err(AnnounceError::Strategy(b[5]));
+        }
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(a)
+        };
+        Ok(Announcement {
+            strategies: Strategies(b[5]),
+            port: u16::from_le_bytes([b[6], b[7]]),
+            seq: u64_at(8),
+            arrival_ns: u64_at(16),
+            sent_ns: u64_at(24),
+            budget_ns: u64_at(32),
+        })
+    }
+}
+
+/// An address range `[start, start + len)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Range {
+    pub start: u64,
+    pub len: u64,
+}
+
+/// Control requests (CLI → agent), one JSON object per line, tagged by `cmd`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    /// Agent state and per-port counters.
+    Status,
+    /// Resident address ranges of the process's usable mappings (excluding the agent's own
+    /// library and buffers): the candidate lines for the probe backend.
+    Candidates,
+    /// Calibrate the flush+reload hit/miss threshold in this process.
+    Calibrate,
+    /// Flush every line of `ranges` (start of one probe pass).
+    ProbeFlush { ranges: Vec<Range> },
+    /// Time a reload of every line of `ranges` (random order within `window_pages`-page windows,
+    /// flushing after each probe) and return the lines that hit (`ticks < threshold`).
+    ProbeReload {
+        ranges: Vec<Range>,
+        threshold: u32,
+        window_pages: u32,
+        seed: u64,
+    },
+    /// Load and resolve a `.phws` profile (replaces the current one).
+    LoadProfile { path: String },
+    /// Drop the loaded profile.
+    UnloadProfile,
+    /// Configure a port: the warm-up request for the `replay` strategy (raw bytes as a string
+    /// with `\r\n` already decoded), the response terminator to drain, and the CPUs used to
+    /// split a `lines` preheat (empty: only the serving core).
+    Configure {
+        port: u16,
+        replay: Option<String>,
+        replay_until: Option<String>,
+        split_cpus: Vec<u32>,
+    },
+    /// Turn the agent off (hooks become pass-through) or on again.
+    SetEnabled { enabled: bool },
+}
+
+/// Per-port counters kept by the agent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortStats {
+    pub port: u16,
+    /// Busy periods attributed to this port.
+    pub busy_periods: u64,
+    /// Sum of their durations.
+    pub busy_ns: u64,
+    /// CPU and thread of the most recent busy period (where the next request will be served).
+    pub last_cpu: u32,
+    pub last_tid: u32,
+}
+
+/// Counters of the preheat path.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreheatStats {
+    pub announcements: u64,
+    /// Dropped: malformed datagram.
+    pub malformed: u64,
+    /// Dropped: arrival time already past when received.
+    pub late: u64,
+    /// Announcements for a port with no loaded working set (lines skipped).
+    pub no_profile: u64,
+    pub preheats: u64,
+    /// Preheats that finished all lines before the deadline.
+    pub completed: u64,
+    pub lines_preheated: u64,
+    pub wake_spins: u64,
+    pub replays: u64,
+    pub replay_errors: u64,
+    /// Sum of preheat durations (lines strategy), for a mean.
+    pub preheat_ns_total: u64,
+    /// Most recent preheat: lines done / total and duration.
+    pub last_lines_done: u64,
+    pub last_lines_total: u64,
+    pub last_preheat_ns: u64,
+    /// Most recent lead: arrival − time the worker started, ns (negative: late).
+    pub last_lead_ns: i64,
+}
+
+/// Summary of a loaded profile class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadedClass {
+    pub port: u16,
+    pub lines: u64,
+    pub runs: u64,
+    pub skipped_lines: u64,
+}
+
+/// Control replies, tagged by `reply`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    Status {
+        pid: u32,
+        exe: String,
+        enabled: bool,
+        /// Why the agent disabled itself, if it did.
+        disabled_reason: Option<String>,
+        threads_seen: u32,
+        ports: Vec<PortStats>,
+        preheat: PreheatStats,
+        profile: Option<String>,
+        classes: Vec<LoadedClass>,
+    },
+    Candidates {
+        ranges: Vec<Range>,
+        total_bytes: u64,
+    },
+    Calibration {
+        hit_ticks_p50: u32,
+        miss_ticks_p50: u32,
+        threshold: u32,
+        samples: u32,
+    },
+    Probed {
+        hits: Vec<u64>,
+        probed: u64,
+        elapsed_ns: u64,
+    },
+    Loaded {
+        path: String,
+        classes: Vec<LoadedClass>,
+        skipped_regions: Vec<String>,
+    },
+    Ok,
+    Error {
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn announcement_roundtrip_and_rejects() {
+        let a = Announcement {
+            strategies: Strategies::WAKE.union(Strategies::LINES),
+            port: 11211,
+            seq: 9,
+            arrival_ns: 123_456_789,
+            sent_ns: 123_000_000,
+            budget_ns: 0,
+        };
+        let b = a.encode();
+        assert_eq!(Announcement::decode(&b), Ok(a));
+        assert_eq!(
+            Announcement::decode(&b[..39]),
+            Err(AnnounceError::Length(39))
+        );
+        let mut bad = b;
+        bad[0] = b'X';
+        assert_eq!(Announcement::decode(&bad), Err(AnnounceError::Magic));
+        let mut bad = b;
+        bad[4] = 9;
+        assert_eq!(Announcement::decode(&bad), Err(AnnounceError::Version(9)));
+        let mut bad = b;
+        bad[5] = 0x80;
+        assert_eq!(
+            Announcement::decode(&bad),
+            Err(AnnounceError::Strategy(0x80))
+        );
+    }
+
+    #[test]
+    fn strategies_parse() {
+        assert_eq!(Strategies::parse("wake+lines").unwrap().0, 3);
+        assert_eq!(Strategies::parse("all").unwrap(), Strategies::ALL);
+        assert!(Strategies::parse("warp").is_err());
+        assert_eq!(Strategies(5).name(), "wake+replay");
+    }
+
+    #[test]
+    fn control_json_shape() {
+        let r: Request =
+            serde_json::from_str(r#"{"cmd":"load_profile","path":"/x.phws"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::LoadProfile {
+                path: "/x.phws".into()
+            }
+        );
+        let s = serde_json::to_string(&Reply::Ok).unwrap();
+        assert_eq!(s, r#"{"reply":"ok"}"#);
+    }
+}
