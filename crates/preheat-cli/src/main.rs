@@ -1,1 +1,434 @@
-fn main(){}
+//! `preheat`: the one front door.
+//!
+//! Preheat makes a latency-critical server answer the first request after an idle period as
+//! fast as a warm one: it estimates the server's per-request cache-line working set (`record`),
+//! and when a request is announced ahead of its arrival it wakes the server's core, loads that
+//! working set and warms the kernel path (`run`, `announce`). `demo` shows it end to end on the
+//! bundled server with honest, labeled measurements.
+
+mod agentctl;
+mod bench;
+mod demo;
+mod launch;
+mod paths;
+mod record;
+mod servers;
+mod show;
+mod stats;
+mod topo;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use preheat_model::proto::{Announcement, Request, Strategies};
+use preheat_model::FilterParams;
+
+#[derive(Parser)]
+#[command(
+    name = "preheat",
+    version,
+    about = "Preheat CPU caches of latency-critical servers before announced requests arrive",
+    long_about = "preheat estimates a server's per-request cache-line working set, and when a request \
+is announced ahead of its arrival (by a load generator today, a centrally arbitrated network later) \
+it wakes the server's core, loads the working set and warms the kernel path, so the first request \
+after an idle period is served like a warm one.\n\nStart with `preheat demo`.",
+    after_help = "Environment: PREHEAT_RUN_DIR (agent sockets, default /tmp/preheat), \
+PREHEAT_AGENT_SO and PREHEAT_KV_BIN (companion artifacts)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Record a working set, then measure warm / cold / preheated response times side by side.
+    Demo(demo::DemoArgs),
+    /// Estimate a server's per-request working set and write it to a .phws file.
+    #[command(
+        long_about = "Estimate a server's per-request working set (paper §3.1) and write it to a \
+.phws file.\n\nEither name a known server (--server kv|memcached), which preheat starts, loads and \
+queries itself, or give a command after `--` together with --port and --request.\n\nExamples:\n  \
+preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 11311 \
+--request 'get k\\r\\n' --until 'END\\r\\n' -- memcached -p 11311 -U 0 -t 1"
+    )]
+    Record(RecordArgs),
+    /// Working-set files.
+    Ws {
+        #[command(subcommand)]
+        cmd: WsCmd,
+    },
+    /// Start a server with the agent attached (and a profile loaded) and keep it running.
+    Run(RunArgs),
+    /// Announce a request ("a request for PORT arrives in LEAD µs") to the agents serving PORT.
+    Announce(AnnounceArgs),
+    /// Talk to running agents.
+    Agent {
+        #[command(subcommand)]
+        cmd: AgentCmd,
+    },
+    /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
+    Bench(bench::BenchArgs),
+    /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
+    Topology {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum WsCmd {
+    /// Print lines, runs, KiB, encoded bytes and the paper's size metric.
+    Show {
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum AgentCmd {
+    /// Status and counters of every agent (or of --pid).
+    Status {
+        #[arg(long)]
+        pid: Option<u32>,
+    },
+    /// Load a working-set file into the agent of --pid (replaces its profile).
+    Load {
+        #[arg(long)]
+        pid: u32,
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct FilterArgs {
+    /// Samples per working-set estimate (the paper uses 8).
+    #[arg(long, default_value_t = 8)]
+    samples: u32,
+    /// Keep lines seen in at least this many samples.
+    #[arg(long, default_value_t = 4)]
+    keep: u32,
+    /// Merge runs separated by at most this many lines.
+    #[arg(long, default_value_t = 0)]
+    gap: u32,
+}
+
+impl FilterArgs {
+    fn params(&self) -> Result<FilterParams> {
+        if self.samples == 0 || self.keep == 0 || self.keep > self.samples {
+            bail!(
+                "--keep must be between 1 and --samples (got keep {} of {})",
+                self.keep,
+                self.samples
+            );
+        }
+        Ok(FilterParams {
+            k: self.keep,
+            n: self.samples,
+            gap: self.gap,
+        })
+    }
+}
+
+#[derive(Args)]
+struct RecordArgs {
+    /// Output file (.phws), written atomically.
+    #[arg(long, short)]
+    out: PathBuf,
+    /// A server preheat knows how to start and query.
+    #[arg(long, value_enum, conflicts_with = "command")]
+    server: Option<servers::Known>,
+    /// Estimation backend.
+    #[arg(long, value_enum, default_value = "auto")]
+    backend: record::BackendChoice,
+    /// Port of the request class (required with a command).
+    #[arg(long)]
+    port: Option<u16>,
+    /// The request to sample, with \r \n escapes (required with a command).
+    #[arg(long)]
+    request: Option<String>,
+    /// The reply ends with these bytes (\r \n escapes).
+    #[arg(long, default_value = "\\r\\n")]
+    until: String,
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Largest flush+reload pass in KiB (larger passes evict what they measure).
+    #[arg(long, default_value_t = 1024)]
+    chunk_kib: u64,
+    /// Keep lines that also appear without a request (default: subtract them).
+    #[arg(long)]
+    keep_noise: bool,
+    /// CPU to pin the server to (default: the last CPU).
+    #[arg(long)]
+    server_cpu: Option<usize>,
+    /// The server command (after --).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Working-set file to load into the agent.
+    #[arg(long)]
+    profile: Option<PathBuf>,
+    /// Port to configure (replay request etc.).
+    #[arg(long)]
+    port: u16,
+    /// Warm-up request for the replay strategy (\r \n escapes).
+    #[arg(long)]
+    replay: Option<String>,
+    /// Reply terminator of the warm-up request.
+    #[arg(long, default_value = "\\r\\n")]
+    replay_until: String,
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+struct AnnounceArgs {
+    #[arg(long)]
+    port: u16,
+    /// How far ahead the request arrives, µs (Fastpass computes schedules ~65 µs ahead).
+    #[arg(long, default_value_t = 65)]
+    lead_us: u64,
+    /// Strategies: wake, lines, replay, joined with + (or all).
+    #[arg(long, default_value = "wake+lines")]
+    strategies: String,
+    /// Only this agent (default: every agent found).
+    #[arg(long)]
+    pid: Option<u32>,
+}
+
+fn main() {
+    launch::install_cleanup();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("preheat: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Record(a) => cmd_record(a),
+        Cmd::Ws {
+            cmd: WsCmd::Show { file, json },
+        } => show::show(&file, json),
+        Cmd::Run(a) => cmd_run(a),
+        Cmd::Announce(a) => cmd_announce(a),
+        Cmd::Agent { cmd } => cmd_agent(cmd),
+        Cmd::Topology { json } => topo::print(json),
+        Cmd::Bench(a) => bench::run(a),
+    }
+}
+
+fn default_server_cpu() -> usize {
+    preheat_engine::os::online_cpus().saturating_sub(1)
+}
+
+fn cmd_record(a: RecordArgs) -> Result<()> {
+    let filter = a.filter.params()?;
+    let params = record::RecordParams {
+        filter,
+        chunk_bytes: a.chunk_kib * 1024,
+        subtract_noise: !a.keep_noise,
+        ..Default::default()
+    };
+    let server_cpu = a.server_cpu.unwrap_or_else(default_server_cpu);
+    let (spec, workload, known) = match (a.server, a.command.is_empty()) {
+        (Some(k), _) => {
+            let port = match a.port {
+                Some(p) => p,
+                None => launch::free_port()?,
+            };
+            (k.spec(port, vec![server_cpu], true)?, k.workload(), Some(k))
+        }
+        (None, false) => {
+            let (Some(port), Some(req)) = (a.port, a.request.as_ref()) else {
+                bail!("with a server command, give --port and --request (see --help)");
+            };
+            let req = launch::unescape(req).into_bytes();
+            let spec = launch::ServerSpec {
+                name: "server".into(),
+                argv: a.command.clone(),
+                port,
+                agent: true,
+                cpus: vec![server_cpu],
+                env: vec![],
+                agent_only: None,
+            };
+            let w = servers::Workload {
+                request: req.clone(),
+                until: launch::unescape(&a.until).into_bytes(),
+                replay: req,
+                replay_until: launch::unescape(&a.until).into_bytes(),
+                expect_prefix: vec![],
+            };
+            (spec, w, None)
+        }
+        (None, true) => {
+            bail!("name a server (--server kv) or give its command after -- (see --help)")
+        }
+    };
+    let backend = match a.backend {
+        record::BackendChoice::Auto => {
+            if preheat_engine::topology::has_pmu() {
+                eprintln!("preheat: a PMU is present, but the pmu backend is not implemented yet; using probe");
+            }
+            record::BackendChoice::Probe
+        }
+        record::BackendChoice::Pmu => {
+            if !preheat_engine::topology::has_pmu() {
+                bail!("backend pmu: this machine exposes no hardware PMU (perf_event_open of cycles fails; typical of VMs without a virtual PMU); use --backend probe (flush+reload) or --backend trace (Valgrind)");
+            }
+            bail!("backend pmu: IBS/PEBS data-address sampling is not implemented yet; use --backend probe or trace");
+        }
+        b => b,
+    };
+    let rec = match backend {
+        record::BackendChoice::Probe => {
+            let dir = tempdir("record")?;
+            let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
+            if let Some(k) = known {
+                k.prepare(&mut launch::Client::connect(server.addr())?)?;
+            }
+            let pid = record::serving_agent(&server, &workload)?;
+            eprintln!(
+                "preheat: recording port {} of {} (pid {pid}) with the probe backend: {} samples, keep >= {}",
+                server.spec.port, server.spec.name, filter.n, filter.k
+            );
+            record::record_probe(&server, pid, &workload, &params)?
+        }
+        record::BackendChoice::Trace => {
+            bail!("backend trace: not wired into the CLI yet")
+        }
+        _ => unreachable!(),
+    };
+    record::write_profile(&a.out, &rec.profile)?;
+    let st = rec.profile.classes[0].ws.stats();
+    println!(
+        "wrote {}: {} lines ({:.1} KiB) in {} runs, {} encoded bytes; {} requests, {:.1} s [measured: {} samples, probe threshold {} ticks]",
+        a.out.display(),
+        st.lines,
+        st.kib,
+        st.runs,
+        st.encoded_bytes,
+        rec.stats.requests_sent,
+        rec.stats.seconds,
+        rec.stats.samples,
+        rec.stats.threshold_ticks
+    );
+    Ok(())
+}
+
+/// A fresh private temporary directory under the system temp dir.
+pub fn tempdir(what: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
+
+fn cmd_run(a: RunArgs) -> Result<()> {
+    let spec = launch::ServerSpec {
+        name: "server".into(),
+        argv: a.command.clone(),
+        port: a.port,
+        agent: true,
+        cpus: vec![],
+        env: vec![],
+        agent_only: None,
+    };
+    let dir = tempdir("run")?;
+    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
+    for pid in server.agent_pids() {
+        let mut c = agentctl::AgentClient::connect(&server.run_dir, pid)?;
+        if let Some(p) = &a.profile {
+            let r = c.call(&Request::LoadProfile {
+                path: std::fs::canonicalize(p)?.to_string_lossy().into_owned(),
+            })?;
+            println!("pid {pid}: {}", serde_json::to_string(&r)?);
+        }
+        c.call(&Request::Configure {
+            port: a.port,
+            replay: a.replay.as_deref().map(launch::unescape),
+            replay_until: Some(launch::unescape(&a.replay_until)),
+            split_cpus: vec![],
+        })?;
+    }
+    println!(
+        "server pid {} on port {} with agents {:?}; log {}; Ctrl-C stops it",
+        server.pid(),
+        a.port,
+        server.agent_pids(),
+        server.log.display()
+    );
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        if !std::path::Path::new(&format!("/proc/{}", server.pid())).exists() {
+            bail!("server exited; log:\n{}", server.log_tail());
+        }
+    }
+}
+
+fn cmd_announce(a: AnnounceArgs) -> Result<()> {
+    let strategies = Strategies::parse(&a.strategies).map_err(anyhow::Error::msg)?;
+    let dir = paths::run_dir();
+    let pids = match a.pid {
+        Some(p) => vec![p],
+        None => agentctl::discover(&dir),
+    };
+    if pids.is_empty() {
+        bail!("no agents found in {}", dir.display());
+    }
+    let mut ann = agentctl::Announcer::new(&dir, &pids)?;
+    let now = preheat_engine::time::now_ns();
+    let n = ann.send(Announcement {
+        strategies,
+        port: a.port,
+        seq: 0,
+        arrival_ns: now + a.lead_us * 1000,
+        sent_ns: now,
+        budget_ns: 0,
+    });
+    println!(
+        "announced port {} in {} µs ({}) to {n} of {} agents",
+        a.port,
+        a.lead_us,
+        strategies.name(),
+        pids.len()
+    );
+    Ok(())
+}
+
+fn cmd_agent(cmd: AgentCmd) -> Result<()> {
+    let dir = paths::run_dir();
+    match cmd {
+        AgentCmd::Status { pid } => {
+            let pids = match pid {
+                Some(p) => vec![p],
+                None => agentctl::discover(&dir),
+            };
+            if pids.is_empty() {
+                println!("no agents running (run dir {})", dir.display());
+            }
+            for p in pids {
+                let r = agentctl::AgentClient::connect(&dir, p)?.call(&Request::Status)?;
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            }
+            Ok(())
+        }
+        AgentCmd::Load { pid, file } => {
+            let path =
+                std::fs::canonicalize(&file).with_context(|| format!("{}", file.display()))?;
+            let r = agentctl::AgentClient::connect(&dir, pid)?.call(&Request::LoadProfile {
+                path: path.to_string_lossy().into_owned(),
+            })?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+    }
+}

@@ -52,9 +52,11 @@ impl Strategies {
                 "replay" => Strategies::REPLAY,
                 "all" => Strategies::ALL,
                 "none" | "" => Strategies::NONE,
-                other => return Err(format!(
+                other => {
+                    return Err(format!(
                     "unknown strategy '{other}' (use wake, lines, replay, all, none; join with +)"
-                )),
+                ))
+                }
             });
         }
         Ok(out)

@@ -84,6 +84,11 @@ impl<'a> Reader<'a> {
             }
             v |= part << (7 * i);
             if b & 0x80 == 0 {
+                // Canonical encodings only: a final zero byte after the first is overlong, and
+                // accepting it would give one profile several byte encodings.
+                if i > 0 && b == 0 {
+                    return Err(ReadError::BadVarint { offset: start });
+                }
                 return Ok(v);
             }
         }
@@ -117,5 +122,9 @@ mod tests {
         let mut ten = [0xffu8; 10];
         ten[9] = 0x02; // would overflow 64 bits
         assert!(Reader::new(&ten).varint().is_err());
+        assert!(
+            Reader::new(&[0x80, 0x00]).varint().is_err(),
+            "overlong zero"
+        );
     }
 }

@@ -1,0 +1,329 @@
+//! `preheat bench`: speed targets as ratios against baselines measured in the same run.
+//!
+//! * `preheat` — preheat throughput (GB/s of lines made cache-resident) for a synthetic working set
+//!   shaped like recorded ones (short runs scattered over a large heap), each trial after an
+//!   eviction sweep, methods interleaved in shuffled order:
+//!   - `plain-load`: a plain loop loading one byte of each line in sorted order (the baseline the
+//!     issue names);
+//!   - `limit`: the machine's scattered-line limit on the same lines: the best of raw prefetch
+//!     and raw independent loads over a flat address array (no RLE decoding, no deadline checks);
+//!   - `preheat-1`: `preheat_runs` on one core (RLE runs, deadline checks);
+//!   - `preheat-2`: the runs split across two cores with `ParallelPreheater`.
+//!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1.
+//! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
+//!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use preheat_model::AbsRun;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::launch::{self, Client};
+use crate::paths;
+use crate::servers::Known;
+use crate::stats::{summarize, Summary};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: Which,
+    /// Print JSON.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Which {
+    /// Preheat throughput vs a plain load loop and the scattered-line limit; 2 cores vs 1.
+    Preheat {
+        /// Working-set size in KiB (the paper's memcached set: 142 KiB).
+        #[arg(long, default_value_t = 192)]
+        ws_kib: u64,
+        /// Trials per method.
+        #[arg(long, default_value_t = 40)]
+        trials: usize,
+    },
+    /// Agent overhead on warm requests (bundled server).
+    Agent {
+        /// Requests per run.
+        #[arg(long, default_value_t = 20000)]
+        requests: usize,
+        /// Runs per configuration (alternating).
+        #[arg(long, default_value_t = 4)]
+        runs: usize,
+    },
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    match a.which {
+        Which::Preheat { ws_kib, trials } => bench_preheat(ws_kib, trials, a.json),
+        Which::Agent { requests, runs } => bench_agent(requests, runs, a.json),
+    }
+}
+
+#[derive(Serialize)]
+struct MethodResult {
+    method: &'static str,
+    /// Time per trial, µs.
+    time_us: Summary,
+    gb_per_s_p50: f64,
+}
+
+#[derive(Serialize)]
+struct PreheatBench {
+    label: &'static str,
+    lines: u64,
+    runs: u64,
+    trials: usize,
+    methods: Vec<MethodResult>,
+    preheat1_over_limit: f64,
+    preheat1_over_plain: f64,
+    preheat2_over_preheat1: Option<f64>,
+}
+
+/// Short runs (geometric, mean ~2.5 lines) scattered over `heap`.
+fn synthetic_ws(heap: &[u8], lines_wanted: u64, seed: u64) -> Vec<AbsRun> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let base = (heap.as_ptr() as u64 + 63) & !63;
+    let nlines_heap = (heap.len() as u64 - 64) / 64;
+    let mut starts = std::collections::BTreeMap::new();
+    let mut total = 0;
+    while total < lines_wanted {
+        let mut len = 1u32;
+        while rng.gen_bool(0.6) && len < 32 {
+            len += 1;
+        }
+        let start = rng.gen_range(0..nlines_heap - 64);
+        if starts.insert(start, len).is_none() {
+            total += len as u64;
+        }
+    }
+    // Merge overlaps so lines are distinct.
+    let mut runs: Vec<AbsRun> = Vec::new();
+    for (s, l) in starts {
+        if let Some(last) = runs.last_mut() {
+            let last_end = (last.addr - base) / 64 + last.lines as u64;
+            if s <= last_end {
+                let end = (s + l as u64).max(last_end);
+                last.lines = (end - (last.addr - base) / 64) as u32;
+                continue;
+            }
+        }
+        runs.push(AbsRun {
+            addr: base + s * 64,
+            lines: l,
+            exec: false,
+        });
+    }
+    runs
+}
+
+fn bench_preheat(ws_kib: u64, trials: usize, json: bool) -> Result<()> {
+    let ncpu = preheat_engine::os::online_cpus();
+    let heap = vec![1u8; 256 << 20];
+    let runs = synthetic_ws(&heap, ws_kib * 1024 / 64, 7);
+    let addrs: Vec<usize> = runs
+        .iter()
+        .flat_map(|r| (0..r.lines as u64).map(move |i| (r.addr + i * 64) as usize))
+        .collect();
+    let lines = addrs.len() as u64;
+    let sweep = preheat_engine::sweep::EvictionBuffer::new(128 << 20);
+    let parallel = if ncpu >= 2 {
+        Some(
+            preheat_engine::preheat::ParallelPreheater::new(&[1])
+                .context("starting a preheat worker on CPU 1")?,
+        )
+    } else {
+        None
+    };
+    preheat_engine::os::set_affinity(&[0])?;
+    let pieces = preheat_engine::preheat::split_runs(&runs, 2);
+    let mut methods: Vec<&'static str> =
+        vec!["plain-load", "limit-prefetch", "limit-load", "preheat-1"];
+    if parallel.is_some() {
+        methods.push("preheat-2");
+    }
+    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut rng = rand::thread_rng();
+    let mut sink = 0u64;
+    for _ in 0..trials {
+        let mut order = methods.clone();
+        order.shuffle(&mut rng);
+        for m in order {
+            sweep.sweep();
+            let t0 = preheat_engine::time::now_ns();
+            match m {
+                "plain-load" => sink ^= preheat_engine::preheat::plain_load(&addrs),
+                "limit-prefetch" => preheat_engine::preheat::prefetch_addrs(&addrs),
+                "limit-load" => sink ^= preheat_engine::preheat::independent_loads(&addrs),
+                "preheat-1" => {
+                    preheat_engine::preheat::preheat_runs(&runs, None);
+                }
+                "preheat-2" => {
+                    if let Some(p) = &parallel {
+                        let (a, b) = (
+                            &pieces[0],
+                            pieces.get(1).map(|v| v.as_slice()).unwrap_or(&[]),
+                        );
+                        p.run(a, &[b], None);
+                    }
+                }
+                _ => unreachable!(),
+            }
+            let dt = preheat_engine::time::now_ns() - t0;
+            times.entry(m).or_default().push(dt as f64 / 1e3);
+        }
+    }
+    std::hint::black_box(sink);
+    let bytes = (lines * 64) as f64;
+    let res: Vec<MethodResult> = methods
+        .iter()
+        .map(|m| {
+            let s = summarize(&times[m]);
+            MethodResult {
+                method: m,
+                gb_per_s_p50: bytes / (s.p50 * 1e3),
+                time_us: s,
+            }
+        })
+        .collect();
+    let gb = |m: &str| res.iter().find(|r| r.method == m).map(|r| r.gb_per_s_p50);
+    let limit = gb("limit-prefetch")
+        .unwrap_or(0.0)
+        .max(gb("limit-load").unwrap_or(0.0));
+    let p1 = gb("preheat-1").unwrap_or(0.0);
+    let out = PreheatBench {
+        label: "measured",
+        lines,
+        runs: runs.len() as u64,
+        trials,
+        preheat1_over_limit: p1 / limit,
+        preheat1_over_plain: p1 / gb("plain-load").unwrap_or(f64::NAN),
+        preheat2_over_preheat1: gb("preheat-2").map(|p2| p2 / p1),
+        methods: res,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "preheat throughput [measured: {} lines ({:.0} KiB) in {} runs, {} trials per method, each after a 128 MiB sweep]",
+        out.lines,
+        (out.lines * 64) as f64 / 1024.0,
+        out.runs,
+        trials
+    );
+    for r in &out.methods {
+        println!(
+            "  {:<15} p50 {:>8.1} µs (95% CI {:.1}–{:.1})  {:>6.2} GB/s",
+            r.method, r.time_us.p50, r.time_us.p50_lo, r.time_us.p50_hi, r.gb_per_s_p50
+        );
+    }
+    println!(
+        "  preheat-1 / limit = {:.2} (goal >= 0.90); preheat-1 / plain-load = {:.2}; preheat-2 / preheat-1 = {} (goal >= 1.6)",
+        out.preheat1_over_limit,
+        out.preheat1_over_plain,
+        out.preheat2_over_preheat1
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "n/a (1 CPU)".into())
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct AgentBench {
+    label: &'static str,
+    requests_per_run: usize,
+    runs: usize,
+    without: Summary,
+    with: Summary,
+    throughput_without: f64,
+    throughput_with: f64,
+    throughput_loss: f64,
+    p50_delta_us: f64,
+}
+
+fn one_run(agent: bool, requests: usize) -> Result<(Vec<f64>, f64)> {
+    let ncpu = preheat_engine::os::online_cpus();
+    let port = launch::free_port()?;
+    let spec = Known::Kv.spec(port, vec![ncpu - 1], agent)?;
+    let dir = crate::tempdir("bench")?;
+    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
+    let w = Known::Kv.workload();
+    let mut c = Client::connect(server.addr())?;
+    for _ in 0..1000 {
+        c.request(&w.request, &w.until)?;
+    }
+    let mut lat = Vec::with_capacity(requests);
+    let t0 = preheat_engine::time::now_ns();
+    for _ in 0..requests {
+        let a = preheat_engine::time::now_ns();
+        let r = c.request(&w.request, &w.until)?;
+        if !r.starts_with(&w.expect_prefix) {
+            bail!("wrong reply during the benchmark");
+        }
+        lat.push((preheat_engine::time::now_ns() - a) as f64 / 1e3);
+    }
+    let secs = (preheat_engine::time::now_ns() - t0) as f64 / 1e9;
+    Ok((lat, requests as f64 / secs))
+}
+
+fn bench_agent(requests: usize, runs: usize, json: bool) -> Result<()> {
+    if preheat_engine::os::online_cpus() >= 2 {
+        preheat_engine::os::set_affinity(&[0])?;
+    }
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut tw, mut two) = (Vec::new(), Vec::new());
+    for i in 0..runs * 2 {
+        let agent = i % 2 == 1;
+        let (lat, tput) = one_run(agent, requests)?;
+        if agent {
+            with.extend(lat);
+            tw.push(tput);
+        } else {
+            without.extend(lat);
+            two.push(tput);
+        }
+    }
+    let med = |v: &[f64]| summarize(v).p50;
+    let out = AgentBench {
+        label: "measured",
+        requests_per_run: requests,
+        runs,
+        without: summarize(&without),
+        with: summarize(&with),
+        throughput_without: med(&two),
+        throughput_with: med(&tw),
+        throughput_loss: 1.0 - med(&tw) / med(&two),
+        p50_delta_us: summarize(&with).p50 - summarize(&without).p50,
+    };
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "agent overhead on warm GETs to preheat-kv [measured: {} runs x {} requests per configuration, alternating, closed loop, 1 connection]",
+        runs, requests
+    );
+    println!(
+        "  without agent: {:.0} req/s, p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
+        out.throughput_without,
+        out.without.p50,
+        out.without.p50_lo,
+        out.without.p50_hi,
+        out.without.p99
+    );
+    println!(
+        "  with agent:    {:.0} req/s, p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
+        out.throughput_with, out.with.p50, out.with.p50_lo, out.with.p50_hi, out.with.p99
+    );
+    println!(
+        "  throughput loss {:.2}% (goal <= 1%); p50 delta {:+.2} µs (goal <= 1 µs)",
+        out.throughput_loss * 100.0,
+        out.p50_delta_us
+    );
+    Ok(())
+}

@@ -1,0 +1,496 @@
+//! `preheat demo`: the paper's Table 1 in miniature, on the bundled server (or memcached).
+//!
+//! 1. Start the server pinned to one CPU with the agent attached; the client runs on another.
+//! 2. Record the per-request working set (probe backend by default) and load it into the agent.
+//! 3. Run interleaved, shuffled rounds. Every round measures each mode once, in random order:
+//!    * `warm`        — right after a previous request;
+//!    * `cold-idle`   — after an idle gap (real idle: the vCPU halts, other tenants evict);
+//!    * `cold-sweep`  — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
+//!                      loss of a deep sleep state, as the paper's flush) plus a short gap;
+//!    * `control`     — the same gap as `cold-sweep` without the sweep (separates wakeup cost
+//!                      from cache loss);
+//!    * `preheat:S`   — like `cold-sweep`, but the request is announced `lead` µs ahead and
+//!                      the agent applies strategies S (wake, lines, replay, combinations).
+//! 4. Print response-time p50/p99 with 95% CIs and, for preheat rows, the working-set size, runs,
+//!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed.
+//!
+//! Response time is measured by the client from the moment it sends (for announced requests:
+//! at the announced arrival time) until the full reply is read. Everything printed is measured
+//! on this machine unless labeled otherwise; the paper's numbers are printed as the paper's.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use preheat_model::proto::{Announcement, Reply, Request, Strategies};
+use rand::seq::SliceRandom;
+use serde::Serialize;
+
+use crate::agentctl::{AgentClient, Announcer};
+use crate::launch::{self, Client};
+use crate::paths;
+use crate::record::{self, RecordParams};
+use crate::servers::Known;
+use crate::stats::{summarize, Summary};
+
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Server to run the demo on.
+    #[arg(long, value_enum, default_value = "kv")]
+    pub server: Known,
+    /// Rounds (each measures every mode once, in shuffled order).
+    #[arg(long, default_value_t = 150)]
+    pub rounds: usize,
+    /// Announcement lead time, µs (Fastpass schedules ~65 µs ahead).
+    #[arg(long, default_value_t = 65)]
+    pub lead_us: u64,
+    /// Idle gap before a cold-idle request, ms.
+    #[arg(long, default_value_t = 20)]
+    pub idle_ms: u64,
+    /// Eviction sweep size, MiB.
+    #[arg(long, default_value_t = 128)]
+    pub sweep_mib: usize,
+    /// Gap after the sweep before the request, µs (the server CPU goes idle meanwhile).
+    #[arg(long, default_value_t = 1000)]
+    pub post_gap_us: u64,
+    /// Preheat strategies to compare, comma separated (each may combine with +).
+    #[arg(long, default_value = "wake,lines,replay,wake+lines,all")]
+    pub strategies: String,
+    /// Use this working-set file instead of recording one.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Samples for the recording (the paper uses 8).
+    #[arg(long, default_value_t = 8)]
+    pub samples: u32,
+    /// Keep lines seen in at least this many samples.
+    #[arg(long, default_value_t = 4)]
+    pub keep: u32,
+    /// Server CPU (default: the last CPU); the client uses another one.
+    #[arg(long)]
+    pub server_cpu: Option<usize>,
+    /// Write all results (per-request records and the table) as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Print the table as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Warm,
+    ColdIdle,
+    ColdSweep,
+    Control,
+    Preheat(Strategies),
+}
+
+impl Mode {
+    fn name(self) -> String {
+        match self {
+            Mode::Warm => "warm".into(),
+            Mode::ColdIdle => "cold-idle".into(),
+            Mode::ColdSweep => "cold-sweep".into(),
+            Mode::Control => "control".into(),
+            Mode::Preheat(s) => format!("preheat:{}", s.name()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Sample {
+    mode: String,
+    round: usize,
+    latency_us: f64,
+    /// For preheat modes: what the agent reported for this announcement.
+    lines_done: u64,
+    lines_total: u64,
+    preheat_us: f64,
+    /// Arrival time minus the time the agent's worker started, µs.
+    worker_lead_us: f64,
+    sweep_us: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    mode: String,
+    latency: Summary,
+    /// Share of the cold-sweep p50 overhead (over warm) removed.
+    overhead_removed: Option<f64>,
+    ws_kib: Option<f64>,
+    runs: Option<u64>,
+    encoded_bytes: Option<u64>,
+    preheat_us_p50: Option<f64>,
+    gb_per_s: Option<f64>,
+    completed_share: Option<f64>,
+    worker_lead_us_p50: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Output {
+    server: String,
+    machine: String,
+    label: &'static str,
+    rounds: usize,
+    lead_us: u64,
+    server_cpu: usize,
+    client_cpu: usize,
+    record: Option<record::RecordStats>,
+    rows: Vec<Row>,
+    samples: Vec<Sample>,
+}
+
+fn agent_preheat(c: &mut AgentClient) -> Result<preheat_model::proto::PreheatStats> {
+    match c.call(&Request::Status)? {
+        Reply::Status { preheat, .. } => Ok(preheat),
+        other => bail!("unexpected status reply {other:?}"),
+    }
+}
+
+fn spin_until(t_ns: u64) {
+    while preheat_engine::time::now_ns() < t_ns {
+        std::hint::spin_loop();
+    }
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    let ncpu = preheat_engine::os::online_cpus();
+    if ncpu < 2 {
+        bail!(
+            "the demo needs 2 CPUs (server and client on different CPUs); this machine has {ncpu}"
+        );
+    }
+    let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
+    let client_cpu = if server_cpu == 0 { 1 } else { 0 };
+    let mut modes = vec![Mode::Warm, Mode::ColdIdle, Mode::ColdSweep, Mode::Control];
+    for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
+        let st = Strategies::parse(s).map_err(anyhow::Error::msg)?;
+        modes.push(Mode::Preheat(st));
+    }
+    preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
+
+    let dir = crate::tempdir("demo")?;
+    let port = launch::free_port()?;
+    let spec = a.server.spec(port, vec![server_cpu], true)?;
+    eprintln!(
+        "demo: starting {} on CPU {server_cpu} (port {port}) with the agent; client on CPU {client_cpu}",
+        spec.name
+    );
+    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
+    let w = a.server.workload();
+    let mut client = Client::connect(server.addr())?;
+    a.server.prepare(&mut client)?;
+    let pid = record::serving_agent(&server, &w)?;
+
+    // Estimation phase.
+    let (profile_path, rec_stats) = match &a.profile {
+        Some(p) => (p.clone(), None),
+        None => {
+            let params = RecordParams {
+                filter: preheat_model::FilterParams {
+                    k: a.keep,
+                    n: a.samples,
+                    gap: 0,
+                },
+                ..Default::default()
+            };
+            eprintln!(
+                "demo: recording the working set (probe backend, {} samples, keep >= {})",
+                a.samples, a.keep
+            );
+            let rec = record::record_probe(&server, pid, &w, &params)?;
+            let path = dir.join(format!("{}.phws", server.spec.name));
+            record::write_profile(&path, &rec.profile)?;
+            (path, Some(rec.stats))
+        }
+    };
+    let profile = record::read_profile(&profile_path)?;
+    let ws_stats = profile.class(port).map(|c| c.ws.stats()).with_context(|| {
+        format!(
+            "{} has no working set for port {port}",
+            profile_path.display()
+        )
+    })?;
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    agent.call(&Request::LoadProfile {
+        path: profile_path.to_string_lossy().into_owned(),
+    })?;
+    agent.call(&Request::Configure {
+        port,
+        replay: Some(String::from_utf8_lossy(&w.replay).into_owned()),
+        replay_until: Some(String::from_utf8_lossy(&w.replay_until).into_owned()),
+        split_cpus: vec![],
+    })?;
+    let mut announcer = Announcer::new(&server.run_dir, &[pid])?;
+    let sweep = preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20);
+
+    // Measurement phase.
+    let pb = if a.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new((a.rounds * modes.len()) as u64)
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message("measuring");
+    let mut rng = rand::thread_rng();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut sweep_ns_recent: u64 = 5_000_000;
+    let mut bad_replies = 0usize;
+    for round in 0..a.rounds {
+        let mut order = modes.clone();
+        order.shuffle(&mut rng);
+        for mode in order {
+            // Priming request: every mode starts from a just-served state.
+            client.request(&w.request, &w.until)?;
+            let mut sweep_us = 0.0;
+            match mode {
+                Mode::Warm => {}
+                Mode::ColdIdle => std::thread::sleep(Duration::from_millis(a.idle_ms)),
+                Mode::ColdSweep | Mode::Preheat(_) => {
+                    preheat_engine::os::set_affinity(&[server_cpu])?;
+                    let ns = sweep.sweep();
+                    preheat_engine::os::set_affinity(&[client_cpu])?;
+                    sweep_ns_recent = ns;
+                    sweep_us = ns as f64 / 1e3;
+                    std::thread::sleep(Duration::from_micros(a.post_gap_us));
+                }
+                Mode::Control => {
+                    std::thread::sleep(Duration::from_nanos(sweep_ns_recent));
+                    std::thread::sleep(Duration::from_micros(a.post_gap_us));
+                }
+            }
+            let before = if let Mode::Preheat(_) = mode {
+                Some(agent_preheat(&mut agent)?)
+            } else {
+                None
+            };
+            let t_send = if let Mode::Preheat(st) = mode {
+                let now = preheat_engine::time::now_ns();
+                let arrival = now + a.lead_us * 1000;
+                announcer.send(Announcement {
+                    strategies: st,
+                    port,
+                    seq: 0,
+                    arrival_ns: arrival,
+                    sent_ns: now,
+                    budget_ns: 0,
+                });
+                spin_until(arrival);
+                arrival
+            } else {
+                preheat_engine::time::now_ns()
+            };
+            let reply = client.request(&w.request, &w.until)?;
+            let t_done = preheat_engine::time::now_ns();
+            if !reply.starts_with(&w.expect_prefix) {
+                bad_replies += 1;
+            }
+            let mut s = Sample {
+                mode: mode.name(),
+                round,
+                latency_us: (t_done - t_send) as f64 / 1e3,
+                lines_done: 0,
+                lines_total: 0,
+                preheat_us: 0.0,
+                worker_lead_us: 0.0,
+                sweep_us,
+            };
+            if let Some(b) = before {
+                // Give the worker time to finish its bookkeeping before reading it.
+                std::thread::sleep(Duration::from_micros(300));
+                let after = agent_preheat(&mut agent)?;
+                if after.preheats > b.preheats
+                    || after.wake_spins > b.wake_spins
+                    || after.replays > b.replays
+                {
+                    s.lines_done = after.last_lines_done;
+                    s.lines_total = after.last_lines_total;
+                    s.preheat_us = after.last_preheat_ns as f64 / 1e3;
+                    s.worker_lead_us = after.last_lead_ns as f64 / 1e3;
+                } else {
+                    s.worker_lead_us = f64::NAN; // announcement not acted on (late/dropped)
+                }
+            }
+            samples.push(s);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    if bad_replies > 0 {
+        bail!("{bad_replies} replies were wrong: the server misbehaved under the agent");
+    }
+
+    let rows = table(&modes, &samples, &ws_stats);
+    let machine = format!(
+        "{} CPUs, cpuidle {}",
+        ncpu,
+        preheat_engine::topology::read()
+            .cpuidle_driver
+            .unwrap_or_else(|| "none".into())
+    );
+    let out = Output {
+        server: server.spec.name.clone(),
+        machine,
+        label: "measured",
+        rounds: a.rounds,
+        lead_us: a.lead_us,
+        server_cpu,
+        client_cpu,
+        record: rec_stats,
+        rows,
+        samples,
+    };
+    if let Some(p) = &a.out {
+        std::fs::write(p, serde_json::to_vec_pretty(&out)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&out, &ws_stats);
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    Some(v[v.len() / 2])
+}
+
+fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec<Row> {
+    let lat = |name: &str| -> Vec<f64> {
+        samples
+            .iter()
+            .filter(|s| s.mode == name)
+            .map(|s| s.latency_us)
+            .collect()
+    };
+    let warm = summarize(&lat("warm")).p50;
+    let cold = summarize(&lat("cold-sweep")).p50;
+    modes
+        .iter()
+        .map(|m| {
+            let name = m.name();
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.mode == name).collect();
+            let latency = summarize(&lat(&name));
+            let removed = match m {
+                Mode::Warm | Mode::ColdSweep => None,
+                _ if cold > warm => Some((cold - latency.p50) / (cold - warm)),
+                _ => None,
+            };
+            let mut row = Row {
+                mode: name.clone(),
+                latency,
+                overhead_removed: removed,
+                ws_kib: None,
+                runs: None,
+                encoded_bytes: None,
+                preheat_us_p50: None,
+                gb_per_s: None,
+                completed_share: None,
+                worker_lead_us_p50: None,
+            };
+            if let Mode::Preheat(st) = m {
+                row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
+                if st.contains(Strategies::LINES) {
+                    row.ws_kib = Some(ws.kib);
+                    row.runs = Some(ws.runs);
+                    row.encoded_bytes = Some(ws.encoded_bytes);
+                    let with_lines: Vec<&&Sample> =
+                        mine.iter().filter(|s| s.lines_total > 0).collect();
+                    row.preheat_us_p50 = median(with_lines.iter().map(|s| s.preheat_us).collect());
+                    let gbps: Vec<f64> = with_lines
+                        .iter()
+                        .filter(|s| s.preheat_us > 0.0)
+                        .map(|s| (s.lines_done * 64) as f64 / (s.preheat_us * 1e3))
+                        .collect();
+                    row.gb_per_s = median(gbps);
+                    if !mine.is_empty() {
+                        row.completed_share = Some(
+                            with_lines
+                                .iter()
+                                .filter(|s| s.lines_done == s.lines_total)
+                                .count() as f64
+                                / mine.len() as f64,
+                        );
+                    }
+                }
+            }
+            row
+        })
+        .collect()
+}
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map(|x| format!("{x:.prec$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn print_table(o: &Output, ws: &preheat_model::WsStats) {
+    println!();
+    println!(
+        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs]",
+        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us
+    );
+    if let Some(r) = &o.record {
+        println!(
+            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
+            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
+        );
+    }
+    println!(
+        "{:<22} {:>5} {:>22} {:>8} {:>8} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>6} {:>9}",
+        "mode",
+        "n",
+        "p50 (95% CI)",
+        "p99",
+        "mean",
+        "removed",
+        "WS KiB",
+        "runs",
+        "enc B",
+        "preheat",
+        "GB/s",
+        "done",
+        "lead µs"
+    );
+    for r in &o.rows {
+        let l = &r.latency;
+        println!(
+            "{:<22} {:>5} {:>22} {:>8.1} {:>8.1} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>6} {:>9}",
+            r.mode,
+            l.n,
+            format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
+            l.p99,
+            l.mean,
+            r.overhead_removed
+                .map(|x| format!("{:.0}%", x * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            opt(r.ws_kib, 1),
+            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+            r.encoded_bytes
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(r.preheat_us_p50, 1),
+            opt(r.gb_per_s, 2),
+            r.completed_share
+                .map(|x| format!("{:.0}%", x * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            opt(r.worker_lead_us_p50, 1),
+        );
+    }
+    println!();
+    println!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − warm p50); preheat = agent-reported time to issue the lines (p50);");
+    println!("lead µs = announced arrival − time the agent's worker started on the server CPU (p50; what remains of the lead after waking).");
+    println!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
+    println!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
+}

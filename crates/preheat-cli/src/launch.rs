@@ -1,0 +1,348 @@
+//! Starting servers with the agent attached, and stopping every process we started.
+//!
+//! Every process the CLI starts is registered in a global list; [`install_cleanup`] stops them
+//! on SIGINT/SIGTERM, and [`Server`]'s `Drop` stops them on every other exit path (errors
+//! included), so no server outlives the command that started it.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::agentctl;
+use crate::paths;
+
+static STARTED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Stop everything we started when SIGINT or SIGTERM arrives, then exit.
+pub fn install_cleanup() {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        return;
+    };
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            eprintln!("\npreheat: signal {sig}: stopping the processes it started");
+            let pids: Vec<u32> = STARTED.lock().map(|v| v.clone()).unwrap_or_default();
+            for pid in pids {
+                stop_tree(pid, Duration::from_secs(2));
+            }
+            std::process::exit(128 + sig);
+        }
+    });
+}
+
+/// All descendants of `pid` (children, grandchildren, ...), from /proc.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+                // pid (comm) state ppid ...: comm may contain spaces, so split after ')'.
+                if let Some(rest) = stat.rsplit_once(')').map(|x| x.1) {
+                    if let Some(ppid) = rest
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|s| s.parse::<u32>().ok())
+                    {
+                        parent_of.push((p, ppid));
+                    }
+                }
+            }
+        }
+    }
+    let mut set = BTreeSet::from([pid]);
+    loop {
+        let before = set.len();
+        for (p, pp) in &parent_of {
+            if set.contains(pp) {
+                set.insert(*p);
+            }
+        }
+        if set.len() == before {
+            break;
+        }
+    }
+    set.remove(&pid);
+    set.into_iter().collect()
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie still has /proc/<pid>; treat it as gone.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit_once(')')
+                .is_some_and(|x| x.1.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// SIGTERM `pid` and its descendants, wait up to `grace`, then SIGKILL what is left.
+pub fn stop_tree(pid: u32, grace: Duration) {
+    let mut all = descendants(pid);
+    all.push(pid);
+    for p in &all {
+        signal(*p, "TERM");
+    }
+    let t0 = Instant::now();
+    while all.iter().any(|p| alive(*p)) && t0.elapsed() < grace {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for p in all.iter().filter(|p| alive(**p)) {
+        signal(*p, "KILL");
+    }
+}
+
+/// How to start a server and talk to it.
+#[derive(Debug, Clone)]
+pub struct ServerSpec {
+    pub name: String,
+    pub argv: Vec<String>,
+    pub port: u16,
+    /// Attach the agent with LD_PRELOAD.
+    pub agent: bool,
+    /// Pin the server to these CPUs (empty: no pinning).
+    pub cpus: Vec<usize>,
+    pub env: Vec<(String, String)>,
+    /// Only attach the agent to processes with this executable basename.
+    pub agent_only: Option<String>,
+}
+
+/// A running server; stopped on drop.
+pub struct Server {
+    pub spec: ServerSpec,
+    child: Child,
+    pub run_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server process and its descendants.
+    pub fn tree(&self) -> Vec<u32> {
+        let mut v = descendants(self.pid());
+        v.push(self.pid());
+        v
+    }
+
+    /// Pids of the processes of this server that have an agent.
+    pub fn agent_pids(&self) -> Vec<u32> {
+        let tree = self.tree();
+        agentctl::discover(&self.run_dir)
+            .into_iter()
+            .filter(|p| tree.contains(p))
+            .collect()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.spec.port))
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = self.pid();
+        stop_tree(pid, Duration::from_secs(3));
+        let _ = self.child.wait();
+        if let Ok(mut v) = STARTED.lock() {
+            v.retain(|p| *p != pid);
+        }
+    }
+}
+
+/// Whether something already listens on 127.0.0.1:`port`.
+pub fn port_in_use(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+/// A port that is free right now on loopback.
+pub fn free_port() -> Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// Start `spec`, wait until it accepts connections on its port (and, with the agent, until an
+/// agent answers), or fail with the server's log.
+pub fn start(
+    spec: ServerSpec,
+    run_dir: &Path,
+    log_dir: &Path,
+    timeout: Duration,
+) -> Result<Server> {
+    if port_in_use(spec.port) {
+        bail!(
+            "port {} is already in use on 127.0.0.1: stop whatever listens there or pick another port",
+            spec.port
+        );
+    }
+    let Some(prog) = spec.argv.first() else {
+        bail!("empty server command");
+    };
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    std::fs::create_dir_all(log_dir)?;
+    let log = log_dir.join(format!("{}.log", spec.name));
+    let logf = std::fs::File::create(&log)?;
+    let mut cmd = Command::new(prog);
+    cmd.args(&spec.argv[1..])
+        .stdin(Stdio::null())
+        .stdout(logf.try_clone()?)
+        .stderr(logf)
+        .env("PREHEAT_RUN_DIR", run_dir);
+    for (k, v) in &spec.env {
+        cmd.env(k, v);
+    }
+    if spec.agent {
+        cmd.env("LD_PRELOAD", paths::agent_so()?);
+        if let Some(only) = &spec.agent_only {
+            cmd.env("PREHEAT_AGENT_ONLY", only);
+        }
+    }
+    // Children inherit the CPU mask of the thread that spawns them: pin this thread briefly.
+    let saved = preheat_engine::os::get_affinity();
+    if !spec.cpus.is_empty() {
+        preheat_engine::os::set_affinity(&spec.cpus).context("pinning the server's CPUs")?;
+    }
+    let spawned = cmd.spawn();
+    if !spec.cpus.is_empty() {
+        let _ = preheat_engine::os::set_affinity(&saved);
+    }
+    let child = spawned.with_context(|| format!("cannot start {prog}"))?;
+    STARTED.lock().map(|mut v| v.push(child.id())).ok();
+    let mut srv = Server {
+        spec,
+        child,
+        run_dir: run_dir.to_path_buf(),
+        log,
+    };
+    let t0 = Instant::now();
+    loop {
+        if let Ok(Some(st)) = srv.child.try_wait() {
+            bail!(
+                "{} exited during start-up ({st}); its log ({}):\n{}",
+                srv.spec.name,
+                srv.log.display(),
+                srv.log_tail()
+            );
+        }
+        if port_in_use(srv.spec.port) {
+            break;
+        }
+        if t0.elapsed() > timeout {
+            bail!(
+                "{} did not listen on port {} within {:?}; its log:\n{}",
+                srv.spec.name,
+                srv.spec.port,
+                timeout,
+                srv.log_tail()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if srv.spec.agent {
+        let pid = srv.pid();
+        let remaining = timeout
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_secs(2));
+        agentctl::wait_for_agents(
+            &srv.run_dir,
+            || {
+                let mut v = descendants(pid);
+                v.push(pid);
+                v
+            },
+            remaining,
+        )?;
+    }
+    Ok(srv)
+}
+
+/// A blocking request/response client (one TCP connection, Nagle off).
+pub struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Result<Client> {
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Client {
+            s,
+            buf: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    /// Send `req` and read until the reply ends with `until`. Returns the reply.
+    pub fn request(&mut self, req: &[u8], until: &[u8]) -> Result<&[u8]> {
+        self.s.write_all(req)?;
+        self.buf.clear();
+        let mut chunk = [0u8; 16384];
+        loop {
+            let n = self.s.read(&mut chunk).context("reading the reply")?;
+            if n == 0 {
+                bail!("server closed the connection");
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+            if self.buf.ends_with(until) {
+                return Ok(&self.buf);
+            }
+            if self.buf.len() > 16 << 20 {
+                bail!("reply larger than 16 MiB without terminator");
+            }
+        }
+    }
+}
+
+/// Unescape `\r`, `\n`, `\t`, `\\` in a request given on the command line.
+pub fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut it = s.chars();
+    while let Some(c) = it.next() {
+        if c == '\\' {
+            match it.next() {
+                Some('r') => out.push('\r'),
+                Some('n') => out.push('\n'),
+                Some('t') => out.push('\t'),
+                Some('\\') => out.push('\\'),
+                Some(o) => {
+                    out.push('\\');
+                    out.push(o)
+                }
+                None => out.push('\\'),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -1,0 +1,381 @@
+//! The working-set estimation phase (paper §3.1): sample the lines a request touches several
+//! times, keep the stable ones (k of n), sort and run-length encode them.
+//!
+//! Backends:
+//! * `probe` — flush+reload through the agent inside the server: for each ≤ 1 MiB chunk of the
+//!   server's resident memory, flush the chunk, send one request, wait for the server to go idle,
+//!   time a reload of every line. Our user-space stand-in for the paper's L2 tag dump; chunking
+//!   because the probe itself evicts what it measures in larger passes. Optionally subtracts
+//!   "noise" samples taken with no request (the agent's own control thread touches libc lines).
+//! * `trace` — exact user-space lines of each busy period from our Valgrind tool (ground truth).
+//! * `pmu` — hardware sampling of data addresses; detected at run time (absent on KVM guests
+//!   without a virtual PMU, as on our development machines).
+
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use preheat_model::proto::{Range, Reply, Request};
+use preheat_model::{
+    filter_k_of_n, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
+    RequestClass, VirtAddr, WorkingSet,
+};
+use serde::Serialize;
+
+use crate::agentctl::AgentClient;
+use crate::launch::{Client, Server};
+use crate::servers::Workload;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+pub enum BackendChoice {
+    /// Best available: pmu if the CPU exposes one, else probe.
+    Auto,
+    Probe,
+    Trace,
+    Pmu,
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordParams {
+    pub filter: FilterParams,
+    /// Largest probe pass, bytes.
+    pub chunk_bytes: u64,
+    pub window_pages: u32,
+    /// Subtract lines that also show up in no-request samples.
+    pub subtract_noise: bool,
+    pub quiet: bool,
+}
+
+impl Default for RecordParams {
+    fn default() -> Self {
+        RecordParams {
+            filter: FilterParams::default(),
+            chunk_bytes: 1 << 20,
+            window_pages: 16,
+            subtract_noise: true,
+            quiet: false,
+        }
+    }
+}
+
+/// What the estimation did, for reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecordStats {
+    pub backend: String,
+    pub samples: u32,
+    pub requests_sent: u64,
+    pub candidate_bytes: u64,
+    pub chunks: u64,
+    pub threshold_ticks: u32,
+    pub hit_ticks_p50: u32,
+    pub miss_ticks_p50: u32,
+    /// Lines per sample before filtering (relative lines, all chunks).
+    pub lines_per_sample: Vec<u64>,
+    /// Lines seen in ≥ k noise samples and removed.
+    pub noise_lines_removed: u64,
+    /// Probed hits outside any region (e.g. the mapping went away mid-run).
+    pub unmapped_hits: u64,
+    pub seconds: f64,
+}
+
+pub struct Recording {
+    pub profile: Profile,
+    pub stats: RecordStats,
+    /// The k-of-n filtered lines before run-length encoding (for validation).
+    pub lines: LineSet,
+}
+
+fn progress(total: u64, what: &str, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({eta})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Identity of an executable file given its path.
+pub fn file_ident(path: &Path) -> Result<FileIdent> {
+    use std::os::unix::fs::MetadataExt;
+    let canon = std::fs::canonicalize(path).with_context(|| format!("{}", path.display()))?;
+    let md = std::fs::metadata(&canon)?;
+    let p = canon.to_string_lossy().into_owned();
+    Ok(FileIdent {
+        build_id: preheat_engine::maps::elf_build_id(&p).unwrap_or_default(),
+        path: p,
+        inode: md.ino(),
+    })
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Split ranges into pieces of at most `max` bytes (page aligned).
+pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
+    let max = max.max(4096) & !4095;
+    let mut chunks: Vec<Vec<Range>> = Vec::new();
+    let mut cur: Vec<Range> = Vec::new();
+    let mut cur_len = 0u64;
+    for r in ranges {
+        let mut start = r.start;
+        let mut left = r.len;
+        while left > 0 {
+            let take = left.min(max - cur_len);
+            cur.push(Range { start, len: take });
+            cur_len += take;
+            start += take;
+            left -= take;
+            if cur_len == max {
+                chunks.push(std::mem::take(&mut cur));
+                cur_len = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}
+
+/// Find the agent (process) that serves `port`: the one whose busy periods for the port grow
+/// when we send a request.
+pub fn serving_agent(server: &Server, w: &Workload) -> Result<u32> {
+    let pids = server.agent_pids();
+    if pids.len() == 1 {
+        return Ok(pids[0]);
+    }
+    let count = |pid: u32| -> u64 {
+        AgentClient::connect(&server.run_dir, pid)
+            .and_then(|mut c| c.call(&Request::Status))
+            .ok()
+            .and_then(|r| match r {
+                Reply::Status { ports, .. } => ports
+                    .iter()
+                    .find(|p| p.port == server.spec.port)
+                    .map(|p| p.busy_periods),
+                _ => None,
+            })
+            .unwrap_or(0)
+    };
+    let before: Vec<u64> = pids.iter().map(|p| count(*p)).collect();
+    let mut c = Client::connect(server.addr())?;
+    for _ in 0..4 {
+        c.request(&w.request, &w.until)?;
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    pids.iter()
+        .zip(before)
+        .max_by_key(|(p, b)| count(**p).saturating_sub(*b))
+        .map(|(p, _)| *p)
+        .context("no agent in the server's processes")
+}
+
+/// Estimate with the flush+reload probe through the agent of `pid`.
+pub fn record_probe(
+    server: &Server,
+    pid: u32,
+    w: &Workload,
+    p: &RecordParams,
+) -> Result<Recording> {
+    let t0 = Instant::now();
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    let mut stats = RecordStats {
+        backend: "probe".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let threshold = match agent.call(&Request::Calibrate)? {
+        Reply::Calibration {
+            hit_ticks_p50,
+            miss_ticks_p50,
+            threshold,
+            ..
+        } => {
+            stats.hit_ticks_p50 = hit_ticks_p50;
+            stats.miss_ticks_p50 = miss_ticks_p50;
+            threshold
+        }
+        other => bail!("unexpected reply to calibrate: {other:?}"),
+    };
+    stats.threshold_ticks = threshold;
+    let ranges = match agent.call(&Request::Candidates)? {
+        Reply::Candidates {
+            ranges,
+            total_bytes,
+        } => {
+            stats.candidate_bytes = total_bytes;
+            ranges
+        }
+        other => bail!("unexpected reply to candidates: {other:?}"),
+    };
+    let chunks = chunk_ranges(&ranges, p.chunk_bytes);
+    stats.chunks = chunks.len() as u64;
+    let table = RegionTable::build(
+        preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
+    );
+    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
+    let mut client = Client::connect(server.addr())?;
+    for _ in 0..8 {
+        client.request(&w.request, &w.until)?; // warm path, settle lazy initialisation
+    }
+    let rounds = if p.subtract_noise { 2 } else { 1 };
+    let pb = progress(
+        p.filter.n as u64 * chunks.len() as u64 * rounds,
+        "probe",
+        p.quiet,
+    );
+    let mut samples = Vec::new();
+    let mut noise = Vec::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ now_unix();
+    for s in 0..p.filter.n {
+        for with_request in [true, false].into_iter().take(rounds as usize) {
+            let mut hits: Vec<u64> = Vec::new();
+            // Visit chunks in a different order each sample.
+            let mut order: Vec<usize> = (0..chunks.len()).collect();
+            let k = s as usize % order.len().max(1);
+            order.rotate_left(k);
+            for ci in order {
+                let chunk = &chunks[ci];
+                agent.call(&Request::ProbeFlush {
+                    ranges: chunk.clone(),
+                })?;
+                if with_request {
+                    let r = client.request(&w.request, &w.until)?;
+                    if !r.starts_with(&w.expect_prefix) {
+                        bail!(
+                            "unexpected reply while recording: {:?}",
+                            String::from_utf8_lossy(&r[..r.len().min(80)])
+                        );
+                    }
+                    stats.requests_sent += 1;
+                } else {
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                match agent.call(&Request::ProbeReload {
+                    ranges: chunk.clone(),
+                    threshold,
+                    window_pages: p.window_pages,
+                    seed,
+                })? {
+                    Reply::Probed { hits: h, .. } => hits.extend(h),
+                    other => bail!("unexpected reply to probe_reload: {other:?}"),
+                }
+                pb.inc(1);
+            }
+            let mut unmapped = 0u64;
+            let set = LineSet::from_lines(hits.iter().filter_map(|a| {
+                let r = table.to_relative(VirtAddr(*a));
+                if r.is_none() {
+                    unmapped += 1;
+                }
+                r
+            }));
+            stats.unmapped_hits += unmapped;
+            if with_request {
+                stats.lines_per_sample.push(set.len() as u64);
+                samples.push(set);
+            } else {
+                noise.push(set);
+            }
+        }
+    }
+    pb.finish_and_clear();
+    let k = p.filter.k as usize;
+    let mut lines = filter_k_of_n(&samples, k);
+    if p.subtract_noise {
+        let noisy = filter_k_of_n(&noise, k);
+        let before = lines.len();
+        lines = lines.difference(&noisy);
+        stats.noise_lines_removed = (before - lines.len()) as u64;
+    }
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(
+            Backend::Probe,
+            p.filter,
+            exe,
+            &table,
+            server.spec.port,
+            &lines,
+        ),
+        stats,
+        lines,
+    })
+}
+
+/// Keep only the regions the lines use, renumbered.
+pub fn make_profile(
+    backend: Backend,
+    filter: FilterParams,
+    exe: FileIdent,
+    table: &RegionTable,
+    port: u16,
+    lines: &LineSet,
+) -> Profile {
+    let mut used: Vec<u32> = lines.as_slice().iter().map(|l| l.region).collect();
+    used.dedup();
+    let renumbered =
+        LineSet::from_lines(lines.as_slice().iter().map(|l| preheat_model::RegionLine {
+            region: used.binary_search(&l.region).unwrap_or(0) as u32,
+            line: l.line,
+        }));
+    Profile {
+        binary: BinaryIdent { exe },
+        backend,
+        filter,
+        created_unix_s: now_unix(),
+        regions: used
+            .iter()
+            .map(|r| table.regions[*r as usize].clone())
+            .collect(),
+        classes: vec![RequestClass {
+            port,
+            samples: filter.n,
+            ws: WorkingSet::from_lines(&renumbered, filter.gap),
+        }],
+    }
+}
+
+/// Write a profile atomically: a temporary file in the same directory, fsync, rename.
+pub fn write_profile(path: &Path, profile: &Profile) -> Result<()> {
+    use std::io::Write;
+    let bytes = preheat_model::encode_profile(profile);
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or("profile"),
+        std::process::id()
+    ));
+    let mut f =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
+
+/// Read and verify a profile; errors name the file.
+pub fn read_profile(path: &Path) -> Result<Profile> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    preheat_model::decode_profile(&bytes)
+        .with_context(|| format!("{}: invalid working-set file", path.display()))
+}
