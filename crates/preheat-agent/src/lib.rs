@@ -1,1 +1,120 @@
+//! `preheat-agent`: the `LD_PRELOAD` library that attaches preheat to an unmodified server.
+//!
+//! ```text
+//! LD_PRELOAD=target/release/libpreheat_agent.so memcached -p 11211 -U 0 -t 2
+//! ```
+//!
+//! What it does inside the host process (paper §3, on stock Linux):
+//!
+//! * **Request boundaries** ([`track`], [`hooks`]): it interposes the event-wait calls
+//!   (`epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `poll`, `ppoll`, `select`, `pselect`), the
+//!   accept calls and the read calls (`read`, `recv`, `recvfrom`, `recvmsg`, `readv`, and the
+//!   `_FORTIFY_SOURCE` variants `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`,
+//!   `__ppoll_chk`), plus `close`, `close_range` and `closefrom` (which also keep a host that
+//!   closes "all" fds from closing the agent's sockets under it).
+//!   A thread returning from a wait with events starts a *busy period* that ends when it waits
+//!   again; the busy period belongs to the listening port of the connection it served. Per port
+//!   it keeps the number and length of busy periods and where (CPU, thread) the last one ran:
+//!   that is where the next request will be served, and where to preheat.
+//! * **Control** ([`control`]): a Unix stream socket `<run-dir>/agent-<pid>.sock` speaking the
+//!   JSON-lines protocol of `preheat_model::proto` — status, flush+reload probing for the
+//!   working-set estimation (§3.1), loading a `.phws` profile, configuring per-port strategies.
+//! * **Preheating** ([`worker`]): a Unix datagram socket `<run-dir>/agent-<pid>.trig` receives
+//!   40-byte announcements ("a request for port P arrives at T", §3.2); the CPU that served P
+//!   last gets the announcement and applies the requested strategies before T (§3.3):
+//!   `replay` a warm-up request through the real kernel path, prefetch the recorded `lines`,
+//!   and `wake` (keep the core out of deep idle).
+//!
+//! Environment: `PREHEAT_RUN_DIR` (default `/tmp/preheat`, created 0700), `PREHEAT_PROFILE`
+//! (a `.phws` file loaded at start-up), `PREHEAT_AGENT_LOG` (default
+//! `<run-dir>/agent-<pid>.log`), `PREHEAT_AGENT_DISABLE=1` (load, but stay pure pass-through:
+//! no threads, no sockets), `PREHEAT_AGENT_ONLY=name[,name]` (attach only to processes whose
+//! executable's basename matches, so e.g. `sh -c` wrappers stay untouched).
+//!
+//! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno; the
+//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], the constructor
+//! and fork handlers in [`runtime`]); any internal error disables the agent (hooks become
+//! pass-through), is logged, and the host keeps serving. See [`runtime`] for start-up, fork and
+//! exit, [`plan`] for how the control thread publishes profiles to the workers, [`worker`] for
+//! the hand-off and the scheduling class of the workers.
+//!
+//! Built as a `cdylib` (the preload object) and an `rlib`; the rlib exports
+//! [`socket_paths`] so tests and tools agree on socket names. Linking the rlib into an
+//! executable does not attach an agent to it: the constructor notices it is not running from a
+//! shared object and only resolves the real functions, so the (then linked-in) hooks are
+//! pass-through.
 
+pub mod control;
+pub mod hooks;
+pub mod plan;
+pub mod runtime;
+pub mod stats;
+pub mod sys;
+pub mod track;
+pub mod worker;
+
+use std::path::{Path, PathBuf};
+
+pub use preheat_model::proto::DEFAULT_RUN_DIR;
+
+/// The files an agent of `pid` uses in `run_dir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SocketPaths {
+    /// Control socket (Unix stream, JSON lines).
+    pub control: PathBuf,
+    /// Announcement socket (Unix datagram, 40-byte `Announcement`s).
+    pub trigger: PathBuf,
+    /// Default log file (unless `PREHEAT_AGENT_LOG` is set).
+    pub log: PathBuf,
+}
+
+/// Socket and log paths of the agent of `pid` in `run_dir`.
+pub fn socket_paths(run_dir: &Path, pid: u32) -> SocketPaths {
+    SocketPaths {
+        control: run_dir.join(format!("agent-{pid}.sock")),
+        trigger: run_dir.join(format!("agent-{pid}.trig")),
+        log: run_dir.join(format!("agent-{pid}.log")),
+    }
+}
+
+/// The run directory: `PREHEAT_RUN_DIR` if set and non-empty, else [`DEFAULT_RUN_DIR`].
+pub fn run_dir_from_env() -> PathBuf {
+    match std::env::var_os("PREHEAT_RUN_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(DEFAULT_RUN_DIR),
+    }
+}
+
+/// Pids with an agent control socket in `run_dir` whose process still exists.
+pub fn live_agents(run_dir: &Path) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(run_dir) else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = rd
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let pid: u32 = name
+                .strip_prefix("agent-")?
+                .strip_suffix(".sock")?
+                .parse()
+                .ok()?;
+            Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names() {
+        let p = socket_paths(Path::new("/run/x"), 42);
+        assert_eq!(p.control, Path::new("/run/x/agent-42.sock"));
+        assert_eq!(p.trigger, Path::new("/run/x/agent-42.trig"));
+        assert_eq!(p.log, Path::new("/run/x/agent-42.log"));
+    }
+}

@@ -1,0 +1,800 @@
+//! The interposed libc functions.
+//!
+//! Each hook forwards to the real function resolved once by the constructor
+//! ([`crate::sys::resolve_real_functions`]); if a hook runs before that (another library's
+//! constructor) or `dlsym` failed, it issues the raw system call instead. Hooks never call
+//! `dlsym`, never allocate, lock, log or panic, and preserve errno across their own work. When
+//! the agent is inactive or disabled, or the caller is one of the agent's own threads, they are
+//! pure pass-through ([`track::tracking`]).
+//!
+//! `close`, `close_range` and `closefrom` additionally leave the agent's own fds open when the
+//! host closes them (daemons close "every" fd after fork): closing them would let the host
+//! reuse the numbers while an agent thread still reads or writes them. The host sees success.
+
+use std::ptr;
+
+use libc::{
+    c_int, c_void, epoll_event, fd_set, iovec, msghdr, nfds_t, pollfd, sigset_t, size_t, sockaddr,
+    socklen_t, ssize_t, timespec, timeval,
+};
+
+use crate::sys::{self, errno, set_errno, Real};
+use crate::track::{self, ThreadSlot};
+
+/// Size of the kernel's signal set (`_NSIG / 8`), as the raw syscalls expect.
+const KERNEL_SIGSET: usize = 8;
+
+/// Reinterpret a resolved slot as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be the exact C signature of the function `slot` was resolved for.
+#[inline(always)]
+unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
+    let a = slot.get();
+    if a == 0 {
+        None
+    } else {
+        // SAFETY: `a` is a non-null address returned by dlsym for `slot.name`, and the caller
+        // guarantees `F` is that function's signature (a thin `extern "C"` fn pointer of the
+        // same size as usize).
+        Some(unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+    }
+}
+
+#[inline(always)]
+fn wait_pre() -> Option<&'static ThreadSlot> {
+    let e = errno();
+    let s = track::wait_enter();
+    set_errno(e);
+    s
+}
+
+#[inline(always)]
+fn wait_post(s: Option<&'static ThreadSlot>, ret: c_int) {
+    if let Some(s) = s {
+        let e = errno();
+        track::wait_exit(s, ret > 0);
+        set_errno(e);
+    }
+}
+
+#[inline(always)]
+fn read_post(fd: c_int, ret: ssize_t) {
+    if ret > 0 {
+        let e = errno();
+        track::on_read(fd, ret);
+        set_errno(e);
+    }
+}
+
+fn ms_to_timespec(ms: c_int) -> Option<timespec> {
+    (ms >= 0).then(|| timespec {
+        tv_sec: (ms / 1000) as libc::time_t,
+        tv_nsec: ((ms % 1000) as libc::c_long) * 1_000_000,
+    })
+}
+
+fn opt_ptr<T>(o: &Option<T>) -> *const T {
+    match o {
+        Some(v) => v as *const T,
+        None => ptr::null(),
+    }
+}
+
+// ---------------------------------------------------------------- event waits
+
+type EpollWaitFn = unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int;
+type EpollPwaitFn =
+    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int;
+type EpollPwait2Fn =
+    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, *const timespec, *const sigset_t) -> c_int;
+type PollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int) -> c_int;
+type PollChkFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int, size_t) -> c_int;
+type PpollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t) -> c_int;
+type PpollChkFn =
+    unsafe extern "C" fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t, size_t) -> c_int;
+type SelectFn =
+    unsafe extern "C" fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int;
+type PselectFn = unsafe extern "C" fn(
+    c_int,
+    *mut fd_set,
+    *mut fd_set,
+    *mut fd_set,
+    *const timespec,
+    *const sigset_t,
+) -> c_int;
+
+/// # Safety
+/// Same contract as epoll_wait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: the caller upholds epoll_wait's contract; we forward the arguments unchanged (the
+    // raw fallback is epoll_pwait with a NULL sigmask, which is epoll_wait).
+    let ret = unsafe {
+        match real::<EpollWaitFn>(&sys::REAL_EPOLL_WAIT) {
+            Some(f) => f(epfd, events, maxevents, timeout),
+            None => libc::syscall(
+                libc::SYS_epoll_pwait,
+                epfd,
+                events,
+                maxevents,
+                timeout,
+                ptr::null::<sigset_t>(),
+                KERNEL_SIGSET,
+            ) as c_int,
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as epoll_pwait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: c_int,
+    sigmask: *const sigset_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged under the caller's epoll_pwait contract.
+    let ret = unsafe {
+        match real::<EpollPwaitFn>(&sys::REAL_EPOLL_PWAIT) {
+            Some(f) => f(epfd, events, maxevents, timeout, sigmask),
+            None => libc::syscall(
+                libc::SYS_epoll_pwait,
+                epfd,
+                events,
+                maxevents,
+                timeout,
+                sigmask,
+                KERNEL_SIGSET,
+            ) as c_int,
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as epoll_pwait2(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait2(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    timeout: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged under the caller's epoll_pwait2 contract.
+    let ret = unsafe {
+        match real::<EpollPwait2Fn>(&sys::REAL_EPOLL_PWAIT2) {
+            Some(f) => f(epfd, events, maxevents, timeout, sigmask),
+            None => libc::syscall(
+                libc::SYS_epoll_pwait2,
+                epfd,
+                events,
+                maxevents,
+                timeout,
+                sigmask,
+                KERNEL_SIGSET,
+            ) as c_int,
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as poll(2).
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged; the fallback passes a timespec on this frame (or
+    // NULL for an infinite timeout) to ppoll, which is poll.
+    let ret = unsafe {
+        match real::<PollFn>(&sys::REAL_POLL) {
+            Some(f) => f(fds, nfds, timeout),
+            None => {
+                let ts = ms_to_timespec(timeout);
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    fds,
+                    nfds,
+                    opt_ptr(&ts),
+                    ptr::null::<sigset_t>(),
+                    KERNEL_SIGSET,
+                ) as c_int
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// Fortified `poll` (`_FORTIFY_SOURCE`).
+///
+/// # Safety
+/// Same contract as __poll_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    fdslen: size_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged; the fallback is plain ppoll (as `poll`).
+    let ret = unsafe {
+        match real::<PollChkFn>(&sys::REAL_POLL_CHK) {
+            Some(f) => f(fds, nfds, timeout, fdslen),
+            None => {
+                let ts = ms_to_timespec(timeout);
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    fds,
+                    nfds,
+                    opt_ptr(&ts),
+                    ptr::null::<sigset_t>(),
+                    KERNEL_SIGSET,
+                ) as c_int
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as ppoll(2).
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    tmo: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged; the fallback copies `*tmo` (the kernel writes the
+    // remaining time back, the C API promises not to) when it is non-null.
+    let ret = unsafe {
+        match real::<PpollFn>(&sys::REAL_PPOLL) {
+            Some(f) => f(fds, nfds, tmo, sigmask),
+            None => {
+                let ts = if tmo.is_null() { None } else { Some(*tmo) };
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    fds,
+                    nfds,
+                    opt_ptr(&ts),
+                    sigmask,
+                    KERNEL_SIGSET,
+                ) as c_int
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// Fortified `ppoll`.
+///
+/// # Safety
+/// Same contract as __ppoll_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __ppoll_chk(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    tmo: *const timespec,
+    sigmask: *const sigset_t,
+    fdslen: size_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: as in `ppoll`.
+    let ret = unsafe {
+        match real::<PpollChkFn>(&sys::REAL_PPOLL_CHK) {
+            Some(f) => f(fds, nfds, tmo, sigmask, fdslen),
+            None => {
+                let ts = if tmo.is_null() { None } else { Some(*tmo) };
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    fds,
+                    nfds,
+                    opt_ptr(&ts),
+                    sigmask,
+                    KERNEL_SIGSET,
+                ) as c_int
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as select(2).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    readfds: *mut fd_set,
+    writefds: *mut fd_set,
+    exceptfds: *mut fd_set,
+    timeout: *mut timeval,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged. The fallback converts `*timeout` (if non-null) to
+    // a timespec on this frame for pselect6 (NULL sigmask data) and writes the remaining time
+    // back, as Linux select does.
+    let ret = unsafe {
+        match real::<SelectFn>(&sys::REAL_SELECT) {
+            Some(f) => f(nfds, readfds, writefds, exceptfds, timeout),
+            None => {
+                let mut ts = if timeout.is_null() {
+                    None
+                } else {
+                    Some(timespec {
+                        tv_sec: (*timeout).tv_sec,
+                        tv_nsec: ((*timeout).tv_usec as libc::c_long) * 1000,
+                    })
+                };
+                let tsp = match &mut ts {
+                    Some(t) => t as *mut timespec,
+                    None => ptr::null_mut(),
+                };
+                let r = libc::syscall(
+                    libc::SYS_pselect6,
+                    nfds,
+                    readfds,
+                    writefds,
+                    exceptfds,
+                    tsp,
+                    ptr::null::<c_void>(),
+                ) as c_int;
+                if let Some(t) = ts {
+                    (*timeout).tv_sec = t.tv_sec;
+                    (*timeout).tv_usec = (t.tv_nsec / 1000) as libc::suseconds_t;
+                }
+                r
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as pselect(2).
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    readfds: *mut fd_set,
+    writefds: *mut fd_set,
+    exceptfds: *mut fd_set,
+    timeout: *const timespec,
+    sigmask: *const sigset_t,
+) -> c_int {
+    let s = wait_pre();
+    // SAFETY: arguments forwarded unchanged. The fallback copies `*timeout` (pselect must not
+    // modify it; the kernel would) and passes pselect6's {sigmask, size} pair from this frame.
+    let ret = unsafe {
+        match real::<PselectFn>(&sys::REAL_PSELECT) {
+            Some(f) => f(nfds, readfds, writefds, exceptfds, timeout, sigmask),
+            None => {
+                let mut ts = if timeout.is_null() {
+                    None
+                } else {
+                    Some(*timeout)
+                };
+                let tsp = match &mut ts {
+                    Some(t) => t as *mut timespec,
+                    None => ptr::null_mut(),
+                };
+                let data: [usize; 2] = [sigmask as usize, KERNEL_SIGSET];
+                libc::syscall(
+                    libc::SYS_pselect6,
+                    nfds,
+                    readfds,
+                    writefds,
+                    exceptfds,
+                    tsp,
+                    data.as_ptr(),
+                ) as c_int
+            }
+        }
+    };
+    wait_post(s, ret);
+    ret
+}
+
+// ---------------------------------------------------------------- accept
+
+type AcceptFn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int;
+type Accept4Fn = unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t, c_int) -> c_int;
+
+#[inline(always)]
+fn accept_post(fd: c_int, ret: c_int) {
+    if ret >= 0 {
+        let e = errno();
+        track::on_accept(fd, ret);
+        set_errno(e);
+    }
+}
+
+/// # Safety
+/// Same contract as accept(2).
+#[no_mangle]
+pub unsafe extern "C" fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int {
+    // SAFETY: arguments forwarded unchanged; accept is accept4 with flags 0.
+    let ret = unsafe {
+        match real::<AcceptFn>(&sys::REAL_ACCEPT) {
+            Some(f) => f(fd, addr, len),
+            None => libc::syscall(libc::SYS_accept4, fd, addr, len, 0) as c_int,
+        }
+    };
+    accept_post(fd, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as accept4(2).
+#[no_mangle]
+pub unsafe extern "C" fn accept4(
+    fd: c_int,
+    addr: *mut sockaddr,
+    len: *mut socklen_t,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: arguments forwarded unchanged.
+    let ret = unsafe {
+        match real::<Accept4Fn>(&sys::REAL_ACCEPT4) {
+            Some(f) => f(fd, addr, len, flags),
+            None => libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int,
+        }
+    };
+    accept_post(fd, ret);
+    ret
+}
+
+// ---------------------------------------------------------------- reads
+
+type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t;
+type ReadChkFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, size_t) -> ssize_t;
+type RecvFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, c_int) -> ssize_t;
+type RecvChkFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, size_t, c_int) -> ssize_t;
+type RecvfromFn = unsafe extern "C" fn(
+    c_int,
+    *mut c_void,
+    size_t,
+    c_int,
+    *mut sockaddr,
+    *mut socklen_t,
+) -> ssize_t;
+type RecvfromChkFn = unsafe extern "C" fn(
+    c_int,
+    *mut c_void,
+    size_t,
+    size_t,
+    c_int,
+    *mut sockaddr,
+    *mut socklen_t,
+) -> ssize_t;
+type RecvmsgFn = unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
+type ReadvFn = unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t;
+type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
+
+/// # Safety
+/// Same contract as read(2).
+#[no_mangle]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged.
+    let ret = unsafe {
+        match real::<ReadFn>(&sys::REAL_READ) {
+            Some(f) => f(fd, buf, count),
+            None => libc::syscall(libc::SYS_read, fd, buf, count) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// Fortified `read`.
+///
+/// # Safety
+/// Same contract as __read_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
+    let ret = unsafe {
+        match real::<ReadChkFn>(&sys::REAL_READ_CHK) {
+            Some(f) => f(fd, buf, count, buflen),
+            None => libc::syscall(libc::SYS_read, fd, buf, count.min(buflen)) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as recv(2).
+#[no_mangle]
+pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged; recv is recvfrom with NULL address.
+    let ret = unsafe {
+        match real::<RecvFn>(&sys::REAL_RECV) {
+            Some(f) => f(fd, buf, len, flags),
+            None => libc::syscall(
+                libc::SYS_recvfrom,
+                fd,
+                buf,
+                len,
+                flags,
+                ptr::null_mut::<sockaddr>(),
+                ptr::null_mut::<socklen_t>(),
+            ) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// Fortified `recv`.
+///
+/// # Safety
+/// Same contract as __recv_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __recv_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
+    let ret = unsafe {
+        match real::<RecvChkFn>(&sys::REAL_RECV_CHK) {
+            Some(f) => f(fd, buf, len, buflen, flags),
+            None => libc::syscall(
+                libc::SYS_recvfrom,
+                fd,
+                buf,
+                len.min(buflen),
+                flags,
+                ptr::null_mut::<sockaddr>(),
+                ptr::null_mut::<socklen_t>(),
+            ) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as recvfrom(2).
+#[no_mangle]
+pub unsafe extern "C" fn recvfrom(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged.
+    let ret = unsafe {
+        match real::<RecvfromFn>(&sys::REAL_RECVFROM) {
+            Some(f) => f(fd, buf, len, flags, addr, alen),
+            None => libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// Fortified `recvfrom`.
+///
+/// # Safety
+/// Same contract as __recvfrom_chk.
+#[no_mangle]
+pub unsafe extern "C" fn __recvfrom_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    len: size_t,
+    buflen: size_t,
+    flags: c_int,
+    addr: *mut sockaddr,
+    alen: *mut socklen_t,
+) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
+    let ret = unsafe {
+        match real::<RecvfromChkFn>(&sys::REAL_RECVFROM_CHK) {
+            Some(f) => f(fd, buf, len, buflen, flags, addr, alen),
+            None => libc::syscall(
+                libc::SYS_recvfrom,
+                fd,
+                buf,
+                len.min(buflen),
+                flags,
+                addr,
+                alen,
+            ) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as recvmsg(2).
+#[no_mangle]
+pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged.
+    let ret = unsafe {
+        match real::<RecvmsgFn>(&sys::REAL_RECVMSG) {
+            Some(f) => f(fd, msg, flags),
+            None => libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+/// # Safety
+/// Same contract as readv(2).
+#[no_mangle]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    // SAFETY: arguments forwarded unchanged.
+    let ret = unsafe {
+        match real::<ReadvFn>(&sys::REAL_READV) {
+            Some(f) => f(fd, iov, iovcnt),
+            None => libc::syscall(libc::SYS_readv, fd, iov, iovcnt) as ssize_t,
+        }
+    };
+    read_post(fd, ret);
+    ret
+}
+
+// ---------------------------------------------------------------- close
+
+type CloseRangeFn = unsafe extern "C" fn(libc::c_uint, libc::c_uint, c_int) -> c_int;
+type CloseFromFn = unsafe extern "C" fn(c_int);
+
+/// The host is closing fds it may not own (and it is not one of the agent's threads).
+#[inline(always)]
+fn protect_agent_fds() -> bool {
+    track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed) && !track::is_agent_thread()
+}
+
+fn raw_close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
+    // SAFETY: close_range(2) takes no pointers.
+    unsafe { libc::syscall(libc::SYS_close_range, first, last, flags) as c_int }
+}
+
+/// close_range over `[first, last]` minus the agent's fds, piece by piece, via `f`.
+fn close_range_around_agent_fds(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+    f: impl Fn(libc::c_uint, libc::c_uint, c_int) -> c_int,
+) -> c_int {
+    let mut lo = first;
+    while lo <= last {
+        match crate::runtime::next_agent_fd(lo, last) {
+            Some(fd) => {
+                if fd > lo {
+                    let r = f(lo, fd - 1, flags);
+                    if r != 0 {
+                        return r;
+                    }
+                }
+                if fd == libc::c_uint::MAX {
+                    return 0;
+                }
+                lo = fd + 1;
+            }
+            None => return f(lo, last, flags),
+        }
+    }
+    0
+}
+
+/// # Safety
+/// Same contract as close_range(2).
+#[no_mangle]
+pub unsafe extern "C" fn close_range(
+    first: libc::c_uint,
+    last: libc::c_uint,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: arguments forwarded (possibly as sub-ranges) to close_range, which takes no
+    // pointers.
+    let call = |a: libc::c_uint, b: libc::c_uint, fl: c_int| unsafe {
+        match real::<CloseRangeFn>(&sys::REAL_CLOSE_RANGE) {
+            Some(f) => f(a, b, fl),
+            None => raw_close_range(a, b, fl),
+        }
+    };
+    if !protect_agent_fds() {
+        return call(first, last, flags);
+    }
+    // The agent's fds stay open (see `close`); the fd→port table is not touched here (a
+    // bulk close is a start-up or fork-child affair, not a connection's end).
+    close_range_around_agent_fds(first, last, flags, call)
+}
+
+/// # Safety
+/// Same contract as closefrom(3).
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(lowfd: c_int) {
+    let low = lowfd.max(0) as libc::c_uint;
+    if protect_agent_fds() && crate::runtime::next_agent_fd(low, libc::c_uint::MAX).is_some() {
+        let r = close_range_around_agent_fds(low, libc::c_uint::MAX, 0, raw_close_range);
+        if r == 0 {
+            return;
+        }
+        // No close_range(2) (kernel < 5.9): close one by one up to the fd limit.
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit writes into a valid local.
+        let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            lim.rlim_cur.min(1 << 20) as c_int
+        } else {
+            65536
+        };
+        for fd in lowfd.max(0)..max {
+            if !crate::runtime::is_agent_fd(fd) {
+                // SAFETY: close(2) of an fd number; errors (EBADF) are ignored, as closefrom does.
+                unsafe { libc::syscall(libc::SYS_close, fd) };
+            }
+        }
+        return;
+    }
+    // SAFETY: forwarded unchanged; the fallback is the close_range syscall closefrom uses.
+    unsafe {
+        match real::<CloseFromFn>(&sys::REAL_CLOSEFROM) {
+            Some(f) => f(lowfd),
+            None => {
+                raw_close_range(low, libc::c_uint::MAX, 0);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// Same contract as close(2).
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // The host closing one of the agent's fds (daemons closing "all" fds after fork): keep it
+    // open and report success. Closing it would let the host reuse the number while an agent
+    // thread still reads or writes it.
+    if track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
+        && crate::runtime::is_agent_fd(fd)
+        && !track::is_agent_thread()
+    {
+        return 0;
+    }
+    // Forget the fd before the real close: afterwards its number may be reused at once.
+    track::on_close(fd);
+    // SAFETY: argument forwarded unchanged.
+    unsafe {
+        match real::<CloseFn>(&sys::REAL_CLOSE) {
+            Some(f) => f(fd),
+            None => libc::syscall(libc::SYS_close, fd) as c_int,
+        }
+    }
+}

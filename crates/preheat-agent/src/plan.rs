@@ -1,0 +1,135 @@
+//! What the workers act on: the resolved working sets, replay connections and split preheaters
+//! per port, published by the control thread.
+//!
+//! # Publication
+//!
+//! The control thread builds an immutable [`Plan`] (allocating freely) and swaps an
+//! `Arc<Plan>` into [`PLAN`], a `Mutex` it holds only for that swap. Workers never block on
+//! it: they `try_lock`, clone the `Arc` (an atomic increment) and release the lock at once; if
+//! the lock happens to be held they skip the `lines` strategy for that announcement and count
+//! it (`no_profile`, plus an internal `profile_busy` counter). A replaced plan is not dropped
+//! by the swap: the control thread keeps it in a *retired* list and drops it only once its
+//! strong count is 1 (no new clones of a retired plan can appear, since clones are made only
+//! from the published slot), so a worker's `Arc` drop is never the last one and never frees
+//! memory or joins threads on the preheat path.
+//!
+//! # Replay connections
+//!
+//! A [`ReplayConn`]'s fd is used by workers and replaced or closed by the control thread. A
+//! worker claims the connection with a `busy` CAS (SeqCst) and then loads the fd; the control
+//! thread swaps the fd (SeqCst) and then waits until `busy` is clear before closing the old one.
+//! In the SeqCst total order either the worker's CAS precedes the control thread's `busy` check
+//! (so it waits for the worker) or the worker's fd load follows the swap (so it sees the new fd):
+//! an fd number is never used after it was closed (and possibly reused by the host).
+
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+
+use preheat_engine::preheat::ParallelPreheater;
+use preheat_model::AbsRun;
+
+use crate::sys;
+
+/// Most extra CPUs a `lines` preheat may be split across.
+pub const MAX_SPLIT: usize = 16;
+
+pub struct ReplayConn {
+    pub port: u16,
+    pub request: Vec<u8>,
+    /// Response terminator; empty: responses are drained but not counted.
+    pub until: Vec<u8>,
+    pub fd: AtomicI32,
+    pub busy: AtomicBool,
+    /// Bytes of `until` matched at the end of what was drained so far.
+    pub match_pos: AtomicUsize,
+    /// Requests sent whose terminator has not been drained yet.
+    pub outstanding: AtomicU32,
+    /// A worker found the connection broken: the control thread reconnects.
+    pub broken: AtomicBool,
+}
+
+impl ReplayConn {
+    pub fn new(port: u16, request: Vec<u8>, until: Vec<u8>, fd: RawFd) -> ReplayConn {
+        ReplayConn {
+            port,
+            request,
+            until,
+            fd: AtomicI32::new(fd),
+            busy: AtomicBool::new(false),
+            match_pos: AtomicUsize::new(0),
+            outstanding: AtomicU32::new(0),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Control thread: install `new_fd` (or -1) and close the previous fd once no worker uses
+    /// it. Returns false if a worker held the connection for over 100 ms (the old fd is then
+    /// leaked rather than risking a close under a user).
+    pub fn replace_fd(&self, new_fd: RawFd) -> bool {
+        let old = self.fd.swap(new_fd, Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while self.busy.load(Ordering::SeqCst) {
+            if t0.elapsed() > std::time::Duration::from_millis(100) {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        self.match_pos.store(0, Ordering::Relaxed);
+        self.outstanding.store(0, Ordering::Relaxed);
+        if old >= 0 {
+            crate::runtime::unregister_fd(old);
+            sys::close_fd(old);
+        }
+        true
+    }
+}
+
+/// A `lines` preheat split over extra CPUs.
+pub struct Split {
+    pub par: Arc<ParallelPreheater>,
+    /// The piece the serving core's worker runs itself.
+    pub local: Vec<AbsRun>,
+    /// One piece per extra CPU.
+    pub pieces: Vec<Vec<AbsRun>>,
+}
+
+pub struct PortPlan {
+    pub port: u16,
+    /// Resolved runs in priority order; empty if the profile has no class for the port.
+    pub runs: Vec<AbsRun>,
+    pub split: Option<Split>,
+    pub replay: Option<Arc<ReplayConn>>,
+}
+
+#[derive(Default)]
+pub struct Plan {
+    pub ports: Vec<PortPlan>,
+}
+
+impl Plan {
+    pub fn port(&self, port: u16) -> Option<&PortPlan> {
+        self.ports.iter().find(|p| p.port == port)
+    }
+}
+
+pub static PLAN: Mutex<Option<Arc<Plan>>> = Mutex::new(None);
+
+/// The plan slot is being swapped right now.
+#[derive(Debug)]
+pub struct PlanBusy;
+
+/// Worker side: the current plan without blocking.
+pub fn current() -> Result<Option<Arc<Plan>>, PlanBusy> {
+    match PLAN.try_lock() {
+        Ok(g) => Ok(g.clone()),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner().clone()),
+        Err(TryLockError::WouldBlock) => Err(PlanBusy),
+    }
+}
+
+/// Control side: publish `plan`, returning the previous one (to be retired, never dropped here).
+pub fn publish(plan: Arc<Plan>) -> Option<Arc<Plan>> {
+    let mut g = PLAN.lock().unwrap_or_else(|p| p.into_inner());
+    g.replace(plan)
+}

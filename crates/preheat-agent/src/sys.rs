@@ -1,0 +1,323 @@
+//! The FFI boundary of the agent: slots holding the real libc functions (resolved once with
+//! `dlsym(RTLD_NEXT)` in the constructor), errno, futex, `poll`/`eventfd`/`send` for the agent's
+//! own threads, `dladdr`, `getsockname` and `pthread_atfork`.
+//!
+//! Together with [`crate::hooks`] this is the only place of the agent with `unsafe`; every
+//! block has a `// SAFETY:` comment. Everything else (clocks, flush/prefetch, maps) comes from
+//! `preheat-engine`.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+
+use libc::{c_int, c_void};
+
+/// One real-function slot: the address `dlsym(RTLD_NEXT, name)` returned, 0 if unresolved.
+pub struct Real {
+    pub name: &'static CStr,
+    addr: AtomicUsize,
+}
+
+impl Real {
+    const fn new(name: &'static CStr) -> Real {
+        Real {
+            name,
+            addr: AtomicUsize::new(0),
+        }
+    }
+    /// The resolved address, 0 if the constructor has not run yet or `dlsym` failed.
+    #[inline(always)]
+    pub fn get(&self) -> usize {
+        self.addr.load(Ordering::Relaxed)
+    }
+}
+
+pub static REAL_EPOLL_WAIT: Real = Real::new(c"epoll_wait");
+pub static REAL_EPOLL_PWAIT: Real = Real::new(c"epoll_pwait");
+pub static REAL_EPOLL_PWAIT2: Real = Real::new(c"epoll_pwait2");
+pub static REAL_POLL: Real = Real::new(c"poll");
+pub static REAL_POLL_CHK: Real = Real::new(c"__poll_chk");
+pub static REAL_PPOLL: Real = Real::new(c"ppoll");
+pub static REAL_PPOLL_CHK: Real = Real::new(c"__ppoll_chk");
+pub static REAL_SELECT: Real = Real::new(c"select");
+pub static REAL_PSELECT: Real = Real::new(c"pselect");
+pub static REAL_ACCEPT: Real = Real::new(c"accept");
+pub static REAL_ACCEPT4: Real = Real::new(c"accept4");
+pub static REAL_READ: Real = Real::new(c"read");
+pub static REAL_READ_CHK: Real = Real::new(c"__read_chk");
+pub static REAL_RECV: Real = Real::new(c"recv");
+pub static REAL_RECV_CHK: Real = Real::new(c"__recv_chk");
+pub static REAL_RECVFROM: Real = Real::new(c"recvfrom");
+pub static REAL_RECVFROM_CHK: Real = Real::new(c"__recvfrom_chk");
+pub static REAL_RECVMSG: Real = Real::new(c"recvmsg");
+pub static REAL_READV: Real = Real::new(c"readv");
+pub static REAL_CLOSE: Real = Real::new(c"close");
+pub static REAL_CLOSE_RANGE: Real = Real::new(c"close_range");
+pub static REAL_CLOSEFROM: Real = Real::new(c"closefrom");
+
+static ALL_REAL: [&Real; 22] = [
+    &REAL_EPOLL_WAIT,
+    &REAL_EPOLL_PWAIT,
+    &REAL_EPOLL_PWAIT2,
+    &REAL_POLL,
+    &REAL_POLL_CHK,
+    &REAL_PPOLL,
+    &REAL_PPOLL_CHK,
+    &REAL_SELECT,
+    &REAL_PSELECT,
+    &REAL_ACCEPT,
+    &REAL_ACCEPT4,
+    &REAL_READ,
+    &REAL_READ_CHK,
+    &REAL_RECV,
+    &REAL_RECV_CHK,
+    &REAL_RECVFROM,
+    &REAL_RECVFROM_CHK,
+    &REAL_RECVMSG,
+    &REAL_READV,
+    &REAL_CLOSE,
+    &REAL_CLOSE_RANGE,
+    &REAL_CLOSEFROM,
+];
+
+/// Resolve every real function (constructor only: `dlsym` may allocate and take the loader
+/// lock, so it is never called from a hook). Returns the names that could not be resolved.
+pub fn resolve_real_functions() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    for r in ALL_REAL {
+        // SAFETY: `r.name` is a NUL-terminated C string literal; RTLD_NEXT asks for the next
+        // definition after this object in the lookup order (libc's), which is what we forward to.
+        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, r.name.as_ptr()) };
+        r.addr.store(p as usize, Ordering::Relaxed);
+        if p.is_null() {
+            missing.push(r.name.to_str().unwrap_or("?"));
+        }
+    }
+    missing
+}
+
+#[inline(always)]
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location returns the calling thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() }
+}
+
+#[inline(always)]
+pub fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`; writing the calling thread's own errno.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// `FUTEX_WAIT_PRIVATE` on `word` while it equals `expected` (returns on wake, mismatch, signal
+/// or after `timeout_ns` if given).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let tsp = match &ts {
+        Some(t) => t as *const libc::timespec,
+        None => std::ptr::null(),
+    };
+    // SAFETY: `word` is a valid, aligned 32-bit atomic for the whole call; the kernel only reads
+    // it (and `tsp`, which is null or points to `ts` on this frame).
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tsp,
+        );
+    }
+}
+
+/// `FUTEX_WAKE_PRIVATE` one waiter on `word`.
+pub fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a valid aligned atomic; FUTEX_WAKE does not access user memory beyond
+    // hashing the address.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        );
+    }
+}
+
+/// Local port of the socket `fd`: `Some(port)` for AF_INET/AF_INET6, `None` otherwise or on
+/// error. Allocation-free (usable from hooks).
+pub fn local_port(fd: c_int) -> Option<u16> {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: `ss` and `len` are valid writable locals and `len` holds the buffer's size.
+    let r = unsafe {
+        libc::getsockname(
+            fd,
+            &mut ss as *mut libc::sockaddr_storage as *mut libc::sockaddr,
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    match ss.ss_family as c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel filled a sockaddr_in (family AF_INET) into the larger storage.
+            let sin =
+                unsafe { &*(&ss as *const libc::sockaddr_storage as *const libc::sockaddr_in) };
+            Some(u16::from_be(sin.sin_port))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel filled a sockaddr_in6 (family AF_INET6) into the storage.
+            let sin6 =
+                unsafe { &*(&ss as *const libc::sockaddr_storage as *const libc::sockaddr_in6) };
+            Some(u16::from_be(sin6.sin6_port))
+        }
+        _ => None,
+    }
+}
+
+/// `poll(2)` for the agent's own threads (the hook passes agent threads straight through).
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid mutable slice of pollfd of the given length.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn eventfd() -> io::Result<RawFd> {
+    // SAFETY: no pointers involved.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(fd)
+    }
+}
+
+/// Add 1 to an eventfd (allocation-free, never blocks: the fd is non-blocking).
+pub fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a valid local; an invalid fd only yields EBADF.
+    unsafe { libc::write(fd, &one as *const u64 as *const c_void, 8) };
+}
+
+/// Reset an eventfd's counter.
+pub fn eventfd_clear(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: reads at most 8 bytes into a valid local.
+    unsafe { libc::read(fd, &mut v as *mut u64 as *mut c_void, 8) };
+}
+
+/// `send(fd, buf, MSG_DONTWAIT | MSG_NOSIGNAL)`: the real syscall, not one of our hooks, and
+/// never SIGPIPE (a broken replay connection must not kill the host).
+pub fn send_nonblocking(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid readable slice of the given length.
+    let r = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr() as *const c_void,
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// `recv(fd, buf, MSG_DONTWAIT)` through the raw syscall (the agent's own traffic must not
+/// reach its own hooks' attribution).
+pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable slice; null address arguments are allowed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Close a raw fd with the real syscall.
+pub fn close_fd(fd: RawFd) {
+    if fd >= 0 {
+        // SAFETY: closing an fd number we own (callers track ownership explicitly).
+        unsafe { libc::syscall(libc::SYS_close, fd) };
+    }
+}
+
+/// What `dladdr` knows about the object containing `addr`: (file name, load base).
+pub fn object_of(addr: usize) -> Option<(String, usize)> {
+    // SAFETY: Dl_info is plain data; all-zero is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid writable Dl_info; dladdr only inspects `addr` numerically.
+    let r = unsafe { libc::dladdr(addr as *const c_void, &mut info) };
+    if r == 0 {
+        return None;
+    }
+    let name = if info.dli_fname.is_null() {
+        String::new()
+    } else {
+        // SAFETY: dladdr returned a NUL-terminated string owned by the loader, valid while
+        // the object stays loaded (we copy it at once).
+        unsafe { CStr::from_ptr(info.dli_fname) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Some((name, info.dli_fbase as usize))
+}
+
+/// Load base of the main executable (via its program headers, `AT_PHDR`).
+pub fn main_executable_base() -> Option<usize> {
+    // SAFETY: getauxval has no preconditions.
+    let phdr = unsafe { libc::getauxval(libc::AT_PHDR) };
+    if phdr == 0 {
+        return None;
+    }
+    object_of(phdr as usize).map(|(_, base)| base)
+}
+
+/// Register fork handlers (once).
+pub fn register_atfork(
+    prepare: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+) -> io::Result<()> {
+    // SAFETY: the handlers are plain `extern "C"` functions that live as long as the process
+    // (the agent is never unloaded).
+    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
+}
+
+pub fn geteuid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+pub fn getpid() -> u32 {
+    std::process::id()
+}

@@ -1,0 +1,434 @@
+//! Request boundaries: busy periods of server threads and their attribution to listening ports.
+//!
+//! A thread that enters an event-wait call (epoll/poll/select family) is *idle*; a wait that
+//! returns events starts a *busy period*, which ends when the thread next enters a wait call.
+//! The busy period belongs to the listening port of the first connection it accepted or read
+//! from. Everything here runs on hooked paths of the host: fixed-size static tables of
+//! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+
+use preheat_engine::{os, time};
+use preheat_model::proto::PortStats;
+
+/// Thread slots (server threads seen in a wait call).
+pub const MAX_THREADS: usize = 1024;
+/// Port slots.
+pub const MAX_PORTS: usize = 64;
+/// fds at or above this are not tracked.
+pub const MAX_FDS: usize = 65536;
+
+/// The agent is attached and running in this process (set by the constructor / fork child).
+pub static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Hooks track (true) or are pure pass-through (false): `SetEnabled`, or a disabling error.
+pub static ENABLED: AtomicBool = AtomicBool::new(true);
+
+pub struct ThreadSlot {
+    /// Kernel tid owning the slot, 0 = free.
+    pub tid: AtomicU32,
+    /// The thread has entered a wait call at least once (it is a server event-loop thread).
+    pub seen_wait: AtomicBool,
+    pub in_wait: AtomicBool,
+    /// Start of the current busy period (CLOCK_MONOTONIC ns), 0 = not busy.
+    pub busy_start_ns: AtomicU64,
+    /// Port of the current busy period, 0 = not attributed yet.
+    pub port: AtomicU16,
+    /// CPU at the start of the current busy period.
+    pub cpu: AtomicU32,
+}
+
+impl ThreadSlot {
+    const fn new() -> ThreadSlot {
+        ThreadSlot {
+            tid: AtomicU32::new(0),
+            seen_wait: AtomicBool::new(false),
+            in_wait: AtomicBool::new(false),
+            busy_start_ns: AtomicU64::new(0),
+            port: AtomicU16::new(0),
+            cpu: AtomicU32::new(0),
+        }
+    }
+    fn clear(&self) {
+        self.seen_wait.store(false, Ordering::Relaxed);
+        self.in_wait.store(false, Ordering::Relaxed);
+        self.busy_start_ns.store(0, Ordering::Relaxed);
+        self.port.store(0, Ordering::Relaxed);
+        self.cpu.store(0, Ordering::Relaxed);
+        self.tid.store(0, Ordering::Release);
+    }
+}
+
+pub struct PortSlot {
+    /// Port number, 0 = free.
+    pub port: AtomicU16,
+    pub busy_periods: AtomicU64,
+    pub busy_ns: AtomicU64,
+    pub last_cpu: AtomicU32,
+    pub last_tid: AtomicU32,
+}
+
+impl PortSlot {
+    const fn new() -> PortSlot {
+        PortSlot {
+            port: AtomicU16::new(0),
+            busy_periods: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            last_cpu: AtomicU32::new(0),
+            last_tid: AtomicU32::new(0),
+        }
+    }
+}
+
+pub static THREADS: [ThreadSlot; MAX_THREADS] = [const { ThreadSlot::new() }; MAX_THREADS];
+pub static PORTS: [PortSlot; MAX_PORTS] = [const { PortSlot::new() }; MAX_PORTS];
+/// fd → local listening port of the connection (0 = unknown).
+pub static FD_PORT: [AtomicU16; MAX_FDS] = [const { AtomicU16::new(0) }; MAX_FDS];
+/// Listening fd → its local port: 0 = not looked up yet, `KNOWN | port`, or `NOT_INET`.
+pub static LISTEN_PORT: [AtomicU32; MAX_FDS] = [const { AtomicU32::new(0) }; MAX_FDS];
+const KNOWN: u32 = 1 << 16;
+const NOT_INET: u32 = 1 << 17;
+
+thread_local! {
+    // `const` initialisers of types without Drop: plain `#[thread_local]` statics, no lazy
+    // registration, no allocation (the agent is in the initial TLS block as an LD_PRELOAD
+    // object, so `__tls_get_addr` does not allocate either).
+    static TID: Cell<u32> = const { Cell::new(0) };
+    /// Thread slot index + 1, 0 = none yet.
+    static SLOT: Cell<u32> = const { Cell::new(0) };
+    /// This thread belongs to the agent (control, trigger, worker): hooks pass through.
+    static AGENT_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Mark the calling thread as one of the agent's own.
+pub fn mark_agent_thread() {
+    let _ = AGENT_THREAD.try_with(|c| c.set(true));
+}
+
+/// Whether the calling thread is one of the agent's own.
+#[inline]
+pub fn is_agent_thread() -> bool {
+    AGENT_THREAD.try_with(|c| c.get()).unwrap_or(false)
+}
+
+/// Forget the cached tid and slot of the calling thread (fork child: the tid changed).
+pub fn reset_thread_cache() {
+    let _ = TID.try_with(|c| c.set(0));
+    let _ = SLOT.try_with(|c| c.set(0));
+}
+
+/// Whether hooks on this thread should track.
+#[inline(always)]
+pub fn tracking() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+        && ENABLED.load(Ordering::Relaxed)
+        && !AGENT_THREAD.try_with(|c| c.get()).unwrap_or(true)
+}
+
+#[inline]
+fn my_tid() -> u32 {
+    match TID.try_with(|c| c.get()) {
+        Ok(0) => {
+            let t = os::gettid();
+            let _ = TID.try_with(|c| c.set(t));
+            t
+        }
+        Ok(t) => t,
+        Err(_) => os::gettid(),
+    }
+}
+
+/// The calling thread's slot, claimed on first use (`None` if the table is full).
+fn my_slot(claim: bool) -> Option<&'static ThreadSlot> {
+    let cached = SLOT.try_with(|c| c.get()).unwrap_or(0);
+    if cached != 0 {
+        return THREADS.get(cached as usize - 1);
+    }
+    if !claim {
+        return None;
+    }
+    let tid = my_tid();
+    // Once per thread: look for an existing slot of this tid first (a reused tid, or a slot
+    // behind a hole left by a released one), then claim.
+    let i = find_thread_slot(tid, false).or_else(|| find_thread_slot(tid, true))?;
+    let _ = SLOT.try_with(|c| c.set(i as u32 + 1));
+    THREADS.get(i)
+}
+
+/// Slot index of `tid` (claiming a free one if `claim`). Linear probing from `tid % N`.
+pub fn find_thread_slot(tid: u32, claim: bool) -> Option<usize> {
+    if tid == 0 {
+        return None;
+    }
+    let h = tid as usize % MAX_THREADS;
+    for k in 0..MAX_THREADS {
+        let i = (h + k) % MAX_THREADS;
+        let s = THREADS.get(i)?;
+        let cur = s.tid.load(Ordering::Acquire);
+        if cur == tid {
+            return Some(i);
+        }
+        if cur == 0 {
+            if !claim {
+                // Keep probing: slots can be freed (dead threads), leaving holes.
+                continue;
+            }
+            match s
+                .tid
+                .compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(i),
+                Err(actual) if actual == tid => return Some(i),
+                Err(_) => continue,
+            }
+        }
+    }
+    None
+}
+
+/// The slot of `port` (claiming a free one if `claim`).
+pub fn port_slot(port: u16, claim: bool) -> Option<&'static PortSlot> {
+    if port == 0 {
+        return None;
+    }
+    for p in PORTS.iter() {
+        let cur = p.port.load(Ordering::Acquire);
+        if cur == port {
+            return Some(p);
+        }
+        if cur == 0 && claim {
+            match p
+                .port
+                .compare_exchange(0, port, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(p),
+                Err(actual) if actual == port => return Some(p),
+                Err(_) => continue,
+            }
+        }
+    }
+    None
+}
+
+/// End the busy period of `s` (if any) and account it to its port.
+fn end_busy(s: &ThreadSlot) {
+    let start = s.busy_start_ns.swap(0, Ordering::AcqRel);
+    if start == 0 {
+        return;
+    }
+    let port = s.port.swap(0, Ordering::AcqRel);
+    if let Some(p) = port_slot(port, true) {
+        let dur = time::now_ns().saturating_sub(start);
+        p.busy_ns.fetch_add(dur, Ordering::Relaxed);
+        p.last_cpu
+            .store(s.cpu.load(Ordering::Relaxed), Ordering::Relaxed);
+        p.last_tid
+            .store(s.tid.load(Ordering::Relaxed), Ordering::Relaxed);
+        p.busy_periods.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// A thread enters a wait call. Returns its slot for [`wait_exit`], `None` if not tracking.
+#[inline]
+pub fn wait_enter() -> Option<&'static ThreadSlot> {
+    if !tracking() {
+        return None;
+    }
+    let s = my_slot(true)?;
+    end_busy(s);
+    s.seen_wait.store(true, Ordering::Relaxed);
+    s.in_wait.store(true, Ordering::Release);
+    Some(s)
+}
+
+/// The wait call returned `events` (> 0: a busy period starts).
+#[inline]
+pub fn wait_exit(s: &ThreadSlot, events: bool) {
+    if events {
+        s.port.store(0, Ordering::Relaxed);
+        s.cpu.store(os::current_cpu(), Ordering::Relaxed);
+        s.busy_start_ns
+            .store(time::now_ns().max(1), Ordering::Release);
+    }
+    s.in_wait.store(false, Ordering::Release);
+}
+
+/// Attribute the calling thread's current busy period to `port` (first attribution wins).
+#[inline]
+fn attribute(port: u16) {
+    if port == 0 {
+        return;
+    }
+    if let Some(s) = my_slot(false) {
+        if s.busy_start_ns.load(Ordering::Acquire) != 0 {
+            let _ = s
+                .port
+                .compare_exchange(0, port, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A read-like call on `fd` returned `ret` bytes.
+#[inline]
+pub fn on_read(fd: libc::c_int, ret: isize) {
+    if ret <= 0 || !tracking() {
+        return;
+    }
+    if let Some(p) = usize::try_from(fd).ok().and_then(|i| FD_PORT.get(i)) {
+        attribute(p.load(Ordering::Relaxed));
+    }
+}
+
+/// Local port of listening fd `lfd` (cached per fd).
+fn listen_port(lfd: libc::c_int) -> u16 {
+    let Some(e) = usize::try_from(lfd).ok().and_then(|i| LISTEN_PORT.get(i)) else {
+        return crate::sys::local_port(lfd).unwrap_or(0);
+    };
+    let v = e.load(Ordering::Relaxed);
+    if v & KNOWN != 0 {
+        return (v & 0xffff) as u16;
+    }
+    if v & NOT_INET != 0 {
+        return 0;
+    }
+    match crate::sys::local_port(lfd) {
+        Some(p) => {
+            e.store(KNOWN | p as u32, Ordering::Relaxed);
+            p
+        }
+        None => {
+            e.store(NOT_INET, Ordering::Relaxed);
+            0
+        }
+    }
+}
+
+/// accept/accept4 on listening fd `lfd` returned `newfd`.
+#[inline]
+pub fn on_accept(lfd: libc::c_int, newfd: libc::c_int) {
+    if newfd < 0 || !tracking() {
+        return;
+    }
+    let port = listen_port(lfd);
+    if let Some(e) = usize::try_from(newfd).ok().and_then(|i| FD_PORT.get(i)) {
+        e.store(port, Ordering::Relaxed);
+    }
+    attribute(port);
+}
+
+/// `fd` is about to be closed: forget what we know about it (before the real close, so a
+/// concurrent reuse of the number is never wiped).
+#[inline]
+pub fn on_close(fd: libc::c_int) {
+    if !ACTIVE.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Ok(i) = usize::try_from(fd) {
+        if let Some(e) = FD_PORT.get(i) {
+            e.store(0, Ordering::Relaxed);
+        }
+        if let Some(e) = LISTEN_PORT.get(i) {
+            e.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+// ---- read side (control / trigger / workers) ----
+
+/// Snapshot of the port table.
+pub fn port_stats() -> Vec<PortStats> {
+    PORTS
+        .iter()
+        .filter_map(|p| {
+            let port = p.port.load(Ordering::Acquire);
+            (port != 0).then(|| PortStats {
+                port,
+                busy_periods: p.busy_periods.load(Ordering::Acquire),
+                busy_ns: p.busy_ns.load(Ordering::Relaxed),
+                last_cpu: p.last_cpu.load(Ordering::Relaxed),
+                last_tid: p.last_tid.load(Ordering::Relaxed),
+            })
+        })
+        .collect()
+}
+
+/// Server threads seen in a wait call.
+pub fn threads_seen() -> u32 {
+    THREADS
+        .iter()
+        .filter(|s| s.tid.load(Ordering::Relaxed) != 0 && s.seen_wait.load(Ordering::Relaxed))
+        .count() as u32
+}
+
+/// Where a request for `port` will most likely be served: the CPU of the port's most recent
+/// busy period, else the CPU of any server thread seen, else 0. Allocation-free.
+pub fn target_cpu(port: u16) -> (u32, u32) {
+    if let Some(p) = port_slot(port, false) {
+        if p.busy_periods.load(Ordering::Acquire) > 0 {
+            return (
+                p.last_cpu.load(Ordering::Relaxed),
+                p.last_tid.load(Ordering::Relaxed),
+            );
+        }
+    }
+    for s in THREADS.iter() {
+        if s.tid.load(Ordering::Relaxed) != 0 && s.seen_wait.load(Ordering::Relaxed) {
+            return (s.cpu.load(Ordering::Relaxed), 0);
+        }
+    }
+    (0, 0)
+}
+
+/// Tids of server threads that are not in a wait call now.
+pub fn busy_threads(out: &mut Vec<u32>) {
+    out.clear();
+    for s in THREADS.iter() {
+        let tid = s.tid.load(Ordering::Acquire);
+        if tid != 0 && s.seen_wait.load(Ordering::Relaxed) && !s.in_wait.load(Ordering::Acquire) {
+            out.push(tid);
+        }
+    }
+}
+
+/// Free the slot of a thread that no longer exists.
+pub fn release_thread(tid: u32) {
+    if let Some(i) = find_thread_slot(tid, false) {
+        if let Some(s) = THREADS.get(i) {
+            s.clear();
+        }
+    }
+}
+
+/// Forget busy periods in flight (after re-enabling: they straddle a pass-through interval).
+pub fn forget_busy_periods() {
+    for s in THREADS.iter() {
+        s.busy_start_ns.store(0, Ordering::Relaxed);
+        s.port.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Fork child: a new process with one thread; counters and the thread table start over. The
+/// fd tables stay valid (the child inherits the fds).
+pub fn reset_after_fork() {
+    for s in THREADS.iter() {
+        s.clear();
+    }
+    for p in PORTS.iter() {
+        p.busy_periods.store(0, Ordering::Relaxed);
+        p.busy_ns.store(0, Ordering::Relaxed);
+        p.last_cpu.store(0, Ordering::Relaxed);
+        p.last_tid.store(0, Ordering::Relaxed);
+        p.port.store(0, Ordering::Relaxed);
+    }
+    reset_thread_cache();
+}
+
+/// Addresses inside the agent's static tables (to exclude them from probe candidates).
+pub fn static_addresses() -> [u64; 4] {
+    [
+        THREADS.as_ptr() as u64,
+        PORTS.as_ptr() as u64,
+        FD_PORT.as_ptr() as u64,
+        LISTEN_PORT.as_ptr() as u64,
+    ]
+}

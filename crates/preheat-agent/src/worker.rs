@@ -1,0 +1,465 @@
+//! The trigger thread and the per-CPU preheat workers (paper §3.2–3.3).
+//!
+//! The trigger thread blocks in `recv` on the announcement socket, decodes each 40-byte
+//! [`Announcement`] without allocating, drops (and counts) malformed and late ones, picks the
+//! CPU that served the port last and hands the announcement to that CPU's worker.
+//!
+//! # Hand-off
+//!
+//! Each worker owns a static [`WorkerSlot`]: the announcement's fields behind a seqlock written
+//! only by the trigger thread, and a generation word the worker sleeps on with `FUTEX_WAIT`.
+//! The trigger thread writes the fields, bumps the generation and issues `FUTEX_WAKE`: no lock,
+//! no allocation, and the trigger thread never waits for a worker. A busy worker that gets
+//! several announcements acts on the newest (older ones are counted as superseded).
+//!
+//! # Scheduling class
+//!
+//! Workers are pinned to their CPU and switch to `SCHED_IDLE` once, at start-up, and stay there.
+//! They only ever run when their CPU would otherwise be idle, and any normal task (in particular
+//! the server thread woken by the announced request) preempts them at once, so neither a spin
+//! (`wake`) nor a preheat (`lines`) can delay the request it prepares for. Switching per
+//! announcement would cost two `sched_setscheduler` calls on the critical path, and returning
+//! from `SCHED_IDLE` needs `CAP_SYS_NICE` or a permissive `RLIMIT_NICE`; staying idle avoids
+//! both. The price: on a CPU that is saturated by normal tasks, a worker may not run at all —
+//! which is exactly when preheating is pointless. A worker that starts after the announced
+//! arrival drops the announcement (counted as `late`, like one that arrived late).
+//!
+//! # Strategies, in order
+//!
+//! `replay` (send the configured warm-up request on the persistent loopback connection),
+//! `lines` (prefetch the port's resolved runs until the deadline), `wake` (spin until the served
+//! thread becomes busy with the announced request, at most arrival + 200 µs, never more than
+//! 1 ms).
+
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use preheat_engine::{os, preheat, time};
+use preheat_model::proto::{Announcement, Strategies};
+use preheat_model::AbsRun;
+
+use crate::plan::{self, ReplayConn, MAX_SPLIT};
+use crate::stats::STATS;
+use crate::{runtime, sys, track};
+
+pub const MAX_WORKERS: usize = 256;
+/// A `wake` spin ends at most this long after the announced arrival...
+pub const WAKE_AFTER_ARRIVAL_NS: u64 = 200_000;
+/// ...and never lasts longer than this in total.
+pub const WAKE_MAX_NS: u64 = 1_000_000;
+/// A busy period that starts this little before the announced arrival counts as the announced
+/// request (clocks of sender and arrival differ by a few µs).
+pub const EARLY_SLACK_NS: u64 = 10_000;
+
+pub struct WorkerSlot {
+    seq: AtomicU64,
+    /// Futex word: bumped once per hand-off.
+    gen: AtomicU32,
+    strategies: AtomicU32,
+    port: AtomicU32,
+    aseq: AtomicU64,
+    arrival_ns: AtomicU64,
+    sent_ns: AtomicU64,
+    budget_ns: AtomicU64,
+    /// The served thread (last_tid of the port), 0 if unknown.
+    served_tid: AtomicU32,
+    pub running: AtomicBool,
+}
+
+struct Job {
+    a: Announcement,
+    served_tid: u32,
+}
+
+impl WorkerSlot {
+    const fn new() -> WorkerSlot {
+        WorkerSlot {
+            seq: AtomicU64::new(0),
+            gen: AtomicU32::new(0),
+            strategies: AtomicU32::new(0),
+            port: AtomicU32::new(0),
+            aseq: AtomicU64::new(0),
+            arrival_ns: AtomicU64::new(0),
+            sent_ns: AtomicU64::new(0),
+            budget_ns: AtomicU64::new(0),
+            served_tid: AtomicU32::new(0),
+            running: AtomicBool::new(false),
+        }
+    }
+
+    /// Trigger thread (the only writer): publish `a` and wake the worker.
+    fn hand_off(&self, a: &Announcement, served_tid: u32) {
+        let s = self.seq.load(Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.strategies
+            .store(a.strategies.0 as u32, Ordering::Relaxed);
+        self.port.store(a.port as u32, Ordering::Relaxed);
+        self.aseq.store(a.seq, Ordering::Relaxed);
+        self.arrival_ns.store(a.arrival_ns, Ordering::Relaxed);
+        self.sent_ns.store(a.sent_ns, Ordering::Relaxed);
+        self.budget_ns.store(a.budget_ns, Ordering::Relaxed);
+        self.served_tid.store(served_tid, Ordering::Relaxed);
+        self.seq.store(s.wrapping_add(2), Ordering::Release);
+        self.gen.fetch_add(1, Ordering::Release);
+        sys::futex_wake(&self.gen);
+    }
+
+    /// Worker: read the latest announcement (bounded retries against a concurrent write).
+    fn read(&self) -> Option<Job> {
+        for _ in 0..64 {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let job = Job {
+                a: Announcement {
+                    strategies: Strategies(self.strategies.load(Ordering::Relaxed) as u8),
+                    port: self.port.load(Ordering::Relaxed) as u16,
+                    seq: self.aseq.load(Ordering::Relaxed),
+                    arrival_ns: self.arrival_ns.load(Ordering::Relaxed),
+                    sent_ns: self.sent_ns.load(Ordering::Relaxed),
+                    budget_ns: self.budget_ns.load(Ordering::Relaxed),
+                },
+                served_tid: self.served_tid.load(Ordering::Relaxed),
+            };
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == s1 {
+                return Some(job);
+            }
+        }
+        None
+    }
+
+    /// Fork child: the parent's trigger thread may have been in the middle of a write (odd
+    /// sequence number), and it does not exist here.
+    fn reset(&self) {
+        self.running.store(false, Ordering::Relaxed);
+        self.seq.store(0, Ordering::Relaxed);
+    }
+}
+
+pub static WORKERS: [WorkerSlot; MAX_WORKERS] = [const { WorkerSlot::new() }; MAX_WORKERS];
+/// Number of workers started in this process.
+pub static N_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Fork child: no worker runs yet.
+pub fn reset_after_fork() {
+    for w in WORKERS.iter() {
+        w.reset();
+    }
+    N_WORKERS.store(0, Ordering::Relaxed);
+}
+
+// ------------------------------------------------------------------------------- trigger
+
+/// Body of the trigger thread: never returns while the socket is open.
+pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
+    let mut buf = [0u8; 128];
+    let mut logged_malformed = 0u32;
+    let mut logged_late = 0u32;
+    loop {
+        let n = match sock.recv(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                runtime::log(&format!("trigger socket failed, announcements stop: {e}"));
+                return;
+            }
+        };
+        STATS.announcements.fetch_add(1, Ordering::Relaxed);
+        if !track::ENABLED.load(Ordering::Relaxed) {
+            STATS.disabled_drops.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let a = match Announcement::decode(buf.get(..n).unwrap_or(&buf)) {
+            Ok(a) => a,
+            Err(e) => {
+                STATS.malformed.fetch_add(1, Ordering::Relaxed);
+                if logged_malformed < 10 {
+                    logged_malformed += 1;
+                    runtime::log(&format!("dropped a malformed announcement: {e}"));
+                }
+                continue;
+            }
+        };
+        let now = time::now_ns();
+        if a.arrival_ns <= now {
+            STATS.late.fetch_add(1, Ordering::Relaxed);
+            if logged_late < 10 {
+                logged_late += 1;
+                runtime::log(&format!(
+                    "dropped a late announcement for port {} (seq {}): arrival was {} ns ago",
+                    a.port,
+                    a.seq,
+                    now - a.arrival_ns
+                ));
+            }
+            continue;
+        }
+        if a.strategies.is_empty() {
+            continue;
+        }
+        let (cpu, tid) = track::target_cpu(a.port);
+        let n = N_WORKERS.load(Ordering::Acquire).max(1);
+        let idx = cpu as usize % n;
+        let w = match WORKERS.get(idx) {
+            Some(w) if w.running.load(Ordering::Acquire) => w,
+            _ => match WORKERS.iter().find(|w| w.running.load(Ordering::Acquire)) {
+                Some(w) => w,
+                None => continue,
+            },
+        };
+        w.hand_off(&a, tid);
+    }
+}
+
+// ------------------------------------------------------------------------------- workers
+
+/// Body of the worker pinned to `cpu`.
+pub fn worker_main(cpu: usize) {
+    let Some(w) = WORKERS.get(cpu) else {
+        return;
+    };
+    let mut last = w.gen.load(Ordering::Acquire);
+    w.running.store(true, Ordering::Release);
+    loop {
+        let g = w.gen.load(Ordering::Acquire);
+        if g == last {
+            sys::futex_wait(&w.gen, g, None);
+            continue;
+        }
+        if g.wrapping_sub(last) > 1 {
+            STATS
+                .superseded
+                .fetch_add(g.wrapping_sub(last) as u64 - 1, Ordering::Relaxed);
+        }
+        last = g;
+        if let Some(job) = w.read() {
+            handle(w, &job, last);
+        }
+    }
+}
+
+fn handle(w: &WorkerSlot, job: &Job, gen: u32) {
+    let a = &job.a;
+    let start = time::now_ns();
+    let lead = (a.arrival_ns as i128 - start as i128).clamp(i64::MIN as i128, i64::MAX as i128);
+    STATS.last_lead_ns.store(lead as i64, Ordering::Relaxed);
+    if start >= a.arrival_ns {
+        // The worker got its CPU only after the arrival (a SCHED_IDLE worker on a CPU kept busy
+        // by normal tasks): warming up now would only compete with the real request.
+        STATS.late.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let want_lines = a.strategies.contains(Strategies::LINES);
+    let want_replay = a.strategies.contains(Strategies::REPLAY);
+    let plan = if want_lines || want_replay {
+        match plan::current() {
+            Ok(p) => p,
+            Err(plan::PlanBusy) => {
+                STATS.profile_busy.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let pp = plan.as_ref().and_then(|p| p.port(a.port));
+    if want_replay {
+        match pp.and_then(|p| p.replay.as_deref()) {
+            Some(conn) => replay(conn),
+            None => {
+                STATS.replay_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    if want_lines {
+        match pp {
+            Some(p) if !p.runs.is_empty() => lines(p, a, start),
+            _ => {
+                STATS.no_profile.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    // Dropping our clone is never the last reference (see `plan`).
+    drop(plan);
+    if a.strategies.contains(Strategies::WAKE) {
+        wake(w, job, gen, start);
+    }
+}
+
+fn lines(p: &plan::PortPlan, a: &Announcement, now: u64) {
+    let deadline = if a.budget_ns > 0 {
+        let base = if a.sent_ns > 0 { a.sent_ns } else { now };
+        base.saturating_add(a.budget_ns)
+    } else {
+        a.arrival_ns
+    };
+    let rep = match &p.split {
+        Some(s) => {
+            let mut refs: [&[AbsRun]; MAX_SPLIT] = [&[]; MAX_SPLIT];
+            let mut n = 0;
+            for (r, piece) in refs.iter_mut().zip(&s.pieces) {
+                *r = piece.as_slice();
+                n += 1;
+            }
+            s.par
+                .run(&s.local, refs.get(..n).unwrap_or(&[]), Some(deadline))
+        }
+        None => preheat::preheat_runs(&p.runs, Some(deadline)),
+    };
+    STATS.preheats.fetch_add(1, Ordering::Relaxed);
+    if rep.completed {
+        STATS.completed.fetch_add(1, Ordering::Relaxed);
+    }
+    STATS
+        .lines_preheated
+        .fetch_add(rep.lines_done, Ordering::Relaxed);
+    STATS
+        .preheat_ns_total
+        .fetch_add(rep.elapsed_ns, Ordering::Relaxed);
+    STATS
+        .last_lines_done
+        .store(rep.lines_done, Ordering::Relaxed);
+    STATS
+        .last_lines_total
+        .store(rep.lines_total, Ordering::Relaxed);
+    STATS
+        .last_preheat_ns
+        .store(rep.elapsed_ns, Ordering::Relaxed);
+}
+
+/// Spin (SCHED_IDLE) so the CPU does not enter a deep idle state before the request arrives.
+fn wake(w: &WorkerSlot, job: &Job, gen: u32, start: u64) {
+    STATS.wake_spins.fetch_add(1, Ordering::Relaxed);
+    let a = &job.a;
+    let end = a
+        .arrival_ns
+        .saturating_add(WAKE_AFTER_ARRIVAL_NS)
+        .min(start.saturating_add(WAKE_MAX_NS));
+    let served = track::find_thread_slot(job.served_tid, false).and_then(|i| track::THREADS.get(i));
+    let busy_from = a.arrival_ns.saturating_sub(EARLY_SLACK_NS).max(start);
+    let mut i = 0u32;
+    loop {
+        std::hint::spin_loop();
+        i = i.wrapping_add(1);
+        if i & 7 != 0 {
+            continue;
+        }
+        if time::now_ns() >= end {
+            return;
+        }
+        if let Some(s) = served {
+            if s.busy_start_ns.load(Ordering::Acquire) >= busy_from {
+                return;
+            }
+        }
+        // A newer announcement for this worker: go and handle it.
+        if w.gen.load(Ordering::Relaxed) != gen {
+            return;
+        }
+    }
+}
+
+/// Drain what the server answered to earlier replays, then send the warm-up request.
+fn replay(conn: &ReplayConn) {
+    if conn
+        .busy
+        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        // Another worker is replaying on this connection right now: that warms the path too.
+        return;
+    }
+    let fd = conn.fd.load(Ordering::SeqCst);
+    let ok = fd >= 0 && drain(conn, fd) && send(conn, fd);
+    conn.busy.store(false, Ordering::SeqCst);
+    if ok {
+        STATS.replays.fetch_add(1, Ordering::Relaxed);
+    } else {
+        STATS.replay_errors.fetch_add(1, Ordering::Relaxed);
+        if !conn.broken.swap(true, Ordering::AcqRel) {
+            runtime::wake_control();
+        }
+    }
+}
+
+/// Too many unanswered warm-ups: the server does not answer on this connection.
+const MAX_OUTSTANDING: u32 = 16;
+
+fn drain(conn: &ReplayConn, fd: i32) -> bool {
+    let mut buf = [0u8; 2048];
+    for _ in 0..64 {
+        match sys::recv_nonblocking(fd, &mut buf) {
+            Ok(0) => return false, // the server closed the connection
+            Ok(n) => {
+                if !conn.until.is_empty() {
+                    match_terminator(conn, buf.get(..n).unwrap_or(&[]));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+fn match_terminator(conn: &ReplayConn, data: &[u8]) {
+    let until = &conn.until;
+    let mut pos = conn.match_pos.load(Ordering::Relaxed);
+    for &b in data {
+        if until.get(pos) == Some(&b) {
+            pos += 1;
+            if pos == until.len() {
+                pos = 0;
+                let _ = conn
+                    .outstanding
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                        Some(v.saturating_sub(1))
+                    });
+            }
+        } else {
+            pos = usize::from(until.first() == Some(&b));
+        }
+    }
+    conn.match_pos.store(pos, Ordering::Relaxed);
+}
+
+fn send(conn: &ReplayConn, fd: i32) -> bool {
+    if !conn.until.is_empty() && conn.outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+        return false;
+    }
+    match sys::send_nonblocking(fd, &conn.request) {
+        Ok(n) if n == conn.request.len() => {
+            if !conn.until.is_empty() {
+                conn.outstanding.fetch_add(1, Ordering::Relaxed);
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Start one pinned SCHED_IDLE worker per online CPU (at most [`MAX_WORKERS`]).
+pub fn start_workers() -> std::io::Result<usize> {
+    let n = os::online_cpus().clamp(1, MAX_WORKERS);
+    for cpu in 0..n {
+        runtime::spawn_agent_thread(format!("preheat-cpu{cpu}"), move || {
+            if let Err(e) = os::pin_current_thread(cpu) {
+                runtime::log(&format!(
+                    "worker for CPU {cpu}: cannot pin ({e}); it runs unpinned (is the server restricted to other CPUs?)"
+                ));
+            }
+            if let Err(e) = os::set_sched_idle(true) {
+                runtime::log(&format!(
+                    "worker for CPU {cpu}: cannot switch to SCHED_IDLE ({e}); it runs as SCHED_OTHER"
+                ));
+            }
+            worker_main(cpu);
+        })?;
+    }
+    N_WORKERS.store(n, Ordering::Release);
+    Ok(n)
+}

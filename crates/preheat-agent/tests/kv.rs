@@ -1,0 +1,697 @@
+//! The agent attached to the bundled `preheat-kv` server: request boundaries, control requests,
+//! announcements, profiles and the probe, with real processes and sockets.
+
+mod support;
+
+use std::time::Duration;
+
+use preheat_model::proto::{Range, Reply, Request, Strategies, ANNOUNCE_LEN};
+use preheat_model::{
+    encode_profile, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
+    RequestClass, VirtAddr, WorkingSet,
+};
+use support::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn load_is_served_correctly_and_attributed_to_the_port() {
+    let srv = start_kv(&[]);
+    let done = mixed_load(srv.port, 8, 500, Some((100, kv_value)));
+    assert_eq!(done, 8 * 500);
+    let mut agent = srv.agent();
+    let (ok, st) = agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0);
+    assert!(ok, "no busy periods for port {}: {st:?}", srv.port);
+    let p = st.port(srv.port).unwrap();
+    assert!(p.busy_ns > 0, "{p:?}");
+    assert!(
+        (p.last_cpu as usize) < preheat_engine::os::online_cpus(),
+        "{p:?}"
+    );
+    assert_ne!(p.last_tid, 0, "{p:?}");
+    assert!(st.threads_seen >= 1, "{st:?}");
+    assert_eq!(st.pid, srv.pid());
+    assert!(st.exe.ends_with("preheat-kv"), "{}", st.exe);
+    assert!(st.enabled);
+    // Every busy period of a single-threaded server with 8 busy clients: at least one per
+    // handful of requests (requests of several clients may share one epoll_wait return).
+    assert!(
+        p.busy_periods >= 100,
+        "only {} busy periods for 4000 requests",
+        p.busy_periods
+    );
+}
+
+#[test]
+fn announcements_are_counted_and_acted_on() {
+    let srv = start_kv(&[]);
+    // One request so the port has a busy period (and a CPU to preheat on).
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:3").unwrap(), Some(kv_value(3)));
+    let mut agent = srv.agent();
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    let pid = srv.pid();
+    let wake_lines = Strategies::WAKE.union(Strategies::LINES);
+    // Valid: wake+lines (no profile loaded: lines counts no_profile), then wake alone.
+    srv.announce(pid, wake_lines, LEAD_NS, 1);
+    assert!(
+        agent
+            .wait_status(WAIT, |s| s.preheat.wake_spins == 1
+                && s.preheat.no_profile == 1)
+            .0
+    );
+    srv.announce(pid, Strategies::WAKE, LEAD_NS, 2);
+    // Malformed: too short, bad magic, unknown version, unknown strategy bits.
+    let mut good = preheat_model::proto::Announcement {
+        strategies: Strategies::WAKE,
+        port: srv.port,
+        seq: 3,
+        arrival_ns: preheat_engine::time::now_ns() + 1_000_000_000,
+        sent_ns: 0,
+        budget_ns: 0,
+    }
+    .encode();
+    srv.announce_raw(pid, &good[..ANNOUNCE_LEN - 1]);
+    let mut bad = good;
+    bad[0] = b'X';
+    srv.announce_raw(pid, &bad);
+    let mut bad = good;
+    bad[4] = 99;
+    srv.announce_raw(pid, &bad);
+    let mut bad = good;
+    bad[5] = 0x80;
+    srv.announce_raw(pid, &bad);
+    srv.announce_raw(pid, &[0u8; 100]);
+    // Late: arrival already past.
+    good[16..24].copy_from_slice(&(preheat_engine::time::now_ns() - 1_000_000).to_le_bytes());
+    srv.announce_raw(pid, &good);
+    let (ok, st) = agent.wait_status(WAIT, |s| {
+        s.preheat.announcements == 8
+            && s.preheat.malformed == 5
+            && s.preheat.late == 1
+            && s.preheat.wake_spins == 2
+    });
+    assert!(ok, "{:?}", st.preheat);
+    assert_eq!(st.preheat.no_profile, 1, "{:?}", st.preheat);
+    assert_eq!(st.preheat.preheats, 0, "{:?}", st.preheat);
+    assert!(
+        st.preheat.last_lead_ns > 0,
+        "worker started after the arrival: {:?}",
+        st.preheat
+    );
+    // The server kept serving.
+    assert_eq!(mc.get("key:4").unwrap(), Some(kv_value(4)));
+}
+
+#[test]
+fn extreme_announcements_do_not_disable_the_agent() {
+    let srv = start_kv(&[]);
+    let mut agent = srv.agent();
+    let now = preheat_engine::time::now_ns();
+    for (i, (arrival, sent, budget)) in [
+        (u64::MAX, u64::MAX, u64::MAX),
+        (1 << 63, 0, 1),
+        (now + LEAD_NS, u64::MAX, u64::MAX),
+        (now + LEAD_NS, 0, u64::MAX),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for port in [0, srv.port, u16::MAX] {
+            let a = preheat_model::proto::Announcement {
+                strategies: Strategies::ALL,
+                port,
+                seq: i as u64,
+                arrival_ns: arrival,
+                sent_ns: sent,
+                budget_ns: budget,
+            };
+            srv.announce_raw(srv.pid(), &a.encode());
+            // One at a time, so none is superseded.
+            let want = (i * 3) as u64
+                + [0, srv.port, u16::MAX]
+                    .iter()
+                    .position(|&p| p == port)
+                    .unwrap() as u64
+                + 1;
+            let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.wake_spins == want);
+            assert!(ok, "{:?}", st.preheat);
+        }
+    }
+    let st = agent.status();
+    assert!(st.enabled, "{st:?}");
+    assert_eq!(st.disabled_reason, None);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+}
+
+/// A profile of the running preheat-kv: the first `n` lines of each executable mapping of its
+/// binary, as the recorder would write it (region-relative).
+fn exe_profile(pid: u32, port: u16, n: u64, fake_exe: bool) -> Profile {
+    let maps = preheat_engine::maps::read_maps(Some(pid)).unwrap();
+    let exe = preheat_engine::maps::exe_ident(Some(pid)).unwrap();
+    let table = RegionTable::build(maps);
+    let mut lines = Vec::new();
+    for m in &table.mappings {
+        if m.exec && m.file.as_ref().is_some_and(|f| f.path == exe.path) {
+            for k in 0..n.min(m.len() / 64) {
+                lines.push(table.to_relative(VirtAddr(m.start + k * 64)).unwrap());
+            }
+        }
+    }
+    assert!(!lines.is_empty(), "no executable mapping of {}", exe.path);
+    let binary = if fake_exe {
+        BinaryIdent {
+            exe: FileIdent {
+                path: "/opt/elsewhere/other-server".into(),
+                inode: 12345,
+                build_id: vec![0xab; 20],
+            },
+        }
+    } else {
+        BinaryIdent { exe }
+    };
+    Profile {
+        binary,
+        backend: Backend::Trace,
+        filter: FilterParams::default(),
+        created_unix_s: 0,
+        regions: table.regions.clone(),
+        classes: vec![RequestClass {
+            port,
+            samples: 8,
+            ws: WorkingSet::from_lines(&LineSet::from_lines(lines), 0),
+        }],
+    }
+}
+
+#[test]
+fn profiles_load_refuse_and_preheat() {
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    let mut agent = srv.agent();
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    let dir = srv.dir.path();
+
+    // A good profile loads and resolves completely.
+    let good = encode_profile(&exe_profile(srv.pid(), srv.port, 64, false));
+    let good_path = dir.join("good.phws");
+    std::fs::write(&good_path, &good).unwrap();
+    let good_str = good_path.to_string_lossy().into_owned();
+    match agent.call(&Request::LoadProfile {
+        path: good_str.clone(),
+    }) {
+        Reply::Loaded { path, classes, .. } => {
+            assert_eq!(path, good_str);
+            assert_eq!(classes.len(), 1);
+            assert_eq!(classes[0].port, srv.port);
+            assert!(classes[0].lines >= 64, "{classes:?}");
+            assert_eq!(classes[0].skipped_lines, 0, "{classes:?}");
+        }
+        other => panic!("load: {other:?}"),
+    }
+
+    // Broken files: each refused with the file and the problem named.
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "garbage.phws",
+            b"this is not a profile at all".to_vec(),
+            "bad magic",
+        ),
+        (
+            "truncated.phws",
+            good[..good.len() / 2].to_vec(),
+            "truncated",
+        ),
+        (
+            "corrupt.phws",
+            {
+                let mut c = good.clone();
+                let i = c.len() - 10;
+                c[i] ^= 0x55;
+                c
+            },
+            "checksum",
+        ),
+        (
+            "version.phws",
+            {
+                let mut c = good.clone();
+                c[8] = 9;
+                c
+            },
+            "version",
+        ),
+    ];
+    for (name, bytes, what) in cases {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        let msg = agent.error(&Request::LoadProfile {
+            path: p.to_string_lossy().into_owned(),
+        });
+        assert!(
+            msg.contains(name),
+            "{name}: message does not name the file: {msg}"
+        );
+        assert!(msg.contains(what), "{name}: expected '{what}' in: {msg}");
+    }
+    let msg = agent.error(&Request::LoadProfile {
+        path: dir.join("missing.phws").to_string_lossy().into_owned(),
+    });
+    assert!(msg.contains("missing.phws"), "{msg}");
+
+    // A profile of another binary is refused as a whole.
+    let wrong_path = dir.join("wrong.phws");
+    std::fs::write(
+        &wrong_path,
+        encode_profile(&exe_profile(srv.pid(), srv.port, 64, true)),
+    )
+    .unwrap();
+    let msg = agent.error(&Request::LoadProfile {
+        path: wrong_path.to_string_lossy().into_owned(),
+    });
+    assert!(
+        msg.contains("wrong.phws")
+            && msg.contains("other-server")
+            && msg.contains("record a new profile"),
+        "{msg}"
+    );
+
+    // The good profile is still loaded and the server still serves.
+    let st = agent.status();
+    assert_eq!(st.profile.as_deref(), Some(good_str.as_str()));
+    assert_eq!(st.classes.len(), 1);
+    assert_eq!(mc.get("key:2").unwrap(), Some(kv_value(2)));
+
+    // Lines: an announcement preheats the port's working set before the arrival.
+    srv.announce(srv.pid(), Strategies::LINES, LEAD_NS, 1);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.preheats == 1);
+    assert!(ok, "{:?}", st.preheat);
+    let lines = st.classes[0].lines;
+    assert_eq!(st.preheat.completed, 1, "{:?}", st.preheat);
+    assert_eq!(st.preheat.lines_preheated, lines, "{:?}", st.preheat);
+    assert_eq!(st.preheat.last_lines_total, lines);
+    assert_eq!(st.preheat.no_profile, 0);
+
+    // Split over another CPU.
+    agent.ok(&Request::Configure {
+        port: srv.port,
+        replay: None,
+        replay_until: None,
+        split_cpus: vec![0],
+    });
+    srv.announce(srv.pid(), Strategies::LINES, LEAD_NS, 2);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.preheats == 2);
+    assert!(ok, "{:?}", st.preheat);
+    assert_eq!(st.preheat.lines_preheated, 2 * lines, "{:?}", st.preheat);
+    let msg = agent.error(&Request::Configure {
+        port: srv.port,
+        replay: None,
+        replay_until: None,
+        split_cpus: vec![4096],
+    });
+    assert!(msg.contains("4096"), "{msg}");
+
+    // Another port has no working set.
+    let other = srv.port.wrapping_add(1).max(1);
+    let now = preheat_engine::time::now_ns();
+    srv.announce_raw(
+        srv.pid(),
+        &preheat_model::proto::Announcement {
+            strategies: Strategies::LINES,
+            port: other,
+            seq: 3,
+            arrival_ns: now + LEAD_NS,
+            sent_ns: now,
+            budget_ns: 0,
+        }
+        .encode(),
+    );
+    assert!(agent.wait_status(WAIT, |s| s.preheat.no_profile == 1).0);
+
+    // Unload.
+    agent.ok(&Request::UnloadProfile);
+    let st = agent.status();
+    assert_eq!(st.profile, None);
+    assert!(st.classes.is_empty());
+    srv.announce(srv.pid(), Strategies::LINES, LEAD_NS, 4);
+    assert!(agent.wait_status(WAIT, |s| s.preheat.no_profile == 2).0);
+    assert_eq!(mc.get("key:5").unwrap(), Some(kv_value(5)));
+}
+
+#[test]
+fn profile_from_the_environment_is_loaded_at_start() {
+    // Record a profile of one preheat-kv process; file regions survive a restart.
+    let first = start_kv(&[]);
+    let profile = exe_profile(first.pid(), first.port, 32, false);
+    let path = first.dir.path().join("env.phws");
+    std::fs::write(&path, encode_profile(&profile)).unwrap();
+    let bad = first.dir.path().join("bad.phws");
+    std::fs::write(&bad, b"garbage").unwrap();
+
+    let srv = start_kv(&[("PREHEAT_PROFILE", path.to_str().unwrap())]);
+    let mut agent = srv.agent();
+    let (ok, st) = agent.wait_status(WAIT, |s| s.profile.is_some());
+    assert!(ok, "PREHEAT_PROFILE not loaded: {st:?}\n{}", srv.log_tail());
+    assert_eq!(st.profile.as_deref(), path.to_str());
+    assert_eq!(st.classes.len(), 1);
+    assert_eq!(st.classes[0].port, first.port);
+    assert!(st.classes[0].lines >= 32);
+    assert_eq!(st.classes[0].skipped_lines, 0, "{st:?}");
+
+    let srv = start_kv(&[("PREHEAT_PROFILE", bad.to_str().unwrap())]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    let log = preheat_agent::socket_paths(&srv.run_dir, srv.pid()).log;
+    assert!(
+        wait_until(WAIT, || std::fs::read_to_string(&log).is_ok_and(|l| l
+            .contains("PREHEAT_PROFILE not loaded")
+            && l.contains("bad magic"))),
+        "{}",
+        srv.log_tail()
+    );
+    assert_eq!(srv.agent().status().profile, None);
+}
+
+#[test]
+fn probe_requests_are_safe_and_find_hits() {
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    let mut agent = srv.agent();
+    let threshold = match agent.call(&Request::Calibrate) {
+        Reply::Calibration {
+            hit_ticks_p50,
+            miss_ticks_p50,
+            threshold,
+            samples,
+        } => {
+            assert!(samples > 0);
+            assert!(hit_ticks_p50 < threshold, "{hit_ticks_p50} {threshold}");
+            assert!(threshold <= miss_ticks_p50.max(hit_ticks_p50 + 2));
+            threshold
+        }
+        other => panic!("calibrate: {other:?}"),
+    };
+    let (ranges, total) = match agent.call(&Request::Candidates) {
+        Reply::Candidates {
+            ranges,
+            total_bytes,
+        } => (ranges, total_bytes),
+        other => panic!("candidates: {other:?}"),
+    };
+    assert!(!ranges.is_empty());
+    assert_eq!(total, ranges.iter().map(|r| r.len).sum::<u64>());
+    assert!(total <= 256 << 20);
+    // The agent's own library is not a candidate.
+    let so = std::fs::canonicalize(&artifacts().agent_so).unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", srv.pid())).unwrap();
+    for line in maps.lines().filter(|l| l.ends_with(so.to_str().unwrap())) {
+        let (lo, hi) = line.split(' ').next().unwrap().split_once('-').unwrap();
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).unwrap(),
+            u64::from_str_radix(hi, 16).unwrap(),
+        );
+        assert!(
+            !ranges.iter().any(|r| r.start < hi && r.start + r.len > lo),
+            "agent mapping {line} is a candidate"
+        );
+    }
+    // Probe the executable's candidate ranges (small: a few hundred KiB) around a request.
+    let exe = std::fs::read_link(format!("/proc/{}/exe", srv.pid())).unwrap();
+    let mut exe_ranges = Vec::new();
+    for line in maps.lines().filter(|l| l.ends_with(exe.to_str().unwrap())) {
+        let (lo, hi) = line.split(' ').next().unwrap().split_once('-').unwrap();
+        let (lo, hi) = (
+            u64::from_str_radix(lo, 16).unwrap(),
+            u64::from_str_radix(hi, 16).unwrap(),
+        );
+        for r in &ranges {
+            let (a, b) = (r.start.max(lo), (r.start + r.len).min(hi));
+            if a < b {
+                exe_ranges.push(Range {
+                    start: a,
+                    len: b - a,
+                });
+            }
+        }
+    }
+    assert!(!exe_ranges.is_empty());
+    // Add ranges that are not mapped at all: they must be skipped, not crash the server.
+    let mut with_bogus = exe_ranges.clone();
+    with_bogus.push(Range {
+        start: 0x1000,
+        len: 1 << 20,
+    });
+    with_bogus.push(Range {
+        start: 0xffff_ffff_ff00_0000,
+        len: 4096,
+    });
+    let mut best_hits = 0;
+    for round in 0..3u64 {
+        agent.ok(&Request::ProbeFlush {
+            ranges: with_bogus.clone(),
+        });
+        assert_eq!(mc.get("key:7").unwrap(), Some(kv_value(7)));
+        match agent.call(&Request::ProbeReload {
+            ranges: with_bogus.clone(),
+            threshold,
+            window_pages: 16,
+            seed: round + 1,
+        }) {
+            Reply::Probed {
+                hits,
+                probed,
+                elapsed_ns,
+            } => {
+                let exe_lines: u64 = exe_ranges.iter().map(|r| r.len.div_ceil(64)).sum();
+                assert!(probed > 0 && probed <= exe_lines, "{probed} {exe_lines}");
+                assert!(elapsed_ns > 0);
+                for h in &hits {
+                    assert!(
+                        exe_ranges
+                            .iter()
+                            .any(|r| *h >= r.start && *h < r.start + r.len),
+                        "hit {h:#x} outside the probed ranges"
+                    );
+                }
+                best_hits = best_hits.max(hits.len());
+            }
+            other => panic!("reload: {other:?}"),
+        }
+    }
+    assert!(
+        best_hits > 0,
+        "no line of the server binary was hit by a request"
+    );
+    // Probing all candidates in 1 MiB chunks also works (and leaves the server alive).
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for r in &ranges {
+        chunk.push(*r);
+        bytes += r.len;
+        if bytes >= 1 << 20 {
+            break;
+        }
+    }
+    agent.ok(&Request::ProbeFlush {
+        ranges: chunk.clone(),
+    });
+    assert!(matches!(
+        agent.call(&Request::ProbeReload {
+            ranges: chunk,
+            threshold,
+            window_pages: 16,
+            seed: 9,
+        }),
+        Reply::Probed { .. }
+    ));
+    assert_eq!(mc.get("key:8").unwrap(), Some(kv_value(8)));
+    let mut srv = srv;
+    assert!(srv.alive());
+}
+
+#[test]
+fn set_enabled_toggles_tracking() {
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    let mut agent = srv.agent();
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    agent.ok(&Request::SetEnabled { enabled: false });
+    let before = agent.status();
+    assert!(!before.enabled);
+    assert_eq!(before.disabled_reason, None);
+    for i in 0..50 {
+        assert_eq!(mc.get(&format!("key:{i}")).unwrap(), Some(kv_value(i)));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let during = agent.status();
+    // At most the busy period in flight when tracking stopped.
+    assert!(
+        during.busy_periods(srv.port) <= before.busy_periods(srv.port) + 1,
+        "{} -> {}",
+        before.busy_periods(srv.port),
+        during.busy_periods(srv.port)
+    );
+    agent.ok(&Request::SetEnabled { enabled: true });
+    assert!(agent.status().enabled);
+    for i in 0..50 {
+        assert_eq!(mc.get(&format!("key:{i}")).unwrap(), Some(kv_value(i)));
+    }
+    let (ok, after) = agent.wait_status(WAIT, |s| {
+        s.busy_periods(srv.port) >= during.busy_periods(srv.port) + 40
+    });
+    assert!(
+        ok,
+        "{} -> {}",
+        during.busy_periods(srv.port),
+        after.busy_periods(srv.port)
+    );
+}
+
+#[test]
+fn replay_sends_warmup_requests() {
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    let mut agent = srv.agent();
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    // Replay without a configured request: counted as an error, nothing sent.
+    srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 1);
+    assert!(agent.wait_status(WAIT, |s| s.preheat.replay_errors == 1).0);
+    agent.ok(&Request::Configure {
+        port: srv.port,
+        replay: Some("get __preheat_warmup__\r\n".into()),
+        replay_until: Some("END\r\n".into()),
+        split_cpus: vec![],
+    });
+    let base = agent.status().busy_periods(srv.port);
+    for i in 0..3 {
+        srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 10 + i);
+        let want = i + 1;
+        let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.replays == want);
+        assert!(ok, "{:?}", st.preheat);
+    }
+    // The server answered the warm-ups: they show up as busy periods of the port.
+    let (ok, st) = agent.wait_status(WAIT, |s| s.busy_periods(srv.port) >= base + 3);
+    assert!(ok, "{base} -> {}", st.busy_periods(srv.port));
+    assert_eq!(st.preheat.replay_errors, 1, "{:?}", st.preheat);
+    // All strategies together.
+    srv.announce(srv.pid(), Strategies::ALL, LEAD_NS, 20);
+    let (ok, st) = agent.wait_status(WAIT, |s| {
+        s.preheat.replays == 4 && s.preheat.wake_spins == 1 && s.preheat.no_profile == 1
+    });
+    assert!(ok, "{:?}", st.preheat);
+    // A warm-up the server answers by closing the connection: the next replay finds it
+    // broken, the control thread reconnects, and the one after that works again.
+    agent.ok(&Request::Configure {
+        port: srv.port,
+        replay: Some("quit\r\n".into()),
+        replay_until: None,
+        split_cpus: vec![],
+    });
+    let log = preheat_agent::socket_paths(&srv.run_dir, srv.pid()).log;
+    srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 30);
+    assert!(agent.wait_status(WAIT, |s| s.preheat.replays == 5).0);
+    std::thread::sleep(Duration::from_millis(50));
+    srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 31);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.replay_errors == 2);
+    assert!(ok, "{:?}", st.preheat);
+    assert!(
+        wait_until(WAIT, || std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains("reconnected"))),
+        "{}",
+        srv.log_tail()
+    );
+    srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 32);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.replays == 6);
+    assert!(ok, "{:?}", st.preheat);
+    // Configure of a port nobody listens on fails cleanly.
+    let msg = agent.error(&Request::Configure {
+        port: free_port(),
+        replay: Some("x\r\n".into()),
+        replay_until: None,
+        split_cpus: vec![],
+    });
+    assert!(msg.contains("replay connection"), "{msg}");
+    assert_eq!(mc.get("key:2").unwrap(), Some(kv_value(2)));
+}
+
+#[test]
+fn bad_control_input_is_answered_with_errors() {
+    let srv = start_kv(&[]);
+    let mut agent = srv.agent();
+    for bad in [
+        "not json",
+        r#"{"cmd":"warp_drive"}"#,
+        r#"{"cmd":"probe_flush"}"#,
+        "[1,2,3]",
+    ] {
+        match agent.call_raw(bad) {
+            Reply::Error { message } => assert!(message.contains("bad request"), "{message}"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    // Several clients at once.
+    let mut second = srv.agent();
+    assert_eq!(second.status().pid, srv.pid());
+    assert_eq!(agent.status().pid, srv.pid());
+    drop(second);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+}
+
+#[test]
+fn only_and_disable_keep_the_agent_out() {
+    for env in [
+        &[("PREHEAT_AGENT_ONLY", "memcached,nginx")][..],
+        &[("PREHEAT_AGENT_DISABLE", "1")][..],
+    ] {
+        let srv = start_kv(env);
+        let mut mc = Mc::connect(srv.port);
+        assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            preheat_agent::live_agents(&srv.run_dir).is_empty(),
+            "{env:?}: an agent started"
+        );
+    }
+    let srv = start_kv(&[("PREHEAT_AGENT_ONLY", "memcached,preheat-kv")]);
+    assert_eq!(srv.agent().status().pid, srv.pid());
+    assert_eq!(preheat_agent::live_agents(&srv.run_dir), vec![srv.pid()]);
+}
+
+#[test]
+fn world_writable_run_dir_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let srv = start_kv_in(dir, &[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    std::thread::sleep(Duration::from_millis(100));
+    let entries: Vec<_> = std::fs::read_dir(&run).unwrap().flatten().collect();
+    assert!(
+        entries.is_empty(),
+        "the agent wrote into a world-writable run dir"
+    );
+    let log = std::fs::read_to_string(&srv.log).unwrap();
+    assert!(log.contains("refusing"), "server log: {log}");
+}
+
+#[test]
+fn socket_files_are_removed_on_exit() {
+    let mut srv = start_kv(&[]);
+    let paths = preheat_agent::socket_paths(&srv.run_dir, srv.pid());
+    assert!(wait_until(WAIT, || paths.control.exists() && paths.trigger.exists()));
+    let mut agent = srv.agent();
+    assert_eq!(agent.status().pid, srv.pid());
+    drop(agent);
+    srv.stop();
+    assert!(!paths.control.exists() && !paths.trigger.exists());
+    assert!(paths.log.exists(), "the log stays");
+}
