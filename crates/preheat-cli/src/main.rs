@@ -8,6 +8,7 @@
 
 mod agentctl;
 mod bench;
+mod compare;
 mod demo;
 mod launch;
 mod paths;
@@ -83,6 +84,21 @@ enum WsCmd {
     /// Print lines, runs, KiB, encoded bytes and the paper's size metric.
     Show {
         file: PathBuf,
+        #[arg(long)]
+        json: bool,
+        /// Print every run as `port region start length` (tab separated).
+        #[arg(long, conflicts_with = "json")]
+        runs: bool,
+    },
+    /// Precision and recall of a working set against another taken as ground truth.
+    Compare {
+        /// The working set to score (e.g. recorded with --backend probe).
+        tested: PathBuf,
+        /// The ground truth (e.g. recorded with --backend trace).
+        truth: PathBuf,
+        /// Request class (default: the tested file's first).
+        #[arg(long)]
+        port: Option<u16>,
         #[arg(long)]
         json: bool,
     },
@@ -216,8 +232,17 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Record(a) => cmd_record(a),
         Cmd::Ws {
-            cmd: WsCmd::Show { file, json },
-        } => show::show(&file, json),
+            cmd: WsCmd::Show { file, json, runs },
+        } => show::show(&file, json, runs),
+        Cmd::Ws {
+            cmd:
+                WsCmd::Compare {
+                    tested,
+                    truth,
+                    port,
+                    json,
+                },
+        } => compare::run(&tested, &truth, port, json),
         Cmd::Run(a) => cmd_run(a),
         Cmd::Announce(a) => cmd_announce(a),
         Cmd::Agent { cmd } => cmd_agent(cmd),
@@ -304,7 +329,13 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
             record::record_probe(&server, pid, &workload, &params)?
         }
         record::BackendChoice::Trace => {
-            bail!("backend trace: not wired into the CLI yet")
+            let mut spec = spec;
+            spec.agent = false;
+            eprintln!(
+                "preheat: recording port {} of {} with the trace backend (Valgrind): {} samples, keep >= {}",
+                spec.port, spec.name, filter.n, filter.k
+            );
+            record::record_trace(&spec.argv, spec.port, known, &workload, &params)?
         }
         _ => unreachable!(),
     };

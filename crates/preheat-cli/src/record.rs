@@ -82,8 +82,6 @@ pub struct RecordStats {
 pub struct Recording {
     pub profile: Profile,
     pub stats: RecordStats,
-    /// The k-of-n filtered lines before run-length encoding (for validation).
-    pub lines: LineSet,
 }
 
 fn progress(total: u64, what: &str, quiet: bool) -> ProgressBar {
@@ -312,7 +310,6 @@ pub fn record_probe(
             &lines,
         ),
         stats,
-        lines,
     })
 }
 
@@ -378,4 +375,89 @@ pub fn read_profile(path: &Path) -> Result<Profile> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     preheat_model::decode_profile(&bytes)
         .with_context(|| format!("{}: invalid working-set file", path.display()))
+}
+
+/// Estimate with the `trace` backend: run the server under our Valgrind tool (no agent), send
+/// the request `n` times with idle gaps, and take each request's busy periods (all threads) as
+/// one sample of exact user-space lines.
+pub fn record_trace(
+    argv: &[String],
+    port: u16,
+    prepare: Option<crate::servers::Known>,
+    w: &Workload,
+    p: &RecordParams,
+) -> Result<Recording> {
+    use preheat_trace::{TraceOptions, TracedServer};
+    let t0 = Instant::now();
+    if crate::launch::port_in_use(port) {
+        bail!("port {port} is already in use on 127.0.0.1");
+    }
+    let exe_path = crate::paths::find_program(&argv[0])
+        .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
+        .context("empty command")?;
+    let exe = file_ident(&exe_path)?;
+    if !p.quiet {
+        eprintln!("preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)", exe.path);
+    }
+    let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
+        .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !crate::launch::port_in_use(port) {
+        if !ts.is_running() {
+            bail!("server exited under valgrind; log:\n{}", ts.log());
+        }
+        if Instant::now() > deadline {
+            bail!("server did not listen on port {port} under valgrind within 120 s; log:\n{}", ts.log());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut client = Client::connect(addr)?;
+    if let Some(k) = prepare {
+        k.prepare(&mut client)?;
+    }
+    for _ in 0..8 {
+        client.request(&w.request, &w.until)?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    ts.read_new_periods()?;
+    let pid = ts.pid();
+    let table = RegionTable::build(
+        preheat_engine::maps::read_maps(Some(pid)).context("reading the traced server's mappings")?,
+    );
+    let pb = progress(p.filter.n as u64, "trace", p.quiet);
+    let mut stats = RecordStats {
+        backend: "trace".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        let r = client.request(&w.request, &w.until)?;
+        if !r.starts_with(&w.expect_prefix) {
+            bail!("unexpected reply under valgrind: {:?}", String::from_utf8_lossy(&r[..r.len().min(80)]));
+        }
+        stats.requests_sent += 1;
+        // The busy period ends when the server waits again; give Valgrind time to write it.
+        std::thread::sleep(Duration::from_millis(100));
+        let periods = ts.read_new_periods()?;
+        let lines: Vec<u64> = periods
+            .iter()
+            .filter(|b| b.complete)
+            .flat_map(|b| b.lines.iter().copied())
+            .collect();
+        let (set, dropped) = preheat_trace::to_region_lines(&lines, &table);
+        stats.unmapped_hits += dropped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    ts.stop();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(Backend::Trace, p.filter, exe, &table, port, &lines),
+        stats,
+    })
 }

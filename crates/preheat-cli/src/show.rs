@@ -87,8 +87,24 @@ fn summarize<'a>(path: &'a str, file_bytes: u64, p: &'a Profile) -> Summary<'a> 
     }
 }
 
-pub fn show(path: &Path, json: bool) -> Result<()> {
+pub fn show(path: &Path, json: bool, runs: bool) -> Result<()> {
     let p = crate::record::read_profile(path)?;
+    if runs {
+        // One line per run: port, region, first line, length (for scripts and debugging).
+        for c in &p.classes {
+            for rr in &c.ws.regions {
+                let name = p
+                    .regions
+                    .get(rr.region as usize)
+                    .map(|k| k.describe())
+                    .unwrap_or_default();
+                for r in &rr.runs {
+                    println!("{}\t{}\t{}\t{}", c.port, name, r.start, r.len);
+                }
+            }
+        }
+        return Ok(());
+    }
     let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let name = path.to_string_lossy();
     let s = summarize(&name, file_bytes, &p);

@@ -1,0 +1,111 @@
+//! `preheat ws compare`: precision and recall of one working set against another taken as ground
+//! truth (typically `probe` against `trace`).
+//!
+//! Lines are compared in region-relative form. Only file-backed regions (code, read-only and
+//! initialised data of the binary and its libraries) are comparable across backends: anonymous
+//! memory is laid out differently under Valgrind (its own allocator), so anonymous lines are
+//! counted and reported but not scored.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use preheat_model::{Profile, RegionKey};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub port: u16,
+    /// Scored lines (file-backed regions) in the tested set and in the truth.
+    pub tested_lines: u64,
+    pub truth_lines: u64,
+    pub true_positives: u64,
+    pub precision: f64,
+    pub recall: f64,
+    /// Lines in anonymous regions, not scored.
+    pub tested_anon_lines: u64,
+    pub truth_anon_lines: u64,
+}
+
+/// The class for `port`, or the profile's only class when `port` is `None`.
+fn class_of(p: &Profile, port: Option<u16>) -> Result<&preheat_model::RequestClass> {
+    match port {
+        Some(port) => p
+            .class(port)
+            .with_context(|| format!("no working set for port {port}")),
+        None if p.classes.len() == 1 => Ok(&p.classes[0]),
+        None => anyhow::bail!(
+            "the profile has {} request classes; pick one with --port",
+            p.classes.len()
+        ),
+    }
+}
+
+fn file_lines(p: &Profile, port: Option<u16>) -> Result<(BTreeSet<(String, Vec<u8>, u64)>, u64)> {
+    let class = class_of(p, port)?;
+    let mut set = BTreeSet::new();
+    let mut anon = 0;
+    for rr in &class.ws.regions {
+        let n: u64 = rr.runs.iter().map(|r| r.len as u64).sum();
+        match p.regions.get(rr.region as usize) {
+            Some(RegionKey::File(f)) => {
+                for run in &rr.runs {
+                    for l in run.start..run.end() {
+                        set.insert((f.path.clone(), f.build_id.clone(), l));
+                    }
+                }
+            }
+            _ => anon += n,
+        }
+    }
+    Ok((set, anon))
+}
+
+/// Compare the classes of `port` (or each profile's only class: recordings of the same server
+/// on different ports are comparable).
+pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<Comparison> {
+    let (t, ta) = file_lines(tested, port).context("tested profile")?;
+    let (g, ga) = file_lines(truth, port).context("ground-truth profile")?;
+    let tp = t.intersection(&g).count() as u64;
+    Ok(Comparison {
+        port: class_of(tested, port)?.port,
+        tested_lines: t.len() as u64,
+        truth_lines: g.len() as u64,
+        true_positives: tp,
+        precision: if t.is_empty() { 0.0 } else { tp as f64 / t.len() as f64 },
+        recall: if g.is_empty() { 0.0 } else { tp as f64 / g.len() as f64 },
+        tested_anon_lines: ta,
+        truth_anon_lines: ga,
+    })
+}
+
+pub fn run(tested: &Path, truth: &Path, port: Option<u16>, json: bool) -> Result<()> {
+    let a = crate::record::read_profile(tested)?;
+    let b = crate::record::read_profile(truth)?;
+    let c = compare(&a, &b, port)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+        return Ok(());
+    }
+    println!(
+        "{} ({}) against {} ({}) as ground truth, port {}, file-backed lines:",
+        tested.display(),
+        a.backend.name(),
+        truth.display(),
+        b.backend.name(),
+        c.port
+    );
+    println!(
+        "  precision {:.3} ({} of {} tested lines are in the truth)",
+        c.precision, c.true_positives, c.tested_lines
+    );
+    println!(
+        "  recall    {:.3} ({} of {} truth lines were found)",
+        c.recall, c.true_positives, c.truth_lines
+    );
+    println!(
+        "  anonymous lines (not comparable across backends, not scored): tested {}, truth {}",
+        c.tested_anon_lines, c.truth_anon_lines
+    );
+    Ok(())
+}
