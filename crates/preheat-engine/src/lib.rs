@@ -13,6 +13,37 @@
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
 //! | [`os`] | thread pinning, scheduling class, tids |
+//!
+//! # Hot-path functions
+//!
+//! The agent calls these between an announcement and the request it announces, inside the
+//! server process, possibly from a signal-free but latency-critical context. They **never
+//! allocate, block, take locks, or log**, and must stay that way:
+//!
+//! * [`time::now_ns`], [`time::rdtscp`]
+//! * everything in [`cache`] ([`cache::features`] runs CPUID once and caches it; call it once at
+//!   start-up, since CPUID traps to the hypervisor on a VM)
+//! * [`preheat::preheat_runs`] (and [`preheat::load_runs`])
+//! * [`os::current_cpu`], [`os::gettid`]
+//!
+//! [`preheat::ParallelPreheater::run`] does not allocate either, but waits for its workers
+//! (spinning, then `futex`).
+//!
+//! # Address contracts
+//!
+//! Prefetches never fault, so [`preheat::preheat_runs`] accepts any address. Functions that
+//! really *load* or *flush* arbitrary addresses — [`cache::flush_line`], [`cache::flush_range`],
+//! [`probe::flush`], [`probe::reload`], [`preheat::load_runs`], [`preheat::plain_load`] — are
+//! safe Rust functions by design of this API, but require the addresses to be mapped and
+//! readable in the calling process; otherwise the process gets SIGSEGV. They never write
+//! memory, and the bytes they read are discarded, so a violated contract crashes rather than
+//! corrupts. Obtain ranges from [`maps::read_maps`] / [`maps::resident_ranges`].
+//!
+//! # Portability
+//!
+//! Linux only (sysfs, /proc, futex, sched_setaffinity). x86_64 is the target; on other
+//! architectures flush and prefetch are no-ops and [`time::rdtscp`] returns
+//! `CLOCK_MONOTONIC` nanoseconds, so the crate still builds.
 
 pub mod cache;
 pub mod maps;
@@ -22,3 +53,21 @@ pub mod probe;
 pub mod sweep;
 pub mod time;
 pub mod topology;
+
+/// Serialises the cache-timing test against the rest of the suite: the flush+reload test holds
+/// the lock exclusively, every other test shares it, so no other test of this crate thrashes
+/// the caches (or steals the CPU) while the probe is validated.
+#[cfg(test)]
+pub(crate) mod test_lock {
+    use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+    static LOCK: RwLock<()> = RwLock::new(());
+
+    pub fn shared() -> RwLockReadGuard<'static, ()> {
+        LOCK.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn exclusive() -> RwLockWriteGuard<'static, ()> {
+        LOCK.write().unwrap_or_else(|e| e.into_inner())
+    }
+}

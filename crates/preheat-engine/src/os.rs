@@ -1,28 +1,171 @@
 //! Threads and scheduling.
+//!
+//! The paper wakes "a CPU" to preheat (§3.2) and parallelises preheating over two cores (§3.3);
+//! here that means pinning helper threads to chosen CPUs ([`set_affinity`]) and optionally
+//! running them as `SCHED_IDLE` so they never delay the server itself.
+//!
+//! All calls act on the *calling thread* (pid/tid 0 in the underlying syscalls), not on the
+//! whole process. [`current_cpu`] and [`gettid`] are hot-path functions (no allocation).
+
+use std::io;
 
 /// Pin the calling thread to `cpu`.
-pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    let _ = cpu;
-    unimplemented!()
+pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
+    set_affinity(&[cpu])
 }
 
-/// The CPU the calling thread runs on (sched_getcpu / rdtscp aux).
+/// Set the CPU affinity mask of the calling thread to exactly `cpus`
+/// (`sched_setaffinity(0, ...)`). An empty list or a CPU ≥ `CPU_SETSIZE` is `EINVAL`.
+pub fn set_affinity(cpus: &[usize]) -> io::Result<()> {
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    if cpus.is_empty() || cpus.iter().any(|&c| c >= max) {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: cpu_set_t is a plain bit array; all-zero is the valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        // SAFETY: `c < CPU_SETSIZE` was checked above, so CPU_SET stays inside `set`.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: `set` is a valid, initialised cpu_set_t and we pass its exact size; pid 0 means
+    // the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The CPU affinity mask of the calling thread, as a sorted list of CPU numbers (empty if the
+/// call fails, which it does not on Linux).
+pub fn get_affinity() -> Vec<usize> {
+    // SAFETY: all-zero is a valid empty cpu_set_t.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is writable and we pass its exact size; pid 0 means the calling thread.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    (0..max)
+        // SAFETY: `c < CPU_SETSIZE`, so CPU_ISSET reads inside `set`.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// The CPU the calling thread runs on (sched_getcpu; rseq/vDSO-backed, no syscall on recent
+/// kernels). Returns 0 if the call fails. Hot path: allocation-free.
+#[inline]
 pub fn current_cpu() -> u32 {
-    unimplemented!()
+    // SAFETY: sched_getcpu takes no arguments and only reads per-thread kernel state.
+    let c = unsafe { libc::sched_getcpu() };
+    if c < 0 {
+        0
+    } else {
+        c as u32
+    }
 }
 
+/// Kernel thread id of the calling thread. Hot path: allocation-free (one `gettid` syscall,
+/// deliberately not cached in a thread-local: a cached value would be wrong after `fork`).
+#[inline]
 pub fn gettid() -> u32 {
-    unimplemented!()
+    // SAFETY: SYS_gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
 /// Switch the calling thread to SCHED_IDLE (any normal task preempts it at once) or back to
 /// SCHED_OTHER.
-pub fn set_sched_idle(idle: bool) -> std::io::Result<()> {
-    let _ = idle;
-    unimplemented!()
+///
+/// On Linux `sched_setscheduler(0, ..)` changes only the calling thread. Leaving SCHED_IDLE
+/// needs `CAP_SYS_NICE` or an `RLIMIT_NICE` that permits the thread's nice value (EPERM
+/// otherwise), so unprivileged helpers should enter SCHED_IDLE only on threads they own.
+pub fn set_sched_idle(idle: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: `param` is a valid sched_param (priority 0 is required for both policies);
+    // pid 0 means the calling thread.
+    let r = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Number of online CPUs.
 pub fn online_cpus() -> usize {
-    unimplemented!()
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n < 1 {
+        1
+    } else {
+        n as usize
+    }
+}
+
+/// Current scheduling policy of the calling thread (`libc::SCHED_*`).
+pub fn sched_policy() -> i32 {
+    // SAFETY: no memory-safety preconditions; pid 0 = calling thread.
+    unsafe { libc::sched_getscheduler(0) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affinity_round_trip() {
+        let _shared = crate::test_lock::shared();
+        // Run in a fresh thread so the test harness thread keeps its mask.
+        std::thread::spawn(|| {
+            let old = get_affinity();
+            assert!(!old.is_empty());
+            let cpu = old[old.len() - 1];
+            pin_current_thread(cpu).unwrap();
+            assert_eq!(get_affinity(), vec![cpu]);
+            for _ in 0..1000 {
+                std::hint::spin_loop();
+            }
+            assert_eq!(current_cpu() as usize, cpu);
+            set_affinity(&old).unwrap();
+            assert_eq!(get_affinity(), old);
+            assert!(set_affinity(&[]).is_err());
+            assert!(set_affinity(&[1 << 20]).is_err());
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
+    fn ids_and_counts() {
+        let _shared = crate::test_lock::shared();
+        let main = gettid();
+        assert!(main > 0);
+        let other = std::thread::spawn(gettid).join().unwrap();
+        assert_ne!(main, other);
+        assert!(online_cpus() >= 1);
+        assert!((current_cpu() as usize) < 4096);
+    }
+
+    #[test]
+    fn sched_idle_on_own_thread() {
+        let _shared = crate::test_lock::shared();
+        std::thread::spawn(|| {
+            set_sched_idle(true).unwrap();
+            assert_eq!(sched_policy(), libc::SCHED_IDLE);
+            // Leaving SCHED_IDLE may need privileges; accept EPERM.
+            match set_sched_idle(false) {
+                Ok(()) => assert_eq!(sched_policy(), libc::SCHED_OTHER),
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM)),
+            }
+        })
+        .join()
+        .unwrap();
+    }
 }
