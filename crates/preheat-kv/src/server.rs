@@ -1,0 +1,944 @@
+//! The single-threaded, level-triggered epoll event loop.
+//!
+//! Everything happens on one thread with plain libc calls — `epoll_create1`,
+//! `epoll_ctl`, `epoll_wait`, `accept4`, `read`, `send`, `close` — because the
+//! preheat LD_PRELOAD agent interposes `epoll_wait`/`accept`/`read` to find
+//! request boundaries; a runtime such as mio or tokio would hide them.
+//!
+//! Per connection there is an input buffer (requests may arrive split across
+//! reads or several per read) and an output buffer. After a read, every
+//! complete request in the input buffer is executed and the replies are
+//! written immediately; whatever the socket does not accept stays buffered and
+//! the connection is registered for `EPOLLOUT`. While a connection has more
+//! than [`OUT_HIGH_WATER`] bytes of unsent output it is not read from (nor
+//! are its buffered requests executed), so a client that does not read its
+//! replies cannot make the server buffer without bound.
+//!
+//! Limits: at most [`MAX_CONNS`] connections (more are told
+//! `ERROR Too many open connections` and closed, like memcached), at most
+//! [`MAX_INBUF`] bytes of unparsed input per connection, and at most
+//! [`MAX_GET_RESPONSE`] bytes for one `get` reply (otherwise
+//! `SERVER_ERROR out of memory writing get response`, memcached's message).
+//! Connections that violate the protocol's hard limits are closed.
+//!
+//! Shutdown: SIGTERM/SIGINT set an atomic flag; `epoll_wait` is interrupted
+//! (the handler is installed without `SA_RESTART`) or times out after
+//! [`TICK_MS`], and the loop exits, closing every connection.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::fmt::Display;
+use std::io::{self, Write as _};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::protocol::{self, Parse, Request};
+use crate::store::{Lookup, Store};
+
+/// Maximum simultaneous client connections (memcached's default `-c 1024`).
+pub const MAX_CONNS: usize = 1024;
+/// Maximum unparsed input buffered per connection. Must exceed the largest
+/// legal request: a `MAX_LINE_LEN` command line plus a `MAX_VALUE_LEN` value.
+pub const MAX_INBUF: usize = 2 * 1024 * 1024;
+/// Stop executing a connection's requests while this much output is unsent.
+pub const OUT_HIGH_WATER: usize = 4 * 1024 * 1024;
+/// Largest reply to a single `get`.
+pub const MAX_GET_RESPONSE: usize = 16 * 1024 * 1024;
+/// `epoll_wait` timeout, which bounds how long a shutdown signal can go
+/// unnoticed.
+pub const TICK_MS: i32 = 100;
+
+/// Minimum free space offered to each `read`.
+const READ_CHUNK: usize = 16 * 1024;
+/// Idle buffers larger than this are shrunk back.
+const SHRINK_ABOVE: usize = 256 * 1024;
+const MAX_EVENTS: usize = 256;
+/// Connections accepted per listener wake-up, for fairness.
+const ACCEPT_BATCH: usize = 64;
+/// How long to stop accepting after running out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+const LISTENER_TOKEN: u64 = 0;
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+
+/// Server configuration (from the command line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub items: usize,
+    pub value_size: usize,
+    pub ready_file: Option<PathBuf>,
+    pub quiet: bool,
+}
+
+/// Runs the server until SIGTERM or SIGINT.
+pub fn run(config: &Config) -> io::Result<()> {
+    install_signal_handlers()?;
+    if let Some(path) = &config.ready_file {
+        // A stale file from an earlier run must not announce the wrong port.
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+
+    let mut store = Store::new();
+    store.preload(config.items, config.value_size);
+
+    // std's bind sets SO_REUSEADDR and CLOEXEC; everything after is raw libc.
+    let listener = TcpListener::bind(config.listen)?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let mut server = Server::new(listener, store, config.quiet)?;
+    if !config.quiet {
+        eprintln!("preheat-kv listening on {local}");
+    }
+    if let Some(path) = &config.ready_file {
+        write_ready_file(path, local.port())?;
+    }
+
+    let result = server.run_loop();
+    server.log(format_args!("shutting down"));
+    drop(server);
+    if let Some(path) = &config.ready_file {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+extern "C" fn on_shutdown_signal(_signal: libc::c_int) {
+    SHUTDOWN.store(true, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> io::Result<()> {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: an all-zero `sigaction` is a valid value (no flags, default
+        // handler); every field we rely on is set explicitly below.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        let handler: extern "C" fn(libc::c_int) = on_shutdown_signal;
+        action.sa_sigaction = handler as libc::sighandler_t;
+        // No SA_RESTART, so a blocked epoll_wait returns EINTR at once.
+        action.sa_flags = 0;
+        // SAFETY: `sa_mask` is a valid, writable sigset_t inside `action`.
+        unsafe { libc::sigemptyset(&mut action.sa_mask) };
+        // SAFETY: `action` is fully initialised and outlives the call; the
+        // handler only stores to an atomic, which is async-signal-safe; a null
+        // old-action pointer is allowed.
+        if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Writes `ready <port>\n` to `path` atomically (temp file + rename), so a
+/// harness polling for the file never sees a partial line.
+fn write_ready_file(path: &Path, port: u16) -> io::Result<()> {
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--ready-file needs a file name",
+        )
+    })?;
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    std::fs::write(&tmp, format!("ready {port}\n"))?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Thin owner of an epoll instance.
+struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    fn new() -> io::Result<Epoll> {
+        // SAFETY: epoll_create1 has no memory-safety preconditions.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Epoll { fd })
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut event = libc::epoll_event { events, u64: token };
+        // SAFETY: `event` is a valid epoll_event that lives across the call
+        // (the kernel only reads it); invalid fds are reported through errno.
+        let rc = unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut event) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
+        let max = libc::c_int::try_from(events.len()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: `events` is a valid, writable buffer of at least `max`
+        // entries; the kernel writes at most `max` of them.
+        let n =
+            unsafe { libc::epoll_wait(self.fd.as_raw_fd(), events.as_mut_ptr(), max, timeout_ms) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+/// Counters reported by `stats`.
+#[derive(Debug)]
+pub struct Stats {
+    started: Instant,
+    curr_connections: u64,
+    total_connections: u64,
+    rejected_connections: u64,
+    cmd_get: u64,
+    cmd_set: u64,
+    cmd_flush: u64,
+    get_hits: u64,
+    get_misses: u64,
+    get_expired: u64,
+    delete_hits: u64,
+    delete_misses: u64,
+    total_items: u64,
+    bytes_read: u64,
+    bytes_written: u64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Stats {
+    pub fn new() -> Stats {
+        Stats {
+            started: Instant::now(),
+            curr_connections: 0,
+            total_connections: 0,
+            rejected_connections: 0,
+            cmd_get: 0,
+            cmd_set: 0,
+            cmd_flush: 0,
+            get_hits: 0,
+            get_misses: 0,
+            get_expired: 0,
+            delete_hits: 0,
+            delete_misses: 0,
+            total_items: 0,
+            bytes_read: 0,
+            bytes_written: 0,
+        }
+    }
+
+    /// `stats reset`: zero the cumulative counters (not the current ones).
+    fn reset(&mut self) {
+        let (started, curr) = (self.started, self.curr_connections);
+        *self = Stats::new();
+        self.started = started;
+        self.curr_connections = curr;
+    }
+}
+
+/// What the connection must do after a request was executed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    Continue,
+    /// Discard this many upcoming input bytes (an oversized `set` payload).
+    Swallow(usize),
+    /// Flush pending replies, then close.
+    Quit,
+}
+
+/// Executes one request against the store, appending the reply to `out`.
+pub fn execute(req: Request<'_>, store: &mut Store, stats: &mut Stats, out: &mut Vec<u8>) -> Next {
+    let reply = |out: &mut Vec<u8>, noreply: bool, line: &str| {
+        if !noreply {
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    };
+    match req {
+        Request::Get(keys) => {
+            let start = out.len();
+            for key in keys.iter() {
+                stats.cmd_get += 1;
+                match store.get(key) {
+                    Lookup::Hit(item) => {
+                        stats.get_hits += 1;
+                        out.extend_from_slice(b"VALUE ");
+                        out.extend_from_slice(key);
+                        let _ = write!(out, " {} {}\r\n", item.flags, item.data.len());
+                        out.extend_from_slice(&item.data);
+                        out.extend_from_slice(b"\r\n");
+                        if out.len() - start > MAX_GET_RESPONSE {
+                            out.truncate(start);
+                            reply(
+                                out,
+                                false,
+                                "SERVER_ERROR out of memory writing get response",
+                            );
+                            return Next::Continue;
+                        }
+                    }
+                    Lookup::Expired => {
+                        stats.get_expired += 1;
+                        stats.get_misses += 1;
+                        store.remove_expired(key);
+                    }
+                    Lookup::Miss => stats.get_misses += 1,
+                }
+            }
+            out.extend_from_slice(b"END\r\n");
+        }
+        Request::Set {
+            key,
+            flags,
+            exptime,
+            data,
+            noreply,
+        } => {
+            stats.cmd_set += 1;
+            stats.total_items += 1;
+            store.set(key, flags, exptime, data);
+            reply(out, noreply, "STORED");
+        }
+        Request::SetTooLarge {
+            key,
+            swallow,
+            noreply,
+        } => {
+            // Like memcached: a failed set must not leave the old value behind.
+            store.delete(key);
+            reply(out, noreply, "SERVER_ERROR object too large for cache");
+            return Next::Swallow(swallow);
+        }
+        Request::BadDataChunk { noreply } => {
+            stats.cmd_set += 1;
+            reply(out, noreply, "CLIENT_ERROR bad data chunk");
+        }
+        Request::Delete { key, noreply } => {
+            if store.delete(key) {
+                stats.delete_hits += 1;
+                reply(out, noreply, "DELETED");
+            } else {
+                stats.delete_misses += 1;
+                reply(out, noreply, "NOT_FOUND");
+            }
+        }
+        Request::FlushAll { delay, noreply } => {
+            stats.cmd_flush += 1;
+            store.flush(delay);
+            reply(out, noreply, "OK");
+        }
+        Request::Stats => write_stats(out, store, stats),
+        Request::StatsReset => {
+            stats.reset();
+            reply(out, false, "RESET");
+        }
+        Request::Version => reply(out, false, &format!("VERSION preheat-kv {VERSION}")),
+        Request::Quit => return Next::Quit,
+        Request::Error {
+            reply: line,
+            noreply,
+        } => reply(out, noreply, line),
+    }
+    Next::Continue
+}
+
+fn write_stats(out: &mut Vec<u8>, store: &Store, stats: &Stats) {
+    let mut stat = |name: &str, value: &dyn Display| {
+        let _ = write!(out, "STAT {name} {value}\r\n");
+    };
+    let unix_now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    stat("pid", &std::process::id());
+    stat("uptime", &stats.started.elapsed().as_secs());
+    stat("time", &unix_now);
+    stat("version", &VERSION);
+    stat("pointer_size", &(usize::BITS));
+    stat("max_connections", &MAX_CONNS);
+    stat("curr_connections", &stats.curr_connections);
+    stat("total_connections", &stats.total_connections);
+    stat("rejected_connections", &stats.rejected_connections);
+    stat("cmd_get", &stats.cmd_get);
+    stat("cmd_set", &stats.cmd_set);
+    stat("cmd_flush", &stats.cmd_flush);
+    stat("get_hits", &stats.get_hits);
+    stat("get_misses", &stats.get_misses);
+    stat("get_expired", &stats.get_expired);
+    stat("delete_misses", &stats.delete_misses);
+    stat("delete_hits", &stats.delete_hits);
+    stat("bytes_read", &stats.bytes_read);
+    stat("bytes_written", &stats.bytes_written);
+    stat("threads", &1);
+    stat("bytes", &store.bytes());
+    stat("curr_items", &store.len());
+    stat("total_items", &stats.total_items);
+    stat("evictions", &0);
+    out.extend_from_slice(b"END\r\n");
+}
+
+/// Why request processing on a connection stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Every complete request was executed; waiting for more bytes.
+    NeedInput,
+    /// Too much unsent output; resume once the socket drains.
+    Paused,
+    /// `quit` was received.
+    Quit,
+    /// Protocol limit violated; close now.
+    Fatal,
+}
+
+enum ReadResult {
+    Data,
+    Eof,
+    WouldBlock,
+    Failed,
+}
+
+struct Conn {
+    fd: OwnedFd,
+    token: u64,
+    /// Events currently registered with epoll.
+    interest: u32,
+    inbuf: Vec<u8>,
+    out: Vec<u8>,
+    /// Bytes of `out` already sent.
+    out_pos: usize,
+    /// Input bytes still to discard (payload of an oversized set).
+    swallow: usize,
+    read_closed: bool,
+    stop: Stop,
+}
+
+impl Conn {
+    fn new(fd: OwnedFd, token: u64, interest: u32) -> Conn {
+        Conn {
+            fd,
+            token,
+            interest,
+            inbuf: Vec::new(),
+            out: Vec::new(),
+            out_pos: 0,
+            swallow: 0,
+            read_closed: false,
+            stop: Stop::NeedInput,
+        }
+    }
+
+    fn pending_out(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    fn wants_read(&self) -> bool {
+        !self.read_closed && self.stop == Stop::NeedInput
+    }
+
+    fn desired_interest(&self) -> u32 {
+        let mut events = 0;
+        if self.wants_read() {
+            events |= libc::EPOLLIN as u32;
+        }
+        // A paused connection may have flushed everything already; EPOLLOUT
+        // (immediately ready) then brings it back to resume processing.
+        if self.pending_out() > 0 || self.stop == Stop::Paused {
+            events |= libc::EPOLLOUT as u32;
+        }
+        events
+    }
+
+    /// Nothing more will happen on this connection: close it.
+    fn finished(&self) -> bool {
+        match self.stop {
+            Stop::Fatal => true,
+            Stop::Quit => self.pending_out() == 0,
+            Stop::NeedInput => self.read_closed && self.pending_out() == 0,
+            Stop::Paused => false,
+        }
+    }
+
+    /// Handles one epoll notification; returns false if the connection must
+    /// be closed.
+    fn on_event(&mut self, events: u32, store: &mut Store, stats: &mut Stats) -> bool {
+        let readable = (libc::EPOLLIN | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        let writable = (libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) as u32;
+        if events & readable != 0 && self.wants_read() {
+            match self.read_some(stats) {
+                ReadResult::Data => {}
+                ReadResult::Eof => self.read_closed = true,
+                ReadResult::WouldBlock => return true,
+                ReadResult::Failed => return false,
+            }
+            if !self.process_and_flush(store, stats) {
+                return false;
+            }
+        }
+        if events & writable != 0 {
+            if !self.flush(stats) {
+                return false;
+            }
+            // One batch per wake-up keeps a busy connection from starving the
+            // others; a still-paused connection stays registered for EPOLLOUT.
+            if self.stop == Stop::Paused
+                && self.pending_out() < OUT_HIGH_WATER
+                && !self.process_and_flush(store, stats)
+            {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn process_and_flush(&mut self, store: &mut Store, stats: &mut Stats) -> bool {
+        self.stop = self.process(store, stats);
+        self.stop != Stop::Fatal && self.flush(stats)
+    }
+
+    /// One `read(2)` into the input buffer.
+    fn read_some(&mut self, stats: &mut Stats) -> ReadResult {
+        let room = MAX_INBUF.saturating_sub(self.inbuf.len());
+        if room == 0 {
+            return ReadResult::Failed;
+        }
+        self.inbuf.reserve(READ_CHUNK.min(room));
+        let spare = self.inbuf.spare_capacity_mut();
+        let want = spare.len().min(room);
+        // SAFETY: `spare` is the vector's uninitialised spare capacity with at
+        // least `want` bytes; read(2) writes at most `want` bytes into it, and
+        // the fd is an open socket owned by this connection.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), spare.as_mut_ptr().cast(), want) };
+        match n {
+            0 => ReadResult::Eof,
+            n if n > 0 => {
+                let n = n as usize;
+                // SAFETY: read(2) initialised exactly `n <= want` bytes right
+                // after the current length.
+                unsafe { self.inbuf.set_len(self.inbuf.len() + n) };
+                stats.bytes_read += n as u64;
+                ReadResult::Data
+            }
+            _ => match io::Error::last_os_error().kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => ReadResult::WouldBlock,
+                _ => ReadResult::Failed,
+            },
+        }
+    }
+
+    /// Executes every complete buffered request (until output backs up).
+    fn process(&mut self, store: &mut Store, stats: &mut Stats) -> Stop {
+        if self.out_pos > 0 {
+            self.out.drain(..self.out_pos);
+            self.out_pos = 0;
+        }
+        let mut pos = 0;
+        let stop = loop {
+            if self.swallow > 0 {
+                let n = self.swallow.min(self.inbuf.len() - pos);
+                pos += n;
+                self.swallow -= n;
+                if self.swallow > 0 {
+                    break Stop::NeedInput;
+                }
+            }
+            if self.out.len() >= OUT_HIGH_WATER {
+                break Stop::Paused;
+            }
+            let input = &self.inbuf[pos..];
+            if input.is_empty() {
+                break Stop::NeedInput;
+            }
+            match protocol::parse(input) {
+                Parse::Incomplete if input.len() >= MAX_INBUF => break Stop::Fatal,
+                Parse::Incomplete => break Stop::NeedInput,
+                Parse::Invalid(_) => break Stop::Fatal,
+                Parse::Complete { request, consumed } => {
+                    pos += consumed;
+                    match execute(request, store, stats, &mut self.out) {
+                        Next::Continue => {}
+                        Next::Swallow(n) => self.swallow = n,
+                        Next::Quit => break Stop::Quit,
+                    }
+                }
+            }
+        };
+        self.inbuf.drain(..pos);
+        if self.inbuf.is_empty() && self.inbuf.capacity() > SHRINK_ABOVE {
+            self.inbuf = Vec::new();
+        }
+        stop
+    }
+
+    /// Sends as much pending output as the socket takes; false on error.
+    fn flush(&mut self, stats: &mut Stats) -> bool {
+        while self.out_pos < self.out.len() {
+            let pending = &self.out[self.out_pos..];
+            // SAFETY: `pending` is an initialised slice; send(2) reads at most
+            // `pending.len()` bytes from it. MSG_NOSIGNAL turns a closed peer
+            // into EPIPE instead of SIGPIPE.
+            let n = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    pending.as_ptr().cast(),
+                    pending.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if n > 0 {
+                self.out_pos += n as usize;
+                stats.bytes_written += n as u64;
+                continue;
+            }
+            if n == 0 {
+                break;
+            }
+            match io::Error::last_os_error().kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => return false,
+            }
+        }
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+            if self.out.capacity() > SHRINK_ABOVE {
+                self.out = Vec::new();
+            }
+        }
+        true
+    }
+}
+
+struct Server {
+    epoll: Epoll,
+    listener: TcpListener,
+    conns: HashMap<RawFd, Conn>,
+    store: Store,
+    stats: Stats,
+    /// Distinguishes successive connections that reuse the same fd number,
+    /// so a stale event for a closed connection is never applied to a new one.
+    generation: u32,
+    accept_paused_until: Option<Instant>,
+    quiet: bool,
+}
+
+impl Server {
+    fn new(listener: TcpListener, store: Store, quiet: bool) -> io::Result<Server> {
+        let epoll = Epoll::new()?;
+        epoll.ctl(
+            libc::EPOLL_CTL_ADD,
+            listener.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            LISTENER_TOKEN,
+        )?;
+        Ok(Server {
+            epoll,
+            listener,
+            conns: HashMap::new(),
+            store,
+            stats: Stats::new(),
+            generation: 0,
+            accept_paused_until: None,
+            quiet,
+        })
+    }
+
+    fn log(&self, message: std::fmt::Arguments<'_>) {
+        if !self.quiet {
+            eprintln!("preheat-kv: {message}");
+        }
+    }
+
+    fn run_loop(&mut self) -> io::Result<()> {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
+        while !SHUTDOWN.load(Ordering::SeqCst) {
+            let n = match self.epoll.wait(&mut events, TICK_MS) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            self.store.set_now(now);
+            self.maybe_resume_accept(now);
+            for event in &events[..n] {
+                // Copy the fields out: epoll_event is packed on x86-64.
+                let (token, flags) = (event.u64, event.events);
+                if token == LISTENER_TOKEN {
+                    self.accept_ready(now);
+                } else {
+                    self.conn_event(token, flags);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn conn_event(&mut self, token: u64, events: u32) {
+        let fd = (token & 0xffff_ffff) as u32 as RawFd;
+        let Some(conn) = self.conns.get_mut(&fd) else {
+            return;
+        };
+        if conn.token != token {
+            return;
+        }
+        let mut alive = conn.on_event(events, &mut self.store, &mut self.stats) && !conn.finished();
+        if alive {
+            let wanted = conn.desired_interest();
+            if wanted != conn.interest {
+                alive = self
+                    .epoll
+                    .ctl(libc::EPOLL_CTL_MOD, fd, wanted, token)
+                    .is_ok();
+                conn.interest = wanted;
+            }
+        }
+        if !alive {
+            self.close_conn(fd);
+        }
+    }
+
+    fn close_conn(&mut self, fd: RawFd) {
+        // Dropping the OwnedFd calls close(2), which also removes the fd
+        // from the epoll set.
+        if self.conns.remove(&fd).is_some() {
+            self.stats.curr_connections -= 1;
+        }
+    }
+
+    fn accept_ready(&mut self, now: Instant) {
+        for _ in 0..ACCEPT_BATCH {
+            // SAFETY: the listener fd is open for the lifetime of `self`;
+            // null address pointers are allowed when the peer address is not
+            // wanted.
+            let fd = unsafe {
+                libc::accept4(
+                    self.listener.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::WouldBlock {
+                    return;
+                }
+                match err.raw_os_error().unwrap_or(0) {
+                    // The peer gave up before we accepted, or a signal: try the next one.
+                    libc::EINTR | libc::ECONNABORTED | libc::EPROTO => continue,
+                    libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM => {
+                        self.log(format_args!("accept: {err}; pausing accepts"));
+                        self.pause_accept(now);
+                        return;
+                    }
+                    _ => {
+                        self.log(format_args!("accept: {err}"));
+                        return;
+                    }
+                }
+            }
+            // SAFETY: accept4 returned a new descriptor that nothing else owns.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            self.add_conn(fd);
+        }
+    }
+
+    fn add_conn(&mut self, fd: OwnedFd) {
+        let raw = fd.as_raw_fd();
+        if self.conns.len() >= MAX_CONNS {
+            let msg = b"ERROR Too many open connections\r\n";
+            // SAFETY: `msg` is a valid buffer of `msg.len()` bytes and `raw`
+            // is open (owned by `fd`); the result is deliberately ignored.
+            let _ = unsafe {
+                libc::send(
+                    raw,
+                    msg.as_ptr().cast(),
+                    msg.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            self.stats.rejected_connections += 1;
+            return;
+        }
+        set_nodelay(raw);
+        self.generation = self.generation.wrapping_add(1).max(1);
+        let token = (u64::from(self.generation) << 32) | u64::from(raw as u32);
+        let interest = libc::EPOLLIN as u32;
+        if let Err(e) = self.epoll.ctl(libc::EPOLL_CTL_ADD, raw, interest, token) {
+            self.log(format_args!("epoll_ctl(ADD): {e}"));
+            return;
+        }
+        self.conns.insert(raw, Conn::new(fd, token, interest));
+        self.stats.curr_connections += 1;
+        self.stats.total_connections += 1;
+    }
+
+    /// Out of descriptors: stop polling the listener for a moment instead of
+    /// spinning on a level-triggered event we cannot act on.
+    fn pause_accept(&mut self, now: Instant) {
+        if self.accept_paused_until.is_none() {
+            let _ = self
+                .epoll
+                .ctl(libc::EPOLL_CTL_DEL, self.listener.as_raw_fd(), 0, 0);
+            self.accept_paused_until = Some(now + ACCEPT_BACKOFF);
+        }
+    }
+
+    fn maybe_resume_accept(&mut self, now: Instant) {
+        if self.accept_paused_until.is_some_and(|t| t <= now) {
+            let fd = self.listener.as_raw_fd();
+            match self.epoll.ctl(
+                libc::EPOLL_CTL_ADD,
+                fd,
+                libc::EPOLLIN as u32,
+                LISTENER_TOKEN,
+            ) {
+                Ok(()) => self.accept_paused_until = None,
+                Err(e) => {
+                    self.log(format_args!("epoll_ctl(ADD listener): {e}"));
+                    self.accept_paused_until = Some(now + ACCEPT_BACKOFF);
+                }
+            }
+        }
+    }
+}
+
+/// Disables Nagle's algorithm: replies are small and latency matters.
+fn set_nodelay(fd: RawFd) {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a valid c_int whose size is passed as the option
+    // length; failure is harmless and ignored.
+    let _ = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `input` through the parser and executor like a connection does.
+    fn run(store: &mut Store, stats: &mut Stats, input: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let mut swallow = 0;
+        for _ in 0..input.len() + 1 {
+            let skip = swallow.min(input.len() - pos);
+            pos += skip;
+            swallow -= skip;
+            match protocol::parse(&input[pos..]) {
+                Parse::Complete { request, consumed } => {
+                    pos += consumed;
+                    match execute(request, store, stats, &mut out) {
+                        Next::Continue => {}
+                        Next::Swallow(n) => swallow = n,
+                        Next::Quit => break,
+                    }
+                }
+                _ => break,
+            }
+        }
+        out
+    }
+
+    fn fresh() -> (Store, Stats) {
+        (Store::new(), Stats::new())
+    }
+
+    #[test]
+    fn replies_are_memcached_compatible() {
+        let (mut store, mut stats) = fresh();
+        let out = run(
+            &mut store,
+            &mut stats,
+            b"get a\r\nset a 9 0 3\r\nabc\r\nget a b a\r\ndelete a\r\ndelete a\r\n\
+              set n 0 0 1 noreply\r\nx\r\nflush_all\r\nget n\r\nnope\r\n",
+        );
+        let expected: &[u8] =
+            b"END\r\nSTORED\r\nVALUE a 9 3\r\nabc\r\nVALUE a 9 3\r\nabc\r\nEND\r\n\
+              DELETED\r\nNOT_FOUND\r\nOK\r\nEND\r\nERROR\r\n";
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(expected)
+        );
+        assert_eq!((stats.cmd_get, stats.get_hits, stats.get_misses), (5, 2, 3));
+        assert_eq!(
+            (stats.cmd_set, stats.delete_hits, stats.delete_misses),
+            (2, 1, 1)
+        );
+    }
+
+    #[test]
+    fn version_and_stats() {
+        let (mut store, mut stats) = fresh();
+        store.preload(3, 10);
+        let out = run(&mut store, &mut stats, b"version\r\nget key:1\r\nstats\r\n");
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with(&format!("VERSION preheat-kv {VERSION}\r\n")));
+        assert!(text.contains("STAT curr_items 3\r\n"));
+        assert!(text.contains("STAT get_hits 1\r\n"));
+        assert!(text.contains("STAT cmd_get 1\r\n"));
+        assert!(text.ends_with("STAT evictions 0\r\nEND\r\n"));
+        let out = run(&mut store, &mut stats, b"stats reset\r\n");
+        assert_eq!(out, b"RESET\r\n");
+        assert_eq!(stats.cmd_get, 0);
+    }
+
+    #[test]
+    fn too_large_set_swallows_payload_and_drops_old_value() {
+        let (mut store, mut stats) = fresh();
+        store.set(b"k", 0, 0, b"old");
+        let size = protocol::MAX_VALUE_LEN + 1;
+        let mut input = format!("set k 0 0 {size}\r\n").into_bytes();
+        input.resize(input.len() + size, b'z');
+        input.extend_from_slice(b"\r\nget k\r\n");
+        let out = run(&mut store, &mut stats, &input);
+        assert_eq!(out, b"SERVER_ERROR object too large for cache\r\nEND\r\n");
+    }
+
+    #[test]
+    fn oversized_get_reply_is_refused() {
+        let (mut store, mut stats) = fresh();
+        store.set(b"big", 1, 0, &vec![b'x'; protocol::MAX_VALUE_LEN]);
+        let n = MAX_GET_RESPONSE / protocol::MAX_VALUE_LEN + 1;
+        let line = format!("get{}\r\nget big\r\n", " big".repeat(n));
+        let out = run(&mut store, &mut stats, line.as_bytes());
+        let error: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
+        let next = format!("VALUE big 1 {}\r\n", protocol::MAX_VALUE_LEN);
+        assert!(out.starts_with(error));
+        assert!(out[error.len()..].starts_with(next.as_bytes()));
+    }
+
+    #[test]
+    fn noreply_suppresses_errors_too() {
+        let (mut store, mut stats) = fresh();
+        let out = run(
+            &mut store,
+            &mut stats,
+            b"set k 0 0 2 noreply\r\nabc\r\nset k x 0 1 noreply\r\ndelete k noreply\r\nget k\r\n",
+        );
+        // "abc\r\n" is a bad chunk ("ab" + "c\r"); the "\n" left over is an
+        // empty command line, which gets ERROR.
+        assert_eq!(out, b"ERROR\r\nEND\r\n");
+    }
+}
