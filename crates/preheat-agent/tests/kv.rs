@@ -464,6 +464,7 @@ fn probe_requests_are_safe_and_find_hits() {
                 hits,
                 probed,
                 elapsed_ns,
+                ..
             } => {
                 let exe_lines: u64 = exe_ranges.iter().map(|r| r.len.div_ceil(64)).sum();
                 assert!(probed > 0 && probed <= exe_lines, "{probed} {exe_lines}");
@@ -484,6 +485,58 @@ fn probe_requests_are_safe_and_find_hits() {
     assert!(
         best_hits > 0,
         "no line of the server binary was hit by a request"
+    );
+    // The agent-side cycle (flush, its own request, reload) on the same ranges, both phases of
+    // a stride-2 probe and a no-request noise pass; the client connection keeps working.
+    let port = srv.port;
+    let exe_lines: u64 = exe_ranges.iter().map(|r| r.len.div_ceil(64)).sum();
+    let mut cycle_hits = 0;
+    for (request, phase) in [(true, 0u32), (true, 1), (false, 0)] {
+        match agent.call(&Request::ProbeCycle {
+            ranges: with_bogus.clone(),
+            threshold,
+            window_pages: 16,
+            seed: 7 + phase as u64,
+            port,
+            request: request.then(|| "get key:7\r\n".to_string()),
+            until: "END\r\n".into(),
+            idle_ns: 100_000,
+            stride: 2,
+            phase,
+        }) {
+            Reply::Probed {
+                hits,
+                probed,
+                window_ns,
+                ..
+            } => {
+                // Half the lines (one phase of stride 2), never the bogus ranges.
+                assert!(
+                    probed > 0 && probed <= exe_lines.div_ceil(2) + 64,
+                    "{probed} {exe_lines}"
+                );
+                assert!(window_ns > 0);
+                for h in &hits {
+                    assert_eq!(
+                        (h / 64) % 2,
+                        phase as u64,
+                        "hit {h:#x} outside phase {phase}"
+                    );
+                    assert!(exe_ranges
+                        .iter()
+                        .any(|r| *h >= r.start && *h < r.start + r.len));
+                }
+                if request {
+                    cycle_hits += hits.len();
+                }
+            }
+            other => panic!("probe_cycle: {other:?}"),
+        }
+        assert_eq!(mc.get("key:7").unwrap(), Some(kv_value(7)));
+    }
+    assert!(
+        cycle_hits > 0,
+        "the probe cycle's own request hit no line of the binary"
     );
     // Probing all candidates in 1 MiB chunks also works (and leaves the server alive).
     let mut chunk = Vec::new();

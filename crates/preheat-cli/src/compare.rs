@@ -72,8 +72,16 @@ pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<C
         tested_lines: t.len() as u64,
         truth_lines: g.len() as u64,
         true_positives: tp,
-        precision: if t.is_empty() { 0.0 } else { tp as f64 / t.len() as f64 },
-        recall: if g.is_empty() { 0.0 } else { tp as f64 / g.len() as f64 },
+        precision: if t.is_empty() {
+            0.0
+        } else {
+            tp as f64 / t.len() as f64
+        },
+        recall: if g.is_empty() {
+            0.0
+        } else {
+            tp as f64 / g.len() as f64
+        },
         tested_anon_lines: ta,
         truth_anon_lines: ga,
     })

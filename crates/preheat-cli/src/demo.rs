@@ -64,7 +64,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 8)]
     pub samples: u32,
     /// Keep lines seen in at least this many samples.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     pub keep: u32,
     /// Server CPU (default: the last CPU); the client uses another one.
     #[arg(long)]

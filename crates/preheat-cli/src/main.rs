@@ -125,7 +125,7 @@ struct FilterArgs {
     #[arg(long, default_value_t = 8)]
     samples: u32,
     /// Keep lines seen in at least this many samples.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6)]
     keep: u32,
     /// Merge runs separated by at most this many lines.
     #[arg(long, default_value_t = 0)]
@@ -177,6 +177,10 @@ struct RecordArgs {
     /// Keep lines that also appear without a request (default: subtract them).
     #[arg(long)]
     keep_noise: bool,
+    /// Probe every STRIDE-th line per pass, keeping the others cached, so lines the hardware
+    /// prefetchers pull in next to a demand miss are not counted (1: plain flush+reload).
+    #[arg(long, default_value_t = 2)]
+    stride: u32,
     /// CPU to pin the server to (default: the last CPU).
     #[arg(long)]
     server_cpu: Option<usize>,
@@ -261,6 +265,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         filter,
         chunk_bytes: a.chunk_kib * 1024,
         subtract_noise: !a.keep_noise,
+        stride: a.stride,
         ..Default::default()
     };
     let server_cpu = a.server_cpu.unwrap_or_else(default_server_cpu);

@@ -44,6 +44,11 @@ pub struct RecordParams {
     pub window_pages: u32,
     /// Subtract lines that also show up in no-request samples.
     pub subtract_noise: bool,
+    /// A line seen in at least this many of the n no-request samples is noise.
+    pub noise_k: u32,
+    /// Strided probing (see `preheat_engine::probe::prepare_phase`): each sample takes `stride`
+    /// passes per chunk, each probing every `stride`-th line.
+    pub stride: u32,
     pub quiet: bool,
 }
 
@@ -54,6 +59,8 @@ impl Default for RecordParams {
             chunk_bytes: 1 << 20,
             window_pages: 16,
             subtract_noise: true,
+            noise_k: 2,
+            stride: 2,
             quiet: false,
         }
     }
@@ -68,11 +75,14 @@ pub struct RecordStats {
     pub candidate_bytes: u64,
     pub chunks: u64,
     pub threshold_ticks: u32,
+    pub stride: u32,
     pub hit_ticks_p50: u32,
     pub miss_ticks_p50: u32,
     /// Lines per sample before filtering (relative lines, all chunks).
     pub lines_per_sample: Vec<u64>,
-    /// Lines seen in ≥ k noise samples and removed.
+    /// Median flush-to-reload window of the request passes, µs.
+    pub window_us_p50: f64,
+    /// Lines seen in ≥ noise_k noise samples and removed.
     pub noise_lines_removed: u64,
     /// Probed hits outside any region (e.g. the mapping went away mid-run).
     pub unmapped_hits: u64,
@@ -190,6 +200,7 @@ pub fn record_probe(
     let mut stats = RecordStats {
         backend: "probe".into(),
         samples: p.filter.n,
+        stride: p.stride,
         ..Default::default()
     };
     let threshold = match agent.call(&Request::Calibrate)? {
@@ -227,13 +238,17 @@ pub fn record_probe(
         client.request(&w.request, &w.until)?; // warm path, settle lazy initialisation
     }
     let rounds = if p.subtract_noise { 2 } else { 1 };
+    let stride = p.stride.max(1);
     let pb = progress(
-        p.filter.n as u64 * chunks.len() as u64 * rounds,
+        p.filter.n as u64 * chunks.len() as u64 * rounds * stride as u64,
         "probe",
         p.quiet,
     );
+    let request = String::from_utf8_lossy(&w.request).into_owned();
+    let until = String::from_utf8_lossy(&w.until).into_owned();
     let mut samples = Vec::new();
     let mut noise = Vec::new();
+    let mut windows: Vec<u64> = Vec::new();
     let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ now_unix();
     for s in 0..p.filter.n {
         for with_request in [true, false].into_iter().take(rounds as usize) {
@@ -242,34 +257,39 @@ pub fn record_probe(
             let mut order: Vec<usize> = (0..chunks.len()).collect();
             let k = s as usize % order.len().max(1);
             order.rotate_left(k);
-            for ci in order {
-                let chunk = &chunks[ci];
-                agent.call(&Request::ProbeFlush {
-                    ranges: chunk.clone(),
-                })?;
-                if with_request {
-                    let r = client.request(&w.request, &w.until)?;
-                    if !r.starts_with(&w.expect_prefix) {
-                        bail!(
-                            "unexpected reply while recording: {:?}",
-                            String::from_utf8_lossy(&r[..r.len().min(80)])
-                        );
-                    }
-                    stats.requests_sent += 1;
-                } else {
-                    std::thread::sleep(Duration::from_micros(100));
-                }
+            // A noise sample waits as long as a request pass took.
+            let mut sorted = windows.clone();
+            sorted.sort_unstable();
+            let idle_ns = sorted.get(sorted.len() / 2).copied().unwrap_or(200_000);
+            let passes = order
+                .iter()
+                .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
+            for (ci, phase) in passes {
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                match agent.call(&Request::ProbeReload {
-                    ranges: chunk.clone(),
+                match agent.call(&Request::ProbeCycle {
+                    ranges: chunks[ci].clone(),
                     threshold,
                     window_pages: p.window_pages,
                     seed,
+                    port: server.spec.port,
+                    request: with_request.then(|| request.clone()),
+                    until: until.clone(),
+                    idle_ns,
+                    stride,
+                    phase,
                 })? {
-                    Reply::Probed { hits: h, .. } => hits.extend(h),
-                    other => bail!("unexpected reply to probe_reload: {other:?}"),
+                    Reply::Probed {
+                        hits: h, window_ns, ..
+                    } => {
+                        hits.extend(h);
+                        if with_request {
+                            windows.push(window_ns);
+                            stats.requests_sent += 1;
+                        }
+                    }
+                    other => bail!("unexpected reply to probe_cycle: {other:?}"),
                 }
                 pb.inc(1);
             }
@@ -290,11 +310,16 @@ pub fn record_probe(
             }
         }
     }
+    windows.sort_unstable();
+    stats.window_us_p50 = windows
+        .get(windows.len() / 2)
+        .map(|w| *w as f64 / 1e3)
+        .unwrap_or(0.0);
     pb.finish_and_clear();
     let k = p.filter.k as usize;
     let mut lines = filter_k_of_n(&samples, k);
     if p.subtract_noise {
-        let noisy = filter_k_of_n(&noise, k);
+        let noisy = filter_k_of_n(&noise, p.noise_k.max(1) as usize);
         let before = lines.len();
         lines = lines.difference(&noisy);
         stats.noise_lines_removed = (before - lines.len()) as u64;
@@ -397,7 +422,10 @@ pub fn record_trace(
         .context("empty command")?;
     let exe = file_ident(&exe_path)?;
     if !p.quiet {
-        eprintln!("preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)", exe.path);
+        eprintln!(
+            "preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)",
+            exe.path
+        );
     }
     let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
         .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
@@ -407,7 +435,10 @@ pub fn record_trace(
             bail!("server exited under valgrind; log:\n{}", ts.log());
         }
         if Instant::now() > deadline {
-            bail!("server did not listen on port {port} under valgrind within 120 s; log:\n{}", ts.log());
+            bail!(
+                "server did not listen on port {port} under valgrind within 120 s; log:\n{}",
+                ts.log()
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -423,7 +454,8 @@ pub fn record_trace(
     ts.read_new_periods()?;
     let pid = ts.pid();
     let table = RegionTable::build(
-        preheat_engine::maps::read_maps(Some(pid)).context("reading the traced server's mappings")?,
+        preheat_engine::maps::read_maps(Some(pid))
+            .context("reading the traced server's mappings")?,
     );
     let pb = progress(p.filter.n as u64, "trace", p.quiet);
     let mut stats = RecordStats {
@@ -435,7 +467,10 @@ pub fn record_trace(
     for _ in 0..p.filter.n {
         let r = client.request(&w.request, &w.until)?;
         if !r.starts_with(&w.expect_prefix) {
-            bail!("unexpected reply under valgrind: {:?}", String::from_utf8_lossy(&r[..r.len().min(80)]));
+            bail!(
+                "unexpected reply under valgrind: {:?}",
+                String::from_utf8_lossy(&r[..r.len().min(80)])
+            );
         }
         stats.requests_sent += 1;
         // The busy period ends when the server waits again; give Valgrind time to write it.

@@ -234,6 +234,119 @@ pub fn reload(
     probed
 }
 
+/// Lines probed in one phase of a strided probe: those with `(addr / 64) % stride == phase`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phase {
+    pub stride: u32,
+    pub phase: u32,
+}
+
+impl Phase {
+    /// Every line (stride 1).
+    pub const ALL: Phase = Phase {
+        stride: 1,
+        phase: 0,
+    };
+
+    #[inline(always)]
+    fn selects(self, addr: u64) -> bool {
+        let stride = self.stride.max(1) as u64;
+        (addr / LINE as u64) % stride == (self.phase as u64 % stride)
+    }
+}
+
+/// Prepare a strided probe pass (our answer to prefetchers we cannot turn off): load every line
+/// of `ranges` that is *not* in `phase`, then flush every line that is, and fence.
+///
+/// Afterwards the probed lines are out of the cache while their neighbours are in it. A demand
+/// miss of the server on a probed line X makes the adjacent-line / next-line prefetchers fetch
+/// X±1 — lines of another phase, which are not probed; a demand access to a neighbour hits and
+/// triggers no fetch of X. The same holds for the probe's own misses in [`reload_phase`]. So
+/// prefetcher-induced lines mostly land outside the measured phase, and `stride` passes with
+/// `phase = 0 .. stride` cover every line.
+///
+/// # Contract
+/// As [`flush`] and [`reload`]: every line must be mapped and readable.
+pub fn prepare_phase(ranges: &[Range], phase: Phase) {
+    let line = LINE as u64;
+    for r in ranges {
+        let start = r.start & !(line - 1);
+        let end = r.start.saturating_add(r.len);
+        let mut a = start;
+        while a < end {
+            if !phase.selects(a) {
+                std::hint::black_box(load_byte(a as usize));
+            }
+            a += line;
+        }
+    }
+    for r in ranges {
+        let start = r.start & !(line - 1);
+        let end = r.start.saturating_add(r.len);
+        let mut a = start;
+        while a < end {
+            if phase.selects(a) {
+                flush_line(a as usize);
+            }
+            a += line;
+        }
+    }
+    fence();
+}
+
+/// [`reload`] restricted to the lines of `phase` (see [`prepare_phase`]); returns lines probed.
+pub fn reload_phase(
+    ranges: &[Range],
+    threshold: u32,
+    window_pages: u32,
+    seed: u64,
+    phase: Phase,
+    hits: &mut Vec<u64>,
+) -> u64 {
+    let wbytes = window_pages.max(1) as u64 * PAGE;
+    let line = LINE as u64;
+    let mut idx: Vec<u32> = Vec::with_capacity((wbytes / line) as usize);
+    let mut rng = XorShift::new(seed);
+    let mut probed = 0u64;
+    for r in ranges {
+        if r.len == 0 {
+            continue;
+        }
+        let start = r.start & !(line - 1);
+        let end = match r
+            .start
+            .checked_add(r.len)
+            .and_then(|e| e.checked_add(line - 1))
+        {
+            Some(e) => e & !(line - 1),
+            None => !(line - 1),
+        };
+        let mut w = start;
+        while w < end {
+            let wend = (w / wbytes + 1).saturating_mul(wbytes).min(end);
+            idx.clear();
+            let n = ((wend - w) / line) as u32;
+            idx.extend((0..n).filter(|i| phase.selects(w + *i as u64 * line)));
+            for i in (1..idx.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                idx.swap(i, j);
+            }
+            for &i in &idx {
+                let a = (w + i as u64 * line) as usize;
+                let t = time_load(a);
+                flush_line(a);
+                if t < threshold {
+                    hits.push(a as u64);
+                }
+            }
+            probed += idx.len() as u64;
+            w = wend;
+        }
+    }
+    fence();
+    probed
+}
+
 /// Ticks for a one-byte load of `addr` (`rdtscp; lfence; load; rdtscp; lfence`): `rdtscp` waits
 /// for the load to complete before reading the counter.
 #[inline(always)]
@@ -526,128 +639,208 @@ mod tests {
             "precision (vs touched ∪ adjacent) {precision}"
         );
     }
-}
 
-/// Measurements behind the module docs; run with
-/// `cargo test -p preheat-engine --lib probe::report -- --ignored --nocapture`.
-#[cfg(test)]
-mod report {
-    use super::*;
-
-    fn spin_ns(ns: u64) {
-        let end = crate::time::now_ns() + ns;
-        while crate::time::now_ns() < end {
-            std::hint::spin_loop();
-        }
-    }
-
-    /// Per-pass false-hit rate of `reload` on a flushed, untouched 256 KiB buffer, by window
-    /// size, and what one access to a line of a cold page brings in besides that line.
+    /// Strided probing vs the plain probe on a synthetic access set: precision against the
+    /// touched lines alone. `cargo test --release -p preheat-engine --lib probe::tests::strided_report -- --ignored --nocapture`
     #[test]
     #[ignore]
-    fn probe_noise() {
-        let _shared = crate::test_lock::shared();
-        std::thread::spawn(|| {
-            crate::os::pin_current_thread(crate::os::current_cpu() as usize).unwrap();
-            let cal = calibrate_stats(2000);
-            println!("{cal:?}");
-            const BYTES: usize = 256 * 1024;
-            let buf = vec![3u8; BYTES + 4096];
-            let base = (buf.as_ptr() as u64 + 4095) & !4095;
-            let lines = (BYTES / LINE) as u64;
-            let range = [Range {
-                start: base,
-                len: BYTES as u64,
-            }];
-            let mut hits = Vec::new();
-            for wp in [1u32, 4, 8, 12, 16, 32, 64] {
-                let mut n = 0;
-                for seed in 0..8 {
-                    flush(&range);
-                    hits.clear();
-                    reload(&range, cal.threshold, wp, seed, &mut hits);
-                    n += hits.len();
-                }
-                println!(
-                    "window {wp:2} pages: untouched lines read as hits per pass {:.3}",
-                    n as f64 / (8 * lines) as f64
-                );
-            }
-            let mut rng = XorShift::new(3);
-            let (mut load_next, mut load_prev, mut pf_next, mut trials) = (0, 0, 0, 0);
-            for _ in 0..1000 {
-                let page = (base + rng.below(lines / 64) * 4096) as usize;
-                let x = page + 64 * (8 + rng.below(48) as usize);
-                flush_range(page, 4096);
-                std::hint::black_box(load_byte(x));
-                spin_ns(2000);
-                load_next += (time_load(x + 64) < cal.threshold) as u32;
-                load_prev += (time_load(x - 64) < cal.threshold) as u32;
-                flush_range(page, 4096);
-                crate::cache::prefetch_line(x);
-                spin_ns(2000);
-                pf_next += (time_load(x + 64) < cal.threshold) as u32;
-                trials += 1;
-            }
-            let f = |c: u32| c as f64 / trials as f64;
-            println!(
-                "one demand miss at X in a cold page also caches X+1 {:.2}, X-1 {:.2}; \
-                 prefetcht0 X caches X+1 {:.2}",
-                f(load_next),
-                f(load_prev),
-                f(pf_next)
-            );
-        })
-        .join()
-        .unwrap();
-    }
-
-    /// Reload on CPU 1 of lines touched on CPU 0 (the probe thread is not the one that ran the
-    /// request).
-    #[test]
-    #[ignore]
-    fn cross_core_reload() {
-        let _shared = crate::test_lock::shared();
-        if crate::os::online_cpus() < 2 {
+    fn strided_report() {
+        if !probe_supported() {
             return;
         }
-        let buf = vec![1u8; 1 << 20];
-        let base = buf.as_ptr() as usize & !63;
-        let mut rng = XorShift::new(5);
-        let lines: Vec<usize> = (0..2000)
-            .map(|_| base + 64 * rng.below(16000) as usize)
-            .collect();
-        let cal = std::thread::spawn(|| {
-            crate::os::pin_current_thread(1).unwrap();
-            calibrate_stats(1000)
-        })
-        .join()
-        .unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                crate::os::pin_current_thread(0).unwrap();
-                for &a in &lines {
-                    flush_line(a);
+        crate::os::pin_current_thread(crate::os::current_cpu() as usize).unwrap();
+        let cal = calibrate(2000);
+        const BYTES: usize = 512 * 1024;
+        let buf = vec![3u8; BYTES + 4096];
+        let base = (buf.as_ptr() as u64 + 4095) & !4095;
+        let lines = (BYTES / LINE) as u64;
+        let mut rng = XorShift::new(11);
+        // Touched set shaped like code: short runs (mean ~3 lines).
+        let mut touched = BTreeSet::new();
+        while touched.len() < lines as usize / 12 {
+            let s = rng.below(lines - 8);
+            let len = 1 + rng.below(5);
+            for i in 0..len {
+                touched.insert(base + (s + i) * 64);
+            }
+        }
+        let range = [Range {
+            start: base,
+            len: BYTES as u64,
+        }];
+        for (stride, samples, keep) in [
+            (1u32, 8u32, 4u32),
+            (2, 8, 4),
+            (2, 8, 5),
+            (2, 8, 6),
+            (2, 12, 8),
+            (2, 16, 10),
+            (1, 16, 10),
+        ] {
+            let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
+            for s in 0..samples {
+                for ph in 0..stride {
+                    let phase = Phase { stride, phase: ph };
+                    prepare_phase(&range, phase);
+                    let mut order: Vec<u64> = touched.iter().copied().collect();
+                    for i in (1..order.len()).rev() {
+                        let j = rng.below(i as u64 + 1) as usize;
+                        order.swap(i, j);
+                    }
+                    for &a in &order {
+                        std::hint::black_box(load_byte(a as usize));
+                    }
+                    let mut hits = Vec::new();
+                    reload_phase(
+                        &range,
+                        cal.threshold,
+                        16,
+                        (s * 31 + ph) as u64,
+                        phase,
+                        &mut hits,
+                    );
+                    for h in hits {
+                        *counts.entry(h).or_default() += 1;
+                    }
                 }
-                fence();
-                for &a in &lines {
-                    std::hint::black_box(load_byte(a));
+            }
+            let kept: BTreeSet<u64> = counts
+                .iter()
+                .filter(|(_, c)| **c >= keep)
+                .map(|(a, _)| *a)
+                .collect();
+            let tp = kept.intersection(&touched).count() as f64;
+            println!(
+                "stride {stride} samples {samples} keep {keep}: kept {} touched {} precision {:.3} recall {:.3}",
+                kept.len(),
+                touched.len(),
+                tp / kept.len().max(1) as f64,
+                tp / touched.len() as f64
+            );
+        }
+    }
+
+    /// Measurements behind the module docs; run with
+    /// `cargo test -p preheat-engine --lib probe::report -- --ignored --nocapture`.
+    #[cfg(test)]
+    mod report {
+        use super::*;
+
+        fn spin_ns(ns: u64) {
+            let end = crate::time::now_ns() + ns;
+            while crate::time::now_ns() < end {
+                std::hint::spin_loop();
+            }
+        }
+
+        /// Per-pass false-hit rate of `reload` on a flushed, untouched 256 KiB buffer, by window
+        /// size, and what one access to a line of a cold page brings in besides that line.
+        #[test]
+        #[ignore]
+        fn probe_noise() {
+            let _shared = crate::test_lock::shared();
+            std::thread::spawn(|| {
+                crate::os::pin_current_thread(crate::os::current_cpu() as usize).unwrap();
+                let cal = calibrate_stats(2000);
+                println!("{cal:?}");
+                const BYTES: usize = 256 * 1024;
+                let buf = vec![3u8; BYTES + 4096];
+                let base = (buf.as_ptr() as u64 + 4095) & !4095;
+                let lines = (BYTES / LINE) as u64;
+                let range = [Range {
+                    start: base,
+                    len: BYTES as u64,
+                }];
+                let mut hits = Vec::new();
+                for wp in [1u32, 4, 8, 12, 16, 32, 64] {
+                    let mut n = 0;
+                    for seed in 0..8 {
+                        flush(&range);
+                        hits.clear();
+                        reload(&range, cal.threshold, wp, seed, &mut hits);
+                        n += hits.len();
+                    }
+                    println!(
+                        "window {wp:2} pages: untouched lines read as hits per pass {:.3}",
+                        n as f64 / (8 * lines) as f64
+                    );
                 }
-            });
-        });
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                crate::os::pin_current_thread(1).unwrap();
-                let mut v: Vec<u32> = lines.iter().map(|&a| time_load(a)).collect();
-                v.sort_unstable();
+                let mut rng = XorShift::new(3);
+                let (mut load_next, mut load_prev, mut pf_next, mut trials) = (0, 0, 0, 0);
+                for _ in 0..1000 {
+                    let page = (base + rng.below(lines / 64) * 4096) as usize;
+                    let x = page + 64 * (8 + rng.below(48) as usize);
+                    flush_range(page, 4096);
+                    std::hint::black_box(load_byte(x));
+                    spin_ns(2000);
+                    load_next += (time_load(x + 64) < cal.threshold) as u32;
+                    load_prev += (time_load(x - 64) < cal.threshold) as u32;
+                    flush_range(page, 4096);
+                    crate::cache::prefetch_line(x);
+                    spin_ns(2000);
+                    pf_next += (time_load(x + 64) < cal.threshold) as u32;
+                    trials += 1;
+                }
+                let f = |c: u32| c as f64 / trials as f64;
                 println!(
-                    "{cal:?}\ncross-core reload: p10 {} p50 {} p90 {}; below threshold {:.2}",
-                    v[200],
-                    v[1000],
-                    v[1800],
-                    v.iter().filter(|&&t| t < cal.threshold).count() as f64 / 2000.0
+                    "one demand miss at X in a cold page also caches X+1 {:.2}, X-1 {:.2}; \
+                 prefetcht0 X caches X+1 {:.2}",
+                    f(load_next),
+                    f(load_prev),
+                    f(pf_next)
                 );
+            })
+            .join()
+            .unwrap();
+        }
+
+        /// Reload on CPU 1 of lines touched on CPU 0 (the probe thread is not the one that ran the
+        /// request).
+        #[test]
+        #[ignore]
+        fn cross_core_reload() {
+            let _shared = crate::test_lock::shared();
+            if crate::os::online_cpus() < 2 {
+                return;
+            }
+            let buf = vec![1u8; 1 << 20];
+            let base = buf.as_ptr() as usize & !63;
+            let mut rng = XorShift::new(5);
+            let lines: Vec<usize> = (0..2000)
+                .map(|_| base + 64 * rng.below(16000) as usize)
+                .collect();
+            let cal = std::thread::spawn(|| {
+                crate::os::pin_current_thread(1).unwrap();
+                calibrate_stats(1000)
+            })
+            .join()
+            .unwrap();
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    crate::os::pin_current_thread(0).unwrap();
+                    for &a in &lines {
+                        flush_line(a);
+                    }
+                    fence();
+                    for &a in &lines {
+                        std::hint::black_box(load_byte(a));
+                    }
+                });
             });
-        });
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    crate::os::pin_current_thread(1).unwrap();
+                    let mut v: Vec<u32> = lines.iter().map(|&a| time_load(a)).collect();
+                    v.sort_unstable();
+                    println!(
+                        "{cal:?}\ncross-core reload: p10 {} p50 {} p90 {}; below threshold {:.2}",
+                        v[200],
+                        v[1000],
+                        v[1800],
+                        v.iter().filter(|&&t| t < cal.threshold).count() as f64 / 2000.0
+                    );
+                });
+            });
+        }
     }
 }

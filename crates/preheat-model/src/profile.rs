@@ -52,9 +52,12 @@ pub struct FilterParams {
 }
 
 impl Default for FilterParams {
-    /// The paper uses 8 samples; "keep lines seen in ≥ 4 of 8" is what worked here for the probe.
+    /// The paper uses 8 samples. We keep lines seen in ≥ 6 of 8: single flush+reload passes
+    /// carry prefetcher false hits that move between passes, and a 50% vote keeps many of them
+    /// (measured on the synthetic probe test: precision 0.80–0.90 at 4 of 8, ≥ 0.98 at 6 of 8,
+    /// recall 1.0 both, with strided probing).
     fn default() -> Self {
-        FilterParams { k: 4, n: 8, gap: 0 }
+        FilterParams { k: 6, n: 8, gap: 0 }
     }
 }
 

@@ -184,6 +184,30 @@ pub enum Request {
         window_pages: u32,
         seed: u64,
     },
+    /// One whole probe pass inside the agent, with the shortest possible window between flush
+    /// and reload (so little else — other processes sharing libraries, the agent's own control
+    /// traffic — can touch the probed lines): validate `ranges` and prepare everything, flush,
+    /// send `request` on the agent's own loopback connection to `port` and read until `until`
+    /// (without a request: spin `idle_ns`, a no-request "noise" sample), wait until the server
+    /// threads are idle, then reload as `ProbeReload`. `Reply::Probed.window_ns` is the time from
+    /// the end of the flush to the start of the reload.
+    ProbeCycle {
+        ranges: Vec<Range>,
+        threshold: u32,
+        window_pages: u32,
+        seed: u64,
+        port: u16,
+        request: Option<String>,
+        until: String,
+        idle_ns: u64,
+        /// Strided probing: only lines with `(addr / 64) % stride == phase` are flushed and
+        /// probed; the others are kept cached so prefetches triggered by demand misses land on
+        /// unprobed lines. Stride 1 probes every line.
+        #[serde(default = "one")]
+        stride: u32,
+        #[serde(default)]
+        phase: u32,
+    },
     /// Load and resolve a `.phws` profile (replaces the current one).
     LoadProfile { path: String },
     /// Drop the loaded profile.
@@ -199,6 +223,10 @@ pub enum Request {
     },
     /// Turn the agent off (hooks become pass-through) or on again.
     SetEnabled { enabled: bool },
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Per-port counters kept by the agent.
@@ -280,6 +308,9 @@ pub enum Reply {
         hits: Vec<u64>,
         probed: u64,
         elapsed_ns: u64,
+        /// `ProbeCycle` only: flush end to reload start.
+        #[serde(default)]
+        window_ns: u64,
     },
     Loaded {
         path: String,
