@@ -22,6 +22,9 @@ pub struct Stats {
     pub last_lines_total: AtomicU64,
     pub last_preheat_ns: AtomicU64,
     pub last_lead_ns: AtomicI64,
+    pub last_trigger_lead_ns: AtomicI64,
+    /// Announcements the trigger thread handled itself on the serving CPU.
+    pub inline: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -50,6 +53,8 @@ impl Stats {
             last_lines_total: AtomicU64::new(0),
             last_preheat_ns: AtomicU64::new(0),
             last_lead_ns: AtomicI64::new(0),
+            last_trigger_lead_ns: AtomicI64::new(0),
+            inline: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -73,6 +78,8 @@ impl Stats {
             last_lines_total: self.last_lines_total.load(Relaxed),
             last_preheat_ns: self.last_preheat_ns.load(Relaxed),
             last_lead_ns: self.last_lead_ns.load(Relaxed),
+            last_trigger_lead_ns: self.last_trigger_lead_ns.load(Relaxed),
+            inline: self.inline.load(Relaxed),
         }
     }
 
@@ -95,9 +102,11 @@ impl Stats {
             &self.disabled_drops,
             &self.profile_busy,
             &self.superseded,
+            &self.inline,
         ] {
             c.store(0, Relaxed);
         }
         self.last_lead_ns.store(0, Relaxed);
+        self.last_trigger_lead_ns.store(0, Relaxed);
     }
 }

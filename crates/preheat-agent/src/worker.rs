@@ -156,6 +156,12 @@ pub fn reset_after_fork() {
 /// Body of the trigger thread: never returns while the socket is open.
 pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
     let mut buf = [0u8; 128];
+    // The trigger thread follows the serving CPU and, once there, does the work itself: the
+    // wakeup that delivers the announcement is then the wakeup of the server's core, and no
+    // second hand-off (measured ~10 µs of the 65 µs lead on our VMs) is needed. SCHED_IDLE so
+    // that its `wake` spin yields to the server at once.
+    let idle = os::set_sched_idle(true).is_ok();
+    let mut pinned: Option<usize> = None;
     let mut logged_malformed = 0u32;
     let mut logged_late = 0u32;
     loop {
@@ -200,6 +206,9 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
         if a.strategies.is_empty() {
             continue;
         }
+        STATS
+            .last_trigger_lead_ns
+            .store(a.arrival_ns as i64 - now as i64, Ordering::Relaxed);
         let (cpu, tid) = track::target_cpu(a.port);
         let n = N_WORKERS.load(Ordering::Acquire).max(1);
         let idx = cpu as usize % n;
@@ -210,7 +219,19 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
                 None => continue,
             },
         };
-        w.hand_off(&a, tid);
+        if idle && pinned == Some(idx) && os::current_cpu() as usize == idx {
+            STATS.inline.fetch_add(1, Ordering::Relaxed);
+            handle(
+                w,
+                &Job { a, served_tid: tid },
+                w.gen.load(Ordering::Acquire),
+            );
+        } else {
+            w.hand_off(&a, tid);
+        }
+        if idle && pinned != Some(idx) && os::pin_current_thread(idx).is_ok() {
+            pinned = Some(idx);
+        }
     }
 }
 

@@ -109,6 +109,8 @@ struct Sample {
     preheat_us: f64,
     /// Arrival time minus the time the agent's worker started, µs.
     worker_lead_us: f64,
+    /// Arrival time minus the time the agent's trigger thread received the announcement, µs.
+    trigger_lead_us: f64,
     sweep_us: f64,
 }
 
@@ -125,6 +127,7 @@ struct Row {
     gb_per_s: Option<f64>,
     completed_share: Option<f64>,
     worker_lead_us_p50: Option<f64>,
+    trigger_lead_us_p50: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -298,6 +301,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 lines_total: 0,
                 preheat_us: 0.0,
                 worker_lead_us: 0.0,
+                trigger_lead_us: 0.0,
                 sweep_us,
             };
             if let Some(b) = before {
@@ -312,8 +316,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     s.lines_total = after.last_lines_total;
                     s.preheat_us = after.last_preheat_ns as f64 / 1e3;
                     s.worker_lead_us = after.last_lead_ns as f64 / 1e3;
+                    s.trigger_lead_us = after.last_trigger_lead_ns as f64 / 1e3;
                 } else {
                     s.worker_lead_us = f64::NAN; // announcement not acted on (late/dropped)
+                    s.trigger_lead_us = f64::NAN;
                 }
             }
             samples.push(s);
@@ -398,9 +404,11 @@ fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec
                 gb_per_s: None,
                 completed_share: None,
                 worker_lead_us_p50: None,
+                trigger_lead_us_p50: None,
             };
             if let Mode::Preheat(st) = m {
                 row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
+                row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
                 if st.contains(Strategies::LINES) {
                     row.ws_kib = Some(ws.kib);
                     row.runs = Some(ws.runs);
@@ -466,7 +474,7 @@ fn print_table(o: &Output, ws: &preheat_model::WsStats) {
     for r in &o.rows {
         let l = &r.latency;
         println!(
-            "{:<22} {:>5} {:>22} {:>8.1} {:>8.1} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>6} {:>9}",
+            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>7} {:>6} {:>5} {:>5} {:>7} {:>5} {:>5} {:>11}",
             r.mode,
             l.n,
             format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
@@ -485,12 +493,15 @@ fn print_table(o: &Output, ws: &preheat_model::WsStats) {
             r.completed_share
                 .map(|x| format!("{:.0}%", x * 100.0))
                 .unwrap_or_else(|| "-".into()),
-            opt(r.worker_lead_us_p50, 1),
+            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
+                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
+                _ => "-".into(),
+            },
         );
     }
     println!();
     println!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − warm p50); preheat = agent-reported time to issue the lines (p50);");
-    println!("lead µs = announced arrival − time the agent's worker started on the server CPU (p50; what remains of the lead after waking).");
+    println!("lead µs t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50: what is left of the lead).");
     println!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
     println!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
 }

@@ -267,6 +267,12 @@ pub struct PreheatStats {
     pub last_preheat_ns: u64,
     /// Most recent lead: arrival − time the worker started, ns (negative: late).
     pub last_lead_ns: i64,
+    /// Most recent lead when the trigger thread received the announcement: arrival − receipt.
+    #[serde(default)]
+    pub last_trigger_lead_ns: i64,
+    /// Announcements the trigger thread handled itself on the serving CPU (no hand-off).
+    #[serde(default)]
+    pub inline: u64,
 }
 
 /// Summary of a loaded profile class.
