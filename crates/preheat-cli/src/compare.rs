@@ -13,9 +13,46 @@ use anyhow::{Context, Result};
 use preheat_model::{Profile, RegionKey};
 use serde::Serialize;
 
+/// Precision and recall over one kind of line.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Score {
+    pub tested: u64,
+    pub truth: u64,
+    pub true_positives: u64,
+    pub precision: f64,
+    pub recall: f64,
+}
+
+impl Score {
+    fn of(t: &BTreeSet<Key>, g: &BTreeSet<Key>) -> Score {
+        let tp = t.intersection(g).count() as u64;
+        Score {
+            tested: t.len() as u64,
+            truth: g.len() as u64,
+            true_positives: tp,
+            precision: if t.is_empty() {
+                0.0
+            } else {
+                tp as f64 / t.len() as f64
+            },
+            recall: if g.is_empty() {
+                0.0
+            } else {
+                tp as f64 / g.len() as f64
+            },
+        }
+    }
+}
+
+type Key = (String, Vec<u8>, u64);
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
     pub port: u16,
+    /// Lines in executable segments of their files (instruction fetches).
+    pub code: Score,
+    /// Lines in other segments (read-only and initialised data).
+    pub data: Score,
     /// Scored lines (file-backed regions) in the tested set and in the truth.
     pub tested_lines: u64,
     pub truth_lines: u64,
@@ -41,7 +78,7 @@ fn class_of(p: &Profile, port: Option<u16>) -> Result<&preheat_model::RequestCla
     }
 }
 
-fn file_lines(p: &Profile, port: Option<u16>) -> Result<(BTreeSet<(String, Vec<u8>, u64)>, u64)> {
+fn file_lines(p: &Profile, port: Option<u16>) -> Result<(BTreeSet<Key>, u64)> {
     let class = class_of(p, port)?;
     let mut set = BTreeSet::new();
     let mut anon = 0;
@@ -67,8 +104,23 @@ pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<C
     let (t, ta) = file_lines(tested, port).context("tested profile")?;
     let (g, ga) = file_lines(truth, port).context("ground-truth profile")?;
     let tp = t.intersection(&g).count() as u64;
+    // Classify by the ELF segments of each file (cached per path).
+    let mut segs: std::collections::BTreeMap<String, Vec<preheat_engine::maps::ElfSegment>> =
+        Default::default();
+    let mut is_code = |k: &Key| {
+        let v = segs
+            .entry(k.0.clone())
+            .or_insert_with(|| preheat_engine::maps::elf_load_segments(&k.0).unwrap_or_default());
+        let off = k.2 * 64;
+        v.iter()
+            .any(|s| s.exec && off >= s.offset & !63 && off < s.offset + s.filesz)
+    };
+    let (tc, td): (BTreeSet<Key>, BTreeSet<Key>) = t.iter().cloned().partition(|k| is_code(k));
+    let (gc, gd): (BTreeSet<Key>, BTreeSet<Key>) = g.iter().cloned().partition(|k| is_code(k));
     Ok(Comparison {
         port: class_of(tested, port)?.port,
+        code: Score::of(&tc, &gc),
+        data: Score::of(&td, &gd),
         tested_lines: t.len() as u64,
         truth_lines: g.len() as u64,
         true_positives: tp,
@@ -111,6 +163,12 @@ pub fn run(tested: &Path, truth: &Path, port: Option<u16>, json: bool) -> Result
         "  recall    {:.3} ({} of {} truth lines were found)",
         c.recall, c.true_positives, c.truth_lines
     );
+    for (what, sc) in [("code", c.code), ("data", c.data)] {
+        println!(
+            "    {what}: precision {:.3} recall {:.3} ({} tested, {} truth, {} both)",
+            sc.precision, sc.recall, sc.tested, sc.truth, sc.true_positives
+        );
+    }
     println!(
         "  anonymous lines (not comparable across backends, not scored): tested {}, truth {}",
         c.tested_anon_lines, c.truth_anon_lines

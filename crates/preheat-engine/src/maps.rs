@@ -154,6 +154,50 @@ pub fn elf_build_id(path: &str) -> Option<Vec<u8>> {
     build_id_of(&f, meta.len())
 }
 
+/// A loadable segment of an ELF file: file offsets `[offset, offset + filesz)` and whether it
+/// is executable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ElfSegment {
+    pub offset: u64,
+    pub filesz: u64,
+    pub exec: bool,
+}
+
+/// The PT_LOAD segments of a 64-bit little-endian ELF file; `None` if it is not one.
+pub fn elf_load_segments(path: &str) -> Option<Vec<ElfSegment>> {
+    const PT_LOAD: u32 = 1;
+    const PF_X: u32 = 1;
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let f = File::open(path).ok()?;
+    let len = meta.len();
+    let h = read_at(&f, len, 0, 64)?;
+    if h[0..4] != *b"\x7fELF" || h[4] != 2 || h[5] != 1 {
+        return None;
+    }
+    let phoff = u64_at(&h, 0x20)?;
+    let phentsize = u16_at(&h, 0x36)? as u64;
+    let phnum = u16_at(&h, 0x38)? as u64;
+    if phoff == 0 || phentsize < 56 {
+        return None;
+    }
+    let tab = read_at(&f, len, phoff, phentsize * phnum)?;
+    let mut out = Vec::new();
+    for i in 0..phnum as usize {
+        let e = tab.get(i * phentsize as usize..)?;
+        if u32_at(e, 0)? == PT_LOAD {
+            out.push(ElfSegment {
+                offset: u64_at(e, 8)?,
+                filesz: u64_at(e, 32)?,
+                exec: u32_at(e, 4)? & PF_X != 0,
+            });
+        }
+    }
+    Some(out)
+}
+
 fn read_at(f: &File, file_len: u64, off: u64, len: u64) -> Option<Vec<u8>> {
     if len > MAX_READ || off.checked_add(len)? > file_len {
         return None;
@@ -509,5 +553,14 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert!(resident_ranges(0xffff_ffff_ffff_0000, 0x1_0000).is_empty());
         // SAFETY (test): unmapping the rest of our own mapping.
         unsafe { libc::munmap(p, 7 * page) };
+    }
+
+    #[test]
+    fn load_segments_of_an_executable() {
+        let exe = std::env::current_exe().unwrap();
+        let segs = elf_load_segments(exe.to_str().unwrap()).expect("test binary is ELF");
+        assert!(segs.iter().any(|s| s.exec && s.filesz > 0));
+        assert!(segs.iter().any(|s| !s.exec));
+        assert!(elf_load_segments("/proc/self/status").is_none());
     }
 }
