@@ -23,8 +23,8 @@ pub struct Stats {
     pub last_preheat_ns: AtomicU64,
     pub last_lead_ns: AtomicI64,
     pub last_trigger_lead_ns: AtomicI64,
-    /// Announcements the trigger thread handled itself on the serving CPU.
-    pub inline: AtomicU64,
+    /// Announcements the trigger thread handled itself, already on the serving CPU.
+    pub local_handoffs: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -54,7 +54,7 @@ impl Stats {
             last_preheat_ns: AtomicU64::new(0),
             last_lead_ns: AtomicI64::new(0),
             last_trigger_lead_ns: AtomicI64::new(0),
-            inline: AtomicU64::new(0),
+            local_handoffs: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -79,7 +79,7 @@ impl Stats {
             last_preheat_ns: self.last_preheat_ns.load(Relaxed),
             last_lead_ns: self.last_lead_ns.load(Relaxed),
             last_trigger_lead_ns: self.last_trigger_lead_ns.load(Relaxed),
-            inline: self.inline.load(Relaxed),
+            local_handoffs: self.local_handoffs.load(Relaxed),
         }
     }
 
@@ -102,7 +102,7 @@ impl Stats {
             &self.disabled_drops,
             &self.profile_busy,
             &self.superseded,
-            &self.inline,
+            &self.local_handoffs,
         ] {
             c.store(0, Relaxed);
         }

@@ -258,6 +258,12 @@ pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// `sched_yield()`: let any other runnable task on this CPU run first.
+pub fn sched_yield() {
+    // SAFETY: no arguments, no memory access; always succeeds on Linux.
+    unsafe { libc::sched_yield() };
+}
+
 /// Close a raw fd with the real syscall.
 pub fn close_fd(fd: RawFd) {
     if fd >= 0 {

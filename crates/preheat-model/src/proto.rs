@@ -270,9 +270,9 @@ pub struct PreheatStats {
     /// Most recent lead when the trigger thread received the announcement: arrival − receipt.
     #[serde(default)]
     pub last_trigger_lead_ns: i64,
-    /// Announcements the trigger thread handled itself on the serving CPU (no hand-off).
+    /// Announcements the trigger thread handled itself, already on the serving CPU.
     #[serde(default)]
-    pub inline: u64,
+    pub local_handoffs: u64,
 }
 
 /// Summary of a loaded profile class.
