@@ -109,42 +109,11 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-/// `FUTEX_WAIT_PRIVATE` on `word` while it equals `expected` (returns on wake, mismatch, signal
-/// or after `timeout_ns` if given).
-pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
-    let ts = timeout_ns.map(|ns| libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    });
-    let tsp = match &ts {
-        Some(t) => t as *const libc::timespec,
-        None => std::ptr::null(),
-    };
-    // SAFETY: `word` is a valid, aligned 32-bit atomic for the whole call; the kernel only reads
-    // it (and `tsp`, which is null or points to `ts` on this frame).
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            tsp,
-        );
-    }
-}
+pub use preheat_engine::os::futex_wait;
 
-/// `FUTEX_WAKE_PRIVATE` one waiter on `word`.
+/// Wake one waiter on `word` (the engine's futex wrapper).
 pub fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a valid aligned atomic; FUTEX_WAKE does not access user memory beyond
-    // hashing the address.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
-        );
-    }
+    preheat_engine::os::futex_wake(word, 1);
 }
 
 /// Local port of the socket `fd`: `Some(port)` for AF_INET/AF_INET6, `None` otherwise or on

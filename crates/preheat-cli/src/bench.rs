@@ -12,9 +12,10 @@
 //!     (as when an announcement has woken both cores);
 //!   - `preheat-2-cold`: the same, but the worker sleeps and is woken by the call (its CPU may
 //!     have halted: on our VMs this wakeup alone costs 20–90 µs).
-//!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1.
-//!   Note: the time of a `preheat_runs` call is the time to *issue* the prefetches; the last
-//!   few are still in flight when it returns (a bounded error of about one memory latency).
+//!
+//!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1. The time of a
+//!   `preheat_runs` call is the time to *issue* the prefetches; the last few are still in flight
+//!   when it returns (a bounded error of about one memory latency).
 //! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
 //!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
 

@@ -53,12 +53,9 @@ pub struct Comparison {
     pub code: Score,
     /// Lines in other segments (read-only and initialised data).
     pub data: Score,
-    /// Scored lines (file-backed regions) in the tested set and in the truth.
-    pub tested_lines: u64,
-    pub truth_lines: u64,
-    pub true_positives: u64,
-    pub precision: f64,
-    pub recall: f64,
+    /// All scored lines (file-backed regions): the tested set and the truth.
+    #[serde(flatten)]
+    pub all: Score,
     /// Lines in anonymous regions, not scored.
     pub tested_anon_lines: u64,
     pub truth_anon_lines: u64,
@@ -103,7 +100,6 @@ fn file_lines(p: &Profile, port: Option<u16>) -> Result<(BTreeSet<Key>, u64)> {
 pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<Comparison> {
     let (t, ta) = file_lines(tested, port).context("tested profile")?;
     let (g, ga) = file_lines(truth, port).context("ground-truth profile")?;
-    let tp = t.intersection(&g).count() as u64;
     // Classify by the ELF segments of each file (cached per path).
     let mut segs: std::collections::BTreeMap<String, Vec<preheat_engine::maps::ElfSegment>> =
         Default::default();
@@ -121,19 +117,7 @@ pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<C
         port: class_of(tested, port)?.port,
         code: Score::of(&tc, &gc),
         data: Score::of(&td, &gd),
-        tested_lines: t.len() as u64,
-        truth_lines: g.len() as u64,
-        true_positives: tp,
-        precision: if t.is_empty() {
-            0.0
-        } else {
-            tp as f64 / t.len() as f64
-        },
-        recall: if g.is_empty() {
-            0.0
-        } else {
-            tp as f64 / g.len() as f64
-        },
+        all: Score::of(&t, &g),
         tested_anon_lines: ta,
         truth_anon_lines: ga,
     })
@@ -157,11 +141,11 @@ pub fn run(tested: &Path, truth: &Path, port: Option<u16>, json: bool) -> Result
     );
     println!(
         "  precision {:.3} ({} of {} tested lines are in the truth)",
-        c.precision, c.true_positives, c.tested_lines
+        c.all.precision, c.all.true_positives, c.all.tested
     );
     println!(
         "  recall    {:.3} ({} of {} truth lines were found)",
-        c.recall, c.true_positives, c.truth_lines
+        c.all.recall, c.all.true_positives, c.all.truth
     );
     for (what, sc) in [("code", c.code), ("data", c.data)] {
         println!(

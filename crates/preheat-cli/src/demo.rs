@@ -3,14 +3,14 @@
 //! 1. Start the server pinned to one CPU with the agent attached; the client runs on another.
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
 //! 3. Run interleaved, shuffled rounds. Every round measures each mode once, in random order:
-//!    * `warm`        — right after a previous request;
-//!    * `cold-idle`   — after an idle gap (real idle: the vCPU halts, other tenants evict);
-//!    * `cold-sweep`  — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
-//!                      loss of a deep sleep state, as the paper's flush) plus a short gap;
-//!    * `control`     — the same gap as `cold-sweep` without the sweep (separates wakeup cost
-//!                      from cache loss);
-//!    * `preheat:S`   — like `cold-sweep`, but the request is announced `lead` µs ahead and
-//!                      the agent applies strategies S (wake, lines, replay, combinations).
+//!    * `warm` — right after a previous request;
+//!    * `cold-idle` — after an idle gap (real idle: the vCPU halts, other tenants evict);
+//!    * `cold-sweep` — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
+//!      loss of a deep sleep state, as the paper's flush) plus a short gap;
+//!    * `control` — the same gap as `cold-sweep` without the sweep (separates wakeup cost from
+//!      cache loss);
+//!    * `preheat:S` — like `cold-sweep`, but the request is announced `lead` µs ahead and the
+//!      agent applies strategies S (wake, lines, replay, combinations).
 //! 4. Print response-time p50/p99 with 95% CIs and, for preheat rows, the working-set size, runs,
 //!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed.
 //!

@@ -250,8 +250,8 @@ fn probe_against_trace_ground_truth() {
     .unwrap();
     println!("probe vs trace on preheat-kv: {v:#}");
     let recall = v["recall"].as_f64().unwrap();
-    let tested = v["tested_lines"].as_u64().unwrap();
-    let truth_lines = v["truth_lines"].as_u64().unwrap();
+    let tested = v["tested"].as_u64().unwrap();
+    let truth_lines = v["truth"].as_u64().unwrap();
     // What the probe delivers on x86 with prefetchers on (measured: recall 0.88-0.95; code
     // precision ~0.3-0.45 because the instruction prefetcher caches lines the request does not
     // execute; data precision ~0.85). Guard against regressions of that, not the issue's

@@ -8,6 +8,7 @@
 //! whole process. [`current_cpu`] and [`gettid`] are hot-path functions (no allocation).
 
 use std::io;
+use std::sync::atomic::AtomicU32;
 
 /// Pin the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
@@ -113,6 +114,42 @@ pub fn online_cpus() -> usize {
 pub fn sched_policy() -> i32 {
     // SAFETY: no memory-safety preconditions; pid 0 = calling thread.
     unsafe { libc::sched_getscheduler(0) }
+}
+
+/// FUTEX_WAIT_PRIVATE on `word` while it equals `expected` (spurious returns are fine: every
+/// caller re-checks in a loop).
+pub fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `word` is a live, aligned AtomicU32 (same layout as u32) for the whole call; the
+    // kernel only reads it atomically. `tsp` is null or points to a timespec on our stack.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            tsp,
+        );
+    }
+}
+
+/// FUTEX_WAKE_PRIVATE up to `count` waiters on `word` (hot path: one syscall, no allocation).
+pub fn futex_wake(word: &AtomicU32, count: i32) {
+    // SAFETY: `word` is a live, aligned AtomicU32; FUTEX_WAKE does not access its value.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            count,
+        );
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use preheat_model::AbsRun;
 
 use crate::cache::{prefetch_line, LINE};
+use crate::os::{futex_wait, futex_wake};
 use crate::time::now_ns;
 
 /// Lines issued between two clock checks (a clock read costs about as much as a few prefetches
@@ -430,7 +431,7 @@ impl ParallelPreheater {
             slot.seq.store(s, Ordering::SeqCst);
             guard.published += 1;
             if slot.sleeping.load(Ordering::SeqCst) != 0 {
-                futex_wake(&slot.seq);
+                futex_wake(&slot.seq, i32::MAX);
             }
         }
         let mut rep = preheat_runs(local, deadline_ns);
@@ -501,7 +502,7 @@ impl Drop for ParallelPreheater {
         self.shared.stop.store(true, Ordering::SeqCst);
         for slot in self.shared.slots.iter() {
             slot.seq.fetch_add(1, Ordering::SeqCst);
-            futex_wake(&slot.seq);
+            futex_wake(&slot.seq, i32::MAX);
         }
         for h in self.threads.drain(..) {
             let _ = h.join();
@@ -563,43 +564,7 @@ fn worker(sh: &Shared, i: usize) {
         slot.elapsed_ns.store(r.elapsed_ns, Ordering::Relaxed);
         // Release: publishes the report; after this we no longer touch `runs`.
         slot.done.store(s, Ordering::Release);
-        futex_wake(&slot.done);
-    }
-}
-
-/// FUTEX_WAIT_PRIVATE on `word` while it equals `expected` (spurious returns are fine: every
-/// caller re-checks in a loop).
-fn futex_wait(word: &AtomicU32, expected: u32, timeout_ns: Option<u64>) {
-    let ts = timeout_ns.map(|ns| libc::timespec {
-        tv_sec: (ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    });
-    let tsp = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `word` is a live, aligned AtomicU32 (same layout as u32) for the whole call; the
-    // kernel only reads it atomically. `tsp` is null or points to a timespec on our stack.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            expected,
-            tsp,
-        );
-    }
-}
-
-/// FUTEX_WAKE_PRIVATE all waiters on `word`.
-fn futex_wake(word: &AtomicU32) {
-    // SAFETY: `word` is a live, aligned AtomicU32; FUTEX_WAKE does not access its value.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            i32::MAX,
-        );
+        futex_wake(&slot.done, i32::MAX);
     }
 }
 

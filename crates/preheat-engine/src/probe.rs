@@ -189,49 +189,7 @@ pub fn reload(
     seed: u64,
     hits: &mut Vec<u64>,
 ) -> u64 {
-    let wbytes = window_pages.max(1) as u64 * PAGE;
-    let mut idx: Vec<u32> = Vec::with_capacity((wbytes / LINE as u64) as usize);
-    let mut rng = XorShift::new(seed);
-    let mut probed = 0u64;
-    for r in ranges {
-        if r.len == 0 {
-            continue;
-        }
-        let line = LINE as u64;
-        let start = r.start & !(line - 1);
-        let end = match r
-            .start
-            .checked_add(r.len)
-            .and_then(|e| e.checked_add(line - 1))
-        {
-            Some(e) => e & !(line - 1),
-            None => !(line - 1),
-        };
-        let mut w = start;
-        while w < end {
-            let wend = (w / wbytes + 1).saturating_mul(wbytes).min(end);
-            let n = ((wend - w) / line) as u32;
-            idx.clear();
-            idx.extend(0..n);
-            // Fisher–Yates.
-            for i in (1..n as usize).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                idx.swap(i, j);
-            }
-            for &i in &idx {
-                let a = (w + i as u64 * line) as usize;
-                let t = time_load(a);
-                flush_line(a);
-                if t < threshold {
-                    hits.push(a as u64);
-                }
-            }
-            probed += n as u64;
-            w = wend;
-        }
-    }
-    fence();
-    probed
+    reload_phase(ranges, threshold, window_pages, seed, Phase::ALL, hits)
 }
 
 /// Lines probed in one phase of a strided probe: those with `(addr / 64) % stride == phase`.
