@@ -53,6 +53,7 @@ pub mod sys;
 pub mod track;
 pub mod worker;
 
+use preheat_model::proto;
 use std::path::{Path, PathBuf};
 
 pub use preheat_model::proto::DEFAULT_RUN_DIR;
@@ -71,9 +72,9 @@ pub struct SocketPaths {
 /// Socket and log paths of the agent of `pid` in `run_dir`.
 pub fn socket_paths(run_dir: &Path, pid: u32) -> SocketPaths {
     SocketPaths {
-        control: run_dir.join(format!("agent-{pid}.sock")),
-        trigger: run_dir.join(format!("agent-{pid}.trig")),
-        log: run_dir.join(format!("agent-{pid}.log")),
+        control: run_dir.join(proto::control_socket_name(pid)),
+        trigger: run_dir.join(proto::trigger_socket_name(pid)),
+        log: run_dir.join(proto::log_name(pid)),
     }
 }
 
@@ -94,11 +95,7 @@ pub fn live_agents(run_dir: &Path) -> Vec<u32> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let pid: u32 = name
-                .strip_prefix("agent-")?
-                .strip_suffix(".sock")?
-                .parse()
-                .ok()?;
+            let pid = proto::pid_of_control_socket(&name)?;
             Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
         })
         .collect();

@@ -68,11 +68,7 @@ pub fn discover(run_dir: &Path) -> Vec<u32> {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            let pid: u32 = name
-                .strip_prefix("agent-")?
-                .strip_suffix(".sock")?
-                .parse()
-                .ok()?;
+            let pid = preheat_model::proto::pid_of_control_socket(&name)?;
             if Path::new(&format!("/proc/{pid}")).exists() {
                 Some(pid)
             } else {

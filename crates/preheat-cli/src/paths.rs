@@ -19,11 +19,11 @@ pub fn run_dir() -> PathBuf {
 }
 
 pub fn control_socket(run_dir: &Path, pid: u32) -> PathBuf {
-    run_dir.join(format!("agent-{pid}.sock"))
+    run_dir.join(preheat_model::proto::control_socket_name(pid))
 }
 
 pub fn trigger_socket(run_dir: &Path, pid: u32) -> PathBuf {
-    run_dir.join(format!("agent-{pid}.trig"))
+    run_dir.join(preheat_model::proto::trigger_socket_name(pid))
 }
 
 fn exe_dir() -> Result<PathBuf> {

@@ -18,6 +18,29 @@ use thiserror::Error;
 /// Default directory for agent sockets (overridden by `PREHEAT_RUN_DIR`).
 pub const DEFAULT_RUN_DIR: &str = "/tmp/preheat";
 
+/// File name of the control socket of the agent in process `pid` (inside the run dir).
+pub fn control_socket_name(pid: u32) -> String {
+    format!("agent-{pid}.sock")
+}
+
+/// File name of the announcement socket of the agent in process `pid`.
+pub fn trigger_socket_name(pid: u32) -> String {
+    format!("agent-{pid}.trig")
+}
+
+/// File name of the log of the agent in process `pid`.
+pub fn log_name(pid: u32) -> String {
+    format!("agent-{pid}.log")
+}
+
+/// The pid of an agent control socket's file name, `None` for any other name.
+pub fn pid_of_control_socket(name: &str) -> Option<u32> {
+    name.strip_prefix("agent-")?
+        .strip_suffix(".sock")?
+        .parse()
+        .ok()
+}
+
 /// Preheat strategies, composable as bit flags.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub struct Strategies(pub u8);
@@ -361,6 +384,13 @@ mod tests {
             Announcement::decode(&bad),
             Err(AnnounceError::Strategy(0x80))
         );
+    }
+
+    #[test]
+    fn socket_names_roundtrip() {
+        assert_eq!(pid_of_control_socket(&control_socket_name(42)), Some(42));
+        assert_eq!(pid_of_control_socket(&trigger_socket_name(42)), None);
+        assert_eq!(pid_of_control_socket("agent-x.sock"), None);
     }
 
     #[test]
