@@ -32,6 +32,11 @@ if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
 
+if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuzz >/dev/null 2>&1; then
+  echo "test.sh: installing cargo-fuzz (cargo install cargo-fuzz --locked) for the fuzz targets"
+  cargo install cargo-fuzz --locked --quiet >/tmp/preheat-cargo-fuzz-install.log 2>&1 \
+    || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
+fi
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
   for t in decode_profile decode_announcement; do
     echo "test.sh: fuzzing $t for 20 s"
