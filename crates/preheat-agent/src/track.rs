@@ -66,6 +66,8 @@ pub struct PortSlot {
     pub busy_ns: AtomicU64,
     pub last_cpu: AtomicU32,
     pub last_tid: AtomicU32,
+    /// When the most recent busy period of this port started (CLOCK_MONOTONIC ns).
+    pub last_start_ns: AtomicU64,
 }
 
 impl PortSlot {
@@ -76,6 +78,7 @@ impl PortSlot {
             busy_ns: AtomicU64::new(0),
             last_cpu: AtomicU32::new(0),
             last_tid: AtomicU32::new(0),
+            last_start_ns: AtomicU64::new(0),
         }
     }
 }
@@ -224,6 +227,7 @@ fn end_busy(s: &ThreadSlot) {
             .store(s.cpu.load(Ordering::Relaxed), Ordering::Relaxed);
         p.last_tid
             .store(s.tid.load(Ordering::Relaxed), Ordering::Relaxed);
+        p.last_start_ns.store(start, Ordering::Relaxed);
         p.busy_periods.fetch_add(1, Ordering::Release);
     }
 }
@@ -347,6 +351,7 @@ pub fn port_stats() -> Vec<PortStats> {
                 busy_ns: p.busy_ns.load(Ordering::Relaxed),
                 last_cpu: p.last_cpu.load(Ordering::Relaxed),
                 last_tid: p.last_tid.load(Ordering::Relaxed),
+                last_start_ns: p.last_start_ns.load(Ordering::Relaxed),
             })
         })
         .collect()
@@ -418,6 +423,7 @@ pub fn reset_after_fork() {
         p.busy_ns.store(0, Ordering::Relaxed);
         p.last_cpu.store(0, Ordering::Relaxed);
         p.last_tid.store(0, Ordering::Relaxed);
+        p.last_start_ns.store(0, Ordering::Relaxed);
         p.port.store(0, Ordering::Relaxed);
     }
     reset_thread_cache();

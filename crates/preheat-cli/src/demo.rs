@@ -111,6 +111,9 @@ struct Sample {
     worker_lead_us: f64,
     /// Arrival time minus the time the agent's trigger thread received the announcement, µs.
     trigger_lead_us: f64,
+    /// When the server thread started on the request, relative to the announced arrival (the
+    /// send time), µs: the announcement's accuracy as the server sees it.
+    server_start_us: f64,
     sweep_us: f64,
 }
 
@@ -128,6 +131,9 @@ struct Row {
     completed_share: Option<f64>,
     worker_lead_us_p50: Option<f64>,
     trigger_lead_us_p50: Option<f64>,
+    /// Server thread start − announced arrival, µs: p50 and p99.
+    server_start_us_p50: Option<f64>,
+    server_start_us_p99: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -144,9 +150,20 @@ struct Output {
     samples: Vec<Sample>,
 }
 
-fn agent_preheat(c: &mut AgentClient) -> Result<preheat_model::proto::PreheatStats> {
+/// The agent's preheat counters and the start of the port's most recent busy period.
+fn agent_preheat(
+    c: &mut AgentClient,
+    port: u16,
+) -> Result<(preheat_model::proto::PreheatStats, u64)> {
     match c.call(&Request::Status)? {
-        Reply::Status { preheat, .. } => Ok(preheat),
+        Reply::Status { preheat, ports, .. } => {
+            let start = ports
+                .iter()
+                .find(|p| p.port == port)
+                .map(|p| p.last_start_ns)
+                .unwrap_or(0);
+            Ok((preheat, start))
+        }
         other => bail!("unexpected status reply {other:?}"),
     }
 }
@@ -268,7 +285,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 }
             }
             let before = if let Mode::Preheat(_) = mode {
-                Some(agent_preheat(&mut agent)?)
+                Some(agent_preheat(&mut agent, port)?.0)
             } else {
                 None
             };
@@ -302,12 +319,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 preheat_us: 0.0,
                 worker_lead_us: 0.0,
                 trigger_lead_us: 0.0,
+                server_start_us: f64::NAN,
                 sweep_us,
             };
             if let Some(b) = before {
                 // Give the worker time to finish its bookkeeping before reading it.
                 std::thread::sleep(Duration::from_micros(300));
-                let after = agent_preheat(&mut agent)?;
+                let (after, busy_start) = agent_preheat(&mut agent, port)?;
+                s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
                 if after.preheats > b.preheats
                     || after.wake_spins > b.wake_spins
                     || after.replays > b.replays
@@ -405,10 +424,18 @@ fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec
                 completed_share: None,
                 worker_lead_us_p50: None,
                 trigger_lead_us_p50: None,
+                server_start_us_p50: None,
+                server_start_us_p99: None,
             };
             if let Mode::Preheat(st) = m {
                 row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
                 row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
+                let starts: Vec<f64> = mine.iter().map(|s| s.server_start_us).collect();
+                let start = summarize(&starts);
+                if start.n > 0 {
+                    row.server_start_us_p50 = Some(start.p50);
+                    row.server_start_us_p99 = Some(start.p99);
+                }
                 if st.contains(Strategies::LINES) {
                     row.ws_kib = Some(ws.kib);
                     row.runs = Some(ws.runs);

@@ -263,6 +263,10 @@ pub struct PortStats {
     /// CPU and thread of the most recent busy period (where the next request will be served).
     pub last_cpu: u32,
     pub last_tid: u32,
+    /// Start of the most recent busy period (CLOCK_MONOTONIC ns): when the last request really
+    /// arrived at the server thread, for comparing with its announced arrival.
+    #[serde(default)]
+    pub last_start_ns: u64,
 }
 
 /// Counters of the preheat path.
