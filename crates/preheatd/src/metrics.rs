@@ -1,0 +1,663 @@
+//! Counters, the lead histogram, their Prometheus text exposition (format 0.0.4) and a minimal
+//! HTTP/1.1 server for `GET /metrics`.
+//!
+//! Every counter is updated with relaxed atomics on the receive path (no locks, no
+//! allocation). Per-agent preheat counters are not kept here: they are asked from each agent's
+//! `Status` at scrape time.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use preheat_model::proto::PreheatStats;
+
+use crate::log::log_limited;
+use crate::registry::{query_status, RouteTable};
+
+/// Upper bounds of the lead histogram, ns (announced arrival − receipt time); the `+Inf`
+/// bucket follows. 65 µs is the Fastpass lead the paper uses.
+pub const LEAD_BOUNDS_NS: [i64; 9] = [
+    0, 5_000, 10_000, 20_000, 40_000, 65_000, 100_000, 200_000, 1_000_000,
+];
+/// The same bounds as Prometheus `le` labels, in seconds.
+const LEAD_LE: [&str; 10] = [
+    "0", "0.000005", "0.00001", "0.00002", "0.00004", "0.000065", "0.0001", "0.0002", "0.001",
+    "+Inf",
+];
+
+/// Histogram of announcement leads.
+#[derive(Debug, Default)]
+pub struct LeadHistogram {
+    /// Per bucket (not cumulative); the last one is `+Inf`.
+    buckets: [AtomicU64; 10],
+    sum_ns: AtomicI64,
+    count: AtomicU64,
+}
+
+impl LeadHistogram {
+    pub fn observe(&self, lead_ns: i64) {
+        let i = LEAD_BOUNDS_NS
+            .iter()
+            .position(|b| lead_ns <= *b)
+            .unwrap_or(LEAD_BOUNDS_NS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(lead_ns, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> LeadSnapshot {
+        LeadSnapshot {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Relaxed)),
+            sum_ns: self.sum_ns.load(Relaxed),
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeadSnapshot {
+    pub buckets: [u64; 10],
+    pub sum_ns: i64,
+    pub count: u64,
+}
+
+/// The receiver's gate counters (a copy of `preheat_net::wire::Counters`, so this module does
+/// not depend on the network crate).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GateCounters {
+    pub received: u64,
+    pub malformed: u64,
+    pub bad_mac: u64,
+    pub replayed: u64,
+    pub stale: u64,
+    pub rate_limited: u64,
+    pub accepted: u64,
+}
+
+/// Everything preheatd counts.
+#[derive(Debug, Default)]
+pub struct Stats {
+    received: AtomicU64,
+    malformed: AtomicU64,
+    bad_mac: AtomicU64,
+    replayed: AtomicU64,
+    stale: AtomicU64,
+    rate_limited: AtomicU64,
+    accepted: AtomicU64,
+    /// Dropped: less lead than `--min-lead-us` when received.
+    pub late: AtomicU64,
+    /// Dropped: no agent serves the port.
+    pub no_agent: AtomicU64,
+    /// Announcements delivered to at least one agent.
+    pub dispatched: AtomicU64,
+    /// Trigger datagrams that could not be sent (one per agent and announcement).
+    pub send_errors: AtomicU64,
+    /// Registry scans done.
+    pub scans: AtomicU64,
+    agents: AtomicU64,
+    ports: AtomicU64,
+    pub lead: LeadHistogram,
+}
+
+impl Stats {
+    pub fn new() -> Stats {
+        Stats::default()
+    }
+
+    /// Publish the receiver's counters (they are owned by the receive loop).
+    pub fn set_gate(&self, g: &GateCounters) {
+        self.received.store(g.received, Relaxed);
+        self.malformed.store(g.malformed, Relaxed);
+        self.bad_mac.store(g.bad_mac, Relaxed);
+        self.replayed.store(g.replayed, Relaxed);
+        self.stale.store(g.stale, Relaxed);
+        self.rate_limited.store(g.rate_limited, Relaxed);
+        self.accepted.store(g.accepted, Relaxed);
+    }
+
+    pub fn gate(&self) -> GateCounters {
+        GateCounters {
+            received: self.received.load(Relaxed),
+            malformed: self.malformed.load(Relaxed),
+            bad_mac: self.bad_mac.load(Relaxed),
+            replayed: self.replayed.load(Relaxed),
+            stale: self.stale.load(Relaxed),
+            rate_limited: self.rate_limited.load(Relaxed),
+            accepted: self.accepted.load(Relaxed),
+        }
+    }
+
+    /// Publish the registry's size.
+    pub fn set_registry(&self, agents: u64, ports: u64) {
+        self.agents.store(agents, Relaxed);
+        self.ports.store(ports, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            gate: self.gate(),
+            late: self.late.load(Relaxed),
+            no_agent: self.no_agent.load(Relaxed),
+            dispatched: self.dispatched.load(Relaxed),
+            send_errors: self.send_errors.load(Relaxed),
+            scans: self.scans.load(Relaxed),
+            agents: self.agents.load(Relaxed),
+            ports: self.ports.load(Relaxed),
+            lead: self.lead.snapshot(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub gate: GateCounters,
+    pub late: u64,
+    pub no_agent: u64,
+    pub dispatched: u64,
+    pub send_errors: u64,
+    pub scans: u64,
+    pub agents: u64,
+    pub ports: u64,
+    pub lead: LeadSnapshot,
+}
+
+/// One agent's counters as asked at scrape time (`None`: it did not answer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSample {
+    pub pid: u32,
+    pub status: Option<PreheatStats>,
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn seconds(ns: i64) -> String {
+    // `Display` for f64 never uses an exponent; Prometheus parses any float.
+    format!("{}", ns as f64 / 1e9)
+}
+
+/// The Prometheus text exposition of `s` and the agents' counters.
+pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
+    let mut o = String::with_capacity(4096);
+    let g = &s.gate;
+    family(
+        &mut o,
+        "preheatd_announcements_received_total",
+        "counter",
+        "Datagrams received on the announcement socket, before any check.",
+    );
+    let _ = writeln!(o, "preheatd_announcements_received_total {}", g.received);
+    family(
+        &mut o,
+        "preheatd_announcements_accepted_total",
+        "counter",
+        "Announcements that passed the gate (authenticated, fresh, not replayed, within the rate).",
+    );
+    let _ = writeln!(o, "preheatd_announcements_accepted_total {}", g.accepted);
+    family(
+        &mut o,
+        "preheatd_announcements_dropped_total",
+        "counter",
+        "Announcements dropped, by reason: malformed, bad_mac (authentication failed), replayed, \
+         stale (sent too long ago), rate_limited (by the gate); late (less lead than \
+         --min-lead-us when received), no_agent (no local agent serves the port).",
+    );
+    for (reason, v) in [
+        ("malformed", g.malformed),
+        ("bad_mac", g.bad_mac),
+        ("replayed", g.replayed),
+        ("stale", g.stale),
+        ("rate_limited", g.rate_limited),
+        ("late", s.late),
+        ("no_agent", s.no_agent),
+    ] {
+        let _ = writeln!(
+            o,
+            "preheatd_announcements_dropped_total{{reason=\"{reason}\"}} {v}"
+        );
+    }
+    family(
+        &mut o,
+        "preheatd_dispatched_total",
+        "counter",
+        "Announcements sent to at least one local agent's trigger socket.",
+    );
+    let _ = writeln!(o, "preheatd_dispatched_total {}", s.dispatched);
+    family(
+        &mut o,
+        "preheatd_send_errors_total",
+        "counter",
+        "Trigger datagrams that could not be sent (one per agent and announcement: agent gone, \
+         its queue full).",
+    );
+    let _ = writeln!(o, "preheatd_send_errors_total {}", s.send_errors);
+    family(
+        &mut o,
+        "preheatd_agents",
+        "gauge",
+        "Local agents in the registry.",
+    );
+    let _ = writeln!(o, "preheatd_agents {}", s.agents);
+    family(
+        &mut o,
+        "preheatd_ports",
+        "gauge",
+        "Ports served by at least one registered agent.",
+    );
+    let _ = writeln!(o, "preheatd_ports {}", s.ports);
+    family(
+        &mut o,
+        "preheatd_registry_scans_total",
+        "counter",
+        "Scans of the run directory for agents.",
+    );
+    let _ = writeln!(o, "preheatd_registry_scans_total {}", s.scans);
+    family(
+        &mut o,
+        "preheatd_lead_seconds",
+        "histogram",
+        "Lead of accepted announcements when received: announced arrival minus receipt time \
+         (CLOCK_MONOTONIC of this host; negative when already past).",
+    );
+    let mut cum = 0u64;
+    for (i, le) in LEAD_LE.iter().enumerate() {
+        cum += s.lead.buckets[i];
+        let _ = writeln!(o, "preheatd_lead_seconds_bucket{{le=\"{le}\"}} {cum}");
+    }
+    let _ = writeln!(o, "preheatd_lead_seconds_sum {}", seconds(s.lead.sum_ns));
+    let _ = writeln!(o, "preheatd_lead_seconds_count {}", s.lead.count);
+
+    family(
+        &mut o,
+        "preheat_agent_up",
+        "gauge",
+        "1 if the registered agent answered Status at this scrape, else 0.",
+    );
+    for a in agents {
+        let _ = writeln!(
+            o,
+            "preheat_agent_up{{pid=\"{}\"}} {}",
+            a.pid,
+            u8::from(a.status.is_some())
+        );
+    }
+    type Field = fn(&PreheatStats) -> u64;
+    let per_agent: [(&str, &str, Field); 5] = [
+        (
+            "preheat_agent_announcements_total",
+            "Announcements the agent's trigger socket received (from any sender).",
+            |p| p.announcements,
+        ),
+        (
+            "preheat_agent_preheats_total",
+            "Preheats (lines strategy) the agent ran.",
+            |p| p.preheats,
+        ),
+        (
+            "preheat_agent_lines_preheated_total",
+            "Cache lines the agent prefetched.",
+            |p| p.lines_preheated,
+        ),
+        (
+            "preheat_agent_wake_spins_total",
+            "Wake spins (wake strategy) the agent ran.",
+            |p| p.wake_spins,
+        ),
+        (
+            "preheat_agent_late_total",
+            "Announcements the agent dropped as late (arrival already past).",
+            |p| p.late,
+        ),
+    ];
+    for (name, help, f) in per_agent {
+        family(&mut o, name, "counter", help);
+        for a in agents {
+            if let Some(st) = &a.status {
+                let _ = writeln!(o, "{name}{{pid=\"{}\"}} {}", a.pid, f(st));
+            }
+        }
+    }
+    o
+}
+
+/// What the `/metrics` endpoint needs.
+pub struct MetricsContext {
+    pub stats: Arc<Stats>,
+    pub table: Arc<RouteTable>,
+    pub run_dir: PathBuf,
+    /// Per-agent `Status` timeout at scrape time.
+    pub agent_timeout: Duration,
+}
+
+impl MetricsContext {
+    /// Render the current metrics, asking every registered agent for its counters.
+    pub fn scrape(&self) -> String {
+        let routes = self.table.get();
+        let agents: Vec<AgentSample> = routes
+            .pids()
+            .iter()
+            .map(|&pid| AgentSample {
+                pid,
+                status: query_status(&self.run_dir, pid, self.agent_timeout)
+                    .ok()
+                    .map(|s| s.preheat),
+            })
+            .collect();
+        render(&self.stats.snapshot(), &agents)
+    }
+}
+
+/// Longest request head read.
+const MAX_HEAD: usize = 8192;
+/// Per-connection I/O timeout (connections are served one at a time).
+const CONN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Read the request head (up to the blank line) and return the method and path of its
+/// request line, or `None` for anything that is not a readable HTTP/1.x request.
+fn read_request_line(s: &mut TcpStream) -> io::Result<Option<(String, String)>> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
+        if buf.len() >= MAX_HEAD {
+            return Ok(None);
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let Some(line) = buf.split(|b| *b == b'\n').next() else {
+        return Ok(None);
+    };
+    let Ok(line) = std::str::from_utf8(line) else {
+        return Ok(None);
+    };
+    let mut parts = line.trim_end_matches('\r').split(' ');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some(m), Some(p), Some(v), None) if v.starts_with("HTTP/1.") => {
+            Ok(Some((m.to_string(), p.to_string())))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn respond(s: &mut TcpStream, status: &str, ctype: &str, body: &str, head_only: bool) {
+    let mut r = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if !head_only {
+        r.push_str(body);
+    }
+    let _ = s.write_all(r.as_bytes());
+    let _ = s.flush();
+}
+
+/// Serve one connection: `GET /metrics` (and `HEAD`), `GET /` (a pointer), else 404 / 405 /
+/// 400. Always closes the connection.
+pub fn handle_connection(mut s: TcpStream, ctx: &MetricsContext) {
+    let _ = s.set_read_timeout(Some(CONN_TIMEOUT));
+    let _ = s.set_write_timeout(Some(CONN_TIMEOUT));
+    const TEXT: &str = "text/plain; charset=utf-8";
+    let (method, path) = match read_request_line(&mut s) {
+        Ok(Some(x)) => x,
+        Ok(None) => {
+            respond(&mut s, "400 Bad Request", TEXT, "bad request\n", false);
+            return;
+        }
+        Err(_) => return,
+    };
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        respond(&mut s, "405 Method Not Allowed", TEXT, "only GET\n", false);
+        return;
+    }
+    let path = path.split('?').next().unwrap_or("");
+    match path {
+        "/metrics" => {
+            let body = ctx.scrape();
+            respond(
+                &mut s,
+                "200 OK",
+                "text/plain; version=0.0.4; charset=utf-8",
+                &body,
+                head_only,
+            );
+        }
+        "/" => respond(
+            &mut s,
+            "200 OK",
+            TEXT,
+            "preheatd: metrics at /metrics\n",
+            head_only,
+        ),
+        _ => respond(&mut s, "404 Not Found", TEXT, "not found\n", head_only),
+    }
+}
+
+/// Body of the metrics thread: accept and serve connections one at a time until `shutdown`
+/// (checked between connections and every 100 ms while idle).
+pub fn serve(listener: TcpListener, ctx: MetricsContext, shutdown: Arc<AtomicBool>) {
+    if let Err(e) = listener.set_nonblocking(true) {
+        log_limited("metrics", || format!("metrics listener: {e}"));
+    }
+    while !shutdown.load(Relaxed) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                handle_connection(s, &ctx);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                log_limited("metrics", || format!("metrics: accept failed: {e}"));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Parse an exposition into `name{labels} → value` and check its structure: every sample
+    /// belongs to a family announced by HELP and TYPE before it.
+    pub(crate) fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
+        let mut families: BTreeMap<String, String> = BTreeMap::new();
+        let mut helped = std::collections::BTreeSet::new();
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let (name, help) = rest.split_once(' ').expect("HELP has text");
+                assert!(!help.is_empty());
+                assert!(helped.insert(name.to_string()), "two HELP for {name}");
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                assert!(helped.contains(name), "TYPE before HELP for {name}");
+                assert!(["counter", "gauge", "histogram"].contains(&kind));
+                assert!(families.insert(name.into(), kind.into()).is_none());
+            } else {
+                assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
+                let (key, value) = line.rsplit_once(' ').unwrap();
+                let name = key.split('{').next().unwrap();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|b| families.contains_key(*b)))
+                    .unwrap_or(name);
+                assert!(
+                    families.contains_key(base),
+                    "sample {name} without a family"
+                );
+                assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+                let v: f64 = value
+                    .parse()
+                    .unwrap_or_else(|_| panic!("value in {line:?}"));
+                assert!(out.insert(key.to_string(), v).is_none(), "duplicate {key}");
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn histogram_buckets() {
+        let h = LeadHistogram::default();
+        for lead in [-3_000, 0, 1, 5_000, 5_001, 65_000, 2_000_000] {
+            h.observe(lead);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.buckets, [2, 2, 1, 0, 0, 1, 0, 0, 0, 1]);
+        assert_eq!(s.count, 7);
+        assert_eq!(s.sum_ns, -3_000 + 1 + 5_000 + 5_001 + 65_000 + 2_000_000);
+    }
+
+    #[test]
+    fn exposition_format() {
+        let st = Stats::new();
+        st.set_gate(&GateCounters {
+            received: 10,
+            malformed: 1,
+            bad_mac: 2,
+            replayed: 3,
+            stale: 0,
+            rate_limited: 0,
+            accepted: 4,
+        });
+        st.late.fetch_add(1, Relaxed);
+        st.no_agent.fetch_add(1, Relaxed);
+        st.dispatched.fetch_add(2, Relaxed);
+        st.set_registry(2, 1);
+        st.lead.observe(-1_000);
+        st.lead.observe(30_000);
+        st.lead.observe(70_000);
+        let agents = [
+            AgentSample {
+                pid: 7,
+                status: Some(PreheatStats {
+                    preheats: 5,
+                    lines_preheated: 1000,
+                    late: 1,
+                    wake_spins: 2,
+                    announcements: 9,
+                    ..Default::default()
+                }),
+            },
+            AgentSample {
+                pid: 8,
+                status: None,
+            },
+        ];
+        let text = render(&st.snapshot(), &agents);
+        let m = parse_exposition(&text);
+        let get = |k: &str| *m.get(k).unwrap_or_else(|| panic!("{k} missing in\n{text}"));
+        assert_eq!(get("preheatd_announcements_received_total"), 10.0);
+        assert_eq!(get("preheatd_announcements_accepted_total"), 4.0);
+        for (r, v) in [
+            ("malformed", 1.0),
+            ("bad_mac", 2.0),
+            ("replayed", 3.0),
+            ("stale", 0.0),
+            ("rate_limited", 0.0),
+            ("late", 1.0),
+            ("no_agent", 1.0),
+        ] {
+            assert_eq!(
+                get(&format!(
+                    "preheatd_announcements_dropped_total{{reason=\"{r}\"}}"
+                )),
+                v
+            );
+        }
+        assert_eq!(get("preheatd_dispatched_total"), 2.0);
+        assert_eq!(get("preheatd_agents"), 2.0);
+        assert_eq!(get("preheatd_lead_seconds_bucket{le=\"0\"}"), 1.0);
+        assert_eq!(get("preheatd_lead_seconds_bucket{le=\"0.00004\"}"), 2.0);
+        assert_eq!(get("preheatd_lead_seconds_bucket{le=\"0.0001\"}"), 3.0);
+        assert_eq!(get("preheatd_lead_seconds_bucket{le=\"+Inf\"}"), 3.0);
+        assert_eq!(get("preheatd_lead_seconds_count"), 3.0);
+        assert!((get("preheatd_lead_seconds_sum") - 99e-6).abs() < 1e-12);
+        assert_eq!(get("preheat_agent_up{pid=\"7\"}"), 1.0);
+        assert_eq!(get("preheat_agent_up{pid=\"8\"}"), 0.0);
+        assert_eq!(get("preheat_agent_preheats_total{pid=\"7\"}"), 5.0);
+        assert_eq!(
+            get("preheat_agent_lines_preheated_total{pid=\"7\"}"),
+            1000.0
+        );
+        assert_eq!(get("preheat_agent_late_total{pid=\"7\"}"), 1.0);
+        assert!(!m.contains_key("preheat_agent_preheats_total{pid=\"8\"}"));
+        // Buckets are cumulative and non-decreasing, in order.
+        let b: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with("preheatd_lead_seconds_bucket"))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
+            .collect();
+        assert_eq!(b.len(), 10);
+        assert!(b.windows(2).all(|w| w[0] <= w[1]));
+    }
+
+    fn http(addr: std::net::SocketAddr, req: &[u8]) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(req).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn http_endpoint() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let stats = Arc::new(Stats::new());
+        stats.dispatched.fetch_add(3, Relaxed);
+        let ctx = MetricsContext {
+            stats,
+            table: Arc::new(RouteTable::new()),
+            run_dir: d.path().to_path_buf(),
+            agent_timeout: Duration::from_millis(100),
+        };
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let sd = shutdown.clone();
+        let h = std::thread::spawn(move || serve(l, ctx, sd));
+
+        let r = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        assert!(r.contains("Content-Type: text/plain; version=0.0.4"));
+        let (head, body) = r.split_once("\r\n\r\n").unwrap();
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("Content-Length: "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(len, body.len());
+        assert_eq!(parse_exposition(body)["preheatd_dispatched_total"], 3.0);
+
+        let r = http(addr, b"HEAD /metrics HTTP/1.0\r\n\r\n");
+        assert!(
+            r.starts_with("HTTP/1.1 200 OK\r\n") && r.ends_with("\r\n\r\n"),
+            "{r}"
+        );
+        assert!(http(addr, b"GET /nope HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(http(addr, b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(http(addr, b"\xff\xfe garbage\r\n\r\n").starts_with("HTTP/1.1 400"));
+        // A client that connects and says nothing is timed out, and the server goes on.
+        let idle = TcpStream::connect(addr).unwrap();
+        assert!(http(addr, b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+        drop(idle);
+
+        shutdown.store(true, Relaxed);
+        h.join().unwrap();
+    }
+}
