@@ -7,10 +7,12 @@
 //! bundled server with honest, labeled measurements.
 
 mod agentctl;
+mod arbiter;
 mod bench;
 mod compare;
 mod demo;
 mod launch;
+mod load;
 mod paths;
 mod record;
 mod servers;
@@ -70,6 +72,10 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
         #[command(subcommand)]
         cmd: AgentCmd,
     },
+    /// Generate load (idle-gap or closed loop), optionally announcing every request.
+    Load(load::LoadArgs),
+    /// Run the central arbiter: allocate timeslots to senders, announce packets to receivers.
+    Arbiter(arbiter::ArbiterArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
@@ -252,6 +258,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Agent { cmd } => cmd_agent(cmd),
         Cmd::Topology { json } => topo::print(json),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Load(a) => load::run(a),
+        Cmd::Arbiter(a) => arbiter::run(a),
     }
 }
 
