@@ -82,6 +82,11 @@ pub struct LoadArgs {
     /// Strategies requested by local announcements.
     #[arg(long, default_value = "wake+lines")]
     pub strategies: String,
+    /// After each request, ask the agents in the run dir (same filesystem: works across network
+    /// namespaces) when the server thread really started on it and whether the preheat for its
+    /// announcement finished in time: announcement accuracy and completion before arrival.
+    #[arg(long)]
+    pub observe: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -107,6 +112,17 @@ pub struct LoadReport {
     /// How late requests were really sent after their intended time, µs (p50 and p99).
     pub send_late_us_p50: f64,
     pub send_late_us_p99: f64,
+    /// With --observe: server thread start − intended (announced) arrival, µs, p50 / p99, and
+    /// how many requests that measure covers.
+    pub server_start_us_p50: Option<f64>,
+    pub server_start_us_p99: Option<f64>,
+    pub observed: u64,
+    /// With --observe: announcements acted on, and lines preheats that finished before the
+    /// announced arrival, as counted by the agents during the run.
+    pub agent_announcements: u64,
+    pub agent_preheats: u64,
+    pub agent_preheats_completed: u64,
+    pub agent_late: u64,
 }
 
 fn request_bytes(a: &LoadArgs, host: &str) -> (Vec<u8>, Vec<u8>) {
@@ -144,6 +160,18 @@ pub fn run(a: LoadArgs) -> Result<()> {
             report.unscheduled,
             report.errors
         );
+        if a.observe {
+            println!(
+                "  observed at the agents [measured, {} samples]: server thread started p50 {} / p99 {} µs after the announced arrival; announcements {}, preheats {} ({} finished before arrival), late {}",
+                report.observed,
+                report.server_start_us_p50.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
+                report.server_start_us_p99.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
+                report.agent_announcements,
+                report.agent_preheats,
+                report.agent_preheats_completed,
+                report.agent_late
+            );
+        }
     }
     Ok(())
 }
@@ -210,6 +238,13 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let mut waits = Vec::new();
     let mut late = Vec::new();
+    let mut starts = Vec::new();
+    let observer = if a.observe {
+        Some(Observer::new(target.port()))
+    } else {
+        None
+    };
+    let totals0 = observer.as_ref().map(|o| o.totals());
     let (mut errors, mut scheduled, mut unscheduled) = (0u64, 0u64, 0u64);
     // One warm-up request: the connection and the server's path for it exist.
     let _ = client.request(&req, &until);
@@ -260,7 +295,20 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
             continue;
         }
         hist.record(done.saturating_sub(intended).max(1))?;
+        if let Some(o) = &observer {
+            if let Some(start) = o.last_start(intended) {
+                starts.push((start as f64 - intended as f64) / 1e3);
+            }
+        }
     }
+    let totals = match (&observer, totals0) {
+        (Some(o), Some(t0)) => {
+            let t1 = o.totals();
+            [t1[0] - t0[0], t1[1] - t0[1], t1[2] - t0[2], t1[3] - t0[3]]
+        }
+        _ => [0; 4],
+    };
+    let start = crate::stats::summarize(&starts);
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
     waits.sort_by(|x, y| x.total_cmp(y));
     let late = crate::stats::summarize(&late);
@@ -287,7 +335,81 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
         slot_wait_us_p50: waits.get(waits.len() / 2).copied().unwrap_or(0.0),
         send_late_us_p50: late.p50,
         send_late_us_p99: late.p99,
+        server_start_us_p50: (start.n > 0).then_some(start.p50),
+        server_start_us_p99: (start.n > 0).then_some(start.p99),
+        observed: start.n as u64,
+        agent_announcements: totals[0],
+        agent_preheats: totals[1],
+        agent_preheats_completed: totals[2],
+        agent_late: totals[3],
     })
+}
+
+/// Reads the agents of the run dir.
+struct Observer {
+    dir: std::path::PathBuf,
+    port: u16,
+}
+
+impl Observer {
+    fn new(port: u16) -> Observer {
+        Observer {
+            dir: paths::run_dir(),
+            port,
+        }
+    }
+
+    fn statuses(&self) -> Vec<preheat_model::proto::Reply> {
+        agentctl::discover(&self.dir)
+            .into_iter()
+            .filter_map(|pid| {
+                agentctl::AgentClient::connect(&self.dir, pid)
+                    .ok()?
+                    .call(&preheat_model::proto::Request::Status)
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// The latest busy-period start for the port at or after `after_ns` − 1 ms, over all agents.
+    /// The agent records a period when it ends, so poll briefly.
+    fn last_start(&self, after_ns: u64) -> Option<u64> {
+        let t0 = std::time::Instant::now();
+        loop {
+            let best = self
+                .statuses()
+                .into_iter()
+                .filter_map(|r| match r {
+                    preheat_model::proto::Reply::Status { ports, .. } => ports
+                        .iter()
+                        .find(|p| p.port == self.port)
+                        .map(|p| p.last_start_ns),
+                    _ => None,
+                })
+                .max();
+            if let Some(b) = best.filter(|b| *b + 1_000_000 >= after_ns) {
+                return Some(b);
+            }
+            if t0.elapsed() > Duration::from_millis(20) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Summed agent counters: announcements, preheats, completed, late.
+    fn totals(&self) -> [u64; 4] {
+        let mut t = [0u64; 4];
+        for r in self.statuses() {
+            if let preheat_model::proto::Reply::Status { preheat, .. } = r {
+                t[0] += preheat.announcements;
+                t[1] += preheat.preheats;
+                t[2] += preheat.completed;
+                t[3] += preheat.late;
+            }
+        }
+        t
+    }
 }
 
 /// The local IPv4 address the kernel would use to reach `to`.
