@@ -38,7 +38,7 @@ if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuz
     || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
 fi
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
-  for t in decode_profile decode_announcement; do
+  for t in decode_profile decode_announcement decode_net; do
     echo "test.sh: fuzzing $t for 20 s"
     (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time=20 -rss_limit_mb=1024 >/tmp/preheat-fuzz-$t.log 2>&1) \
       || { echo "fuzz target $t failed:"; tail -30 /tmp/preheat-fuzz-$t.log; exit 1; }
