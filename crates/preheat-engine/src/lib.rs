@@ -12,7 +12,7 @@
 //! | [`sweep`] | an eviction sweep that emulates the cache loss of a deep sleep state |
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
-//! | [`os`] | thread pinning, scheduling class, tids |
+//! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
 //!
 //! # Hot-path functions
 //!
