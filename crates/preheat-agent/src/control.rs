@@ -184,6 +184,10 @@ impl Control {
         if !self.retired.is_empty() {
             return 100;
         }
+        // Look for a wake planner once a second (when asked to use one).
+        if self.next_reconnect.is_none() && runtime::config().is_some_and(|c| c.wake_planner) {
+            return 1000;
+        }
         match self.next_reconnect {
             Some(t) => t
                 .saturating_duration_since(Instant::now())
@@ -196,6 +200,9 @@ impl Control {
     /// Periodic work: drop retired plans nobody uses, reconnect broken replay connections.
     fn maintain(&mut self) {
         self.retired.retain(|p| Arc::strong_count(p) > 1);
+        if let Some(cfg) = runtime::config().filter(|c| c.wake_planner) {
+            crate::wakeplan::maintain(&cfg.run_dir);
+        }
         let due = match self.next_reconnect {
             Some(t) => Instant::now() >= t,
             None => true,

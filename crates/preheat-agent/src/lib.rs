@@ -51,6 +51,7 @@ pub mod runtime;
 pub mod stats;
 pub mod sys;
 pub mod track;
+pub mod wakeplan;
 pub mod worker;
 
 use preheat_model::proto;

@@ -49,6 +49,9 @@ pub struct Config {
     pub run_dir: PathBuf,
     pub profile: Option<String>,
     pub log: Option<PathBuf>,
+    /// `PREHEAT_WAKE_PLANNER=1`: the `wake` strategy asks a running wake planner for a window
+    /// instead of spinning (see [`crate::wakeplan`]; off by default: measured slower here).
+    pub wake_planner: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -313,6 +316,7 @@ fn init() {
         run_dir: crate::run_dir_from_env(),
         profile: env_nonempty("PREHEAT_PROFILE"),
         log: env_nonempty("PREHEAT_AGENT_LOG").map(PathBuf::from),
+        wake_planner: env_nonempty("PREHEAT_WAKE_PLANNER").is_some_and(|v| v != "0"),
     };
     let _ = CONFIG.set(cfg);
     std::panic::set_hook(Box::new(|info| {
@@ -511,6 +515,7 @@ fn atfork_child_inner() {
     STARTED_PID.store(0, Ordering::SeqCst);
     track::reset_after_fork();
     worker::reset_after_fork();
+    crate::wakeplan::reset_after_fork();
     STATS.reset();
     if let Err(e) = start(&[]) {
         log(&format!("agent not restarted after fork: {e}"));

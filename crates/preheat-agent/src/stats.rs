@@ -25,6 +25,8 @@ pub struct Stats {
     pub last_trigger_lead_ns: AtomicI64,
     /// Announcements the trigger thread handled itself, already on the serving CPU.
     pub local_handoffs: AtomicU64,
+    /// `wake` handled by asking the wake planner for a window instead of spinning.
+    pub wake_planned: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -55,6 +57,7 @@ impl Stats {
             last_lead_ns: AtomicI64::new(0),
             last_trigger_lead_ns: AtomicI64::new(0),
             local_handoffs: AtomicU64::new(0),
+            wake_planned: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -80,6 +83,7 @@ impl Stats {
             last_lead_ns: self.last_lead_ns.load(Relaxed),
             last_trigger_lead_ns: self.last_trigger_lead_ns.load(Relaxed),
             local_handoffs: self.local_handoffs.load(Relaxed),
+            wake_planned: self.wake_planned.load(Relaxed),
         }
     }
 
@@ -103,6 +107,7 @@ impl Stats {
             &self.profile_busy,
             &self.superseded,
             &self.local_handoffs,
+            &self.wake_planned,
         ] {
             c.store(0, Relaxed);
         }

@@ -314,7 +314,12 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool) {
     // Dropping our clone is never the last reference (see `plan`).
     drop(plan);
     if a.strategies.contains(Strategies::WAKE) {
-        wake(w, job, gen, start, polite);
+        let until = a.arrival_ns.saturating_add(WAKE_AFTER_ARRIVAL_NS);
+        if crate::wakeplan::request(sys::getpid(), os::current_cpu(), start, until) {
+            STATS.wake_planned.fetch_add(1, Ordering::Relaxed);
+        } else {
+            wake(w, job, gen, start, polite);
+        }
     }
 }
 

@@ -76,6 +76,8 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Load(load::LoadArgs),
     /// Run the central arbiter: allocate timeslots to senders, announce packets to receivers.
     Arbiter(arbiter::ArbiterArgs),
+    /// Anticipatory wakeups: the wake planner daemon and its clients (sleeping-cpus paper).
+    Wake(preheat_wake::WakeArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
@@ -260,6 +262,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Load(a) => load::run(a),
         Cmd::Arbiter(a) => arbiter::run(a),
+        Cmd::Wake(a) => preheat_wake::run(a),
     }
 }
 

@@ -300,6 +300,9 @@ pub struct PreheatStats {
     /// Announcements the trigger thread handled itself, already on the serving CPU.
     #[serde(default)]
     pub local_handoffs: u64,
+    /// `wake` requests handed to the wake planner (a PM QoS window) instead of a spin.
+    #[serde(default)]
+    pub wake_planned: u64,
 }
 
 /// Summary of a loaded profile class.
