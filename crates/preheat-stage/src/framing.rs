@@ -1,0 +1,994 @@
+//! Where one request ends and the next begins, for the two protocols the stage understands.
+//!
+//! The proxy forwards the client's byte stream unchanged and in order; framing only decides the
+//! *cut points*: a request is staged once it is complete, and each response that completes is a
+//! sample of the backend's response time. A framing mistake therefore never corrupts traffic: at
+//! worst a request is held until the next burst, or a timing sample is lost.
+//!
+//! * Requests are framed from a buffer ([`memcached_request`], [`http_request`]); the proxy
+//!   buffers whole requests anyway (bounded by [`Limits`]).
+//! * Responses are framed by a streaming [`ResponseTracker`] that never buffers more than one
+//!   line, so large values flow straight through.
+
+use std::fmt;
+
+/// Wire protocol spoken on the proxied connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// HTTP/1.1 (requests framed by headers, Content-Length or chunked bodies).
+    Http,
+    /// memcached text protocol (command lines, storage data blocks, meta commands).
+    Memcached,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Http => "http",
+            Protocol::Memcached => "memcached",
+        })
+    }
+}
+
+/// Size limits for buffered requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest memcached command line, HTTP chunk-size or trailer line (bytes, with newline).
+    pub max_line: usize,
+    /// Longest HTTP request head (request line + headers).
+    pub max_header: usize,
+    /// Largest whole request (line or head plus body/data block).
+    pub max_request: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_line: 64 * 1024,
+            max_header: 64 * 1024,
+            max_request: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// One complete request at the start of a buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFrame {
+    /// Bytes the request occupies.
+    pub len: usize,
+    /// Whether the backend answers it (memcached `noreply`, `quit` and quiet meta commands do
+    /// not).
+    pub expects_response: bool,
+    /// HTTP `HEAD`: the response carries no body.
+    pub head: bool,
+    /// After this request the stream is no longer framed (HTTP `Upgrade` or `CONNECT`).
+    pub opaque_after: bool,
+}
+
+impl RequestFrame {
+    fn simple(len: usize, expects_response: bool) -> RequestFrame {
+        RequestFrame {
+            len,
+            expects_response,
+            head: false,
+            opaque_after: false,
+        }
+    }
+}
+
+/// Why a request could not be framed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// Over a [`Limits`] bound (the client gets an error reply and the connection closes).
+    TooLarge(&'static str),
+    /// Not a valid request, or ambiguous framing a proxy must refuse (HTTP request smuggling).
+    Malformed(String),
+    /// A protocol variant the stage does not frame (memcached binary protocol): the connection
+    /// is forwarded unframed, in chunks as read, still staged.
+    Unsupported(&'static str),
+}
+
+impl fmt::Display for FrameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrameError::TooLarge(what) => write!(f, "{what} too large"),
+            FrameError::Malformed(why) => write!(f, "malformed request: {why}"),
+            FrameError::Unsupported(what) => write!(f, "{what} is not framed"),
+        }
+    }
+}
+
+/// Frames the first request in `buf` for `protocol`.
+pub fn request(
+    protocol: Protocol,
+    buf: &[u8],
+    limits: &Limits,
+) -> Result<Option<RequestFrame>, FrameError> {
+    match protocol {
+        Protocol::Http => http_request(buf, limits),
+        Protocol::Memcached => memcached_request(buf, limits),
+    }
+}
+
+fn find(buf: &[u8], byte: u8) -> Option<usize> {
+    buf.iter().position(|&b| b == byte)
+}
+
+fn trim_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|&b| b == b' ' || b == b'\t')
+        .filter(|t| !t.is_empty())
+}
+
+fn parse_dec(token: &[u8]) -> Option<u64> {
+    if token.is_empty() || token.len() > 19 || !token.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(token).ok()?.parse().ok()
+}
+
+fn parse_hex(token: &[u8]) -> Option<u64> {
+    if token.is_empty() || token.len() > 15 || !token.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(token).ok()?, 16).ok()
+}
+
+/// A request with a data block of `data` bytes after a line of `line_len` bytes.
+fn with_data(
+    buf: &[u8],
+    line_len: usize,
+    data: u64,
+    expects: bool,
+    limits: &Limits,
+) -> Result<Option<RequestFrame>, FrameError> {
+    let total = (line_len as u64).saturating_add(data).saturating_add(2);
+    if total > limits.max_request as u64 {
+        return Err(FrameError::TooLarge("request data block"));
+    }
+    let total = total as usize;
+    Ok((buf.len() >= total).then(|| RequestFrame::simple(total, expects)))
+}
+
+/// Frames one memcached text-protocol request: a command line, plus `<bytes>` + CRLF of data
+/// for storage commands (`set add replace append prepend cas`) and meta set (`ms`).
+///
+/// `noreply` (storage, `delete incr decr touch flush_all verbosity`), `quit` and meta commands
+/// with the `q` flag expect no response (for `q`, the usual case). A storage line whose
+/// `<bytes>` is not a number is a single line: the server answers it with an error and does
+/// not read a data block. The binary protocol (first byte 0x80) is [`FrameError::Unsupported`].
+pub fn memcached_request(buf: &[u8], limits: &Limits) -> Result<Option<RequestFrame>, FrameError> {
+    let Some(&first) = buf.first() else {
+        return Ok(None);
+    };
+    if first == 0x80 {
+        return Err(FrameError::Unsupported("memcached binary protocol"));
+    }
+    let Some(nl) = find(&buf[..buf.len().min(limits.max_line)], b'\n') else {
+        return if buf.len() >= limits.max_line {
+            Err(FrameError::TooLarge("command line"))
+        } else {
+            Ok(None)
+        };
+    };
+    let line_len = nl + 1;
+    let line = trim_cr(&buf[..nl]);
+    let mut toks = tokens(line);
+    let cmd = toks.next().unwrap_or(b"");
+    // At most 8 argument tokens matter here; `get` may carry thousands of keys.
+    let args: Vec<&[u8]> = toks.by_ref().take(8).collect();
+    let more = toks.next().is_some();
+    let last_is_noreply = !more && args.last().is_some_and(|t| *t == b"noreply");
+    let has_q_flag = |from: usize| args.iter().skip(from).any(|t| *t == b"q") || more;
+    match cmd {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend"
+            if args.len() == 4 || args.len() == 5 =>
+        {
+            match parse_dec(args[3]) {
+                Some(n) => with_data(buf, line_len, n, !last_is_noreply, limits),
+                None => Ok(Some(RequestFrame::simple(line_len, true))),
+            }
+        }
+        b"cas" if args.len() == 5 || args.len() == 6 => match parse_dec(args[3]) {
+            Some(n) => with_data(buf, line_len, n, !last_is_noreply, limits),
+            None => Ok(Some(RequestFrame::simple(line_len, true))),
+        },
+        b"ms" if args.len() >= 2 => match parse_dec(args[1]) {
+            Some(n) => with_data(buf, line_len, n, !has_q_flag(2), limits),
+            None => Ok(Some(RequestFrame::simple(line_len, true))),
+        },
+        b"mg" | b"md" | b"ma" | b"me" => Ok(Some(RequestFrame::simple(line_len, !has_q_flag(1)))),
+        b"delete" | b"incr" | b"decr" | b"touch" | b"flush_all" | b"verbosity" => {
+            Ok(Some(RequestFrame::simple(line_len, !last_is_noreply)))
+        }
+        b"quit" => Ok(Some(RequestFrame::simple(line_len, false))),
+        _ => Ok(Some(RequestFrame::simple(line_len, true))),
+    }
+}
+
+/// End of the HTTP head (index just past the empty line), accepting CRLF or bare LF.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(off) = find(&buf[i..], b'\n') {
+        let nl = i + off;
+        let rest = &buf[nl + 1..];
+        if rest.starts_with(b"\n") {
+            return Some(nl + 2);
+        }
+        if rest.starts_with(b"\r\n") {
+            return Some(nl + 3);
+        }
+        i = nl + 1;
+    }
+    None
+}
+
+fn malformed(why: impl Into<String>) -> FrameError {
+    FrameError::Malformed(why.into())
+}
+
+/// Frames one HTTP/1.x request: request line and headers, then a body by `Content-Length` or
+/// `Transfer-Encoding: chunked` (RFC 9112 §6). Requests a proxy must not guess about are
+/// [`FrameError::Malformed`]: both `Content-Length` and `Transfer-Encoding`, differing
+/// `Content-Length` values, a transfer coding other than final `chunked`, obsolete line folding,
+/// whitespace before a header colon. Empty lines before the request line belong to it.
+pub fn http_request(buf: &[u8], limits: &Limits) -> Result<Option<RequestFrame>, FrameError> {
+    let mut start = 0;
+    while buf[start..].starts_with(b"\r\n") || buf[start..].starts_with(b"\n") {
+        start += if buf[start] == b'\r' { 2 } else { 1 };
+    }
+    if start == buf.len() {
+        return Ok(None);
+    }
+    let window = &buf[start..buf.len().min(start + limits.max_header)];
+    let Some(head_len) = head_end(window) else {
+        return if window.len() >= limits.max_header {
+            Err(FrameError::TooLarge("request head"))
+        } else {
+            Ok(None)
+        };
+    };
+    let body_start = start + head_len;
+    let head = &buf[start..body_start];
+    let mut lines = head.split(|&b| b == b'\n').map(trim_cr);
+    let request_line = lines.next().unwrap_or(b"");
+    let parts: Vec<&[u8]> = request_line.split(|&b| b == b' ').collect();
+    if parts.len() != 3 || parts[0].is_empty() || parts[1].is_empty() {
+        return Err(malformed("request line is not METHOD TARGET VERSION"));
+    }
+    if !parts[0].iter().all(|b| b.is_ascii_graphic()) {
+        return Err(malformed("invalid method"));
+    }
+    if !parts[2].starts_with(b"HTTP/1.") || parts[2].len() != 8 {
+        return Err(malformed("not HTTP/1.x"));
+    }
+    let method = parts[0];
+    let mut content_length: Option<u64> = None;
+    let mut transfer_encoding: Option<Vec<u8>> = None;
+    let mut upgrade = false;
+    for line in lines {
+        if line.is_empty() {
+            break;
+        }
+        if line[0] == b' ' || line[0] == b'\t' {
+            return Err(malformed("obsolete header line folding"));
+        }
+        let Some(colon) = find(line, b':') else {
+            return Err(malformed("header line without colon"));
+        };
+        let name = &line[..colon];
+        if name.is_empty() || name.iter().any(|b| !b.is_ascii_graphic()) {
+            return Err(malformed("invalid header name"));
+        }
+        let value = line[colon + 1..].trim_ascii();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for v in value.split(|&b| b == b',') {
+                let n =
+                    parse_dec(v.trim_ascii()).ok_or_else(|| malformed("invalid Content-Length"))?;
+                if content_length.is_some_and(|c| c != n) {
+                    return Err(malformed("conflicting Content-Length values"));
+                }
+                content_length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            let te = transfer_encoding.get_or_insert_with(Vec::new);
+            if !te.is_empty() {
+                te.push(b',');
+            }
+            te.extend_from_slice(value);
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            upgrade = true;
+        }
+    }
+    let mut frame = RequestFrame {
+        len: 0,
+        expects_response: true,
+        head: method == b"HEAD",
+        opaque_after: upgrade || method == b"CONNECT",
+    };
+    if let Some(te) = transfer_encoding {
+        if content_length.is_some() {
+            return Err(malformed("both Content-Length and Transfer-Encoding"));
+        }
+        let last = te
+            .split(|&b| b == b',')
+            .map(|c| c.trim_ascii())
+            .rfind(|c| !c.is_empty())
+            .unwrap_or(b"");
+        if !last.eq_ignore_ascii_case(b"chunked") {
+            return Err(malformed("final transfer coding is not chunked"));
+        }
+        return match chunked_len(&buf[body_start..], limits)? {
+            Some(n) => {
+                if body_start + n > limits.max_request {
+                    return Err(FrameError::TooLarge("request"));
+                }
+                frame.len = body_start + n;
+                Ok(Some(frame))
+            }
+            None if buf.len() > limits.max_request => Err(FrameError::TooLarge("request")),
+            None => Ok(None),
+        };
+    }
+    let total = (body_start as u64).saturating_add(content_length.unwrap_or(0));
+    if total > limits.max_request as u64 {
+        return Err(FrameError::TooLarge("request"));
+    }
+    if (buf.len() as u64) < total {
+        return Ok(None);
+    }
+    frame.len = total as usize;
+    Ok(Some(frame))
+}
+
+/// Length of a complete chunked body (chunks, last chunk, trailers, final empty line).
+fn chunked_len(buf: &[u8], limits: &Limits) -> Result<Option<usize>, FrameError> {
+    let mut pos = 0;
+    loop {
+        let window = &buf[pos..buf.len().min(pos + limits.max_line)];
+        let Some(nl) = find(window, b'\n') else {
+            return if window.len() >= limits.max_line {
+                Err(FrameError::TooLarge("chunk line"))
+            } else {
+                Ok(None)
+            };
+        };
+        let line = trim_cr(&window[..nl]);
+        let size_text = line
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or(b"")
+            .trim_ascii();
+        let size = parse_hex(size_text).ok_or_else(|| malformed("invalid chunk size"))?;
+        pos += nl + 1;
+        if size == 0 {
+            // Trailer fields, then an empty line.
+            loop {
+                let window = &buf[pos..buf.len().min(pos + limits.max_line)];
+                let Some(nl) = find(window, b'\n') else {
+                    return if window.len() >= limits.max_line {
+                        Err(FrameError::TooLarge("trailer line"))
+                    } else {
+                        Ok(None)
+                    };
+                };
+                pos += nl + 1;
+                if trim_cr(&window[..nl]).is_empty() {
+                    return Ok(Some(pos));
+                }
+            }
+        }
+        let end = (pos as u64).saturating_add(size);
+        if end > limits.max_request as u64 {
+            return Err(FrameError::TooLarge("request"));
+        }
+        let end = end as usize;
+        if buf.len() < end + 1 {
+            return Ok(None);
+        }
+        if buf[end..].starts_with(b"\r\n") {
+            pos = end + 2;
+        } else if buf[end] == b'\n' {
+            pos = end + 1;
+        } else if buf[end] == b'\r' && buf.len() == end + 1 {
+            return Ok(None);
+        } else {
+            return Err(malformed("chunk data not followed by CRLF"));
+        }
+    }
+}
+
+/// Length of the first complete memcached response in `buf` (`VALUE` blocks up to `END`, `STAT`
+/// lines up to `END`, a meta `VA` block, or any other single line). Used by clients that need
+/// the response bytes (the benchmark); the proxy uses the streaming [`ResponseTracker`].
+pub fn memcached_response_len(buf: &[u8]) -> Result<Option<usize>, String> {
+    let mut tracker = ResponseTracker::new(Protocol::Memcached, usize::MAX);
+    let (used, event) = tracker.advance(buf, false);
+    match event {
+        Event::Complete => Ok(Some(used)),
+        Event::Lost(why) => Err(why),
+        _ => Ok(None),
+    }
+}
+
+/// What [`ResponseTracker::advance`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// All input consumed; the current response (if any) is not complete yet.
+    NeedMore,
+    /// A final response completed (answers the oldest outstanding request).
+    Complete,
+    /// An HTTP 1xx interim response completed (not the final answer).
+    Interim,
+    /// `101 Switching Protocols`: the response completed and the stream is no longer framed.
+    Opaque,
+    /// The stream cannot be framed any more (the proxy keeps forwarding, untimed).
+    Lost(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    /// memcached `VALUE` data: the response continues with more lines.
+    McContinue,
+    /// memcached meta `VA` data, or an HTTP Content-Length body: the response is complete.
+    Complete,
+    /// HTTP chunk data: a CRLF line follows.
+    ChunkEnd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpPhase {
+    Status,
+    Headers,
+    ChunkSize,
+    ChunkEnd,
+    Trailers,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Line,
+    Skip { left: u64, then: After },
+    UntilEof,
+    Opaque,
+}
+
+/// Streaming response framer: feed it the backend's bytes as they arrive; it reports each
+/// completed response without buffering more than one protocol line.
+#[derive(Debug, Clone)]
+pub struct ResponseTracker {
+    protocol: Protocol,
+    max_line: usize,
+    state: State,
+    line: Vec<u8>,
+    phase: HttpPhase,
+    status: u16,
+    content_length: Option<u64>,
+    chunked: bool,
+    /// Part of a response has been consumed but not its end.
+    in_response: bool,
+}
+
+impl ResponseTracker {
+    pub fn new(protocol: Protocol, max_line: usize) -> ResponseTracker {
+        ResponseTracker {
+            protocol,
+            max_line,
+            state: State::Line,
+            line: Vec::new(),
+            phase: HttpPhase::Status,
+            status: 0,
+            content_length: None,
+            chunked: false,
+            in_response: false,
+        }
+    }
+
+    /// Whether part of a response has been seen but not its end (a proxy-generated error
+    /// cannot be inserted into the stream now).
+    pub fn mid_response(&self) -> bool {
+        self.in_response
+    }
+
+    /// Whether the stream is no longer framed.
+    pub fn is_opaque(&self) -> bool {
+        matches!(self.state, State::Opaque | State::UntilEof)
+    }
+
+    /// Consumes bytes from `data` up to the end of the first response that completes in it.
+    /// `head` says whether the oldest outstanding request is an HTTP `HEAD` (its response has
+    /// no body). Returns the bytes consumed and what happened; call again with the rest.
+    pub fn advance(&mut self, data: &[u8], head: bool) -> (usize, Event) {
+        let mut i = 0;
+        while i < data.len() {
+            match self.state {
+                State::Opaque | State::UntilEof => {
+                    self.in_response = matches!(self.state, State::UntilEof);
+                    return (data.len(), Event::NeedMore);
+                }
+                State::Skip { left, then } => {
+                    let n = left.min((data.len() - i) as u64);
+                    i += n as usize;
+                    let left = left - n;
+                    if left > 0 {
+                        self.state = State::Skip { left, then };
+                        continue;
+                    }
+                    self.state = State::Line;
+                    match then {
+                        After::McContinue => {}
+                        After::ChunkEnd => self.phase = HttpPhase::ChunkEnd,
+                        After::Complete => {
+                            self.phase = HttpPhase::Status;
+                            self.in_response = false;
+                            return (i, Event::Complete);
+                        }
+                    }
+                }
+                State::Line => {
+                    self.in_response = true;
+                    let rest = &data[i..];
+                    let Some(nl) = find(rest, b'\n') else {
+                        self.line.extend_from_slice(rest);
+                        if self.line.len() > self.max_line {
+                            return self.lose(data.len(), "response line too long");
+                        }
+                        return (data.len(), Event::NeedMore);
+                    };
+                    self.line.extend_from_slice(&rest[..nl]);
+                    i += nl + 1;
+                    if self.line.len() > self.max_line {
+                        return self.lose(i, "response line too long");
+                    }
+                    let mut line = std::mem::take(&mut self.line);
+                    if line.last() == Some(&b'\r') {
+                        line.pop();
+                    }
+                    let event = match self.protocol {
+                        Protocol::Memcached => self.memcached_line(&line),
+                        Protocol::Http => self.http_line(&line, head),
+                    };
+                    line.clear();
+                    self.line = line;
+                    match event {
+                        Event::NeedMore => {}
+                        Event::Lost(_) => {
+                            self.state = State::Opaque;
+                            self.in_response = false;
+                            return (i, event);
+                        }
+                        other => {
+                            if !matches!(self.state, State::Opaque | State::UntilEof) {
+                                self.in_response = false;
+                            }
+                            return (i, other);
+                        }
+                    }
+                }
+            }
+        }
+        (i, Event::NeedMore)
+    }
+
+    fn lose(&mut self, consumed: usize, why: &str) -> (usize, Event) {
+        self.state = State::Opaque;
+        self.in_response = false;
+        (consumed, Event::Lost(why.to_string()))
+    }
+
+    /// The backend closed its side: completes a response delimited by the connection close
+    /// (HTTP without length). Returns whether one completed.
+    pub fn eof(&mut self) -> bool {
+        if self.state == State::UntilEof {
+            self.state = State::Opaque;
+            self.in_response = false;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn memcached_line(&mut self, line: &[u8]) -> Event {
+        let mut toks = tokens(line);
+        match toks.next().unwrap_or(b"") {
+            b"VALUE" => {
+                let bytes = toks.nth(2).and_then(parse_dec);
+                match bytes {
+                    Some(n) => {
+                        self.state = State::Skip {
+                            left: n + 2,
+                            then: After::McContinue,
+                        };
+                        Event::NeedMore
+                    }
+                    None => Event::Lost("VALUE line without a byte count".into()),
+                }
+            }
+            b"VA" => match toks.next().and_then(parse_dec) {
+                Some(n) => {
+                    self.state = State::Skip {
+                        left: n + 2,
+                        then: After::Complete,
+                    };
+                    Event::NeedMore
+                }
+                None => Event::Lost("VA line without a size".into()),
+            },
+            b"STAT" | b"ITEM" => Event::NeedMore,
+            _ => Event::Complete,
+        }
+    }
+
+    fn http_line(&mut self, line: &[u8], head: bool) -> Event {
+        match self.phase {
+            HttpPhase::Status => {
+                if line.is_empty() {
+                    return Event::NeedMore;
+                }
+                let mut parts = line.splitn(3, |&b| b == b' ');
+                let version = parts.next().unwrap_or(b"");
+                let code = parts.next().unwrap_or(b"");
+                if !version.starts_with(b"HTTP/1.") || code.len() != 3 {
+                    return Event::Lost("not an HTTP/1.x status line".into());
+                }
+                match parse_dec(code) {
+                    Some(c) if (100..1000).contains(&c) => self.status = c as u16,
+                    _ => return Event::Lost("invalid status code".into()),
+                }
+                self.content_length = None;
+                self.chunked = false;
+                self.phase = HttpPhase::Headers;
+                Event::NeedMore
+            }
+            HttpPhase::Headers => {
+                if !line.is_empty() {
+                    if let Some(colon) = find(line, b':') {
+                        let name = &line[..colon];
+                        let value = line[colon + 1..].trim_ascii();
+                        if name.eq_ignore_ascii_case(b"content-length") {
+                            let first = value.split(|&b| b == b',').next().unwrap_or(b"");
+                            match parse_dec(first.trim_ascii()) {
+                                Some(n) => self.content_length = Some(n),
+                                None => return Event::Lost("invalid Content-Length".into()),
+                            }
+                        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                            let last = value
+                                .split(|&b| b == b',')
+                                .map(|c| c.trim_ascii())
+                                .next_back()
+                                .unwrap_or(b"");
+                            self.chunked = last.eq_ignore_ascii_case(b"chunked");
+                        }
+                    }
+                    return Event::NeedMore;
+                }
+                self.phase = HttpPhase::Status;
+                let status = self.status;
+                if status == 101 {
+                    self.state = State::Opaque;
+                    return Event::Opaque;
+                }
+                if (100..200).contains(&status) {
+                    return Event::Interim;
+                }
+                if head || status == 204 || status == 304 {
+                    return Event::Complete;
+                }
+                if self.chunked {
+                    self.phase = HttpPhase::ChunkSize;
+                    return Event::NeedMore;
+                }
+                match self.content_length {
+                    Some(0) => Event::Complete,
+                    Some(n) => {
+                        self.state = State::Skip {
+                            left: n,
+                            then: After::Complete,
+                        };
+                        Event::NeedMore
+                    }
+                    None => {
+                        self.state = State::UntilEof;
+                        Event::NeedMore
+                    }
+                }
+            }
+            HttpPhase::ChunkSize => {
+                let size_text = line
+                    .split(|&b| b == b';')
+                    .next()
+                    .unwrap_or(b"")
+                    .trim_ascii();
+                match parse_hex(size_text) {
+                    Some(0) => {
+                        self.phase = HttpPhase::Trailers;
+                        Event::NeedMore
+                    }
+                    Some(n) => {
+                        self.state = State::Skip {
+                            left: n,
+                            then: After::ChunkEnd,
+                        };
+                        Event::NeedMore
+                    }
+                    None => Event::Lost("invalid chunk size in response".into()),
+                }
+            }
+            HttpPhase::ChunkEnd => {
+                if line.is_empty() {
+                    self.phase = HttpPhase::ChunkSize;
+                    Event::NeedMore
+                } else {
+                    Event::Lost("chunk data not followed by CRLF".into())
+                }
+            }
+            HttpPhase::Trailers => {
+                if line.is_empty() {
+                    self.phase = HttpPhase::Status;
+                    Event::Complete
+                } else {
+                    Event::NeedMore
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lim() -> Limits {
+        Limits::default()
+    }
+
+    fn mc(buf: &[u8]) -> Result<Option<RequestFrame>, FrameError> {
+        memcached_request(buf, &lim())
+    }
+
+    fn http(buf: &[u8]) -> Result<Option<RequestFrame>, FrameError> {
+        http_request(buf, &lim())
+    }
+
+    /// Splits a pipelined buffer into request lengths.
+    fn split(proto: Protocol, mut buf: &[u8]) -> Vec<(usize, bool)> {
+        let mut out = Vec::new();
+        while let Some(f) = request(proto, buf, &lim()).unwrap() {
+            out.push((f.len, f.expects_response));
+            buf = &buf[f.len..];
+        }
+        assert!(buf.is_empty(), "leftover {buf:?}");
+        out
+    }
+
+    #[test]
+    fn memcached_lines_and_data_blocks() {
+        assert_eq!(mc(b"").unwrap(), None);
+        assert_eq!(mc(b"get key:1").unwrap(), None);
+        assert_eq!(mc(b"get key:1\r\n").unwrap().unwrap().len, 11);
+        assert_eq!(mc(b"get a\n").unwrap().unwrap().len, 6);
+        // Data containing CRLF is counted, not searched.
+        let set = b"set k 0 0 5\r\na\r\nb\r\r\n";
+        assert_eq!(mc(&set[..set.len() - 1]).unwrap(), None);
+        let f = mc(set).unwrap().unwrap();
+        assert_eq!((f.len, f.expects_response), (set.len(), true));
+        let f = mc(b"set k 0 0 1 noreply\r\nx\r\n").unwrap().unwrap();
+        assert_eq!((f.len, f.expects_response), (24, false));
+        let f = mc(b"cas k 0 0 1 99\r\nx\r\n").unwrap().unwrap();
+        assert_eq!((f.len, f.expects_response), (19, true));
+        // Unparseable length: a single line the server rejects.
+        assert_eq!(mc(b"set k 0 0 x\r\nzz").unwrap().unwrap().len, 13);
+        assert!(
+            !mc(b"delete k noreply\r\n")
+                .unwrap()
+                .unwrap()
+                .expects_response
+        );
+        assert!(mc(b"delete k\r\n").unwrap().unwrap().expects_response);
+        assert!(!mc(b"quit\r\n").unwrap().unwrap().expects_response);
+        let f = mc(b"ms k 2 q T0\r\nab\r\n").unwrap().unwrap();
+        assert_eq!((f.len, f.expects_response), (17, false));
+        assert!(mc(b"mg k v\r\n").unwrap().unwrap().expects_response);
+        assert!(!mc(b"mg k v q\r\n").unwrap().unwrap().expects_response);
+        assert_eq!(
+            mc(&[0x80, 0, 0, 0]),
+            Err(FrameError::Unsupported("memcached binary protocol"))
+        );
+    }
+
+    #[test]
+    fn memcached_limits() {
+        let l = Limits {
+            max_line: 16,
+            max_header: 16,
+            max_request: 64,
+        };
+        assert_eq!(memcached_request(b"get 0123456789", &l).unwrap(), None);
+        assert!(memcached_request(b"get 0123456789abcdef", &l).is_err());
+        assert!(matches!(
+            memcached_request(b"set k 0 0 100\r\n", &l),
+            Err(FrameError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn memcached_pipeline_split_at_every_byte() {
+        let buf: &[u8] =
+            b"get a b c\r\nset k 1 2 3\r\nv\r\n\r\nget k\r\ndelete k noreply\r\nversion\r\n";
+        let whole = split(Protocol::Memcached, buf);
+        assert_eq!(
+            whole,
+            vec![(11, true), (18, true), (7, true), (18, false), (9, true)]
+        );
+        // Every prefix frames consistently with the whole.
+        for cut in 0..buf.len() {
+            let mut prefix = &buf[..cut];
+            let mut got = Vec::new();
+            while let Some(f) = mc(prefix).unwrap() {
+                got.push((f.len, f.expects_response));
+                prefix = &prefix[f.len..];
+            }
+            assert_eq!(got[..], whole[..got.len()], "cut {cut}");
+        }
+    }
+
+    #[test]
+    fn http_requests() {
+        let get = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(http(&get[..get.len() - 1]).unwrap(), None);
+        let f = http(get).unwrap().unwrap();
+        assert_eq!((f.len, f.head, f.opaque_after), (get.len(), false, false));
+        assert!(http(b"HEAD / HTTP/1.1\r\n\r\n").unwrap().unwrap().head);
+        let post = b"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
+        assert_eq!(http(&post[..post.len() - 1]).unwrap(), None);
+        assert_eq!(http(post).unwrap().unwrap().len, post.len());
+        let chunked = b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5;x=y\r\nhello\r\n0\r\nT: 1\r\n\r\n";
+        for cut in 0..chunked.len() {
+            assert_eq!(http(&chunked[..cut]).unwrap(), None, "cut {cut}");
+        }
+        assert_eq!(http(chunked).unwrap().unwrap().len, chunked.len());
+        assert_eq!(
+            http(b"\r\nGET / HTTP/1.0\n\n").unwrap().unwrap().len,
+            18,
+            "leading empty line and bare LF"
+        );
+        assert!(
+            http(b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\n\r\n")
+                .unwrap()
+                .unwrap()
+                .opaque_after
+        );
+        let pipelined = b"GET /1 HTTP/1.1\r\n\r\nPOST /2 HTTP/1.1\r\nContent-Length: 2\r\n\r\nokGET /3 HTTP/1.1\r\n\r\n";
+        assert_eq!(
+            split(Protocol::Http, pipelined),
+            vec![(19, true), (41, true), (19, true)]
+        );
+    }
+
+    #[test]
+    fn http_refuses_ambiguous_framing() {
+        for bad in [
+            &b"GET / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX: a\r\n b\r\n\r\n",
+            b"GET / HTTP/1.1\r\nX : a\r\n\r\n",
+            b"GET /\r\n\r\n",
+            b"GET / SPDY/3\r\n\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nabc",
+        ] {
+            assert!(
+                matches!(http(bad), Err(FrameError::Malformed(_))),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(
+            http(b"GET / HTTP/1.1\r\nContent-Length: 3, 3\r\n\r\nabc")
+                .unwrap()
+                .unwrap()
+                .len,
+            43
+        );
+        let l = Limits {
+            max_line: 64,
+            max_header: 32,
+            max_request: 100,
+        };
+        assert!(matches!(
+            http_request(&[b'a'; 40], &l),
+            Err(FrameError::TooLarge(_))
+        ));
+        assert!(matches!(
+            http_request(b"POST / HTTP/1.1\r\nContent-Length: 200\r\n\r\n", &l),
+            Err(FrameError::TooLarge(_))
+        ));
+    }
+
+    /// Feeds `data` in pieces of `step` bytes; returns the events (not NeedMore).
+    fn track(proto: Protocol, data: &[u8], step: usize, heads: &[bool]) -> Vec<Event> {
+        let mut t = ResponseTracker::new(proto, 1024);
+        let mut events = Vec::new();
+        for piece in data.chunks(step) {
+            let mut off = 0;
+            while off < piece.len() {
+                let done = events.iter().filter(|e| **e == Event::Complete).count();
+                let head = heads.get(done).copied().unwrap_or(false);
+                let (n, e) = t.advance(&piece[off..], head);
+                off += n;
+                if e != Event::NeedMore {
+                    events.push(e);
+                }
+            }
+        }
+        if t.eof() {
+            events.push(Event::Complete);
+        }
+        events
+    }
+
+    #[test]
+    fn memcached_responses() {
+        let data: &[u8] = b"VALUE a 0 3\r\nx\r\n\r\nVALUE b 1 1 7\r\ny\r\nEND\r\nEND\r\nSTORED\r\nSTAT pid 1\r\nSTAT x y\r\nEND\r\nVA 2 f\r\nok\r\nHD\r\nSERVER_ERROR out of memory\r\n";
+        for step in [1, 2, 3, 7, data.len()] {
+            assert_eq!(
+                track(Protocol::Memcached, data, step, &[]),
+                vec![Event::Complete; 7],
+                "step {step}"
+            );
+        }
+        assert_eq!(memcached_response_len(b"VALUE a 0 1\r\nx\r\nEN"), Ok(None));
+        assert_eq!(memcached_response_len(b"END\r\nEND\r\n"), Ok(Some(5)));
+        assert!(memcached_response_len(b"VALUE a 0 zz\r\n").is_err());
+    }
+
+    #[test]
+    fn http_responses() {
+        let data: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nHTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX: y\r\n\r\nHTTP/1.0 200 OK\r\n\r\nuntil close";
+        // Second response answers a HEAD: no body despite Content-Length.
+        let heads = [false, true];
+        for step in [1, 5, data.len()] {
+            assert_eq!(
+                track(Protocol::Http, data, step, &heads),
+                vec![
+                    Event::Interim,
+                    Event::Complete,
+                    Event::Complete,
+                    Event::Complete,
+                    Event::Complete,
+                    Event::Complete
+                ],
+                "step {step}"
+            );
+        }
+        assert_eq!(
+            track(
+                Protocol::Http,
+                b"HTTP/1.1 101 Switching Protocols\r\n\r\n\x81\x00",
+                4,
+                &[]
+            ),
+            vec![Event::Opaque]
+        );
+        assert!(matches!(
+            track(Protocol::Http, b"garbage\r\n", 100, &[])[0],
+            Event::Lost(_)
+        ));
+    }
+
+    #[test]
+    fn mid_response_tracking() {
+        let mut t = ResponseTracker::new(Protocol::Memcached, 1024);
+        assert!(!t.mid_response());
+        assert_eq!(t.advance(b"VALUE a 0 3\r\nx", false).1, Event::NeedMore);
+        assert!(t.mid_response());
+        assert_eq!(t.advance(b"yz\r\nEND\r\n", false).1, Event::Complete);
+        assert!(!t.mid_response());
+    }
+}
