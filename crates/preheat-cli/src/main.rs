@@ -78,6 +78,10 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Arbiter(arbiter::ArbiterArgs),
     /// Anticipatory wakeups: the wake planner daemon and its clients (sleeping-cpus paper).
     Wake(preheat_wake::WakeArgs),
+    /// CPU idle residency, modeled energy, and slack-enabled quiescence (cgroup freezer).
+    Power(preheat_power::PowerArgs),
+    /// Staged bursts: a proxy that buffers requests and releases them in bursts (sleeping-cpus paper).
+    Stage(preheat_stage::StageArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
@@ -231,8 +235,16 @@ struct AnnounceArgs {
 }
 
 fn main() {
-    launch::install_cleanup();
     let cli = Cli::parse();
+    // Commands that start servers get the stop-everything-on-SIGINT/SIGTERM handler; the
+    // daemons and proxies handle those signals themselves (restoring machine state, final
+    // counters) and must not be cut short by it.
+    if !matches!(
+        cli.cmd,
+        Cmd::Stage(_) | Cmd::Power(_) | Cmd::Wake(_) | Cmd::Arbiter(_)
+    ) {
+        launch::install_cleanup();
+    }
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
@@ -263,6 +275,8 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Load(a) => load::run(a),
         Cmd::Arbiter(a) => arbiter::run(a),
         Cmd::Wake(a) => preheat_wake::run(a),
+        Cmd::Power(a) => preheat_power::run(a),
+        Cmd::Stage(a) => preheat_stage::run(a),
     }
 }
 
