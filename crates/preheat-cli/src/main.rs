@@ -82,6 +82,8 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Power(preheat_power::PowerArgs),
     /// Staged bursts: a proxy that buffers requests and releases them in bursts (sleeping-cpus paper).
     Stage(preheat_stage::StageArgs),
+    /// Anticipatory I/O and kernel waits: predicted completions, block-then-spin (sleeping-cpus paper).
+    Io(preheat_predict::IoArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
@@ -277,6 +279,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Wake(a) => preheat_wake::run(a),
         Cmd::Power(a) => preheat_power::run(a),
         Cmd::Stage(a) => preheat_stage::run(a),
+        Cmd::Io(a) => preheat_predict::run(a),
     }
 }
 
