@@ -34,6 +34,7 @@
 //! (spin).
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod client;
 pub mod daemon;
 pub mod lead;
@@ -90,6 +91,8 @@ pub enum WakeCmd {
         #[arg(long, default_value = "cli")]
         requester: String,
     },
+    /// Measure wake latency of blocked threads vs idle gap, without and with planned windows.
+    Bench(crate::bench::BenchArgs),
     /// Keep CPUs awake from now for N ms (stays connected until the end).
     Hold {
         #[arg(long, value_parser = parse_cpus)]
@@ -155,6 +158,7 @@ pub fn run(args: WakeArgs) -> Result<()> {
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
     match args.cmd {
         WakeCmd::Serve(s) => serve(run_dir, s),
+        WakeCmd::Bench(b) => crate::bench::run(b),
         WakeCmd::Status { json } => {
             let st = WakeClient::connect(&run_dir)?.status()?;
             if json {

@@ -1,0 +1,342 @@
+//! `preheat wake bench`: how long a blocked thread takes to run after it is woken, against the
+//! idle gap before the wakeup, without and with a planned window (paper: anticipatory wakeups
+//! hide the exit latency of sleep states).
+//!
+//! A sleeper thread pinned to one CPU blocks in one of three ways — a futex, a blocking socket
+//! read (what an event loop does), a timed sleep — and a waker pinned to another CPU wakes it
+//! after `gap` (futex wake / datagram; the sleep wakes by its timer). Latency = the sleeper's
+//! first timestamp − the wake instant (for the timed sleep: − its due time). With a mechanism,
+//! an in-process planner daemon is asked, when the gap starts, for a window around the wake
+//! instant; it arms the CPU its own lead ahead. Rounds interleave gaps and waiters in shuffled
+//! order; each mechanism is a block of its own (one planner owns PM QoS at a time), repeated.
+
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use preheat_engine::{os, time::now_ns};
+use serde::Serialize;
+
+use crate::daemon::{Config, Daemon};
+use crate::mech::MechChoice;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Idle gaps before the wakeup, µs.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000,10000")]
+    pub gaps_us: Vec<u64>,
+    /// Measurements per (mechanism, gap, waiter).
+    #[arg(long, default_value_t = 60)]
+    pub rounds: usize,
+    /// Mechanisms: none, and planner windows via pmqos, dma or spin (unavailable ones are
+    /// skipped with the reason).
+    #[arg(long, value_delimiter = ',', default_value = "none,pmqos,dma,spin")]
+    pub mechs: Vec<String>,
+    /// CPU of the sleeping thread.
+    #[arg(long, default_value_t = 1)]
+    pub sleeper_cpu: usize,
+    /// CPU of the waker.
+    #[arg(long, default_value_t = 0)]
+    pub waker_cpu: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Waiter {
+    Futex,
+    Socket,
+    Sleep,
+}
+
+const WAITERS: [Waiter; 3] = [Waiter::Futex, Waiter::Socket, Waiter::Sleep];
+
+#[derive(Debug, Serialize)]
+pub struct Cell {
+    pub label: &'static str,
+    pub mech: String,
+    pub waiter: String,
+    pub gap_us: u64,
+    pub n: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub mean_us: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    pub label: &'static str,
+    pub sleeper_cpu: usize,
+    pub waker_cpu: usize,
+    pub cells: Vec<Cell>,
+    pub skipped: Vec<String>,
+}
+
+/// A private run dir for the bench's own planner, removed on drop.
+struct BenchDir(std::path::PathBuf);
+
+impl BenchDir {
+    fn new(tag: &str) -> Result<BenchDir> {
+        let p =
+            std::env::temp_dir().join(format!("preheat-wake-bench-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
+        Ok(BenchDir(p))
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for BenchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The sleeper's side of one measurement.
+struct Shared {
+    /// Round number the sleeper should run next (futex word it waits for as a "go").
+    go: AtomicU32,
+    /// Futex word of the futex waiter.
+    word: AtomicU32,
+    kind: AtomicU32,
+    due_ns: AtomicU64,
+    /// Sleeper's timestamp after waking, and round done.
+    woke_ns: AtomicU64,
+    done: AtomicU32,
+}
+
+fn sleeper(sh: Arc<Shared>, sock: UnixDatagram, cpu: usize) {
+    let _ = os::pin_current_thread(cpu);
+    let _ = os::set_timer_slack_ns(1);
+    let mut last = 0u32;
+    let mut buf = [0u8; 8];
+    loop {
+        let g = sh.go.load(Ordering::Acquire);
+        if g == last {
+            os::futex_wait(&sh.go, g, None);
+            continue;
+        }
+        last = g;
+        if g == u32::MAX {
+            return;
+        }
+        match sh.kind.load(Ordering::Relaxed) {
+            0 => {
+                while sh.word.load(Ordering::Acquire) == 0 {
+                    os::futex_wait(&sh.word, 0, None);
+                }
+            }
+            1 => {
+                let _ = sock.recv(&mut buf);
+            }
+            _ => {
+                let due = sh.due_ns.load(Ordering::Relaxed);
+                let now = now_ns();
+                if due > now {
+                    std::thread::sleep(Duration::from_nanos(due - now));
+                }
+            }
+        }
+        sh.woke_ns.store(now_ns(), Ordering::Release);
+        sh.done.store(g, Ordering::Release);
+    }
+}
+
+fn pct(v: &mut [f64], q: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if os::online_cpus() < 2 {
+        bail!("the wake bench needs two CPUs (sleeper and waker)");
+    }
+    let report = bench(&a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "wake latency of a blocked thread on CPU {} woken from CPU {} [measured; p50 / p99 µs]",
+        report.sleeper_cpu, report.waker_cpu
+    );
+    for c in &report.cells {
+        println!(
+            "  {:<6} {:<6} gap {:>6} µs: {:>7.1} / {:>7.1}  (n={})",
+            c.mech, c.waiter, c.gap_us, c.p50_us, c.p99_us, c.n
+        );
+    }
+    for s in &report.skipped {
+        println!("  skipped: {s}");
+    }
+    Ok(())
+}
+
+pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
+    let (tx, rx) = UnixDatagram::pair().context("socket pair")?;
+    let sh = Arc::new(Shared {
+        go: AtomicU32::new(0),
+        word: AtomicU32::new(0),
+        kind: AtomicU32::new(0),
+        due_ns: AtomicU64::new(0),
+        woke_ns: AtomicU64::new(0),
+        done: AtomicU32::new(0),
+    });
+    let sh2 = sh.clone();
+    let cpu = a.sleeper_cpu;
+    let th = std::thread::spawn(move || sleeper(sh2, rx, cpu));
+    let saved = os::get_affinity();
+    let _ = os::pin_current_thread(a.waker_cpu);
+    let mut cells = Vec::new();
+    let mut skipped = Vec::new();
+    let mut round = 0u32;
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for mech in &a.mechs {
+        let choice = match mech.as_str() {
+            "none" => None,
+            "pmqos" => Some(MechChoice::PmQos),
+            "dma" => Some(MechChoice::Dma),
+            "spin" => Some(MechChoice::Spin),
+            other => bail!("unknown mechanism {other} (none, pmqos, dma, spin)"),
+        };
+        let tmp = BenchDir::new(mech)?;
+        let daemon = match choice {
+            None => None,
+            Some(c) => {
+                let mut cfg = Config::new(tmp.path().join("run"));
+                cfg.mech = c;
+                match Daemon::start(cfg) {
+                    Ok(d) => {
+                        let mechs = d.startup_report().join("; ");
+                        let want = mech.as_str();
+                        if !mechs.contains(&format!("cpu{} {want}", a.sleeper_cpu)) {
+                            skipped.push(format!("{mech}: the planner chose otherwise ({mechs})"));
+                            d.shutdown();
+                            continue;
+                        }
+                        Some(d)
+                    }
+                    Err(e) => {
+                        skipped.push(format!("{mech}: {e}"));
+                        continue;
+                    }
+                }
+            }
+        };
+        let mut client = match &daemon {
+            Some(_) => Some(
+                crate::client::WakeClient::connect(&tmp.path().join("run"))
+                    .map_err(|e| anyhow::anyhow!("connecting to the bench planner: {e}"))?,
+            ),
+            None => None,
+        };
+        let mut samples: std::collections::BTreeMap<(u64, usize), Vec<f64>> = Default::default();
+        let mut plan: Vec<(u64, usize)> = Vec::new();
+        for _ in 0..a.rounds {
+            for &g in &a.gaps_us {
+                for w in 0..WAITERS.len() {
+                    plan.push((g, w));
+                }
+            }
+        }
+        // Fisher–Yates with a tiny xorshift: interleave gaps and waiters.
+        for i in (1..plan.len()).rev() {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            plan.swap(i, (rng % (i as u64 + 1)) as usize);
+        }
+        for (gap_us, w) in plan {
+            round = round.wrapping_add(1).max(1);
+            sh.word.store(0, Ordering::Release);
+            sh.kind.store(w as u32, Ordering::Relaxed);
+            let start = now_ns();
+            let due = start + gap_us * 1000;
+            sh.due_ns.store(due, Ordering::Relaxed);
+            sh.go.store(round, Ordering::Release);
+            os::futex_wake(&sh.go, 1);
+            if let Some(c) = client.as_mut() {
+                // A window from a little before the wake instant until well after it.
+                let lead = 30_000u64.min(gap_us * 1000 / 2);
+                let _ = c.request_in(
+                    "bench",
+                    &[a.sleeper_cpu as u32],
+                    due - lead - now_ns().min(due - lead),
+                    lead + 300_000,
+                );
+            }
+            // Wait (spin at the end) until the wake instant.
+            loop {
+                let now = now_ns();
+                if now >= due {
+                    break;
+                }
+                if due - now > 300_000 {
+                    std::thread::sleep(Duration::from_nanos(due - now - 250_000));
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            let t0 = now_ns();
+            match WAITERS[w] {
+                Waiter::Futex => {
+                    sh.word.store(1, Ordering::Release);
+                    os::futex_wake(&sh.word, 1);
+                }
+                Waiter::Socket => {
+                    let _ = tx.send(&[1]);
+                }
+                Waiter::Sleep => {}
+            }
+            let t_wait = now_ns();
+            while sh.done.load(Ordering::Acquire) != round {
+                if now_ns() - t_wait > 1_000_000_000 {
+                    bail!("the sleeper did not wake within 1 s");
+                }
+                std::hint::spin_loop();
+            }
+            let woke = sh.woke_ns.load(Ordering::Acquire);
+            let base = if WAITERS[w] == Waiter::Sleep { due } else { t0 };
+            samples
+                .entry((gap_us, w))
+                .or_default()
+                .push(woke.saturating_sub(base) as f64 / 1e3);
+            // Let the window end before the next round starts.
+            std::thread::sleep(Duration::from_micros(400));
+        }
+        drop(client);
+        if let Some(d) = daemon {
+            d.shutdown();
+        }
+        for ((gap_us, w), mut v) in samples {
+            let mean = v.iter().sum::<f64>() / v.len() as f64;
+            cells.push(Cell {
+                label: "measured",
+                mech: mech.clone(),
+                waiter: format!("{:?}", WAITERS[w]).to_lowercase(),
+                gap_us,
+                n: v.len(),
+                p50_us: pct(&mut v, 0.5),
+                p99_us: pct(&mut v, 0.99),
+                mean_us: mean,
+            });
+        }
+    }
+    sh.go.store(u32::MAX, Ordering::Release);
+    os::futex_wake(&sh.go, 1);
+    let _ = tx.send(&[0]);
+    let _ = th.join();
+    let _ = os::set_affinity(&saved);
+    Ok(BenchReport {
+        label: "measured",
+        sleeper_cpu: a.sleeper_cpu,
+        waker_cpu: a.waker_cpu,
+        cells,
+        skipped,
+    })
+}
