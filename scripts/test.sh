@@ -37,6 +37,13 @@ if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuz
   cargo install cargo-fuzz --locked --quiet >/tmp/preheat-cargo-fuzz-install.log 2>&1 \
     || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
 fi
+echo "test.sh: the Python lab package (experiments, plots, reports)"
+python3 -c "import matplotlib, pandas, pytest" 2>/dev/null \
+  || python3 -m pip install -q matplotlib pandas pytest >/dev/null 2>&1 \
+  || echo "test.sh: could not install matplotlib/pandas/pytest"
+# The lab drives the release CLI when it exists, else the debug one built above.
+(cd python && python3 -m pytest -q) || exit 1
+
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
   for t in decode_profile decode_announcement decode_net; do
     echo "test.sh: fuzzing $t for 20 s"

@@ -1,0 +1,50 @@
+"""Running the `preheat` CLI and reading its JSON output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ToolError(RuntimeError):
+    """The CLI failed; the message carries its stderr."""
+
+
+def preheat_bin() -> str:
+    """The `preheat` binary: $PREHEAT_BIN, else target/release, else target/debug, else PATH."""
+    env = os.environ.get("PREHEAT_BIN")
+    if env:
+        return env
+    for profile in ("release", "debug"):
+        p = REPO / "target" / profile / "preheat"
+        if p.exists():
+            return str(p)
+    found = shutil.which("preheat")
+    if found:
+        return found
+    raise ToolError(
+        "cannot find the preheat binary: build it (cargo build --release) or set PREHEAT_BIN"
+    )
+
+
+def run_json(args: Sequence[str], timeout: float = 900) -> Any:
+    """Run `preheat ARGS --json` and return the parsed JSON."""
+    cmd = [preheat_bin(), *args]
+    if "--json" not in cmd:
+        cmd.append("--json")
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ToolError(f"{' '.join(cmd)} timed out after {timeout} s") from e
+    if p.returncode != 0:
+        raise ToolError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr.strip()}")
+    try:
+        return json.loads(p.stdout)
+    except json.JSONDecodeError as e:
+        raise ToolError(f"{' '.join(cmd)} printed no JSON:\n{p.stdout[:500]}") from e
