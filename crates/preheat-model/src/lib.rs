@@ -14,6 +14,7 @@
 //! * [`profile`] and [`format`]: the versioned, checksummed `.phws` file.
 //! * [`resolve`]: turning a profile back into absolute, prioritised runs for a live process.
 //! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
+//! * [`stats`]: order statistics with confidence intervals, shared by every report.
 //!
 //! Invariants: no I/O, no `unsafe`, no global state. Everything here is deterministic and can be
 //! property-tested and fuzzed.
@@ -25,6 +26,7 @@ pub mod profile;
 pub mod proto;
 pub mod region;
 pub mod resolve;
+pub mod stats;
 pub mod varint;
 pub mod ws;
 

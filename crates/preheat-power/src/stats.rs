@@ -1,5 +1,6 @@
 //! Order statistics with distribution-free 95% confidence intervals (binomial distribution of
-//! order statistics, normal approximation) — the same method as the CLI's latency tables.
+//! order statistics, normal approximation), computed by [`preheat_model::stats`]; this module adds
+//! the label and unit its reports carry.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,24 +23,10 @@ pub struct Summary {
     pub max: f64,
 }
 
-fn quantile_ci(sorted: &[f64], q: f64) -> (f64, f64, f64) {
-    let n = sorted.len();
-    let nf = n as f64;
-    let at = |r: f64| sorted[(r.round().max(1.0) as usize).min(n) - 1];
-    let center = at((nf * q).ceil());
-    let half = 1.96 * (nf * q * (1.0 - q)).sqrt();
-    (
-        center,
-        at((nf * q - half).floor()),
-        at((nf * q + half).ceil() + 1.0),
-    )
-}
-
 /// Summarise `values` (non-finite values are dropped). An empty sample gives `n = 0` and zeros.
 pub fn summarize(values: &[f64], unit: &str, label: Label) -> Summary {
-    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
+    let q = preheat_model::stats::summarize(values);
+    if q.n == 0 {
         return Summary {
             label,
             unit: unit.into(),
@@ -53,19 +40,17 @@ pub fn summarize(values: &[f64], unit: &str, label: Label) -> Summary {
             max: 0.0,
         };
     }
-    let (p50, p50_lo, p50_hi) = quantile_ci(&v, 0.5);
-    let (p99, p99_lo, p99_hi) = quantile_ci(&v, 0.99);
     Summary {
         label,
         unit: unit.into(),
-        n: v.len(),
-        mean: v.iter().sum::<f64>() / v.len() as f64,
-        p50,
-        p50_ci: [p50_lo, p50_hi],
-        p99,
-        p99_ci: [p99_lo, p99_hi],
-        min: v[0],
-        max: v[v.len() - 1],
+        n: q.n,
+        mean: q.mean,
+        p50: q.p50,
+        p50_ci: [q.p50_lo, q.p50_hi],
+        p99: q.p99,
+        p99_ci: [q.p99_lo, q.p99_hi],
+        min: q.min,
+        max: q.max,
     }
 }
 
