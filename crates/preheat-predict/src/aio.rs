@@ -348,6 +348,10 @@ pub enum Policy {
     Default,
     Awake,
     Anticipatory,
+    /// Block until completion, but ask the wake planner (crate preheat-wake) for a window on
+    /// the requester's CPU from the predicted completion minus the margin: the CPU stays out of
+    /// deep idle then, so the completion wakes the requester quickly without it spinning.
+    Window,
 }
 
 impl Policy {
@@ -356,6 +360,7 @@ impl Policy {
             Policy::Default => "default",
             Policy::Awake => "awake",
             Policy::Anticipatory => "anticipatory",
+            Policy::Window => "window",
         }
     }
 }
@@ -372,6 +377,9 @@ pub enum Feedback {
     /// exact; a late wake-up only backs the margin off.
     Device,
 }
+
+/// Length of a [`Policy::Window`] planner window (from the predicted completion minus margin).
+pub const WINDOW_NS: u64 = 300_000;
 
 /// Configuration of an [`AnticipatoryReader`].
 #[derive(Clone, Copy, Debug)]
@@ -443,9 +451,18 @@ pub struct AnticipatoryReader {
     label: Label,
     capacity: u64,
     describe: String,
+    /// For [`Policy::Window`]: the planner connection and the requester's CPU.
+    window: Option<(preheat_wake::client::WakeClient, u32)>,
+    /// Window requests the planner refused or that failed.
+    pub window_errors: u64,
 }
 
 impl AnticipatoryReader {
+    /// Use `client` (a wake planner) for [`Policy::Window`], asking for windows on `cpu`.
+    pub fn set_window_client(&mut self, client: preheat_wake::client::WakeClient, cpu: u32) {
+        self.window = Some((client, cpu));
+    }
+
     /// Start the helper thread that owns `device`.
     pub fn new(device: Box<dyn Device>, cfg: ReaderConfig) -> io::Result<Self> {
         let shared = Arc::new(Shared {
@@ -470,6 +487,8 @@ impl AnticipatoryReader {
             label,
             capacity,
             describe,
+            window: None,
+            window_errors: 0,
         })
     }
 
@@ -504,7 +523,7 @@ impl AnticipatoryReader {
         // Planned before submitting: with a co-located helper, work done after submitting
         // would delay the start of the read.
         let planned = match self.cfg.policy {
-            Policy::Anticipatory => self
+            Policy::Anticipatory | Policy::Window => self
                 .predictor
                 .wake_delay_ns(kind, len as u64)
                 .map(|d| d as u64),
@@ -530,6 +549,24 @@ impl AnticipatoryReader {
             (Policy::Awake, _) => (WaitPolicy::Spin, false),
             (Policy::Anticipatory, Some(d)) => (WaitPolicy::BlockUntil(submit + d), false),
             (Policy::Anticipatory, None) => (WaitPolicy::Spin, true),
+            (Policy::Window, planned) => {
+                match (planned, self.window.as_mut()) {
+                    (Some(d), Some((client, cpu))) => {
+                        let req = preheat_wake::WakeRequest {
+                            requester: "preheat-io".into(),
+                            cpus: vec![*cpu],
+                            start_ns: submit + d,
+                            duration_ns: WINDOW_NS,
+                        };
+                        if client.request(&req).is_err() {
+                            self.window_errors += 1;
+                        }
+                    }
+                    (Some(_), None) => self.window_errors += 1,
+                    (None, _) => {}
+                }
+                (WaitPolicy::Block, planned.is_none())
+            }
         };
         let o = wait::wait(c, policy, submit);
         if o.abandoned {
@@ -550,7 +587,12 @@ impl AnticipatoryReader {
             Feedback::Requester => latency as f64,
             Feedback::Device => device as f64,
         };
-        let obs = if o.censored && self.cfg.feedback == Feedback::Requester {
+        // `window` always blocks until the completion: learn from the device's completion time.
+        let obs = if self.cfg.policy == Policy::Window {
+            Observation::Exact {
+                latency_ns: device as f64,
+            }
+        } else if o.censored && self.cfg.feedback == Feedback::Requester {
             Observation::Censored {
                 upper_bound_ns: o.resumed_ns.saturating_sub(submit) as f64,
             }

@@ -230,6 +230,19 @@ pub fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
         .map_err(|_| anyhow::anyhow!("requester thread panicked"))?
 }
 
+/// Shuts the bench's own wake planner down (restoring every setting it changed) and removes
+/// its run dir, on every exit path.
+struct PlannerGuard(Option<preheat_wake::daemon::Daemon>, std::path::PathBuf);
+
+impl Drop for PlannerGuard {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            d.shutdown();
+        }
+        let _ = std::fs::remove_dir_all(&self.1);
+    }
+}
+
 fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
     let t0 = Instant::now();
     let loadavg_before = loadavg();
@@ -257,6 +270,18 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
     }
     let slots = (device_bytes - max_len) / ALIGN as u64 + 1;
     let mut cells = Vec::new();
+    // `window` needs a wake planner: our own, in-process, for the run (it restores whatever it
+    // changes when dropped; unprivileged it only spins).
+    let planner = if cfg.policies.contains(&Policy::Window) {
+        let dir = std::env::temp_dir().join(format!("preheat-io-planner-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let d = preheat_wake::daemon::Daemon::start(preheat_wake::daemon::Config::new(&dir))
+            .context("starting the wake planner for the window policy")?;
+        Some((PlannerGuard(Some(d), dir.clone()), dir))
+    } else {
+        None
+    };
+    let my_cpu = preheat_engine::os::current_cpu();
     for (gi, &gap) in cfg.gaps_us.iter().enumerate() {
         let mut readers = Vec::new();
         for (pi, &policy) in cfg.policies.iter().enumerate() {
@@ -271,6 +296,13 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
                     min_spin_ns: cfg.min_spin_ns,
                 },
             )?);
+            if let (Policy::Window, Some((_, dir))) = (policy, planner.as_ref()) {
+                let client = preheat_wake::client::WakeClient::connect(dir)
+                    .map_err(|e| anyhow::anyhow!("connecting to the wake planner: {e}"))?;
+                if let Some(r) = readers.last_mut() {
+                    r.set_window_client(client, my_cpu);
+                }
+            }
         }
         let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_mul(0x9E37_79B9) ^ gap);
         let mut recs: Vec<Vec<ReadRecord>> = vec![Vec::with_capacity(cfg.requests); readers.len()];
