@@ -558,7 +558,7 @@ impl AnticipatoryReader {
                             start_ns: submit + d,
                             duration_ns: WINDOW_NS,
                         };
-                        if client.request(&req).is_err() {
+                        if client.request_nowait(&req).is_err() {
                             self.window_errors += 1;
                         }
                     }
@@ -587,6 +587,13 @@ impl AnticipatoryReader {
             Feedback::Requester => latency as f64,
             Feedback::Device => device as f64,
         };
+        // Replies of the planner, read now that the request is served (off the timed path).
+        if let Some((client, _)) = self.window.as_mut() {
+            match client.collect_replies() {
+                Ok(refused) => self.window_errors += refused as u64,
+                Err(_) => self.window_errors += 1,
+            }
+        }
         // `window` always blocks until the completion: learn from the device's completion time.
         let obs = if self.cfg.policy == Policy::Window {
             Observation::Exact {

@@ -39,6 +39,8 @@ pub enum ClientError {
 pub struct WakeClient {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    /// Replies to [`WakeClient::request_nowait`] not read yet.
+    unanswered: usize,
 }
 
 impl WakeClient {
@@ -64,6 +66,7 @@ impl WakeClient {
         Ok(WakeClient {
             reader: BufReader::new(s.try_clone()?),
             writer: s,
+            unanswered: 0,
         })
     }
 
@@ -71,7 +74,40 @@ impl WakeClient {
         self.writer.set_read_timeout(t)
     }
 
+    /// Ask for a window without waiting for the reply (for callers on a latency-critical path:
+    /// the round trip to the daemon costs tens of µs here). Returns how many earlier replies
+    /// were refusals; call [`WakeClient::collect_replies`] off the critical path.
+    pub fn request_nowait(&mut self, req: &WakeRequest) -> Result<(), ClientError> {
+        let mut line = serde_json::to_string(&serde_json::json!({
+            "requester": req.requester,
+            "cpus": req.cpus,
+            "start_ns": req.start_ns,
+            "duration_ns": req.duration_ns,
+        }))
+        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        line.push('\n');
+        self.writer.write_all(line.as_bytes())?;
+        self.unanswered += 1;
+        Ok(())
+    }
+
+    /// Read the replies of earlier [`WakeClient::request_nowait`] calls; returns how many were
+    /// refusals.
+    pub fn collect_replies(&mut self) -> Result<usize, ClientError> {
+        let mut refused = 0;
+        while self.unanswered > 0 {
+            self.unanswered -= 1;
+            match self.call_raw_reply() {
+                Ok(_) => {}
+                Err(ClientError::Rejected(_)) => refused += 1,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(refused)
+    }
+
     fn call(&mut self, msg: &serde_json::Value) -> Result<serde_json::Value, ClientError> {
+        self.collect_replies()?;
         let mut line =
             serde_json::to_string(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push('\n');
