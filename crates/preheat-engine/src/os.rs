@@ -193,6 +193,57 @@ pub fn futex_wake(word: &AtomicU32, count: i32) {
     }
 }
 
+/// A minimal epoll instance (for benchmarks that wait the way event-loop servers do).
+pub struct Epoll {
+    fd: i32,
+}
+
+impl Epoll {
+    /// `epoll_create1(EPOLL_CLOEXEC)`.
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: no pointers; returns a new fd or -1.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Epoll { fd })
+    }
+
+    /// Watch `fd` for input (level-triggered).
+    pub fn add_readable(&self, fd: i32) -> io::Result<()> {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: `ev` is a valid epoll_event on our stack for the duration of the call.
+        let r = unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Block in `epoll_wait` until a watched fd is readable (or `timeout_ms` passes; -1: no
+    /// timeout). Returns the number of ready fds.
+    pub fn wait(&self, timeout_ms: i32) -> io::Result<usize> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; 4];
+        // SAFETY: `evs` is a valid writable array of 4 events; we pass its length.
+        let n =
+            unsafe { libc::epoll_wait(self.fd, evs.as_mut_ptr(), evs.len() as i32, timeout_ms) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        // SAFETY: we own `fd` and close it exactly once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

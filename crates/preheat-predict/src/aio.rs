@@ -716,6 +716,7 @@ mod tests {
                     Policy::Awake => assert!(!rec.censored && !rec.blocked),
                     // Bootstrap spins, and spinning never yields censored samples.
                     Policy::Anticipatory => assert_eq!(rec.bootstrap, i < 4),
+                    Policy::Window => assert!(rec.blocked || rec.censored),
                 }
             }
         }

@@ -126,6 +126,25 @@ fn bench_on_emulated_device_fills_every_field() {
 }
 
 #[test]
+fn window_policy_runs_through_its_own_planner() {
+    // The window policy starts an in-process wake planner for the run (unprivileged it only
+    // spins; as root it holds PM QoS and restores it) and must serve every read correctly.
+    let cfg = BenchConfig {
+        device: DeviceSpec::Emulated,
+        gaps_us: vec![200],
+        requests: 24,
+        warmup: 8,
+        policies: vec![Policy::Default, Policy::Window],
+        ..Default::default()
+    };
+    let r = run_bench(&cfg).unwrap();
+    let v = serde_json::to_value(&r).unwrap();
+    check_bench_json(&v, "emulated", 2, 1, 24);
+    let cells = v["cells"].as_array().unwrap();
+    assert!(cells.iter().any(|c| c["policy"] == "window"));
+}
+
+#[test]
 fn bench_on_small_real_file_fills_every_field() {
     let dir = tmpdir().join("preheat-predict-bench");
     std::fs::create_dir_all(&dir).unwrap();

@@ -2,8 +2,9 @@
 //! idle gap before the wakeup, without and with a planned window (paper: anticipatory wakeups
 //! hide the exit latency of sleep states).
 //!
-//! A sleeper thread pinned to one CPU blocks in one of three ways — a futex, a blocking socket
-//! read (what an event loop does), a timed sleep — and a waker pinned to another CPU wakes it
+//! A sleeper thread pinned to one CPU blocks in one of four ways — a futex, a blocking socket
+//! read, `epoll_wait` on that socket (what an event-loop server does), a timed sleep — and a
+//! waker pinned to another CPU wakes it
 //! after `gap` (futex wake / datagram; the sleep wakes by its timer). Latency = the sleeper's
 //! first timestamp − the wake instant (for the timed sleep: − its due time). With a mechanism,
 //! an in-process planner daemon is asked, when the gap starts, for a window around the wake
@@ -50,10 +51,11 @@ pub struct BenchArgs {
 enum Waiter {
     Futex,
     Socket,
+    Epoll,
     Sleep,
 }
 
-const WAITERS: [Waiter; 3] = [Waiter::Futex, Waiter::Socket, Waiter::Sleep];
+const WAITERS: [Waiter; 4] = [Waiter::Futex, Waiter::Socket, Waiter::Epoll, Waiter::Sleep];
 
 #[derive(Debug, Serialize)]
 pub struct Cell {
@@ -111,7 +113,9 @@ struct Shared {
 }
 
 fn sleeper(sh: Arc<Shared>, sock: UnixDatagram, cpu: usize) {
+    use std::os::fd::AsRawFd;
     let _ = os::pin_current_thread(cpu);
+    let ep = os::Epoll::new().and_then(|e| e.add_readable(sock.as_raw_fd()).map(|_| e));
     let _ = os::set_timer_slack_ns(1);
     let mut last = 0u32;
     let mut buf = [0u8; 8];
@@ -132,6 +136,13 @@ fn sleeper(sh: Arc<Shared>, sock: UnixDatagram, cpu: usize) {
                 }
             }
             1 => {
+                let _ = sock.recv(&mut buf);
+            }
+            2 => {
+                // As an event-loop server waits: epoll_wait, then read what is ready.
+                if let Ok(ep) = &ep {
+                    let _ = ep.wait(-1);
+                }
                 let _ = sock.recv(&mut buf);
             }
             _ => {
@@ -288,7 +299,7 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
                     sh.word.store(1, Ordering::Release);
                     os::futex_wake(&sh.word, 1);
                 }
-                Waiter::Socket => {
+                Waiter::Socket | Waiter::Epoll => {
                     let _ = tx.send(&[1]);
                 }
                 Waiter::Sleep => {}
