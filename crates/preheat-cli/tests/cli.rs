@@ -1,26 +1,10 @@
 //! End-to-end tests of the `preheat` command: real servers on loopback, real files.
 
+mod common;
+
+use common::{ok, preheat, run_dir};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn preheat(args: &[&str], run_dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .args(args)
-        .env("PREHEAT_RUN_DIR", run_dir)
-        .output()
-        .expect("run preheat")
-}
-
-fn ok(args: &[&str], run_dir: &Path) -> String {
-    let o = preheat(args, run_dir);
-    assert!(
-        o.status.success(),
-        "preheat {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
+use std::process::Command;
 
 fn fails_with(args: &[&str], run_dir: &Path, needles: &[&str]) {
     let o = preheat(args, run_dir);
@@ -29,12 +13,6 @@ fn fails_with(args: &[&str], run_dir: &Path, needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "error for {args:?} lacks {n:?}: {err}");
     }
-}
-
-fn run_dir(tmp: &tempfile::TempDir) -> std::path::PathBuf {
-    let d = tmp.path().join("run");
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 #[test]

@@ -2,32 +2,9 @@
 //! its own so no other test loads the machine while it measures (cargo runs test binaries one
 //! after another).
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
 
-fn preheat(args: &[&str], run_dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .args(args)
-        .env("PREHEAT_RUN_DIR", run_dir)
-        .output()
-        .expect("run preheat")
-}
-
-fn ok(args: &[&str], run_dir: &Path) -> String {
-    let o = preheat(args, run_dir);
-    assert!(
-        o.status.success(),
-        "preheat {args:?} failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn run_dir(tmp: &tempfile::TempDir) -> std::path::PathBuf {
-    let d = tmp.path().join("run");
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{ok, preheat, run_dir};
 
 #[test]
 fn probe_against_trace_ground_truth() {

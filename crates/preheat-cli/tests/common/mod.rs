@@ -1,2 +1,35 @@
 //! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different subset
+
 pub mod netlab;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Run `preheat ARGS` with its agents' run dir at `run_dir`.
+pub fn preheat(args: &[&str], run_dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .args(args)
+        .env("PREHEAT_RUN_DIR", run_dir)
+        .output()
+        .expect("run preheat")
+}
+
+/// Run `preheat ARGS`, which must succeed; its standard output.
+pub fn ok(args: &[&str], run_dir: &Path) -> String {
+    let o = preheat(args, run_dir);
+    assert!(
+        o.status.success(),
+        "preheat {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// A run dir for agents inside a test's temporary directory.
+pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
+    let d = tmp.path().join("run");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
