@@ -348,7 +348,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         b => b,
     };
     let rec = match backend {
-        record::BackendChoice::Probe => {
+        record::BackendChoice::Probe | record::BackendChoice::Step => {
             let dir = tempdir("record")?;
             let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
             if let Some(k) = known {
@@ -356,10 +356,14 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
             }
             let pid = record::serving_agent(&server, &workload)?;
             eprintln!(
-                "preheat: recording port {} of {} (pid {pid}) with the probe backend: {} samples, keep >= {}",
-                server.spec.port, server.spec.name, filter.n, filter.k
+                "preheat: recording port {} of {} (pid {pid}) with the {:?} backend: {} samples, keep >= {}",
+                server.spec.port, server.spec.name, backend, filter.n, filter.k
             );
-            record::record_probe(&server, pid, &workload, &params)?
+            if backend == record::BackendChoice::Step {
+                record::record_step(&server, pid, &workload, &params)?
+            } else {
+                record::record_probe(&server, pid, &workload, &params)?
+            }
         }
         record::BackendChoice::Trace => {
             let mut spec = spec;

@@ -34,6 +34,8 @@ pub enum BackendChoice {
     Probe,
     Trace,
     Pmu,
+    /// Exact native code lines: single-step the serving thread with ptrace (slow; no data).
+    Step,
 }
 
 #[derive(Debug, Clone)]
@@ -493,6 +495,101 @@ pub fn record_trace(
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(Recording {
         profile: make_profile(Backend::Trace, p.filter, exe, &table, port, &lines),
+        stats,
+    })
+}
+
+/// Estimate code lines with the `step` backend: for each sample, stop the thread that serves the
+/// port (from the agent's per-port statistics), single-step it through one request, and keep
+/// the executed lines; lines of the agent's own library are dropped (its hooks are not part of
+/// the server). Code only: data addresses are not recorded.
+pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) -> Result<Recording> {
+    let t0 = Instant::now();
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    let mut client = Client::connect(server.addr())?;
+    for _ in 0..8 {
+        client.request(&w.request, &w.until)?;
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let tid = match agent.call(&Request::Status)? {
+        Reply::Status { ports, .. } => ports
+            .iter()
+            .find(|x| x.port == server.spec.port)
+            .map(|x| x.last_tid)
+            .filter(|t| *t != 0),
+        _ => None,
+    }
+    .context("the agent has not seen the port served yet")?;
+    let agent_so = crate::paths::agent_so()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .map(|p| p.to_string_lossy().into_owned());
+    let maps: Vec<preheat_model::Mapping> = preheat_engine::maps::read_maps(Some(pid))
+        .context("reading the server's mappings")?
+        .into_iter()
+        .filter(|m| agent_so.as_deref() != Some(m.name.as_str()))
+        .collect();
+    let table = RegionTable::build(maps);
+    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
+    let pb = progress(p.filter.n as u64, "step", p.quiet);
+    let mut stats = RecordStats {
+        backend: "step".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
+            format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
+        })?;
+        let req = w.request.clone();
+        let until = w.until.clone();
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered2 = answered.clone();
+        // The request goes on the persistent connection (as the probe's own request does).
+        let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
+        let sender = std::thread::spawn(move || -> Result<Client> {
+            std::thread::sleep(Duration::from_millis(5));
+            c.request(&req, &until)?;
+            answered2.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(c)
+        });
+        let trace = tracer.trace_until_wait(2_000_000, &|| {
+            answered.load(std::sync::atomic::Ordering::SeqCst)
+        })?;
+        drop(tracer);
+        client = sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
+        if !trace.reached_wait {
+            bail!("the traced request did not finish within 2M instructions");
+        }
+        stats.requests_sent += 1;
+        let mut unmapped = 0u64;
+        let set = LineSet::from_lines(trace.lines.iter().filter_map(|a| {
+            let r = table.to_relative(VirtAddr(*a));
+            if r.is_none() {
+                unmapped += 1;
+            }
+            r
+        }));
+        stats.unmapped_hits += unmapped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(
+            Backend::Step,
+            p.filter,
+            exe,
+            &table,
+            server.spec.port,
+            &lines,
+        ),
         stats,
     })
 }

@@ -77,3 +77,74 @@ fn probe_against_trace_ground_truth() {
         "best probe recall {best} against trace in 3 recordings"
     );
 }
+
+#[test]
+fn native_step_trace_agrees_with_valgrind_on_code() {
+    // Our two ground truths, cross-checked: code lines Valgrind reports executed must really be
+    // executed natively (single-stepped with ptrace). Valgrind misses native-only paths (glibc
+    // picks other SIMD variants under its emulated CPU), so only its precision is checked.
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let step = tmp.path().join("step.phws");
+    let o = preheat(
+        &[
+            "record",
+            "--server",
+            "kv",
+            "--backend",
+            "step",
+            "--out",
+            step.to_str().unwrap(),
+        ],
+        &rd,
+    );
+    if !o.status.success() {
+        let err = String::from_utf8_lossy(&o.stderr);
+        if err.contains("PTRACE_SEIZE") || err.contains("Operation not permitted") {
+            println!("SKIP: ptrace not permitted here: {err}");
+            return;
+        }
+        panic!("step recording failed: {err}");
+    }
+    let truth = tmp.path().join("trace.phws");
+    let o = preheat(
+        &[
+            "record",
+            "--server",
+            "kv",
+            "--backend",
+            "trace",
+            "--out",
+            truth.to_str().unwrap(),
+        ],
+        &rd,
+    );
+    if !o.status.success() {
+        println!(
+            "SKIP: trace backend unavailable: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(&ok(
+        &[
+            "ws",
+            "compare",
+            "--json",
+            truth.to_str().unwrap(),
+            step.to_str().unwrap(),
+        ],
+        &rd,
+    ))
+    .unwrap();
+    println!("valgrind trace vs native step trace on preheat-kv: {v:#}");
+    let code = &v["code"];
+    assert!(
+        code["truth"].as_u64().unwrap() >= 50,
+        "too few native code lines: {v}"
+    );
+    assert!(
+        code["precision"].as_f64().unwrap() >= 0.8,
+        "Valgrind code lines not executed natively: {v}"
+    );
+}

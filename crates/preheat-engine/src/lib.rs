@@ -50,6 +50,7 @@ pub mod maps;
 pub mod os;
 pub mod preheat;
 pub mod probe;
+pub mod steptrace;
 pub mod sweep;
 pub mod time;
 pub mod topology;

@@ -15,6 +15,8 @@ pub enum Backend {
     Trace,
     /// Hardware sampling of data addresses (AMD IBS / Intel PEBS).
     Pmu,
+    /// Exact native code lines by single-stepping the serving thread (ptrace); no data lines.
+    Step,
 }
 
 impl Backend {
@@ -23,6 +25,7 @@ impl Backend {
             Backend::Probe => 1,
             Backend::Trace => 2,
             Backend::Pmu => 3,
+            Backend::Step => 4,
         }
     }
     pub fn from_code(c: u8) -> Option<Backend> {
@@ -30,6 +33,7 @@ impl Backend {
             1 => Some(Backend::Probe),
             2 => Some(Backend::Trace),
             3 => Some(Backend::Pmu),
+            4 => Some(Backend::Step),
             _ => None,
         }
     }
@@ -38,6 +42,7 @@ impl Backend {
             Backend::Probe => "probe",
             Backend::Trace => "trace",
             Backend::Pmu => "pmu",
+            Backend::Step => "step",
         }
     }
 }
