@@ -46,6 +46,7 @@
 //! `CLOCK_MONOTONIC` nanoseconds, so the crate still builds.
 
 pub mod cache;
+pub mod idle;
 pub mod maps;
 pub mod os;
 pub mod preheat;

@@ -19,7 +19,6 @@
 //! * CPUs without a `cpuidle` directory (no cpuidle driver) are listed with no states and count
 //!   as busy for the whole interval; offline CPUs (`online` = 0) are skipped.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -50,28 +49,6 @@ pub enum ResidencyError {
     NoCpuidle(PathBuf),
     #[error("snapshots are not comparable: {0}")]
     Mismatch(String),
-}
-
-fn io_err(path: &Path, source: std::io::Error) -> ResidencyError {
-    ResidencyError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
-fn read_trim(path: &Path) -> Result<String, ResidencyError> {
-    fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .map_err(|e| io_err(path, e))
-}
-
-fn read_u64(path: &Path, what: &'static str) -> Result<u64, ResidencyError> {
-    let text = read_trim(path)?;
-    text.parse().map_err(|_| ResidencyError::Parse {
-        path: path.to_path_buf(),
-        what,
-        text,
-    })
 }
 
 /// Counters of one idle state at one instant.
@@ -108,26 +85,6 @@ pub fn wall_ns() -> u64 {
     EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-fn numbered_entries(dir: &Path, prefix: &str) -> Result<Vec<(u32, PathBuf)>, ResidencyError> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| io_err(dir, e))? {
-        let entry = entry.map_err(|e| io_err(dir, e))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(num) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        if let Ok(n) = num.parse::<u32>() {
-            out.push((n, entry.path()));
-        }
-    }
-    out.sort_by_key(|(n, _)| *n);
-    Ok(out)
-}
-
 impl Snapshot {
     /// Read every online CPU's counters under `root` (normally [`SYSFS_CPU_ROOT`]); the wall time
     /// is the midpoint of the reads.
@@ -142,32 +99,35 @@ impl Snapshot {
     /// Read the counters under `root` and stamp them with the given wall time (for tests and
     /// for callers with their own clock).
     pub fn read_with_wall(root: &Path, wall_ns: u64) -> Result<Snapshot, ResidencyError> {
-        let mut cpus = Vec::new();
-        let mut any_states = false;
-        for (cpu, dir) in numbered_entries(root, "cpu")? {
-            let online = dir.join("online");
-            if online.exists() && read_trim(&online)? == "0" {
-                continue;
-            }
-            let idle_dir = dir.join("cpuidle");
-            let mut states = Vec::new();
-            if idle_dir.is_dir() {
-                for (index, sdir) in numbered_entries(&idle_dir, "state")? {
-                    states.push(StateSnapshot {
-                        index,
-                        name: read_trim(&sdir.join("name"))?,
-                        time_us: read_u64(&sdir.join("time"), "time (µs)")?,
-                        usage: read_u64(&sdir.join("usage"), "usage")?,
-                    });
-                }
-            }
-            any_states |= !states.is_empty();
-            cpus.push(CpuSnapshot { cpu, states });
-        }
-        if !any_states {
-            return Err(ResidencyError::NoCpuidle(root.to_path_buf()));
-        }
-        Ok(Snapshot { wall_ns, cpus })
+        use preheat_engine::idle::{read_counters, IdleError};
+        let c = read_counters(root).map_err(|e| match e {
+            IdleError::NoCpus(p) | IdleError::NoCpuidle(p) => ResidencyError::NoCpuidle(p),
+            IdleError::Unreadable(p) => ResidencyError::Parse {
+                path: p,
+                what: "cpuidle counters",
+                text: String::new(),
+            },
+        })?;
+        Ok(Snapshot {
+            wall_ns,
+            cpus: c
+                .cpus
+                .into_iter()
+                .map(|cpu| CpuSnapshot {
+                    cpu: cpu.cpu,
+                    states: cpu
+                        .states
+                        .into_iter()
+                        .map(|st| StateSnapshot {
+                            index: st.index,
+                            name: st.name,
+                            time_us: st.time_us,
+                            usage: st.usage,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        })
     }
 
     /// The residency between `self` (earlier) and `later`.

@@ -12,7 +12,7 @@
 //! progress at a snapshot is counted in the next window (shares can exceed 1 by up to one idle
 //! period / elapsed); keep windows long against the idle periods measured.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -49,88 +49,41 @@ pub struct Snapshot {
     pub governor: Option<String>,
 }
 
-fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p)
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-fn read_u64(p: &Path) -> Option<u64> {
-    read_trim(p)?.parse().ok()
-}
-
-fn numbered(dir: &Path, prefix: &str) -> Vec<(u32, PathBuf)> {
-    let mut out: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name();
-            let n = name.to_str()?.strip_prefix(prefix)?.parse().ok()?;
-            Some((n, e.path()))
-        })
-        .collect();
-    out.sort_by_key(|(n, _)| *n);
-    out
-}
-
 /// Reads every CPU's cpuidle counters under `root` (normally [`SYSFS_CPU`]). An error says why
 /// residency is unavailable (no cpuidle on this machine or kernel, unreadable files).
 pub fn snapshot(root: &Path) -> Result<Snapshot, String> {
     let taken = Instant::now();
-    let cpus_dirs = numbered(root, "cpu");
-    if cpus_dirs.is_empty() {
-        return Err(format!(
-            "no CPUs under {}: idle residency unavailable",
-            root.display()
-        ));
-    }
-    let mut cpus = Vec::new();
-    for (cpu, dir) in cpus_dirs {
-        let states_dir = dir.join("cpuidle");
-        let mut states = Vec::new();
-        for (index, sdir) in numbered(&states_dir, "state") {
-            let (Some(name), Some(time_us), Some(usage)) = (
-                read_trim(&sdir.join("name")),
-                read_u64(&sdir.join("time")),
-                read_u64(&sdir.join("usage")),
-            ) else {
-                return Err(format!(
-                    "unreadable cpuidle counters in {}: idle residency unavailable",
-                    sdir.display()
-                ));
-            };
-            states.push(StateCounters {
-                index,
-                name,
-                time_us,
-                usage,
-                above: read_u64(&sdir.join("above")),
-                below: read_u64(&sdir.join("below")),
-            });
-        }
-        if !states.is_empty() {
-            cpus.push(CpuCounters { cpu, states });
-        }
-    }
-    if cpus.is_empty() {
-        return Err(format!(
-            "cpuidle is absent (no {}/cpu*/cpuidle/state*): idle residency unavailable",
-            root.display()
-        ));
-    }
+    let c = preheat_engine::idle::read_counters(root).map_err(|e| e.to_string())?;
     Ok(Snapshot {
         taken,
-        cpus,
-        driver: read_trim(&root.join("cpuidle/current_driver")),
-        governor: read_trim(&root.join("cpuidle/current_governor"))
-            .or_else(|| read_trim(&root.join("cpuidle/current_governor_ro"))),
+        cpus: c
+            .cpus
+            .into_iter()
+            .filter(|cpu| !cpu.states.is_empty())
+            .map(|cpu| CpuCounters {
+                cpu: cpu.cpu,
+                states: cpu
+                    .states
+                    .into_iter()
+                    .map(|st| StateCounters {
+                        index: st.index,
+                        name: st.name,
+                        time_us: st.time_us,
+                        usage: st.usage,
+                        above: st.above,
+                        below: st.below,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        driver: c.driver,
+        governor: c.governor,
     })
 }
 
 /// Whether a state is the polling pseudo-state (busy, not a sleep).
 pub fn is_poll(name: &str) -> bool {
-    name.eq_ignore_ascii_case("POLL")
+    preheat_engine::idle::is_poll(name)
 }
 
 /// One idle state over a window.
