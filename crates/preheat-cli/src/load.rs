@@ -345,30 +345,38 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
     })
 }
 
-/// Reads the agents of the run dir.
+/// Reads the agents of the run dir, over control connections opened once.
 struct Observer {
-    dir: std::path::PathBuf,
+    agents: std::cell::RefCell<Vec<agentctl::AgentClient>>,
     port: u16,
 }
 
 impl Observer {
     fn new(port: u16) -> Observer {
+        let dir = paths::run_dir();
+        let agents = agentctl::discover(&dir)
+            .into_iter()
+            .filter_map(|pid| agentctl::AgentClient::connect(&dir, pid).ok())
+            .collect();
         Observer {
-            dir: paths::run_dir(),
+            agents: std::cell::RefCell::new(agents),
             port,
         }
     }
 
+    /// Status of every agent that still answers (agents that went away are dropped).
     fn statuses(&self) -> Vec<preheat_model::proto::Reply> {
-        agentctl::discover(&self.dir)
-            .into_iter()
-            .filter_map(|pid| {
-                agentctl::AgentClient::connect(&self.dir, pid)
-                    .ok()?
-                    .call(&preheat_model::proto::Request::Status)
-                    .ok()
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.agents.borrow_mut().retain_mut(|c| {
+            match c.call(&preheat_model::proto::Request::Status) {
+                Ok(r) => {
+                    out.push(r);
+                    true
+                }
+                Err(_) => false,
+            }
+        });
+        out
     }
 
     /// The latest busy-period start for the port at or after `after_ns` − 1 ms, over all agents.

@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use preheat_model::proto::{Range, Reply, Request};
 use preheat_model::{
     filter_k_of_n, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
-    RequestClass, VirtAddr, WorkingSet,
+    RequestClass, WorkingSet,
 };
 use serde::Serialize;
 
@@ -295,14 +295,7 @@ pub fn record_probe(
                 }
                 pb.inc(1);
             }
-            let mut unmapped = 0u64;
-            let set = LineSet::from_lines(hits.iter().filter_map(|a| {
-                let r = table.to_relative(VirtAddr(*a));
-                if r.is_none() {
-                    unmapped += 1;
-                }
-                r
-            }));
+            let (set, unmapped) = table.relative_lines(hits.iter().copied());
             stats.unmapped_hits += unmapped;
             if with_request {
                 stats.lines_per_sample.push(set.len() as u64);
@@ -565,14 +558,7 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
             bail!("the traced request did not finish within 2M instructions");
         }
         stats.requests_sent += 1;
-        let mut unmapped = 0u64;
-        let set = LineSet::from_lines(trace.lines.iter().filter_map(|a| {
-            let r = table.to_relative(VirtAddr(*a));
-            if r.is_none() {
-                unmapped += 1;
-            }
-            r
-        }));
+        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
         stats.unmapped_hits += unmapped;
         stats.lines_per_sample.push(set.len() as u64);
         samples.push(set);

@@ -5,6 +5,28 @@
 mod common;
 
 use common::{ok, preheat, run_dir};
+use std::path::Path;
+
+/// `preheat record --server kv --backend BACKEND --out OUT`; Err(stderr) when it fails.
+fn record_kv(rd: &Path, backend: &str, out: &Path) -> Result<(), String> {
+    let o = preheat(
+        &[
+            "record",
+            "--server",
+            "kv",
+            "--backend",
+            backend,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        rd,
+    );
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+    }
+}
 
 #[test]
 fn probe_against_trace_ground_truth() {
@@ -14,20 +36,7 @@ fn probe_against_trace_ground_truth() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
     let truth = tmp.path().join("trace.phws");
-    let o = preheat(
-        &[
-            "record",
-            "--server",
-            "kv",
-            "--backend",
-            "trace",
-            "--out",
-            truth.to_str().unwrap(),
-        ],
-        &rd,
-    );
-    if !o.status.success() {
-        let err = String::from_utf8_lossy(&o.stderr);
+    if let Err(err) = record_kv(&rd, "trace", &truth) {
         if err.contains("trace backend unavailable") {
             println!("SKIP: {err}");
             return;
@@ -40,10 +49,7 @@ fn probe_against_trace_ground_truth() {
     let mut best = 0.0f64;
     for attempt in 1..=3 {
         let probe = tmp.path().join(format!("probe{attempt}.phws"));
-        ok(
-            &["record", "--server", "kv", "--out", probe.to_str().unwrap()],
-            &rd,
-        );
+        record_kv(&rd, "probe", &probe).expect("probe recording");
         let v: serde_json::Value = serde_json::from_str(&ok(
             &[
                 "ws",
@@ -86,20 +92,7 @@ fn native_step_trace_agrees_with_valgrind_on_code() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
     let step = tmp.path().join("step.phws");
-    let o = preheat(
-        &[
-            "record",
-            "--server",
-            "kv",
-            "--backend",
-            "step",
-            "--out",
-            step.to_str().unwrap(),
-        ],
-        &rd,
-    );
-    if !o.status.success() {
-        let err = String::from_utf8_lossy(&o.stderr);
+    if let Err(err) = record_kv(&rd, "step", &step) {
         if err.contains("PTRACE_SEIZE") || err.contains("Operation not permitted") {
             println!("SKIP: ptrace not permitted here: {err}");
             return;
@@ -107,23 +100,8 @@ fn native_step_trace_agrees_with_valgrind_on_code() {
         panic!("step recording failed: {err}");
     }
     let truth = tmp.path().join("trace.phws");
-    let o = preheat(
-        &[
-            "record",
-            "--server",
-            "kv",
-            "--backend",
-            "trace",
-            "--out",
-            truth.to_str().unwrap(),
-        ],
-        &rd,
-    );
-    if !o.status.success() {
-        println!(
-            "SKIP: trace backend unavailable: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+    if let Err(err) = record_kv(&rd, "trace", &truth) {
+        println!("SKIP: trace backend unavailable: {err}");
         return;
     }
     let v: serde_json::Value = serde_json::from_str(&ok(

@@ -202,6 +202,23 @@ impl RegionTable {
         })
     }
 
+    /// Translate absolute line addresses into a region-relative line set. Returns the set and
+    /// how many addresses lay in no usable mapping (dropped, counted).
+    pub fn relative_lines(
+        &self,
+        addrs: impl IntoIterator<Item = u64>,
+    ) -> (crate::ws::LineSet, u64) {
+        let mut dropped = 0u64;
+        let set = crate::ws::LineSet::from_lines(addrs.into_iter().filter_map(|a| {
+            let r = self.to_relative(VirtAddr(a));
+            if r.is_none() {
+                dropped += 1;
+            }
+            r
+        }));
+        (set, dropped)
+    }
+
     /// Where region `region`'s line `line` is mapped now, `None` if it is not mapped.
     pub fn to_absolute(&self, region: u32, line: u64) -> Option<VirtAddr> {
         let rel = line.checked_mul(LINE_SIZE)?;
@@ -276,6 +293,9 @@ mod tests {
             "vdso is special"
         );
         assert!(t.to_relative(VirtAddr(0x9000)).is_none(), "unmapped");
+        let (set, dropped) = t.relative_lines([0x3040, 0x3050, 0x9000, 0x30010]);
+        assert_eq!(set.len(), 1, "0x3040 and 0x3050 share a line");
+        assert_eq!(dropped, 2, "unmapped and special addresses are counted");
     }
 
     #[test]

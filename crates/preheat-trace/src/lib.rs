@@ -154,24 +154,14 @@ fn is_valgrind_file(name: &str) -> bool {
 /// Returns the set and the number of lines dropped because they lie in no usable mapping
 /// (unmapped since, or special such as `[vdso]`) or in Valgrind's own files.
 pub fn to_region_lines(lines: &[u64], table: &RegionTable) -> (LineSet, u64) {
-    let mut dropped = 0u64;
-    let mut out = Vec::with_capacity(lines.len());
-    for &l in lines {
-        let a = VirtAddr(l);
-        let Some(i) = table.mapping_of(a) else {
-            dropped += 1;
-            continue;
-        };
-        if is_valgrind_file(&table.mappings[i].name) {
-            dropped += 1;
-            continue;
-        }
-        match table.to_relative(a) {
-            Some(r) => out.push(r),
-            None => dropped += 1,
-        }
-    }
-    (LineSet::from_lines(out), dropped)
+    let own = |l: &u64| {
+        table
+            .mapping_of(VirtAddr(*l))
+            .is_some_and(|i| is_valgrind_file(&table.mappings[i].name))
+    };
+    let valgrind = lines.iter().filter(|l| own(l)).count() as u64;
+    let (set, dropped) = table.relative_lines(lines.iter().copied().filter(|l| !own(l)));
+    (set, dropped + valgrind)
 }
 
 /// Jaccard similarity |a ∩ b| / |a ∪ b| of two sorted, de-duplicated slices (1.0 for two empty
