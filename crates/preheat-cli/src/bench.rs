@@ -19,7 +19,6 @@
 //! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
 //!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
 
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use preheat_model::AbsRun;
@@ -27,9 +26,9 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::launch::{self, Client};
-use crate::paths;
-use crate::servers::Known;
+
+
+use crate::servers::{self, ServerKind};
 use crate::stats::{summarize, Summary};
 
 #[derive(clap::Args, Debug)]
@@ -265,21 +264,17 @@ struct AgentBench {
 
 fn one_run(agent: bool, requests: usize) -> Result<(Vec<f64>, f64)> {
     let ncpu = preheat_engine::os::online_cpus();
-    let port = launch::free_port()?;
-    let spec = Known::Kv.spec(port, vec![ncpu - 1], agent)?;
     let dir = crate::tempdir("bench")?;
-    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
-    let w = Known::Kv.workload();
-    let mut c = Client::connect(server.addr())?;
+    let started = servers::start(ServerKind::Kv, None, &dir, vec![ncpu - 1], agent)?;
+    let mut c = started.workload.connect(started.server.addr())?;
     for _ in 0..1000 {
-        c.request(&w.request, &w.until)?;
+        c.request_ok()?;
     }
     let mut lat = Vec::with_capacity(requests);
     let t0 = preheat_engine::time::now_ns();
     for _ in 0..requests {
         let a = preheat_engine::time::now_ns();
-        let r = c.request(&w.request, &w.until)?;
-        if !r.starts_with(&w.expect_prefix) {
+        if !c.request()? {
             bail!("wrong reply during the benchmark");
         }
         lat.push((preheat_engine::time::now_ns() - a) as f64 / 1e3);

@@ -28,17 +28,16 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use crate::agentctl::{AgentClient, Announcer};
-use crate::launch::{self, Client};
-use crate::paths;
+use crate::servers;
 use crate::record::{self, RecordParams};
-use crate::servers::Known;
+use crate::servers::ServerKind;
 use crate::stats::{summarize, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
     /// Server to run the demo on.
     #[arg(long, value_enum, default_value = "kv")]
-    pub server: Known,
+    pub server: ServerKind,
     /// Rounds (each measures every mode once, in shuffled order).
     #[arg(long, default_value_t = 150)]
     pub rounds: usize,
@@ -66,6 +65,14 @@ pub struct DemoArgs {
     /// Keep lines seen in at least this many samples.
     #[arg(long, default_value_t = 6)]
     pub keep: u32,
+    /// Merge runs separated by at most this many unused lines when encoding (paper §3.1: fewer,
+    /// longer runs at the cost of loading a few lines nobody uses).
+    #[arg(long, default_value_t = 0)]
+    pub gap_merge: u32,
+    /// Append every sample as one JSON line to this file as it is measured (an interrupted run
+    /// keeps what it measured).
+    #[arg(long)]
+    pub records: Option<PathBuf>,
     /// Server CPU (default: the last CPU); the client uses another one.
     #[arg(long)]
     pub server_cpu: Option<usize>,
@@ -137,6 +144,12 @@ struct Row {
 }
 
 #[derive(Serialize)]
+struct Skipped {
+    mode: String,
+    reason: String,
+}
+
+#[derive(Serialize)]
 struct Output {
     server: String,
     machine: String,
@@ -146,6 +159,12 @@ struct Output {
     server_cpu: usize,
     client_cpu: usize,
     record: Option<record::RecordStats>,
+    prepared: preheat_lab::servers::Prepared,
+    /// Whether a hardware PMU exists; CPI is only measured with one (`null` otherwise).
+    pmu: bool,
+    cpi: Option<f64>,
+    /// Modes that were asked for but cannot run on this server, with the reason.
+    skipped: Vec<Skipped>,
     rows: Vec<Row>,
     samples: Vec<Sample>,
 }
@@ -183,25 +202,49 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
     let client_cpu = if server_cpu == 0 { 1 } else { 0 };
-    let mut modes = vec![Mode::Warm, Mode::ColdIdle, Mode::ColdSweep, Mode::Control];
+    let mut wanted = vec![Mode::Warm, Mode::ColdIdle, Mode::ColdSweep, Mode::Control];
     for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
         let st = Strategies::parse(s).map_err(anyhow::Error::msg)?;
-        modes.push(Mode::Preheat(st));
+        wanted.push(Mode::Preheat(st));
     }
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
     let dir = crate::tempdir("demo")?;
-    let port = launch::free_port()?;
-    let spec = a.server.spec(port, vec![server_cpu], true)?;
     eprintln!(
-        "demo: starting {} on CPU {server_cpu} (port {port}) with the agent; client on CPU {client_cpu}",
-        spec.name
+        "demo: starting {} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}",
+        a.server.name()
     );
-    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
-    let w = a.server.workload();
-    let mut client = Client::connect(server.addr())?;
-    a.server.prepare(&mut client)?;
-    let pid = record::serving_agent(&server, &w)?;
+    let started = servers::start(a.server, None, &dir, vec![server_cpu], true)?;
+    let server = &started.server;
+    let port = server.spec.port;
+    let w = &started.workload;
+    let mut client = w.connect(server.addr())?;
+    let mut modes = Vec::new();
+    let mut skipped = Vec::new();
+    for m in wanted {
+        match m {
+            Mode::Preheat(st) if st.contains(Strategies::REPLAY) && w.raw.is_none() => {
+                skipped.push(Skipped {
+                    mode: m.name(),
+                    reason: format!(
+                        "replay needs a fixed request the agent can send itself; {} has none (a MySQL session needs a handshake)",
+                        a.server.name()
+                    ),
+                })
+            }
+            m => modes.push(m),
+        }
+    }
+    for s in &skipped {
+        eprintln!("demo: skipping {}: {}", s.mode, s.reason);
+    }
+    let mut records = match &a.records {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let pid = record::serving_agent(server, w)?;
 
     // Estimation phase.
     let (profile_path, rec_stats) = match &a.profile {
@@ -211,7 +254,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 filter: preheat_model::FilterParams {
                     k: a.keep,
                     n: a.samples,
-                    gap: 0,
+                    gap: a.gap_merge,
                 },
                 ..Default::default()
             };
@@ -219,7 +262,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "demo: recording the working set (probe backend, {} samples, keep >= {})",
                 a.samples, a.keep
             );
-            let rec = record::record_probe(&server, pid, &w, &params)?;
+            let rec = record::record_probe(server, pid, w, &params)?;
             let path = dir.join(format!("{}.phws", server.spec.name));
             record::write_profile(&path, &rec.profile)?;
             (path, Some(rec.stats))
@@ -238,8 +281,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     })?;
     agent.call(&Request::Configure {
         port,
-        replay: Some(String::from_utf8_lossy(&w.replay).into_owned()),
-        replay_until: Some(String::from_utf8_lossy(&w.replay_until).into_owned()),
+        replay: w
+            .raw
+            .as_ref()
+            .map(|r| String::from_utf8_lossy(&r.replay).into_owned()),
+        replay_until: w
+            .raw
+            .as_ref()
+            .map(|r| String::from_utf8_lossy(&r.replay_until).into_owned()),
         split_cpus: vec![],
     })?;
     let mut announcer = Announcer::new(&server.run_dir, &[pid])?;
@@ -266,7 +315,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         order.shuffle(&mut rng);
         for mode in order {
             // Priming request: every mode starts from a just-served state.
-            client.request(&w.request, &w.until)?;
+            client.request_ok()?;
             let mut sweep_us = 0.0;
             match mode {
                 Mode::Warm => {}
@@ -305,9 +354,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
             } else {
                 preheat_engine::time::now_ns()
             };
-            let reply = client.request(&w.request, &w.until)?;
+            let ok = client.request()?;
             let t_done = preheat_engine::time::now_ns();
-            if !reply.starts_with(&w.expect_prefix) {
+            if !ok {
                 bad_replies += 1;
             }
             let mut s = Sample {
@@ -341,6 +390,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     s.trigger_lead_us = f64::NAN;
                 }
             }
+            if let Some(f) = records.as_mut() {
+                use std::io::Write;
+                serde_json::to_writer(&mut *f, &s)?;
+                f.write_all(b"\n")?;
+                f.flush()?;
+            }
             samples.push(s);
             pb.inc(1);
         }
@@ -367,6 +422,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
         server_cpu,
         client_cpu,
         record: rec_stats,
+        prepared: started.prepared.clone(),
+        pmu: preheat_engine::topology::has_pmu(),
+        cpi: None,
+        skipped,
         rows,
         samples,
     };

@@ -15,6 +15,7 @@ mod launch;
 mod load;
 mod paths;
 mod record;
+mod serve;
 mod servers;
 mod show;
 mod stats;
@@ -71,6 +72,15 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Agent {
         #[command(subcommand)]
         cmd: AgentCmd,
+    },
+    /// Start a known server (memcached, nginx, redis, MariaDB, preheat-kv) with its data set and keep it running.
+    Serve(serve::ServeArgs),
+    /// The experiment runner: Table 1 on real servers, peer check, sweeps, reports (python3 -m preheat_lab).
+    #[command(disable_help_flag = true)]
+    Lab {
+        /// Arguments for `python3 -m preheat_lab` (try `preheat lab --help`, `preheat lab table1 --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Generate load (idle-gap or closed loop), optionally announcing every request.
     Load(load::LoadArgs),
@@ -170,7 +180,7 @@ struct RecordArgs {
     out: PathBuf,
     /// A server preheat knows how to start and query.
     #[arg(long, value_enum, conflicts_with = "command")]
-    server: Option<servers::Known>,
+    server: Option<servers::ServerKind>,
     /// Estimation backend.
     #[arg(long, value_enum, default_value = "auto")]
     backend: record::BackendChoice,
@@ -243,7 +253,7 @@ fn main() {
     // counters) and must not be cut short by it.
     if !matches!(
         cli.cmd,
-        Cmd::Stage(_) | Cmd::Power(_) | Cmd::Wake(_) | Cmd::Arbiter(_)
+        Cmd::Stage(_) | Cmd::Power(_) | Cmd::Wake(_) | Cmd::Arbiter(_) | Cmd::Lab { .. }
     ) {
         launch::install_cleanup();
     }
@@ -256,6 +266,8 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Lab { args } => serve::lab(args),
         Cmd::Record(a) => cmd_record(a),
         Cmd::Ws {
             cmd: WsCmd::Show { file, json, runs },
@@ -297,19 +309,20 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         ..Default::default()
     };
     let server_cpu = a.server_cpu.unwrap_or_else(default_server_cpu);
-    let (spec, workload, known) = match (a.server, a.command.is_empty()) {
+    let dir = tempdir("record")?;
+    let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
         (Some(k), _) => {
             let port = match a.port {
                 Some(p) => p,
                 None => launch::free_port()?,
             };
-            (k.spec(port, vec![server_cpu], true)?, k.workload(), Some(k))
+            let (spec, plan) = servers::plan(k, port, &dir, vec![server_cpu], true)?;
+            (spec, servers::Workload::of(&plan), Some(plan))
         }
         (None, false) => {
             let (Some(port), Some(req)) = (a.port, a.request.as_ref()) else {
                 bail!("with a server command, give --port and --request (see --help)");
             };
-            let req = launch::unescape(req).into_bytes();
             let spec = launch::ServerSpec {
                 name: "server".into(),
                 argv: a.command.clone(),
@@ -319,13 +332,10 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
                 env: vec![],
                 agent_only: None,
             };
-            let w = servers::Workload {
-                request: req.clone(),
-                until: launch::unescape(&a.until).into_bytes(),
-                replay: req,
-                replay_until: launch::unescape(&a.until).into_bytes(),
-                expect_prefix: vec![],
-            };
+            let w = servers::Workload::custom(
+                launch::unescape(req).into_bytes(),
+                launch::unescape(&a.until).into_bytes(),
+            );
             (spec, w, None)
         }
         (None, true) => {
@@ -349,10 +359,14 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
     };
     let rec = match backend {
         record::BackendChoice::Probe | record::BackendChoice::Step => {
-            let dir = tempdir("record")?;
-            let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
-            if let Some(k) = known {
-                k.prepare(&mut launch::Client::connect(server.addr())?)?;
+            let timeout = plan
+                .as_ref()
+                .map(|p| p.start_timeout)
+                .unwrap_or(Duration::from_secs(20));
+            let server = launch::start(spec, &paths::run_dir(), &dir, timeout)?;
+            if let Some(plan) = &plan {
+                preheat_lab::servers::prepare(plan, server.addr())
+                    .with_context(|| format!("loading {}'s data set", plan.name))?;
             }
             let pid = record::serving_agent(&server, &workload)?;
             eprintln!(
@@ -372,7 +386,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
                 "preheat: recording port {} of {} with the trace backend (Valgrind): {} samples, keep >= {}",
                 spec.port, spec.name, filter.n, filter.k
             );
-            record::record_trace(&spec.argv, spec.port, known, &workload, &params)?
+            record::record_trace(&spec.argv, spec.port, plan.as_ref(), &workload, &params)?
         }
         _ => unreachable!(),
     };

@@ -178,9 +178,9 @@ pub fn serving_agent(server: &Server, w: &Workload) -> Result<u32> {
             .unwrap_or(0)
     };
     let before: Vec<u64> = pids.iter().map(|p| count(*p)).collect();
-    let mut c = Client::connect(server.addr())?;
+    let mut c = w.connect(server.addr())?;
     for _ in 0..4 {
-        c.request(&w.request, &w.until)?;
+        c.request_ok()?;
     }
     std::thread::sleep(Duration::from_millis(20));
     pids.iter()
@@ -235,9 +235,23 @@ pub fn record_probe(
         preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
     );
     let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    let mut client = Client::connect(server.addr())?;
+    let mut client = w.connect(server.addr())?;
     for _ in 0..8 {
-        client.request(&w.request, &w.until)?; // warm path, settle lazy initialisation
+        client.request_ok()?; // warm path, settle lazy initialisation
+    }
+    // Without a fixed byte exchange (MySQL), the request is sent by us, from another thread,
+    // inside a request-less probe window long enough to hold it (see `external_request`).
+    let external = w.raw.is_none();
+    let mut external_ns = 0u64;
+    if external {
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            let a = Instant::now();
+            client.request_ok()?;
+            t.push(a.elapsed().as_nanos() as u64);
+        }
+        t.sort_unstable();
+        external_ns = t[t.len() / 2];
     }
     let rounds = if p.subtract_noise { 2 } else { 1 };
     let stride = p.stride.max(1);
@@ -246,8 +260,13 @@ pub fn record_probe(
         "probe",
         p.quiet,
     );
-    let request = String::from_utf8_lossy(&w.request).into_owned();
-    let until = String::from_utf8_lossy(&w.until).into_owned();
+    let (request, until) = match &w.raw {
+        Some(r) => (
+            String::from_utf8_lossy(&r.request).into_owned(),
+            String::from_utf8_lossy(&r.until).into_owned(),
+        ),
+        None => (String::new(), String::new()),
+    };
     let mut samples = Vec::new();
     let mut noise = Vec::new();
     let mut windows: Vec<u64> = Vec::new();
@@ -259,10 +278,15 @@ pub fn record_probe(
             let mut order: Vec<usize> = (0..chunks.len()).collect();
             let k = s as usize % order.len().max(1);
             order.rotate_left(k);
-            // A noise sample waits as long as a request pass took.
+            // A noise sample waits as long as a request pass took; an external request gets a
+            // window of 2 ms lead-in plus twice its usual duration plus 2 ms.
             let mut sorted = windows.clone();
             sorted.sort_unstable();
-            let idle_ns = sorted.get(sorted.len() / 2).copied().unwrap_or(200_000);
+            let idle_ns = if external {
+                EXTERNAL_LEAD_NS + 2 * external_ns + 2_000_000
+            } else {
+                sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
+            };
             let passes = order
                 .iter()
                 .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
@@ -270,18 +294,24 @@ pub fn record_probe(
                 seed = seed
                     .wrapping_mul(6364136223846793005)
                     .wrapping_add(1442695040888963407);
-                match agent.call(&Request::ProbeCycle {
+                let cycle = Request::ProbeCycle {
                     ranges: chunks[ci].clone(),
                     threshold,
                     window_pages: p.window_pages,
                     seed,
                     port: server.spec.port,
-                    request: with_request.then(|| request.clone()),
+                    request: (with_request && !external).then(|| request.clone()),
                     until: until.clone(),
                     idle_ns,
                     stride,
                     phase,
-                })? {
+                };
+                let reply = if external && with_request {
+                    external_request(&mut agent, &cycle, &mut client)?
+                } else {
+                    agent.call(&cycle)?
+                };
+                match reply {
                     Reply::Probed {
                         hits: h, window_ns, ..
                     } => {
@@ -330,6 +360,33 @@ pub fn record_probe(
             &lines,
         ),
         stats,
+    })
+}
+
+/// How long after asking the agent for a request-less probe cycle we send an external request:
+/// the agent first waits for the server to be idle and flushes one ≤ 1 MiB chunk (~0.1 ms).
+const EXTERNAL_LEAD_NS: u64 = 2_000_000;
+
+/// One probe cycle around a request we send ourselves (workloads without a fixed byte
+/// exchange, e.g. a MySQL transaction): the agent flushes and then spins for the cycle's
+/// `idle_ns` window while this thread, `EXTERNAL_LEAD_NS` after asking, sends the request on its
+/// own connection; the agent then waits for the server threads to be idle and reloads. The
+/// noise samples of the same recording use the same window without a request, so lines that
+/// background threads touch in such a window are subtracted as usual.
+fn external_request(
+    agent: &mut AgentClient,
+    cycle: &Request,
+    client: &mut crate::servers::Requester,
+) -> Result<Reply> {
+    std::thread::scope(|s| {
+        let call = s.spawn(|| agent.call(cycle));
+        std::thread::sleep(Duration::from_nanos(EXTERNAL_LEAD_NS));
+        let sent = client.request_ok();
+        let reply = call
+            .join()
+            .map_err(|_| anyhow::anyhow!("probe cycle thread panicked"))??;
+        sent?;
+        Ok(reply)
     })
 }
 
@@ -403,7 +460,7 @@ pub fn read_profile(path: &Path) -> Result<Profile> {
 pub fn record_trace(
     argv: &[String],
     port: u16,
-    prepare: Option<crate::servers::Known>,
+    plan: Option<&preheat_lab::servers::Plan>,
     w: &Workload,
     p: &RecordParams,
 ) -> Result<Recording> {
@@ -438,12 +495,13 @@ pub fn record_trace(
         std::thread::sleep(Duration::from_millis(50));
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut client = Client::connect(addr)?;
-    if let Some(k) = prepare {
-        k.prepare(&mut client)?;
+    if let Some(plan) = plan {
+        preheat_lab::servers::prepare(plan, addr)
+            .with_context(|| format!("loading {}'s data set", plan.name))?;
     }
+    let mut client = w.connect(addr)?;
     for _ in 0..8 {
-        client.request(&w.request, &w.until)?;
+        client.request_ok()?;
     }
     std::thread::sleep(Duration::from_millis(300));
     ts.read_new_periods()?;
@@ -460,12 +518,8 @@ pub fn record_trace(
     };
     let mut samples = Vec::new();
     for _ in 0..p.filter.n {
-        let r = client.request(&w.request, &w.until)?;
-        if !r.starts_with(&w.expect_prefix) {
-            bail!(
-                "unexpected reply under valgrind: {:?}",
-                String::from_utf8_lossy(&r[..r.len().min(80)])
-            );
+        if !client.request()? {
+            bail!("wrong reply from the server under valgrind");
         }
         stats.requests_sent += 1;
         // The busy period ends when the server waits again; give Valgrind time to write it.
@@ -498,10 +552,13 @@ pub fn record_trace(
 /// the server). Code only: data addresses are not recorded.
 pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) -> Result<Recording> {
     let t0 = Instant::now();
+    let raw = w.raw.as_ref().context(
+        "the step backend sends a fixed byte request; this workload has none (use --backend probe)",
+    )?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     let mut client = Client::connect(server.addr())?;
     for _ in 0..8 {
-        client.request(&w.request, &w.until)?;
+        client.request(&raw.request, &raw.until)?;
     }
     std::thread::sleep(Duration::from_millis(20));
     let tid = match agent.call(&Request::Status)? {
@@ -535,8 +592,8 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
             format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
         })?;
-        let req = w.request.clone();
-        let until = w.until.clone();
+        let req = raw.request.clone();
+        let until = raw.until.clone();
         let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let answered2 = answered.clone();
         // The request goes on the persistent connection (as the probe's own request does).

@@ -1,134 +1,166 @@
-//! Servers preheat knows how to start, load and query: the bundled `preheat-kv` and memcached.
-//! Any other server can be recorded with an explicit command, port and request.
+//! Servers under test, as the CLI starts them: the catalog of `preheat-lab` (memcached, nginx,
+//! redis, MariaDB, the bundled preheat-kv) plus any command given after `--`.
+//!
+//! The catalog plans a server (configuration, data directory, command line); this module turns
+//! the plan into a [`ServerSpec`] for the launcher (which attaches the agent, pins CPUs and
+//! stops everything on exit or SIGTERM), then loads the server's data set.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::Path;
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
+use preheat_lab::driver::{self, Driver, RawExchange, Wait, WorkloadSpec};
+pub use preheat_lab::servers::ServerKind;
+use preheat_lab::servers::{Plan, PlanOptions};
 
-use crate::launch::{Client, ServerSpec};
+use crate::launch::{self, Client, Server, ServerSpec};
 use crate::paths;
 
-/// A request/response pair used for recording, measuring and warm-up replay.
+/// What a measurement sends.
 #[derive(Debug, Clone)]
 pub struct Workload {
-    /// The measured request.
-    pub request: Vec<u8>,
-    /// The reply ends with these bytes.
-    pub until: Vec<u8>,
-    /// An idempotent warm-up request for the `replay` strategy, and its reply terminator.
-    pub replay: Vec<u8>,
-    pub replay_until: Vec<u8>,
-    /// Expected reply prefix (checked on every measured request).
-    pub expect_prefix: Vec<u8>,
+    /// The catalog's workload (its protocol driver); `None` for a custom command, which only
+    /// has the raw exchange.
+    pub spec: Option<WorkloadSpec>,
+    /// The fixed byte exchange the agent can send itself (the probe's request, the `replay`
+    /// warm-up); `None` where none exists (MySQL needs a session).
+    pub raw: Option<RawExchange>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Known {
-    /// The bundled epoll key-value server (memcached text protocol); needs no installs.
-    Kv,
-    /// memcached from the Debian package `memcached`.
-    Memcached,
-}
-
-pub const ITEMS: usize = 1000;
-pub const VALUE_SIZE: usize = 100;
-
-impl Known {
-    pub fn name(self) -> &'static str {
-        match self {
-            Known::Kv => "preheat-kv",
-            Known::Memcached => "memcached",
-        }
-    }
-
-    pub fn program(self) -> Result<PathBuf> {
-        match self {
-            Known::Kv => paths::kv_bin(),
-            Known::Memcached => paths::find_program("memcached").ok_or_else(|| {
-                anyhow::anyhow!("memcached is not installed: `apt-get install memcached` (or use the bundled server: --server kv)")
+impl Workload {
+    /// A custom server's workload: `request`, a reply ending with `until`; the request doubles
+    /// as its own warm-up replay.
+    pub fn custom(request: Vec<u8>, until: Vec<u8>) -> Workload {
+        Workload {
+            spec: None,
+            raw: Some(RawExchange {
+                replay: request.clone(),
+                replay_until: until.clone(),
+                request,
+                until,
             }),
         }
     }
 
-    /// The server command for `port` (single worker thread so the served core is predictable).
-    pub fn spec(self, port: u16, cpus: Vec<usize>, agent: bool) -> Result<ServerSpec> {
-        let prog = self.program()?.to_string_lossy().into_owned();
-        let argv: Vec<String> = match self {
-            Known::Kv => vec![
-                prog,
-                "--port".into(),
-                port.to_string(),
-                "--items".into(),
-                ITEMS.to_string(),
-                "--value-size".into(),
-                VALUE_SIZE.to_string(),
-                "--quiet".into(),
-            ],
-            Known::Memcached => vec![
-                prog,
-                "-p".into(),
-                port.to_string(),
-                "-l".into(),
-                "127.0.0.1".into(),
-                "-U".into(),
-                "0".into(),
-                "-t".into(),
-                "1".into(),
-                "-m".into(),
-                "64".into(),
-                "-u".into(),
-                "root".into(),
-                "-o".into(),
-                "no_lru_crawler,no_lru_maintainer".into(),
-            ],
-        };
-        let base = std::path::Path::new(&argv[0])
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned());
-        Ok(ServerSpec {
-            name: self.name().into(),
-            argv,
-            port,
-            agent,
-            cpus,
-            env: vec![],
-            agent_only: base,
-        })
-    }
-
-    pub fn workload(self) -> Workload {
-        let key = "key:42";
+    /// The catalog workload of a plan.
+    pub fn of(plan: &Plan) -> Workload {
         Workload {
-            request: format!("get {key}\r\n").into_bytes(),
-            until: b"END\r\n".to_vec(),
-            replay: b"get __preheat_warmup__\r\n".to_vec(),
-            replay_until: b"END\r\n".to_vec(),
-            expect_prefix: format!("VALUE {key} ").into_bytes(),
+            raw: plan.workload.raw_exchange(),
+            spec: Some(plan.workload.clone()),
         }
     }
 
-    /// Load the data set the workload reads (memcached starts empty; preheat-kv preloads).
-    pub fn prepare(self, c: &mut Client) -> Result<()> {
-        if self == Known::Memcached {
-            for i in 0..ITEMS {
-                let v = crate::servers::value_for(i);
-                let req = format!("set key:{i} 0 0 {}\r\n{}\r\n", v.len(), v);
-                let r = c.request(req.as_bytes(), b"\r\n")?;
-                if r != b"STORED\r\n" {
-                    bail!(
-                        "memcached refused set key:{i}: {:?}",
-                        String::from_utf8_lossy(r)
-                    );
-                }
+    /// Connect a requester (busy-polling where the protocol allows it).
+    pub fn connect(&self, addr: SocketAddr) -> Result<Requester> {
+        match (&self.spec, &self.raw) {
+            (Some(s), _) => Ok(Requester::Lab(driver::connect(addr, s, Wait::Spin)?)),
+            (None, Some(r)) => Ok(Requester::Raw {
+                client: Client::connect(addr)?,
+                request: r.request.clone(),
+                until: r.until.clone(),
+            }),
+            (None, None) => anyhow::bail!("a workload needs a protocol driver or a raw exchange"),
+        }
+    }
+}
+
+/// One connection that sends the workload's request.
+pub enum Requester {
+    Lab(Box<dyn Driver>),
+    Raw {
+        client: Client,
+        request: Vec<u8>,
+        until: Vec<u8>,
+    },
+}
+
+impl Requester {
+    /// Send one request and read the whole reply. `Ok(false)`: a wrong reply (checked where the
+    /// workload knows the right one).
+    pub fn request(&mut self) -> Result<bool> {
+        match self {
+            Requester::Lab(d) => Ok(d.request()?.ok),
+            Requester::Raw {
+                client,
+                request,
+                until,
+            } => {
+                client.request(request, until)?;
+                Ok(true)
             }
+        }
+    }
+
+    /// Send one request; a wrong reply is an error.
+    pub fn request_ok(&mut self) -> Result<()> {
+        if !self.request()? {
+            anyhow::bail!("the server sent a wrong reply");
         }
         Ok(())
     }
 }
 
-/// Deterministic value for key index `i` (printable, VALUE_SIZE bytes).
-pub fn value_for(i: usize) -> String {
-    (0..VALUE_SIZE)
-        .map(|j| (b'a' + ((i * 31 + j * 7) % 26) as u8) as char)
-        .collect()
+/// Plan `kind` on `port` in `workdir` and turn it into a launcher spec.
+pub fn plan(
+    kind: ServerKind,
+    port: u16,
+    workdir: &Path,
+    cpus: Vec<usize>,
+    agent: bool,
+) -> Result<(ServerSpec, Plan)> {
+    let opts = PlanOptions {
+        kv_bin: if kind == ServerKind::Kv {
+            Some(paths::kv_bin()?)
+        } else {
+            None
+        },
+        ..Default::default()
+    };
+    let workdir = workdir.join(kind.name());
+    std::fs::create_dir_all(&workdir)
+        .with_context(|| format!("creating {}", workdir.display()))?;
+    let plan = preheat_lab::servers::plan(kind, port, &workdir, &opts)?;
+    let spec = ServerSpec {
+        name: plan.name.clone(),
+        argv: plan.argv.clone(),
+        port,
+        agent,
+        cpus,
+        env: plan.env.clone(),
+        agent_only: plan.agent_only.clone(),
+    };
+    Ok((spec, plan))
+}
+
+/// A catalog server, started and loaded.
+pub struct Started {
+    pub server: Server,
+    pub plan: Plan,
+    pub workload: Workload,
+    pub prepared: preheat_lab::servers::Prepared,
+}
+
+/// Plan, start (agent attached when `agent`) and load `kind`; `workdir` holds its files and log.
+pub fn start(
+    kind: ServerKind,
+    port: Option<u16>,
+    workdir: &Path,
+    cpus: Vec<usize>,
+    agent: bool,
+) -> Result<Started> {
+    let port = match port {
+        Some(p) => p,
+        None => launch::free_port()?,
+    };
+    let (spec, plan) = plan(kind, port, workdir, cpus, agent)?;
+    let server = launch::start(spec, &paths::run_dir(), workdir, plan.start_timeout)?;
+    let prepared = preheat_lab::servers::prepare(&plan, server.addr())
+        .with_context(|| format!("loading {}'s data set", kind.name()))?;
+    let workload = Workload::of(&plan);
+    Ok(Started {
+        server,
+        plan,
+        workload,
+        prepared,
+    })
 }
