@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make; do
+# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set).
+for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
+    redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
 done
@@ -16,8 +18,9 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     # Debian starts the packaged daemons; the tests start their own on other ports.
-    systemctl stop memcached nginx >/dev/null 2>&1 || service memcached stop >/dev/null 2>&1 || true
-    service nginx stop >/dev/null 2>&1 || true
+    for svc in memcached nginx redis-server mariadb; do
+      systemctl stop "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
+    done
   else
     echo "test.sh: missing ${need[*]} and cannot install them (not root or no apt-get): the tests that need them will SKIP"
   fi
@@ -38,9 +41,13 @@ if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuz
     || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
 fi
 echo "test.sh: the Python lab package (experiments, plots, reports)"
-python3 -c "import matplotlib, pandas, pytest" 2>/dev/null \
-  || python3 -m pip install -q matplotlib pandas pytest >/dev/null 2>&1 \
-  || echo "test.sh: could not install matplotlib/pandas/pytest"
+python3 -c "import matplotlib, pandas, pytest, pyarrow, rich" 2>/dev/null \
+  || python3 -m pip install -q matplotlib pandas pytest pyarrow rich >/dev/null 2>&1 \
+  || echo "test.sh: could not install matplotlib/pandas/pytest/pyarrow/rich"
+# Ray runs the lab's sweeps on a cluster (--executor ray); its test skips, saying so, without it.
+python3 -c "import ray" 2>/dev/null \
+  || python3 -m pip install -q "ray==2.*" >/dev/null 2>&1 \
+  || echo "test.sh: could not install ray: the ray-executor test will SKIP"
 # The lab drives the release CLI when it exists, else the debug one built above.
 (cd python && python3 -m pytest -q) || exit 1
 

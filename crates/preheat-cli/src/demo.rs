@@ -586,6 +586,17 @@ fn print_table(o: &Output, ws: &preheat_model::WsStats) {
         );
     }
     println!();
+    for s in &o.skipped {
+        println!("{:<26} n/a: {}", s.mode, s.reason);
+    }
+    println!(
+        "CPI: {}",
+        if o.pmu {
+            "a PMU exists, but CPI measurement is not implemented yet (n/a)"
+        } else {
+            "n/a (no hardware PMU on this machine: cycles and instructions cannot be counted)"
+        }
+    );
     println!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − warm p50); preheat = agent-reported time to issue the lines (p50);");
     println!("lead µs t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50: what is left of the lead).");
     println!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");

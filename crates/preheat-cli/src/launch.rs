@@ -307,26 +307,6 @@ impl Client {
         })
     }
 
-    /// Send an HTTP/1.1 request and read one response (headers, then `Content-Length` bytes).
-    pub fn request_http(&mut self, req: &[u8]) -> Result<&[u8]> {
-        self.exchange(req, |buf| {
-            let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
-            let head = std::str::from_utf8(&buf[..end]).ok()?;
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    if k.eq_ignore_ascii_case("content-length") {
-                        v.trim().parse::<usize>().ok()
-                    } else {
-                        None
-                    }
-                })
-                .unwrap_or(0);
-            (buf.len() >= end + len).then_some(())
-        })
-    }
-
     /// Send `req` and read until the reply ends with `until`. Returns the reply.
     pub fn request(&mut self, req: &[u8], until: &[u8]) -> Result<&[u8]> {
         self.exchange(req, |buf| buf.ends_with(until).then_some(()))

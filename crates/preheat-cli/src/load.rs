@@ -1,67 +1,106 @@
-//! `preheat load`: a load generator that can announce what it sends.
+//! `preheat load`: a load generator that can announce what it sends, on top of the engine in
+//! [`preheat_lab::load`] (open loop with Poisson arrivals, idle gap, closed loop; one client
+//! thread per connection; latency from the *intended* send time into an HdrHistogram, so a slow
+//! reply, a late send or a wait for a slot is never hidden: no coordinated omission).
 //!
-//! Modes: `idle-gap` (one request after each idle gap: the cold-start case) and `closed` (back to
-//! back). Latency is measured from the *intended* send time — for a request paced to an arbiter
-//! allocation or a local announcement, the allocated/announced time — to the full reply, into
-//! an HdrHistogram, so waiting for a slot or a late send is never hidden (no coordinated
-//! omission).
-//!
-//! Announcing:
-//! * `--arbiter ADDR --key-file K`: the sender side of the centrally arbitrated network (paper
-//!   §3.2): each request is a demand to the arbiter; the request is sent at the allocated slot,
-//!   and the arbiter announces it to the receiver's preheatd. If the arbiter does not answer in
-//!   time the request goes out unscheduled (fail-open) and is counted as such.
+//! Announcing (paper §3.2):
+//! * `--arbiter ADDR --key-file K`: the sender side of the centrally arbitrated network: each
+//!   request is a demand to the arbiter; the request is sent at the allocated slot, and the
+//!   arbiter announces it to the receiver's preheatd. If the arbiter does not answer in time the
+//!   request goes out unscheduled (fail-open) and is counted as such. One sender per connection.
 //! * `--announce-local`: announce through the local trigger API to every agent in the run dir
-//!   (same host), `--lead-us` ahead, then send at the announced time.
+//!   (same host), `--lead-us` ahead, then send at the announced time. One announcer per
+//!   connection.
+//!
+//! SIGINT/SIGTERM stop the measurement: the summary of what was measured is printed, the records
+//! file is complete up to the last reply, and the exit status is 128 + signal. A second signal
+//! exits at once.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hdrhistogram::Histogram;
+use preheat_lab::driver::{self, Protocol, Wait, WorkloadSpec};
+use preheat_lab::load::{
+    self as engine, Announce, CsvSink, Grant, LoadConfig, Mode, Record, RecordSink,
+};
 use preheat_model::proto::{Announcement, Strategies};
 use serde::Serialize;
 
 use crate::agentctl::{self, Announcer};
-use crate::launch::Client;
 use crate::paths;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-pub enum Mode {
-    /// One request after each idle gap (the cold-start case).
-    IdleGap,
-    /// Back to back on one connection.
-    Closed,
-}
+const AFTER_HELP: &str = "\
+Modes:
+  open      Open loop: Poisson arrivals at --rate requests/s over all connections (each
+            connection an independent Poisson process at rate/connections, seeded from
+            --seed + connection, so runs are reproducible). Every intended send time is fixed in
+            advance from the start of the run.
+  idle-gap  One request after each idle gap of --gap-ms per connection: the cold-start case.
+  closed    Back to back on each connection.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
-pub enum Protocol {
-    /// memcached text protocol: `get KEY` (the bundled server speaks it too).
-    Memcached,
-    /// HTTP/1.1 GET with keep-alive.
-    Http,
-}
+No coordinated omission: latency runs from a request's INTENDED send time to its whole reply.
+In open loop, a request that could not go out on time (its connection still waiting for the
+previous reply, or for an arbiter slot) is sent late, and the lateness is part of its latency;
+send_late_us_* shows how late requests really went out. With announcements in idle-gap and
+closed mode, the announced (granted) time is the intended time: the request is meant to arrive
+then, and that is what the receiver preheats for.
+
+Each connection sends --warmup unmeasured requests first. --records FILE.csv writes one row per
+measured request (flushed every 100 ms, so an interrupted run keeps what it measured). SIGINT or
+SIGTERM stops the run: the summary covers what was measured.";
 
 #[derive(clap::Args, Debug)]
+#[command(after_long_help = AFTER_HELP)]
 pub struct LoadArgs {
     /// Server address, HOST:PORT.
     #[arg(long)]
     pub target: String,
+    /// Wire protocol (mysql: the TPC-C-like transaction mix).
     #[arg(long, value_enum, default_value = "memcached")]
     pub protocol: Protocol,
-    /// Key (memcached) or path (HTTP) to request.
+    /// Key (memcached, redis) or path (HTTP) to request.
     #[arg(long, default_value = "key:42")]
     pub key: String,
+    /// How requests are paced (see below).
     #[arg(long, value_enum, default_value = "idle-gap")]
     pub mode: Mode,
-    /// Requests to send.
-    #[arg(long, default_value_t = 200)]
-    pub requests: u64,
+    /// Measured requests over all connections [default: 200 unless --duration-s is given].
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Measure for this long, s (with --requests: whichever ends first).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Open loop: offered load, requests per second over all connections (required there).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Connections, each with its own client thread.
+    #[arg(long, default_value_t = 1)]
+    pub connections: usize,
+    /// Unmeasured warm-up requests per connection.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: u64,
+    /// Seed of the open-loop arrival process.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// How the client waits for a reply: spin (busy-poll; excludes the client's own vCPU
+    /// wakeup) or block (in the kernel, like most load generators).
+    #[arg(long, value_enum, default_value = "spin")]
+    pub wait: Wait,
+    /// Write one CSV row per measured request here.
+    #[arg(long)]
+    pub records: Option<PathBuf>,
+    /// Strategy label for the records and the report [default: none / the local announcement's
+    /// strategies / arbiter].
+    #[arg(long)]
+    pub strategy: Option<String>,
     /// Idle gap before each request in idle-gap mode, ms.
     #[arg(long, default_value_t = 20)]
     pub gap_ms: u64,
-    /// Announce each request to the agents in the run dir (same host) this far ahead.
+    /// Announce each request to the agents in the run dir (same host) --lead-us ahead.
     #[arg(long, conflicts_with = "arbiter")]
     pub announce_local: bool,
     /// Request a timeslot from this arbiter for each request and send at the allocated time.
@@ -85,6 +124,7 @@ pub struct LoadArgs {
     /// After each request, ask the agents in the run dir (same filesystem: works across network
     /// namespaces) when the server thread really started on it and whether the preheat for its
     /// announcement finished in time: announcement accuracy and completion before arrival.
+    /// Only with --connections 1; the agents are asked from the records thread, after the reply.
     #[arg(long)]
     pub observe: bool,
     /// Print JSON.
@@ -96,15 +136,29 @@ pub struct LoadArgs {
 pub struct LoadReport {
     pub label: &'static str,
     pub target: String,
+    pub protocol: Protocol,
     pub mode: Mode,
+    pub connections: usize,
     pub announce: String,
+    pub strategy: String,
+    pub wait: Wait,
+    pub seed: u64,
+    pub warmup: u64,
+    /// Measured requests (complete replies; the histogram's sample count).
     pub requests: u64,
+    /// Transport failures (each followed by a reconnect; not measured).
     pub errors: u64,
+    /// Complete but wrong replies (measured).
+    pub wrong: u64,
     pub scheduled: u64,
     pub unscheduled: u64,
+    pub duration_s: f64,
+    pub throughput_rps: f64,
+    pub offered_rps: f64,
     pub p50_us: f64,
     pub p90_us: f64,
     pub p99_us: f64,
+    pub p999_us: f64,
     pub max_us: f64,
     pub mean_us: f64,
     /// Wait from asking for a slot to the allocated send time, µs (p50), scheduled requests.
@@ -112,6 +166,9 @@ pub struct LoadReport {
     /// How late requests were really sent after their intended time, µs (p50 and p99).
     pub send_late_us_p50: f64,
     pub send_late_us_p99: f64,
+    /// The run was cut short by SIGINT/SIGTERM; the numbers cover what was measured.
+    pub interrupted: bool,
+    pub records: Option<PathBuf>,
     /// With --observe: server thread start − intended (announced) arrival, µs, p50 / p99, and
     /// how many requests that measure covers.
     pub server_start_us_p50: Option<f64>,
@@ -125,197 +182,271 @@ pub struct LoadReport {
     pub agent_late: u64,
 }
 
-fn request_bytes(a: &LoadArgs, host: &str) -> (Vec<u8>, Vec<u8>) {
-    match a.protocol {
-        Protocol::Memcached => (
-            format!("get {}\r\n", a.key).into_bytes(),
-            b"END\r\n".to_vec(),
-        ),
-        Protocol::Http => (
-            format!("GET {} HTTP/1.1\r\nHost: {host}\r\n\r\n", a.key).into_bytes(),
-            Vec::new(),
-        ),
-    }
-}
-
 pub fn run(a: LoadArgs) -> Result<()> {
-    let report = generate(&a)?;
+    // SIGINT/SIGTERM end the measurement (the summary is still printed). A second signal while
+    // the flag is set exits at once. `term` tells which signal it was, for the exit status.
+    let stop = Arc::new(AtomicBool::new(false));
+    let term = Arc::new(AtomicBool::new(false));
+    {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        for sig in [SIGINT, SIGTERM] {
+            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, stop.clone())
+                .context("installing the signal handler")?;
+            signal_hook::flag::register(sig, stop.clone())
+                .context("installing the signal handler")?;
+        }
+        signal_hook::flag::register(SIGTERM, term.clone())
+            .context("installing the signal handler")?;
+    }
+    let report = generate(&a, &stop)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!(
-            "{} requests to {} ({:?}, announce: {}) [measured, {} samples]: p50 {:.1} µs, p90 {:.1}, p99 {:.1}, max {:.1}; sent late by p50 {:.1} / p99 {:.1} µs; scheduled {}, unscheduled {}, errors {}",
-            report.requests,
-            report.target,
-            report.mode,
-            report.announce,
-            report.requests - report.errors,
-            report.p50_us,
-            report.p90_us,
-            report.p99_us,
-            report.max_us,
-            report.send_late_us_p50,
-            report.send_late_us_p99,
-            report.scheduled,
-            report.unscheduled,
-            report.errors
-        );
-        if a.observe {
-            println!(
-                "  observed at the agents [measured, {} samples]: server thread started p50 {} / p99 {} µs after the announced arrival; announcements {}, preheats {} ({} finished before arrival), late {}",
-                report.observed,
-                report.server_start_us_p50.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
-                report.server_start_us_p99.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
-                report.agent_announcements,
-                report.agent_preheats,
-                report.agent_preheats_completed,
-                report.agent_late
-            );
-        }
+        print_text(&a, &report);
+    }
+    if report.interrupted {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        let sig = if term.load(Ordering::Relaxed) {
+            signal_hook::consts::SIGTERM
+        } else {
+            signal_hook::consts::SIGINT
+        };
+        eprintln!("preheat load: interrupted; the summary covers what was measured");
+        std::process::exit(128 + sig);
     }
     Ok(())
 }
 
-pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
+fn print_text(a: &LoadArgs, r: &LoadReport) {
+    println!(
+        "{} requests to {} ({} {}, {} connection(s), announce: {}, strategy {}){} [measured, {} samples]: p50 {:.1} µs, p90 {:.1}, p99 {:.1}, p99.9 {:.1}, max {:.1}, mean {:.1}",
+        r.requests,
+        r.target,
+        serde_plain(&r.protocol),
+        serde_plain(&r.mode),
+        r.connections,
+        r.announce,
+        r.strategy,
+        if r.interrupted { " (interrupted)" } else { "" },
+        r.requests,
+        r.p50_us,
+        r.p90_us,
+        r.p99_us,
+        r.p999_us,
+        r.max_us,
+        r.mean_us,
+    );
+    println!(
+        "  throughput {:.1} req/s over {:.3} s (offered {:.1}); sent late by p50 {:.1} / p99 {:.1} µs; scheduled {}, unscheduled {}, errors {}, wrong {}",
+        r.throughput_rps,
+        r.duration_s,
+        r.offered_rps,
+        r.send_late_us_p50,
+        r.send_late_us_p99,
+        r.scheduled,
+        r.unscheduled,
+        r.errors,
+        r.wrong
+    );
+    if let Some(p) = &r.records {
+        println!("  records: {}", p.display());
+    }
+    if a.observe {
+        println!(
+            "  observed at the agents [measured, {} samples]: server thread started p50 {} / p99 {} µs after the announced arrival; announcements {}, preheats {} ({} finished before arrival), late {}",
+            r.observed,
+            r.server_start_us_p50.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
+            r.server_start_us_p99.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into()),
+            r.agent_announcements,
+            r.agent_preheats,
+            r.agent_preheats_completed,
+            r.agent_late
+        );
+    }
+}
+
+/// A unit enum's serde name ("idle-gap", "memcached").
+fn serde_plain<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The engine's configuration from the flags.
+fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
+    if a.connections == 0 {
+        bail!("--connections must be at least 1");
+    }
+    let rate = match (a.mode, a.rate) {
+        (Mode::Open, Some(r)) if r.is_finite() && r > 0.0 => r,
+        (Mode::Open, Some(r)) => bail!("--rate must be a positive number of requests/s (got {r})"),
+        (Mode::Open, None) => bail!("--mode open needs --rate (requests/s over all connections)"),
+        (_, Some(_)) => bail!("--rate applies to --mode open only"),
+        (_, None) => 0.0,
+    };
+    let duration = match a.duration_s {
+        Some(d) if d.is_finite() && d > 0.0 => Some(Duration::from_secs_f64(d)),
+        Some(d) => bail!("--duration-s must be positive (got {d})"),
+        None => None,
+    };
+    let requests = match (a.requests, duration) {
+        (Some(n), _) => Some(n),
+        (None, Some(_)) => None,
+        (None, None) => Some(200),
+    };
+    if a.observe && a.connections != 1 {
+        bail!(
+            "--observe attributes the agents' latest busy period to the latest request, so it needs --connections 1 (got {})",
+            a.connections
+        );
+    }
+    Ok(LoadConfig {
+        mode: a.mode,
+        requests,
+        duration,
+        rate,
+        gap: Duration::from_millis(a.gap_ms),
+        connections: a.connections,
+        warmup: a.warmup,
+        seed: a.seed,
+        strategy,
+    })
+}
+
+pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
     let target: SocketAddr = a
         .target
         .to_socket_addrs()
         .with_context(|| format!("resolving {}", a.target))?
         .next()
         .with_context(|| format!("{} resolves to nothing", a.target))?;
-    let host = a
-        .target
-        .rsplit_once(':')
-        .map(|x| x.0)
-        .unwrap_or(&a.target)
-        .to_string();
-    let (req, until) = request_bytes(a, &host);
     let strategies = Strategies::parse(&a.strategies).map_err(anyhow::Error::msg)?;
-    let mut client = Client::connect(target)?;
-    let mut local = if a.announce_local {
+    let strategy = a.strategy.clone().unwrap_or_else(|| {
+        if a.arbiter.is_some() {
+            "arbiter".into()
+        } else if a.announce_local {
+            strategies.name()
+        } else {
+            "none".into()
+        }
+    });
+    let cfg = config(a, strategy)?;
+    let spec = WorkloadSpec {
+        protocol: a.protocol,
+        key: a.key.clone(),
+        expect: None,
+        tpcc: (a.protocol == Protocol::Mysql).then(preheat_lab::tpcc::TpccConfig::default),
+    };
+    let wait = a.wait;
+    let connect = move || driver::connect(target, &spec, wait);
+
+    // Announcers: one per connection, made by the engine in the connection's thread.
+    let slot_waits = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let announcer: Option<MakeAnnouncer> = if a.announce_local {
         let dir = paths::run_dir();
         let pids = agentctl::discover(&dir);
         if pids.is_empty() {
-            bail!("--announce-local: no agents in {}", dir.display());
+            bail!(
+                "--announce-local: no agents in {} (start the server with the agent: preheat run)",
+                dir.display()
+            );
         }
-        Some(Announcer::new(&dir, &pids)?)
+        let (lead_ns, port) = (a.lead_us * 1000, target.port());
+        Some(Box::new(move |_conn| {
+            Ok(Box::new(LocalAnnounce {
+                announcer: Announcer::new(&dir, &pids)?,
+                lead_ns,
+                port,
+                strategies,
+            }) as Box<dyn Announce>)
+        }))
+    } else if let Some(arb) = &a.arbiter {
+        let arb: SocketAddr = arb
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {arb}"))?
+            .next()
+            .context("arbiter address resolves to nothing")?;
+        let key_file = a.key_file.as_ref().context("--arbiter needs --key-file")?;
+        let key = preheat_net::wire::Key::from_file(key_file)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", key_file.display()))?;
+        let my_ip = match a.my_ip {
+            Some(ip) => ip,
+            None => local_ipv4_towards(arb)?,
+        };
+        let dst_ip = match target.ip() {
+            std::net::IpAddr::V4(v4) => v4.to_bits(),
+            std::net::IpAddr::V6(_) => {
+                bail!("--arbiter: the arbiter names hosts by IPv4 address; {target} is IPv6")
+            }
+        };
+        let timeout = Duration::from_millis(a.arbiter_timeout_ms);
+        let waits = slot_waits.clone();
+        let port = target.port();
+        Some(Box::new(move |_conn| {
+            let sender =
+                preheat_net::sender::Sender::new(arb, key.clone(), my_ip.to_bits(), timeout)
+                    .context("creating the arbiter sender")?;
+            Ok(Box::new(ArbiterAnnounce {
+                sender,
+                dst_ip,
+                port,
+                waits: waits.clone(),
+            }) as Box<dyn Announce>)
+        }))
     } else {
         None
     };
-    let mut sender = match &a.arbiter {
-        Some(arb) => {
-            let arb: SocketAddr = arb
-                .to_socket_addrs()
-                .with_context(|| format!("resolving {arb}"))?
-                .next()
-                .context("arbiter address resolves to nothing")?;
-            let key_file = a.key_file.as_ref().context("--arbiter needs --key-file")?;
-            let key = preheat_net::wire::Key::from_file(key_file)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", key_file.display()))?;
-            let my_ip = match a.my_ip {
-                Some(ip) => ip,
-                None => local_ipv4_towards(arb)?,
-            };
-            Some(
-                preheat_net::sender::Sender::new(
-                    arb,
-                    key,
-                    my_ip.to_bits(),
-                    Duration::from_millis(a.arbiter_timeout_ms),
-                )
-                .context("creating the arbiter sender")?,
-            )
-        }
+
+    // Records, and the observer (which reads each record right after its reply).
+    let csv = match &a.records {
+        Some(p) => Some(CsvSink::create(p)?),
         None => None,
     };
-    let dst_ip = match target.ip() {
-        std::net::IpAddr::V4(v4) => v4.to_bits(),
-        std::net::IpAddr::V6(_) if sender.is_some() => {
-            bail!("--arbiter: the arbiter names hosts by IPv4 address; {target} is IPv6")
-        }
-        std::net::IpAddr::V6(_) => 0,
-    };
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
-    let mut waits = Vec::new();
-    let mut late = Vec::new();
-    let mut starts = Vec::new();
-    let observer = if a.observe {
-        Some(Observer::new(target.port()))
+    let starts = Arc::new(Mutex::new(Vec::<f64>::new()));
+    let mut totals_observer = a.observe.then(|| Observer::new(target.port()));
+    let totals0 = totals_observer.as_mut().map(|o| o.totals());
+    let sink: Option<Box<dyn RecordSink>> = if a.observe {
+        Some(Box::new(ObserveSink {
+            csv,
+            observer: Observer::new(target.port()),
+            starts: starts.clone(),
+        }))
     } else {
-        None
+        csv.map(|c| Box::new(c) as Box<dyn RecordSink>)
     };
-    let totals0 = observer.as_ref().map(|o| o.totals());
-    let (mut errors, mut scheduled, mut unscheduled) = (0u64, 0u64, 0u64);
-    // One warm-up request: the connection and the server's path for it exist.
-    let _ = client.request(&req, &until);
-    for _ in 0..a.requests {
-        if a.mode == Mode::IdleGap {
-            std::thread::sleep(Duration::from_millis(a.gap_ms));
-        }
-        let now = preheat_engine::time::now_ns();
-        let intended = if let Some(s) = sender.as_mut() {
-            match s.request(dst_ip, target.port(), 1) {
-                preheat_net::sender::Grant::Scheduled { send_at_ns } => {
-                    scheduled += 1;
-                    waits.push(send_at_ns.saturating_sub(now) as f64 / 1e3);
-                    s.wait_until(send_at_ns);
-                    send_at_ns
-                }
-                preheat_net::sender::Grant::Unscheduled { .. } => {
-                    unscheduled += 1;
-                    preheat_engine::time::now_ns()
-                }
-            }
-        } else if let Some(ann) = local.as_mut() {
-            let arrival = now + a.lead_us * 1000;
-            ann.send(Announcement {
-                strategies,
-                port: target.port(),
-                seq: 0,
-                arrival_ns: arrival,
-                sent_ns: now,
-                budget_ns: 0,
-            });
-            while preheat_engine::time::now_ns() < arrival {
-                std::hint::spin_loop();
-            }
-            arrival
-        } else {
-            now
-        };
-        late.push(preheat_engine::time::now_ns().saturating_sub(intended) as f64 / 1e3);
-        let ok = match a.protocol {
-            Protocol::Memcached => client.request(&req, &until).is_ok(),
-            Protocol::Http => client.request_http(&req).is_ok(),
-        };
-        let done = preheat_engine::time::now_ns();
-        if !ok {
-            errors += 1;
-            client = Client::connect(target)?;
-            continue;
-        }
-        hist.record(done.saturating_sub(intended).max(1))?;
-        if let Some(o) = &observer {
-            if let Some(start) = o.last_start(intended) {
-                starts.push((start as f64 - intended as f64) / 1e3);
-            }
-        }
-    }
-    let totals = match (&observer, totals0) {
+
+    let bar = progress_bar(&cfg, a.json);
+    let summary = engine::run(&cfg, &connect, announcer.as_deref(), sink, stop, &|n| {
+        bar.set_position(n)
+    });
+    bar.finish_and_clear();
+    let s = summary?;
+    let interrupted = stop.load(Ordering::Relaxed);
+
+    let totals = match (totals_observer.as_mut(), totals0) {
         (Some(o), Some(t0)) => {
             let t1 = o.totals();
-            [t1[0] - t0[0], t1[1] - t0[1], t1[2] - t0[2], t1[3] - t0[3]]
+            [
+                t1[0].saturating_sub(t0[0]),
+                t1[1].saturating_sub(t0[1]),
+                t1[2].saturating_sub(t0[2]),
+                t1[3].saturating_sub(t0[3]),
+            ]
         }
         _ => [0; 4],
     };
+    let starts = starts.lock().map(|v| v.clone()).unwrap_or_default();
     let start = crate::stats::summarize(&starts);
-    let us = |q: f64| hist.value_at_quantile(q) as f64 / 1e3;
+    let mut waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
     waits.sort_by(|x, y| x.total_cmp(y));
-    let late = crate::stats::summarize(&late);
     Ok(LoadReport {
-        label: "measured",
+        label: s.label,
         target: a.target.clone(),
-        mode: a.mode,
+        protocol: a.protocol,
+        mode: s.mode,
+        connections: s.connections,
         announce: if a.arbiter.is_some() {
             "arbiter".into()
         } else if a.announce_local {
@@ -323,18 +454,29 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
         } else {
             "none".into()
         },
-        requests: a.requests,
-        errors,
-        scheduled,
-        unscheduled,
-        p50_us: us(0.5),
-        p90_us: us(0.9),
-        p99_us: us(0.99),
-        max_us: hist.max() as f64 / 1e3,
-        mean_us: hist.mean() / 1e3,
+        strategy: cfg.strategy.clone(),
+        wait: a.wait,
+        seed: a.seed,
+        warmup: a.warmup,
+        requests: s.requests,
+        errors: s.errors,
+        wrong: s.wrong,
+        scheduled: s.scheduled,
+        unscheduled: s.unscheduled,
+        duration_s: s.duration_s,
+        throughput_rps: s.throughput_rps,
+        offered_rps: s.offered_rps,
+        p50_us: s.p50_us,
+        p90_us: s.p90_us,
+        p99_us: s.p99_us,
+        p999_us: s.p999_us,
+        max_us: s.max_us,
+        mean_us: s.mean_us,
         slot_wait_us_p50: waits.get(waits.len() / 2).copied().unwrap_or(0.0),
-        send_late_us_p50: late.p50,
-        send_late_us_p99: late.p99,
+        send_late_us_p50: s.send_late_us_p50,
+        send_late_us_p99: s.send_late_us_p99,
+        interrupted,
+        records: a.records.clone(),
         server_start_us_p50: (start.n > 0).then_some(start.p50),
         server_start_us_p99: (start.n > 0).then_some(start.p99),
         observed: start.n as u64,
@@ -345,9 +487,132 @@ pub fn generate(a: &LoadArgs) -> Result<LoadReport> {
     })
 }
 
+/// A progress bar on stderr (drawn only on a terminal, never with --json).
+fn progress_bar(cfg: &LoadConfig, json: bool) -> indicatif::ProgressBar {
+    if json {
+        return indicatif::ProgressBar::hidden();
+    }
+    match cfg.requests {
+        Some(n) => {
+            let bar = indicatif::ProgressBar::new(n);
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} load {bar:30} {pos}/{len} requests ({elapsed})",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }
+        None => {
+            let bar = indicatif::ProgressBar::new_spinner();
+            if let Ok(style) = indicatif::ProgressStyle::with_template(
+                "{spinner} load: {pos} requests ({elapsed})",
+            ) {
+                bar.set_style(style);
+            }
+            bar
+        }
+    }
+}
+
+/// Makes the announcer of connection N.
+type MakeAnnouncer = Box<dyn Fn(usize) -> Result<Box<dyn Announce>> + Sync>;
+
+/// Local announcements: `arrival = max(earliest, now + lead)`, announced to every agent of the
+/// run dir at once; the request is sent at the arrival time. If no agent accepted the
+/// datagram the request counts as unscheduled (it still goes out at that time).
+struct LocalAnnounce {
+    announcer: Announcer,
+    lead_ns: u64,
+    port: u16,
+    strategies: Strategies,
+}
+
+impl Announce for LocalAnnounce {
+    fn grant(&mut self, earliest_ns: u64) -> Grant {
+        let now = preheat_engine::time::now_ns();
+        let arrival = earliest_ns.max(now + self.lead_ns);
+        let accepted = self.announcer.send(Announcement {
+            strategies: self.strategies,
+            port: self.port,
+            seq: 0,
+            arrival_ns: arrival,
+            sent_ns: now,
+            budget_ns: 0,
+        });
+        Grant {
+            send_at_ns: arrival,
+            scheduled: accepted > 0,
+        }
+    }
+
+    fn lead_ns(&self) -> u64 {
+        self.lead_ns
+    }
+}
+
+/// The arbiter: one demand per request; scheduled → send at the slot, unscheduled → now
+/// (fail-open).
+struct ArbiterAnnounce {
+    sender: preheat_net::sender::Sender,
+    dst_ip: u32,
+    port: u16,
+    waits: Arc<Mutex<Vec<f64>>>,
+}
+
+impl Announce for ArbiterAnnounce {
+    fn grant(&mut self, _earliest_ns: u64) -> Grant {
+        let now = preheat_engine::time::now_ns();
+        match self.sender.request(self.dst_ip, self.port, 1) {
+            preheat_net::sender::Grant::Scheduled { send_at_ns } => {
+                if let Ok(mut w) = self.waits.lock() {
+                    w.push(send_at_ns.saturating_sub(now) as f64 / 1e3);
+                }
+                Grant {
+                    send_at_ns,
+                    scheduled: true,
+                }
+            }
+            preheat_net::sender::Grant::Unscheduled { .. } => Grant {
+                send_at_ns: preheat_engine::time::now_ns(),
+                scheduled: false,
+            },
+        }
+    }
+}
+
+/// Records to the CSV file (if any) and, for each, the agents' start of the busy period that
+/// served it. Runs on the engine's records thread, so the agents are asked after the reply,
+/// never inside a measured interval.
+struct ObserveSink {
+    csv: Option<CsvSink>,
+    observer: Observer,
+    starts: Arc<Mutex<Vec<f64>>>,
+}
+
+impl RecordSink for ObserveSink {
+    fn write(&mut self, r: &Record) -> Result<()> {
+        if let Some(c) = self.csv.as_mut() {
+            c.write(r)?;
+        }
+        if let Some(start) = self.observer.start_of(r.granted_ns, r.done_ns) {
+            if let Ok(mut s) = self.starts.lock() {
+                s.push((start as f64 - r.granted_ns as f64) / 1e3);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        match self.csv.as_mut() {
+            Some(c) => c.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Reads the agents of the run dir, over control connections opened once.
 struct Observer {
-    agents: std::cell::RefCell<Vec<agentctl::AgentClient>>,
+    agents: Vec<agentctl::AgentClient>,
     port: u16,
 }
 
@@ -358,45 +623,46 @@ impl Observer {
             .into_iter()
             .filter_map(|pid| agentctl::AgentClient::connect(&dir, pid).ok())
             .collect();
-        Observer {
-            agents: std::cell::RefCell::new(agents),
-            port,
-        }
+        Observer { agents, port }
     }
 
     /// Status of every agent that still answers (agents that went away are dropped).
-    fn statuses(&self) -> Vec<preheat_model::proto::Reply> {
+    fn statuses(&mut self) -> Vec<preheat_model::proto::Reply> {
         let mut out = Vec::new();
-        self.agents.borrow_mut().retain_mut(|c| {
-            match c.call(&preheat_model::proto::Request::Status) {
+        self.agents
+            .retain_mut(|c| match c.call(&preheat_model::proto::Request::Status) {
                 Ok(r) => {
                     out.push(r);
                     true
                 }
                 Err(_) => false,
-            }
-        });
+            });
         out
     }
 
-    /// The latest busy-period start for the port at or after `after_ns` − 1 ms, over all agents.
-    /// The agent records a period when it ends, so poll briefly.
-    fn last_start(&self, after_ns: u64) -> Option<u64> {
+    /// The start of the busy period for the port that served a request announced for
+    /// `arrival_ns` and answered at `done_ns`: the agents' latest start, if it lies in
+    /// [arrival − 1 ms, done]. The agent records a period when it ends, so poll briefly; a
+    /// start after `done` means a later request already began, and this one is not observable.
+    fn start_of(&mut self, arrival_ns: u64, done_ns: u64) -> Option<u64> {
         let t0 = std::time::Instant::now();
         loop {
+            let port = self.port;
             let best = self
                 .statuses()
                 .into_iter()
                 .filter_map(|r| match r {
                     preheat_model::proto::Reply::Status { ports, .. } => ports
                         .iter()
-                        .find(|p| p.port == self.port)
+                        .find(|p| p.port == port)
                         .map(|p| p.last_start_ns),
                     _ => None,
                 })
                 .max();
-            if let Some(b) = best.filter(|b| *b + 1_000_000 >= after_ns) {
-                return Some(b);
+            match best {
+                Some(b) if b > done_ns => return None,
+                Some(b) if b + 1_000_000 >= arrival_ns => return Some(b),
+                _ => {}
             }
             if t0.elapsed() > Duration::from_millis(20) {
                 return None;
@@ -406,7 +672,7 @@ impl Observer {
     }
 
     /// Summed agent counters: announcements, preheats, completed, late.
-    fn totals(&self) -> [u64; 4] {
+    fn totals(&mut self) -> [u64; 4] {
         let mut t = [0u64; 4];
         for r in self.statuses() {
             if let preheat_model::proto::Reply::Status { preheat, .. } = r {

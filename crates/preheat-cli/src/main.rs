@@ -82,7 +82,7 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Generate load (idle-gap or closed loop), optionally announcing every request.
+    /// Generate load (open loop with Poisson arrivals, idle-gap, closed loop) over memcached, redis, HTTP or MySQL, optionally announcing every request.
     Load(load::LoadArgs),
     /// Run the central arbiter: allocate timeslots to senders, announce packets to receivers.
     Arbiter(arbiter::ArbiterArgs),
@@ -250,10 +250,16 @@ fn main() {
     let cli = Cli::parse();
     // Commands that start servers get the stop-everything-on-SIGINT/SIGTERM handler; the
     // daemons and proxies handle those signals themselves (restoring machine state, final
-    // counters) and must not be cut short by it.
+    // counters) and must not be cut short by it. `load` starts no processes and stops on those
+    // signals itself to print what it measured.
     if !matches!(
         cli.cmd,
-        Cmd::Stage(_) | Cmd::Power(_) | Cmd::Wake(_) | Cmd::Arbiter(_) | Cmd::Lab { .. }
+        Cmd::Stage(_)
+            | Cmd::Power(_)
+            | Cmd::Wake(_)
+            | Cmd::Arbiter(_)
+            | Cmd::Lab { .. }
+            | Cmd::Load(_)
     ) {
         launch::install_cleanup();
     }

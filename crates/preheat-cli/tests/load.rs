@@ -1,0 +1,703 @@
+//! `preheat load` end to end: the real binary against real servers on loopback (memcached, the
+//! bundled preheat-kv, redis, nginx), each started by the test and stopped by a guard. A test
+//! whose program is missing prints `SKIP: reason`. No wall-clock performance assertions.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Every server a test started; killed (and reaped) on drop, panics included.
+#[derive(Default)]
+struct Servers(Vec<Child>);
+
+impl Servers {
+    fn spawn(&mut self, cmd: &mut Command) -> std::io::Result<()> {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.0.push(child);
+        Ok(())
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16, servers: &mut Servers) {
+    let t0 = Instant::now();
+    loop {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Some(c) = servers.0.last_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                panic!("the server for port {port} exited: {st}");
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "nothing listens on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Send `req` on a fresh connection and read until the reply ends with `until`.
+fn exchange(port: u16, req: &[u8], until: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(req).unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !out.ends_with(until) {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "server closed: {}", String::from_utf8_lossy(&out));
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}
+
+fn memcached(servers: &mut Servers) -> Option<u16> {
+    let Some(mc) = find_program("memcached") else {
+        println!("SKIP: memcached is not installed (apt-get install memcached)");
+        return None;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    servers
+        .spawn(Command::new(mc).args([
+            "-p",
+            &p,
+            "-l",
+            "127.0.0.1",
+            "-U",
+            "0",
+            "-t",
+            "1",
+            "-u",
+            "root",
+        ]))
+        .unwrap();
+    wait_port(port, servers);
+    let r = exchange(port, b"set key:42 0 0 5\r\nhello\r\n", b"\r\n");
+    assert_eq!(r, b"STORED\r\n");
+    Some(port)
+}
+
+fn preheat_kv(servers: &mut Servers) -> Option<u16> {
+    let kv = Path::new(env!("CARGO_BIN_EXE_preheat"))
+        .parent()
+        .unwrap()
+        .join("preheat-kv");
+    if !kv.is_file() {
+        println!(
+            "SKIP: {} is missing (build the workspace first: cargo build --workspace)",
+            kv.display()
+        );
+        return None;
+    }
+    let port = free_port();
+    servers
+        .spawn(Command::new(kv).args(["--port", &port.to_string(), "--quiet"]))
+        .unwrap();
+    wait_port(port, servers);
+    Some(port)
+}
+
+fn redis(servers: &mut Servers) -> Option<u16> {
+    let Some(rs) = find_program("redis-server") else {
+        println!("SKIP: redis-server is not installed (apt-get install redis-server)");
+        return None;
+    };
+    let port = free_port();
+    let p = port.to_string();
+    servers
+        .spawn(Command::new(rs).args([
+            "--port",
+            &p,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]))
+        .unwrap();
+    wait_port(port, servers);
+    let r = exchange(
+        port,
+        b"*3\r\n$3\r\nSET\r\n$6\r\nkey:42\r\n$5\r\nhello\r\n",
+        b"\r\n",
+    );
+    assert_eq!(r, b"+OK\r\n");
+    Some(port)
+}
+
+fn nginx(servers: &mut Servers, dir: &Path) -> Option<u16> {
+    let Some(ng) = find_program("nginx") else {
+        println!("SKIP: nginx is not installed (apt-get install nginx)");
+        return None;
+    };
+    let port = free_port();
+    let d = dir.display();
+    std::fs::create_dir_all(dir.join("www")).unwrap();
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
+    std::fs::write(dir.join("www/index.html"), "hello from nginx\n").unwrap();
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log {d}/error.log;\npid {d}/nginx.pid;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n  access_log off;\n  client_body_temp_path {d}/tmp/body;\n  proxy_temp_path {d}/tmp/proxy;\n  \
+             fastcgi_temp_path {d}/tmp/fastcgi;\n  uwsgi_temp_path {d}/tmp/uwsgi;\n  scgi_temp_path {d}/tmp/scgi;\n  \
+             server {{ listen 127.0.0.1:{port}; root {d}/www; }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    servers
+        .spawn(Command::new(ng).arg("-p").arg(dir).arg("-c").arg(&conf))
+        .unwrap();
+    wait_port(port, servers);
+    Some(port)
+}
+
+fn preheat_load(args: &[&str], run_dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .arg("load")
+        .args(args)
+        .env("PREHEAT_RUN_DIR", run_dir)
+        .output()
+        .expect("run preheat load")
+}
+
+fn load_json(args: &[&str], run_dir: &Path) -> Value {
+    let mut argv = vec!["--json"];
+    argv.extend_from_slice(args);
+    let o = preheat_load(&argv, run_dir);
+    assert!(
+        o.status.success(),
+        "preheat load {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        String::from_utf8_lossy(&o.stdout)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "preheat load {args:?}: not JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+const FIELDS: &[&str] = &[
+    "label",
+    "target",
+    "protocol",
+    "mode",
+    "connections",
+    "requests",
+    "errors",
+    "wrong",
+    "duration_s",
+    "throughput_rps",
+    "offered_rps",
+    "p50_us",
+    "p90_us",
+    "p99_us",
+    "p999_us",
+    "max_us",
+    "mean_us",
+    "send_late_us_p50",
+    "send_late_us_p99",
+    "scheduled",
+    "unscheduled",
+    "announce",
+    "strategy",
+    "slot_wait_us_p50",
+    "interrupted",
+    "server_start_us_p50",
+    "server_start_us_p99",
+    "observed",
+    "agent_announcements",
+    "agent_preheats",
+    "agent_preheats_completed",
+    "agent_late",
+];
+
+/// Every field is there and the numbers are consistent with `requests` measured replies.
+fn check(v: &Value, requests: u64) {
+    for f in FIELDS {
+        assert!(v.get(f).is_some(), "missing {f}: {v}");
+    }
+    assert_eq!(v["label"], "measured", "{v}");
+    assert_eq!(v["requests"].as_u64(), Some(requests), "{v}");
+    assert_eq!(v["errors"], 0, "{v}");
+    assert_eq!(v["wrong"], 0, "{v}");
+    assert_eq!(v["interrupted"], false, "{v}");
+    let f = |k: &str| {
+        v[k].as_f64()
+            .unwrap_or_else(|| panic!("{k} not a number: {v}"))
+    };
+    assert!(f("throughput_rps") > 0.0, "{v}");
+    assert!(f("duration_s") > 0.0, "{v}");
+    assert!(f("p50_us") > 0.0, "{v}");
+    assert!(
+        f("p50_us") <= f("p90_us") && f("p90_us") <= f("p99_us"),
+        "{v}"
+    );
+    assert!(
+        f("p99_us") <= f("p999_us") && f("p999_us") <= f("max_us") * 1.001,
+        "{v}"
+    );
+    assert!(f("mean_us") <= f("max_us") * 1.001, "{v}");
+    assert!(f("send_late_us_p50") <= f("send_late_us_p99"), "{v}");
+}
+
+fn csv_rows(path: &Path) -> (String, Vec<String>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines().map(str::to_string);
+    let header = lines.next().unwrap_or_default();
+    (header, lines.collect())
+}
+
+#[test]
+fn open_loop_memcached_with_records() {
+    let mut servers = Servers::default();
+    let Some(port) = memcached(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let records = tmp.path().join("records.csv");
+    let target = format!("127.0.0.1:{port}");
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--mode",
+            "open",
+            "--rate",
+            "2000",
+            "--requests",
+            "300",
+            "--connections",
+            "2",
+            "--seed",
+            "3",
+            "--records",
+            records.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    println!("{v}");
+    check(&v, 300);
+    assert_eq!(v["mode"], "open");
+    assert_eq!(v["protocol"], "memcached");
+    assert_eq!(v["connections"], 2);
+    assert_eq!(v["offered_rps"].as_f64(), Some(2000.0));
+    assert_eq!(v["target"], target);
+    assert_eq!(v["announce"], "none");
+    assert_eq!(v["strategy"], "none");
+    assert_eq!(
+        (v["scheduled"].as_u64(), v["unscheduled"].as_u64()),
+        (Some(0), Some(0))
+    );
+    let (header, rows) = csv_rows(&records);
+    assert!(header.starts_with("seq,conn,mode,"), "{header}");
+    assert_eq!(rows.len(), 300);
+    assert!(rows
+        .iter()
+        .all(|r| r.contains(",open,") && r.contains(",get,true,")));
+    let conns: std::collections::BTreeSet<&str> =
+        rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
+    assert_eq!(conns.len(), 2);
+}
+
+#[test]
+fn closed_and_idle_gap_on_the_bundled_kv() {
+    let mut servers = Servers::default();
+    let Some(port) = preheat_kv(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("127.0.0.1:{port}");
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--mode",
+            "closed",
+            "--requests",
+            "400",
+            "--connections",
+            "2",
+            "--warmup",
+            "5",
+            "--key",
+            "key:7",
+        ],
+        tmp.path(),
+    );
+    println!("{v}");
+    check(&v, 400);
+    assert_eq!(v["mode"], "closed");
+    assert_eq!(v["offered_rps"].as_f64(), Some(0.0));
+
+    // Idle gap (the default mode), text output, blocking waits.
+    let o = preheat_load(
+        &[
+            "--target",
+            &target,
+            "--requests",
+            "15",
+            "--gap-ms",
+            "2",
+            "--wait",
+            "block",
+        ],
+        tmp.path(),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    println!("{out}");
+    assert!(out.contains("[measured, 15 samples]"), "{out}");
+    assert!(out.contains("idle-gap"), "{out}");
+
+    // Duration instead of a request count.
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--mode",
+            "closed",
+            "--duration-s",
+            "0.3",
+        ],
+        tmp.path(),
+    );
+    assert!(v["requests"].as_u64().unwrap() > 0, "{v}");
+    let d = v["duration_s"].as_f64().unwrap();
+    assert!(d > 0.2 && d < 5.0, "{v}");
+}
+
+#[test]
+fn redis_protocol() {
+    let mut servers = Servers::default();
+    let Some(port) = redis(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("127.0.0.1:{port}");
+    for mode in [["--mode", "closed"], ["--mode", "idle-gap"]] {
+        let v = load_json(
+            &[
+                "--target",
+                &target,
+                "--protocol",
+                "redis",
+                mode[0],
+                mode[1],
+                "--requests",
+                "50",
+                "--gap-ms",
+                "1",
+            ],
+            tmp.path(),
+        );
+        println!("{v}");
+        check(&v, 50);
+        assert_eq!(v["protocol"], "redis");
+    }
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--protocol",
+            "redis",
+            "--mode",
+            "open",
+            "--rate",
+            "1000",
+            "--requests",
+            "100",
+            "--connections",
+            "2",
+        ],
+        tmp.path(),
+    );
+    check(&v, 100);
+}
+
+#[test]
+fn http_protocol_against_nginx() {
+    let mut servers = Servers::default();
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(port) = nginx(&mut servers, &tmp.path().join("nginx")) else {
+        return;
+    };
+    let target = format!("127.0.0.1:{port}");
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--protocol",
+            "http",
+            "--key",
+            "/index.html",
+            "--mode",
+            "closed",
+            "--requests",
+            "100",
+            "--connections",
+            "2",
+        ],
+        tmp.path(),
+    );
+    println!("{v}");
+    check(&v, 100);
+    assert_eq!(v["protocol"], "http");
+    // A missing page is a wrong reply (404), measured and counted apart from errors.
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--protocol",
+            "http",
+            "--key",
+            "/nope.html",
+            "--mode",
+            "closed",
+            "--requests",
+            "10",
+        ],
+        tmp.path(),
+    );
+    assert_eq!(
+        (v["requests"].as_u64(), v["wrong"].as_u64()),
+        (Some(10), Some(10)),
+        "{v}"
+    );
+    assert_eq!(v["errors"], 0, "{v}");
+}
+
+#[test]
+fn sigint_stops_the_run_and_keeps_what_was_measured() {
+    let mut servers = Servers::default();
+    let Some(port) = memcached(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let records = tmp.path().join("r.csv");
+    let child = Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .args([
+            "load",
+            "--json",
+            "--target",
+            &format!("127.0.0.1:{port}"),
+            "--mode",
+            "open",
+            "--rate",
+            "500",
+            "--duration-s",
+            "600",
+            "--records",
+            records.to_str().unwrap(),
+        ])
+        .env("PREHEAT_RUN_DIR", tmp.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let t0 = Instant::now();
+    // SAFETY: sending SIGINT to our own child process, which has not been waited for yet.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let o = child.wait_with_output().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&o.stdout)));
+    println!("{v}");
+    assert_eq!(v["interrupted"], true);
+    let n = v["requests"].as_u64().unwrap();
+    assert!(n > 0, "{v}");
+    let (_, rows) = csv_rows(&records);
+    assert_eq!(
+        rows.len() as u64,
+        n,
+        "the records file holds every measured request"
+    );
+}
+
+#[test]
+fn bad_flag_combinations_are_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fails = |args: &[&str], needle: &str| {
+        let o = preheat_load(args, tmp.path());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} should fail");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    };
+    fails(&["--target", "127.0.0.1:1", "--mode", "open"], "--rate");
+    fails(
+        &[
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--rate",
+            "10",
+        ],
+        "--mode open",
+    );
+    fails(
+        &["--target", "127.0.0.1:1", "--observe", "--connections", "2"],
+        "--connections 1",
+    );
+    fails(
+        &["--target", "127.0.0.1:1", "--announce-local"],
+        "no agents",
+    );
+    fails(
+        &["--target", "127.0.0.1:1", "--requests", "3"],
+        "connection 0",
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .args(["load", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    for needle in [
+        "open",
+        "idle-gap",
+        "closed",
+        "coordinated omission",
+        "INTENDED",
+        "--rate",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}: {help}");
+    }
+}
+
+#[test]
+fn local_announcements_and_observe_with_the_agent_attached() {
+    let dir = Path::new(env!("CARGO_BIN_EXE_preheat")).parent().unwrap();
+    let (kv, agent) = (dir.join("preheat-kv"), dir.join("libpreheat_agent.so"));
+    if !kv.is_file() || !agent.is_file() {
+        println!(
+            "SKIP: build the workspace first ({} / {} missing)",
+            kv.display(),
+            agent.display()
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let mut servers = Servers::default();
+    let port = free_port();
+    servers
+        .spawn(
+            Command::new(&kv)
+                .args(["--port", &port.to_string(), "--quiet"])
+                .env("LD_PRELOAD", &agent)
+                .env("PREHEAT_RUN_DIR", &run_dir),
+        )
+        .unwrap();
+    wait_port(port, &mut servers);
+    // The agent's sockets appear once it is up.
+    let t0 = Instant::now();
+    while std::fs::read_dir(&run_dir).unwrap().count() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no agent sockets in {}",
+            run_dir.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let target = format!("127.0.0.1:{port}");
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--announce-local",
+            "--observe",
+            "--requests",
+            "30",
+            "--gap-ms",
+            "5",
+        ],
+        &run_dir,
+    );
+    println!("{v}");
+    check(&v, 30);
+    assert_eq!(v["scheduled"], 30, "every request announced: {v}");
+    assert_eq!(v["strategy"], "wake+lines");
+    assert!(
+        v["announce"].as_str().unwrap().starts_with("local 65 µs"),
+        "{v}"
+    );
+    assert!(v["agent_announcements"].as_u64().unwrap() >= 15, "{v}");
+    assert!(v["observed"].as_u64().unwrap() >= 15, "{v}");
+    assert!(v["server_start_us_p50"].is_number(), "{v}");
+
+    // Open loop over two connections, each with its own announcer.
+    let v = load_json(
+        &[
+            "--target",
+            &target,
+            "--announce-local",
+            "--mode",
+            "open",
+            "--rate",
+            "500",
+            "--connections",
+            "2",
+            "--requests",
+            "100",
+            "--strategy",
+            "my-label",
+        ],
+        &run_dir,
+    );
+    println!("{v}");
+    check(&v, 100);
+    assert_eq!(v["scheduled"], 100, "{v}");
+    assert_eq!(v["strategy"], "my-label");
+}
