@@ -1,9 +1,33 @@
-//! One request of a workload, per protocol. INTERFACE FIXED BY THE LEAD: keep the public
-//! signatures; fill in the bodies.
+//! One request of a workload, per protocol (paper §4, Table 1: the request whose response time
+//! is measured). INTERFACE FIXED BY THE LEAD: keep the public signatures.
+//!
+//! Every driver sends one request at a time on one connection and reads the *whole* reply,
+//! framed by the protocol's own length fields (never by searching for a terminator inside the
+//! data):
+//!
+//! * memcached text: `get KEY\r\n` → `VALUE KEY FLAGS LEN\r\n<LEN bytes>\r\nEND\r\n` or
+//!   `END\r\n` (miss);
+//! * redis RESP: `*2 $3 GET $n KEY` → bulk string `$LEN\r\n<LEN bytes>\r\n` or `$-1\r\n` (miss);
+//! * HTTP/1.1: `GET PATH` with keep-alive → status line, headers, then a `Content-Length` body,
+//!   a `Transfer-Encoding: chunked` body (decoded), or a body up to the end of the connection;
+//! * MySQL/MariaDB: one TPC-C-like transaction ([`crate::tpcc`]) through the `mysql` crate.
+//!
+//! [`Wait::Spin`] makes the socket non-blocking and busy-polls it, so the measured latency does
+//! not contain the client's own (v)CPU wakeup; [`Wait::Block`] blocks in `read`. The `mysql`
+//! crate only does blocking I/O, so a MySQL driver always blocks ([`Wait::Spin`] is accepted and
+//! treated as [`Wait::Block`]).
+//!
+//! Errors: `Err` from [`Driver::request`] means the connection is unusable (I/O error, the peer
+//! closed it, a reply that breaks the framing, no complete reply within [`REPLY_TIMEOUT`]);
+//! a complete but wrong reply (other value, miss, error reply, HTTP status ≠ 200, SQL error) is
+//! `Ok` with `ok == false`.
 
-use std::net::SocketAddr;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::ops::Range;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 /// Wire protocol of a server under test.
@@ -25,6 +49,7 @@ pub enum Protocol {
 #[serde(rename_all = "lowercase")]
 pub enum Wait {
     /// Busy-poll a non-blocking socket: the latency excludes the client's own (v)CPU wakeup.
+    /// Not available for MySQL (the `mysql` crate blocks): treated as `Block` there.
     Spin,
     /// Block in the kernel, as most load generators (memcaslap, redis-benchmark, wrk) do.
     Block,
@@ -41,13 +66,75 @@ pub struct WorkloadSpec {
     pub tpcc: Option<crate::tpcc::TpccConfig>,
 }
 
+/// How long a driver waits for a whole reply (and for `connect`).
+pub const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The key the memcached and redis warm-up requests ask for; it is never stored, so the reply
+/// is a short, fixed miss.
+pub const WARMUP_KEY: &str = "__preheat_warmup__";
+
+/// The HTTP warm-up file the nginx plan writes into its site ...
+pub const HTTP_WARMUP_PATH: &str = "/preheat-warmup.txt";
+/// ... and its fixed content (16 bytes, so the whole body is the reply suffix).
+pub const HTTP_WARMUP_BODY: &[u8] = b"preheat warm-up\n";
+
+/// Longest reply suffix used for `until` (besides the protocol's own line end).
+const UNTIL_TAIL: usize = 16;
+/// Longest protocol line (memcached reply line, RESP header, HTTP status line or header).
+const MAX_LINE: usize = 64 * 1024;
+/// Largest value or body a driver accepts (a bigger length field is treated as a broken reply).
+const MAX_BODY: usize = 64 << 20;
+/// Most HTTP header lines in one response.
+const MAX_HEADERS: usize = 128;
+
 impl WorkloadSpec {
     /// The raw request and the exact reply suffix the agent uses for its own requests: the
     /// `replay` warm-up strategy (an idempotent request) and the flush+reload probe (the measured
-    /// request itself). `None` where no fixed byte exchange exists (MySQL needs a session).
+    /// request itself). `None` where no fixed byte exchange exists (MySQL needs a session), and
+    /// for redis and HTTP without `expect` (their replies have no fixed suffix otherwise).
+    ///
+    /// The agent reads until its buffer *ends with* `until`, so `until` is always an exact
+    /// suffix of the whole reply that no shorter prefix of that reply ends with:
+    /// * memcached: `END\r\n` (a hit's value is followed by `\r\nEND\r\n`, a miss is `END\r\n`);
+    /// * redis: the last ≤16 bytes of the value plus `\r\n`; a value shorter than 16 bytes
+    ///   takes as much of the bulk header as keeps the suffix at 18 bytes (at most the whole
+    ///   reply), because `\r\n` also ends the header `$LEN\r\n` and e.g. `1\r\n` would match
+    ///   `$1\r\n` before the value arrived;
+    /// * HTTP: the last ≤16 bytes of the body (the headers end before the body starts).
     pub fn raw_exchange(&self) -> Option<RawExchange> {
-        let _ = self;
-        todo!("helper: per protocol")
+        match self.protocol {
+            Protocol::Memcached => Some(RawExchange {
+                request: format!("get {}\r\n", self.key).into_bytes(),
+                until: b"END\r\n".to_vec(),
+                replay: format!("get {WARMUP_KEY}\r\n").into_bytes(),
+                replay_until: b"END\r\n".to_vec(),
+            }),
+            Protocol::Redis => {
+                let value = self.expect.as_ref()?;
+                let mut reply = format!("${}\r\n", value.len()).into_bytes();
+                reply.extend_from_slice(value);
+                reply.extend_from_slice(b"\r\n");
+                Some(RawExchange {
+                    request: resp_get(self.key.as_bytes()),
+                    until: tail(&reply, UNTIL_TAIL + 2).to_vec(),
+                    replay: resp_get(WARMUP_KEY.as_bytes()),
+                    replay_until: b"$-1\r\n".to_vec(),
+                })
+            }
+            Protocol::Http => {
+                let body = self.expect.as_ref()?;
+                if body.is_empty() {
+                    return None;
+                }
+                Some(RawExchange {
+                    request: http_get(&http_path(&self.key)),
+                    until: tail(body, UNTIL_TAIL).to_vec(),
+                    replay: http_get(HTTP_WARMUP_PATH),
+                    replay_until: tail(HTTP_WARMUP_BODY, UNTIL_TAIL).to_vec(),
+                })
+            }
+            Protocol::Mysql => None,
+        }
     }
 }
 
@@ -78,8 +165,733 @@ pub trait Driver: Send {
     fn protocol(&self) -> Protocol;
 }
 
-/// Connect a driver for `w` to `addr`.
+/// Connect a driver for `w` to `addr`. Errors name the address. For [`Protocol::Mysql`],
+/// `wait` is ignored: the `mysql` crate blocks, so the driver always behaves as [`Wait::Block`].
 pub fn connect(addr: SocketAddr, w: &WorkloadSpec, wait: Wait) -> Result<Box<dyn Driver>> {
-    let _ = (addr, w, wait);
-    todo!("helper")
+    match w.protocol {
+        Protocol::Memcached => {
+            check_memcached_key(&w.key)?;
+            let conn = Conn::open(addr, wait)?;
+            Ok(Box::new(MemcachedDriver {
+                request: format!("get {}\r\n", w.key).into_bytes(),
+                key: w.key.clone().into_bytes(),
+                expect: w.expect.clone(),
+                conn,
+            }))
+        }
+        Protocol::Redis => {
+            let conn = Conn::open(addr, wait)?;
+            Ok(Box::new(RedisDriver {
+                request: resp_get(w.key.as_bytes()),
+                expect: w.expect.clone(),
+                conn,
+            }))
+        }
+        Protocol::Http => {
+            let path = http_path(&w.key);
+            if path
+                .bytes()
+                .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+            {
+                bail!("HTTP path {path:?} contains whitespace or control characters");
+            }
+            let conn = Conn::open(addr, wait)?;
+            Ok(Box::new(HttpDriver {
+                request: http_get(&path),
+                expect: w.expect.clone(),
+                conn,
+                closed: false,
+                body: Vec::new(),
+            }))
+        }
+        Protocol::Mysql => {
+            let default_cfg;
+            let cfg = match &w.tpcc {
+                Some(c) => c,
+                None => {
+                    default_cfg = crate::tpcc::TpccConfig::default();
+                    &default_cfg
+                }
+            };
+            let client = crate::tpcc::TpccClient::connect(addr, cfg)?;
+            Ok(Box::new(MysqlDriver { client }))
+        }
+    }
+}
+
+/// The last `n` bytes of `b` (all of it when shorter).
+fn tail(b: &[u8], n: usize) -> &[u8] {
+    &b[b.len().saturating_sub(n)..]
+}
+
+/// A RESP `GET key` command.
+fn resp_get(key: &[u8]) -> Vec<u8> {
+    let mut r = format!("*2\r\n$3\r\nGET\r\n${}\r\n", key.len()).into_bytes();
+    r.extend_from_slice(key);
+    r.extend_from_slice(b"\r\n");
+    r
+}
+
+/// The HTTP path of a workload key ("" → "/", "index.html" → "/index.html").
+fn http_path(key: &str) -> String {
+    if key.starts_with('/') {
+        key.to_string()
+    } else {
+        format!("/{key}")
+    }
+}
+
+/// An HTTP/1.1 keep-alive GET of `path`.
+fn http_get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: keep-alive\r\n\r\n").into_bytes()
+}
+
+fn check_memcached_key(key: &str) -> Result<()> {
+    if key.is_empty()
+        || key.len() > 250
+        || key
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
+        bail!(
+            "invalid memcached key {key:?}: 1..250 bytes without whitespace or control characters"
+        );
+    }
+    Ok(())
+}
+
+/// Busy-poll bookkeeping: after [`YIELD_AFTER`] without progress the poll also yields the
+/// CPU each turn. The client never sleeps, but when the scheduler put the server on the
+/// client's CPU (an unpinned client), the server then runs at once instead of after the
+/// client's time slice (milliseconds). With nothing else runnable on the client's CPU a yield
+/// returns at once (a syscall, ~1 µs), so a slow (cold) reply is still seen about as soon as
+/// it arrives; the client's own wakeup stays out of the latency either way.
+struct Spinner {
+    turns: u32,
+    started: Instant,
+    yielding: bool,
+}
+
+/// See [`Spinner`].
+const YIELD_AFTER: Duration = Duration::from_micros(200);
+
+impl Spinner {
+    fn new() -> Spinner {
+        Spinner {
+            turns: 0,
+            started: Instant::now(),
+            yielding: false,
+        }
+    }
+
+    /// One turn; `true` when the reply deadline has passed.
+    fn turn(&mut self, deadline: Instant) -> bool {
+        self.turns = self.turns.wrapping_add(1);
+        if self.turns & 63 == 0 {
+            let now = Instant::now();
+            if now > deadline {
+                return true;
+            }
+            self.yielding = now - self.started > YIELD_AFTER;
+        }
+        if self.yielding {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        false
+    }
+}
+
+/// Whether `got` is the expected reply (anything is, without an expectation).
+fn matches_expect(expect: &Option<Vec<u8>>, got: &[u8]) -> bool {
+    match expect {
+        Some(e) => e[..] == *got,
+        None => true,
+    }
+}
+
+/// Printable excerpt of a reply for error messages.
+fn excerpt(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&b[..b.len().min(80)]);
+    s.escape_debug().to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection: one request out, a reply read into a buffer and parsed by ranges.
+
+struct Conn {
+    stream: TcpStream,
+    addr: SocketAddr,
+    spin: bool,
+    /// Bytes received; `buf[pos..]` is not parsed yet. Compacted only when a request is sent, so
+    /// ranges handed out while parsing one reply stay valid.
+    buf: Vec<u8>,
+    pos: usize,
+    scratch: Box<[u8]>,
+    deadline: Instant,
+}
+
+impl Conn {
+    fn open(addr: SocketAddr, wait: Wait) -> Result<Conn> {
+        let stream = TcpStream::connect_timeout(&addr, REPLY_TIMEOUT)
+            .with_context(|| format!("connecting to {addr}"))?;
+        let setup = || -> std::io::Result<()> {
+            stream.set_nodelay(true)?;
+            match wait {
+                Wait::Spin => stream.set_nonblocking(true)?,
+                Wait::Block => {
+                    stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
+                    stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
+                }
+            }
+            Ok(())
+        };
+        setup().with_context(|| format!("configuring the connection to {addr}"))?;
+        Ok(Conn {
+            stream,
+            addr,
+            spin: wait == Wait::Spin,
+            buf: Vec::with_capacity(16 * 1024),
+            pos: 0,
+            scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
+            deadline: Instant::now() + REPLY_TIMEOUT,
+        })
+    }
+
+    /// Start a request: drop the parsed bytes, arm the reply deadline, send `data` whole.
+    fn send(&mut self, data: &[u8]) -> Result<()> {
+        self.buf.drain(..self.pos);
+        self.pos = 0;
+        self.deadline = Instant::now() + REPLY_TIMEOUT;
+        let mut sent = 0;
+        let mut spinner = Spinner::new();
+        while sent < data.len() {
+            match self.stream.write(&data[sent..]) {
+                Ok(0) => bail!(
+                    "{} closed the connection while we sent a request",
+                    self.addr
+                ),
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if self.spin && e.kind() == ErrorKind::WouldBlock => {
+                    if spinner.turn(self.deadline) {
+                        bail!("sending a request to {} timed out", self.addr);
+                    }
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("sending a request to {}", self.addr))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Receive at least one more byte (busy-polling or blocking); `false`: the peer closed the
+    /// connection in order.
+    fn read_more(&mut self) -> Result<bool> {
+        let mut spinner = Spinner::new();
+        loop {
+            match self.stream.read(&mut self.scratch) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.buf.extend_from_slice(&self.scratch[..n]);
+                    if !self.spin && Instant::now() > self.deadline {
+                        bail!(
+                            "no complete reply from {} within {REPLY_TIMEOUT:?}",
+                            self.addr
+                        );
+                    }
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if self.spin && e.kind() == ErrorKind::WouldBlock => {
+                    if spinner.turn(self.deadline) {
+                        bail!(
+                            "no complete reply from {} within {REPLY_TIMEOUT:?}",
+                            self.addr
+                        );
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    bail!(
+                        "no complete reply from {} within {REPLY_TIMEOUT:?}",
+                        self.addr
+                    )
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("reading a reply from {}", self.addr))
+                }
+            }
+        }
+    }
+
+    /// Receive at least one more byte; the end of the stream is an error.
+    fn fill(&mut self) -> Result<()> {
+        if !self.read_more()? {
+            bail!(
+                "{} closed the connection before the reply was complete",
+                self.addr
+            );
+        }
+        Ok(())
+    }
+
+    /// The next line without its `\r\n`.
+    fn line(&mut self) -> Result<Range<usize>> {
+        let mut searched = self.pos;
+        loop {
+            if let Some(i) = self.buf[searched..].windows(2).position(|w| w == b"\r\n") {
+                let start = self.pos;
+                let end = searched + i;
+                self.pos = end + 2;
+                return Ok(start..end);
+            }
+            if self.buf.len() - self.pos > MAX_LINE {
+                bail!(
+                    "a reply line from {} is longer than {MAX_LINE} bytes: {}",
+                    self.addr,
+                    excerpt(&self.buf[self.pos..])
+                );
+            }
+            // A "\r" at the end may be the first half of the next "\r\n".
+            searched = self.buf.len().saturating_sub(1).max(self.pos);
+            self.fill()?;
+        }
+    }
+
+    /// The next `n` bytes.
+    fn take(&mut self, n: usize) -> Result<Range<usize>> {
+        while self.buf.len() - self.pos < n {
+            self.fill()?;
+        }
+        let start = self.pos;
+        self.pos += n;
+        Ok(start..start + n)
+    }
+
+    /// `n` bytes followed by `\r\n`; the range covers the `n` bytes only.
+    fn take_crlf(&mut self, n: usize, what: &str) -> Result<Range<usize>> {
+        let r = self.take(n + 2)?;
+        if &self.buf[r.end - 2..r.end] != b"\r\n" {
+            bail!(
+                "{what} from {} is not followed by \\r\\n: the reply is out of step",
+                self.addr
+            );
+        }
+        Ok(r.start..r.end - 2)
+    }
+
+    /// Everything until the peer closes the connection.
+    fn take_to_eof(&mut self) -> Result<Range<usize>> {
+        let start = self.pos;
+        while self.read_more()? {
+            if self.buf.len() - start > MAX_BODY {
+                bail!("a reply from {} is larger than {MAX_BODY} bytes", self.addr);
+            }
+        }
+        self.pos = self.buf.len();
+        Ok(start..self.buf.len())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// memcached text protocol
+
+struct MemcachedDriver {
+    conn: Conn,
+    request: Vec<u8>,
+    key: Vec<u8>,
+    expect: Option<Vec<u8>>,
+}
+
+impl Driver for MemcachedDriver {
+    fn request(&mut self) -> Result<Outcome> {
+        self.conn.send(&self.request)?;
+        let mut ok = true;
+        let mut values = 0u32;
+        loop {
+            let l = self.conn.line()?;
+            let line = &self.conn.buf[l];
+            if line == b"END" {
+                break;
+            }
+            if let Some(rest) = line.strip_prefix(b"VALUE ") {
+                // VALUE <key> <flags> <bytes> [<cas unique>]
+                let mut fields = rest.split(|&b| b == b' ').filter(|f| !f.is_empty());
+                let key = fields.next();
+                let _flags = fields.next();
+                let len = fields
+                    .next()
+                    .and_then(|f| std::str::from_utf8(f).ok())
+                    .and_then(|f| f.parse::<usize>().ok())
+                    .filter(|&n| n <= MAX_BODY);
+                let Some(len) = len else {
+                    bail!(
+                        "malformed memcached VALUE line from {}: {}",
+                        self.conn.addr,
+                        excerpt(line)
+                    );
+                };
+                if key != Some(self.key.as_slice()) {
+                    ok = false;
+                }
+                let data = self.conn.take_crlf(len, "a memcached value")?;
+                values += 1;
+                if let Some(e) = &self.expect {
+                    if self.conn.buf[data] != e[..] {
+                        ok = false;
+                    }
+                }
+                continue;
+            }
+            if line == b"ERROR"
+                || line.starts_with(b"CLIENT_ERROR")
+                || line.starts_with(b"SERVER_ERROR")
+            {
+                // A complete, but failed, reply.
+                return Ok(Outcome {
+                    kind: "get",
+                    ok: false,
+                });
+            }
+            bail!(
+                "unexpected memcached reply line from {}: {}",
+                self.conn.addr,
+                excerpt(line)
+            );
+        }
+        if values > 1 || (self.expect.is_some() && values == 0) {
+            ok = false;
+        }
+        Ok(Outcome { kind: "get", ok })
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Memcached
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// redis RESP
+
+struct RedisDriver {
+    conn: Conn,
+    request: Vec<u8>,
+    expect: Option<Vec<u8>>,
+}
+
+impl Driver for RedisDriver {
+    fn request(&mut self) -> Result<Outcome> {
+        self.conn.send(&self.request)?;
+        let l = self.conn.line()?;
+        let line = &self.conn.buf[l];
+        let ok = match line.first() {
+            Some(b'$') => {
+                let len = std::str::from_utf8(&line[1..])
+                    .ok()
+                    .and_then(|s| s.parse::<i64>().ok());
+                match len {
+                    Some(-1) => self.expect.is_none(), // a miss
+                    Some(n) if n >= 0 && n as u64 <= MAX_BODY as u64 => {
+                        let data = self.conn.take_crlf(n as usize, "a redis bulk string")?;
+                        match &self.expect {
+                            Some(e) => self.conn.buf[data] == e[..],
+                            None => true,
+                        }
+                    }
+                    _ => bail!(
+                        "malformed redis bulk header from {}: {}",
+                        self.conn.addr,
+                        excerpt(line)
+                    ),
+                }
+            }
+            // An error reply, or a simple string/integer where GET returns a bulk string:
+            // complete, but wrong.
+            Some(b'-' | b'+' | b':') => false,
+            _ => bail!(
+                "unexpected redis reply from {} (expected a bulk string): {}",
+                self.conn.addr,
+                excerpt(line)
+            ),
+        };
+        Ok(Outcome { kind: "GET", ok })
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Redis
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP/1.1
+
+struct HttpDriver {
+    conn: Conn,
+    request: Vec<u8>,
+    expect: Option<Vec<u8>>,
+    /// The server ended the keep-alive connection with the last response.
+    closed: bool,
+    /// Decoded chunked body (reused).
+    body: Vec<u8>,
+}
+
+/// How the body of a response is framed.
+enum Framing {
+    None,
+    Length(usize),
+    Chunked,
+    ToEof,
+}
+
+impl HttpDriver {
+    /// Read one response head: (status, framing, server closes after it).
+    fn head(&mut self) -> Result<(u16, Framing, bool)> {
+        let addr = self.conn.addr;
+        let l = self.conn.line()?;
+        let status_line = &self.conn.buf[l];
+        let mut parts = status_line.splitn(3, |&b| b == b' ');
+        let version = parts.next().unwrap_or_default();
+        let status = parts
+            .next()
+            .and_then(|s| std::str::from_utf8(s).ok())
+            .and_then(|s| s.parse::<u16>().ok());
+        let (Some(status), true) = (status, version.starts_with(b"HTTP/1.")) else {
+            bail!(
+                "malformed HTTP status line from {addr}: {}",
+                excerpt(status_line)
+            );
+        };
+        let http10 = version == b"HTTP/1.0";
+        let mut length: Option<usize> = None;
+        let mut chunked = false;
+        let mut close = http10;
+        let mut headers = 0;
+        loop {
+            let l = self.conn.line()?;
+            let line = &self.conn.buf[l];
+            if line.is_empty() {
+                break;
+            }
+            headers += 1;
+            if headers > MAX_HEADERS {
+                bail!("more than {MAX_HEADERS} header lines in an HTTP response from {addr}");
+            }
+            let Some(colon) = line.iter().position(|&b| b == b':') else {
+                bail!("malformed HTTP header line from {addr}: {}", excerpt(line));
+            };
+            let name = &line[..colon];
+            let value = String::from_utf8_lossy(&line[colon + 1..])
+                .trim()
+                .to_ascii_lowercase();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                let n = value.parse::<usize>().ok().filter(|&n| n <= MAX_BODY);
+                match (n, length) {
+                    (Some(n), None) => length = Some(n),
+                    (Some(n), Some(m)) if n == m => {}
+                    _ => bail!(
+                        "invalid or conflicting Content-Length from {addr}: {}",
+                        excerpt(line)
+                    ),
+                }
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                let codings: Vec<&str> = value.split(',').map(str::trim).collect();
+                if codings.iter().any(|c| *c != "chunked") || codings.last() != Some(&"chunked") {
+                    bail!(
+                        "unsupported Transfer-Encoding from {addr}: {value:?} (only chunked is \
+                         decoded)"
+                    );
+                }
+                chunked = true;
+            } else if name.eq_ignore_ascii_case(b"connection") {
+                for token in value.split(',').map(str::trim) {
+                    match token {
+                        "close" => close = true,
+                        "keep-alive" if http10 => close = false,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let framing = if (100..200).contains(&status) || status == 204 || status == 304 {
+            Framing::None
+        } else if chunked {
+            // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3).
+            Framing::Chunked
+        } else if let Some(n) = length {
+            Framing::Length(n)
+        } else {
+            close = true;
+            Framing::ToEof
+        };
+        Ok((status, framing, close))
+    }
+
+    /// Read a chunked body into `self.body`.
+    fn chunked_body(&mut self) -> Result<()> {
+        let addr = self.conn.addr;
+        self.body.clear();
+        loop {
+            let l = self.conn.line()?;
+            let line = &self.conn.buf[l];
+            let size = line.split(|&b| b == b';').next().unwrap_or_default();
+            let size = std::str::from_utf8(size)
+                .ok()
+                .and_then(|s| usize::from_str_radix(s.trim(), 16).ok())
+                .filter(|&n| n <= MAX_BODY);
+            let Some(size) = size else {
+                bail!("malformed chunk size line from {addr}: {}", excerpt(line));
+            };
+            if size == 0 {
+                break;
+            }
+            if self.body.len() + size > MAX_BODY {
+                bail!("a chunked body from {addr} is larger than {MAX_BODY} bytes");
+            }
+            let data = self.conn.take_crlf(size, "an HTTP chunk")?;
+            self.body.extend_from_slice(&self.conn.buf[data]);
+        }
+        // Trailer fields, up to the empty line.
+        for _ in 0..=MAX_HEADERS {
+            let l = self.conn.line()?;
+            if l.is_empty() {
+                return Ok(());
+            }
+        }
+        bail!("more than {MAX_HEADERS} trailer lines in a chunked body from {addr}")
+    }
+}
+
+impl Driver for HttpDriver {
+    fn request(&mut self) -> Result<Outcome> {
+        if self.closed {
+            bail!(
+                "{} closed the keep-alive connection after the last response",
+                self.conn.addr
+            );
+        }
+        self.conn.send(&self.request)?;
+        let (status, framing, close) = loop {
+            let (status, framing, close) = self.head()?;
+            if status == 101 {
+                bail!("{} switched protocols (101) on a plain GET", self.conn.addr);
+            }
+            // Interim responses (100 Continue, 103 Early Hints) precede the real one.
+            if !(100..200).contains(&status) {
+                break (status, framing, close);
+            }
+        };
+        let body_ok = match framing {
+            Framing::None => matches_expect(&self.expect, b""),
+            Framing::Length(n) => {
+                let r = self.conn.take(n)?;
+                matches_expect(&self.expect, &self.conn.buf[r])
+            }
+            Framing::Chunked => {
+                self.chunked_body()?;
+                matches_expect(&self.expect, &self.body)
+            }
+            Framing::ToEof => {
+                let r = self.conn.take_to_eof()?;
+                matches_expect(&self.expect, &self.conn.buf[r])
+            }
+        };
+        if close {
+            self.closed = true;
+        }
+        Ok(Outcome {
+            kind: "GET",
+            ok: status == 200 && body_ok,
+        })
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Http
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MySQL: one TPC-C-like transaction per request
+
+struct MysqlDriver {
+    client: crate::tpcc::TpccClient,
+}
+
+impl Driver for MysqlDriver {
+    fn request(&mut self) -> Result<Outcome> {
+        let t = self.client.transaction()?;
+        Ok(Outcome {
+            kind: t.kind.name(),
+            ok: t.ok,
+        })
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Mysql
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(protocol: Protocol, key: &str, expect: Option<&[u8]>) -> WorkloadSpec {
+        WorkloadSpec {
+            protocol,
+            key: key.to_string(),
+            expect: expect.map(<[u8]>::to_vec),
+            tpcc: None,
+        }
+    }
+
+    /// Every proper prefix of `reply` must not end with `until`; the whole reply must.
+    fn exact_suffix(reply: &[u8], until: &[u8]) -> bool {
+        reply.ends_with(until) && (0..reply.len()).all(|n| !reply[..n].ends_with(until))
+    }
+
+    #[test]
+    fn redis_until_is_an_exact_suffix() {
+        for value in [&b"1"[..], b"", b"abc", b"0123456789abcdef0123", b"x\r\n"] {
+            let ex = spec(Protocol::Redis, "k", Some(value))
+                .raw_exchange()
+                .unwrap();
+            let mut reply = format!("${}\r\n", value.len()).into_bytes();
+            reply.extend_from_slice(value);
+            reply.extend_from_slice(b"\r\n");
+            assert!(
+                exact_suffix(&reply, &ex.until),
+                "{value:?} → {:?}",
+                ex.until
+            );
+            assert!(ex.until.len() <= 18);
+        }
+        assert!(spec(Protocol::Redis, "k", None).raw_exchange().is_none());
+        let ex = spec(Protocol::Redis, "k", Some(b"v"))
+            .raw_exchange()
+            .unwrap();
+        assert_eq!(ex.request, b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+        assert_eq!(ex.replay_until, b"$-1\r\n");
+    }
+
+    #[test]
+    fn memcached_and_http_exchanges() {
+        let ex = spec(Protocol::Memcached, "key:42", None)
+            .raw_exchange()
+            .unwrap();
+        assert_eq!(ex.request, b"get key:42\r\n");
+        assert_eq!(ex.until, b"END\r\n");
+        assert_eq!(ex.replay, b"get __preheat_warmup__\r\n");
+        let body = b"<html>hello, this is a longer body</html>\n";
+        let ex = spec(Protocol::Http, "/index.html", Some(body))
+            .raw_exchange()
+            .unwrap();
+        assert!(ex
+            .request
+            .starts_with(b"GET /index.html HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+        assert_eq!(ex.until, &body[body.len() - 16..]);
+        assert_eq!(ex.replay_until, HTTP_WARMUP_BODY);
+        assert!(spec(Protocol::Http, "/", None).raw_exchange().is_none());
+        assert!(spec(Protocol::Mysql, "", None).raw_exchange().is_none());
+    }
 }
