@@ -109,6 +109,8 @@ impl Mode {
 struct Sample {
     mode: String,
     round: usize,
+    /// The request type (TPC-C-like: the round's transaction type; others: "request").
+    kind: String,
     latency_us: f64,
     /// For preheat modes: what the agent reported for this announcement.
     lines_done: u64,
@@ -313,6 +315,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     for round in 0..a.rounds {
         let mut order = modes.clone();
         order.shuffle(&mut rng);
+        let kind = client.new_round().unwrap_or("request");
         for mode in order {
             // Priming request: every mode starts from a just-served state.
             client.request_ok()?;
@@ -362,6 +365,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             let mut s = Sample {
                 mode: mode.name(),
                 round,
+                kind: kind.to_string(),
                 latency_us: (t_done - t_send) as f64 / 1e3,
                 lines_done: 0,
                 lines_total: 0,

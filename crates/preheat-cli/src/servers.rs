@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use preheat_lab::driver::{self, Driver, RawExchange, Wait, WorkloadSpec};
 pub use preheat_lab::servers::ServerKind;
 use preheat_lab::servers::{Plan, PlanOptions};
+use preheat_lab::tpcc::{TpccClient, TxKind};
 
 use crate::launch::{self, Client, Server, ServerSpec};
 use crate::paths;
@@ -53,6 +54,14 @@ impl Workload {
     /// Connect a requester (busy-polling where the protocol allows it).
     pub fn connect(&self, addr: SocketAddr) -> Result<Requester> {
         match (&self.spec, &self.raw) {
+            (Some(s), _) if s.protocol == driver::Protocol::Mysql => {
+                let cfg = s.tpcc.clone().unwrap_or_default();
+                Ok(Requester::Tpcc {
+                    client: TpccClient::connect(addr, &cfg)?,
+                    pinned: None,
+                    draws: 0x853c_49e6_748f_ea9b,
+                })
+            }
             (Some(s), _) => Ok(Requester::Lab(driver::connect(addr, s, Wait::Spin)?)),
             (None, Some(r)) => Ok(Requester::Raw {
                 client: Client::connect(addr)?,
@@ -72,6 +81,12 @@ pub enum Requester {
         request: Vec<u8>,
         until: Vec<u8>,
     },
+    /// TPC-C-like transactions; `pinned` fixes the transaction type (see [`Requester::new_round`]).
+    Tpcc {
+        client: TpccClient,
+        pinned: Option<TxKind>,
+        draws: u64,
+    },
 }
 
 impl Requester {
@@ -80,6 +95,10 @@ impl Requester {
     pub fn request(&mut self) -> Result<bool> {
         match self {
             Requester::Lab(d) => Ok(d.request()?.ok),
+            Requester::Tpcc { client, pinned, .. } => Ok(match pinned {
+                Some(k) => client.run(*k)?.ok,
+                None => client.transaction()?.ok,
+            }),
             Requester::Raw {
                 client,
                 request,
@@ -88,6 +107,34 @@ impl Requester {
                 client.request(request, until)?;
                 Ok(true)
             }
+        }
+    }
+
+    /// Start a measurement round: for workloads with several request types (the TPC-C-like
+    /// mix), draw one type from the mix and send only that type until the next round, so every
+    /// mode of a round measures the same transaction type (paired comparison) while the rounds
+    /// follow the mix. Returns the type's name; `None` for single-request workloads.
+    pub fn new_round(&mut self) -> Option<&'static str> {
+        match self {
+            Requester::Tpcc { pinned, draws, .. } => {
+                // SplitMix64: a fixed sequence, the same for every run.
+                *draws = draws.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = *draws;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                let r = ((z ^ (z >> 31)) % 100) as u32;
+                let mut acc = 0;
+                let kind = TxKind::ALL
+                    .into_iter()
+                    .find(|k| {
+                        acc += k.percent();
+                        r < acc
+                    })
+                    .unwrap_or(TxKind::NewOrder);
+                *pinned = Some(kind);
+                Some(kind.name())
+            }
+            _ => None,
         }
     }
 
