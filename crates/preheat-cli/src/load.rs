@@ -134,38 +134,18 @@ pub struct LoadArgs {
 
 #[derive(Debug, Serialize)]
 pub struct LoadReport {
-    pub label: &'static str,
     pub target: String,
     pub protocol: Protocol,
-    pub mode: Mode,
-    pub connections: usize,
     pub announce: String,
     pub strategy: String,
     pub wait: Wait,
     pub seed: u64,
     pub warmup: u64,
-    /// Measured requests (complete replies; the histogram's sample count).
-    pub requests: u64,
-    /// Transport failures (each followed by a reconnect; not measured).
-    pub errors: u64,
-    /// Complete but wrong replies (measured).
-    pub wrong: u64,
-    pub scheduled: u64,
-    pub unscheduled: u64,
-    pub duration_s: f64,
-    pub throughput_rps: f64,
-    pub offered_rps: f64,
-    pub p50_us: f64,
-    pub p90_us: f64,
-    pub p99_us: f64,
-    pub p999_us: f64,
-    pub max_us: f64,
-    pub mean_us: f64,
+    /// The engine's totals (label, mode, counts, throughput, latency quantiles), flattened.
+    #[serde(flatten)]
+    pub summary: preheat_lab::load::LoadSummary,
     /// Wait from asking for a slot to the allocated send time, µs (p50), scheduled requests.
     pub slot_wait_us_p50: f64,
-    /// How late requests were really sent after their intended time, µs (p50 and p99).
-    pub send_late_us_p50: f64,
-    pub send_late_us_p99: f64,
     /// The run was cut short by SIGINT/SIGTERM; the numbers cover what was measured.
     pub interrupted: bool,
     pub records: Option<PathBuf>,
@@ -221,33 +201,33 @@ pub fn run(a: LoadArgs) -> Result<()> {
 fn print_text(a: &LoadArgs, r: &LoadReport) {
     println!(
         "{} requests to {} ({} {}, {} connection(s), announce: {}, strategy {}){} [measured, {} samples]: p50 {:.1} µs, p90 {:.1}, p99 {:.1}, p99.9 {:.1}, max {:.1}, mean {:.1}",
-        r.requests,
+        r.summary.requests,
         r.target,
         serde_plain(&r.protocol),
-        serde_plain(&r.mode),
-        r.connections,
+        serde_plain(&r.summary.mode),
+        r.summary.connections,
         r.announce,
         r.strategy,
         if r.interrupted { " (interrupted)" } else { "" },
-        r.requests,
-        r.p50_us,
-        r.p90_us,
-        r.p99_us,
-        r.p999_us,
-        r.max_us,
-        r.mean_us,
+        r.summary.requests,
+        r.summary.p50_us,
+        r.summary.p90_us,
+        r.summary.p99_us,
+        r.summary.p999_us,
+        r.summary.max_us,
+        r.summary.mean_us,
     );
     println!(
         "  throughput {:.1} req/s over {:.3} s (offered {:.1}); sent late by p50 {:.1} / p99 {:.1} µs; scheduled {}, unscheduled {}, errors {}, wrong {}",
-        r.throughput_rps,
-        r.duration_s,
-        r.offered_rps,
-        r.send_late_us_p50,
-        r.send_late_us_p99,
-        r.scheduled,
-        r.unscheduled,
-        r.errors,
-        r.wrong
+        r.summary.throughput_rps,
+        r.summary.duration_s,
+        r.summary.offered_rps,
+        r.summary.send_late_us_p50,
+        r.summary.send_late_us_p99,
+        r.summary.scheduled,
+        r.summary.unscheduled,
+        r.summary.errors,
+        r.summary.wrong
     );
     if let Some(p) = &r.records {
         println!("  records: {}", p.display());
@@ -442,11 +422,8 @@ pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
     let mut waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
     waits.sort_by(|x, y| x.total_cmp(y));
     Ok(LoadReport {
-        label: s.label,
         target: a.target.clone(),
         protocol: a.protocol,
-        mode: s.mode,
-        connections: s.connections,
         announce: if a.arbiter.is_some() {
             "arbiter".into()
         } else if a.announce_local {
@@ -458,23 +435,8 @@ pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
         wait: a.wait,
         seed: a.seed,
         warmup: a.warmup,
-        requests: s.requests,
-        errors: s.errors,
-        wrong: s.wrong,
-        scheduled: s.scheduled,
-        unscheduled: s.unscheduled,
-        duration_s: s.duration_s,
-        throughput_rps: s.throughput_rps,
-        offered_rps: s.offered_rps,
-        p50_us: s.p50_us,
-        p90_us: s.p90_us,
-        p99_us: s.p99_us,
-        p999_us: s.p999_us,
-        max_us: s.max_us,
-        mean_us: s.mean_us,
+        summary: s,
         slot_wait_us_p50: waits.get(waits.len() / 2).copied().unwrap_or(0.0),
-        send_late_us_p50: s.send_late_us_p50,
-        send_late_us_p99: s.send_late_us_p99,
         interrupted,
         records: a.records.clone(),
         server_start_us_p50: (start.n > 0).then_some(start.p50),
