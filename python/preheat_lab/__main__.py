@@ -1,4 +1,17 @@
-"""`python -m preheat_lab sleeping --out DIR [--quick] [--only figure1,kernels,...]`."""
+"""preheat lab: experiments around the `preheat` CLI, with tables, plots and an HTML report.
+
+  table1    the paper's Table 1 and Figure 3 on real servers (preheat demo per server)
+  peer      our load generator vs memcaslap / redis-benchmark / wrk on the same server
+  sweep     preheat demo over a grid of parameters (lead time, k-of-n, gap merge, ...)
+  report    rebuild DIR/report.html from what DIR holds
+  sleeping  the sleeping-CPUs experiments (Zhu et al.)
+
+All commands write into --out DIR (atomically: temp file + rename) and DIR/report.html. A server
+that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
+SIGTERM stops the running child (SIGTERM to its process group) and writes a partial report
+(exit code 130 / 143). The `preheat` binary: $PREHEAT_BIN, else target/release, target/debug,
+PATH (build: cargo build --release --bin preheat -p preheat-agent -p preheat-kv).
+"""
 
 from __future__ import annotations
 
@@ -6,23 +19,181 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import sleeping
+QUICK_ROUNDS = 5
+
+
+def _servers(text: str, allowed) -> list:
+    out = [s.strip().lower() for s in text.split(",") if s.strip()]
+    bad = [s for s in out if s not in allowed]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown server(s) {', '.join(bad)} (known: {', '.join(allowed)})")
+    return out
+
+
+def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
+    g = p.add_argument_group("preheat demo options (default: the CLI's own)")
+    g.add_argument("--rounds", type=int, default=None,
+                   help=f"interleaved rounds per server (default {rounds_default}; --quick: {QUICK_ROUNDS})")
+    g.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds, for tests and smoke runs")
+    g.add_argument("--lead-us", type=float, help="announcement lead time, µs (Fastpass: 65)")
+    g.add_argument("--idle-ms", type=float, help="idle gap before a cold-idle request, ms")
+    g.add_argument("--sweep-mib", type=int, help="eviction sweep size, MiB")
+    g.add_argument("--post-gap-us", type=float, help="gap after the sweep, µs")
+    g.add_argument("--strategies", help="strategies, comma separated (each may combine with +)")
+    g.add_argument("--samples", type=int, help="recording samples (n of k-of-n)")
+    g.add_argument("--keep", type=int, help="keep lines seen in at least this many samples (k)")
+    g.add_argument("--gap-merge", type=int, help="merge runs separated by at most this many lines")
+    g.add_argument("--server-cpu", type=int, help="server CPU (default: the last)")
+    g.add_argument("--timeout-s", type=float, help="per-demo time limit (default: 300 s + 3 s/round)")
+    g.add_argument("--bootstrap", type=int, default=None,
+                   help="bootstrap resamples for CIs (default 2000)")
+
+
+def _demo_options(a, rounds_default: int):
+    from .table1 import DemoOptions
+
+    rounds = a.rounds if a.rounds else (QUICK_ROUNDS if a.quick else rounds_default)
+    return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
+                       post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
+                       keep=a.keep, gap_merge=a.gap_merge, server_cpu=a.server_cpu,
+                       timeout_s=a.timeout_s)
+
+
+def _boot(a) -> int:
+    from .stats import DEFAULT_BOOT
+
+    if a.bootstrap is not None:
+        return a.bootstrap
+    return 500 if a.quick else DEFAULT_BOOT
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="preheat-lab", description=__doc__)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = argparse.ArgumentParser(prog="python -m preheat_lab", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    from .table1 import SERVERS
+
+    t1 = sub.add_parser(
+        "table1", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="Table 1 and Figure 3 on real servers",
+        description="For each server: preheat demo --server S --rounds N --json --out "
+                    "DIR/raw/S.json --records DIR/raw/S.jsonl; then from the raw per-request "
+                    "samples: samples.parquet/.csv, table1.csv (mean and median with 95%% CIs, "
+                    "p99, share of the cold overhead removed, working set, preheat time, GB/s, "
+                    "CPI), headline.csv (beside the paper's Table 1), decomposition.csv (where "
+                    "cold-start time goes), figure3*.png/svg (CDFs), summary.json, report.html.")
+    t1.add_argument("--out", type=Path, required=True,
+                    help="output directory (raw/, tables, figures, report.html)")
+    t1.add_argument("--servers", type=lambda s: _servers(s, SERVERS), default=list(SERVERS),
+                    help=f"comma list (default: {','.join(SERVERS)})")
+    _demo_args(t1, 200)
+
+    from .peer import PEER_SERVERS
+
+    pe = sub.add_parser(
+        "peer", help="our load generator vs an established client on the same server",
+        description="preheat serve --server S --json, then closed loop with the same connections: "
+                    "preheat load --wait block, the peer (memcaslap / redis-benchmark / wrk), "
+                    "preheat load --wait spin. Reports throughput, mean (p50/p99 where the peer "
+                    "prints them), ours/peer and whether within 5%%; DIR/peer/.")
+    pe.add_argument("--out", type=Path, required=True,
+                    help="output directory (results in DIR/peer/, report in DIR/report.html)")
+    pe.add_argument("--servers", type=lambda s: _servers(s, PEER_SERVERS), default=list(PEER_SERVERS),
+                    help=f"comma list of {','.join(PEER_SERVERS)}")
+    pe.add_argument("--seconds", type=float, default=10.0, help="duration of each run (default 10)")
+    pe.add_argument("--connections", type=int, default=4, help="connections on both sides (default 4)")
+    pe.add_argument("--repeats", type=int, default=1, help="repeat ours/peer/ours-spin (default 1)")
+    pe.add_argument("--server-cpu", type=int, help="pin the server to this CPU (default: not pinned)")
+    pe.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 0.05)")
+    pe.add_argument("--quick", action="store_true", help="2-second runs")
+
+    from .sweep import PARAMS
+
+    sw = sub.add_parser(
+        "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="preheat demo over a grid of parameters",
+        description="Cartesian product of --param NAME=V1,V2,... (repeatable); each point is one "
+                    "preheat demo. Names: " + ", ".join(PARAMS) + ". For strategies each "
+                    "comma-separated value is one strategy; separate values with ';' when a value "
+                    "lists several (strategies='wake,lines;all'). Writes DIR/sweep/: sweep.csv/"
+                    ".parquet (one row per point and mode), sweep-NAME.png/svg, sweep.json.")
+    sw.add_argument("--out", type=Path, required=True,
+                    help="output directory (results in DIR/sweep/, report in DIR/report.html)")
+    sw.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
+                    help="a swept parameter and its values (repeat for a grid)")
+    sw.add_argument("--server", default="kv", choices=SERVERS)
+    sw.add_argument("--executor", choices=["local", "ray"], default="local",
+                    help="local: process pool; ray: Ray tasks, one per node at a time, each "
+                         "requesting all CPUs of its node")
+    sw.add_argument("--jobs", type=int, default=None,
+                    help="points at a time (local default 1: concurrent measurements interfere; "
+                         "ray default: one per node)")
+    sw.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local cluster)")
+    _demo_args(sw, 100)
+
+    rp = sub.add_parser("report", help="rebuild DIR/report.html (re-analyzing DIR/raw if present)")
+    rp.add_argument("--out", type=Path, required=True, help="a directory a lab command wrote")
+    rp.add_argument("--bootstrap", type=int, default=None, help="bootstrap resamples (default 2000)")
+    rp.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
+
+    from . import sleeping
+
     sp = sub.add_parser("sleeping", help="the sleeping-CPUs experiments (plots + HTML report)")
     sp.add_argument("--out", type=Path, default=Path("results/sleeping"))
     sp.add_argument("--quick", action="store_true", help="tiny runs (for tests)")
     sp.add_argument("--only", default="", help=f"comma list of {','.join(sleeping.EXPERIMENTS)}")
+
     a = ap.parse_args(argv)
-    only = [x for x in a.only.split(",") if x] or None
-    res = sleeping.run_all(a.out, quick=a.quick, only=only)
-    failed = [p.stem for p in a.out.glob("*.error.txt")]
-    print(f"wrote {a.out / 'report.html'} ({len(res)} experiments"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
-    return 1 if failed else 0
+
+    if a.cmd == "sleeping":
+        only = [x for x in a.only.split(",") if x] or None
+        res = sleeping.run_all(a.out, quick=a.quick, only=only)
+        failed = [p.stem for p in a.out.glob("*.error.txt")]
+        print(f"wrote {a.out / 'report.html'} ({len(res)} experiments"
+              + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+        return 1 if failed else 0
+
+    from .cli import ToolError
+
+    try:
+        if a.cmd == "table1":
+            from . import table1
+
+            return table1.run(a.out, a.servers, _demo_options(a, 200), boot=_boot(a))
+        if a.cmd == "peer":
+            from . import peer
+
+            opts = peer.PeerOptions(connections=a.connections,
+                                    seconds=2.0 if a.quick and a.seconds == 10.0 else a.seconds,
+                                    repeats=a.repeats, server_cpu=a.server_cpu,
+                                    tolerance=a.tolerance)
+            return peer.run(a.out, a.servers, opts)
+        if a.cmd == "sweep":
+            from . import sweep
+
+            try:
+                params = [sweep.parse_param(p) for p in a.param]
+                sweep.grid(params)
+            except ValueError as e:
+                ap.error(str(e))
+            return sweep.run(a.out, params, a.server, _demo_options(a, 100), a.executor, a.jobs,
+                             a.ray_address, boot=_boot(a))
+        if a.cmd == "report":
+            from . import labreport, table1
+
+            from . import sweep
+
+            boot = a.bootstrap if a.bootstrap is not None else 2000
+            if (a.out / "raw").is_dir():
+                table1.analyze(a.out, boot)
+            sweep.reanalyze(a.out, boot)
+            print(f"wrote {labreport.build(a.out)}")
+            return 0
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 2
 
 
 if __name__ == "__main__":

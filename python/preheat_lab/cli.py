@@ -48,3 +48,35 @@ def run_json(args: Sequence[str], timeout: float = 900) -> Any:
         return json.loads(p.stdout)
     except json.JSONDecodeError as e:
         raise ToolError(f"{' '.join(cmd)} printed no JSON:\n{p.stdout[:500]}") from e
+
+
+_help_cache: dict = {}
+
+
+def help_text(*sub: str) -> str:
+    """`preheat SUB --help` (cached; empty when the subcommand does not exist)."""
+    key = (preheat_bin(), sub)
+    if key not in _help_cache:
+        try:
+            p = subprocess.run([preheat_bin(), *sub, "--help"], capture_output=True, text=True,
+                               timeout=30)
+            _help_cache[key] = p.stdout if p.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            _help_cache[key] = ""
+    return _help_cache[key]
+
+
+def supports(sub: str, flag: str) -> bool:
+    """Whether `preheat SUB` accepts `flag` (e.g. demo --records): lets the lab run against an
+    older CLI and leave optional flags out."""
+    import re
+
+    return re.search(rf"(^|\s){re.escape(flag)}(\s|=|,|$)", help_text(sub), re.M) is not None
+
+
+def topology() -> dict:
+    """`preheat topology --json`, or {"error": ...}."""
+    try:
+        return run_json(["topology"], timeout=60)
+    except ToolError as e:
+        return {"error": str(e)}

@@ -1,0 +1,311 @@
+"""`DIR/report.html` from whatever DIR holds: Table 1 (summary.json + CSVs + figure3), the peer
+check (peer/), sweeps (sweep/) and the machine facts (topology.json). Rebuild any time with
+`python -m preheat_lab report --out DIR`."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from .report import Report
+from .table1 import DISPLAY, PAPER_AVERAGE_REMOVED, PAPER_LABEL
+
+METHOD = (
+    "Method. For each server, `preheat demo` starts it pinned to one CPU with the preheat agent "
+    "attached (the client runs on another CPU), records its per-request working set with the "
+    "flush+reload probe (k of n samples), and then runs interleaved rounds: every round measures "
+    "every mode exactly once, in a freshly shuffled order, so slow drifts of the machine hit all "
+    "modes alike. Modes: warm = back-to-back requests; cold-sweep = an eviction sweep on the "
+    "server's CPU, then a short gap, then the request (the paper's flushed caches); cold-idle = "
+    "a plain idle gap, no sweep; control = the same gap as cold-sweep without the sweep (what "
+    "waking an idle CPU costs by itself); preheat:S = cold-sweep, but the request is announced "
+    "ahead (lead time) and the agent applies strategy S before it arrives (wake: keep the core "
+    "busy; lines: prefetch the recorded working set, the paper's preheating; replay: a warm-up "
+    "request through the real kernel path). Response time is measured by the client from send "
+    "(or the announced arrival) to the complete reply. Means get a 95% percentile-bootstrap "
+    "interval (2000 resamples); medians and p99 get the distribution-free order-statistic "
+    "interval (binomial, normal approximation; the same method as the Rust side); derived "
+    "quantities (differences, shares of the overhead removed) get a paired bootstrap over "
+    "rounds, which keeps each round's modes together. The share removed is (cold − mode) / "
+    "(cold − warm) with cold = cold-sweep; it is undefined when a resample has no overhead "
+    "(the share of such resamples is reported). Every number here is measured on this machine "
+    "unless it is labeled paper; n is the number of samples behind it."
+)
+
+
+def _num(v) -> Optional[float]:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt(v, d: int = 1) -> str:
+    f = _num(v)
+    if f is None:
+        return "–" if v is None or (isinstance(v, float)) else str(v)
+    if abs(f) >= 1000:
+        return f"{f:,.0f}"
+    return f"{f:.{d}f}"
+
+
+def ci(v, lo, hi, d: int = 1) -> str:
+    if _num(v) is None:
+        return "–"
+    if _num(lo) is None or _num(hi) is None:
+        return fmt(v, d)
+    return f"{fmt(v, d)} ({fmt(lo, d)}–{fmt(hi, d)})"
+
+
+def pct(v, lo=None, hi=None, und=None) -> str:
+    f = _num(v)
+    if f is None:
+        return "–"
+    s = f"{100 * f:.0f}%"
+    if _num(lo) is not None and _num(hi) is not None:
+        s += f" ({100 * float(lo):.0f}–{100 * float(hi):.0f}%)"
+    u = _num(und)
+    if u is not None and u > 0.025:
+        s += f" [undefined in {100 * u:.0f}% of resamples: no overhead]"
+    return s
+
+
+def _read_json(p: Path):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _read_csv(p: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(p)
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        return pd.DataFrame()
+
+
+def _banner(rep: Report, what: str, state: Optional[str], failed: dict) -> None:
+    if state and state != "complete":
+        rep.note(f"{what}: {state.upper()} — the numbers below are what was measured before the "
+                 "run stopped.", "warn")
+    for s, why in (failed or {}).items():
+        rep.note(f"{what}: {DISPLAY.get(s, s)} FAILED: {why}", "fail")
+
+
+def machine(rep: Report, out: Path) -> None:
+    topo = _read_json(out / "topology.json")
+    rep.heading("Machine")
+    if not topo:
+        rep.text("preheat topology --json was not recorded.")
+        return
+    rows = []
+    for k, v in topo.items():
+        if isinstance(v, list):
+            v = "; ".join(" ".join(map(str, x)) if isinstance(x, list) else str(x) for x in v)
+        rows.append({"fact": k, "value": str(v)})
+    rep.table(pd.DataFrame(rows), "preheat topology --json (measured on this machine)")
+
+
+def table1_section(rep: Report, out: Path) -> None:
+    summ = _read_json(out / "summary.json")
+    if not summ:
+        return
+    rep.heading("Table 1 equivalent (paper §4.1)")
+    _banner(rep, "table1", summ.get("state"), summ.get("failed"))
+    rep.text(METHOD)
+    opts = summ.get("options") or {}
+    if opts:
+        rep.note("demo options: " + ", ".join(f"{k}={v}" for k, v in opts.items() if v is not None))
+    head = _read_csv(out / "headline.csv")
+    if len(head):
+        h = pd.DataFrame({
+            "server": head["server_name"],
+            "source": head["source"],
+            "preheated =": head["preheated_mode"],
+            "warm µs": head["warm"].map(fmt),
+            "cold µs": head["cold"].map(fmt),
+            "preheated µs": head["preheated"].map(fmt),
+            "overhead removed (95% CI)": [pct(r.removed, r.removed_lo, r.removed_hi)
+                                          for r in head.itertuples()],
+            "CPI warm/cold/preheated": head["cpi"].fillna("–"),
+            "working set KiB": head["ws_kib"].map(fmt),
+            "preheating µs": head["preheat_us"].map(fmt),
+            "n": head["n"], "label": head["label"]})
+        rep.table(h, "Response time (means, as the paper averages) beside the paper's Table 1. "
+                     "cold = cold-sweep. Redis and preheat-kv have no row in the paper (—).")
+    avg = (summ.get("average_removed") or {}).get("preheat:lines")
+    if avg:
+        txt = (f"On average over {avg['servers']} server(s) measured here "
+               f"({', '.join(DISPLAY.get(s, s) for s in avg.get('which', []))}), preheating the "
+               f"working set (preheat:lines) removes {100 * avg['mean_over_servers']:.1f}% of the "
+               "mean cold overhead (measured)")
+        if avg.get("mean_over_paper_servers") is not None:
+            txt += (f"; over the paper's servers measured here "
+                    f"({', '.join(DISPLAY.get(s, s) for s in avg['paper_servers'])}): "
+                    f"{100 * avg['mean_over_paper_servers']:.1f}%")
+        rep.text(txt + f". The paper: \"on average the overhead is reduced by "
+                       f"{100 * PAPER_AVERAGE_REMOVED:.1f}%\" ({PAPER_LABEL}).")
+    t = _read_csv(out / "table1.csv")
+    for server, g in (t.groupby("server", sort=False) if len(t) else []):
+        d = pd.DataFrame({
+            "mode": g["mode"], "n": g["n"],
+            "mean µs (95% CI)": [ci(r.mean, r.mean_lo, r.mean_hi) for r in g.itertuples()],
+            "p50 µs (95% CI)": [ci(r.p50, r.p50_lo, r.p50_hi) for r in g.itertuples()],
+            "p99 µs (95% CI)": [ci(r.p99, r.p99_lo, r.p99_hi) for r in g.itertuples()],
+            "removed, mean-based": [pct(r.removed_mean, r.removed_mean_lo, r.removed_mean_hi,
+                                        r.removed_mean_undefined_share) for r in g.itertuples()],
+            "removed, p50-based": [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
+                                       r.removed_p50_undefined_share) for r in g.itertuples()],
+            "WS KiB": g["ws_kib"].map(fmt), "runs": g["runs"].map(lambda v: fmt(v, 0)),
+            "encoded B": g["encoded_bytes"].map(lambda v: fmt(v, 0)),
+            "preheat µs p50 (CI), n": [
+                (ci(r.preheat_us_p50, r.preheat_us_p50_lo, r.preheat_us_p50_hi, 2) + f", n={int(r.preheat_n)}")
+                if _num(r.preheat_n) else "–" for r in g.itertuples()],
+            "GB/s p50": g["gb_per_s_p50"].map(lambda v: fmt(v, 2)),
+            "all lines in time": g["completed_share"].map(lambda v: pct(v)),
+            "CPI": [fmt(r.cpi, 2) if _num(r.cpi) is not None else r.cpi_note for r in g.itertuples()],
+            "label": g["label"]})
+        srv = (summ.get("servers") or {}).get(server, {})
+        meta = srv.get("meta") or {}
+        cap = (f"{DISPLAY.get(server, server)}: {int(g['n'].max())} samples per mode at most "
+               f"({srv.get('samples')} in all, source: {srv.get('source')}); "
+               f"lead {meta.get('lead_us', '?')} µs; {meta.get('machine', '')}; measured")
+        rep.heading(DISPLAY.get(server, server), 3)
+        for sk in meta.get("skipped") or []:
+            if isinstance(sk, dict):
+                rep.note(f"{sk.get('mode')}: not measured on {DISPLAY.get(server, server)}: "
+                         f"{sk.get('reason')}")
+            else:
+                rep.note(f"not measured: {sk}")
+        if (meta.get("prepared") or {}).get("detail"):
+            rep.note(f"data set: {meta['prepared']['detail']}")
+        rep.table(d, cap)
+    bk = _read_csv(out / "by_kind.csv")
+    for server, g in (bk.groupby("server", sort=False) if len(bk) else []):
+        d = pd.DataFrame({
+            "request kind": g["kind"], "mode": g["mode"], "n": g["n"],
+            "mean µs (95% CI)": [ci(r.mean, r.mean_lo, r.mean_hi) for r in g.itertuples()],
+            "p50 µs (95% CI)": [ci(r.p50, r.p50_lo, r.p50_hi) for r in g.itertuples()],
+            "removed, p50-based": [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
+                                       r.removed_p50_undefined_share) for r in g.itertuples()],
+            "label": g["label"]})
+        rep.table(d, f"{DISPLAY.get(server, server)} per request kind (each round measures one "
+                     "kind in every mode; measured)")
+    dec = _read_csv(out / "decomposition.csv")
+    if len(dec):
+        rep.heading("Where cold-start time goes (decomposition)")
+        rep.text("Cold overhead = cold-sweep − warm. It splits into the part an idle gap costs "
+                 "without any eviction (control − warm: waking the CPU and the idle path) and the "
+                 "part that is cache loss (cold-sweep − control). Each strategy's row is how much "
+                 "of the overhead it removes. Medians: differences of medians; means: differences "
+                 "of means; 95% CIs from a paired bootstrap over rounds. Measured.")
+        for (server, st), g in dec.groupby(["server", "stat"], sort=False):
+            d = pd.DataFrame({
+                "component": g["component"], "formula": g["formula"],
+                "µs (95% CI)": [ci(r.us, r.us_lo, r.us_hi) for r in g.itertuples()],
+                "share of the cold overhead (95% CI)": [
+                    pct(r.share, r.share_lo, r.share_hi, r.share_undefined) for r in g.itertuples()],
+                "n": g["n"], "label": g["label"]})
+            rep.table(d, f"{DISPLAY.get(server, server)}, {'medians' if st == 'p50' else 'means'} "
+                         f"({int(g['rounds'].iloc[0])} rounds)")
+    png = out / "figure3.png"
+    if png.exists():
+        rep.heading("Figure 3 equivalent: response-time CDFs")
+        rep.image(png, "cumulative distribution of response time per mode (measured; log x)",
+                  out / "figure3.svg")
+        links = [f"<a href='{html.escape(p.name)}'>{html.escape(p.name)}</a>"
+                 for p in sorted(out.glob("figure3-*.*"))]
+        if links:
+            rep.html("<p class='note'>per server: " + ", ".join(links) + "</p>")
+
+
+def peer_section(rep: Report, out: Path) -> None:
+    pj = _read_json(out / "peer" / "peer.json")
+    if not pj:
+        return
+    rep.heading("Peer check: our load generator vs an established client")
+    _banner(rep, "peer", pj.get("state"), pj.get("failed"))
+    o = pj.get("options", {})
+    rep.text(f"Same server (started by preheat serve, no agent), closed loop, "
+             f"{o.get('connections')} connections on both sides, {o.get('seconds')} s per run, "
+             f"{o.get('repeats')} repeat(s); order per repeat: ours (--wait block), peer, ours "
+             f"(--wait spin). The main comparison is ours --wait block vs the peer (both block in "
+             f"the kernel); --wait spin is an extra row. Agreement = ratio within "
+             f"±{100 * o.get('tolerance', 0.05):.0f}%. Measured; raw outputs in peer/raw/.")
+    m = pd.DataFrame(pj.get("measurements", []))
+    if len(m):
+        cols = [c for c in ("server", "repeat", "client", "side", "connections", "threads",
+                            "duration_s", "requests", "throughput_rps", "mean_us", "p50_us",
+                            "p99_us", "max_us", "errors", "littles_law_rps", "raw") if c in m]
+        rep.table(m[cols], "every run (littles_law_rps = connections / mean latency: a closed "
+                           "loop's throughput should match it)")
+    c = pd.DataFrame(pj.get("comparisons", []))
+    if len(c):
+        c = c.assign(ratio=c["ratio"].map(lambda v: f"{v:.3f}"),
+                     kind=c["extra"].map(lambda e: "extra (spin)" if e else "main (block)"))
+        rep.table(c[["server", "repeat", "kind", "ours", "peer", "metric", "ours_value",
+                     "peer_value", "ratio", "verdict"]], "ours / peer")
+    for s, v in (pj.get("verdicts") or {}).items():
+        note = (pj.get("notes") or {}).get(s, {}).get("peer", "")
+        rep.text(f"{s}: {v}. {note}")
+
+
+def sweep_section(rep: Report, out: Path) -> None:
+    sj = _read_json(out / "sweep" / "sweep.json")
+    if not sj:
+        return
+    rep.heading(f"Sweep on {DISPLAY.get(sj.get('server'), sj.get('server'))}")
+    failed = {p["id"]: f"{p['params']}: {p['reason']}" for p in sj.get("points", [])
+              if p.get("status") == "failed"}
+    _banner(rep, "sweep", sj.get("state"), failed)
+    rep.text(f"Parameters: {sj.get('params')}; executor {sj.get('executor')} with "
+             f"{sj.get('jobs')} point(s) at a time; each point is one preheat demo "
+             f"({sj.get('base', {}).get('rounds')} rounds). Measured.")
+    pts = pd.DataFrame([{"point": p["id"], **p["params"], "status": p["status"],
+                         "host": p.get("host"), "seconds": p.get("seconds")}
+                        for p in sj.get("points", [])])
+    if len(pts):
+        rep.table(pts, "points")
+    res = _read_csv(out / "sweep" / "sweep.csv")
+    if len(res):
+        keys = [k for k in (sj.get("params") or {})]
+        d = res[["point", *keys, "mode", "n"]].copy()
+        d["p50 µs (95% CI)"] = [ci(r.p50, r.p50_lo, r.p50_hi) for r in res.itertuples()]
+        d["mean µs (95% CI)"] = [ci(r.mean, r.mean_lo, r.mean_hi) for r in res.itertuples()]
+        d["removed, p50-based"] = [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
+                                       r.removed_p50_undefined_share) for r in res.itertuples()]
+        d["removed, mean-based"] = [pct(r.removed_mean, r.removed_mean_lo, r.removed_mean_hi,
+                                        r.removed_mean_undefined_share) for r in res.itertuples()]
+        rep.table(d, "per point and mode (measured)")
+    for name in sj.get("params", {}):
+        png = out / "sweep" / f"sweep-{name}.png"
+        if png.exists():
+            rep.image(png, f"median latency and overhead removed vs {name} (measured)",
+                      out / "sweep" / f"sweep-{name}.svg")
+
+
+def build(out: Path) -> Path:
+    out = Path(out)
+    rep = Report("preheat lab: response time with preheated caches on this machine")
+    rep.text("Reproduces Gottschlag & Bellosa, Reducing Response Time with Preheated Caches, §4.1 "
+             "(Table 1, Figure 3) on real servers. Labels: measured = on this machine; "
+             f"{PAPER_LABEL} = the paper's numbers, for reference only.")
+    machine(rep, out)
+    table1_section(rep, out)
+    peer_section(rep, out)
+    sweep_section(rep, out)
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
+                   if p.is_file() and not p.name.startswith(".") and p.name != "report.html"
+                   and "/raw/" not in f"/{p.relative_to(out)}")
+    if files:
+        rep.heading("Files")
+        rep.html("<p class='note'>" + ", ".join(
+            f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in files) +
+            "; raw CLI outputs under raw/, peer/raw/, sweep/raw/.</p>")
+    return rep.write(out / "report.html")

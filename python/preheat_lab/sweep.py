@@ -1,0 +1,471 @@
+"""Parameter sweeps: `preheat demo` at every point of a Cartesian product of parameters.
+
+Parameters (`--param NAME=V1,V2,...`, repeatable):
+
+* `lead_us` (`--lead-us`): announcement lead time, µs;
+* `keep`, `samples` (`--keep`, `--samples`): the k-of-n working-set filter;
+* `gap_merge` (`--gap-merge`): merge runs separated by at most this many unused lines;
+* `idle_ms` (`--idle-ms`): idle gap before a cold-idle request;
+* `strategies` (`--strategies`): the preheat strategies measured at the point. Values are
+  separated by `,` — each value is then ONE strategy (`strategies=wake,lines,wake+lines` gives
+  three points) — or by `;` when a value itself lists several (`strategies=wake,lines;all`);
+* `sweep_mib`, `post_gap_us` (`--sweep-mib`, `--post-gap-us`): the eviction sweep.
+
+Executors: `local` runs points with a process pool (default 1 job: concurrent measurements on
+one machine interfere with each other); `ray` runs each point as a Ray task that requests all
+CPUs of the node it is pinned to, at most one task per node at a time, so measurements never
+overlap on a node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from . import atomic, cli, proc, stats, table1
+from .progress import Progress
+
+PARAMS = {
+    "lead_us": ("--lead-us", float),
+    "keep": ("--keep", int),
+    "samples": ("--samples", int),
+    "gap_merge": ("--gap-merge", int),
+    "idle_ms": ("--idle-ms", float),
+    "strategies": ("--strategies", str),
+    "sweep_mib": ("--sweep-mib", int),
+    "post_gap_us": ("--post-gap-us", float),
+}
+
+
+def parse_param(spec: str) -> Tuple[str, List]:
+    """`lead_us=20,65,200` → ("lead_us", [20.0, 65.0, 200.0])."""
+    if "=" not in spec:
+        raise ValueError(f"--param {spec!r}: expected NAME=V1,V2,... (names: {', '.join(PARAMS)})")
+    name, vals = spec.split("=", 1)
+    name = name.strip().replace("-", "_")
+    if name not in PARAMS:
+        raise ValueError(f"--param {name}: unknown parameter (known: {', '.join(PARAMS)})")
+    sep = ";" if ";" in vals else ","
+    raw = [v.strip() for v in vals.split(sep) if v.strip()]
+    if not raw:
+        raise ValueError(f"--param {name}: no values")
+    conv = PARAMS[name][1]
+    out = []
+    for v in raw:
+        try:
+            x = conv(v)
+        except ValueError:
+            raise ValueError(f"--param {name}: {v!r} is not a valid {conv.__name__}")
+        if conv is float and float(x).is_integer():
+            x = int(x)
+        out.append(x)
+    if len(set(map(str, out))) != len(out):
+        raise ValueError(f"--param {name}: repeated values")
+    return name, out
+
+
+def grid(params: Sequence[Tuple[str, List]]) -> List[Dict]:
+    names = [n for n, _ in params]
+    if len(set(names)) != len(names):
+        raise ValueError("a parameter is given twice")
+    return [dict(zip(names, combo)) for combo in itertools.product(*[v for _, v in params])]
+
+
+def point_options(base: table1.DemoOptions, point: Dict) -> table1.DemoOptions:
+    d = asdict(base)
+    d.update(point)
+    return table1.DemoOptions(**d)
+
+
+# ---------------------------------------------------------------------------------------------
+# One point (runs in a worker process or a Ray task)
+
+
+def run_point_task(spec: dict) -> dict:
+    """Run one `preheat demo` in a temporary directory on this host and return its outputs (so
+    a remote node's files come back to the driver)."""
+    binary = spec.get("bin")
+    if not binary or not os.path.exists(binary):
+        binary = cli.preheat_bin()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="preheat-sweep-") as tmp:
+        t = Path(tmp)
+        cmd = [binary, "demo", "--server", spec["server"], *spec["args"], "--json",
+               "--out", str(t / "p.json")]
+        if spec.get("records"):
+            cmd += ["--records", str(t / "p.jsonl")]
+        res = {"id": spec["id"], "host": socket.gethostname(), "command": cmd}
+        try:
+            rc = proc.run_child(cmd, t / "stdout.txt", t / "stderr.txt", timeout=spec["timeout"])
+        except proc.ChildTimeout as e:
+            rc, res["error"] = -1, str(e)
+        res["rc"] = rc
+        res["seconds"] = time.monotonic() - t0
+        for key, name in (("json", "p.json"), ("records", "p.jsonl"), ("stderr", "stderr.txt")):
+            p = t / name
+            res[key] = p.read_text(errors="replace") if p.exists() else None
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Executors
+
+
+class LocalExecutor:
+    def __init__(self, jobs: int):
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.jobs = jobs
+        self.ex = ProcessPoolExecutor(max_workers=jobs, initializer=proc.worker_signal_setup)
+        self.futs = {}
+
+    def run(self, specs: List[dict]):
+        """Yield results as points finish."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        pending = list(specs)
+        while pending or self.futs:
+            while pending and len(self.futs) < self.jobs:
+                s = pending.pop(0)
+                self.futs[self.ex.submit(run_point_task, s)] = s
+            done, _ = wait(list(self.futs), timeout=0.5, return_when=FIRST_COMPLETED)
+            for f in done:
+                s = self.futs.pop(f)
+                try:
+                    yield f.result()
+                except Exception as e:  # the worker failed outside the demo
+                    yield {"id": s["id"], "rc": -1, "error": f"worker failed: {e!r}"}
+
+    def running_ids(self) -> List[str]:
+        return [s["id"] for f, s in self.futs.items() if not f.done() and f.running()]
+
+    def stop(self):
+        """Interrupted: cancel queued points, SIGTERM the workers (each terminates its demo's
+        process group before exiting)."""
+        workers = list((getattr(self.ex, "_processes", None) or {}).values())
+        for f in self.futs:
+            f.cancel()
+        for p in workers:
+            try:
+                p.terminate()
+            except Exception:
+                pass
+        for p in workers:
+            p.join(20)
+        try:
+            self.ex.shutdown(wait=False, cancel_futures=True)
+        except Exception:
+            pass
+
+    def close(self):
+        self.ex.shutdown(wait=True)
+
+
+def _python_root() -> str:
+    return str(Path(__file__).resolve().parents[1])
+
+
+class RayExecutor:
+    """One task per node at a time, pinned to the node, requesting all of its CPUs."""
+
+    def __init__(self, address: Optional[str], jobs: Optional[int]):
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise SystemExit("the ray executor needs Ray: pip install ray")
+        import ray
+
+        env = {"PYTHONPATH": os.pathsep.join([_python_root()] + ([os.environ["PYTHONPATH"]]
+                                                                   if os.environ.get("PYTHONPATH") else []))}
+        if os.environ.get("PREHEAT_BIN"):
+            env["PREHEAT_BIN"] = os.environ["PREHEAT_BIN"]
+        self.ray = ray
+        self.started = not ray.is_initialized()
+        if self.started:
+            kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                      runtime_env={"env_vars": env})
+            if address:
+                ray.init(address=address, **kw)
+            else:
+                ray.init(**kw)
+        self.nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
+        if not self.nodes:
+            raise SystemExit("ray: no alive node with CPUs")
+        self.jobs = min(jobs or len(self.nodes), len(self.nodes))
+        self.remote = ray.remote(run_point_task)
+        self.inflight = {}
+
+    def _submit(self, node, spec):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ref = self.remote.options(
+            num_cpus=node["Resources"]["CPU"],
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False),
+        ).remote(spec)
+        self.inflight[ref] = (node, spec)
+
+    def run(self, specs: List[dict]):
+        ray = self.ray
+        pending = list(specs)
+        free = list(self.nodes[: self.jobs])
+        while pending or self.inflight:
+            while pending and free:
+                self._submit(free.pop(0), pending.pop(0))
+            try:
+                done, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.5)
+            except SystemError as e:  # a signal handler's exception, wrapped by Ray's C code
+                if isinstance(e.__cause__, BaseException) and isinstance(e.__cause__, KeyboardInterrupt):
+                    raise e.__cause__
+                raise
+            for ref in done:
+                node, spec = self.inflight.pop(ref)
+                free.append(node)
+                try:
+                    yield ray.get(ref)
+                except Exception as e:
+                    yield {"id": spec["id"], "rc": -1, "error": f"ray task failed: {e!r}"}
+
+    def running_ids(self) -> List[str]:
+        return [spec["id"] for _, spec in self.inflight.values()]
+
+    def stop(self):
+        for ref in list(self.inflight):
+            try:
+                self.ray.cancel(ref, force=False)  # KeyboardInterrupt in the task: it stops its demo
+            except Exception:
+                pass
+        if self.inflight:
+            try:
+                self.ray.wait(list(self.inflight), num_returns=len(self.inflight), timeout=20)
+            except Exception:
+                pass
+        self.close()
+
+    def close(self):
+        if self.started and self.ray.is_initialized():
+            self.ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep
+
+
+def analyze_points(sdir: Path, points: List[dict], topo: dict, boot: int) -> pd.DataFrame:
+    rows = []
+    raw = sdir / "raw"
+    for pt in points:
+        if pt.get("status") != "ok":
+            continue
+        meta, df = table1.load_server(raw, pt["id"])
+        if df.empty:
+            continue
+        t = table1.analyze_server(pt["id"], df, meta, topo, boot)["table"]
+        t = t.drop(columns=["server", "server_name"])
+        for k, v in pt["params"].items():
+            t.insert(0, k, v)
+        t.insert(0, "point", pt["id"])
+        rows.append(t)
+    return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
+
+
+def _is_num(vals) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+
+
+def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], server: str) -> List[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    if res.empty:
+        return written
+    names = [n for n, _ in params]
+    for name, values in params:
+        others = [n for n in names if n != name]
+        numeric = _is_num(values)
+        xpos = {v: (v if numeric else i) for i, v in enumerate(values)}
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 6))
+        groups = res.groupby(others, dropna=False) if others else [((), res)]
+        markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+        dashes = ["-", "--", ":", "-."]
+        for gi, (gkey, g) in enumerate(groups):
+            gkey = gkey if isinstance(gkey, tuple) else (gkey,)
+            suffix = (" [" + ", ".join(f"{o}={v}" for o, v in zip(others, gkey)) + "]") if others else ""
+            for i, (mode, gm) in enumerate(g.groupby("mode", sort=False)):
+                gm = gm.sort_values(name, key=lambda c: c.map(xpos))
+                x = [xpos[v] for v in gm[name]]
+                color, _ = table1._style(mode, i)
+                mk, ls = markers[gi % len(markers)], dashes[gi % len(dashes)]
+                yerr = [(gm["p50"] - gm["p50_lo"]).clip(lower=0), (gm["p50_hi"] - gm["p50"]).clip(lower=0)]
+                a1.errorbar(x, gm["p50"], yerr=yerr, marker=mk, capsize=3, color=color,
+                            linestyle=ls, label=f"{mode}{suffix}")
+                if mode.startswith("preheat") or mode == "control":
+                    yerr2 = [(gm["removed_p50"] - gm["removed_p50_lo"]).clip(lower=0),
+                             (gm["removed_p50_hi"] - gm["removed_p50"]).clip(lower=0)]
+                    a2.errorbar(x, 100 * gm["removed_p50"], yerr=[100 * yerr2[0], 100 * yerr2[1]],
+                                marker=mk, capsize=3, color=color, linestyle=ls,
+                                label=f"{mode}{suffix}")
+        for ax in (a1, a2):
+            ax.set_xlabel(name)
+            if not numeric:
+                ax.set_xticks(list(range(len(values))))
+                ax.set_xticklabels([str(v) for v in values], rotation=20)
+            elif name in ("lead_us", "idle_ms") and min(values) > 0 and max(values) / min(values) >= 10:
+                from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+                ax.set_xscale("log")
+                ax.xaxis.set_major_locator(FixedLocator(sorted(values)))
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.grid(True, alpha=0.3)
+        a1.set_ylabel("median response time, µs (95% CI)")
+        a1.set_yscale("log")
+        a1.set_title(f"{server}: median latency vs {name} (measured)", fontsize=10)
+        a2.set_ylabel("share of the cold p50 overhead removed, % (95% CI)")
+        a2.axhline(0, color="#999", lw=0.8)
+        a2.axhline(100, color="#999", lw=0.8, ls=":")
+        a2.set_title(f"{server}: overhead removed vs {name}", fontsize=10)
+        from matplotlib.ticker import FuncFormatter
+
+        a1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        a1.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "25" else ""))
+        handles, labels = a1.get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(4, max(1, len(labels))),
+                   frameon=False)
+        nrows = math.ceil(len(labels) / min(4, max(1, len(labels))))
+        fig.tight_layout(rect=(0, min(0.45, 0.05 + 0.035 * nrows), 1, 1))
+        for ext in ("png", "svg"):
+            written.append(atomic.savefig(fig, sdir / f"sweep-{name}.{ext}", dpi=110))
+        plt.close(fig)
+    return written
+
+
+def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1.DemoOptions,
+        executor: str = "local", jobs: Optional[int] = None, ray_address: Optional[str] = None,
+        boot: int = stats.DEFAULT_BOOT, report: bool = True) -> int:
+    out = Path(out)
+    sdir = out / "sweep"
+    raw = sdir / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    pts = grid(params)
+    opts_list = [point_options(base, p) for p in pts]
+    missing = sorted({f for o in opts_list for f in table1.check_flags(o)})
+    if missing:
+        raise SystemExit(f"this preheat CLI's demo does not accept {', '.join(missing)}: rebuild it")
+    records = cli.supports("demo", "--records")
+    points = []
+    specs = []
+    for i, (p, o) in enumerate(zip(pts, opts_list)):
+        pid = f"p{i + 1:03d}"
+        points.append({"id": pid, "params": p, "status": "pending", "reason": ""})
+        specs.append({"id": pid, "server": server, "args": o.args(), "timeout": o.timeout(),
+                      "records": records, "bin": cli.preheat_bin()})
+    if executor == "local":
+        jobs = jobs or 1
+        if jobs > 1:
+            print(f"WARNING: {jobs} points run at the same time on this machine: concurrent "
+                  "measurements interfere (CPU, caches, memory bandwidth); use --jobs 1 for "
+                  "numbers you report", file=sys.stderr)
+    topo = cli.topology()
+    atomic.write_json(out / "topology.json", topo) if not (out / "topology.json").exists() else None
+    state = {"kind": "sweep", "state": "running", "server": server, "executor": executor,
+             "jobs": jobs, "ray_address": ray_address,
+             "params": {n: v for n, v in params}, "base": asdict(base), "points": points}
+
+    def save():
+        atomic.write_json(sdir / "sweep.json", state)
+
+    save()
+    code = 0
+    by_id = {p["id"]: p for p in points}
+    proc.reset_interrupt_state()
+    # Before our signal handlers: ray.init installs its own SIGTERM handler in the driver.
+    ex = LocalExecutor(jobs) if executor == "local" else RayExecutor(ray_address, jobs)
+    state["jobs"] = ex.jobs
+    with proc.interruptible(), Progress(f"sweep ({executor})", len(points)) as prog:
+        try:
+            prog.task(f"{len(points)} points ({ex.jobs} at a time)", len(points))
+            for res in ex.run(specs):
+                pt = by_id[res["id"]]
+                pt["host"], pt["seconds"] = res.get("host"), res.get("seconds")
+                pid = res["id"]
+                if res.get("stderr") is not None:
+                    atomic.write_text(raw / f"{pid}.stderr.txt", res["stderr"])
+                if res.get("records"):
+                    atomic.write_text(raw / f"{pid}.jsonl", res["records"])
+                if res.get("rc") == 0 and res.get("json"):
+                    atomic.write_text(raw / f"{pid}.json", res["json"])
+                    pt["status"] = "ok"
+                else:
+                    pt["status"] = "failed"
+                    pt["reason"] = res.get("error") or table1.failure_reason(res.get("stderr") or "", res.get("rc"))
+                    code = 1
+                save()
+                prog.update(sum(1 for p in points if p["status"] != "pending"))
+                prog.advance(f"{pid} {pt['params']}: {pt['status']}"
+                             + (f" ({pt['reason']})" if pt["reason"] else ""))
+            ex.close()
+            state["state"] = "complete"
+        except KeyboardInterrupt:  # proc.Interrupted, or one a C extension re-raised plainly
+            state["state"] = "interrupted (partial)"
+            state["interrupted_by"] = proc.interrupted_by()
+            prog.log(f"sweep: interrupted by {proc.interrupted_by()}: stopping the running points")
+            if ex is not None:
+                for sid in ex.running_ids():
+                    by_id[sid]["status"] = "interrupted"
+                    by_id[sid]["reason"] = (f"interrupted by {proc.interrupted_by()} (a point's "
+                                            "samples are kept only when it completes)")
+                ex.stop()
+            code = 143 if proc.interrupted_by() == "SIGTERM" else 130
+    for p in points:
+        if p["status"] == "pending":
+            p["status"] = "not run"
+    res = analyze_points(sdir, points, topo, boot)
+    if len(res):
+        atomic.write_table(sdir / "sweep", res)
+    else:
+        atomic.write_csv(sdir / "sweep.csv", res)
+    state["figures"] = [p.name for p in plots(sdir, res, params, server)]
+    state["rows"] = int(len(res))
+    save()
+    if report:
+        from . import labreport
+
+        labreport.build(out)
+        print(f"wrote {out / 'report.html'}")
+    return code
+
+
+def reanalyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> bool:
+    """Rebuild DIR/sweep's table and plots from sweep.json and sweep/raw (for `report`)."""
+    sdir = Path(out) / "sweep"
+    try:
+        state = json.loads((sdir / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return False
+    topo = {}
+    try:
+        topo = json.loads((Path(out) / "topology.json").read_text())
+    except (OSError, ValueError):
+        pass
+    params = [(n, v) for n, v in (state.get("params") or {}).items()]
+    res = analyze_points(sdir, state.get("points", []), topo, boot)
+    if len(res):
+        atomic.write_table(sdir / "sweep", res)
+    state["figures"] = [p.name for p in plots(sdir, res, params, state.get("server", "?"))]
+    state["rows"] = int(len(res))
+    atomic.write_json(sdir / "sweep.json", state)
+    return True
