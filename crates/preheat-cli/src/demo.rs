@@ -384,9 +384,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     || after.wake_spins > b.wake_spins
                     || after.replays > b.replays
                 {
-                    s.lines_done = after.last_lines_done;
-                    s.lines_total = after.last_lines_total;
-                    s.preheat_us = after.last_preheat_ns as f64 / 1e3;
+                    // The lines counters are the agent's *last* lines preheat: only this
+                    // announcement's if it ran one (wake/replay alone leave them stale).
+                    if after.preheats > b.preheats {
+                        s.lines_done = after.last_lines_done;
+                        s.lines_total = after.last_lines_total;
+                        s.preheat_us = after.last_preheat_ns as f64 / 1e3;
+                    }
                     s.worker_lead_us = after.last_lead_ns as f64 / 1e3;
                     s.trigger_lead_us = after.last_trigger_lead_ns as f64 / 1e3;
                 } else {
