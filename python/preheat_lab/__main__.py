@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         help="Table 1 and Figure 3 on real servers",
         description="For each server: preheat demo --server S --rounds N --json --out "
                     "DIR/raw/S.json --records DIR/raw/S.jsonl; then from the raw per-request "
-                    "samples: samples.parquet/.csv, table1.csv (mean and median with 95%% CIs, "
+                    "samples: samples.parquet/.csv, table1.csv (mean and median with 95% CIs, "
                     "p99, share of the cold overhead removed, working set, preheat time, GB/s, "
                     "CPI), headline.csv (beside the paper's Table 1), decomposition.csv (where "
                     "cold-start time goes), figure3*.png/svg (CDFs), summary.json, report.html.")
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         description="preheat serve --server S --json, then closed loop with the same connections: "
                     "preheat load --wait block, the peer (memcaslap / redis-benchmark / wrk), "
                     "preheat load --wait spin. Reports throughput, mean (p50/p99 where the peer "
-                    "prints them), ours/peer and whether within 5%%; DIR/peer/.")
+                    "prints them), ours/peer and whether within 5%; DIR/peer/.")
     pe.add_argument("--out", type=Path, required=True,
                     help="output directory (results in DIR/peer/, report in DIR/report.html)")
     pe.add_argument("--servers", type=lambda s: _servers(s, PEER_SERVERS), default=list(PEER_SERVERS),
