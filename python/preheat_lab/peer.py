@@ -1,13 +1,18 @@
 """Peer check: is our load generator's warm latency and throughput what an established client
 measures on the same server at the same offered load?
 
-For each server, `preheat serve --server S --json` starts it with its data set (no agent) and
-prints one ready line `{"server","port","pid","protocol","key"}`. Then, closed loop with the
-same number of connections on both sides:
+For each server, `preheat serve --server S --cpu <last CPU> --json` starts it pinned, with its
+data set (no agent), and prints one ready line `{"server","port","pid","protocol","key"}`. Then,
+closed loop with the same number of client threads AND connections on both sides, both clients
+pinned the same way (`taskset -c <the other CPUs>`), so neither side gets a CPU the other lacks:
 
-* ours: `preheat load --mode closed --connections C --duration-s S --wait block ...` (blocking
-  in the kernel, like the peers, which block in epoll), and `--wait spin` as an extra row;
-* the peer: memcaslap (memcached), redis-benchmark (redis), wrk (nginx), one thread each.
+* ours: `preheat load --mode closed --connections C --threads T --duration-s S --wait block ...`
+  (T threads each multiplexing its connections in epoll, like the peers), and `--wait spin` as an
+  extra row (T threads polling their connections);
+* the peer: memcaslap `-T T -c C` (memcached), redis-benchmark (redis; single-threaded, so ours
+  runs `--threads 1` there), wrk `-t T -c C` (nginx).
+
+The pinning is recorded in peer.json (`notes[server].pinning`) and in the report text.
 
 The report puts both side by side (throughput, mean latency, p50/p99 where the peer prints them)
 with the ratio ours/peer and whether it is within 5%. The verdict is computed, never assumed:
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import socket
@@ -370,9 +376,41 @@ def peer_tool(server: str) -> Optional[str]:
     return shutil.which(PEER_TOOLS.get(server, "")) if server in PEER_TOOLS else None
 
 
+def peer_threads(server: str, threads: int) -> int:
+    """Client threads on both sides for SERVER: redis-benchmark runs one event-loop thread."""
+    return 1 if server == "redis" else max(1, threads)
+
+
+def cpu_plan(server_cpu: Optional[int], pin: bool = True) -> (Optional[int], Optional[List[int]]):
+    """(server CPU, client CPUs): by default the server on the last CPU we may use and both
+    clients on all the others; None/None when there is only one CPU or pinning is off."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = list(range(os.cpu_count() or 1))
+    if not pin:
+        return server_cpu, None
+    if server_cpu is None:
+        if len(cpus) < 2:
+            return None, None
+        server_cpu = cpus[-1]
+    clients = [c for c in cpus if c != server_cpu]
+    return server_cpu, (clients or None)
+
+
+def pinned(cmd: List[str], cpus: Optional[List[int]]) -> List[str]:
+    """CMD under `taskset -c CPUS` (unchanged without CPUs or without taskset)."""
+    ts = shutil.which("taskset")
+    if not cpus or not ts:
+        return list(cmd)
+    return [ts, "-c", ",".join(str(c) for c in cpus)] + list(cmd)
+
+
 def peer_command(server: str, info: dict, connections: int, seconds: float, workdir: Path,
-                 ours_rps: Optional[float], value_len: Optional[int]) -> (List[str], str):
+                 ours_rps: Optional[float], value_len: Optional[int],
+                 threads: int = 1) -> (List[str], str):
     """The peer's command line and a note on how it matches ours."""
+    threads = peer_threads(server, threads)
     port, key = int(info["port"]), str(info.get("key", ""))
     secs = max(1, int(round(seconds)))
     if server == "memcached":
@@ -380,9 +418,9 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
         cfg = workdir / "memcaslap-get.cfg"
         # memaslap's configuration format: key and value size ranges, then the command mix.
         atomic.write_text(cfg, f"key\n16 16 1\nvalue\n{vlen} {vlen} 1\ncmd\n0 0.0\n1 1.0\n")
-        cmd = [peer_tool(server), "-s", f"127.0.0.1:{port}", "-T", "1", "-c", str(connections),
-               "-t", f"{secs}s", "-S", f"{secs}s", "-F", str(cfg)]
-        note = (f"memcaslap: GET only, 1 thread, {connections} connections, closed loop; its own "
+        cmd = [peer_tool(server), "-s", f"127.0.0.1:{port}", "-T", str(threads), "-c",
+               str(connections), "-t", f"{secs}s", "-S", f"{secs}s", "-F", str(cfg)]
+        note = (f"memcaslap: GET only, {threads} thread(s), {connections} connections, closed loop; its own "
                 f"16-byte keys (set during its warm-up, excluded from its Get statistics), "
                 f"value {vlen} B" + (" (= ours)" if value_len else " (ours unknown: 64 B)"))
         return cmd, note
@@ -396,22 +434,50 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
         return cmd, note
     if server == "nginx":
         path = key if key.startswith("/") else "/" + key
-        cmd = [peer_tool(server), "-t", "1", "-c", str(connections), "-d", f"{secs}s",
+        cmd = [peer_tool(server), "-t", str(threads), "-c", str(connections), "-d", f"{secs}s",
                "--latency", f"http://127.0.0.1:{port}{path}"]
-        note = f"wrk: GET {path} (the same path), 1 thread, {connections} connections, closed loop"
+        note = (f"wrk: GET {path} (the same path), {threads} thread(s), {connections} connections, "
+                "closed loop")
         return cmd, note
     raise ValueError(f"no peer client for {server} (peers: {', '.join(PEER_TOOLS)})")
+
+
+# What each peer's numbers mean, next to ours (see the module docstring); appended to the
+# report's note for the server. Ours: throughput = measured replies / (first intended send →
+# last reply); latency = whole reply read − intended send, per request, HdrHistogram (ns).
+EXPLAIN = {
+    "memcached": "memcaslap's mean is printed in whole µs (integer division of its µs sum), "
+                 "its TPS is the last 'Global' row of its Get table (gets only, its own warm-up "
+                 "sets excluded).",
+    "redis": "redis-benchmark's latencies are in ms with 3 decimals (1 µs steps, rounded "
+             "histogram buckets), and its rps is requests / wall time including connection "
+             "set-up; it has no duration, so it runs ours' throughput × seconds requests.",
+    "nginx": "wrk's latency is from the write of a request to the parsed response "
+             "(per thread; its Avg is over all requests), its Requests/sec is completed "
+             "responses / run time.",
+}
 
 
 PARSERS = {"memcached": parse_memcaslap, "redis": parse_redis_benchmark, "nginx": parse_wrk}
 
 
-def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path, tag: str) -> Measurement:
-    out = raw / f"{tag}.json"
+def ours_command(info: dict, connections: int, seconds: float, wait: str,
+                 threads: Optional[int] = None, cpus: Optional[List[int]] = None) -> List[str]:
+    """Our closed-loop command line (THREADS client threads; None: one per connection)."""
     cmd = [cli.preheat_bin(), "load", "--mode", "closed", "--connections", str(connections),
            "--duration-s", f"{seconds:g}", "--wait", wait, "--json",
            "--protocol", str(info.get("protocol", "memcached")),
            "--target", f"127.0.0.1:{int(info['port'])}", "--key", str(info.get("key", ""))]
+    if threads is not None:
+        cmd += ["--threads", str(min(max(1, threads), connections))]
+    return pinned(cmd, cpus)
+
+
+def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path, tag: str,
+             threads: Optional[int] = None, cpus: Optional[List[int]] = None) -> Measurement:
+    out = raw / f"{tag}.json"
+    cmd = ours_command(info, connections, seconds, wait, threads, cpus)
+    atomic.write_text(raw / f"{tag}.cmd.txt", " ".join(cmd) + "\n")
     rc = proc.run_child(cmd, out, raw / f"{tag}.stderr.txt", timeout=seconds * 3 + 60)
     if rc != 0:
         from .table1 import failure_reason
@@ -431,12 +497,14 @@ def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path,
 
 
 def run_peer(server: str, info: dict, connections: int, seconds: float, raw: Path, tag: str,
-             ours_rps: Optional[float]) -> Measurement:
+             ours_rps: Optional[float], threads: int = 1,
+             cpus: Optional[List[int]] = None) -> Measurement:
     tool = peer_tool(server)
     if not tool:
         raise RuntimeError(f"{PEER_TOOLS.get(server, '?')} is not installed")
     vlen = value_length(str(info.get("protocol")), int(info["port"]), str(info.get("key", "")))
-    cmd, note = peer_command(server, info, connections, seconds, raw, ours_rps, vlen)
+    cmd, note = peer_command(server, info, connections, seconds, raw, ours_rps, vlen, threads)
+    cmd = pinned(cmd, cpus)
     out = raw / f"{tag}.txt"
     rc = proc.run_child(cmd, out, raw / f"{tag}.stderr.txt",
                         timeout=seconds * 4 + 60)
@@ -447,7 +515,7 @@ def run_peer(server: str, info: dict, connections: int, seconds: float, raw: Pat
         raise RuntimeError(f"{Path(tool).name} exited {rc}: {(err or text)[-400:]}")
     d = PARSERS[server](text)
     return Measurement(client=Path(tool).name, side="peer", connections=connections,
-                       threads=d.get("threads", 1), duration_s=d.get("duration_s", seconds),
+                       threads=d.get("threads", peer_threads(server, threads)), duration_s=d.get("duration_s", seconds),
                        requests=d.get("requests"), throughput_rps=d.get("throughput_rps"),
                        mean_us=d.get("mean_us"), p50_us=d.get("p50_us"), p90_us=d.get("p90_us"),
                        p99_us=d.get("p99_us"), max_us=d.get("max_us"), errors=d.get("errors"),
@@ -459,8 +527,13 @@ class PeerOptions:
     connections: int = 4
     seconds: float = 10.0
     repeats: int = 1
+    # None: the last CPU we may use (with ≥ 2 CPUs); the clients get the others.
     server_cpu: Optional[int] = None
     tolerance: float = TOLERANCE
+    # Client threads on both sides (redis-benchmark: always 1).
+    threads: int = 1
+    # Pin the server and both clients (see cpu_plan).
+    pin: bool = True
 
 
 def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = True) -> int:
@@ -494,20 +567,31 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
                     prog.advance("FAILED: " + state["failed"][s])
                     continue
                 try:
-                    with Served(s, raw, opts.server_cpu) as srv:
-                        state["notes"][s] = {"serve": srv.info}
+                    server_cpu, client_cpus = cpu_plan(opts.server_cpu, opts.pin)
+                    threads = min(peer_threads(s, opts.threads), opts.connections)
+                    with Served(s, raw, server_cpu) as srv:
+                        pinning = (f"server pinned to CPU {server_cpu} (preheat serve --cpu); "
+                                   if server_cpu is not None else "server not pinned; ")
+                        pinning += (f"both clients pinned to CPU(s) "
+                                    f"{','.join(map(str, client_cpus))} (taskset -c)"
+                                    if client_cpus and shutil.which("taskset")
+                                    else "clients not pinned")
+                        state["notes"][s] = {"serve": srv.info, "pinning": pinning,
+                                             "server_cpu": server_cpu, "client_cpus": client_cpus,
+                                             "threads": threads}
                         done = 0
                         for i in range(opts.repeats):
                             ours = run_ours(srv.info, opts.connections, opts.seconds, "block", raw,
-                                            f"{s}-ours-block-{i + 1}")
+                                            f"{s}-ours-block-{i + 1}", threads, client_cpus)
                             done += 1
                             prog.update(done)
                             peer = run_peer(s, srv.info, opts.connections, opts.seconds, raw,
-                                            f"{s}-peer-{i + 1}", ours.throughput_rps)
+                                            f"{s}-peer-{i + 1}", ours.throughput_rps, threads,
+                                            client_cpus)
                             done += 1
                             prog.update(done)
                             spin = run_ours(srv.info, opts.connections, opts.seconds, "spin", raw,
-                                            f"{s}-ours-spin-{i + 1}")
+                                            f"{s}-ours-spin-{i + 1}", threads, client_cpus)
                             done += 1
                             prog.update(done)
                             for m in (ours, peer, spin):
@@ -519,7 +603,10 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
                                                      for r in compare(s, ours, peer, opts.tolerance)]
                             state["comparisons"] += [dict(r, repeat=i + 1, extra=True)
                                                      for r in compare(s, spin, peer, opts.tolerance)]
-                            state["notes"][s]["peer"] = peer.note
+                            state["notes"][s]["peer"] = (
+                                f"{peer.note}. Ours: --threads {threads} --connections "
+                                f"{opts.connections}. Pinning: {pinning}. "
+                                + EXPLAIN.get(s, ""))
                             save()
                     main = [r for r in state["comparisons"] if r["server"] == s and not r["extra"]]
                     state["verdicts"][s] = verdict(main)

@@ -126,3 +126,27 @@ def test_peer_run_on_memcached(tmp_path):
     assert "Get Statistics" in (raw / "memcached-peer-1.txt").read_text()
     assert (raw / "memcached-ours-block-1.json").exists()
     assert "Peer check" in (out / "report.html").read_text()
+
+
+def test_same_threads_and_pinning_on_both_sides(tmp_path, monkeypatch):
+    monkeypatch.setattr(peer, "peer_tool", lambda s: f"/usr/bin/{peer.PEER_TOOLS[s]}")
+    monkeypatch.setattr(peer.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(peer.cli, "preheat_bin", lambda: "preheat")
+    info = {"port": 11211, "key": "key:42", "protocol": "memcached"}
+    cmd, _ = peer.peer_command("memcached", info, 4, 5, tmp_path, None, 100, threads=2)
+    assert cmd[cmd.index("-T") + 1] == "2" and cmd[cmd.index("-c") + 1] == "4"
+    cmd, _ = peer.peer_command("nginx", dict(info, key="/index.html"), 4, 5, tmp_path, None,
+                               None, threads=2)
+    assert cmd[cmd.index("-t") + 1] == "2"
+    assert peer.peer_threads("redis", 4) == 1 and peer.peer_threads("nginx", 2) == 2
+    ours = peer.ours_command(info, 4, 5, "block", threads=1, cpus=[0])
+    assert ours[:3] == ["/usr/bin/taskset", "-c", "0"]
+    assert ours[ours.index("--threads") + 1] == "1" and ours[ours.index("--connections") + 1] == "4"
+    assert peer.pinned(["wrk"], [0, 1]) == ["/usr/bin/taskset", "-c", "0,1", "wrk"]
+    assert peer.pinned(["wrk"], None) == ["wrk"]
+    monkeypatch.setattr(peer.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert peer.cpu_plan(None) == (3, [0, 1, 2])
+    assert peer.cpu_plan(1) == (1, [0, 2, 3])
+    assert peer.cpu_plan(None, pin=False) == (None, None)
+    monkeypatch.setattr(peer.os, "sched_getaffinity", lambda pid: {0})
+    assert peer.cpu_plan(None) == (None, None)

@@ -1,6 +1,6 @@
 //! `preheat load`: a load generator that can announce what it sends, on top of the engine in
 //! [`preheat_lab::load`] (open loop with Poisson arrivals, idle gap, closed loop; one client
-//! thread per connection; latency from the *intended* send time into an HdrHistogram, so a slow
+//! thread per connection, or `--threads T` threads that each multiplex several; latency from the *intended* send time into an HdrHistogram, so a slow
 //! reply, a late send or a wait for a slot is never hidden: no coordinated omission).
 //!
 //! Announcing (paper §3.2):
@@ -49,6 +49,15 @@ send_late_us_* shows how late requests really went out. With announcements in id
 closed mode, the announced (granted) time is the intended time: the request is meant to arrive
 then, and that is what the receiver preheats for.
 
+Threads: by default every connection has its own client thread that blocks (or spins) on its
+one request. --threads T (fewer than --connections C) runs T client threads instead, thread t
+driving connections t, t+T, t+2T, ... like wrk -t T -c C: with --wait block it waits in epoll for
+whichever connection answers, with --wait spin it polls them in turn. Closed loop keeps one
+request outstanding on every connection; open loop keeps every connection's own Poisson schedule
+(a connection sends when its intended time has come and its previous reply is in; latency still
+counts from the intended time). --threads is rejected with --mode idle-gap, --announce-local,
+--arbiter and --protocol mysql (they need one thread per connection).
+
 Each connection sends --warmup unmeasured requests first. --records FILE.csv writes one row per
 measured request (flushed every 100 ms, so an interrupted run keeps what it measured). SIGINT or
 SIGTERM stops the run: the summary covers what was measured.";
@@ -77,9 +86,13 @@ pub struct LoadArgs {
     /// Open loop: offered load, requests per second over all connections (required there).
     #[arg(long)]
     pub rate: Option<f64>,
-    /// Connections, each with its own client thread.
+    /// Connections (each with its own client thread unless --threads says fewer).
     #[arg(long, default_value_t = 1)]
     pub connections: usize,
+    /// Client threads, each multiplexing connections/threads connections (like wrk -t)
+    /// [default: one per connection]. Not with idle-gap, announcements or mysql.
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Unmeasured warm-up requests per connection.
     #[arg(long, default_value_t = 1)]
     pub warmup: u64,
@@ -200,12 +213,13 @@ pub fn run(a: LoadArgs) -> Result<()> {
 
 fn print_text(a: &LoadArgs, r: &LoadReport) {
     println!(
-        "{} requests to {} ({} {}, {} connection(s), announce: {}, strategy {}){} [measured, {} samples]: p50 {:.1} µs, p90 {:.1}, p99 {:.1}, p99.9 {:.1}, max {:.1}, mean {:.1}",
+        "{} requests to {} ({} {}, {} connection(s) on {} thread(s), announce: {}, strategy {}){} [measured, {} samples]: p50 {:.1} µs, p90 {:.1}, p99 {:.1}, p99.9 {:.1}, max {:.1}, mean {:.1}",
         r.summary.requests,
         r.target,
         serde_plain(&r.protocol),
         serde_plain(&r.summary.mode),
         r.summary.connections,
+        r.summary.threads,
         r.announce,
         r.strategy,
         if r.interrupted { " (interrupted)" } else { "" },
@@ -276,6 +290,32 @@ fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
         (None, Some(_)) => None,
         (None, None) => Some(200),
     };
+    let threads = a.threads.unwrap_or(a.connections);
+    if threads == 0 || threads > a.connections {
+        bail!(
+            "--threads must be between 1 and --connections ({}), got {threads}",
+            a.connections
+        );
+    }
+    if threads < a.connections {
+        let why = if a.mode == Mode::IdleGap {
+            Some("--mode idle-gap (each connection sleeps its own gap)")
+        } else if a.announce_local {
+            Some("--announce-local (each request is granted its own send time)")
+        } else if a.arbiter.is_some() {
+            Some("--arbiter (each request is granted its own send time)")
+        } else if a.protocol == Protocol::Mysql {
+            Some("--protocol mysql (its driver only blocks)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            bail!(
+                "--threads {threads} < --connections {}: {why} needs one thread per connection; drop --threads",
+                a.connections
+            );
+        }
+    }
     if a.observe && a.connections != 1 {
         bail!(
             "--observe attributes the agents' latest busy period to the latest request, so it needs --connections 1 (got {})",
@@ -289,6 +329,8 @@ fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
         rate,
         gap: Duration::from_millis(a.gap_ms),
         connections: a.connections,
+        threads,
+        wait: a.wait,
         warmup: a.warmup,
         seed: a.seed,
         strategy,

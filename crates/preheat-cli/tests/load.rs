@@ -223,6 +223,7 @@ const FIELDS: &[&str] = &[
     "protocol",
     "mode",
     "connections",
+    "threads",
     "requests",
     "errors",
     "wrong",
@@ -321,6 +322,7 @@ fn open_loop_memcached_with_records() {
     assert_eq!(v["mode"], "open");
     assert_eq!(v["protocol"], "memcached");
     assert_eq!(v["connections"], 2);
+    assert_eq!(v["threads"], 2, "default: one thread per connection");
     assert_eq!(v["offered_rps"].as_f64(), Some(2000.0));
     assert_eq!(v["target"], target);
     assert_eq!(v["announce"], "none");
@@ -598,6 +600,28 @@ fn bad_flag_combinations_are_clear_errors() {
         &["--target", "127.0.0.1:1", "--requests", "3"],
         "connection 0",
     );
+    fails(
+        &["--target", "127.0.0.1:1", "--mode", "closed", "--connections", "2", "--threads", "3"],
+        "--threads must be between 1 and --connections",
+    );
+    fails(
+        &["--target", "127.0.0.1:1", "--connections", "2", "--threads", "1"],
+        "--mode idle-gap",
+    );
+    fails(
+        &[
+            "--target", "127.0.0.1:1", "--mode", "closed", "--connections", "2", "--threads",
+            "1", "--announce-local",
+        ],
+        "--announce-local",
+    );
+    fails(
+        &[
+            "--target", "127.0.0.1:1", "--mode", "closed", "--protocol", "mysql",
+            "--connections", "4", "--threads", "2",
+        ],
+        "--protocol mysql (its driver only blocks) needs one thread per connection",
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
         .args(["load", "--help"])
         .output()
@@ -610,6 +634,8 @@ fn bad_flag_combinations_are_clear_errors() {
         "coordinated omission",
         "INTENDED",
         "--rate",
+        "--threads",
+        "wrk -t T -c C",
     ] {
         assert!(help.contains(needle), "--help lacks {needle}: {help}");
     }
@@ -700,4 +726,54 @@ fn local_announcements_and_observe_with_the_agent_attached() {
     check(&v, 100);
     assert_eq!(v["scheduled"], 100, "{v}");
     assert_eq!(v["strategy"], "my-label");
+}
+
+#[test]
+fn multiplexed_threads_against_memcached() {
+    let mut servers = Servers::default();
+    let Some(port) = memcached(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("127.0.0.1:{port}");
+    for wait in ["block", "spin"] {
+        let records = tmp.path().join(format!("records-{wait}.csv"));
+        let v = load_json(
+            &[
+                "--target",
+                &target,
+                "--mode",
+                "closed",
+                "--requests",
+                "2000",
+                "--connections",
+                "4",
+                "--threads",
+                "1",
+                "--wait",
+                wait,
+                "--records",
+                records.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        println!("{v}");
+        check(&v, 2000);
+        assert_eq!((v["connections"].as_u64(), v["threads"].as_u64()), (Some(4), Some(1)));
+        let (_, rows) = csv_rows(&records);
+        assert_eq!(rows.len(), 2000);
+        let conns: std::collections::BTreeSet<&str> =
+            rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
+        assert_eq!(conns.len(), 4, "{wait}: every connection measured");
+    }
+    // Open loop, 2 threads × 2 connections each.
+    let v = load_json(
+        &[
+            "--target", &target, "--mode", "open", "--rate", "4000", "--requests", "800",
+            "--connections", "4", "--threads", "2", "--wait", "block",
+        ],
+        tmp.path(),
+    );
+    check(&v, 800);
+    assert_eq!(v["threads"], 2);
 }

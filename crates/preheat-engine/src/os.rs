@@ -235,6 +235,87 @@ impl Epoll {
         }
         Ok(n as usize)
     }
+
+    /// Stop watching `fd` (a closed fd leaves the set by itself once no duplicate remains).
+    pub fn remove(&self, fd: i32) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: `ev` is a valid epoll_event on our stack (ignored by DEL on current kernels,
+        // but must be non-null on old ones).
+        let r = unsafe { libc::epoll_ctl(self.fd, libc::EPOLL_CTL_DEL, fd, &mut ev) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Wait until a watched fd is readable or `timeout` passes (`None`: no timeout), with
+    /// nanosecond resolution where the kernel has `epoll_pwait2` (else the timeout is rounded
+    /// down to whole milliseconds). Writes the ready fds into `ready` (at most its length) and
+    /// returns how many; 0 on timeout or when interrupted by a signal.
+    pub fn wait_ready(
+        &self,
+        timeout: Option<std::time::Duration>,
+        ready: &mut [i32],
+    ) -> io::Result<usize> {
+        const MAX: usize = 64;
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; MAX];
+        let cap = ready.len().clamp(1, MAX) as i32;
+        let n = self.wait_raw(timeout, &mut evs[..cap as usize]);
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        let n = (n as usize).min(ready.len());
+        for (r, ev) in ready.iter_mut().zip(&evs[..n]) {
+            *r = ev.u64 as i32;
+        }
+        Ok(n)
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn wait_raw(&self, timeout: Option<std::time::Duration>, evs: &mut [libc::epoll_event]) -> i32 {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static NO_PWAIT2: AtomicBool = AtomicBool::new(false);
+        if !NO_PWAIT2.load(Ordering::Relaxed) {
+            let ts = timeout.map(|d| libc::timespec {
+                tv_sec: d.as_secs().min(i32::MAX as u64) as libc::time_t,
+                tv_nsec: d.subsec_nanos() as _,
+            });
+            let tsp = ts
+                .as_ref()
+                .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+            // SAFETY: `evs` is a valid writable array whose length we pass; `tsp` is null or
+            // points at a timespec on our stack; a null sigmask means "no change".
+            let n = unsafe {
+                libc::epoll_pwait2(
+                    self.fd,
+                    evs.as_mut_ptr(),
+                    evs.len() as i32,
+                    tsp,
+                    std::ptr::null(),
+                )
+            };
+            if n >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS) {
+                return n;
+            }
+            NO_PWAIT2.store(true, Ordering::Relaxed);
+        }
+        self.wait_ms(timeout, evs)
+    }
+
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    fn wait_raw(&self, timeout: Option<std::time::Duration>, evs: &mut [libc::epoll_event]) -> i32 {
+        self.wait_ms(timeout, evs)
+    }
+
+    fn wait_ms(&self, timeout: Option<std::time::Duration>, evs: &mut [libc::epoll_event]) -> i32 {
+        let ms = timeout.map_or(-1, |d| d.as_millis().min(i32::MAX as u128) as i32);
+        // SAFETY: `evs` is a valid writable array whose length we pass.
+        unsafe { libc::epoll_wait(self.fd, evs.as_mut_ptr(), evs.len() as i32, ms) }
+    }
 }
 
 impl Drop for Epoll {
@@ -269,6 +350,25 @@ mod tests {
         })
         .join()
         .unwrap();
+    }
+
+    #[test]
+    fn epoll_wait_ready_and_remove() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        use std::time::{Duration, Instant};
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ep = Epoll::new().unwrap();
+        ep.add_readable(b.as_raw_fd()).unwrap();
+        let mut ready = [0i32; 4];
+        let t0 = Instant::now();
+        assert_eq!(ep.wait_ready(Some(Duration::from_micros(1500)), &mut ready).unwrap(), 0);
+        assert!(t0.elapsed() >= Duration::from_millis(1));
+        a.write_all(b"x").unwrap();
+        assert_eq!(ep.wait_ready(None, &mut ready).unwrap(), 1);
+        assert_eq!(ready[0], b.as_raw_fd());
+        ep.remove(b.as_raw_fd()).unwrap();
+        assert_eq!(ep.wait_ready(Some(Duration::ZERO), &mut ready).unwrap(), 0);
     }
 
     #[test]

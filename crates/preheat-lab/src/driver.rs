@@ -17,6 +17,15 @@
 //! crate only does blocking I/O, so a MySQL driver always blocks ([`Wait::Spin`] is accepted and
 //! treated as [`Wait::Block`]).
 //!
+//! **Multiplexed use** (several connections on one client thread, like wrk `-t T -c C`):
+//! [`Driver::send_request`] writes a request, [`Driver::poll_reply`] reads what has arrived
+//! without blocking and returns the outcome once the reply is complete, and [`Driver::raw_fd`]
+//! gives the socket for readiness (epoll). Memcached, redis and HTTP implement them in both wait
+//! modes (the socket is switched to non-blocking for this path, and back for
+//! [`Driver::request`]); the same length-based parsers frame the reply: a parse that runs out of
+//! bytes stops, and the next poll parses the reply again from its start (replies are small).
+//! MySQL does not implement them (the defaults return a "not supported" error).
+//!
 //! Errors: `Err` from [`Driver::request`] means the connection is unusable (I/O error, the peer
 //! closed it, a reply that breaks the framing, no complete reply within [`REPLY_TIMEOUT`]);
 //! a complete but wrong reply (other value, miss, error reply, HTTP status ≠ 200, SQL error) is
@@ -25,6 +34,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::ops::Range;
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -163,7 +173,52 @@ pub trait Driver: Send {
     /// reconnects); `Ok` with `ok == false`: a wrong reply.
     fn request(&mut self) -> Result<Outcome>;
     fn protocol(&self) -> Protocol;
+
+    /// Multiplexed use: send one request whole, without waiting for the reply (the reply is
+    /// collected with [`Driver::poll_reply`]; one request outstanding at a time). `Err`: the
+    /// connection is unusable, or the protocol has no multiplexed path.
+    fn send_request(&mut self) -> Result<()> {
+        bail!("{}", not_multiplexed(self.protocol()))
+    }
+
+    /// Multiplexed use: read what has arrived without blocking; `Some` once the reply to the
+    /// request sent last is complete, `None` while it is not. `Err` as for
+    /// [`Driver::request`] (including no complete reply within [`REPLY_TIMEOUT`] of the send).
+    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        bail!("{}", not_multiplexed(self.protocol()))
+    }
+
+    /// Multiplexed use: the socket to watch for readability; `None` when the protocol has no
+    /// multiplexed path.
+    fn raw_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
+
+/// The error of a protocol without the non-blocking, multiplexed path.
+fn not_multiplexed(p: Protocol) -> String {
+    format!(
+        "multiplexed connections (several per client thread) are not supported by the {} \
+         driver; use one thread per connection",
+        serde_json::to_value(p)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{p:?}"))
+    )
+}
+
+/// A parse that ran out of received bytes in polling mode: not an error, the reply is
+/// incomplete (the poll parses it again from its start when more has arrived).
+#[derive(Debug)]
+struct Incomplete;
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the reply is not complete yet")
+    }
+}
+
+impl std::error::Error for Incomplete {}
 
 /// Connect a driver for `w` to `addr`. Errors name the address. For [`Protocol::Mysql`],
 /// `wait` is ignored: the `mysql` crate blocks, so the driver always behaves as [`Wait::Block`].
@@ -330,6 +385,10 @@ struct Conn {
     pos: usize,
     scratch: Box<[u8]>,
     deadline: Instant,
+    /// The socket is in non-blocking mode (always with `spin`; on the multiplexed path too).
+    nonblocking: bool,
+    /// Polling: a read that would block ends the parse with [`Incomplete`].
+    polling: bool,
 }
 
 impl Conn {
@@ -356,7 +415,61 @@ impl Conn {
             pos: 0,
             scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
             deadline: Instant::now() + REPLY_TIMEOUT,
+            nonblocking: wait == Wait::Spin,
+            polling: false,
         })
+    }
+
+    /// Switch the socket's blocking mode (a syscall only when it changes).
+    fn set_nonblocking(&mut self, nb: bool) -> Result<()> {
+        if self.nonblocking != nb {
+            self.stream
+                .set_nonblocking(nb)
+                .with_context(|| format!("configuring the connection to {}", self.addr))?;
+            self.nonblocking = nb;
+        }
+        Ok(())
+    }
+
+    /// One blocking (or, with `spin`, busy-polling) exchange on the socket's own mode.
+    fn for_request(&mut self) -> Result<()> {
+        self.polling = false;
+        self.set_nonblocking(self.spin)
+    }
+
+    /// Multiplexed path: send `data` whole on the non-blocking socket.
+    fn send_nonblocking(&mut self, data: &[u8]) -> Result<()> {
+        self.polling = false;
+        self.set_nonblocking(true)?;
+        self.send(data)
+    }
+
+    /// Multiplexed path: run `parse` over what has arrived (reading more without blocking). A
+    /// parse that runs out of bytes is undone (`pos` back to the reply start) and gives `None`,
+    /// unless the reply deadline has passed.
+    fn poll<T>(
+        this: &mut T,
+        conn: fn(&mut T) -> &mut Conn,
+        parse: fn(&mut T) -> Result<Outcome>,
+    ) -> Result<Option<Outcome>> {
+        let c = conn(this);
+        c.set_nonblocking(true)?;
+        c.polling = true;
+        let start = c.pos;
+        let r = parse(this);
+        let c = conn(this);
+        c.polling = false;
+        match r {
+            Ok(o) => Ok(Some(o)),
+            Err(e) if e.downcast_ref::<Incomplete>().is_some() => {
+                c.pos = start;
+                if Instant::now() > c.deadline {
+                    bail!("no complete reply from {} within {REPLY_TIMEOUT:?}", c.addr);
+                }
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Start a request: drop the parsed bytes, arm the reply deadline, send `data` whole.
@@ -374,7 +487,7 @@ impl Conn {
                 ),
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) if self.spin && e.kind() == ErrorKind::WouldBlock => {
+                Err(e) if self.nonblocking && e.kind() == ErrorKind::WouldBlock => {
                     if spinner.turn(self.deadline) {
                         bail!("sending a request to {} timed out", self.addr);
                     }
@@ -396,7 +509,7 @@ impl Conn {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
                     self.buf.extend_from_slice(&self.scratch[..n]);
-                    if !self.spin && Instant::now() > self.deadline {
+                    if !self.spin && !self.polling && Instant::now() > self.deadline {
                         bail!(
                             "no complete reply from {} within {REPLY_TIMEOUT:?}",
                             self.addr
@@ -405,6 +518,9 @@ impl Conn {
                     return Ok(true);
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if self.polling && e.kind() == ErrorKind::WouldBlock => {
+                    return Err(anyhow::Error::new(Incomplete));
+                }
                 Err(e) if self.spin && e.kind() == ErrorKind::WouldBlock => {
                     if spinner.turn(self.deadline) {
                         bail!(
@@ -507,7 +623,31 @@ struct MemcachedDriver {
 
 impl Driver for MemcachedDriver {
     fn request(&mut self) -> Result<Outcome> {
+        self.conn.for_request()?;
         self.conn.send(&self.request)?;
+        self.parse()
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Memcached
+    }
+
+    fn send_request(&mut self) -> Result<()> {
+        self.conn.send_nonblocking(&self.request)
+    }
+
+    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        Conn::poll(self, |d| &mut d.conn, Self::parse)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.conn.stream.as_raw_fd())
+    }
+}
+
+impl MemcachedDriver {
+    /// Read one whole reply.
+    fn parse(&mut self) -> Result<Outcome> {
         let mut ok = true;
         let mut values = 0u32;
         loop {
@@ -566,10 +706,6 @@ impl Driver for MemcachedDriver {
         }
         Ok(Outcome { kind: "get", ok })
     }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Memcached
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -583,7 +719,31 @@ struct RedisDriver {
 
 impl Driver for RedisDriver {
     fn request(&mut self) -> Result<Outcome> {
+        self.conn.for_request()?;
         self.conn.send(&self.request)?;
+        self.parse()
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Redis
+    }
+
+    fn send_request(&mut self) -> Result<()> {
+        self.conn.send_nonblocking(&self.request)
+    }
+
+    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        Conn::poll(self, |d| &mut d.conn, Self::parse)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.conn.stream.as_raw_fd())
+    }
+}
+
+impl RedisDriver {
+    /// Read one whole reply.
+    fn parse(&mut self) -> Result<Outcome> {
         let l = self.conn.line()?;
         let line = &self.conn.buf[l];
         let ok = match line.first() {
@@ -617,10 +777,6 @@ impl Driver for RedisDriver {
             ),
         };
         Ok(Outcome { kind: "GET", ok })
-    }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Redis
     }
 }
 
@@ -765,13 +921,44 @@ impl HttpDriver {
 
 impl Driver for HttpDriver {
     fn request(&mut self) -> Result<Outcome> {
+        self.check_open()?;
+        self.conn.for_request()?;
+        self.conn.send(&self.request)?;
+        self.parse()
+    }
+
+    fn protocol(&self) -> Protocol {
+        Protocol::Http
+    }
+
+    fn send_request(&mut self) -> Result<()> {
+        self.check_open()?;
+        self.conn.send_nonblocking(&self.request)
+    }
+
+    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        Conn::poll(self, |d| &mut d.conn, Self::parse)
+    }
+
+    fn raw_fd(&self) -> Option<RawFd> {
+        Some(self.conn.stream.as_raw_fd())
+    }
+}
+
+impl HttpDriver {
+    fn check_open(&self) -> Result<()> {
         if self.closed {
             bail!(
                 "{} closed the keep-alive connection after the last response",
                 self.conn.addr
             );
         }
-        self.conn.send(&self.request)?;
+        Ok(())
+    }
+
+    /// Read one whole response (the state changes only once it is complete, so an
+    /// incomplete parse can be repeated).
+    fn parse(&mut self) -> Result<Outcome> {
         let (status, framing, close) = loop {
             let (status, framing, close) = self.head()?;
             if status == 101 {
@@ -804,10 +991,6 @@ impl Driver for HttpDriver {
             kind: "GET",
             ok: status == 200 && body_ok,
         })
-    }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Http
     }
 }
 
@@ -893,5 +1076,174 @@ mod tests {
         assert_eq!(ex.replay_until, HTTP_WARMUP_BODY);
         assert!(spec(Protocol::Http, "/", None).raw_exchange().is_none());
         assert!(spec(Protocol::Mysql, "", None).raw_exchange().is_none());
+    }
+}
+
+#[cfg(test)]
+mod split_reply_tests {
+    //! The multiplexed path on replies that arrive one byte at a time: every poll before the
+    //! last byte says "incomplete", the poll after it gives the outcome, and the connection
+    //! stays usable for the next request.
+    use super::*;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    fn spec(protocol: Protocol, key: &str, expect: Option<&[u8]>) -> WorkloadSpec {
+        WorkloadSpec {
+            protocol,
+            key: key.to_string(),
+            expect: expect.map(<[u8]>::to_vec),
+            tpcc: None,
+        }
+    }
+
+    /// Serve `replies` (one per request, in order) one byte at a time, in lockstep with the
+    /// test, which polls after every byte; returns the outcomes.
+    fn exchange(w: &WorkloadSpec, wait: Wait, replies: &[&[u8]]) -> Vec<Outcome> {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let request_len = match w.protocol {
+            Protocol::Memcached => format!("get {}\r\n", w.key).len(),
+            Protocol::Redis => resp_get(w.key.as_bytes()).len(),
+            Protocol::Http => http_get(&http_path(&w.key)).len(),
+            Protocol::Mysql => unreachable!(),
+        };
+        let (wrote_tx, wrote_rx) = mpsc::channel::<()>();
+        let (polled_tx, polled_rx) = mpsc::channel::<()>();
+        let owned: Vec<Vec<u8>> = replies.iter().map(|r| r.to_vec()).collect();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            for reply in owned {
+                let mut req = vec![0u8; request_len];
+                s.read_exact(&mut req).unwrap();
+                for b in reply {
+                    s.write_all(&[b]).unwrap();
+                    wrote_tx.send(()).unwrap();
+                    if polled_rx.recv().is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        let mut d = connect(addr, w, wait).unwrap();
+        assert!(d.raw_fd().is_some());
+        let mut outcomes = Vec::new();
+        for reply in replies {
+            d.send_request().unwrap();
+            for i in 0..reply.len() {
+                wrote_rx.recv().unwrap();
+                // Give loopback a moment to deliver the byte.
+                std::thread::sleep(Duration::from_micros(300));
+                let mut got = d.poll_reply().unwrap();
+                if i + 1 < reply.len() {
+                    assert!(got.is_none(), "complete after {} of {} bytes", i + 1, reply.len());
+                } else {
+                    let t0 = Instant::now();
+                    while got.is_none() && t0.elapsed() < Duration::from_secs(2) {
+                        got = d.poll_reply().unwrap();
+                    }
+                    outcomes.push(got.expect("complete after the last byte"));
+                }
+                polled_tx.send(()).unwrap();
+            }
+        }
+        drop(polled_tx);
+        server.join().unwrap();
+        outcomes
+    }
+
+    #[test]
+    fn memcached_split_replies() {
+        let w = spec(Protocol::Memcached, "k", Some(b"hello"));
+        for wait in [Wait::Block, Wait::Spin] {
+            let o = exchange(
+                &w,
+                wait,
+                &[b"VALUE k 0 5\r\nhello\r\nEND\r\n", b"END\r\n", b"VALUE k 0 5\r\nhellx\r\nEND\r\n"],
+            );
+            assert_eq!(
+                o.iter().map(|o| o.ok).collect::<Vec<_>>(),
+                [true, false, false]
+            );
+            assert_eq!(o[0].kind, "get");
+        }
+    }
+
+    #[test]
+    fn redis_split_replies() {
+        let w = spec(Protocol::Redis, "k", Some(b"a\r\nb"));
+        let o = exchange(&w, Wait::Block, &[b"$4\r\na\r\nb\r\n", b"$-1\r\n", b"-ERR x\r\n"]);
+        assert_eq!(
+            o.iter().map(|o| o.ok).collect::<Vec<_>>(),
+            [true, false, false]
+        );
+    }
+
+    #[test]
+    fn http_split_replies() {
+        let w = spec(Protocol::Http, "/x", Some(b"hello world"));
+        let o = exchange(
+            &w,
+            Wait::Block,
+            &[
+                b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n",
+            ],
+        );
+        assert_eq!(
+            o.iter().map(|o| o.ok).collect::<Vec<_>>(),
+            [true, true, false]
+        );
+    }
+
+    #[test]
+    fn blocking_request_still_works_after_polling() {
+        // One multiplexed exchange, then a plain request() on the same driver.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = [0u8; 7];
+            for _ in 0..2 {
+                s.read_exact(&mut req).unwrap();
+                s.write_all(b"END\r\n").unwrap();
+            }
+        });
+        let mut d = connect(addr, &spec(Protocol::Memcached, "k", None), Wait::Block).unwrap();
+        d.send_request().unwrap();
+        let t0 = Instant::now();
+        let mut got = None;
+        while got.is_none() && t0.elapsed() < Duration::from_secs(2) {
+            got = d.poll_reply().unwrap();
+        }
+        assert!(got.unwrap().ok);
+        assert!(d.request().unwrap().ok);
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn closed_connection_is_an_error_while_polling() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = [0u8; 7];
+            s.read_exact(&mut req).unwrap();
+            s.write_all(b"VALUE k 0 5\r\nhe").unwrap();
+        });
+        let mut d = connect(addr, &spec(Protocol::Memcached, "k", None), Wait::Spin).unwrap();
+        d.send_request().unwrap();
+        server.join().unwrap();
+        let t0 = Instant::now();
+        let err = loop {
+            match d.poll_reply() {
+                Ok(None) if t0.elapsed() < Duration::from_secs(2) => continue,
+                Ok(o) => panic!("unexpected {o:?}"),
+                Err(e) => break e,
+            }
+        };
+        assert!(format!("{err:#}").contains("closed the connection"), "{err:#}");
     }
 }

@@ -21,6 +21,18 @@
 //! Waiting for a send time sleeps until ~150 µs before it, then spins, so long gaps do not burn a
 //! CPU and the send itself is precise.
 //!
+//! **Threads.** By default every connection has its own client thread and a blocking
+//! [`Driver::request`]. With [`LoadConfig::threads`] below the number of connections, thread `t`
+//! drives the connections `c` with `c % threads == t` (like wrk `-t T -c C`), through the
+//! drivers' non-blocking [`Driver::send_request`] / [`Driver::poll_reply`]: closed loop keeps
+//! one request outstanding on every connection (a completed reply is recorded and the next
+//! request goes out); open loop keeps each connection's own Poisson schedule and sends when the
+//! intended time has come and nothing is outstanding on that connection, measuring from the
+//! intended time as above. The thread waits in epoll ([`Wait::Block`]: until a reply arrives or
+//! ~150 µs before the next scheduled send, then it polls) or polls every connection in turn
+//! ([`Wait::Spin`]). Idle-gap mode and announcements need one thread per connection (a run that
+//! asks otherwise is rejected), as do drivers without the multiplexed path (MySQL).
+//!
 //! Latencies (ns) go into one HdrHistogram per connection (1 ns .. 60 s, 3 significant digits),
 //! merged at the end; per-request [`Record`]s go through a channel to a writer thread, so the
 //! measuring threads never wait for I/O.
@@ -37,7 +49,7 @@ use hdrhistogram::Histogram;
 use preheat_engine::time::now_ns;
 use serde::{Deserialize, Serialize};
 
-use crate::driver::{Driver, Outcome};
+use crate::driver::{Driver, Outcome, Wait};
 
 /// How requests are paced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -77,8 +89,16 @@ pub struct LoadConfig {
     pub rate: f64,
     /// Idle-gap mode: the gap before each request.
     pub gap: Duration,
-    /// Connections, each served by its own client thread.
+    /// Connections.
     pub connections: usize,
+    /// Client threads: 0 or `connections` = one thread per connection with a blocking
+    /// [`Driver::request`]; fewer = each thread multiplexes `connections / threads` (±1)
+    /// connections (see the module docs). Not with idle-gap mode or announcements.
+    pub threads: usize,
+    /// How a multiplexed thread waits for its connections: `Block` in epoll, `Spin` polling
+    /// them in turn (pass the same as the drivers' own wait). Unused with one thread per
+    /// connection (the drivers wait themselves).
+    pub wait: Wait,
     /// Unmeasured requests per connection before measuring.
     pub warmup: u64,
     /// Seed of the arrival process (runs are reproducible).
@@ -141,6 +161,8 @@ pub struct LoadSummary {
     pub label: &'static str,
     pub mode: Mode,
     pub connections: usize,
+    /// Client threads (== connections: one per connection).
+    pub threads: usize,
     /// Measured requests (complete replies, right or wrong): the histogram's sample count.
     pub requests: u64,
     /// Transport failures (each followed by a reconnect; the failed request is not measured).
@@ -371,18 +393,24 @@ impl<'a> Conn<'a> {
                 Ok(Some(o))
             }
             Err(e) => {
-                self.errors += 1;
-                self.fails_in_row += 1;
-                if self.fails_in_row >= FAILS_IN_ROW {
-                    return Err(e.context(format!(
-                        "connection {}: {} requests in a row failed, each on a fresh connection; giving up (is the server overloaded or closing connections?)",
-                        self.id, self.fails_in_row
-                    )));
-                }
-                self.reconnect(e, cancel)?;
+                self.failed(e, cancel)?;
                 Ok(None)
             }
         }
+    }
+
+    /// A transport failure: count it and reopen the connection (unless `cancel` is set).
+    /// `Err`: the server is gone for good.
+    fn failed(&mut self, e: anyhow::Error, cancel: &dyn Fn() -> bool) -> Result<()> {
+        self.errors += 1;
+        self.fails_in_row += 1;
+        if self.fails_in_row >= FAILS_IN_ROW {
+            return Err(e.context(format!(
+                "connection {}: {} requests in a row failed, each on a fresh connection; giving up (is the server overloaded or closing connections?)",
+                self.id, self.fails_in_row
+            )));
+        }
+        self.reconnect(e, cancel)
     }
 
     fn reconnect(&mut self, cause: anyhow::Error, cancel: &dyn Fn() -> bool) -> Result<()> {
@@ -482,7 +510,35 @@ fn validate(cfg: &LoadConfig) -> Result<()> {
     if cfg.mode == Mode::Open && !(cfg.rate.is_finite() && cfg.rate > 0.0) {
         bail!("open loop needs a positive request rate (got {})", cfg.rate);
     }
+    if cfg.threads > cfg.connections {
+        bail!(
+            "more client threads ({}) than connections ({}): a thread drives at least one connection",
+            cfg.threads,
+            cfg.connections
+        );
+    }
+    if multiplexed(cfg) && cfg.mode == Mode::IdleGap {
+        bail!(
+            "idle-gap mode needs one thread per connection (threads 0 or {}, got {}): each connection sleeps its own gap",
+            cfg.connections,
+            cfg.threads
+        );
+    }
     Ok(())
+}
+
+/// Client threads of a run.
+fn thread_count(cfg: &LoadConfig) -> usize {
+    if cfg.threads == 0 {
+        cfg.connections
+    } else {
+        cfg.threads
+    }
+}
+
+/// Threads drive several connections each.
+fn multiplexed(cfg: &LoadConfig) -> bool {
+    thread_count(cfg) < cfg.connections
 }
 
 /// Run a load. `connect` opens one driver per connection (and again after a transport error);
@@ -498,6 +554,14 @@ pub fn run(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<LoadSummary> {
     validate(cfg)?;
+    if multiplexed(cfg) && announce.is_some() {
+        bail!(
+            "announcements need one thread per connection (threads 0 or {}, got {}): each request is granted its own send time",
+            cfg.connections,
+            cfg.threads
+        );
+    }
+    let threads = thread_count(cfg);
     let shared = Shared {
         cfg,
         stop,
@@ -505,16 +569,20 @@ pub fn run(
         claimed: AtomicU64::new(0),
         completed: AtomicU64::new(0),
         start: OnceLock::new(),
-        setup: Barrier::new(cfg.connections),
+        setup: Barrier::new(threads),
     };
     let (tx, rx) = mpsc::channel::<Record>();
     let (outs, written) = std::thread::scope(|s| {
         let writer = sink.map(|sink| s.spawn(move || write_records(sink, rx)));
-        let workers: Vec<_> = (0..cfg.connections)
+        let workers: Vec<_> = (0..threads)
             .map(|i| {
                 let tx = writer.as_ref().map(|_| tx.clone());
                 let shared = &shared;
-                s.spawn(move || connection(i, shared, connect, announce, tx))
+                if threads < cfg.connections {
+                    s.spawn(move || mux_thread(i, threads, shared, connect, tx))
+                } else {
+                    s.spawn(move || connection(i, shared, connect, announce, tx))
+                }
             })
             .collect();
         drop(tx);
@@ -531,7 +599,7 @@ pub fn run(
             .enumerate()
             .map(|(i, h)| {
                 h.join().unwrap_or_else(|_| {
-                    Err(anyhow::anyhow!("connection {i}: client thread panicked"))
+                    Err(anyhow::anyhow!("client thread {i} panicked"))
                 })
             })
             .collect();
@@ -586,6 +654,7 @@ fn summarize(cfg: &LoadConfig, outs: &[ConnOut], start: Option<u64>, now: u64) -
         label: "measured",
         mode: cfg.mode,
         connections: cfg.connections,
+        threads: thread_count(cfg),
         requests,
         errors,
         wrong,
@@ -800,39 +869,386 @@ fn measure(
             shared.unclaim();
             continue;
         };
-        let latency = done.saturating_sub(intended);
-        out.latency.saturating_record(latency.max(1));
-        out.late.saturating_record(sent.saturating_sub(intended));
-        if !o.ok {
-            out.wrong += 1;
-        }
-        out.last_done_ns = out.last_done_ns.max(done);
-        let seq = shared.completed.fetch_add(1, Ordering::Relaxed);
-        if let Some(tx) = &tx {
-            // The writer only goes away after every sender is dropped, so this cannot fail;
-            // if it did, losing a record must not stop the measurement.
-            let _ = tx.send(Record {
-                seq,
-                conn: id as u32,
-                mode: cfg.mode,
-                gap_us: if cfg.mode == Mode::IdleGap {
-                    intended.saturating_sub(prev_done) as f64 / 1e3
-                } else {
-                    0.0
-                },
-                intended_ns: intended,
-                granted_ns: granted,
-                sent_ns: sent,
-                done_ns: done,
-                latency_us: latency as f64 / 1e3,
-                kind: o.kind,
-                ok: o.ok,
-                scheduled,
-                strategy: cfg.strategy.clone(),
-            });
-        }
+        let gap_us = if cfg.mode == Mode::IdleGap {
+            intended.saturating_sub(prev_done) as f64 / 1e3
+        } else {
+            0.0
+        };
+        let times = Times {
+            intended,
+            granted,
+            sent,
+            done,
+        };
+        measured(shared, &mut out, tx.as_ref(), id, times, o, scheduled, gap_us);
         prev_done = done;
     }
     out.errors = conn.errors;
     Ok(out)
+}
+
+/// The times of one measured request (CLOCK_MONOTONIC ns).
+#[derive(Clone, Copy)]
+struct Times {
+    intended: u64,
+    granted: u64,
+    sent: u64,
+    done: u64,
+}
+
+/// Count a measured request and hand its record to the writer.
+#[allow(clippy::too_many_arguments)]
+fn measured(
+    shared: &Shared<'_>,
+    out: &mut ConnOut,
+    tx: Option<&mpsc::Sender<Record>>,
+    id: usize,
+    t: Times,
+    o: Outcome,
+    scheduled: bool,
+    gap_us: f64,
+) {
+    let cfg = shared.cfg;
+    let latency = t.done.saturating_sub(t.intended);
+    out.latency.saturating_record(latency.max(1));
+    out.late.saturating_record(t.sent.saturating_sub(t.intended));
+    if !o.ok {
+        out.wrong += 1;
+    }
+    out.last_done_ns = out.last_done_ns.max(t.done);
+    let seq = shared.completed.fetch_add(1, Ordering::Relaxed);
+    if let Some(tx) = tx {
+        // The writer only goes away after every sender is dropped, so this cannot fail;
+        // if it did, losing a record must not stop the measurement.
+        let _ = tx.send(Record {
+            seq,
+            conn: id as u32,
+            mode: cfg.mode,
+            gap_us,
+            intended_ns: t.intended,
+            granted_ns: t.granted,
+            sent_ns: t.sent,
+            done_ns: t.done,
+            latency_us: latency as f64 / 1e3,
+            kind: o.kind,
+            ok: o.ok,
+            scheduled,
+            strategy: cfg.strategy.clone(),
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multiplexed client threads: several connections per thread (threads < connections).
+
+/// One connection of a multiplexed thread.
+struct Slot<'a> {
+    conn: Conn<'a>,
+    arrivals: Poisson,
+    /// Open loop: the next intended send time.
+    next_open: u64,
+    /// The outstanding request: (intended, sent).
+    pending: Option<(u64, u64)>,
+    /// Sends no more (the run is ending for it); its outstanding reply is still collected.
+    done: bool,
+}
+
+/// How a multiplexed thread waits: an epoll set over its sockets (`Wait::Block`) or none
+/// (`Wait::Spin`: poll every outstanding connection in turn).
+struct Waiter {
+    epoll: Option<preheat_engine::os::Epoll>,
+    ready: Vec<i32>,
+}
+
+impl Waiter {
+    fn watch(&self, conn: &Conn<'_>) -> Result<()> {
+        if let (Some(ep), Some(fd)) = (&self.epoll, conn.driver.raw_fd()) {
+            match ep.add_readable(fd) {
+                Ok(()) => {}
+                // Still the same socket (a reconnect was cut short by the stop flag).
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("connection {}: adding to epoll", conn.id))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A multiplexed thread: connect its connections and warm them up (one blocking request at a
+/// time), wait for the others, then measure.
+fn mux_thread(
+    t: usize,
+    threads: usize,
+    shared: &Shared<'_>,
+    connect: Connect<'_>,
+    tx: Option<mpsc::Sender<Record>>,
+) -> Result<ConnOut> {
+    let stop_only = || shared.stop.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed);
+    let setup = mux_set_up(t, threads, shared, connect, &stop_only);
+    if setup.is_err() {
+        shared.abort.store(true, Ordering::Relaxed);
+    }
+    shared.setup.wait();
+    let (slots, waiter) = setup?;
+    let start = *shared.start.get_or_init(now_ns);
+    let r = mux_measure(shared, slots, waiter, tx, start);
+    if r.is_err() {
+        shared.abort.store(true, Ordering::Relaxed);
+    }
+    r
+}
+
+fn mux_set_up<'a>(
+    t: usize,
+    threads: usize,
+    shared: &Shared<'_>,
+    connect: Connect<'a>,
+    cancel: &dyn Fn() -> bool,
+) -> Result<(Vec<Slot<'a>>, Waiter)> {
+    let cfg = shared.cfg;
+    let waiter = Waiter {
+        epoll: match cfg.wait {
+            Wait::Block => Some(
+                preheat_engine::os::Epoll::new()
+                    .with_context(|| format!("client thread {t}: creating an epoll instance"))?,
+            ),
+            Wait::Spin => None,
+        },
+        ready: vec![0; cfg.connections.div_ceil(threads).max(1)],
+    };
+    let mut slots = Vec::new();
+    for id in (t..cfg.connections).step_by(threads) {
+        let mut conn = Conn::open(id, connect)?;
+        if conn.driver.raw_fd().is_none() {
+            bail!(
+                "connection {id}: the {:?} driver cannot multiplex connections (threads {} < connections {}); use one thread per connection (threads 0)",
+                conn.driver.protocol(),
+                cfg.threads,
+                cfg.connections
+            );
+        }
+        for _ in 0..cfg.warmup {
+            if cancel() {
+                break;
+            }
+            conn.request(cancel)?;
+        }
+        waiter.watch(&conn)?;
+        let arrivals = Poisson::new(
+            cfg.rate / cfg.connections as f64,
+            cfg.seed.wrapping_add(id as u64),
+        );
+        slots.push(Slot {
+            conn,
+            arrivals,
+            next_open: 0,
+            pending: None,
+            done: false,
+        });
+    }
+    Ok((slots, waiter))
+}
+
+fn mux_measure(
+    shared: &Shared<'_>,
+    mut slots: Vec<Slot<'_>>,
+    mut waiter: Waiter,
+    tx: Option<mpsc::Sender<Record>>,
+    start: u64,
+) -> Result<ConnOut> {
+    let cfg = shared.cfg;
+    let stop_only = || shared.stop.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed);
+    let deadline = cfg
+        .duration
+        .map(|d| start.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
+    let past_deadline = |t: u64| deadline.is_some_and(|e| t >= e);
+    for s in &mut slots {
+        s.next_open = start;
+        if cfg.mode == Mode::Open {
+            s.next_open += s.arrivals.next_gap_ns();
+        }
+    }
+    let mut out = ConnOut {
+        latency: histogram(),
+        late: histogram(),
+        errors: 0,
+        wrong: 0,
+        scheduled: 0,
+        unscheduled: 0,
+        last_done_ns: 0,
+    };
+    let reply_timeout_ns = u64::try_from(crate::driver::REPLY_TIMEOUT.as_nanos()).unwrap_or(u64::MAX);
+    // Spin mode: yield the CPU each turn after this long without a reply (see the drivers'
+    // busy-poll: an unpinned client must not keep the server off its CPU).
+    let mut last_progress = Instant::now();
+    loop {
+        // Send on every connection whose time has come and that has nothing outstanding.
+        let stopping = shared.cancelled();
+        let mut next_send = u64::MAX;
+        let mut now = now_ns();
+        for s in &mut slots {
+            if s.pending.is_some() || s.done {
+                continue;
+            }
+            if stopping {
+                s.done = true;
+                continue;
+            }
+            let intended = match cfg.mode {
+                Mode::Open => s.next_open,
+                _ => now,
+            };
+            if past_deadline(intended) {
+                s.done = true;
+                continue;
+            }
+            if intended > now {
+                next_send = next_send.min(intended);
+                continue;
+            }
+            if !shared.claim() {
+                s.done = true;
+                continue;
+            }
+            if cfg.mode == Mode::Open {
+                s.next_open = s.next_open.saturating_add(s.arrivals.next_gap_ns());
+            }
+            let sent = now_ns();
+            match s.conn.driver.send_request() {
+                Ok(()) => s.pending = Some((intended, sent)),
+                Err(e) => {
+                    shared.unclaim();
+                    s.conn.failed(e, &stop_only)?;
+                    waiter.watch(&s.conn)?;
+                }
+            }
+            now = sent;
+        }
+        if slots.iter().all(|s| s.done && s.pending.is_none()) {
+            break;
+        }
+        let outstanding = slots.iter().any(|s| s.pending.is_some());
+
+        // Wait for replies (or the next send time) and collect what is complete.
+        match &waiter.epoll {
+            Some(ep) => {
+                let now = now_ns();
+                let timeout = if next_send == u64::MAX {
+                    MAX_SLEEP
+                } else if next_send.saturating_sub(now) > SPIN_NS {
+                    Duration::from_nanos(next_send - now - SPIN_NS).min(MAX_SLEEP)
+                } else {
+                    Duration::ZERO
+                };
+                let n = ep
+                    .wait_ready(Some(timeout), &mut waiter.ready)
+                    .context("waiting for replies in epoll")?;
+                for k in 0..n {
+                    let fd = waiter.ready[k];
+                    let Some(i) = slots.iter().position(|s| s.conn.driver.raw_fd() == Some(fd))
+                    else {
+                        // A socket that was replaced (it leaves the set when closed).
+                        let _ = ep.remove(fd);
+                        continue;
+                    };
+                    let s = &mut slots[i];
+                    if s.pending.is_none() {
+                        if s.done {
+                            let _ = ep.remove(fd);
+                        } else {
+                            // Data or the end of the stream with nothing outstanding: the
+                            // connection is out of step or closed; reopen it.
+                            let e = anyhow::anyhow!(
+                                "the server sent data or closed the connection while no request was outstanding"
+                            );
+                            s.conn.failed(e, &stop_only)?;
+                            waiter.watch(&s.conn)?;
+                        }
+                        continue;
+                    }
+                    poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
+                    if s.conn.driver.raw_fd() != Some(fd) {
+                        waiter.watch(&s.conn)?; // reopened
+                    }
+                }
+                // Replies overdue without readiness: let the driver report the timeout.
+                let now = now_ns();
+                for s in &mut slots {
+                    if s.pending.is_some_and(|(_, sent)| now.saturating_sub(sent) > reply_timeout_ns) {
+                        poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
+                        waiter.watch(&s.conn)?;
+                    }
+                }
+            }
+            None => {
+                let mut progress = false;
+                for s in &mut slots {
+                    if s.pending.is_some() {
+                        progress |= poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
+                    }
+                }
+                if !outstanding {
+                    // Nothing to poll: sleep until shortly before the next send.
+                    let now = now_ns();
+                    if next_send != u64::MAX && next_send.saturating_sub(now) > SPIN_NS {
+                        std::thread::sleep(
+                            Duration::from_nanos(next_send - now - SPIN_NS).min(MAX_SLEEP),
+                        );
+                    } else if next_send == u64::MAX {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                } else if progress {
+                    last_progress = Instant::now();
+                } else if last_progress.elapsed() > SPIN_YIELD_AFTER {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+    }
+    out.errors = slots.iter().map(|s| s.conn.errors).sum();
+    Ok(out)
+}
+
+/// Spin mode, multiplexed: yield each turn after this long without a complete reply.
+const SPIN_YIELD_AFTER: Duration = Duration::from_micros(200);
+
+/// Collect the outstanding reply of `s` if it is complete: record it (true), or on a transport
+/// failure count it and reopen the connection (the request is not measured).
+fn poll_slot(
+    shared: &Shared<'_>,
+    s: &mut Slot<'_>,
+    out: &mut ConnOut,
+    tx: Option<&mpsc::Sender<Record>>,
+    cancel: &dyn Fn() -> bool,
+) -> Result<bool> {
+    let Some((intended, sent)) = s.pending else {
+        return Ok(false);
+    };
+    match s.conn.driver.poll_reply() {
+        Ok(None) => Ok(false),
+        Ok(Some(o)) => {
+            let done = now_ns();
+            s.pending = None;
+            s.conn.fails_in_row = 0;
+            let times = Times {
+                intended,
+                granted: intended,
+                sent,
+                done,
+            };
+            measured(shared, out, tx, s.conn.id, times, o, false, 0.0);
+            Ok(true)
+        }
+        Err(e) => {
+            s.pending = None;
+            shared.unclaim();
+            s.conn.failed(e, cancel)?;
+            Ok(false)
+        }
+    }
 }

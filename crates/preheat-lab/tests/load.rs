@@ -3,14 +3,14 @@
 //!
 //! No wall-clock performance assertions: only counts, orderings and coarse sanity bounds.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use preheat_lab::driver::{Driver, Outcome, Protocol};
+use preheat_lab::driver::{Driver, Outcome, Protocol, Wait};
 use preheat_lab::load::{
     poisson_gaps_ns, run, Announce, CsvSink, Grant, LoadConfig, LoadSummary, Mode, RecordSink,
     CSV_HEADER,
@@ -155,6 +155,72 @@ fn connector(addr: SocketAddr) -> impl Fn() -> Result<Box<dyn Driver>> + Sync {
     }
 }
 
+/// The in-test driver with the multiplexed path: one non-blocking socket, replies read into a
+/// buffer up to the `\n`.
+struct MuxLineDriver {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl MuxLineDriver {
+    /// Read what is there; `Some` once a whole line arrived.
+    fn try_line(&mut self) -> Result<Option<Outcome>> {
+        let mut chunk = [0u8; 256];
+        loop {
+            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+                let ok = &self.buf[..=i] == b"VALUE\n";
+                self.buf.drain(..=i);
+                return Ok(Some(Outcome { kind: "get", ok }));
+            }
+            match self.s.read(&mut chunk) {
+                Ok(0) => bail!("server closed the connection"),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+impl Driver for MuxLineDriver {
+    fn request(&mut self) -> Result<Outcome> {
+        self.send_request()?;
+        let t0 = Instant::now();
+        loop {
+            if let Some(o) = self.try_line()? {
+                return Ok(o);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("no reply");
+            }
+            std::thread::yield_now();
+        }
+    }
+    fn protocol(&self) -> Protocol {
+        Protocol::Memcached
+    }
+    fn send_request(&mut self) -> Result<()> {
+        self.s.write_all(b"get\n")?;
+        Ok(())
+    }
+    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        self.try_line()
+    }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.s.as_raw_fd())
+    }
+}
+
+fn mux_connector(addr: SocketAddr) -> impl Fn() -> Result<Box<dyn Driver>> + Sync {
+    move || {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+        Ok(Box::new(MuxLineDriver { s, buf: Vec::new() }) as Box<dyn Driver>)
+    }
+}
+
 fn cfg(mode: Mode) -> LoadConfig {
     LoadConfig {
         mode,
@@ -163,6 +229,8 @@ fn cfg(mode: Mode) -> LoadConfig {
         rate: 1000.0,
         gap: Duration::from_millis(1),
         connections: 1,
+        threads: 0,
+        wait: Wait::Block,
         warmup: 1,
         seed: 7,
         strategy: "none".into(),
@@ -660,4 +728,179 @@ fn announced_requests_open_loop_measures_from_the_poisson_time() {
             assert!(lat >= 2000.0, "{lat}");
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multiplexed client threads (threads < connections).
+
+fn run_mux(
+    c: &LoadConfig,
+    addr: SocketAddr,
+    sink: Option<Box<dyn RecordSink>>,
+) -> Result<LoadSummary> {
+    let stop = AtomicBool::new(false);
+    run(c, &mux_connector(addr), None, sink, &stop, &quiet)
+}
+
+fn conn_ids(h: &str, rows: &[Vec<String>]) -> std::collections::BTreeSet<String> {
+    rows.iter().map(|r| r[col(h, "conn")].clone()).collect()
+}
+
+#[test]
+fn multiplexed_closed_loop_four_connections_on_one_thread() {
+    for wait in [Wait::Block, Wait::Spin] {
+        let srv = TestServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("r.csv");
+        let mut c = cfg(Mode::Closed);
+        c.requests = Some(2000);
+        c.connections = 4;
+        c.threads = 1;
+        c.wait = wait;
+        c.warmup = 2;
+        let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+        assert_sane(&s);
+        assert_eq!((s.requests, s.errors, s.wrong), (2000, 0, 0), "{wait:?}: {s:?}");
+        assert_eq!((s.connections, s.threads), (4, 1));
+        let (h, rows) = read_csv(&csv);
+        assert_eq!(rows.len(), 2000);
+        assert_eq!(conn_ids(&h, &rows).len(), 4, "{wait:?}: every connection measured");
+        let mut seqs: Vec<u64> = rows.iter().map(|r| r[col(&h, "seq")].parse().unwrap()).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..2000).collect::<Vec<_>>());
+        for r in &rows {
+            let t = |n: &str| r[col(&h, n)].parse::<u64>().unwrap();
+            assert!(t("intended_ns") <= t("sent_ns") && t("sent_ns") < t("done_ns"));
+        }
+        assert_eq!(srv.ctl.served.load(Ordering::SeqCst), 2000 + 4 * 2);
+        assert_eq!(srv.ctl.accepted.load(Ordering::SeqCst), 4);
+    }
+}
+
+#[test]
+fn multiplexed_threads_split_connections_and_a_duration_bounds_the_run() {
+    let srv = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("r.csv");
+    let mut c = cfg(Mode::Closed);
+    c.requests = None;
+    c.duration = Some(Duration::from_millis(300));
+    c.connections = 5;
+    c.threads = 2;
+    let t0 = Instant::now();
+    let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_sane(&s);
+    assert!(s.requests > 0 && s.errors == 0, "{s:?}");
+    assert_eq!(s.threads, 2);
+    assert!(s.duration_s > 0.2 && s.duration_s < 5.0, "{s:?}");
+    let (h, rows) = read_csv(&csv);
+    assert_eq!(rows.len() as u64, s.requests);
+    assert_eq!(conn_ids(&h, &rows).len(), 5);
+}
+
+#[test]
+fn multiplexed_reconnects_after_the_server_drops_a_connection() {
+    let srv = TestServer::start();
+    // 4 warm-ups, then the server closes a connection instead of answering request 10.
+    srv.ctl.drop_at.store(10, Ordering::SeqCst);
+    let mut c = cfg(Mode::Closed);
+    c.requests = Some(200);
+    c.connections = 4;
+    c.threads = 1;
+    let s = run_mux(&c, srv.addr, None).unwrap();
+    assert_sane(&s);
+    assert_eq!((s.requests, s.errors, s.wrong), (200, 1, 0), "{s:?}");
+    assert_eq!(srv.ctl.accepted.load(Ordering::SeqCst), 5, "one reconnect");
+}
+
+#[test]
+fn multiplexed_open_loop_counts_a_stall_and_does_not_stall_the_other_connection() {
+    for wait in [Wait::Block, Wait::Spin] {
+        let srv = TestServer::start();
+        // 2 warm-ups; stall 100 ms on measured request ~200 (about 0.2 s in).
+        srv.ctl.stall_at.store(202, Ordering::SeqCst);
+        srv.ctl.stall_ms.store(100, Ordering::SeqCst);
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("records.csv");
+        let mut c = cfg(Mode::Open);
+        c.requests = Some(600);
+        c.rate = 1000.0;
+        c.connections = 2;
+        c.threads = 1;
+        c.wait = wait;
+        let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+        assert_sane(&s);
+        assert_eq!((s.requests, s.errors), (600, 0), "{s:?}");
+        assert_eq!(s.offered_rps, 1000.0);
+        let (h, rows) = read_csv(&csv);
+        assert_eq!(rows.len(), 600);
+        let (lat, sent, intended, conn) = (
+            col(&h, "latency_us"),
+            col(&h, "sent_ns"),
+            col(&h, "intended_ns"),
+            col(&h, "conn"),
+        );
+        let f = |r: &Vec<String>, i: usize| r[i].parse::<f64>().unwrap();
+        // The stalled connection: the requests scheduled during the stall queued behind it,
+        // their latency counts from the intended time, and they went out late.
+        let queued: Vec<&Vec<String>> = rows.iter().filter(|r| f(r, lat) >= 20_000.0).collect();
+        assert!(queued.len() >= 10, "{wait:?}: only {} requests with latency ≥ 20 ms", queued.len());
+        let stalled = &queued[0][conn];
+        assert!(queued.iter().all(|r| &r[conn] == stalled), "{wait:?}: only one connection stalled");
+        let late = queued.iter().filter(|r| f(r, sent) - f(r, intended) >= 10e6).count();
+        assert!(late >= 10, "{wait:?}: only {late} queued requests went out ≥ 10 ms late");
+        assert!(s.max_us >= 90_000.0, "{wait:?}: {s:?}");
+        // The other connection on the same thread kept its schedule during the stall.
+        let (t_lo, t_hi) = queued.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+            (lo.min(f(r, intended)), hi.max(f(r, intended)))
+        });
+        let others: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|r| &r[conn] != stalled && (t_lo..=t_hi).contains(&f(r, intended)))
+            .collect();
+        assert!(others.len() >= 10, "{wait:?}: {} requests on the other connection", others.len());
+        let slow = others.iter().filter(|r| f(r, lat) >= 20_000.0).count();
+        assert_eq!(slow, 0, "{wait:?}: the other connection waited for the stalled one");
+        // Each connection's intended times are its Poisson schedule (increasing).
+        for id in conn_ids(&h, &rows) {
+            let times: Vec<f64> = rows.iter().filter(|r| r[conn] == id).map(|r| f(r, intended)).collect();
+            assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        }
+    }
+}
+
+#[test]
+fn multiplexed_configuration_errors_are_clear() {
+    let srv = TestServer::start();
+    let stop = AtomicBool::new(false);
+    // Idle-gap needs one thread per connection.
+    let mut c = cfg(Mode::IdleGap);
+    c.connections = 2;
+    c.threads = 1;
+    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
+    assert!(e.contains("idle-gap") && e.contains("one thread per connection"), "{e}");
+    // More threads than connections.
+    let mut c = cfg(Mode::Closed);
+    c.threads = 3;
+    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
+    assert!(e.contains("more client threads"), "{e}");
+    // Announcements need one thread per connection.
+    let mut c = cfg(Mode::Closed);
+    c.connections = 2;
+    c.threads = 1;
+    let mk = |_conn: usize| -> Result<Box<dyn Announce>> {
+        Ok(Box::new(FakeAnnounce { delay_ns: 0, n: 0, calls: Arc::new(Mutex::new(Vec::new())) }))
+    };
+    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err());
+    assert!(e.contains("announcements need one thread per connection"), "{e}");
+    // A driver without the multiplexed path (like MySQL's): a clear error, nothing measured.
+    let e = format!("{:#}", run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
+    assert!(e.contains("cannot multiplex") && e.contains("one thread per connection"), "{e}");
+    // threads == connections is the thread-per-connection engine (the blocking driver works).
+    let mut c = cfg(Mode::Closed);
+    c.connections = 2;
+    c.threads = 2;
+    let s = run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap();
+    assert_eq!((s.requests, s.threads), (100, 2));
 }

@@ -250,6 +250,60 @@ fn exercise(r: &Running) {
 
     // prepare is idempotent.
     servers::prepare(&r.plan, r.addr).expect("second prepare");
+
+    multiplexed_load(r);
+}
+
+/// The load engine with 4 connections on one client thread (the drivers' non-blocking path),
+/// closed loop, both wait modes: every request answered right, every connection measured.
+fn multiplexed_load(r: &Running) {
+    use preheat_lab::load::{self, CsvSink, LoadConfig, Mode};
+    use std::sync::atomic::AtomicBool;
+    for wait in [Wait::Block, Wait::Spin] {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("r.csv");
+        let cfg = LoadConfig {
+            mode: Mode::Closed,
+            requests: Some(1000),
+            duration: None,
+            rate: 0.0,
+            gap: Duration::ZERO,
+            connections: 4,
+            threads: 1,
+            wait,
+            warmup: 2,
+            seed: 1,
+            strategy: "none".into(),
+        };
+        let (addr, w) = (r.addr, r.plan.workload.clone());
+        let connect = move || driver::connect(addr, &w, wait);
+        let s = load::run(
+            &cfg,
+            &connect,
+            None,
+            Some(Box::new(CsvSink::create(&csv).unwrap())),
+            &AtomicBool::new(false),
+            &|_| {},
+        )
+        .unwrap_or_else(|e| panic!("{} multiplexed {wait:?}: {e:#}", r.plan.name));
+        assert_eq!(
+            (s.requests, s.errors, s.wrong, s.threads),
+            (1000, 0, 0, 1),
+            "{} multiplexed {wait:?}: {s:?}",
+            r.plan.name
+        );
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let conns: std::collections::BTreeSet<&str> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').nth(1).unwrap())
+            .collect();
+        assert_eq!(conns.len(), 4, "{} multiplexed {wait:?}", r.plan.name);
+        eprintln!(
+            "{}: multiplexed 4 connections on 1 thread ({wait:?}): {:.0} req/s, mean {:.1} µs",
+            r.plan.name, s.throughput_rps, s.mean_us
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,6 +441,34 @@ fn mariadb_tpcc() {
     let again = servers::prepare(&r.plan, r.addr).expect("second prepare");
     assert!(again.detail.contains("already loaded"), "{again:?}");
     assert!(t.elapsed() < Duration::from_secs(2));
+
+    // No multiplexed path for MySQL: several connections per thread is a clear error.
+    {
+        use preheat_lab::load::{self, LoadConfig, Mode};
+        let cfg = LoadConfig {
+            mode: Mode::Closed,
+            requests: Some(10),
+            duration: None,
+            rate: 0.0,
+            gap: Duration::ZERO,
+            connections: 2,
+            threads: 1,
+            wait: Wait::Block,
+            warmup: 0,
+            seed: 1,
+            strategy: "none".into(),
+        };
+        let (addr, w) = (r.addr, r.plan.workload.clone());
+        let connect = move || driver::connect(addr, &w, Wait::Block);
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let e = load::run(&cfg, &connect, None, None, &stop, &|_| {}).expect_err("mysql mux");
+        let e = format!("{e:#}");
+        assert!(e.contains("cannot multiplex") && e.contains("Mysql"), "{e}");
+        let mut d = driver::connect(r.addr, &r.plan.workload, Wait::Block).unwrap();
+        let e = format!("{:#}", d.send_request().unwrap_err());
+        assert!(e.contains("not supported by the mysql driver"), "{e}");
+        assert!(d.raw_fd().is_none());
+    }
 
     // The driver, both wait modes (Spin blocks too for MySQL).
     for wait in [Wait::Spin, Wait::Block] {
