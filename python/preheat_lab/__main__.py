@@ -104,7 +104,12 @@ def main(argv=None) -> int:
     pe.add_argument("--seconds", type=float, default=10.0, help="duration of each run (default 10)")
     pe.add_argument("--connections", type=int, default=4, help="connections on both sides (default 4)")
     pe.add_argument("--repeats", type=int, default=1, help="repeat ours/peer/ours-spin (default 1)")
-    pe.add_argument("--server-cpu", type=int, help="pin the server to this CPU (default: not pinned)")
+    pe.add_argument("--server-cpu", type=int,
+                    help="pin the server to this CPU (default: the last CPU; both clients get the others)")
+    pe.add_argument("--threads", type=int, default=1,
+                    help="client threads on both sides (default 1; redis-benchmark is always 1)")
+    pe.add_argument("--no-pin", action="store_true",
+                    help="do not pin the server and the clients (default: pinned, recorded in the report)")
     pe.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 0.05)")
     pe.add_argument("--quick", action="store_true", help="2-second runs")
 
@@ -167,7 +172,7 @@ def main(argv=None) -> int:
             opts = peer.PeerOptions(connections=a.connections,
                                     seconds=2.0 if a.quick and a.seconds == 10.0 else a.seconds,
                                     repeats=a.repeats, server_cpu=a.server_cpu,
-                                    tolerance=a.tolerance)
+                                    tolerance=a.tolerance, threads=a.threads, pin=not a.no_pin)
             return peer.run(a.out, a.servers, opts)
         if a.cmd == "sweep":
             from . import sweep

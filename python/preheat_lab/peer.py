@@ -446,15 +446,21 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
 # report's note for the server. Ours: throughput = measured replies / (first intended send →
 # last reply); latency = whole reply read − intended send, per request, HdrHistogram (ns).
 EXPLAIN = {
-    "memcached": "memcaslap's mean is printed in whole µs (integer division of its µs sum), "
-                 "its TPS is the last 'Global' row of its Get table (gets only, its own warm-up "
-                 "sets excluded).",
-    "redis": "redis-benchmark's latencies are in ms with 3 decimals (1 µs steps, rounded "
-             "histogram buckets), and its rps is requests / wall time including connection "
-             "set-up; it has no duration, so it runs ours' throughput × seconds requests.",
-    "nginx": "wrk's latency is from the write of a request to the parsed response "
-             "(per thread; its Avg is over all requests), its Requests/sec is completed "
-             "responses / run time.",
+    "memcached": "memcaslap's Avg is printed in whole µs, and its TPS is the last 'Global' row "
+                 "of its Get table (gets only; its own warm-up sets are excluded).",
+    "redis": "redis-benchmark prints latencies in ms with 3 decimals (1 µs steps) and has no "
+             "duration option (it runs ours' throughput × seconds requests). Check Little's law "
+             "in the table (littles_law_rps = connections / mean): where its rps is well below "
+             "it, part of each connection's cycle is client time outside its latency window, "
+             "so its rps and its latency do not describe the same requests.",
+    "nginx": "wrk's Latency Avg / Stdev / distribution are NOT per-request means: before "
+             "printing, wrk 4 runs stats_correct(latency, runtime / (requests / connections)), "
+             "which adds synthetic samples L-i, L-2i, ... for every recorded latency L above that "
+             "interval i (a coordinated-omission correction for closed loops). After any stall "
+             "its mean and p90/p99 are therefore far above the real requests' (Little's law "
+             "breaks: connections / wrk mean is far below its Requests/sec), while p50 barely "
+             "moves. Ours records each real request once; compare throughput and p50 with wrk, "
+             "not mean or p99.",
 }
 
 

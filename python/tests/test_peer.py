@@ -108,6 +108,8 @@ def test_peer_run_on_memcached(tmp_path):
         pytest.skip("this preheat CLI has no `serve` subcommand")
     if "--connections" not in cli.help_text("load"):
         pytest.skip("this preheat CLI's load has no --connections")
+    if "--threads" not in cli.help_text("load"):
+        pytest.skip("this preheat CLI's load has no --threads (rebuild: cargo build --release)")
     out = tmp_path / "lab"
     code = lab.main(["peer", "--out", str(out), "--servers", "memcached", "--seconds", "2"])
     pj = json.loads((out / "peer" / "peer.json").read_text())

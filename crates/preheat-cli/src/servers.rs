@@ -57,7 +57,7 @@ impl Workload {
             (Some(s), _) if s.protocol == driver::Protocol::Mysql => {
                 let cfg = s.tpcc.clone().unwrap_or_default();
                 Ok(Requester::Tpcc {
-                    client: TpccClient::connect(addr, &cfg)?,
+                    client: Box::new(TpccClient::connect(addr, &cfg)?),
                     pinned: None,
                     draws: 0x853c_49e6_748f_ea9b,
                 })
@@ -83,7 +83,7 @@ pub enum Requester {
     },
     /// TPC-C-like transactions; `pinned` fixes the transaction type (see [`Requester::new_round`]).
     Tpcc {
-        client: TpccClient,
+        client: Box<TpccClient>,
         pinned: Option<TxKind>,
         draws: u64,
     },

@@ -601,24 +601,55 @@ fn bad_flag_combinations_are_clear_errors() {
         "connection 0",
     );
     fails(
-        &["--target", "127.0.0.1:1", "--mode", "closed", "--connections", "2", "--threads", "3"],
+        &[
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--connections",
+            "2",
+            "--threads",
+            "3",
+        ],
         "--threads must be between 1 and --connections",
     );
     fails(
-        &["--target", "127.0.0.1:1", "--connections", "2", "--threads", "1"],
+        &[
+            "--target",
+            "127.0.0.1:1",
+            "--connections",
+            "2",
+            "--threads",
+            "1",
+        ],
         "--mode idle-gap",
     );
     fails(
         &[
-            "--target", "127.0.0.1:1", "--mode", "closed", "--connections", "2", "--threads",
-            "1", "--announce-local",
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--connections",
+            "2",
+            "--threads",
+            "1",
+            "--announce-local",
         ],
         "--announce-local",
     );
     fails(
         &[
-            "--target", "127.0.0.1:1", "--mode", "closed", "--protocol", "mysql",
-            "--connections", "4", "--threads", "2",
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--protocol",
+            "mysql",
+            "--connections",
+            "4",
+            "--threads",
+            "2",
         ],
         "--protocol mysql (its driver only blocks) needs one thread per connection",
     );
@@ -759,7 +790,10 @@ fn multiplexed_threads_against_memcached() {
         );
         println!("{v}");
         check(&v, 2000);
-        assert_eq!((v["connections"].as_u64(), v["threads"].as_u64()), (Some(4), Some(1)));
+        assert_eq!(
+            (v["connections"].as_u64(), v["threads"].as_u64()),
+            (Some(4), Some(1))
+        );
         let (_, rows) = csv_rows(&records);
         assert_eq!(rows.len(), 2000);
         let conns: std::collections::BTreeSet<&str> =
@@ -769,8 +803,20 @@ fn multiplexed_threads_against_memcached() {
     // Open loop, 2 threads × 2 connections each.
     let v = load_json(
         &[
-            "--target", &target, "--mode", "open", "--rate", "4000", "--requests", "800",
-            "--connections", "4", "--threads", "2", "--wait", "block",
+            "--target",
+            &target,
+            "--mode",
+            "open",
+            "--rate",
+            "4000",
+            "--requests",
+            "800",
+            "--connections",
+            "4",
+            "--threads",
+            "2",
+            "--wait",
+            "block",
         ],
         tmp.path(),
     );

@@ -362,7 +362,11 @@ mod tests {
         ep.add_readable(b.as_raw_fd()).unwrap();
         let mut ready = [0i32; 4];
         let t0 = Instant::now();
-        assert_eq!(ep.wait_ready(Some(Duration::from_micros(1500)), &mut ready).unwrap(), 0);
+        assert_eq!(
+            ep.wait_ready(Some(Duration::from_micros(1500)), &mut ready)
+                .unwrap(),
+            0
+        );
         assert!(t0.elapsed() >= Duration::from_millis(1));
         a.write_all(b"x").unwrap();
         assert_eq!(ep.wait_ready(None, &mut ready).unwrap(), 1);

@@ -1137,7 +1137,12 @@ mod split_reply_tests {
                 std::thread::sleep(Duration::from_micros(300));
                 let mut got = d.poll_reply().unwrap();
                 if i + 1 < reply.len() {
-                    assert!(got.is_none(), "complete after {} of {} bytes", i + 1, reply.len());
+                    assert!(
+                        got.is_none(),
+                        "complete after {} of {} bytes",
+                        i + 1,
+                        reply.len()
+                    );
                 } else {
                     let t0 = Instant::now();
                     while got.is_none() && t0.elapsed() < Duration::from_secs(2) {
@@ -1160,7 +1165,11 @@ mod split_reply_tests {
             let o = exchange(
                 &w,
                 wait,
-                &[b"VALUE k 0 5\r\nhello\r\nEND\r\n", b"END\r\n", b"VALUE k 0 5\r\nhellx\r\nEND\r\n"],
+                &[
+                    b"VALUE k 0 5\r\nhello\r\nEND\r\n",
+                    b"END\r\n",
+                    b"VALUE k 0 5\r\nhellx\r\nEND\r\n",
+                ],
             );
             assert_eq!(
                 o.iter().map(|o| o.ok).collect::<Vec<_>>(),
@@ -1173,7 +1182,11 @@ mod split_reply_tests {
     #[test]
     fn redis_split_replies() {
         let w = spec(Protocol::Redis, "k", Some(b"a\r\nb"));
-        let o = exchange(&w, Wait::Block, &[b"$4\r\na\r\nb\r\n", b"$-1\r\n", b"-ERR x\r\n"]);
+        let o = exchange(
+            &w,
+            Wait::Block,
+            &[b"$4\r\na\r\nb\r\n", b"$-1\r\n", b"-ERR x\r\n"],
+        );
         assert_eq!(
             o.iter().map(|o| o.ok).collect::<Vec<_>>(),
             [true, false, false]
@@ -1244,6 +1257,9 @@ mod split_reply_tests {
                 Err(e) => break e,
             }
         };
-        assert!(format!("{err:#}").contains("closed the connection"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("closed the connection"),
+            "{err:#}"
+        );
     }
 }

@@ -598,9 +598,8 @@ pub fn run(
             .into_iter()
             .enumerate()
             .map(|(i, h)| {
-                h.join().unwrap_or_else(|_| {
-                    Err(anyhow::anyhow!("client thread {i} panicked"))
-                })
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread {i} panicked")))
             })
             .collect();
         let written = writer.map(|w| {
@@ -880,7 +879,16 @@ fn measure(
             sent,
             done,
         };
-        measured(shared, &mut out, tx.as_ref(), id, times, o, scheduled, gap_us);
+        measured(
+            shared,
+            &mut out,
+            tx.as_ref(),
+            id,
+            times,
+            o,
+            scheduled,
+            gap_us,
+        );
         prev_done = done;
     }
     out.errors = conn.errors;
@@ -911,7 +919,8 @@ fn measured(
     let cfg = shared.cfg;
     let latency = t.done.saturating_sub(t.intended);
     out.latency.saturating_record(latency.max(1));
-    out.late.saturating_record(t.sent.saturating_sub(t.intended));
+    out.late
+        .saturating_record(t.sent.saturating_sub(t.intended));
     if !o.ok {
         out.wrong += 1;
     }
@@ -1080,7 +1089,8 @@ fn mux_measure(
         unscheduled: 0,
         last_done_ns: 0,
     };
-    let reply_timeout_ns = u64::try_from(crate::driver::REPLY_TIMEOUT.as_nanos()).unwrap_or(u64::MAX);
+    let reply_timeout_ns =
+        u64::try_from(crate::driver::REPLY_TIMEOUT.as_nanos()).unwrap_or(u64::MAX);
     // Spin mode: yield the CPU each turn after this long without a reply (see the drivers'
     // busy-poll: an unpinned client must not keep the server off its CPU).
     let mut last_progress = Instant::now();
@@ -1148,7 +1158,9 @@ fn mux_measure(
                     .context("waiting for replies in epoll")?;
                 for k in 0..n {
                     let fd = waiter.ready[k];
-                    let Some(i) = slots.iter().position(|s| s.conn.driver.raw_fd() == Some(fd))
+                    let Some(i) = slots
+                        .iter()
+                        .position(|s| s.conn.driver.raw_fd() == Some(fd))
                     else {
                         // A socket that was replaced (it leaves the set when closed).
                         let _ = ep.remove(fd);
@@ -1177,7 +1189,9 @@ fn mux_measure(
                 // Replies overdue without readiness: let the driver report the timeout.
                 let now = now_ns();
                 for s in &mut slots {
-                    if s.pending.is_some_and(|(_, sent)| now.saturating_sub(sent) > reply_timeout_ns) {
+                    if s.pending
+                        .is_some_and(|(_, sent)| now.saturating_sub(sent) > reply_timeout_ns)
+                    {
                         poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
                         waiter.watch(&s.conn)?;
                     }

@@ -760,12 +760,23 @@ fn multiplexed_closed_loop_four_connections_on_one_thread() {
         c.warmup = 2;
         let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
         assert_sane(&s);
-        assert_eq!((s.requests, s.errors, s.wrong), (2000, 0, 0), "{wait:?}: {s:?}");
+        assert_eq!(
+            (s.requests, s.errors, s.wrong),
+            (2000, 0, 0),
+            "{wait:?}: {s:?}"
+        );
         assert_eq!((s.connections, s.threads), (4, 1));
         let (h, rows) = read_csv(&csv);
         assert_eq!(rows.len(), 2000);
-        assert_eq!(conn_ids(&h, &rows).len(), 4, "{wait:?}: every connection measured");
-        let mut seqs: Vec<u64> = rows.iter().map(|r| r[col(&h, "seq")].parse().unwrap()).collect();
+        assert_eq!(
+            conn_ids(&h, &rows).len(),
+            4,
+            "{wait:?}: every connection measured"
+        );
+        let mut seqs: Vec<u64> = rows
+            .iter()
+            .map(|r| r[col(&h, "seq")].parse().unwrap())
+            .collect();
         seqs.sort_unstable();
         assert_eq!(seqs, (0..2000).collect::<Vec<_>>());
         for r in &rows {
@@ -845,11 +856,24 @@ fn multiplexed_open_loop_counts_a_stall_and_does_not_stall_the_other_connection(
         // The stalled connection: the requests scheduled during the stall queued behind it,
         // their latency counts from the intended time, and they went out late.
         let queued: Vec<&Vec<String>> = rows.iter().filter(|r| f(r, lat) >= 20_000.0).collect();
-        assert!(queued.len() >= 10, "{wait:?}: only {} requests with latency ≥ 20 ms", queued.len());
+        assert!(
+            queued.len() >= 10,
+            "{wait:?}: only {} requests with latency ≥ 20 ms",
+            queued.len()
+        );
         let stalled = &queued[0][conn];
-        assert!(queued.iter().all(|r| &r[conn] == stalled), "{wait:?}: only one connection stalled");
-        let late = queued.iter().filter(|r| f(r, sent) - f(r, intended) >= 10e6).count();
-        assert!(late >= 10, "{wait:?}: only {late} queued requests went out ≥ 10 ms late");
+        assert!(
+            queued.iter().all(|r| &r[conn] == stalled),
+            "{wait:?}: only one connection stalled"
+        );
+        let late = queued
+            .iter()
+            .filter(|r| f(r, sent) - f(r, intended) >= 10e6)
+            .count();
+        assert!(
+            late >= 10,
+            "{wait:?}: only {late} queued requests went out ≥ 10 ms late"
+        );
         assert!(s.max_us >= 90_000.0, "{wait:?}: {s:?}");
         // The other connection on the same thread kept its schedule during the stall.
         let (t_lo, t_hi) = queued.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
@@ -859,12 +883,23 @@ fn multiplexed_open_loop_counts_a_stall_and_does_not_stall_the_other_connection(
             .iter()
             .filter(|r| &r[conn] != stalled && (t_lo..=t_hi).contains(&f(r, intended)))
             .collect();
-        assert!(others.len() >= 10, "{wait:?}: {} requests on the other connection", others.len());
+        assert!(
+            others.len() >= 10,
+            "{wait:?}: {} requests on the other connection",
+            others.len()
+        );
         let slow = others.iter().filter(|r| f(r, lat) >= 20_000.0).count();
-        assert_eq!(slow, 0, "{wait:?}: the other connection waited for the stalled one");
+        assert_eq!(
+            slow, 0,
+            "{wait:?}: the other connection waited for the stalled one"
+        );
         // Each connection's intended times are its Poisson schedule (increasing).
         for id in conn_ids(&h, &rows) {
-            let times: Vec<f64> = rows.iter().filter(|r| r[conn] == id).map(|r| f(r, intended)).collect();
+            let times: Vec<f64> = rows
+                .iter()
+                .filter(|r| r[conn] == id)
+                .map(|r| f(r, intended))
+                .collect();
             assert!(times.windows(2).all(|w| w[0] <= w[1]));
         }
     }
@@ -878,25 +913,50 @@ fn multiplexed_configuration_errors_are_clear() {
     let mut c = cfg(Mode::IdleGap);
     c.connections = 2;
     c.threads = 1;
-    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
-    assert!(e.contains("idle-gap") && e.contains("one thread per connection"), "{e}");
+    let e = format!(
+        "{:#}",
+        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
+    );
+    assert!(
+        e.contains("idle-gap") && e.contains("one thread per connection"),
+        "{e}"
+    );
     // More threads than connections.
     let mut c = cfg(Mode::Closed);
     c.threads = 3;
-    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
+    let e = format!(
+        "{:#}",
+        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
+    );
     assert!(e.contains("more client threads"), "{e}");
     // Announcements need one thread per connection.
     let mut c = cfg(Mode::Closed);
     c.connections = 2;
     c.threads = 1;
     let mk = |_conn: usize| -> Result<Box<dyn Announce>> {
-        Ok(Box::new(FakeAnnounce { delay_ns: 0, n: 0, calls: Arc::new(Mutex::new(Vec::new())) }))
+        Ok(Box::new(FakeAnnounce {
+            delay_ns: 0,
+            n: 0,
+            calls: Arc::new(Mutex::new(Vec::new())),
+        }))
     };
-    let e = format!("{:#}", run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err());
-    assert!(e.contains("announcements need one thread per connection"), "{e}");
+    let e = format!(
+        "{:#}",
+        run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err()
+    );
+    assert!(
+        e.contains("announcements need one thread per connection"),
+        "{e}"
+    );
     // A driver without the multiplexed path (like MySQL's): a clear error, nothing measured.
-    let e = format!("{:#}", run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err());
-    assert!(e.contains("cannot multiplex") && e.contains("one thread per connection"), "{e}");
+    let e = format!(
+        "{:#}",
+        run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
+    );
+    assert!(
+        e.contains("cannot multiplex") && e.contains("one thread per connection"),
+        "{e}"
+    );
     // threads == connections is the thread-per-connection engine (the blocking driver works).
     let mut c = cfg(Mode::Closed);
     c.connections = 2;
