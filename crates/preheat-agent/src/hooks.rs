@@ -81,338 +81,282 @@ fn opt_ptr<T>(o: &Option<T>) -> *const T {
     }
 }
 
+// ---------------------------------------------------------------- the hook pattern
+
+/// Defines one interposed libc function: forward the arguments unchanged to the real function
+/// (resolved by the constructor into `sys::$slot`), or, before that or if `dlsym` failed, run
+/// `$fallback`, the raw system call with the same meaning. `wait` hooks mark the calling thread
+/// idle around the call (the end and start of busy periods); `read` hooks attribute bytes read
+/// from `fd` to its listening port. The function-pointer type is derived from the parameter
+/// list, so it cannot disagree with the exported signature.
+///
+/// Every invocation states, in a `// SAFETY:` comment above it, why its fallback is sound.
+macro_rules! hook {
+    (
+        $(#[$attr:meta])*
+        $kind:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty,
+        real = $slot:ident,
+        fallback = $fallback:block
+    ) => {
+        $(#[$attr])*
+        ///
+        /// # Safety
+        /// The same contract as the libc function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            type RealFn = unsafe extern "C" fn($($ty),*) -> $ret;
+            let pre = hook!(@pre $kind);
+            // SAFETY: `RealFn` is the exact C signature of the resolved function (built from this
+            // function's own parameter list); the arguments are passed on unchanged under the
+            // caller's contract; the fallback's soundness is argued at the invocation.
+            let ret = unsafe {
+                match real::<RealFn>(&sys::$slot) {
+                    Some(f) => f($($arg),*),
+                    None => $fallback,
+                }
+            };
+            hook!(@post $kind, pre, ret, $($arg),*);
+            ret
+        }
+    };
+    (@pre wait) => { wait_pre() };
+    (@pre read) => { () };
+    (@post wait, $pre:ident, $ret:ident, $($arg:ident),*) => { wait_post($pre, $ret) };
+    (@post read, $pre:ident, $ret:ident, $fd:ident $(, $rest:ident)*) => {{
+        let () = $pre;
+        read_post($fd, $ret)
+    }};
+}
+
 // ---------------------------------------------------------------- event waits
 
-type EpollWaitFn = unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int) -> c_int;
-type EpollPwaitFn =
-    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, c_int, *const sigset_t) -> c_int;
-type EpollPwait2Fn =
-    unsafe extern "C" fn(c_int, *mut epoll_event, c_int, *const timespec, *const sigset_t) -> c_int;
-type PollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int) -> c_int;
-type PollChkFn = unsafe extern "C" fn(*mut pollfd, nfds_t, c_int, size_t) -> c_int;
-type PpollFn = unsafe extern "C" fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t) -> c_int;
-type PpollChkFn =
-    unsafe extern "C" fn(*mut pollfd, nfds_t, *const timespec, *const sigset_t, size_t) -> c_int;
-type SelectFn =
-    unsafe extern "C" fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int;
-type PselectFn = unsafe extern "C" fn(
-    c_int,
-    *mut fd_set,
-    *mut fd_set,
-    *mut fd_set,
-    *const timespec,
-    *const sigset_t,
-) -> c_int;
-
-/// # Safety
-/// Same contract as epoll_wait(2).
-#[no_mangle]
-pub unsafe extern "C" fn epoll_wait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    maxevents: c_int,
-    timeout: c_int,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: the caller upholds epoll_wait's contract; we forward the arguments unchanged (the
-    // raw fallback is epoll_pwait with a NULL sigmask, which is epoll_wait).
-    let ret = unsafe {
-        match real::<EpollWaitFn>(&sys::REAL_EPOLL_WAIT) {
-            Some(f) => f(epfd, events, maxevents, timeout),
-            None => libc::syscall(
-                libc::SYS_epoll_pwait,
-                epfd,
-                events,
-                maxevents,
-                timeout,
-                ptr::null::<sigset_t>(),
-                KERNEL_SIGSET,
-            ) as c_int,
-        }
-    };
-    wait_post(s, ret);
-    ret
+// SAFETY (fallback): epoll_wait is epoll_pwait with a NULL signal mask.
+hook! {
+    wait fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int,
+    real = REAL_EPOLL_WAIT,
+    fallback = {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd,
+            events,
+            maxevents,
+            timeout,
+            ptr::null::<sigset_t>(),
+            KERNEL_SIGSET,
+        ) as c_int
+    }
 }
 
-/// # Safety
-/// Same contract as epoll_pwait(2).
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait(
-    epfd: c_int,
-    events: *mut epoll_event,
-    maxevents: c_int,
-    timeout: c_int,
-    sigmask: *const sigset_t,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged under the caller's epoll_pwait contract.
-    let ret = unsafe {
-        match real::<EpollPwaitFn>(&sys::REAL_EPOLL_PWAIT) {
-            Some(f) => f(epfd, events, maxevents, timeout, sigmask),
-            None => libc::syscall(
-                libc::SYS_epoll_pwait,
-                epfd,
-                events,
-                maxevents,
-                timeout,
-                sigmask,
-                KERNEL_SIGSET,
-            ) as c_int,
-        }
-    };
-    wait_post(s, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments and the kernel's sigset size.
+hook! {
+    wait fn epoll_pwait(
+        epfd: c_int,
+        events: *mut epoll_event,
+        maxevents: c_int,
+        timeout: c_int,
+        sigmask: *const sigset_t,
+    ) -> c_int,
+    real = REAL_EPOLL_PWAIT,
+    fallback = {
+        libc::syscall(
+            libc::SYS_epoll_pwait,
+            epfd,
+            events,
+            maxevents,
+            timeout,
+            sigmask,
+            KERNEL_SIGSET,
+        ) as c_int
+    }
 }
 
-/// # Safety
-/// Same contract as epoll_pwait2(2).
-#[no_mangle]
-pub unsafe extern "C" fn epoll_pwait2(
-    epfd: c_int,
-    events: *mut epoll_event,
-    maxevents: c_int,
-    timeout: *const timespec,
-    sigmask: *const sigset_t,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged under the caller's epoll_pwait2 contract.
-    let ret = unsafe {
-        match real::<EpollPwait2Fn>(&sys::REAL_EPOLL_PWAIT2) {
-            Some(f) => f(epfd, events, maxevents, timeout, sigmask),
-            None => libc::syscall(
-                libc::SYS_epoll_pwait2,
-                epfd,
-                events,
-                maxevents,
-                timeout,
-                sigmask,
-                KERNEL_SIGSET,
-            ) as c_int,
-        }
-    };
-    wait_post(s, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments and the kernel's sigset size.
+hook! {
+    wait fn epoll_pwait2(
+        epfd: c_int,
+        events: *mut epoll_event,
+        maxevents: c_int,
+        timeout: *const timespec,
+        sigmask: *const sigset_t,
+    ) -> c_int,
+    real = REAL_EPOLL_PWAIT2,
+    fallback = {
+        libc::syscall(
+            libc::SYS_epoll_pwait2,
+            epfd,
+            events,
+            maxevents,
+            timeout,
+            sigmask,
+            KERNEL_SIGSET,
+        ) as c_int
+    }
 }
 
-/// # Safety
-/// Same contract as poll(2).
-#[no_mangle]
-pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged; the fallback passes a timespec on this frame (or
-    // NULL for an infinite timeout) to ppoll, which is poll.
-    let ret = unsafe {
-        match real::<PollFn>(&sys::REAL_POLL) {
-            Some(f) => f(fds, nfds, timeout),
-            None => {
-                let ts = ms_to_timespec(timeout);
-                libc::syscall(
-                    libc::SYS_ppoll,
-                    fds,
-                    nfds,
-                    opt_ptr(&ts),
-                    ptr::null::<sigset_t>(),
-                    KERNEL_SIGSET,
-                ) as c_int
-            }
-        }
-    };
-    wait_post(s, ret);
-    ret
+// SAFETY (fallback): ppoll with a timespec on this frame (NULL for an infinite timeout) is poll.
+hook! {
+    wait fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int,
+    real = REAL_POLL,
+    fallback = {
+        let ts = ms_to_timespec(timeout);
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds,
+            nfds,
+            opt_ptr(&ts),
+            ptr::null::<sigset_t>(),
+            KERNEL_SIGSET,
+        ) as c_int
+    }
 }
 
-/// Fortified `poll` (`_FORTIFY_SOURCE`).
+// SAFETY (fallback): as `poll`; `fdslen` is only the fortification's bound.
+hook! {
+    /// Fortified `poll` (`_FORTIFY_SOURCE`).
+    wait fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, fdslen: size_t) -> c_int,
+    real = REAL_POLL_CHK,
+    fallback = {
+        let _ = fdslen;
+        let ts = ms_to_timespec(timeout);
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds,
+            nfds,
+            opt_ptr(&ts),
+            ptr::null::<sigset_t>(),
+            KERNEL_SIGSET,
+        ) as c_int
+    }
+}
+
+// SAFETY (fallback): copies `*tmo` when non-null (the kernel writes the remaining time back,
+// the C API promises not to) and passes the copy from this frame.
+hook! {
+    wait fn ppoll(
+        fds: *mut pollfd,
+        nfds: nfds_t,
+        tmo: *const timespec,
+        sigmask: *const sigset_t,
+    ) -> c_int,
+    real = REAL_PPOLL,
+    fallback = { raw_ppoll(fds, nfds, tmo, sigmask) }
+}
+
+// SAFETY (fallback): as `ppoll`; `fdslen` is only the fortification's bound.
+hook! {
+    /// Fortified `ppoll`.
+    wait fn __ppoll_chk(
+        fds: *mut pollfd,
+        nfds: nfds_t,
+        tmo: *const timespec,
+        sigmask: *const sigset_t,
+        fdslen: size_t,
+    ) -> c_int,
+    real = REAL_PPOLL_CHK,
+    fallback = {
+        let _ = fdslen;
+        raw_ppoll(fds, nfds, tmo, sigmask)
+    }
+}
+
+/// `ppoll` as a raw system call on a copy of `*tmo`.
 ///
 /// # Safety
-/// Same contract as __poll_chk.
-#[no_mangle]
-pub unsafe extern "C" fn __poll_chk(
-    fds: *mut pollfd,
-    nfds: nfds_t,
-    timeout: c_int,
-    fdslen: size_t,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged; the fallback is plain ppoll (as `poll`).
-    let ret = unsafe {
-        match real::<PollChkFn>(&sys::REAL_POLL_CHK) {
-            Some(f) => f(fds, nfds, timeout, fdslen),
-            None => {
-                let ts = ms_to_timespec(timeout);
-                libc::syscall(
-                    libc::SYS_ppoll,
-                    fds,
-                    nfds,
-                    opt_ptr(&ts),
-                    ptr::null::<sigset_t>(),
-                    KERNEL_SIGSET,
-                ) as c_int
-            }
-        }
-    };
-    wait_post(s, ret);
-    ret
-}
-
-/// # Safety
-/// Same contract as ppoll(2).
-#[no_mangle]
-pub unsafe extern "C" fn ppoll(
+/// `tmo` is null or points to a readable timespec; the rest as ppoll(2).
+unsafe fn raw_ppoll(
     fds: *mut pollfd,
     nfds: nfds_t,
     tmo: *const timespec,
     sigmask: *const sigset_t,
 ) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged; the fallback copies `*tmo` (the kernel writes the
-    // remaining time back, the C API promises not to) when it is non-null.
-    let ret = unsafe {
-        match real::<PpollFn>(&sys::REAL_PPOLL) {
-            Some(f) => f(fds, nfds, tmo, sigmask),
-            None => {
-                let ts = if tmo.is_null() { None } else { Some(*tmo) };
-                libc::syscall(
-                    libc::SYS_ppoll,
-                    fds,
-                    nfds,
-                    opt_ptr(&ts),
-                    sigmask,
-                    KERNEL_SIGSET,
-                ) as c_int
-            }
-        }
-    };
-    wait_post(s, ret);
-    ret
+    // SAFETY: `tmo` is null or readable (caller); the copy lives on this frame for the call.
+    unsafe {
+        let ts = if tmo.is_null() { None } else { Some(*tmo) };
+        libc::syscall(
+            libc::SYS_ppoll,
+            fds,
+            nfds,
+            opt_ptr(&ts),
+            sigmask,
+            KERNEL_SIGSET,
+        ) as c_int
+    }
 }
 
-/// Fortified `ppoll`.
-///
-/// # Safety
-/// Same contract as __ppoll_chk.
-#[no_mangle]
-pub unsafe extern "C" fn __ppoll_chk(
-    fds: *mut pollfd,
-    nfds: nfds_t,
-    tmo: *const timespec,
-    sigmask: *const sigset_t,
-    fdslen: size_t,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: as in `ppoll`.
-    let ret = unsafe {
-        match real::<PpollChkFn>(&sys::REAL_PPOLL_CHK) {
-            Some(f) => f(fds, nfds, tmo, sigmask, fdslen),
-            None => {
-                let ts = if tmo.is_null() { None } else { Some(*tmo) };
-                libc::syscall(
-                    libc::SYS_ppoll,
-                    fds,
-                    nfds,
-                    opt_ptr(&ts),
-                    sigmask,
-                    KERNEL_SIGSET,
-                ) as c_int
-            }
+// SAFETY (fallback): converts `*timeout` (if non-null) to a timespec on this frame for pselect6
+// (NULL sigmask data) and writes the remaining time back, as Linux select does.
+hook! {
+    wait fn select(
+        nfds: c_int,
+        readfds: *mut fd_set,
+        writefds: *mut fd_set,
+        exceptfds: *mut fd_set,
+        timeout: *mut timeval,
+    ) -> c_int,
+    real = REAL_SELECT,
+    fallback = {
+        let mut ts = if timeout.is_null() {
+            None
+        } else {
+            Some(timespec {
+                tv_sec: (*timeout).tv_sec,
+                tv_nsec: ((*timeout).tv_usec as libc::c_long) * 1000,
+            })
+        };
+        let tsp = match &mut ts {
+            Some(t) => t as *mut timespec,
+            None => ptr::null_mut(),
+        };
+        let r = libc::syscall(
+            libc::SYS_pselect6,
+            nfds,
+            readfds,
+            writefds,
+            exceptfds,
+            tsp,
+            ptr::null::<c_void>(),
+        ) as c_int;
+        if let Some(t) = ts {
+            (*timeout).tv_sec = t.tv_sec;
+            (*timeout).tv_usec = (t.tv_nsec / 1000) as libc::suseconds_t;
         }
-    };
-    wait_post(s, ret);
-    ret
+        r
+    }
 }
 
-/// # Safety
-/// Same contract as select(2).
-#[no_mangle]
-pub unsafe extern "C" fn select(
-    nfds: c_int,
-    readfds: *mut fd_set,
-    writefds: *mut fd_set,
-    exceptfds: *mut fd_set,
-    timeout: *mut timeval,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged. The fallback converts `*timeout` (if non-null) to
-    // a timespec on this frame for pselect6 (NULL sigmask data) and writes the remaining time
-    // back, as Linux select does.
-    let ret = unsafe {
-        match real::<SelectFn>(&sys::REAL_SELECT) {
-            Some(f) => f(nfds, readfds, writefds, exceptfds, timeout),
-            None => {
-                let mut ts = if timeout.is_null() {
-                    None
-                } else {
-                    Some(timespec {
-                        tv_sec: (*timeout).tv_sec,
-                        tv_nsec: ((*timeout).tv_usec as libc::c_long) * 1000,
-                    })
-                };
-                let tsp = match &mut ts {
-                    Some(t) => t as *mut timespec,
-                    None => ptr::null_mut(),
-                };
-                let r = libc::syscall(
-                    libc::SYS_pselect6,
-                    nfds,
-                    readfds,
-                    writefds,
-                    exceptfds,
-                    tsp,
-                    ptr::null::<c_void>(),
-                ) as c_int;
-                if let Some(t) = ts {
-                    (*timeout).tv_sec = t.tv_sec;
-                    (*timeout).tv_usec = (t.tv_nsec / 1000) as libc::suseconds_t;
-                }
-                r
-            }
-        }
-    };
-    wait_post(s, ret);
-    ret
-}
-
-/// # Safety
-/// Same contract as pselect(2).
-#[no_mangle]
-pub unsafe extern "C" fn pselect(
-    nfds: c_int,
-    readfds: *mut fd_set,
-    writefds: *mut fd_set,
-    exceptfds: *mut fd_set,
-    timeout: *const timespec,
-    sigmask: *const sigset_t,
-) -> c_int {
-    let s = wait_pre();
-    // SAFETY: arguments forwarded unchanged. The fallback copies `*timeout` (pselect must not
-    // modify it; the kernel would) and passes pselect6's {sigmask, size} pair from this frame.
-    let ret = unsafe {
-        match real::<PselectFn>(&sys::REAL_PSELECT) {
-            Some(f) => f(nfds, readfds, writefds, exceptfds, timeout, sigmask),
-            None => {
-                let mut ts = if timeout.is_null() {
-                    None
-                } else {
-                    Some(*timeout)
-                };
-                let tsp = match &mut ts {
-                    Some(t) => t as *mut timespec,
-                    None => ptr::null_mut(),
-                };
-                let data: [usize; 2] = [sigmask as usize, KERNEL_SIGSET];
-                libc::syscall(
-                    libc::SYS_pselect6,
-                    nfds,
-                    readfds,
-                    writefds,
-                    exceptfds,
-                    tsp,
-                    data.as_ptr(),
-                ) as c_int
-            }
-        }
-    };
-    wait_post(s, ret);
-    ret
+// SAFETY (fallback): copies `*timeout` (pselect must not modify it; the kernel would) and
+// passes pselect6's {sigmask, size} pair from this frame.
+hook! {
+    wait fn pselect(
+        nfds: c_int,
+        readfds: *mut fd_set,
+        writefds: *mut fd_set,
+        exceptfds: *mut fd_set,
+        timeout: *const timespec,
+        sigmask: *const sigset_t,
+    ) -> c_int,
+    real = REAL_PSELECT,
+    fallback = {
+        let mut ts = if timeout.is_null() {
+            None
+        } else {
+            Some(*timeout)
+        };
+        let tsp = match &mut ts {
+            Some(t) => t as *mut timespec,
+            None => ptr::null_mut(),
+        };
+        let data: [usize; 2] = [sigmask as usize, KERNEL_SIGSET];
+        libc::syscall(
+            libc::SYS_pselect6,
+            nfds,
+            readfds,
+            writefds,
+            exceptfds,
+            tsp,
+            data.as_ptr(),
+        ) as c_int
+    }
 }
 
 // ---------------------------------------------------------------- accept
@@ -466,205 +410,102 @@ pub unsafe extern "C" fn accept4(
 
 // ---------------------------------------------------------------- reads
 
-type ReadFn = unsafe extern "C" fn(c_int, *mut c_void, size_t) -> ssize_t;
-type ReadChkFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, size_t) -> ssize_t;
-type RecvFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, c_int) -> ssize_t;
-type RecvChkFn = unsafe extern "C" fn(c_int, *mut c_void, size_t, size_t, c_int) -> ssize_t;
-type RecvfromFn = unsafe extern "C" fn(
-    c_int,
-    *mut c_void,
-    size_t,
-    c_int,
-    *mut sockaddr,
-    *mut socklen_t,
-) -> ssize_t;
-type RecvfromChkFn = unsafe extern "C" fn(
-    c_int,
-    *mut c_void,
-    size_t,
-    size_t,
-    c_int,
-    *mut sockaddr,
-    *mut socklen_t,
-) -> ssize_t;
-type RecvmsgFn = unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t;
-type ReadvFn = unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t;
 type CloseFn = unsafe extern "C" fn(c_int) -> c_int;
 
-/// # Safety
-/// Same contract as read(2).
-#[no_mangle]
-pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged.
-    let ret = unsafe {
-        match real::<ReadFn>(&sys::REAL_READ) {
-            Some(f) => f(fd, buf, count),
-            None => libc::syscall(libc::SYS_read, fd, buf, count) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    read fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t,
+    real = REAL_READ,
+    fallback = { libc::syscall(libc::SYS_read, fd, buf, count) as ssize_t }
 }
 
-/// Fortified `read`.
-///
-/// # Safety
-/// Same contract as __read_chk.
-#[no_mangle]
-pub unsafe extern "C" fn __read_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    count: size_t,
-    buflen: size_t,
-) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
-    let ret = unsafe {
-        match real::<ReadChkFn>(&sys::REAL_READ_CHK) {
-            Some(f) => f(fd, buf, count, buflen),
-            None => libc::syscall(libc::SYS_read, fd, buf, count.min(buflen)) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): clamps to the known buffer length.
+hook! {
+    /// Fortified `read`.
+    read fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t,
+    real = REAL_READ_CHK,
+    fallback = { libc::syscall(libc::SYS_read, fd, buf, count.min(buflen)) as ssize_t }
 }
 
-/// # Safety
-/// Same contract as recv(2).
-#[no_mangle]
-pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged; recv is recvfrom with NULL address.
-    let ret = unsafe {
-        match real::<RecvFn>(&sys::REAL_RECV) {
-            Some(f) => f(fd, buf, len, flags),
-            None => libc::syscall(
-                libc::SYS_recvfrom,
-                fd,
-                buf,
-                len,
-                flags,
-                ptr::null_mut::<sockaddr>(),
-                ptr::null_mut::<socklen_t>(),
-            ) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): recv is recvfrom with a NULL address.
+hook! {
+    read fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t,
+    real = REAL_RECV,
+    fallback = {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf,
+            len,
+            flags,
+            ptr::null_mut::<sockaddr>(),
+            ptr::null_mut::<socklen_t>(),
+        ) as ssize_t
+    }
 }
 
-/// Fortified `recv`.
-///
-/// # Safety
-/// Same contract as __recv_chk.
-#[no_mangle]
-pub unsafe extern "C" fn __recv_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    buflen: size_t,
-    flags: c_int,
-) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
-    let ret = unsafe {
-        match real::<RecvChkFn>(&sys::REAL_RECV_CHK) {
-            Some(f) => f(fd, buf, len, buflen, flags),
-            None => libc::syscall(
-                libc::SYS_recvfrom,
-                fd,
-                buf,
-                len.min(buflen),
-                flags,
-                ptr::null_mut::<sockaddr>(),
-                ptr::null_mut::<socklen_t>(),
-            ) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): as `recv`, clamped to the known buffer length.
+hook! {
+    /// Fortified `recv`.
+    read fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t,
+    real = REAL_RECV_CHK,
+    fallback = {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf,
+            len.min(buflen),
+            flags,
+            ptr::null_mut::<sockaddr>(),
+            ptr::null_mut::<socklen_t>(),
+        ) as ssize_t
+    }
 }
 
-/// # Safety
-/// Same contract as recvfrom(2).
-#[no_mangle]
-pub unsafe extern "C" fn recvfrom(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    flags: c_int,
-    addr: *mut sockaddr,
-    alen: *mut socklen_t,
-) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged.
-    let ret = unsafe {
-        match real::<RecvfromFn>(&sys::REAL_RECVFROM) {
-            Some(f) => f(fd, buf, len, flags, addr, alen),
-            None => libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    read fn recvfrom(
+        fd: c_int,
+        buf: *mut c_void,
+        len: size_t,
+        flags: c_int,
+        addr: *mut sockaddr,
+        alen: *mut socklen_t,
+    ) -> ssize_t,
+    real = REAL_RECVFROM,
+    fallback = { libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t }
 }
 
-/// Fortified `recvfrom`.
-///
-/// # Safety
-/// Same contract as __recvfrom_chk.
-#[no_mangle]
-pub unsafe extern "C" fn __recvfrom_chk(
-    fd: c_int,
-    buf: *mut c_void,
-    len: size_t,
-    buflen: size_t,
-    flags: c_int,
-    addr: *mut sockaddr,
-    alen: *mut socklen_t,
-) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged; the fallback clamps to the known buffer length.
-    let ret = unsafe {
-        match real::<RecvfromChkFn>(&sys::REAL_RECVFROM_CHK) {
-            Some(f) => f(fd, buf, len, buflen, flags, addr, alen),
-            None => libc::syscall(
-                libc::SYS_recvfrom,
-                fd,
-                buf,
-                len.min(buflen),
-                flags,
-                addr,
-                alen,
-            ) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): as `recvfrom`, clamped to the known buffer length.
+hook! {
+    /// Fortified `recvfrom`.
+    read fn __recvfrom_chk(
+        fd: c_int,
+        buf: *mut c_void,
+        len: size_t,
+        buflen: size_t,
+        flags: c_int,
+        addr: *mut sockaddr,
+        alen: *mut socklen_t,
+    ) -> ssize_t,
+    real = REAL_RECVFROM_CHK,
+    fallback = {
+        libc::syscall(libc::SYS_recvfrom, fd, buf, len.min(buflen), flags, addr, alen) as ssize_t
+    }
 }
 
-/// # Safety
-/// Same contract as recvmsg(2).
-#[no_mangle]
-pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged.
-    let ret = unsafe {
-        match real::<RecvmsgFn>(&sys::REAL_RECVMSG) {
-            Some(f) => f(fd, msg, flags),
-            None => libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    read fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t,
+    real = REAL_RECVMSG,
+    fallback = { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t }
 }
 
-/// # Safety
-/// Same contract as readv(2).
-#[no_mangle]
-pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
-    // SAFETY: arguments forwarded unchanged.
-    let ret = unsafe {
-        match real::<ReadvFn>(&sys::REAL_READV) {
-            Some(f) => f(fd, iov, iovcnt),
-            None => libc::syscall(libc::SYS_readv, fd, iov, iovcnt) as ssize_t,
-        }
-    };
-    read_post(fd, ret);
-    ret
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    read fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t,
+    real = REAL_READV,
+    fallback = { libc::syscall(libc::SYS_readv, fd, iov, iovcnt) as ssize_t }
 }
 
 // ---------------------------------------------------------------- close
