@@ -147,3 +147,22 @@ fn serve_names_the_missing_server_and_leaves_nothing_running() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("setup-lab.sh") || err.contains("apt-get"), "{err}");
 }
+
+#[test]
+fn serve_refuses_a_port_in_use() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port().to_string();
+    let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .args(["serve", "--server", "kv", "--port", &port, "--json"])
+        .env("PREHEAT_RUN_DIR", &rd)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("port {port} is already in use")), "{err}");
+    // Nothing was started: the run dir holds no agent.
+    let agents = std::fs::read_dir(&rd).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(agents, 0, "an agent was left behind");
+}
