@@ -93,17 +93,19 @@ def main(argv=None) -> int:
 
     pe = sub.add_parser(
         "peer", help="our load generator vs an established client on the same server",
-        description="preheat serve --server S --json, then closed loop with the same connections: "
-                    "preheat load --wait block, the peer (memcaslap / redis-benchmark / wrk), "
-                    "preheat load --wait spin. Reports throughput, mean (p50/p99 where the peer "
-                    "prints them), ours/peer and whether within 5%; DIR/peer/.")
+        description="preheat serve --server S --json, then closed loop with the same threads and "
+                    "connections: preheat load --wait epoll (the main row: epoll_wait then read, "
+                    "as the peers do), the peer (memcaslap / redis-benchmark / wrk), then the "
+                    "extra rows preheat load --wait block and --wait spin. Reports throughput, "
+                    "mean (p50/p99 where the peer prints them), ours/peer and whether within 5%; "
+                    "the verdict uses the main row only; DIR/peer/.")
     pe.add_argument("--out", type=Path, required=True,
                     help="output directory (results in DIR/peer/, report in DIR/report.html)")
     pe.add_argument("--servers", type=lambda s: _servers(s, PEER_SERVERS), default=list(PEER_SERVERS),
                     help=f"comma list of {','.join(PEER_SERVERS)}")
     pe.add_argument("--seconds", type=float, default=10.0, help="duration of each run (default 10)")
     pe.add_argument("--connections", type=int, default=4, help="connections on both sides (default 4)")
-    pe.add_argument("--repeats", type=int, default=1, help="repeat ours/peer/ours-spin (default 1)")
+    pe.add_argument("--repeats", type=int, default=1, help="repeat ours-epoll/peer/ours-block/ours-spin (default 1)")
     pe.add_argument("--server-cpu", type=int,
                     help="pin the server to this CPU (default: the last CPU; both clients get the others)")
     pe.add_argument("--threads", type=int, default=1,

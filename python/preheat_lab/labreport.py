@@ -234,10 +234,16 @@ def peer_section(rep: Report, out: Path) -> None:
     o = pj.get("options", {})
     rep.text(f"Same server (started by preheat serve, no agent), closed loop, "
              f"{o.get('connections')} connections on both sides, {o.get('seconds')} s per run, "
-             f"{o.get('repeats')} repeat(s); order per repeat: ours (--wait block), peer, ours "
-             f"(--wait spin). The main comparison is ours --wait block vs the peer (both block in "
-             f"the kernel); --wait spin is an extra row. Agreement = ratio within "
-             f"±{100 * o.get('tolerance', 0.05):.0f}%. Measured; raw outputs in peer/raw/.")
+             f"{o.get('repeats')} repeat(s); "
+             + (f"{rows['order']}. The main comparison is {rows['main']} vs the peer (both wait "
+                f"in epoll_wait, then read); {', '.join(rows['extra'])} are extra rows; the "
+                f"verdict is {rows['verdict']}. "
+                if (rows := pj.get("rows")) else
+                "order per repeat: ours (--wait block), peer, ours (--wait spin). The main "
+                "comparison is ours --wait block vs the peer (both block in the kernel); --wait "
+                "spin is an extra row. ")
+             + f"Agreement = ratio within ±{100 * o.get('tolerance', 0.05):.0f}%. Measured; raw "
+               f"outputs in peer/raw/.")
     m = pd.DataFrame(pj.get("measurements", []))
     if len(m):
         cols = [c for c in ("server", "repeat", "client", "side", "connections", "threads",
@@ -247,8 +253,12 @@ def peer_section(rep: Report, out: Path) -> None:
                            "loop's throughput should match it)")
     c = pd.DataFrame(pj.get("comparisons", []))
     if len(c):
-        c = c.assign(ratio=c["ratio"].map(lambda v: f"{v:.3f}"),
-                     kind=c["extra"].map(lambda e: "extra (spin)" if e else "main (block)"))
+        c = c.assign(ratio=c["ratio"].map(lambda v: f"{v:.3f}"))
+        if "kind" not in c:  # peer.json written before --wait epoll
+            c = c.assign(kind=c["extra"].map(lambda e: "extra (spin)" if e else "main (block)"))
+        else:
+            c = c.assign(kind=c["kind"].fillna(c["extra"].map(
+                lambda e: "extra (spin)" if e else "main (block)")))
         rep.table(c[["server", "repeat", "kind", "ours", "peer", "metric", "ours_value",
                      "peer_value", "ratio", "verdict"]], "ours / peer")
     for s, v in (pj.get("verdicts") or {}).items():

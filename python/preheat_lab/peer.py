@@ -6,17 +6,22 @@ data set (no agent), and prints one ready line `{"server","port","pid","protocol
 closed loop with the same number of client threads AND connections on both sides, both clients
 pinned the same way (`taskset -c <the other CPUs>`), so neither side gets a CPU the other lacks:
 
-* ours: `preheat load --mode closed --connections C --threads T --duration-s S --wait block ...`
-  (T threads each multiplexing its connections in epoll, like the peers), and `--wait spin` as an
-  extra row (T threads polling their connections);
+* ours, the main row: `preheat load --mode closed --connections C --threads T --duration-s S
+  --wait epoll ...`: T event-loop threads that wait for readiness in `epoll_wait` and then read,
+  the waiting mechanism the peers use, for any C (one connection on one thread included; the
+  run's JSON must say `client_loop: event-loop`, or the run counts as failed);
+* ours, extra rows, labeled as such: `--wait block` (with T == C one thread per connection
+  blocking in `read` on its socket, no epoll; with T < C the same event loop as epoll) and
+  `--wait spin` (busy-polling: no client wakeup in the latency);
 * the peer: memcaslap `-T T -c C` (memcached), redis-benchmark (redis; single-threaded, so ours
   runs `--threads 1` there), wrk `-t T -c C` (nginx).
 
 The pinning is recorded in peer.json (`notes[server].pinning`) and in the report text.
 
 The report puts both side by side (throughput, mean latency, p50/p99 where the peer prints them)
-with the ratio ours/peer and whether it is within 5%. The verdict is computed, never assumed:
-it can say "differs". Every raw output is kept in DIR/peer/raw/ for audit.
+with the ratio ours/peer and whether it is within 5%, for every row of ours (comparison rows carry
+`wait`, `extra` and `kind`). The verdict is computed from the main (epoll) row only, never
+assumed: it can say "differs". Every raw output is kept in DIR/peer/raw/ for audit.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class PeerParseError(ValueError):
 class Measurement:
     """One client's run against one server."""
 
-    client: str  # e.g. "preheat load --wait block", "memcaslap"
+    client: str  # e.g. "preheat load --wait epoll", "memcaslap"
     side: str  # ours | peer
     connections: int
     threads: Optional[int] = None
@@ -66,6 +71,8 @@ class Measurement:
     errors: Optional[float] = None
     note: str = ""
     raw: str = ""  # file name of the raw output (DIR/peer/raw/)
+    wait: Optional[str] = None  # ours: --wait
+    client_loop: Optional[str] = None  # ours: the loop that ran (event-loop | thread-per-connection)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -209,7 +216,7 @@ def parse_memcaslap(text: str) -> dict:
 def parse_ours(data: dict) -> dict:
     keep = ("connections", "requests", "errors", "wrong", "duration_s", "throughput_rps",
             "offered_rps", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us",
-            "threads", "label", "mode", "wait")
+            "threads", "label", "mode", "wait", "client_loop")
     out = {k: data.get(k) for k in keep if k in data}
     if out.get("throughput_rps") is None:
         raise PeerParseError("preheat load: no throughput_rps in its JSON")
@@ -469,7 +476,8 @@ PARSERS = {"memcached": parse_memcaslap, "redis": parse_redis_benchmark, "nginx"
 
 def ours_command(info: dict, connections: int, seconds: float, wait: str,
                  threads: Optional[int] = None, cpus: Optional[List[int]] = None) -> List[str]:
-    """Our closed-loop command line (THREADS client threads; None: one per connection)."""
+    """Our closed-loop command line with --wait WAIT (epoll | block | spin) and THREADS client
+    threads (None: one per connection)."""
     cmd = [cli.preheat_bin(), "load", "--mode", "closed", "--connections", str(connections),
            "--duration-s", f"{seconds:g}", "--wait", wait, "--json",
            "--protocol", str(info.get("protocol", "memcached")),
@@ -494,12 +502,35 @@ def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path,
         d = parse_ours(json.loads(out.read_text()))
     except ValueError as e:
         raise RuntimeError(f"preheat load --wait {wait}: {e}")
-    return Measurement(client=f"preheat load --wait {wait}", side="ours", connections=connections,
+    if wait == "epoll" and d.get("client_loop") != "event-loop":
+        # The main row must wait in epoll_wait like the peers; anything else is not comparable.
+        raise RuntimeError(f"preheat load --wait epoll ran the {d.get('client_loop') or 'unknown'} "
+                           "loop, not the event loop (is this preheat build older than --wait "
+                           "epoll?)")
+    return Measurement(client=client_label(wait), side="ours", connections=connections,
                        threads=d.get("threads"), duration_s=d.get("duration_s"),
                        requests=d.get("requests"), throughput_rps=d.get("throughput_rps"),
                        mean_us=d.get("mean_us"), p50_us=d.get("p50_us"), p90_us=d.get("p90_us"),
                        p99_us=d.get("p99_us"), max_us=d.get("max_us"), errors=d.get("errors"),
-                       raw=out.name)
+                       raw=out.name, wait=wait, client_loop=d.get("client_loop"))
+
+
+# Our rows per repeat: the main one first (compared for the verdict), then the extras.
+MAIN_WAIT = "epoll"
+EXTRA_WAITS = ("block", "spin")
+
+
+def client_label(wait: str) -> str:
+    return f"preheat load --wait {wait}"
+
+
+def row_kind(wait: str) -> str:
+    """How a comparison row is labeled in peer.json / comparison.csv."""
+    if wait == MAIN_WAIT:
+        return "main (epoll: epoll_wait then read, like the peer)"
+    if wait == "block":
+        return "extra (block: blocking read per connection thread; epoll_wait when threads < connections)"
+    return "extra (spin: busy-poll, no client wakeup)"
 
 
 def run_peer(server: str, info: dict, connections: int, seconds: float, raw: Path, tag: str,
@@ -548,7 +579,13 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     raw = pdir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     state = {"kind": "peer", "state": "running", "options": asdict(opts), "servers": list(servers),
-             "failed": {}, "measurements": [], "comparisons": [], "verdicts": {}, "notes": {}}
+             "failed": {}, "measurements": [], "comparisons": [], "verdicts": {}, "notes": {},
+             "rows": {"main": client_label(MAIN_WAIT),
+                      "extra": [client_label(w) for w in EXTRA_WAITS],
+                      "order": "per repeat: ours --wait epoll, the peer, "
+                               + ", ".join(f"ours --wait {w}" for w in EXTRA_WAITS),
+                      "verdict": "from the main row only (throughput and mean within the "
+                                 "tolerance)"}}
     code = 0
     proc.reset_interrupt_state()
 
@@ -560,7 +597,7 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     with proc.interruptible(), Progress("peer", len(servers)) as prog:
         try:
             for s in servers:
-                prog.task(s, 3 * opts.repeats)
+                prog.task(s, (2 + len(EXTRA_WAITS)) * opts.repeats)
                 if s not in PEER_TOOLS:
                     state["failed"][s] = f"no established client configured for {s} (peers: {', '.join(PEER_TOOLS)})"
                     code = 1
@@ -587,8 +624,10 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
                                              "threads": threads}
                         done = 0
                         for i in range(opts.repeats):
-                            ours = run_ours(srv.info, opts.connections, opts.seconds, "block", raw,
-                                            f"{s}-ours-block-{i + 1}", threads, client_cpus)
+                            # Order per repeat: ours (main, epoll), the peer, ours (extras).
+                            ours = run_ours(srv.info, opts.connections, opts.seconds, MAIN_WAIT,
+                                            raw, f"{s}-ours-{MAIN_WAIT}-{i + 1}", threads,
+                                            client_cpus)
                             done += 1
                             prog.update(done)
                             peer = run_peer(s, srv.info, opts.connections, opts.seconds, raw,
@@ -596,22 +635,28 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
                                             client_cpus)
                             done += 1
                             prog.update(done)
-                            spin = run_ours(srv.info, opts.connections, opts.seconds, "spin", raw,
-                                            f"{s}-ours-spin-{i + 1}", threads, client_cpus)
-                            done += 1
-                            prog.update(done)
-                            for m in (ours, peer, spin):
+                            extras = []
+                            for w in EXTRA_WAITS:
+                                extras.append(run_ours(srv.info, opts.connections, opts.seconds, w,
+                                                       raw, f"{s}-ours-{w}-{i + 1}", threads,
+                                                       client_cpus))
+                                done += 1
+                                prog.update(done)
+                            for m in (ours, peer, *extras):
                                 row = {"server": s, "repeat": i + 1, **m.to_dict(),
                                        "littles_law_rps": (m.connections * 1e6 / m.mean_us
                                                            if m.mean_us else None)}
                                 state["measurements"].append(row)
-                            state["comparisons"] += [dict(r, repeat=i + 1, extra=False)
-                                                     for r in compare(s, ours, peer, opts.tolerance)]
-                            state["comparisons"] += [dict(r, repeat=i + 1, extra=True)
-                                                     for r in compare(s, spin, peer, opts.tolerance)]
+                            for m in (ours, *extras):
+                                state["comparisons"] += [
+                                    dict(r, repeat=i + 1, extra=m.wait != MAIN_WAIT,
+                                         wait=m.wait, kind=row_kind(m.wait))
+                                    for r in compare(s, m, peer, opts.tolerance)]
                             state["notes"][s]["peer"] = (
                                 f"{peer.note}. Ours: --threads {threads} --connections "
-                                f"{opts.connections}. Pinning: {pinning}. "
+                                f"{opts.connections}; main row --wait epoll (epoll_wait then "
+                                f"read, the peers' mechanism; client_loop {ours.client_loop}), "
+                                f"extra rows --wait block and --wait spin. Pinning: {pinning}. "
                                 + EXPLAIN.get(s, ""))
                             save()
                     main = [r for r in state["comparisons"] if r["server"] == s and not r["extra"]]

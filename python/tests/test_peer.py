@@ -74,6 +74,10 @@ def test_wrk_latency_units_and_errors():
 def test_ours_json():
     d = peer.parse_ours(json.loads(_read("preheat-load-block.json")))
     assert d["throughput_rps"] > 0 and d["connections"] == 4 and d["errors"] == 0
+    assert "client_loop" not in d  # an older build's JSON still parses
+    d = peer.parse_ours(json.loads(_read("preheat-load-epoll.json")))
+    assert d["wait"] == "epoll" and d["client_loop"] == "event-loop"
+    assert d["throughput_rps"] > 0 and d["threads"] == 1 and d["errors"] == 0
 
 
 def _m(side, tput, mean, p50=None):
@@ -110,23 +114,31 @@ def test_peer_run_on_memcached(tmp_path):
         pytest.skip("this preheat CLI's load has no --connections")
     if "--threads" not in cli.help_text("load"):
         pytest.skip("this preheat CLI's load has no --threads (rebuild: cargo build --release)")
+    if "epoll_wait" not in cli.help_text("load"):
+        pytest.skip("this preheat CLI's load has no --wait epoll (rebuild: cargo build --release)")
     out = tmp_path / "lab"
     code = lab.main(["peer", "--out", str(out), "--servers", "memcached", "--seconds", "2"])
     pj = json.loads((out / "peer" / "peer.json").read_text())
     assert pj["failed"] == {}, pj["failed"]
     assert code == 0 and pj["state"] == "complete"
     sides = {m["client"]: m for m in pj["measurements"]}
-    assert set(sides) == {"preheat load --wait block", "memcaslap", "preheat load --wait spin"}
+    assert set(sides) == {"preheat load --wait epoll", "memcaslap", "preheat load --wait block",
+                          "preheat load --wait spin"}
     for m in sides.values():
         assert m["throughput_rps"] > 0 and m["mean_us"] > 0
-    metrics = {c["metric"] for c in pj["comparisons"] if not c["extra"]}
-    assert {"throughput_rps", "mean_us"} <= metrics
+    assert sides["preheat load --wait epoll"]["client_loop"] == "event-loop"
+    main = [c for c in pj["comparisons"] if not c["extra"]]
+    assert {c["ours"] for c in main} == {"preheat load --wait epoll"}
+    assert {"throughput_rps", "mean_us"} <= {c["metric"] for c in main}
+    extra = {c["ours"] for c in pj["comparisons"] if c["extra"]}
+    assert extra == {"preheat load --wait block", "preheat load --wait spin"}
     for c in pj["comparisons"]:  # the verdict is computed from the ratio, whatever it is
         assert c["within"] == (abs(c["ratio"] - 1) <= 0.05 + 1e-12)
     assert pj["verdicts"]["memcached"].startswith(("agree", "differ"))
     raw = out / "peer" / "raw"
     assert "Get Statistics" in (raw / "memcached-peer-1.txt").read_text()
-    assert (raw / "memcached-ours-block-1.json").exists()
+    for w in ("epoll", "block", "spin"):
+        assert (raw / f"memcached-ours-{w}-1.json").exists()
     assert "Peer check" in (out / "report.html").read_text()
 
 
@@ -152,3 +164,79 @@ def test_same_threads_and_pinning_on_both_sides(tmp_path, monkeypatch):
     assert peer.cpu_plan(None, pin=False) == (None, None)
     monkeypatch.setattr(peer.os, "sched_getaffinity", lambda pid: {0})
     assert peer.cpu_plan(None) == (None, None)
+
+
+class _FakeServed:
+    def __init__(self, server, raw, cpu=None, timeout=120.0):
+        self.info = {"server": server, "port": 1, "key": "key:42", "protocol": "memcached"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def _fake_run(monkeypatch, tmp_path, ours_by_wait, peer_m, loop="event-loop"):
+    """peer.run with the server and every client replaced by fixed measurements."""
+    calls = []
+
+    def run_ours(info, connections, seconds, wait, raw, tag, threads=None, cpus=None):
+        calls.append(wait)
+        tput, mean = ours_by_wait[wait]
+        if wait == "epoll" and loop != "event-loop":
+            raise RuntimeError(f"preheat load --wait epoll ran the {loop} loop, not the event loop")
+        return peer.Measurement(client=peer.client_label(wait), side="ours",
+                                connections=connections, throughput_rps=tput, mean_us=mean,
+                                wait=wait, client_loop=loop)
+
+    def run_peer(server, info, connections, seconds, raw, tag, ours_rps, threads=1, cpus=None):
+        calls.append("peer")
+        return peer.Measurement(client="memcaslap", side="peer", connections=connections,
+                                throughput_rps=peer_m[0], mean_us=peer_m[1], note="fake")
+
+    monkeypatch.setattr(peer, "Served", _FakeServed)
+    monkeypatch.setattr(peer, "run_ours", run_ours)
+    monkeypatch.setattr(peer, "run_peer", run_peer)
+    monkeypatch.setattr(peer, "peer_tool", lambda s: "/usr/bin/memcaslap")
+    out = tmp_path / "lab"
+    code = peer.run(out, ["memcached"], peer.PeerOptions(connections=1, seconds=1, repeats=2),
+                    report=False)
+    return code, json.loads((out / "peer" / "peer.json").read_text()), calls
+
+
+def test_main_row_is_epoll_and_decides_the_verdict(tmp_path, monkeypatch):
+    # epoll agrees with the peer, block and spin do not: the verdict says agree ...
+    code, pj, calls = _fake_run(monkeypatch, tmp_path,
+                                {"epoll": (100.0, 10.0), "block": (115.0, 8.7),
+                                 "spin": (130.0, 7.7)}, (101.0, 9.9))
+    assert code == 0 and calls == ["epoll", "peer", "block", "spin"] * 2
+    assert pj["verdicts"]["memcached"].startswith("agree"), pj["verdicts"]
+    assert pj["rows"]["main"] == "preheat load --wait epoll"
+    main = [c for c in pj["comparisons"] if not c["extra"]]
+    assert {c["wait"] for c in main} == {"epoll"} and len(main) == 2 * 2
+    assert all(c["kind"].startswith("main (epoll") for c in main)
+    extra = [c for c in pj["comparisons"] if c["extra"]]
+    assert {c["wait"] for c in extra} == {"block", "spin"}
+    assert all(c["kind"].startswith("extra (") for c in extra)
+    assert not any(c["within"] for c in extra if c["metric"] == "throughput_rps")
+    assert {m["client"] for m in pj["measurements"]} == {
+        "preheat load --wait epoll", "memcaslap", "preheat load --wait block",
+        "preheat load --wait spin"}
+
+
+def test_verdict_fails_when_the_epoll_row_differs(tmp_path, monkeypatch):
+    # ... and differ when the main row differs, even if an extra row agrees.
+    code, pj, _ = _fake_run(monkeypatch, tmp_path,
+                            {"epoll": (88.0, 11.4), "block": (100.0, 10.0),
+                             "spin": (100.0, 10.0)}, (100.0, 10.0))
+    assert code == 0
+    v = pj["verdicts"]["memcached"]
+    assert v.startswith("differ") and "throughput_rps 0.88" in v, v
+
+
+def test_an_epoll_run_that_fell_back_fails_the_server(tmp_path, monkeypatch):
+    code, pj, _ = _fake_run(monkeypatch, tmp_path, {"epoll": (100.0, 10.0)}, (100.0, 10.0),
+                            loop="thread-per-connection")
+    assert code == 1 and "not the event loop" in pj["failed"]["memcached"]
+    assert "memcached" not in pj["verdicts"]

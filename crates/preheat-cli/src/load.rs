@@ -1,6 +1,8 @@
 //! `preheat load`: a load generator that can announce what it sends, on top of the engine in
 //! [`preheat_lab::load`] (open loop with Poisson arrivals, idle gap, closed loop; one client
-//! thread per connection, or `--threads T` threads that each multiplex several; latency from the *intended* send time into an HdrHistogram, so a slow
+//! thread per connection, or `--threads T` threads that each multiplex several, or with
+//! `--wait epoll` an event loop that waits in `epoll_wait` for any threads ≤ connections;
+//! latency from the *intended* send time into an HdrHistogram, so a slow
 //! reply, a late send or a wait for a slot is never hidden: no coordinated omission).
 //!
 //! Announcing (paper §3.2):
@@ -49,14 +51,28 @@ send_late_us_* shows how late requests really went out. With announcements in id
 closed mode, the announced (granted) time is the intended time: the request is meant to arrive
 then, and that is what the receiver preheats for.
 
+Waiting (--wait), three modes:
+  spin   Busy-poll non-blocking sockets. The latency excludes the client's own (v)CPU wakeup,
+         at the price of a busy client CPU. Use it to measure the server (the default, and what
+         preheat demo uses).
+  block  Block in the kernel: with one thread per connection a blocking read() on its one
+         socket (no epoll), with --threads T < C epoll_wait, then read. Use it for the cheapest
+         blocking client (fewest system calls per request).
+  epoll  Wait for readiness in epoll_wait and then read, as event-loop clients (memcaslap, wrk,
+         redis-benchmark) do: always the event loop below, for any --threads <= --connections,
+         one connection on one thread included. Use it to compare with those tools (preheat lab
+         peer does). Not with --mode idle-gap, --announce-local, --arbiter or --protocol mysql.
+The JSON field client_loop says which loop ran: thread-per-connection or event-loop.
+
 Threads: by default every connection has its own client thread that blocks (or spins) on its
-one request. --threads T (fewer than --connections C) runs T client threads instead, thread t
-driving connections t, t+T, t+2T, ... like wrk -t T -c C: with --wait block it waits in epoll for
-whichever connection answers, with --wait spin it polls them in turn. Closed loop keeps one
-request outstanding on every connection; open loop keeps every connection's own Poisson schedule
-(a connection sends when its intended time has come and its previous reply is in; latency still
-counts from the intended time). --threads is rejected with --mode idle-gap, --announce-local,
---arbiter and --protocol mysql (they need one thread per connection).
+one request. --threads T (fewer than --connections C), or --wait epoll, runs T client threads as
+an event loop instead, thread t driving connections t, t+T, t+2T, ... like wrk -t T -c C: with
+--wait block or epoll it waits in epoll_wait for whichever connection answers, with --wait spin
+it polls them in turn. Closed loop keeps one request outstanding on every connection; open loop
+keeps every connection's own Poisson schedule (a connection sends when its intended time has
+come and its previous reply is in; latency still counts from the intended time). The event loop
+is rejected with --mode idle-gap, --announce-local, --arbiter and --protocol mysql (they need
+one thread per connection).
 
 Each connection sends --warmup unmeasured requests first. --records FILE.csv writes one row per
 measured request (flushed every 100 ms, so an interrupted run keeps what it measured). SIGINT or
@@ -100,7 +116,9 @@ pub struct LoadArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// How the client waits for a reply: spin (busy-poll; excludes the client's own vCPU
-    /// wakeup) or block (in the kernel, like most load generators).
+    /// wakeup), block (in the kernel: a blocking read per connection thread, epoll_wait with
+    /// --threads < --connections) or epoll (epoll_wait then read in the event loop, as
+    /// memcaslap/wrk/redis-benchmark do; for comparing with them). See below.
     #[arg(long, value_enum, default_value = "spin")]
     pub wait: Wait,
     /// Write one CSV row per measured request here.
@@ -296,6 +314,22 @@ fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
             "--threads must be between 1 and --connections ({}), got {threads}",
             a.connections
         );
+    }
+    if a.wait == Wait::Epoll {
+        let why = if a.mode == Mode::IdleGap {
+            Some("--mode idle-gap (each connection sleeps its own gap)")
+        } else if a.announce_local {
+            Some("--announce-local (each request is granted its own send time)")
+        } else if a.arbiter.is_some() {
+            Some("--arbiter (each request is granted its own send time)")
+        } else if a.protocol == Protocol::Mysql {
+            Some("--protocol mysql: not supported by the mysql driver (it only blocks, no event loop)")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            bail!("--wait epoll runs the event loop, which does not support {why}; use --wait block or spin");
+        }
     }
     if threads < a.connections {
         let why = if a.mode == Mode::IdleGap {

@@ -224,6 +224,8 @@ const FIELDS: &[&str] = &[
     "mode",
     "connections",
     "threads",
+    "client_loop",
+    "wait",
     "requests",
     "errors",
     "wrong",
@@ -653,6 +655,37 @@ fn bad_flag_combinations_are_clear_errors() {
         ],
         "--protocol mysql (its driver only blocks) needs one thread per connection",
     );
+    // --wait epoll always runs the event loop: what needs one thread per connection is refused,
+    // also with one connection.
+    fails(
+        &["--target", "127.0.0.1:1", "--wait", "epoll"],
+        "--wait epoll runs the event loop, which does not support --mode idle-gap",
+    );
+    fails(
+        &[
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--wait",
+            "epoll",
+            "--protocol",
+            "mysql",
+        ],
+        "not supported by the mysql driver",
+    );
+    fails(
+        &[
+            "--target",
+            "127.0.0.1:1",
+            "--mode",
+            "closed",
+            "--wait",
+            "epoll",
+            "--announce-local",
+        ],
+        "--wait epoll runs the event loop, which does not support --announce-local",
+    );
     let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
         .args(["load", "--help"])
         .output()
@@ -667,6 +700,12 @@ fn bad_flag_combinations_are_clear_errors() {
         "--rate",
         "--threads",
         "wrk -t T -c C",
+        "spin",
+        "block",
+        "epoll",
+        "epoll_wait",
+        "memcaslap",
+        "client_loop",
     ] {
         assert!(help.contains(needle), "--help lacks {needle}: {help}");
     }
@@ -822,4 +861,74 @@ fn multiplexed_threads_against_memcached() {
     );
     check(&v, 800);
     assert_eq!(v["threads"], 2);
+}
+
+#[test]
+fn wait_epoll_against_memcached() {
+    let mut servers = Servers::default();
+    let Some(port) = memcached(&mut servers) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let target = format!("127.0.0.1:{port}");
+    // One connection on one thread (the peer check's 1-connection row), and 4 on 2 threads.
+    for (connections, threads) in [(1u64, 1u64), (4, 2)] {
+        let records = tmp.path().join(format!("records-{connections}.csv"));
+        let v = load_json(
+            &[
+                "--target",
+                &target,
+                "--mode",
+                "closed",
+                "--requests",
+                "2000",
+                "--connections",
+                &connections.to_string(),
+                "--threads",
+                &threads.to_string(),
+                "--wait",
+                "epoll",
+                "--records",
+                records.to_str().unwrap(),
+            ],
+            tmp.path(),
+        );
+        println!("{v}");
+        check(&v, 2000);
+        assert_eq!(v["wait"], "epoll", "{v}");
+        assert_eq!(v["client_loop"], "event-loop", "{v}");
+        assert_eq!(
+            (v["connections"].as_u64(), v["threads"].as_u64()),
+            (Some(connections), Some(threads))
+        );
+        let (_, rows) = csv_rows(&records);
+        assert_eq!(rows.len(), 2000);
+        let conns: std::collections::BTreeSet<&str> =
+            rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
+        assert_eq!(conns.len() as u64, connections, "every connection measured");
+    }
+    // Without --threads, epoll still runs the event loop (one thread per connection); block and
+    // spin with one thread per connection run the synchronous loop.
+    for (wait, want) in [
+        ("epoll", "event-loop"),
+        ("block", "thread-per-connection"),
+        ("spin", "thread-per-connection"),
+    ] {
+        let v = load_json(
+            &[
+                "--target",
+                &target,
+                "--mode",
+                "closed",
+                "--requests",
+                "500",
+                "--wait",
+                wait,
+            ],
+            tmp.path(),
+        );
+        check(&v, 500);
+        assert_eq!(v["client_loop"], want, "{wait}: {v}");
+        assert_eq!(v["threads"], 1, "{v}");
+    }
 }

@@ -13,9 +13,12 @@
 //! * MySQL/MariaDB: one TPC-C-like transaction ([`crate::tpcc`]) through the `mysql` crate.
 //!
 //! [`Wait::Spin`] makes the socket non-blocking and busy-polls it, so the measured latency does
-//! not contain the client's own (v)CPU wakeup; [`Wait::Block`] blocks in `read`. The `mysql`
-//! crate only does blocking I/O, so a MySQL driver always blocks ([`Wait::Spin`] is accepted and
-//! treated as [`Wait::Block`]).
+//! not contain the client's own (v)CPU wakeup; [`Wait::Block`] blocks in `read`. [`Wait::Epoll`]
+//! is a mode of the load engine's event loop (wait in `epoll_wait`, then read: see
+//! [`crate::load`]); a driver used synchronously through [`Driver::request`] (e.g. by
+//! `preheat demo`) treats it as [`Wait::Block`]: same socket setup, a blocking `read`. The `mysql` crate only does blocking I/O, so a MySQL driver always
+//! blocks ([`Wait::Spin`] and [`Wait::Epoll`] are accepted here and treated as [`Wait::Block`];
+//! the load engine refuses [`Wait::Epoll`] for MySQL, which has no multiplexed path).
 //!
 //! **Multiplexed use** (several connections on one client thread, like wrk `-t T -c C`):
 //! [`Driver::send_request`] writes a request, [`Driver::poll_reply`] reads what has arrived
@@ -54,15 +57,21 @@ pub enum Protocol {
     Mysql,
 }
 
-/// How a driver waits for its reply.
+/// How a client waits for its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Wait {
     /// Busy-poll a non-blocking socket: the latency excludes the client's own (v)CPU wakeup.
     /// Not available for MySQL (the `mysql` crate blocks): treated as `Block` there.
     Spin,
-    /// Block in the kernel, as most load generators (memcaslap, redis-benchmark, wrk) do.
+    /// Block in the kernel: with one thread per connection a blocking `read` on the one socket;
+    /// on the load engine's multiplexed path (threads < connections) `epoll_wait`, then read.
     Block,
+    /// Wait for readiness in `epoll_wait` and then read, as event-loop clients (memcaslap, wrk,
+    /// redis-benchmark) do: the load engine always runs its event loop for it, even with one
+    /// connection on one thread. A driver used synchronously ([`Driver::request`]) treats it as
+    /// `Block`. Not for MySQL in the load engine (no multiplexed path).
+    Epoll,
 }
 
 /// What to request. `key`: memcached/redis key, or HTTP path; ignored for MySQL.
@@ -220,8 +229,11 @@ impl std::fmt::Display for Incomplete {
 
 impl std::error::Error for Incomplete {}
 
-/// Connect a driver for `w` to `addr`. Errors name the address. For [`Protocol::Mysql`],
-/// `wait` is ignored: the `mysql` crate blocks, so the driver always behaves as [`Wait::Block`].
+/// Connect a driver for `w` to `addr`. Errors name the address. [`Wait::Epoll`] sets the socket
+/// up as [`Wait::Block`] does (its [`Driver::request`] blocks in `read`; the epoll wait is the
+/// load engine's, around [`Driver::send_request`] / [`Driver::poll_reply`]). For
+/// [`Protocol::Mysql`], `wait` is ignored: the `mysql` crate blocks, so the driver always
+/// behaves as [`Wait::Block`].
 pub fn connect(addr: SocketAddr, w: &WorkloadSpec, wait: Wait) -> Result<Box<dyn Driver>> {
     match w.protocol {
         Protocol::Memcached => {
@@ -399,7 +411,9 @@ impl Conn {
             stream.set_nodelay(true)?;
             match wait {
                 Wait::Spin => stream.set_nonblocking(true)?,
-                Wait::Block => {
+                // Epoll: the synchronous path blocks like Block; the event loop switches the
+                // socket to non-blocking itself.
+                Wait::Block | Wait::Epoll => {
                     stream.set_read_timeout(Some(REPLY_TIMEOUT))?;
                     stream.set_write_timeout(Some(REPLY_TIMEOUT))?;
                 }

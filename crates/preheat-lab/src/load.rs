@@ -21,17 +21,22 @@
 //! Waiting for a send time sleeps until ~150 µs before it, then spins, so long gaps do not burn a
 //! CPU and the send itself is precise.
 //!
-//! **Threads.** By default every connection has its own client thread and a blocking
-//! [`Driver::request`]. With [`LoadConfig::threads`] below the number of connections, thread `t`
-//! drives the connections `c` with `c % threads == t` (like wrk `-t T -c C`), through the
-//! drivers' non-blocking [`Driver::send_request`] / [`Driver::poll_reply`]: closed loop keeps
+//! **Threads.** By default every connection has its own client thread and a synchronous
+//! [`Driver::request`] (the *thread-per-connection* loop; [`Wait::Block`] blocks in `read`,
+//! [`Wait::Spin`] busy-polls the socket). With [`LoadConfig::threads`] below the number of
+//! connections, or with [`Wait::Epoll`] for any threads ≤ connections (one connection on one
+//! thread included), the *event loop* runs instead ([`LoadSummary::client_loop`] says which
+//! ran): thread `t` drives the connections `c` with `c % threads == t` (like wrk `-t T -c C`),
+//! through the drivers' non-blocking [`Driver::send_request`] / [`Driver::poll_reply`]: closed loop keeps
 //! one request outstanding on every connection (a completed reply is recorded and the next
 //! request goes out); open loop keeps each connection's own Poisson schedule and sends when the
 //! intended time has come and nothing is outstanding on that connection, measuring from the
-//! intended time as above. The thread waits in epoll ([`Wait::Block`]: until a reply arrives or
-//! ~150 µs before the next scheduled send, then it polls) or polls every connection in turn
-//! ([`Wait::Spin`]). Idle-gap mode and announcements need one thread per connection (a run that
-//! asks otherwise is rejected), as do drivers without the multiplexed path (MySQL).
+//! intended time as above. The thread waits in `epoll_wait` ([`Wait::Block`] and [`Wait::Epoll`]:
+//! until a reply arrives or ~150 µs before the next scheduled send) and then reads the ready
+//! sockets, as event-loop clients (memcaslap, wrk, redis-benchmark) do, or polls every
+//! connection in turn ([`Wait::Spin`]). Idle-gap mode and announcements need the
+//! thread-per-connection loop (a run that asks for the event loop with them, by fewer threads
+//! or by [`Wait::Epoll`], is rejected), as do drivers without the multiplexed path (MySQL).
 //!
 //! Latencies (ns) go into one HdrHistogram per connection (1 ns .. 60 s, 3 significant digits),
 //! merged at the end; per-request [`Record`]s go through a channel to a writer thread, so the
@@ -92,12 +97,15 @@ pub struct LoadConfig {
     /// Connections.
     pub connections: usize,
     /// Client threads: 0 or `connections` = one thread per connection with a blocking
-    /// [`Driver::request`]; fewer = each thread multiplexes `connections / threads` (±1)
-    /// connections (see the module docs). Not with idle-gap mode or announcements.
+    /// [`Driver::request`] (except with [`Wait::Epoll`]); fewer = each thread multiplexes
+    /// `connections / threads` (±1) connections (see the module docs). Not with idle-gap mode
+    /// or announcements.
     pub threads: usize,
-    /// How a multiplexed thread waits for its connections: `Block` in epoll, `Spin` polling
-    /// them in turn (pass the same as the drivers' own wait). Unused with one thread per
-    /// connection (the drivers wait themselves).
+    /// How a client thread waits (pass the same as the drivers' own wait). Event loop: `Block`
+    /// and `Epoll` wait in `epoll_wait`, `Spin` polls the connections in turn. `Epoll` always
+    /// runs the event loop (also with threads == connections); with `Block` and `Spin` one
+    /// thread per connection runs the synchronous [`Driver::request`] (the drivers wait
+    /// themselves).
     pub wait: Wait,
     /// Unmeasured requests per connection before measuring.
     pub warmup: u64,
@@ -155,6 +163,27 @@ pub struct Record {
     pub strategy: String,
 }
 
+/// Which client loop ran a load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientLoop {
+    /// One thread per connection, each in the synchronous [`Driver::request`].
+    ThreadPerConnection,
+    /// Threads multiplexing their connections through [`Driver::send_request`] /
+    /// [`Driver::poll_reply`] (in `epoll_wait`, or polling with [`Wait::Spin`]).
+    EventLoop,
+}
+
+impl ClientLoop {
+    /// The name used in JSON ("thread-per-connection", "event-loop").
+    pub fn name(self) -> &'static str {
+        match self {
+            ClientLoop::ThreadPerConnection => "thread-per-connection",
+            ClientLoop::EventLoop => "event-loop",
+        }
+    }
+}
+
 /// Totals of a run. Every latency is measured on this machine from the intended send time.
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadSummary {
@@ -163,6 +192,8 @@ pub struct LoadSummary {
     pub connections: usize,
     /// Client threads (== connections: one per connection).
     pub threads: usize,
+    /// The client loop that really ran (reported by the client threads themselves).
+    pub client_loop: ClientLoop,
     /// Measured requests (complete replies, right or wrong): the histogram's sample count.
     pub requests: u64,
     /// Transport failures (each followed by a reconnect; the failed request is not measured).
@@ -449,6 +480,8 @@ struct ConnOut {
     scheduled: u64,
     unscheduled: u64,
     last_done_ns: u64,
+    /// Measured by the event loop (false: the thread-per-connection loop).
+    event_loop: bool,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -517,6 +550,11 @@ fn validate(cfg: &LoadConfig) -> Result<()> {
             cfg.connections
         );
     }
+    if cfg.wait == Wait::Epoll && cfg.mode == Mode::IdleGap {
+        bail!(
+            "idle-gap mode is not supported with wait epoll (the event loop); use wait block or spin (one thread per connection, each sleeps its own gap)"
+        );
+    }
     if multiplexed(cfg) && cfg.mode == Mode::IdleGap {
         bail!(
             "idle-gap mode needs one thread per connection (threads 0 or {}, got {}): each connection sleeps its own gap",
@@ -536,9 +574,9 @@ fn thread_count(cfg: &LoadConfig) -> usize {
     }
 }
 
-/// Threads drive several connections each.
+/// The event loop runs: threads drive several connections each, or [`Wait::Epoll`] asks for it.
 fn multiplexed(cfg: &LoadConfig) -> bool {
-    thread_count(cfg) < cfg.connections
+    thread_count(cfg) < cfg.connections || cfg.wait == Wait::Epoll
 }
 
 /// Run a load. `connect` opens one driver per connection (and again after a transport error);
@@ -554,6 +592,11 @@ pub fn run(
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<LoadSummary> {
     validate(cfg)?;
+    if cfg.wait == Wait::Epoll && announce.is_some() {
+        bail!(
+            "announcements are not supported with wait epoll (the event loop); use wait block or spin (one thread per connection, each request is granted its own send time)"
+        );
+    }
     if multiplexed(cfg) && announce.is_some() {
         bail!(
             "announcements need one thread per connection (threads 0 or {}, got {}): each request is granted its own send time",
@@ -578,7 +621,7 @@ pub fn run(
             .map(|i| {
                 let tx = writer.as_ref().map(|_| tx.clone());
                 let shared = &shared;
-                if threads < cfg.connections {
+                if multiplexed(cfg) {
                     s.spawn(move || mux_thread(i, threads, shared, connect, tx))
                 } else {
                     s.spawn(move || connection(i, shared, connect, announce, tx))
@@ -638,6 +681,12 @@ fn summarize(cfg: &LoadConfig, outs: &[ConnOut], start: Option<u64>, now: u64) -
         unscheduled += o.unscheduled;
         last_done = last_done.max(o.last_done_ns);
     }
+    // What the client threads report; every thread of a run runs the same loop.
+    let client_loop = if outs.iter().any(|o| o.event_loop) {
+        ClientLoop::EventLoop
+    } else {
+        ClientLoop::ThreadPerConnection
+    };
     let requests = latency.len();
     let start = start.unwrap_or(now);
     let end = if requests > 0 { last_done } else { now };
@@ -654,6 +703,7 @@ fn summarize(cfg: &LoadConfig, outs: &[ConnOut], start: Option<u64>, now: u64) -
         mode: cfg.mode,
         connections: cfg.connections,
         threads: thread_count(cfg),
+        client_loop,
         requests,
         errors,
         wrong,
@@ -812,6 +862,7 @@ fn measure(
         scheduled: 0,
         unscheduled: 0,
         last_done_ns: 0,
+        event_loop: false,
     };
     let mut prev_done = start;
     loop {
@@ -962,7 +1013,15 @@ struct Slot<'a> {
     done: bool,
 }
 
-/// How a multiplexed thread waits: an epoll set over its sockets (`Wait::Block`) or none
+/// A protocol's name as on the command line ("mysql").
+fn protocol_name(p: crate::driver::Protocol) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{p:?}"))
+}
+
+/// How a multiplexed thread waits: an epoll set over its sockets (`Wait::Block`, `Wait::Epoll`) or none
 /// (`Wait::Spin`: poll every outstanding connection in turn).
 struct Waiter {
     epoll: Option<preheat_engine::os::Epoll>,
@@ -1020,7 +1079,7 @@ fn mux_set_up<'a>(
     let cfg = shared.cfg;
     let waiter = Waiter {
         epoll: match cfg.wait {
-            Wait::Block => Some(
+            Wait::Block | Wait::Epoll => Some(
                 preheat_engine::os::Epoll::new()
                     .with_context(|| format!("client thread {t}: creating an epoll instance"))?,
             ),
@@ -1031,6 +1090,12 @@ fn mux_set_up<'a>(
     let mut slots = Vec::new();
     for id in (t..cfg.connections).step_by(threads) {
         let mut conn = Conn::open(id, connect)?;
+        if conn.driver.raw_fd().is_none() && cfg.wait == Wait::Epoll {
+            bail!(
+                "connection {id}: wait epoll (the event loop) is not supported by the {} driver (it has no non-blocking, multiplexed path); use wait block",
+                protocol_name(conn.driver.protocol())
+            );
+        }
         if conn.driver.raw_fd().is_none() {
             bail!(
                 "connection {id}: the {:?} driver cannot multiplex connections (threads {} < connections {}); use one thread per connection (threads 0)",
@@ -1088,6 +1153,7 @@ fn mux_measure(
         scheduled: 0,
         unscheduled: 0,
         last_done_ns: 0,
+        event_loop: true,
     };
     let reply_timeout_ns =
         u64::try_from(crate::driver::REPLY_TIMEOUT.as_nanos()).unwrap_or(u64::MAX);

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use preheat_lab::driver::{Driver, Outcome, Protocol, Wait};
 use preheat_lab::load::{
-    poisson_gaps_ns, run, Announce, CsvSink, Grant, LoadConfig, LoadSummary, Mode, RecordSink,
-    CSV_HEADER,
+    poisson_gaps_ns, run, Announce, ClientLoop, CsvSink, Grant, LoadConfig, LoadSummary, Mode,
+    RecordSink, CSV_HEADER,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -33,6 +33,8 @@ struct Ctl {
     drop_all: AtomicBool,
     /// Answer this instead of VALUE for every request.
     wrong: AtomicBool,
+    /// Sleep this many µs before every answer.
+    delay_us: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -102,6 +104,10 @@ fn serve(s: TcpStream, c: &Ctl) {
         if n == c.drop_at.load(Ordering::SeqCst) {
             return;
         }
+        let delay = c.delay_us.load(Ordering::SeqCst);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         if n == c.stall_at.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(c.stall_ms.load(Ordering::SeqCst)));
         }
@@ -160,6 +166,14 @@ fn connector(addr: SocketAddr) -> impl Fn() -> Result<Box<dyn Driver>> + Sync {
 struct MuxLineDriver {
     s: TcpStream,
     buf: Vec<u8>,
+    /// Calls of `request` (the synchronous path) and of `poll_reply`, over all connections.
+    counts: Arc<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    requests: AtomicU64,
+    polls: AtomicU64,
 }
 
 impl MuxLineDriver {
@@ -184,6 +198,7 @@ impl MuxLineDriver {
 
 impl Driver for MuxLineDriver {
     fn request(&mut self) -> Result<Outcome> {
+        self.counts.requests.fetch_add(1, Ordering::SeqCst);
         self.send_request()?;
         let t0 = Instant::now();
         loop {
@@ -204,6 +219,7 @@ impl Driver for MuxLineDriver {
         Ok(())
     }
     fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+        self.counts.polls.fetch_add(1, Ordering::SeqCst);
         self.try_line()
     }
     fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
@@ -213,11 +229,22 @@ impl Driver for MuxLineDriver {
 }
 
 fn mux_connector(addr: SocketAddr) -> impl Fn() -> Result<Box<dyn Driver>> + Sync {
+    counting_mux_connector(addr, Arc::default())
+}
+
+fn counting_mux_connector(
+    addr: SocketAddr,
+    counts: Arc<Counts>,
+) -> impl Fn() -> Result<Box<dyn Driver>> + Sync {
     move || {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         s.set_nonblocking(true)?;
-        Ok(Box::new(MuxLineDriver { s, buf: Vec::new() }) as Box<dyn Driver>)
+        Ok(Box::new(MuxLineDriver {
+            s,
+            buf: Vec::new(),
+            counts: counts.clone(),
+        }) as Box<dyn Driver>)
     }
 }
 
@@ -963,4 +990,217 @@ fn multiplexed_configuration_errors_are_clear() {
     c.threads = 2;
     let s = run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap();
     assert_eq!((s.requests, s.threads), (100, 2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wait::Epoll: the event loop for any threads <= connections, one connection included.
+
+/// Run `c` with the counting multiplexed driver; the summary and the driver's call counts.
+fn run_counted(
+    c: &LoadConfig,
+    srv: &TestServer,
+    csv: Option<&std::path::Path>,
+) -> (LoadSummary, Arc<Counts>) {
+    let counts = Arc::new(Counts::default());
+    let stop = AtomicBool::new(false);
+    let sink = csv.map(|p| Box::new(CsvSink::create(p).unwrap()) as Box<dyn RecordSink>);
+    let s = run(
+        c,
+        &counting_mux_connector(srv.addr, counts.clone()),
+        None,
+        sink,
+        &stop,
+        &quiet,
+    )
+    .unwrap_or_else(|e| panic!("{:?} {}c/{}t: {e:#}", c.wait, c.connections, c.threads));
+    (s, counts)
+}
+
+#[test]
+fn epoll_one_connection_on_one_thread_runs_the_event_loop() {
+    // threads 1 and threads 0 (= one per connection) both mean one thread here.
+    for threads in [1, 0] {
+        let srv = TestServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("r.csv");
+        let mut c = cfg(Mode::Closed);
+        c.requests = Some(1000);
+        c.connections = 1;
+        c.threads = threads;
+        c.wait = Wait::Epoll;
+        c.warmup = 3;
+        let (s, counts) = run_counted(&c, &srv, Some(&csv));
+        assert_sane(&s);
+        assert_eq!((s.requests, s.errors, s.wrong), (1000, 0, 0), "{s:?}");
+        assert_eq!((s.connections, s.threads), (1, 1));
+        assert_eq!(s.client_loop, ClientLoop::EventLoop, "{s:?}");
+        // Only the warm-ups went through the synchronous request(); every measured request
+        // was collected by poll_reply.
+        assert_eq!(counts.requests.load(Ordering::SeqCst), 3);
+        assert!(counts.polls.load(Ordering::SeqCst) >= 1000);
+        let (h, rows) = read_csv(&csv);
+        assert_eq!(rows.len(), 1000);
+        for r in &rows {
+            let t = |n: &str| r[col(&h, n)].parse::<u64>().unwrap();
+            assert!(t("intended_ns") <= t("sent_ns") && t("sent_ns") < t("done_ns"));
+            assert_eq!(r[col(&h, "ok")], "true");
+        }
+        assert_eq!(srv.ctl.served.load(Ordering::SeqCst), 1000 + 3);
+        assert_eq!(srv.ctl.accepted.load(Ordering::SeqCst), 1);
+    }
+}
+
+#[test]
+fn epoll_four_connections_on_two_threads() {
+    let srv = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("r.csv");
+    let mut c = cfg(Mode::Closed);
+    c.requests = Some(2000);
+    c.connections = 4;
+    c.threads = 2;
+    c.wait = Wait::Epoll;
+    c.warmup = 2;
+    let (s, counts) = run_counted(&c, &srv, Some(&csv));
+    assert_sane(&s);
+    assert_eq!((s.requests, s.errors, s.wrong), (2000, 0, 0), "{s:?}");
+    assert_eq!((s.connections, s.threads), (4, 2));
+    assert_eq!(s.client_loop, ClientLoop::EventLoop);
+    assert_eq!(
+        counts.requests.load(Ordering::SeqCst),
+        4 * 2,
+        "warm-ups only"
+    );
+    let (h, rows) = read_csv(&csv);
+    assert_eq!(rows.len(), 2000);
+    assert_eq!(conn_ids(&h, &rows).len(), 4, "every connection measured");
+    let mut seqs: Vec<u64> = rows
+        .iter()
+        .map(|r| r[col(&h, "seq")].parse().unwrap())
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..2000).collect::<Vec<_>>());
+    assert_eq!(srv.ctl.served.load(Ordering::SeqCst), 2000 + 4 * 2);
+    // Open loop on the same path keeps its schedule.
+    let mut c = cfg(Mode::Open);
+    c.requests = Some(400);
+    c.rate = 4000.0;
+    c.connections = 4;
+    c.threads = 2;
+    c.wait = Wait::Epoll;
+    let (s, _) = run_counted(&c, &srv, None);
+    assert_sane(&s);
+    assert_eq!(
+        (s.requests, s.errors, s.client_loop),
+        (400, 0, ClientLoop::EventLoop)
+    );
+    assert_eq!(s.offered_rps, 4000.0);
+}
+
+/// Fails if epoll mode silently ran the synchronous path: with a driver that has only
+/// `request()` (no multiplexed path) it must refuse, and the summary of every wait mode must name
+/// the loop that really ran.
+#[test]
+fn epoll_never_falls_back_to_the_synchronous_path() {
+    let srv = TestServer::start();
+    let stop = AtomicBool::new(false);
+    let mut c = cfg(Mode::Closed);
+    c.wait = Wait::Epoll;
+    c.connections = 1;
+    c.threads = 1;
+    let e = format!(
+        "{:#}",
+        run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
+    );
+    assert!(
+        e.contains("wait epoll") && e.contains("not supported by the memcached driver"),
+        "{e}"
+    );
+    // Block and Spin with one thread per connection keep the synchronous path ...
+    for wait in [Wait::Block, Wait::Spin] {
+        let mut c = cfg(Mode::Closed);
+        c.wait = wait;
+        c.connections = 2;
+        c.threads = 2;
+        let (s, counts) = run_counted(&c, &srv, None);
+        assert_eq!((s.requests, s.errors), (100, 0), "{wait:?}");
+        assert_eq!(s.client_loop, ClientLoop::ThreadPerConnection, "{wait:?}");
+        assert_eq!(counts.polls.load(Ordering::SeqCst), 0, "{wait:?}");
+        assert_eq!(counts.requests.load(Ordering::SeqCst), 100 + 2, "{wait:?}");
+        // ... and run the event loop with fewer threads than connections.
+        c.threads = 1;
+        let (s, _) = run_counted(&c, &srv, None);
+        assert_eq!(s.client_loop, ClientLoop::EventLoop, "{wait:?}");
+    }
+    // The JSON names.
+    assert_eq!(
+        serde_json::to_value(ClientLoop::EventLoop).unwrap(),
+        serde_json::json!("event-loop")
+    );
+    assert_eq!(
+        ClientLoop::ThreadPerConnection.name(),
+        "thread-per-connection"
+    );
+}
+
+/// Epoll mode waits in epoll_wait: with replies 1 ms late, the loop polls a connection about
+/// once per reply (after readiness), not thousands of times as a busy poll would.
+#[test]
+fn epoll_waits_for_readiness_instead_of_polling() {
+    let srv = TestServer::start();
+    srv.ctl.delay_us.store(1000, Ordering::SeqCst);
+    let mut c = cfg(Mode::Closed);
+    c.requests = Some(50);
+    c.connections = 1;
+    c.threads = 1;
+    c.wait = Wait::Epoll;
+    let (s, counts) = run_counted(&c, &srv, None);
+    assert_eq!(
+        (s.requests, s.errors, s.client_loop),
+        (50, 0, ClientLoop::EventLoop)
+    );
+    assert!(s.p50_us >= 1000.0, "{s:?}");
+    let polls = counts.polls.load(Ordering::SeqCst);
+    assert!(
+        polls <= 3 * 50,
+        "{polls} polls for 50 replies: not waiting in epoll_wait"
+    );
+    // The same with Spin polls far more often (so the bound above can fail).
+    c.wait = Wait::Spin;
+    c.connections = 2;
+    let (_, counts) = run_counted(&c, &srv, None);
+    assert!(counts.polls.load(Ordering::SeqCst) > 3 * 50);
+}
+
+#[test]
+fn epoll_configuration_errors_are_clear() {
+    let srv = TestServer::start();
+    let stop = AtomicBool::new(false);
+    // Idle-gap needs the thread-per-connection loop, also with one connection.
+    let mut c = cfg(Mode::IdleGap);
+    c.wait = Wait::Epoll;
+    let e = format!(
+        "{:#}",
+        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
+    );
+    assert!(e.contains("idle-gap") && e.contains("wait epoll"), "{e}");
+    // Announcements too.
+    let mut c = cfg(Mode::Closed);
+    c.wait = Wait::Epoll;
+    let mk = |_conn: usize| -> Result<Box<dyn Announce>> {
+        Ok(Box::new(FakeAnnounce {
+            delay_ns: 0,
+            n: 0,
+            calls: Arc::new(Mutex::new(Vec::new())),
+        }))
+    };
+    let e = format!(
+        "{:#}",
+        run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err()
+    );
+    assert!(
+        e.contains("announcements") && e.contains("wait epoll"),
+        "{e}"
+    );
+    assert_eq!(srv.ctl.served.load(Ordering::SeqCst), 0, "nothing sent");
 }

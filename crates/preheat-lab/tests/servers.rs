@@ -195,7 +195,8 @@ fn exercise(r: &Running) {
         t.elapsed().as_secs_f64(),
         prepared.detail
     );
-    for wait in [Wait::Spin, Wait::Block] {
+    // Wait::Epoll used synchronously (Driver::request) is Wait::Block.
+    for wait in [Wait::Spin, Wait::Block, Wait::Epoll] {
         let mut d = driver::connect(r.addr, &r.plan.workload, wait).expect("connect driver");
         assert_eq!(d.protocol(), r.plan.kind.protocol());
         let t = Instant::now();
@@ -254,12 +255,19 @@ fn exercise(r: &Running) {
     multiplexed_load(r);
 }
 
-/// The load engine with 4 connections on one client thread (the drivers' non-blocking path),
-/// closed loop, both wait modes: every request answered right, every connection measured.
+/// The load engine's event loop (the drivers' non-blocking path), closed loop: 4 connections on
+/// one thread with block and spin, 4 connections on 2 threads and 1 connection on 1 thread with
+/// epoll: every request answered right, every connection measured, and the summary says the
+/// event loop ran (epoll with threads == connections must not fall back to blocking reads).
 fn multiplexed_load(r: &Running) {
-    use preheat_lab::load::{self, CsvSink, LoadConfig, Mode};
+    use preheat_lab::load::{self, ClientLoop, CsvSink, LoadConfig, Mode};
     use std::sync::atomic::AtomicBool;
-    for wait in [Wait::Block, Wait::Spin] {
+    for (wait, connections, threads) in [
+        (Wait::Block, 4, 1),
+        (Wait::Spin, 4, 1),
+        (Wait::Epoll, 4, 2),
+        (Wait::Epoll, 1, 1),
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let csv = dir.path().join("r.csv");
         let cfg = LoadConfig {
@@ -268,8 +276,8 @@ fn multiplexed_load(r: &Running) {
             duration: None,
             rate: 0.0,
             gap: Duration::ZERO,
-            connections: 4,
-            threads: 1,
+            connections,
+            threads,
             wait,
             warmup: 2,
             seed: 1,
@@ -277,6 +285,7 @@ fn multiplexed_load(r: &Running) {
         };
         let (addr, w) = (r.addr, r.plan.workload.clone());
         let connect = move || driver::connect(addr, &w, wait);
+        let what = format!("{} {wait:?} {connections}c/{threads}t", r.plan.name);
         let s = load::run(
             &cfg,
             &connect,
@@ -285,23 +294,28 @@ fn multiplexed_load(r: &Running) {
             &AtomicBool::new(false),
             &|_| {},
         )
-        .unwrap_or_else(|e| panic!("{} multiplexed {wait:?}: {e:#}", r.plan.name));
+        .unwrap_or_else(|e| panic!("{what}: {e:#}"));
         assert_eq!(
             (s.requests, s.errors, s.wrong, s.threads),
-            (1000, 0, 0, 1),
-            "{} multiplexed {wait:?}: {s:?}",
-            r.plan.name
+            (1000, 0, 0, threads),
+            "{what}: {s:?}"
+        );
+        assert_eq!(s.client_loop, ClientLoop::EventLoop, "{what}");
+        assert!(
+            s.p50_us > 0.0 && s.p50_us <= s.p99_us && s.mean_us > 0.0 && s.throughput_rps > 0.0,
+            "{what}: {s:?}"
         );
         let text = std::fs::read_to_string(&csv).unwrap();
+        assert_eq!(text.lines().count(), 1 + 1000, "{what}");
         let conns: std::collections::BTreeSet<&str> = text
             .lines()
             .skip(1)
             .map(|l| l.split(',').nth(1).unwrap())
             .collect();
-        assert_eq!(conns.len(), 4, "{} multiplexed {wait:?}", r.plan.name);
+        assert_eq!(conns.len(), connections, "{what}");
         eprintln!(
-            "{}: multiplexed 4 connections on 1 thread ({wait:?}): {:.0} req/s, mean {:.1} µs",
-            r.plan.name, s.throughput_rps, s.mean_us
+            "{what}: event loop: {:.0} req/s, mean {:.1} µs",
+            s.throughput_rps, s.mean_us
         );
     }
 }
@@ -464,14 +478,29 @@ fn mariadb_tpcc() {
         let e = load::run(&cfg, &connect, None, None, &stop, &|_| {}).expect_err("mysql mux");
         let e = format!("{e:#}");
         assert!(e.contains("cannot multiplex") && e.contains("Mysql"), "{e}");
+        // Wait::Epoll always runs the event loop: a clear error, also with one connection.
+        let cfg = LoadConfig {
+            connections: 1,
+            threads: 1,
+            wait: Wait::Epoll,
+            ..cfg
+        };
+        let (addr, w) = (r.addr, r.plan.workload.clone());
+        let connect = move || driver::connect(addr, &w, Wait::Epoll);
+        let e = load::run(&cfg, &connect, None, None, &stop, &|_| {}).expect_err("mysql epoll");
+        let e = format!("{e:#}");
+        assert!(
+            e.contains("wait epoll") && e.contains("not supported by the mysql driver"),
+            "{e}"
+        );
         let mut d = driver::connect(r.addr, &r.plan.workload, Wait::Block).unwrap();
         let e = format!("{:#}", d.send_request().unwrap_err());
         assert!(e.contains("not supported by the mysql driver"), "{e}");
         assert!(d.raw_fd().is_none());
     }
 
-    // The driver, both wait modes (Spin blocks too for MySQL).
-    for wait in [Wait::Spin, Wait::Block] {
+    // The driver, every wait mode (Spin and Epoll block too for MySQL's synchronous driver).
+    for wait in [Wait::Spin, Wait::Block, Wait::Epoll] {
         let mut d = driver::connect(r.addr, &r.plan.workload, wait).expect("connect");
         let t = Instant::now();
         for i in 0..20 {
