@@ -625,6 +625,39 @@ impl Conn {
     }
 }
 
+/// The [`Driver`] of a protocol that sends a fixed `request` on a [`Conn`] and reads the reply
+/// with its own `parse` (memcached, redis, HTTP: they differ only in those two and, for HTTP,
+/// in refusing to send on a connection the server closed).
+macro_rules! conn_driver {
+    ($name:ident, $proto:expr $(, before_send = $check:ident)?) => {
+        impl Driver for $name {
+            fn request(&mut self) -> Result<Outcome> {
+                $(self.$check()?;)?
+                self.conn.for_request()?;
+                self.conn.send(&self.request)?;
+                self.parse()
+            }
+
+            fn protocol(&self) -> Protocol {
+                $proto
+            }
+
+            fn send_request(&mut self) -> Result<()> {
+                $(self.$check()?;)?
+                self.conn.send_nonblocking(&self.request)
+            }
+
+            fn poll_reply(&mut self) -> Result<Option<Outcome>> {
+                Conn::poll(self, |d| &mut d.conn, Self::parse)
+            }
+
+            fn raw_fd(&self) -> Option<RawFd> {
+                Some(self.conn.stream.as_raw_fd())
+            }
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // memcached text protocol
 
@@ -635,29 +668,7 @@ struct MemcachedDriver {
     expect: Option<Vec<u8>>,
 }
 
-impl Driver for MemcachedDriver {
-    fn request(&mut self) -> Result<Outcome> {
-        self.conn.for_request()?;
-        self.conn.send(&self.request)?;
-        self.parse()
-    }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Memcached
-    }
-
-    fn send_request(&mut self) -> Result<()> {
-        self.conn.send_nonblocking(&self.request)
-    }
-
-    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
-        Conn::poll(self, |d| &mut d.conn, Self::parse)
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.conn.stream.as_raw_fd())
-    }
-}
+conn_driver!(MemcachedDriver, Protocol::Memcached);
 
 impl MemcachedDriver {
     /// Read one whole reply.
@@ -731,29 +742,7 @@ struct RedisDriver {
     expect: Option<Vec<u8>>,
 }
 
-impl Driver for RedisDriver {
-    fn request(&mut self) -> Result<Outcome> {
-        self.conn.for_request()?;
-        self.conn.send(&self.request)?;
-        self.parse()
-    }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Redis
-    }
-
-    fn send_request(&mut self) -> Result<()> {
-        self.conn.send_nonblocking(&self.request)
-    }
-
-    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
-        Conn::poll(self, |d| &mut d.conn, Self::parse)
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.conn.stream.as_raw_fd())
-    }
-}
+conn_driver!(RedisDriver, Protocol::Redis);
 
 impl RedisDriver {
     /// Read one whole reply.
@@ -933,31 +922,7 @@ impl HttpDriver {
     }
 }
 
-impl Driver for HttpDriver {
-    fn request(&mut self) -> Result<Outcome> {
-        self.check_open()?;
-        self.conn.for_request()?;
-        self.conn.send(&self.request)?;
-        self.parse()
-    }
-
-    fn protocol(&self) -> Protocol {
-        Protocol::Http
-    }
-
-    fn send_request(&mut self) -> Result<()> {
-        self.check_open()?;
-        self.conn.send_nonblocking(&self.request)
-    }
-
-    fn poll_reply(&mut self) -> Result<Option<Outcome>> {
-        Conn::poll(self, |d| &mut d.conn, Self::parse)
-    }
-
-    fn raw_fd(&self) -> Option<RawFd> {
-        Some(self.conn.stream.as_raw_fd())
-    }
-}
+conn_driver!(HttpDriver, Protocol::Http, before_send = check_open);
 
 impl HttpDriver {
     fn check_open(&self) -> Result<()> {
