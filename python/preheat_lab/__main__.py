@@ -10,7 +10,7 @@ All commands write into --out DIR (atomically: temp file + rename) and DIR/repor
 that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
 SIGTERM stops the running child (SIGTERM to its process group) and writes a partial report
 (exit code 130 / 143). The `preheat` binary: $PREHEAT_BIN, else target/release, target/debug,
-PATH (build: cargo build --release --bin preheat -p preheat-agent -p preheat-kv).
+PATH (build: cargo build --release).
 """
 
 from __future__ import annotations
