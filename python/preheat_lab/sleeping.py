@@ -175,6 +175,24 @@ def wakeups(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     return df
 
 
+def _residency(res: dict | None) -> dict:
+    """Columns from the one residency object that `stage bench`, `power residency` and
+    `power quiesce-bench` emit (every number a {value, unit, label} quantity; means over
+    `cpus_measured` CPUs, summed over `windows` windows). Missing residency gives Nones."""
+    res = res or {}
+
+    def value(key):
+        q = res.get(key)
+        return q["value"] if q else None
+
+    return {"residency_label": res.get("label"),
+            "residency_cpus": res.get("cpus_measured"),
+            "residency_windows": res.get("windows"),
+            "deep_idle_share": value("deep_idle_share"),
+            "busy_share": value("busy_share"),
+            "wakeups_per_s": value("wakeups_per_s")}
+
+
 def staged(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     d = run_json(["stage", "bench", "--rate", str(s.stage_rate), "--duration-s", str(s.stage_s),
                   "--rounds", str(s.stage_rounds)])
@@ -182,13 +200,11 @@ def staged(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     rows = []
     for m in d["modes"]:
         lat = m["latency"]
-        res = m.get("residency") or {}
         rows.append({"mode": m["mode"], "label": lat["kind"], "n": lat["samples"],
                      "p50_us": lat["p50"]["value_us"], "p99_us": lat["p99"]["value_us"],
                      "p999_us": lat["p999"]["value_us"],
                      "over_bound": m["over_bound"]["count"],
-                     "deep_idle_share": res.get("deep_idle_share"),
-                     "wakeups_per_s": res.get("wakeups_per_s")})
+                     **_residency(m.get("residency"))})
     df = pd.DataFrame(rows)
     df.to_csv(out / "stage.csv", index=False)
     rep.heading("Staged bursts")
@@ -209,7 +225,7 @@ def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
         rows.append({"mode": m["mode"], "n": m["latency"]["n"],
                      "p50_us": m["latency"]["p50"], "p99_us": m["latency"]["p99"],
                      "latency_label": m["latency"]["label"],
-                     "deep_idle_share": m["deep_idle_share"]["value"],
+                     **_residency(m.get("residency")),
                      "energy_label": e.get("label"),
                      "energy_J": joules,
                      "energy_per_request_J": joules / m["requests"] if joules and m.get("requests") else None})

@@ -7,7 +7,27 @@ from pathlib import Path
 import pytest
 
 from preheat_lab import sleeping
-from preheat_lab.cli import ToolError, preheat_bin
+from preheat_lab.cli import ToolError, preheat_bin, run_json
+
+# The one residency object every command emits (stage bench, power residency, quiesce-bench).
+RESIDENCY_KEYS = {"label", "source", "definitions", "interval", "windows", "cpus_measured",
+                  "deep_idle_share", "poll_share", "busy_share", "wakeups", "wakeups_per_s",
+                  "per_cpu", "notes"}
+
+
+def _q(value, unit="share"):
+    return {"value": value, "unit": unit, "label": "measured"}
+
+
+def test_residency_columns_from_the_one_shape():
+    res = {"label": "measured", "cpus_measured": 2, "windows": 3,
+           "deep_idle_share": _q(0.75), "busy_share": _q(0.25),
+           "wakeups_per_s": _q(12.5, "1/s")}
+    assert sleeping._residency(res) == {
+        "residency_label": "measured", "residency_cpus": 2, "residency_windows": 3,
+        "deep_idle_share": 0.75, "busy_share": 0.25, "wakeups_per_s": 12.5}
+    # Residency unavailable (no cpuidle): the columns are there, empty.
+    assert set(sleeping._residency(None).values()) == {None}
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +69,19 @@ def test_wakeups_and_stage_and_quiesce(results):
     assert (stage.n > 0).all()
     q = json.loads((out / "quiesce.json").read_text())
     assert q["modes"] and all(m["latency"]["n"] > 0 for m in q["modes"])
+    assert set(res["quiesce"].residency_label) == {"measured"}
+
+
+def test_every_command_emits_the_one_residency_shape(results):
+    out, _ = results
+    power = run_json(["power", "residency", "--for-s", "0.2", "--json"])
+    shapes = [power["residency"]]
+    shapes += [m["residency"] for m in json.loads((out / "quiesce.json").read_text())["modes"]]
+    shapes += [m["residency"] for m in json.loads((out / "stage.json").read_text())["modes"]
+               if m.get("residency")]
+    for r in shapes:
+        assert set(r) == RESIDENCY_KEYS
+        assert r["label"] == "measured" and r["cpus_measured"] == len(r["per_cpu"]) > 0
+        assert r["deep_idle_share"]["label"] == "measured"
+        for c in r["per_cpu"]:
+            assert set(c) == set(shapes[0]["per_cpu"][0])

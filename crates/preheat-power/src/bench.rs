@@ -45,7 +45,7 @@ use serde::Serialize;
 
 use crate::energy::{Bounds, EnergyReport, PowerProfile};
 use crate::quiesce::{self, Backend, BackgroundGroup, FreezeState, Freezer, Preference};
-use crate::residency::{ResidencyDiff, Snapshot};
+use crate::residency::{Residency, ResidencyDiff, Snapshot};
 use crate::stats::{summarize, Summary};
 use crate::{Label, Quantity};
 
@@ -195,6 +195,9 @@ pub struct ModeReport {
     pub latency: Summary,
     /// The I/O part of each request, µs (label emulated for the sleep, measured for file reads).
     pub io_wait: Summary,
+    /// Idle residency over the mode's blocks, the one shape of [`crate::residency`]
+    /// (measured; POLL busy, deep idle = every non-POLL state).
+    pub residency: Residency,
     /// Share of all CPU time (CPUs × wall) in deep idle states per the profile (measured).
     pub deep_idle_share: Quantity,
     /// Mean share of CPU time busy (POLL counts as busy) (measured).
@@ -363,7 +366,7 @@ struct Acc {
     hold_us: Vec<f64>,
     release_us: Vec<f64>,
     settled: usize,
-    residency: Option<ResidencyDiff>,
+    residency: ResidencyDiff,
     hog_ns: u64,
     self_ns: u64,
 }
@@ -693,10 +696,7 @@ fn run_block(
     }
     outcome?;
     let diff = snap0.diff(&snap1?)?;
-    match acc.residency.as_mut() {
-        Some(r) => r.accumulate(&diff)?,
-        None => acc.residency = Some(diff),
-    }
+    acc.residency.accumulate(&diff)?;
     acc.hog_ns += hog1.saturating_sub(hog0);
     acc.self_ns += self1.saturating_sub(self0);
     acc.blocks += 1;
@@ -733,7 +733,10 @@ fn add_background_energy(reports: &mut [ModeReport]) {
 }
 
 fn mode_report(cfg: &BenchConfig, mode: Mode, acc: Acc, ncpu: usize) -> anyhow::Result<ModeReport> {
-    let res = acc.residency.context("no block of this mode completed")?;
+    if acc.residency.windows == 0 {
+        bail!("no block of this mode completed");
+    }
+    let res = acc.residency;
     let profile = &cfg.profile;
     let wall_s = res.wall_us as f64 / 1e6;
     let cpu_s = wall_s * ncpu as f64;
@@ -767,6 +770,7 @@ fn mode_report(cfg: &BenchConfig, mode: Mode, acc: Acc, ncpu: usize) -> anyhow::
         duration: Quantity::measured(wall_s, "s"),
         latency: summarize(&acc.latency_us, "us", Label::Measured),
         io_wait: summarize(&acc.io_us, "us", io_label),
+        residency: res.report(),
         deep_idle_share: Quantity::measured(res.share_of_states(|n| profile.is_deep(n)), "share"),
         busy_share: Quantity::measured(share(busy_s).clamp(0.0, 1.0), "share"),
         idle_transitions_per_s: Quantity::measured(

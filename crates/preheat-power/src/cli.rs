@@ -16,9 +16,8 @@ use clap::{Args, Subcommand};
 use crate::bench::{self, BenchConfig, BenchReport, Io};
 use crate::energy::{EnergyReport, PowerProfile};
 use crate::quiesce::{self, Preference};
-use crate::residency::{Snapshot, SYSFS_CPU_ROOT};
+use crate::residency::{Residency, Snapshot, SYSFS_CPU_ROOT};
 use crate::stats::Summary;
-use crate::Quantity;
 
 /// Sleep shaping: idle-state residency, modeled energy, slack-enabled quiescence.
 #[derive(Debug, Args)]
@@ -172,29 +171,12 @@ pub fn run(args: PowerArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The JSON document of `preheat power residency --json`.
+/// The JSON document of `preheat power residency --json`: the one residency shape
+/// ([`Residency`], measured) and the energy modeled from it.
 #[derive(Debug, serde::Serialize)]
 pub struct ResidencyOutput {
-    pub interval: Quantity,
-    pub residency: Vec<CpuOut>,
+    pub residency: Residency,
     pub energy: EnergyReport,
-}
-
-#[derive(Debug, serde::Serialize)]
-pub struct CpuOut {
-    pub cpu: u32,
-    pub busy: Quantity,
-    pub busy_share: Quantity,
-    pub clamped: bool,
-    pub states: Vec<StateOut>,
-}
-
-#[derive(Debug, serde::Serialize)]
-pub struct StateOut {
-    pub name: String,
-    pub time: Quantity,
-    pub share: Quantity,
-    pub transitions: Quantity,
 }
 
 fn residency(a: ResidencyArgs, stop: &AtomicBool) -> anyhow::Result<()> {
@@ -215,69 +197,15 @@ fn residency(a: ResidencyArgs, stop: &AtomicBool) -> anyhow::Result<()> {
     }
     let after = Snapshot::read(&a.sysfs_root).context("reading cpuidle residency")?;
     let diff = before.diff(&after)?;
-    let busy = diff.busy(|n| !profile.is_active(n));
-    let wall = diff.wall_us as f64;
     let out = ResidencyOutput {
-        interval: Quantity::measured(wall / 1e6, "s"),
-        residency: diff
-            .cpus
-            .iter()
-            .zip(&busy)
-            .map(|(c, b)| CpuOut {
-                cpu: c.cpu,
-                busy: Quantity::measured(b.busy_us as f64 / 1e6, "s"),
-                busy_share: Quantity::measured(b.share, "share"),
-                clamped: b.clamped,
-                states: c
-                    .states
-                    .iter()
-                    .map(|s| StateOut {
-                        name: s.name.clone(),
-                        time: Quantity::measured(s.time_us as f64 / 1e6, "s"),
-                        share: Quantity::measured(
-                            if wall > 0.0 {
-                                s.time_us as f64 / wall
-                            } else {
-                                0.0
-                            },
-                            "share",
-                        ),
-                        transitions: Quantity::measured(s.transitions as f64, "count"),
-                    })
-                    .collect(),
-            })
-            .collect(),
+        residency: diff.report(),
         energy: profile.model(&diff),
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
-    println!(
-        "idle-state residency over {:.3} s (measured, cpuidle counters; POLL counts as busy)",
-        wall / 1e6
-    );
-    for c in &out.residency {
-        let states: Vec<String> = c
-            .states
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} {:.1}% ({} entries)",
-                    s.name,
-                    100.0 * s.share.value,
-                    s.transitions.value
-                )
-            })
-            .collect();
-        println!(
-            "  cpu{:<3} busy {:5.1}%{}  {}",
-            c.cpu,
-            100.0 * c.busy_share.value,
-            if c.clamped { " (clamped)" } else { "" },
-            states.join(", ")
-        );
-    }
+    print!("{}", out.residency.render());
     print_energy(&out.energy);
     Ok(())
 }

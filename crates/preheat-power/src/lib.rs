@@ -9,9 +9,11 @@
 //!
 //! Modules:
 //!
-//! * [`residency`] – snapshots of `cpuidle/state*/{name,time,usage}` for every CPU and their
-//!   difference: per-CPU busy time (wall − non-POLL idle; POLL is a busy loop and counts as
-//!   busy), per-state residency and transitions. Measured from kernel counters.
+//! * [`residency`] – the one implementation of CPU idle residency over a window, used here and by
+//!   `preheat stage bench`: snapshots of `cpuidle/state*/{name,time,usage,above,below}` for
+//!   every CPU, their difference (summable over windows) and its one serialised shape
+//!   ([`residency::Residency`]: per state time/share/transitions, per CPU deep-idle/POLL/busy
+//!   shares and wakeups, means over CPUs; POLL counts as busy). Measured from kernel counters.
 //! * [`energy`] – a documented, configurable per-state power profile (default: the paper's
 //!   Haswell figures) turning a residency difference into **modeled** energy and average power.
 //!   There is no RAPL/powercap/MSR on our machines: nothing here is a power *measurement*.

@@ -89,6 +89,9 @@ fn one_second_bench_produces_every_field() {
         assert_eq!(mv["latency"]["label"], "measured");
         assert_eq!(mv["io_wait"]["label"], "emulated");
         assert_eq!(m.blocks, 1);
+        assert_eq!(mv["residency"]["label"], "measured");
+        assert_eq!(m.residency.windows, 1);
+        assert_eq!(m.residency.cpus_measured, r.cpus);
         for key in [
             "deep_idle_share",
             "busy_share",

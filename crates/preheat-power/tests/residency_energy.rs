@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use preheat_power::energy::{PowerProfile, StatePower, PROFILE_FORMAT};
-use preheat_power::residency::{ResidencyError, Snapshot};
+use preheat_power::residency::{IdleError, ResidencyError, Snapshot};
 
 /// (name, time µs, usage) of one idle state.
 type State<'a> = (&'a str, u64, u64);
@@ -182,6 +182,16 @@ fn offline_cpus_are_skipped_and_cpus_without_cpuidle_are_busy() {
     let busy = a.diff(&b).unwrap().busy_default();
     assert_eq!(busy[0].busy_us, 600_000);
     assert_eq!(busy[1].busy_us, 1_000_000);
+    // The report counts it busy too, says so, and keeps it in the means.
+    let r = a.diff(&b).unwrap().report();
+    assert_eq!(r.cpus_measured, 2);
+    assert_eq!(r.per_cpu[1].busy_share.value, 1.0);
+    assert!(close(r.busy_share.value, 0.8));
+    assert!(
+        r.notes.iter().any(|n| n.contains("cpu1: no cpuidle")),
+        "{:?}",
+        r.notes
+    );
 }
 
 #[test]
@@ -204,7 +214,7 @@ fn bad_trees_and_incomparable_snapshots_are_errors() {
     fs::create_dir_all(root.join("cpu0")).unwrap();
     assert!(matches!(
         Snapshot::read_with_wall(root, 0),
-        Err(ResidencyError::NoCpuidle(_))
+        Err(ResidencyError::Unavailable(IdleError::NoCpuidle(_)))
     ));
     write_tree(root, &[(0, &[("C1", 500, 1)])]);
     let a = Snapshot::read_with_wall(root, S).unwrap();
@@ -216,7 +226,7 @@ fn bad_trees_and_incomparable_snapshots_are_errors() {
     fs::write(root.join("cpu0/cpuidle/state0/time"), "garbage\n").unwrap();
     assert!(matches!(
         Snapshot::read_with_wall(root, 0),
-        Err(ResidencyError::Parse { .. })
+        Err(ResidencyError::Unavailable(IdleError::Unreadable(_)))
     ));
 }
 

@@ -4,7 +4,7 @@
 //! (a) the backend directly and (b) through an in-process [`Stage`], for the same duration and
 //! rate; rounds alternate the order. Latency is measured from each request's *intended* send
 //! time to its full response (no coordinated omission) into an HdrHistogram; the cpuidle
-//! counters are read around each measured window ([`crate::residency`]).
+//! counters are read around each measured window ([`preheat_power::residency`]).
 //!
 //! Placement: with two or more CPUs and pinning on, a backend we start runs on the last CPU
 //! (`taskset`) and the client and proxy threads on CPU 0, so the backend CPU's residency shows
@@ -25,10 +25,11 @@ use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::cpu_use::{self, CpuUse};
 use crate::framing::{memcached_response_len, Protocol};
 use crate::proxy::{Stage, StageConfig, StageCounters};
-use crate::residency::{self, CpuUse, Residency};
 use crate::BenchArgs;
+use preheat_power::residency::{Residency, ResidencyDiff, Snapshot};
 
 /// A quantile with its order-statistic 95% confidence interval (µs). A bound is `None` when the
 /// sample is too small to bracket the quantile on that side.
@@ -122,10 +123,8 @@ pub struct RoundSummary {
     pub round: u32,
     pub samples: u64,
     pub p999_us: u64,
-    pub deep_idle_share: Option<f64>,
-    pub cpu_deep_idle_share: Vec<f64>,
-    pub cpu_wakeups_per_s: Vec<f64>,
-    pub wakeups_per_s: Option<f64>,
+    /// This round's window alone (the one residency shape, measured).
+    pub residency: Option<Residency>,
     pub backend_wakeups_per_s: Option<f64>,
     pub quiet_gate_met: bool,
     pub own_cpu_share: Option<f64>,
@@ -425,7 +424,7 @@ struct LoadRun {
     send_lag_sum_us: u64,
     send_lag_max_us: u64,
     send_window: Duration,
-    residency: Result<Residency, String>,
+    residency: Result<ResidencyDiff, String>,
     /// Whether the quiet gate was met before the window (true when there is no gate).
     gate_met: bool,
     cpu_use: Option<CpuUse>,
@@ -561,15 +560,17 @@ fn quiet_gate(o: &LoadOpts<'_>, stop: &AtomicBool) -> bool {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
-        let Ok(a) = residency::snapshot(o.sysfs) else {
+        let Ok(a) = Snapshot::read(o.sysfs) else {
             return false;
         };
         std::thread::sleep(Duration::from_millis(500));
-        let Ok(b) = residency::snapshot(o.sysfs) else {
+        let Ok(Ok(r)) = Snapshot::read(o.sysfs).map(|b| a.diff(&b)) else {
             return false;
         };
-        let r = residency::diff(&a, &b);
-        if r.cpus_measured > 0 && r.per_cpu.iter().all(|c| c.deep_idle_share >= o.quiet_gate) {
+        // CPUs without cpuidle states never sleep in the counters' eyes: not gated on.
+        let r = r.report();
+        let mut sleeping = r.per_cpu.iter().filter(|c| !c.states.is_empty()).peekable();
+        if sleeping.peek().is_some() && sleeping.all(|c| c.deep_idle_share.value >= o.quiet_gate) {
             return true;
         }
     }
@@ -580,9 +581,9 @@ fn quiet_gate(o: &LoadOpts<'_>, stop: &AtomicBool) -> bool {
 fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
     std::thread::sleep(o.settle);
     let gate_met = quiet_gate(o, stop);
-    let mark = residency::cpu_use_mark(o.own_pids);
+    let mark = cpu_use::cpu_use_mark(o.own_pids);
     let wk = backend_wakeups(o.own_pids);
-    let before = residency::snapshot(o.sysfs);
+    let before = snapshot(o.sysfs);
     let start = Instant::now();
     while !stop.load(Ordering::SeqCst) && start.elapsed() < o.duration {
         std::thread::sleep(
@@ -592,13 +593,13 @@ fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
         );
     }
     let send_window = start.elapsed();
-    let after = residency::snapshot(o.sysfs);
+    let after = snapshot(o.sysfs);
     let backend_wakeups = wk
         .zip(backend_wakeups(o.own_pids))
         .map(|(a, b)| b.saturating_sub(a));
     let cpu_use = mark
-        .zip(residency::cpu_use_mark(o.own_pids))
-        .map(|(a, b)| residency::cpu_use(&a, &b));
+        .zip(cpu_use::cpu_use_mark(o.own_pids))
+        .map(|(a, b)| cpu_use::cpu_use(&a, &b));
     LoadRun {
         hist: new_hist(),
         sent: 0,
@@ -614,7 +615,7 @@ fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
         send_lag_max_us: 0,
         send_window,
         residency: match (before, after) {
-            (Ok(b), Ok(a)) => Ok(residency::diff(&b, &a)),
+            (Ok(b), Ok(a)) => b.diff(&a).map_err(|e| e.to_string()),
             (Err(e), _) | (_, Err(e)) => Err(e),
         },
         gate_met,
@@ -623,8 +624,13 @@ fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
     }
 }
 
+/// The machine's cpuidle counters now; an error says why residency is unavailable.
+fn snapshot(sysfs: &Path) -> Result<Snapshot, String> {
+    Snapshot::read(sysfs).map_err(|e| e.to_string())
+}
+
 fn backend_wakeups(pids: &[u32]) -> Option<u64> {
-    pids.first().and_then(|&p| residency::process_wakeups(p))
+    pids.first().and_then(|&p| cpu_use::process_wakeups(p))
 }
 
 /// Waits until no request is outstanding, or the deadline; false on timeout.
@@ -694,9 +700,9 @@ fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<L
     let gate_met = quiet_gate(o, stop);
 
     let mut rng = Rng(o.seed);
-    let mark = residency::cpu_use_mark(o.own_pids);
+    let mark = cpu_use::cpu_use_mark(o.own_pids);
     let wk = backend_wakeups(o.own_pids);
-    let before = residency::snapshot(o.sysfs);
+    let before = snapshot(o.sysfs);
     let start = Instant::now();
     let end = start + o.duration;
     let mut t = start;
@@ -732,15 +738,15 @@ fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<L
         &outstanding,
         Instant::now() + o.bound * 2 + Duration::from_secs(2),
     );
-    let after = residency::snapshot(o.sysfs);
+    let after = snapshot(o.sysfs);
     let backend_wakeups = wk
         .zip(backend_wakeups(o.own_pids))
         .map(|(a, b)| b.saturating_sub(a));
     let cpu_use = mark
-        .zip(residency::cpu_use_mark(o.own_pids))
-        .map(|(a, b)| residency::cpu_use(&a, &b));
+        .zip(cpu_use::cpu_use_mark(o.own_pids))
+        .map(|(a, b)| cpu_use::cpu_use(&a, &b));
     let residency = match (before, after) {
-        (Ok(b), Ok(a)) => Ok(residency::diff(&b, &a)),
+        (Ok(b), Ok(a)) => b.diff(&a).map_err(|e| e.to_string()),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     let mut unanswered = 0;
@@ -906,11 +912,18 @@ fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
     let sent = sum(|r| r.sent);
     let window: f64 = acc.runs.iter().map(|r| r.send_window.as_secs_f64()).sum();
     let over = sum(|r| r.late) + sum(|r| r.unanswered);
-    let residencies: Vec<Residency> = acc
-        .runs
-        .iter()
-        .filter_map(|r| r.residency.as_ref().ok().cloned())
-        .collect();
+    // The rounds' windows summed into one (rounds whose CPUs or idle states differ from the
+    // first are left out, with a note).
+    let mut residency = ResidencyDiff::default();
+    for (i, r) in acc.runs.iter().enumerate() {
+        if let Ok(d) = &r.residency {
+            if let Err(e) = residency.accumulate(d) {
+                residency
+                    .notes
+                    .push(format!("round {i} left out of the sum: {e}"));
+            }
+        }
+    }
     let backend_wk: Option<u64> = acc.runs.iter().map(|r| r.backend_wakeups).sum();
     let unavailable = acc
         .runs
@@ -955,8 +968,8 @@ fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
             },
         },
         stage: (mode == Mode::Staged).then(|| summarize_stage(&acc.stage, acc.stage_seconds)),
-        residency: residency::merge(&residencies),
-        residency_unavailable: if residencies.is_empty() {
+        residency: (residency.windows > 0).then(|| residency.report()),
+        residency_unavailable: if residency.windows == 0 {
             unavailable
         } else {
             None
@@ -967,7 +980,7 @@ fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
             let secs: f64 = acc
                 .runs
                 .iter()
-                .filter_map(|r| r.residency.as_ref().ok().map(|x| x.elapsed_s))
+                .filter_map(|r| r.residency.as_ref().ok().map(|x| x.wall_us as f64 / 1e6))
                 .sum();
             let secs = if secs > 0.0 {
                 secs
@@ -990,18 +1003,11 @@ fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
                     } else {
                         r.hist.value_at_quantile(0.999)
                     },
-                    deep_idle_share: res.map(|x| x.deep_idle_share),
-                    cpu_deep_idle_share: res
-                        .map(|x| x.per_cpu.iter().map(|c| c.deep_idle_share).collect())
-                        .unwrap_or_default(),
-                    cpu_wakeups_per_s: res
-                        .map(|x| x.per_cpu.iter().map(|c| c.wakeups_per_s).collect())
-                        .unwrap_or_default(),
-                    wakeups_per_s: res.map(|x| x.wakeups_per_s),
+                    residency: res.map(|x| x.report()),
                     backend_wakeups_per_s: r.backend_wakeups.map(|w| {
                         w as f64
                             / res
-                                .map_or(r.send_window.as_secs_f64(), |x| x.elapsed_s)
+                                .map_or(r.send_window.as_secs_f64(), |x| x.wall_us as f64 / 1e6)
                                 .max(1e-9)
                     }),
                     quiet_gate_met: r.gate_met,
@@ -1297,7 +1303,7 @@ impl BenchReport {
             None => "–".into(),
         });
         row("deep idle (mean over CPUs)", &|m| match &m.residency {
-            Some(r) => format!("{:.1}%", 100.0 * r.deep_idle_share),
+            Some(r) => format!("{:.1}%", 100.0 * r.deep_idle_share.value),
             None => "unavailable".into(),
         });
         row("backend wakeups/s", &|m| match m.backend_wakeups_per_s {
@@ -1324,7 +1330,11 @@ impl BenchReport {
                     .as_ref()
                     .and_then(|r| r.per_cpu.iter().find(|c| c.cpu == cpu))
                     .map_or("–".into(), |c| {
-                        format!("{:.1}% / {:.0}", 100.0 * c.deep_idle_share, c.wakeups_per_s)
+                        format!(
+                            "{:.1}% / {:.0}",
+                            100.0 * c.deep_idle_share.value,
+                            c.wakeups_per_s.value
+                        )
                     })
             });
         }
@@ -1370,7 +1380,7 @@ impl BenchReport {
                     "{}: n = {} latency samples, residency over {:.1} s × {} CPUs",
                     m.mode,
                     m.latency.samples,
-                    m.residency.as_ref().map_or(0.0, |r| r.elapsed_s),
+                    m.residency.as_ref().map_or(0.0, |r| r.interval.value),
                     m.residency.as_ref().map_or(0, |r| r.cpus_measured)
                 )
             })
@@ -1382,15 +1392,13 @@ impl BenchReport {
         out.push_str("\nper window (round: p99.9; deep idle per CPU; wakeups/s per CPU; backend wakeups/s; CPU used by other processes):\n");
         for m in &self.modes {
             for r in &m.per_round {
-                let pct: Vec<String> = r
-                    .cpu_deep_idle_share
-                    .iter()
-                    .map(|x| format!("{:.1}%", 100.0 * x))
+                let per_cpu = r.residency.iter().flat_map(|x| &x.per_cpu);
+                let pct: Vec<String> = per_cpu
+                    .clone()
+                    .map(|c| format!("{:.1}%", 100.0 * c.deep_idle_share.value))
                     .collect();
-                let wk: Vec<String> = r
-                    .cpu_wakeups_per_s
-                    .iter()
-                    .map(|x| format!("{x:.0}"))
+                let wk: Vec<String> = per_cpu
+                    .map(|c| format!("{:.0}", c.wakeups_per_s.value))
                     .collect();
                 out.push_str(&format!(
                     "  {} r{}: {}; {}; {}; {}; {}\n",

@@ -10,7 +10,7 @@
 //! | [`proxy`] | the staging TCP proxy [`Stage`] (per-connection backend connections, bursts, early release, failure handling, counters) |
 //! | [`framing`] | request and response framing: HTTP/1.1 and the memcached text protocol |
 //! | [`estimate`] | the learned backend response time behind early release |
-//! | [`residency`] | CPU idle residency from cpuidle sysfs counters (POLL counted as busy) |
+//! | [`cpu_use`] | our vs other processes' CPU time over a window, a process's own wakeups (idle residency itself is [`preheat_power::residency`]) |
 //! | [`bench`] | open-loop Poisson benchmark: direct vs staged, latency and residency |
 //!
 //! Differences from the paper: the proxy runs on the server machine (the paper ran it on
@@ -25,10 +25,10 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod cpu_use;
 pub mod estimate;
 pub mod framing;
 pub mod proxy;
-pub mod residency;
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -166,7 +166,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub json: bool,
     /// Root of the CPU sysfs tree (for tests).
-    #[arg(long, default_value = residency::SYSFS_CPU, hide = true)]
+    #[arg(long, default_value = preheat_power::residency::SYSFS_CPU_ROOT, hide = true)]
     pub sysfs_cpu: PathBuf,
 }
 

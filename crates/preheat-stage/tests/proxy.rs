@@ -505,7 +505,7 @@ fn bench_smoke() {
         no_pin: false,
         seed: 3,
         json: true,
-        sysfs_cpu: preheat_stage::residency::SYSFS_CPU.into(),
+        sysfs_cpu: preheat_power::residency::SYSFS_CPU_ROOT.into(),
     };
     let r = preheat_stage::bench(&args).unwrap();
     assert_eq!(r.modes.len(), 3);
