@@ -19,14 +19,11 @@
 //! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
 //!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
 
-
 use anyhow::{bail, Context, Result};
 use preheat_model::AbsRun;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-
-
 
 use crate::servers::{self, ServerKind};
 use crate::stats::{summarize, Summary};

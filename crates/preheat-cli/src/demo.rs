@@ -28,8 +28,8 @@ use rand::seq::SliceRandom;
 use serde::Serialize;
 
 use crate::agentctl::{AgentClient, Announcer};
-use crate::servers;
 use crate::record::{self, RecordParams};
+use crate::servers;
 use crate::servers::ServerKind;
 use crate::stats::{summarize, Summary};
 

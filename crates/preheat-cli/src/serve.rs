@@ -130,7 +130,10 @@ pub fn lab(args: Vec<String>) -> Result<()> {
         pp.push(old);
     }
     let mut cmd = std::process::Command::new("python3");
-    cmd.arg("-m").arg("preheat_lab").args(&args).env("PYTHONPATH", pp);
+    cmd.arg("-m")
+        .arg("preheat_lab")
+        .args(&args)
+        .env("PYTHONPATH", pp);
     if std::env::var_os("PREHEAT_BIN").is_none() {
         if let Ok(exe) = std::env::current_exe() {
             cmd.env("PREHEAT_BIN", exe);

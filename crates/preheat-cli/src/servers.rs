@@ -164,8 +164,7 @@ pub fn plan(
         ..Default::default()
     };
     let workdir = workdir.join(kind.name());
-    std::fs::create_dir_all(&workdir)
-        .with_context(|| format!("creating {}", workdir.display()))?;
+    std::fs::create_dir_all(&workdir).with_context(|| format!("creating {}", workdir.display()))?;
     let plan = preheat_lab::servers::plan(kind, port, &workdir, &opts)?;
     let spec = ServerSpec {
         name: plan.name.clone(),

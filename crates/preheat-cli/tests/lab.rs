@@ -12,9 +12,15 @@ use std::time::{Duration, Instant};
 use common::{ok, run_dir};
 
 fn installed(prog: &str) -> bool {
-    ["/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin", "/sbin"]
-        .iter()
-        .any(|d| std::path::Path::new(d).join(prog).exists())
+    [
+        "/usr/sbin",
+        "/usr/bin",
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/sbin",
+    ]
+    .iter()
+    .any(|d| std::path::Path::new(d).join(prog).exists())
 }
 
 #[test]
@@ -58,7 +64,11 @@ fn demo_on_mariadb_runs_tpcc_transactions() {
     assert_eq!(skipped[0]["mode"], "preheat:replay");
     assert!(skipped[0]["reason"].as_str().unwrap().contains("handshake"));
     let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 5, "warm, cold-idle, cold-sweep, control, preheat:lines");
+    assert_eq!(
+        rows.len(),
+        5,
+        "warm, cold-idle, cold-sweep, control, preheat:lines"
+    );
     let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
     assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
     // Every sample is one TPC-C-like transaction of the round's type, and every mode of a round
@@ -67,7 +77,10 @@ fn demo_on_mariadb_runs_tpcc_transactions() {
     assert_eq!(samples.len(), 3 * 5);
     for s in samples {
         let kind = s["kind"].as_str().unwrap();
-        assert!(["new-order", "payment", "order-status"].contains(&kind), "{kind}");
+        assert!(
+            ["new-order", "payment", "order-status"].contains(&kind),
+            "{kind}"
+        );
         let mut same_round = samples.iter().filter(|o| o["round"] == s["round"]);
         assert!(same_round.all(|o| o["kind"] == s["kind"]));
     }
@@ -116,19 +129,29 @@ fn serve_starts_loads_and_stops_redis() {
     write!(s, "*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).unwrap();
     let mut buf = [0u8; 256];
     let n = s.read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"$100\r\n"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    assert!(
+        buf[..n].starts_with(b"$100\r\n"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
     drop(s);
     // SIGTERM stops preheat serve and the server it started.
     let pid = guard.0.id() as i32;
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let t0 = Instant::now();
     while guard.0.try_wait().unwrap().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "preheat serve ignored SIGTERM");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "preheat serve ignored SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let t0 = Instant::now();
     while TcpStream::connect(("127.0.0.1", port)).is_ok() {
-        assert!(t0.elapsed() < Duration::from_secs(5), "redis still listens after SIGTERM");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "redis still listens after SIGTERM"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -145,7 +168,10 @@ fn serve_names_the_missing_server_and_leaves_nothing_running() {
         .unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("setup-lab.sh") || err.contains("apt-get"), "{err}");
+    assert!(
+        err.contains("setup-lab.sh") || err.contains("apt-get"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -161,7 +187,10 @@ fn serve_refuses_a_port_in_use() {
         .unwrap();
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains(&format!("port {port} is already in use")), "{err}");
+    assert!(
+        err.contains(&format!("port {port} is already in use")),
+        "{err}"
+    );
     // Nothing was started: the run dir holds no agent.
     let agents = std::fs::read_dir(&rd).map(|d| d.count()).unwrap_or(0);
     assert_eq!(agents, 0, "an agent was left behind");

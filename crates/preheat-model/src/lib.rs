@@ -11,7 +11,7 @@
 //! * [`ws`]: line sets, the paper's k-of-n sample filter ("only those memory locations which have
 //!   been repeatedly accessed", 8 samples in the paper), address sorting and run-length encoding
 //!   with an optional gap merge.
-//! * [`profile`] and [`format`]: the versioned, checksummed `.phws` file.
+//! * [`profile`] and [`mod@format`]: the versioned, checksummed `.phws` file.
 //! * [`resolve`]: turning a profile back into absolute, prioritised runs for a live process.
 //! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
 //! * [`stats`]: order statistics with confidence intervals, shared by every report.

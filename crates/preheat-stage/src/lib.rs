@@ -11,7 +11,7 @@
 //! | [`framing`] | request and response framing: HTTP/1.1 and the memcached text protocol |
 //! | [`estimate`] | the learned backend response time behind early release |
 //! | [`cpu_use`] | our vs other processes' CPU time over a window, a process's own wakeups (idle residency itself is [`preheat_power::residency`]) |
-//! | [`bench`] | open-loop Poisson benchmark: direct vs staged, latency and residency |
+//! | [`mod@bench`] | open-loop Poisson benchmark: direct vs staged, latency and residency |
 //!
 //! Differences from the paper: the proxy runs on the server machine (the paper ran it on
 //! another machine; here its own wakeups land on the client's CPU when pinned); a staging phase
