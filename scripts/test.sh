@@ -28,6 +28,14 @@ fi
 
 echo "test.sh: building the workspace"
 cargo build --workspace --quiet
+if cargo fmt --version >/dev/null 2>&1; then
+  echo "test.sh: formatting (cargo fmt --check)"
+  cargo fmt --all --check >/dev/null || { echo "test.sh: run cargo fmt --all"; cargo fmt --all --check | head -40; exit 1; }
+else
+  echo "test.sh: SKIP format check: rustfmt is not installed (rustup component add rustfmt)"
+fi
+echo "test.sh: API docs (cargo doc, warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "test.sh: running the tests"
 cargo test --workspace --quiet 2>&1 | tee /tmp/preheat-test.log
 status=${PIPESTATUS[0]}
