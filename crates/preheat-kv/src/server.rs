@@ -21,9 +21,12 @@
 //! `SERVER_ERROR out of memory writing get response`, memcached's message).
 //! Connections that violate the protocol's hard limits are closed.
 //!
-//! Shutdown: SIGTERM/SIGINT set an atomic flag; `epoll_wait` is interrupted
-//! (the handler is installed without `SA_RESTART`) or times out after
-//! [`TICK_MS`], and the loop exits, closing every connection.
+//! Shutdown: SIGTERM/SIGINT set an atomic flag and write one byte into a
+//! non-blocking self-pipe that is in the epoll set, so `epoll_wait` returns
+//! whichever thread the signal was delivered to (the preheat agent adds
+//! threads to this process) and however close to the flag check it arrives;
+//! the loop exits, closing every connection. An idle server therefore sleeps
+//! in `epoll_wait` without a timeout: no periodic wakeups.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -32,7 +35,7 @@ use std::io::{self, Write as _};
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::protocol::{self, Parse, Request};
@@ -47,9 +50,6 @@ pub const MAX_INBUF: usize = 2 * 1024 * 1024;
 pub const OUT_HIGH_WATER: usize = 4 * 1024 * 1024;
 /// Largest reply to a single `get`.
 pub const MAX_GET_RESPONSE: usize = 16 * 1024 * 1024;
-/// `epoll_wait` timeout, which bounds how long a shutdown signal can go
-/// unnoticed.
-pub const TICK_MS: i32 = 100;
 
 /// Minimum free space offered to each `read`.
 const READ_CHUNK: usize = 16 * 1024;
@@ -61,9 +61,13 @@ const ACCEPT_BATCH: usize = 64;
 /// How long to stop accepting after running out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const LISTENER_TOKEN: u64 = 0;
+/// The self-pipe's read end (no connection token has all fd bits set).
+const WAKE_TOKEN: u64 = u64::MAX;
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 static SHUTDOWN: AtomicBool = AtomicBool::new(false);
+/// Write end of the self-pipe the signal handler wakes the event loop with (-1: none yet).
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 /// Server configuration (from the command line).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,7 +81,7 @@ pub struct Config {
 
 /// Runs the server until SIGTERM or SIGINT.
 pub fn run(config: &Config) -> io::Result<()> {
-    install_signal_handlers()?;
+    let wake = install_signal_handlers()?;
     if let Some(path) = &config.ready_file {
         // A stale file from an earlier run must not announce the wrong port.
         match std::fs::remove_file(path) {
@@ -93,7 +97,7 @@ pub fn run(config: &Config) -> io::Result<()> {
     let listener = TcpListener::bind(config.listen)?;
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
-    let mut server = Server::new(listener, store, config.quiet)?;
+    let mut server = Server::new(listener, store, config.quiet, wake)?;
     if !config.quiet {
         eprintln!("preheat-kv listening on {local}");
     }
@@ -112,9 +116,33 @@ pub fn run(config: &Config) -> io::Result<()> {
 
 extern "C" fn on_shutdown_signal(_signal: libc::c_int) {
     SHUTDOWN.store(true, Ordering::SeqCst);
+    let fd = WAKE_FD.load(Ordering::SeqCst);
+    if fd >= 0 {
+        // SAFETY: errno is thread-local and read/restored around write(2), which is
+        // async-signal-safe; the one-byte buffer lives across the call; a full pipe (EAGAIN)
+        // already holds a wake-up, so the result is ignored.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let byte = 1u8;
+            libc::write(fd, (&byte as *const u8).cast(), 1);
+            *libc::__errno_location() = errno;
+        }
+    }
 }
 
-fn install_signal_handlers() -> io::Result<()> {
+/// Creates the self-pipe (both ends non-blocking, close-on-exec), publishes its write end for
+/// the handler, installs the handlers, and returns the read end for the epoll set.
+fn install_signal_handlers() -> io::Result<OwnedFd> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid, writable array of two ints, as pipe2 requires.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both fds were just returned by pipe2 and are owned by nothing else; the write end
+    // stays open for the life of the process (the handler may run at any time), so it is
+    // deliberately never closed.
+    let read_end = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+    WAKE_FD.store(fds[1], Ordering::SeqCst);
     for signal in [libc::SIGTERM, libc::SIGINT] {
         // SAFETY: an all-zero `sigaction` is a valid value (no flags, default
         // handler); every field we rely on is set explicitly below.
@@ -132,7 +160,7 @@ fn install_signal_handlers() -> io::Result<()> {
             return Err(io::Error::last_os_error());
         }
     }
-    Ok(())
+    Ok(read_end)
 }
 
 /// Writes `ready <port>\n` to `path` atomically (temp file + rename), so a
@@ -625,6 +653,8 @@ impl Conn {
 
 struct Server {
     epoll: Epoll,
+    /// Read end of the shutdown self-pipe.
+    wake: OwnedFd,
     listener: TcpListener,
     conns: HashMap<RawFd, Conn>,
     store: Store,
@@ -637,7 +667,7 @@ struct Server {
 }
 
 impl Server {
-    fn new(listener: TcpListener, store: Store, quiet: bool) -> io::Result<Server> {
+    fn new(listener: TcpListener, store: Store, quiet: bool, wake: OwnedFd) -> io::Result<Server> {
         let epoll = Epoll::new()?;
         epoll.ctl(
             libc::EPOLL_CTL_ADD,
@@ -645,8 +675,15 @@ impl Server {
             libc::EPOLLIN as u32,
             LISTENER_TOKEN,
         )?;
+        epoll.ctl(
+            libc::EPOLL_CTL_ADD,
+            wake.as_raw_fd(),
+            libc::EPOLLIN as u32,
+            WAKE_TOKEN,
+        )?;
         Ok(Server {
             epoll,
+            wake,
             listener,
             conns: HashMap::new(),
             store,
@@ -666,7 +703,15 @@ impl Server {
     fn run_loop(&mut self) -> io::Result<()> {
         let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; MAX_EVENTS];
         while !SHUTDOWN.load(Ordering::SeqCst) {
-            let n = match self.epoll.wait(&mut events, TICK_MS) {
+            // Sleep until an event; only a paused accept needs a timer.
+            let timeout_ms = match self.accept_paused_until {
+                Some(t) => {
+                    let left = t.saturating_duration_since(Instant::now());
+                    i32::try_from(left.as_millis() + 1).unwrap_or(i32::MAX)
+                }
+                None => -1,
+            };
+            let n = match self.epoll.wait(&mut events, timeout_ms) {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
@@ -679,12 +724,23 @@ impl Server {
                 let (token, flags) = (event.u64, event.events);
                 if token == LISTENER_TOKEN {
                     self.accept_ready(now);
+                } else if token == WAKE_TOKEN {
+                    self.drain_wake();
                 } else {
                     self.conn_event(token, flags);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Empty the self-pipe (the flag it signals is read by the loop condition).
+    fn drain_wake(&self) {
+        let mut buf = [0u8; 64];
+        // SAFETY: `buf` is a valid, writable buffer of `buf.len()` bytes; the read end is
+        // non-blocking, so this stops at EAGAIN.
+        while unsafe { libc::read(self.wake.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {
+        }
     }
 
     fn conn_event(&mut self, token: u64, events: u32) {
