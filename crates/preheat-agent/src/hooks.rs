@@ -197,17 +197,7 @@ hook! {
 hook! {
     wait fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int,
     real = REAL_POLL,
-    fallback = {
-        let ts = ms_to_timespec(timeout);
-        libc::syscall(
-            libc::SYS_ppoll,
-            fds,
-            nfds,
-            opt_ptr(&ts),
-            ptr::null::<sigset_t>(),
-            KERNEL_SIGSET,
-        ) as c_int
-    }
+    fallback = { raw_poll(fds, nfds, timeout) }
 }
 
 // SAFETY (fallback): as `poll`; `fdslen` is only the fortification's bound.
@@ -217,7 +207,19 @@ hook! {
     real = REAL_POLL_CHK,
     fallback = {
         let _ = fdslen;
-        let ts = ms_to_timespec(timeout);
+        raw_poll(fds, nfds, timeout)
+    }
+}
+
+/// `poll` as a raw `ppoll` system call with the timeout converted on this frame (NULL for an
+/// infinite timeout).
+///
+/// # Safety
+/// As poll(2).
+unsafe fn raw_poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    let ts = ms_to_timespec(timeout);
+    // SAFETY: the caller's poll contract covers `fds`/`nfds`; the timespec lives on this frame.
+    unsafe {
         libc::syscall(
             libc::SYS_ppoll,
             fds,
