@@ -57,6 +57,18 @@ pub enum Protocol {
     Mysql,
 }
 
+impl Protocol {
+    /// The name used on the command line and in JSON ("memcached", "mysql", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Memcached => "memcached",
+            Protocol::Redis => "redis",
+            Protocol::Http => "http",
+            Protocol::Mysql => "mysql",
+        }
+    }
+}
+
 /// How a client waits for its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -209,10 +221,7 @@ fn not_multiplexed(p: Protocol) -> String {
     format!(
         "multiplexed connections (several per client thread) are not supported by the {} \
          driver; use one thread per connection",
-        serde_json::to_value(p)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_else(|| format!("{p:?}"))
+        p.name()
     )
 }
 
@@ -998,7 +1007,7 @@ impl Driver for MysqlDriver {
 mod tests {
     use super::*;
 
-    fn spec(protocol: Protocol, key: &str, expect: Option<&[u8]>) -> WorkloadSpec {
+    pub(super) fn spec(protocol: Protocol, key: &str, expect: Option<&[u8]>) -> WorkloadSpec {
         WorkloadSpec {
             protocol,
             key: key.to_string(),
@@ -1010,6 +1019,18 @@ mod tests {
     /// Every proper prefix of `reply` must not end with `until`; the whole reply must.
     fn exact_suffix(reply: &[u8], until: &[u8]) -> bool {
         reply.ends_with(until) && (0..reply.len()).all(|n| !reply[..n].ends_with(until))
+    }
+
+    #[test]
+    fn protocol_names_are_the_json_names() {
+        for p in [
+            Protocol::Memcached,
+            Protocol::Redis,
+            Protocol::Http,
+            Protocol::Mysql,
+        ] {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.name());
+        }
     }
 
     #[test]
@@ -1063,18 +1084,10 @@ mod split_reply_tests {
     //! The multiplexed path on replies that arrive one byte at a time: every poll before the
     //! last byte says "incomplete", the poll after it gives the outcome, and the connection
     //! stays usable for the next request.
+    use super::tests::spec;
     use super::*;
     use std::net::TcpListener;
     use std::sync::mpsc;
-
-    fn spec(protocol: Protocol, key: &str, expect: Option<&[u8]>) -> WorkloadSpec {
-        WorkloadSpec {
-            protocol,
-            key: key.to_string(),
-            expect: expect.map(<[u8]>::to_vec),
-            tpcc: None,
-        }
-    }
 
     /// Serve `replies` (one per request, in order) one byte at a time, in lockstep with the
     /// test, which polls after every byte; returns the outcomes.

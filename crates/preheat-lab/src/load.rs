@@ -365,14 +365,14 @@ pub fn wait_until(t_ns: u64, cancel: &dyn Fn() -> bool) -> bool {
         if now >= t_ns {
             return true;
         }
-        let rem = t_ns - now;
-        if rem > SPIN_NS {
+        let sleep = sleep_before(t_ns, now);
+        if sleep.is_zero() {
+            std::hint::spin_loop();
+        } else {
             if cancel() {
                 return false;
             }
-            std::thread::sleep(Duration::from_nanos(rem - SPIN_NS).min(MAX_SLEEP));
-        } else {
-            std::hint::spin_loop();
+            std::thread::sleep(sleep);
         }
     }
 }
@@ -484,6 +484,21 @@ struct ConnOut {
     event_loop: bool,
 }
 
+impl ConnOut {
+    fn new(event_loop: bool) -> ConnOut {
+        ConnOut {
+            latency: histogram(),
+            late: histogram(),
+            errors: 0,
+            wrong: 0,
+            scheduled: 0,
+            unscheduled: 0,
+            last_done_ns: 0,
+            event_loop,
+        }
+    }
+}
+
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_NS, 3).expect("valid histogram bounds")
 }
@@ -503,9 +518,14 @@ struct Shared<'a> {
 }
 
 impl Shared<'_> {
+    /// `stop` was asked for or a connection failed for good (requests left or not).
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.abort.load(Ordering::Relaxed)
+    }
+
+    /// [`Shared::stopped`], or every request ticket is taken.
     fn cancelled(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
-            || self.abort.load(Ordering::Relaxed)
+        self.stopped()
             || self
                 .cfg
                 .requests
@@ -531,6 +551,58 @@ impl Shared<'_> {
             self.claimed.fetch_sub(1, Ordering::AcqRel);
         }
     }
+
+    /// The end of the measured phase that started at `start` (none without a duration).
+    fn deadline(&self, start: u64) -> Option<u64> {
+        self.cfg.duration.map(|d| start.saturating_add(nanos(d)))
+    }
+
+    /// Connection `id`'s open-loop arrival process (seeded from `seed + id`) and its first
+    /// send time: `start` plus the first gap in open loop, `start` otherwise.
+    fn arrivals(&self, id: usize, start: u64) -> (Poisson, u64) {
+        let cfg = self.cfg;
+        let mut arrivals = Poisson::new(
+            cfg.rate / cfg.connections as f64,
+            cfg.seed.wrapping_add(id as u64),
+        );
+        let mut first = start;
+        if cfg.mode == Mode::Open {
+            first += arrivals.next_gap_ns();
+        }
+        (arrivals, first)
+    }
+
+    /// A client thread's life: set up (cancelled by [`Shared::stopped`]), wait for the other
+    /// threads, then measure from the common start. A failure in either phase stops the others.
+    fn client_thread<S>(
+        &self,
+        set_up: impl FnOnce(&dyn Fn() -> bool) -> Result<S>,
+        measure: impl FnOnce(S, u64) -> Result<ConnOut>,
+    ) -> Result<ConnOut> {
+        let setup = set_up(&|| self.stopped());
+        if setup.is_err() {
+            self.abort.store(true, Ordering::Relaxed);
+        }
+        self.setup.wait();
+        let setup = setup?;
+        let start = *self.start.get_or_init(now_ns);
+        let r = measure(setup, start);
+        if r.is_err() {
+            self.abort.store(true, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+/// `d` in ns (saturating).
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How long to sleep before a send at `t_ns` when it is `now_ns`: until ~150 µs before it (the
+/// rest is spun), at most [`MAX_SLEEP`]; zero when it is that close already.
+fn sleep_before(t_ns: u64, now_ns: u64) -> Duration {
+    Duration::from_nanos(t_ns.saturating_sub(now_ns).saturating_sub(SPIN_NS)).min(MAX_SLEEP)
 }
 
 fn validate(cfg: &LoadConfig) -> Result<()> {
@@ -791,19 +863,10 @@ fn connection(
     announce: Option<&(dyn Fn(usize) -> Result<Box<dyn Announce>> + Sync)>,
     tx: Option<mpsc::Sender<Record>>,
 ) -> Result<ConnOut> {
-    let stop_only = || shared.stop.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed);
-    let setup = set_up(id, shared, connect, announce, &stop_only);
-    if setup.is_err() {
-        shared.abort.store(true, Ordering::Relaxed);
-    }
-    shared.setup.wait();
-    let (conn, ann) = setup?;
-    let start = *shared.start.get_or_init(now_ns);
-    let r = measure(id, shared, conn, ann, tx, start);
-    if r.is_err() {
-        shared.abort.store(true, Ordering::Relaxed);
-    }
-    r
+    shared.client_thread(
+        |cancel| set_up(id, shared, connect, announce, cancel),
+        |(conn, ann), start| measure(id, shared, conn, ann, tx, start),
+    )
 }
 
 /// Connect, make the announcer, send the warm-up requests (unmeasured; their transport
@@ -841,29 +904,11 @@ fn measure(
 ) -> Result<ConnOut> {
     let cfg = shared.cfg;
     let cancelled = || shared.cancelled();
-    let deadline = cfg
-        .duration
-        .map(|d| start.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
+    let deadline = shared.deadline(start);
     let past_deadline = |t: u64| deadline.is_some_and(|e| t >= e);
     let lead = ann.as_ref().map_or(0, |a| a.lead_ns());
-    let mut arrivals = Poisson::new(
-        cfg.rate / cfg.connections as f64,
-        cfg.seed.wrapping_add(id as u64),
-    );
-    let mut next_open = start;
-    if cfg.mode == Mode::Open {
-        next_open += arrivals.next_gap_ns();
-    }
-    let mut out = ConnOut {
-        latency: histogram(),
-        late: histogram(),
-        errors: 0,
-        wrong: 0,
-        scheduled: 0,
-        unscheduled: 0,
-        last_done_ns: 0,
-        event_loop: false,
-    };
+    let (mut arrivals, mut next_open) = shared.arrivals(id, start);
+    let mut out = ConnOut::new(false);
     let mut prev_done = start;
     loop {
         if cancelled() {
@@ -1013,14 +1058,6 @@ struct Slot<'a> {
     done: bool,
 }
 
-/// A protocol's name as on the command line ("mysql").
-fn protocol_name(p: crate::driver::Protocol) -> String {
-    serde_json::to_value(p)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| format!("{p:?}"))
-}
-
 /// How a multiplexed thread waits: an epoll set over its sockets (`Wait::Block`, `Wait::Epoll`) or none
 /// (`Wait::Spin`: poll every outstanding connection in turn).
 struct Waiter {
@@ -1054,19 +1091,10 @@ fn mux_thread(
     connect: Connect<'_>,
     tx: Option<mpsc::Sender<Record>>,
 ) -> Result<ConnOut> {
-    let stop_only = || shared.stop.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed);
-    let setup = mux_set_up(t, threads, shared, connect, &stop_only);
-    if setup.is_err() {
-        shared.abort.store(true, Ordering::Relaxed);
-    }
-    shared.setup.wait();
-    let (slots, waiter) = setup?;
-    let start = *shared.start.get_or_init(now_ns);
-    let r = mux_measure(shared, slots, waiter, tx, start);
-    if r.is_err() {
-        shared.abort.store(true, Ordering::Relaxed);
-    }
-    r
+    shared.client_thread(
+        |cancel| mux_set_up(t, threads, shared, connect, cancel),
+        |(conns, waiter), start| mux_measure(shared, conns, waiter, tx, start),
+    )
 }
 
 fn mux_set_up<'a>(
@@ -1075,7 +1103,7 @@ fn mux_set_up<'a>(
     shared: &Shared<'_>,
     connect: Connect<'a>,
     cancel: &dyn Fn() -> bool,
-) -> Result<(Vec<Slot<'a>>, Waiter)> {
+) -> Result<(Vec<Conn<'a>>, Waiter)> {
     let cfg = shared.cfg;
     let waiter = Waiter {
         epoll: match cfg.wait {
@@ -1087,16 +1115,16 @@ fn mux_set_up<'a>(
         },
         ready: vec![0; cfg.connections.div_ceil(threads).max(1)],
     };
-    let mut slots = Vec::new();
+    let mut conns = Vec::new();
     for id in (t..cfg.connections).step_by(threads) {
         let mut conn = Conn::open(id, connect)?;
-        if conn.driver.raw_fd().is_none() && cfg.wait == Wait::Epoll {
-            bail!(
-                "connection {id}: wait epoll (the event loop) is not supported by the {} driver (it has no non-blocking, multiplexed path); use wait block",
-                protocol_name(conn.driver.protocol())
-            );
-        }
         if conn.driver.raw_fd().is_none() {
+            if cfg.wait == Wait::Epoll {
+                bail!(
+                    "connection {id}: wait epoll (the event loop) is not supported by the {} driver (it has no non-blocking, multiplexed path); use wait block",
+                    conn.driver.protocol().name()
+                );
+            }
             bail!(
                 "connection {id}: the {:?} driver cannot multiplex connections (threads {} < connections {}); use one thread per connection (threads 0)",
                 conn.driver.protocol(),
@@ -1111,52 +1139,37 @@ fn mux_set_up<'a>(
             conn.request(cancel)?;
         }
         waiter.watch(&conn)?;
-        let arrivals = Poisson::new(
-            cfg.rate / cfg.connections as f64,
-            cfg.seed.wrapping_add(id as u64),
-        );
-        slots.push(Slot {
-            conn,
-            arrivals,
-            next_open: 0,
-            pending: None,
-            done: false,
-        });
+        conns.push(conn);
     }
-    Ok((slots, waiter))
+    Ok((conns, waiter))
 }
 
 fn mux_measure(
     shared: &Shared<'_>,
-    mut slots: Vec<Slot<'_>>,
+    conns: Vec<Conn<'_>>,
     mut waiter: Waiter,
     tx: Option<mpsc::Sender<Record>>,
     start: u64,
 ) -> Result<ConnOut> {
     let cfg = shared.cfg;
-    let stop_only = || shared.stop.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed);
-    let deadline = cfg
-        .duration
-        .map(|d| start.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
+    let stop_only = || shared.stopped();
+    let deadline = shared.deadline(start);
     let past_deadline = |t: u64| deadline.is_some_and(|e| t >= e);
-    for s in &mut slots {
-        s.next_open = start;
-        if cfg.mode == Mode::Open {
-            s.next_open += s.arrivals.next_gap_ns();
-        }
-    }
-    let mut out = ConnOut {
-        latency: histogram(),
-        late: histogram(),
-        errors: 0,
-        wrong: 0,
-        scheduled: 0,
-        unscheduled: 0,
-        last_done_ns: 0,
-        event_loop: true,
-    };
-    let reply_timeout_ns =
-        u64::try_from(crate::driver::REPLY_TIMEOUT.as_nanos()).unwrap_or(u64::MAX);
+    let mut slots: Vec<Slot<'_>> = conns
+        .into_iter()
+        .map(|conn| {
+            let (arrivals, next_open) = shared.arrivals(conn.id, start);
+            Slot {
+                conn,
+                arrivals,
+                next_open,
+                pending: None,
+                done: false,
+            }
+        })
+        .collect();
+    let mut out = ConnOut::new(true);
+    let reply_timeout_ns = nanos(crate::driver::REPLY_TIMEOUT);
     // Spin mode: yield the CPU each turn after this long without a reply (see the drivers'
     // busy-poll: an unpinned client must not keep the server off its CPU).
     let mut last_progress = Instant::now();
@@ -1211,14 +1224,7 @@ fn mux_measure(
         // Wait for replies (or the next send time) and collect what is complete.
         match &waiter.epoll {
             Some(ep) => {
-                let now = now_ns();
-                let timeout = if next_send == u64::MAX {
-                    MAX_SLEEP
-                } else if next_send.saturating_sub(now) > SPIN_NS {
-                    Duration::from_nanos(next_send - now - SPIN_NS).min(MAX_SLEEP)
-                } else {
-                    Duration::ZERO
-                };
+                let timeout = sleep_before(next_send, now_ns());
                 let n = ep
                     .wait_ready(Some(timeout), &mut waiter.ready)
                     .context("waiting for replies in epoll")?;
@@ -1272,13 +1278,10 @@ fn mux_measure(
                 }
                 if !outstanding {
                     // Nothing to poll: sleep until shortly before the next send.
-                    let now = now_ns();
-                    if next_send != u64::MAX && next_send.saturating_sub(now) > SPIN_NS {
-                        std::thread::sleep(
-                            Duration::from_nanos(next_send - now - SPIN_NS).min(MAX_SLEEP),
-                        );
-                    } else if next_send == u64::MAX {
+                    if next_send == u64::MAX {
                         std::thread::sleep(Duration::from_millis(1));
+                    } else {
+                        std::thread::sleep(sleep_before(next_send, now_ns()));
                     }
                 } else if progress {
                     last_progress = Instant::now();

@@ -233,11 +233,12 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
         }
         ServerKind::Nginx => {
             let index = write_site(&workdir)?;
-            let conf = nginx_conf(&program, &workdir, port)?;
+            let info = nginx_build_info(&program);
+            let conf = nginx_conf(&info, &workdir, port)?;
             let conf_path = workdir.join("nginx.conf");
             write(&conf_path, conf.as_bytes())?;
             let mut argv = strings(&[&prog, "-p", &format!("{dir}/"), "-c", path_str(&conf_path)?]);
-            if nginx_supports_e(&program) {
+            if nginx_supports_e(&info) {
                 // Where nginx logs before it has read the configuration (Debian's build: stderr;
                 // others: /var/log/nginx/error.log).
                 argv.extend(strings(&["-e", &format!("{dir}/error.log")]));
@@ -580,9 +581,8 @@ fn nginx_build_info(program: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// nginx ≥ 1.19.5 has `-e` (start-up error log).
-fn nginx_supports_e(program: &Path) -> bool {
-    let info = nginx_build_info(program);
+/// nginx ≥ 1.19.5 has `-e` (start-up error log); `info`: [`nginx_build_info`].
+fn nginx_supports_e(info: &str) -> bool {
     let version = info
         .split("nginx/")
         .nth(1)
@@ -595,7 +595,8 @@ fn nginx_supports_e(program: &Path) -> bool {
     matches!(version, Some(v) if v.as_slice() >= [1, 19, 5].as_slice())
 }
 
-fn nginx_conf(program: &Path, workdir: &Path, port: u16) -> Result<String> {
+/// `info`: [`nginx_build_info`] (which modules are compiled out).
+fn nginx_conf(info: &str, workdir: &Path, port: u16) -> Result<String> {
     let dir = path_str(workdir)?;
     if dir.contains(['"', '\\', '$', '\n', ';', '{', '}']) {
         bail!(
@@ -603,7 +604,6 @@ fn nginx_conf(program: &Path, workdir: &Path, port: u16) -> Result<String> {
              (\" \\ $ ; {{ }} or a newline): choose another directory"
         );
     }
-    let info = nginx_build_info(program);
     // Every temp path lives in the work directory, so nothing under /var/lib/nginx is needed;
     // a module that is compiled out must not get its directive.
     let mut temp = format!("    client_body_temp_path \"{dir}/tmp/client_body\";\n");

@@ -271,15 +271,34 @@ fn run_plain(c: &LoadConfig, addr: SocketAddr, sink: Option<Box<dyn RecordSink>>
     run(c, &connector(addr), None, sink, &stop, &quiet).unwrap()
 }
 
-/// Parsed CSV rows: (header, rows as column vectors).
-fn read_csv(path: &std::path::Path) -> (String, Vec<Vec<String>>) {
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut lines = text.lines();
-    let header = lines.next().unwrap_or_default().to_string();
-    let rows = lines
-        .map(|l| l.split(',').map(str::to_string).collect())
-        .collect();
-    (header, rows)
+/// A per-request records CSV in a temporary directory (removed on drop).
+struct Records {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl Records {
+    fn new() -> Records {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.csv");
+        Records { _dir: dir, path }
+    }
+
+    /// A fresh [`CsvSink`] writing to the file.
+    fn sink(&self) -> Option<Box<dyn RecordSink>> {
+        Some(Box::new(CsvSink::create(&self.path).unwrap()))
+    }
+
+    /// The rows written: (header, rows as column vectors).
+    fn read(&self) -> (String, Vec<Vec<String>>) {
+        let text = std::fs::read_to_string(&self.path).unwrap();
+        let mut lines = text.lines();
+        let header = lines.next().unwrap_or_default().to_string();
+        let rows = lines
+            .map(|l| l.split(',').map(str::to_string).collect())
+            .collect();
+        (header, rows)
+    }
 }
 
 fn col(header: &str, name: &str) -> usize {
@@ -342,16 +361,15 @@ fn open_loop_counts_a_stall_against_every_request_scheduled_during_it() {
     // Request 1 is the warm-up; stall 100 ms on measured request ~200 (about 0.2 s in).
     srv.ctl.stall_at.store(201, Ordering::SeqCst);
     srv.ctl.stall_ms.store(100, Ordering::SeqCst);
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("records.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::Open);
     c.requests = Some(600);
     c.rate = 1000.0;
-    let s = run_plain(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap())));
+    let s = run_plain(&c, srv.addr, csv.sink());
     assert_sane(&s);
     assert_eq!(s.requests, 600);
     assert_eq!(s.errors, 0);
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     assert_eq!(rows.len(), 600);
     let (lat, sent, intended) = (
         col(&h, "latency_us"),
@@ -394,18 +412,17 @@ fn open_loop_counts_a_stall_against_every_request_scheduled_during_it() {
 #[test]
 fn records_csv_has_a_header_and_one_row_per_request() {
     let srv = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::Open);
     c.requests = Some(300);
     c.rate = 2000.0;
     c.connections = 2;
     c.strategy = "wake+lines".into();
-    let s = run_plain(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap())));
+    let s = run_plain(&c, srv.addr, csv.sink());
     assert_sane(&s);
     assert_eq!(s.requests, 300);
     assert_eq!(s.offered_rps, 2000.0);
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     assert_eq!(h, CSV_HEADER);
     assert_eq!(rows.len(), 300);
     let ncol = h.split(',').count();
@@ -436,8 +453,7 @@ fn records_csv_has_a_header_and_one_row_per_request() {
 #[test]
 fn stop_ends_a_long_run_quickly_and_keeps_what_was_measured() {
     let srv = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::Open);
     c.requests = None;
     c.duration = Some(Duration::from_secs(600));
@@ -456,15 +472,7 @@ fn stop_ends_a_long_run_quickly_and_keeps_what_was_measured() {
             std::thread::sleep(Duration::from_millis(500));
             stop.store(true, Ordering::SeqCst);
         });
-        run(
-            &c,
-            &connector(srv.addr),
-            None,
-            Some(Box::new(CsvSink::create(&csv).unwrap())),
-            &stop,
-            &progress,
-        )
-        .unwrap()
+        run(&c, &connector(srv.addr), None, csv.sink(), &stop, &progress).unwrap()
     });
     assert!(
         t0.elapsed() < Duration::from_secs(10),
@@ -473,7 +481,7 @@ fn stop_ends_a_long_run_quickly_and_keeps_what_was_measured() {
     );
     assert_sane(&s);
     assert!(s.requests > 0, "{s:?}");
-    let (_, rows) = read_csv(&csv);
+    let (_, rows) = csv.read();
     assert_eq!(rows.len() as u64, s.requests);
     assert!(progress_calls.load(Ordering::SeqCst) >= 2);
     assert_eq!(last_progress.load(Ordering::SeqCst), s.requests);
@@ -619,15 +627,14 @@ fn duration_bounds_a_closed_loop() {
 #[test]
 fn idle_gap_sleeps_before_each_request() {
     let srv = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::IdleGap);
     c.requests = Some(20);
     c.gap = Duration::from_millis(3);
-    let s = run_plain(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap())));
+    let s = run_plain(&c, srv.addr, csv.sink());
     assert_sane(&s);
     assert_eq!(s.requests, 20);
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     assert_eq!(rows.len(), 20);
     for r in &rows {
         assert_eq!(r[col(&h, "mode")], "idle-gap");
@@ -682,27 +689,46 @@ impl Announce for FakeAnnounce {
     }
 }
 
+/// Makes a [`FakeAnnounce`] per connection, all logging into `calls`.
+fn fake_announcer(
+    delay_ns: u64,
+    calls: Arc<Mutex<Vec<(u64, u64)>>>,
+) -> impl Fn(usize) -> Result<Box<dyn Announce>> + Sync {
+    move |_conn| {
+        Ok(Box::new(FakeAnnounce {
+            delay_ns,
+            n: 0,
+            calls: calls.clone(),
+        }) as Box<dyn Announce>)
+    }
+}
+
+/// A run that must fail: its error, with the whole chain.
+fn run_err(
+    c: &LoadConfig,
+    connect: &(dyn Fn() -> Result<Box<dyn Driver>> + Sync),
+    announce: Option<&(dyn Fn(usize) -> Result<Box<dyn Announce>> + Sync)>,
+) -> String {
+    let stop = AtomicBool::new(false);
+    format!(
+        "{:#}",
+        run(c, connect, announce, None, &stop, &quiet).unwrap_err()
+    )
+}
+
 fn announced(mode: Mode, srv: &TestServer) -> (LoadSummary, String, Vec<Vec<String>>) {
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(mode);
     c.requests = Some(40);
     c.rate = 500.0;
     let calls = Arc::new(Mutex::new(Vec::new()));
-    let cl = calls.clone();
-    let mk = move |_conn: usize| -> Result<Box<dyn Announce>> {
-        Ok(Box::new(FakeAnnounce {
-            delay_ns: 2_000_000,
-            n: 0,
-            calls: cl.clone(),
-        }))
-    };
+    let mk = fake_announcer(2_000_000, calls.clone());
     let stop = AtomicBool::new(false);
     let s = run(
         &c,
         &connector(srv.addr),
         Some(&mk),
-        Some(Box::new(CsvSink::create(&csv).unwrap())),
+        csv.sink(),
         &stop,
         &quiet,
     )
@@ -712,7 +738,7 @@ fn announced(mode: Mode, srv: &TestServer) -> (LoadSummary, String, Vec<Vec<Stri
         40,
         "one grant per measured request"
     );
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     (s, h, rows)
 }
 
@@ -777,15 +803,14 @@ fn conn_ids(h: &str, rows: &[Vec<String>]) -> std::collections::BTreeSet<String>
 fn multiplexed_closed_loop_four_connections_on_one_thread() {
     for wait in [Wait::Block, Wait::Spin] {
         let srv = TestServer::start();
-        let dir = tempfile::tempdir().unwrap();
-        let csv = dir.path().join("r.csv");
+        let csv = Records::new();
         let mut c = cfg(Mode::Closed);
         c.requests = Some(2000);
         c.connections = 4;
         c.threads = 1;
         c.wait = wait;
         c.warmup = 2;
-        let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+        let s = run_mux(&c, srv.addr, csv.sink()).unwrap();
         assert_sane(&s);
         assert_eq!(
             (s.requests, s.errors, s.wrong),
@@ -793,7 +818,7 @@ fn multiplexed_closed_loop_four_connections_on_one_thread() {
             "{wait:?}: {s:?}"
         );
         assert_eq!((s.connections, s.threads), (4, 1));
-        let (h, rows) = read_csv(&csv);
+        let (h, rows) = csv.read();
         assert_eq!(rows.len(), 2000);
         assert_eq!(
             conn_ids(&h, &rows).len(),
@@ -818,21 +843,20 @@ fn multiplexed_closed_loop_four_connections_on_one_thread() {
 #[test]
 fn multiplexed_threads_split_connections_and_a_duration_bounds_the_run() {
     let srv = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::Closed);
     c.requests = None;
     c.duration = Some(Duration::from_millis(300));
     c.connections = 5;
     c.threads = 2;
     let t0 = Instant::now();
-    let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+    let s = run_mux(&c, srv.addr, csv.sink()).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(10));
     assert_sane(&s);
     assert!(s.requests > 0 && s.errors == 0, "{s:?}");
     assert_eq!(s.threads, 2);
     assert!(s.duration_s > 0.2 && s.duration_s < 5.0, "{s:?}");
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     assert_eq!(rows.len() as u64, s.requests);
     assert_eq!(conn_ids(&h, &rows).len(), 5);
 }
@@ -859,19 +883,18 @@ fn multiplexed_open_loop_counts_a_stall_and_does_not_stall_the_other_connection(
         // 2 warm-ups; stall 100 ms on measured request ~200 (about 0.2 s in).
         srv.ctl.stall_at.store(202, Ordering::SeqCst);
         srv.ctl.stall_ms.store(100, Ordering::SeqCst);
-        let dir = tempfile::tempdir().unwrap();
-        let csv = dir.path().join("records.csv");
+        let csv = Records::new();
         let mut c = cfg(Mode::Open);
         c.requests = Some(600);
         c.rate = 1000.0;
         c.connections = 2;
         c.threads = 1;
         c.wait = wait;
-        let s = run_mux(&c, srv.addr, Some(Box::new(CsvSink::create(&csv).unwrap()))).unwrap();
+        let s = run_mux(&c, srv.addr, csv.sink()).unwrap();
         assert_sane(&s);
         assert_eq!((s.requests, s.errors), (600, 0), "{s:?}");
         assert_eq!(s.offered_rps, 1000.0);
-        let (h, rows) = read_csv(&csv);
+        let (h, rows) = csv.read();
         assert_eq!(rows.len(), 600);
         let (lat, sent, intended, conn) = (
             col(&h, "latency_us"),
@@ -940,10 +963,7 @@ fn multiplexed_configuration_errors_are_clear() {
     let mut c = cfg(Mode::IdleGap);
     c.connections = 2;
     c.threads = 1;
-    let e = format!(
-        "{:#}",
-        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
-    );
+    let e = run_err(&c, &mux_connector(srv.addr), None);
     assert!(
         e.contains("idle-gap") && e.contains("one thread per connection"),
         "{e}"
@@ -951,35 +971,20 @@ fn multiplexed_configuration_errors_are_clear() {
     // More threads than connections.
     let mut c = cfg(Mode::Closed);
     c.threads = 3;
-    let e = format!(
-        "{:#}",
-        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
-    );
+    let e = run_err(&c, &mux_connector(srv.addr), None);
     assert!(e.contains("more client threads"), "{e}");
     // Announcements need one thread per connection.
     let mut c = cfg(Mode::Closed);
     c.connections = 2;
     c.threads = 1;
-    let mk = |_conn: usize| -> Result<Box<dyn Announce>> {
-        Ok(Box::new(FakeAnnounce {
-            delay_ns: 0,
-            n: 0,
-            calls: Arc::new(Mutex::new(Vec::new())),
-        }))
-    };
-    let e = format!(
-        "{:#}",
-        run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err()
-    );
+    let mk = fake_announcer(0, Arc::default());
+    let e = run_err(&c, &mux_connector(srv.addr), Some(&mk));
     assert!(
         e.contains("announcements need one thread per connection"),
         "{e}"
     );
     // A driver without the multiplexed path (like MySQL's): a clear error, nothing measured.
-    let e = format!(
-        "{:#}",
-        run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
-    );
+    let e = run_err(&c, &connector(srv.addr), None);
     assert!(
         e.contains("cannot multiplex") && e.contains("one thread per connection"),
         "{e}"
@@ -999,11 +1004,11 @@ fn multiplexed_configuration_errors_are_clear() {
 fn run_counted(
     c: &LoadConfig,
     srv: &TestServer,
-    csv: Option<&std::path::Path>,
+    csv: Option<&Records>,
 ) -> (LoadSummary, Arc<Counts>) {
     let counts = Arc::new(Counts::default());
     let stop = AtomicBool::new(false);
-    let sink = csv.map(|p| Box::new(CsvSink::create(p).unwrap()) as Box<dyn RecordSink>);
+    let sink = csv.and_then(Records::sink);
     let s = run(
         c,
         &counting_mux_connector(srv.addr, counts.clone()),
@@ -1021,8 +1026,7 @@ fn epoll_one_connection_on_one_thread_runs_the_event_loop() {
     // threads 1 and threads 0 (= one per connection) both mean one thread here.
     for threads in [1, 0] {
         let srv = TestServer::start();
-        let dir = tempfile::tempdir().unwrap();
-        let csv = dir.path().join("r.csv");
+        let csv = Records::new();
         let mut c = cfg(Mode::Closed);
         c.requests = Some(1000);
         c.connections = 1;
@@ -1038,7 +1042,7 @@ fn epoll_one_connection_on_one_thread_runs_the_event_loop() {
         // was collected by poll_reply.
         assert_eq!(counts.requests.load(Ordering::SeqCst), 3);
         assert!(counts.polls.load(Ordering::SeqCst) >= 1000);
-        let (h, rows) = read_csv(&csv);
+        let (h, rows) = csv.read();
         assert_eq!(rows.len(), 1000);
         for r in &rows {
             let t = |n: &str| r[col(&h, n)].parse::<u64>().unwrap();
@@ -1053,8 +1057,7 @@ fn epoll_one_connection_on_one_thread_runs_the_event_loop() {
 #[test]
 fn epoll_four_connections_on_two_threads() {
     let srv = TestServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let csv = dir.path().join("r.csv");
+    let csv = Records::new();
     let mut c = cfg(Mode::Closed);
     c.requests = Some(2000);
     c.connections = 4;
@@ -1071,7 +1074,7 @@ fn epoll_four_connections_on_two_threads() {
         4 * 2,
         "warm-ups only"
     );
-    let (h, rows) = read_csv(&csv);
+    let (h, rows) = csv.read();
     assert_eq!(rows.len(), 2000);
     assert_eq!(conn_ids(&h, &rows).len(), 4, "every connection measured");
     let mut seqs: Vec<u64> = rows
@@ -1103,15 +1106,11 @@ fn epoll_four_connections_on_two_threads() {
 #[test]
 fn epoll_never_falls_back_to_the_synchronous_path() {
     let srv = TestServer::start();
-    let stop = AtomicBool::new(false);
     let mut c = cfg(Mode::Closed);
     c.wait = Wait::Epoll;
     c.connections = 1;
     c.threads = 1;
-    let e = format!(
-        "{:#}",
-        run(&c, &connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
-    );
+    let e = run_err(&c, &connector(srv.addr), None);
     assert!(
         e.contains("wait epoll") && e.contains("not supported by the memcached driver"),
         "{e}"
@@ -1175,29 +1174,16 @@ fn epoll_waits_for_readiness_instead_of_polling() {
 #[test]
 fn epoll_configuration_errors_are_clear() {
     let srv = TestServer::start();
-    let stop = AtomicBool::new(false);
     // Idle-gap needs the thread-per-connection loop, also with one connection.
     let mut c = cfg(Mode::IdleGap);
     c.wait = Wait::Epoll;
-    let e = format!(
-        "{:#}",
-        run(&c, &mux_connector(srv.addr), None, None, &stop, &quiet).unwrap_err()
-    );
+    let e = run_err(&c, &mux_connector(srv.addr), None);
     assert!(e.contains("idle-gap") && e.contains("wait epoll"), "{e}");
     // Announcements too.
     let mut c = cfg(Mode::Closed);
     c.wait = Wait::Epoll;
-    let mk = |_conn: usize| -> Result<Box<dyn Announce>> {
-        Ok(Box::new(FakeAnnounce {
-            delay_ns: 0,
-            n: 0,
-            calls: Arc::new(Mutex::new(Vec::new())),
-        }))
-    };
-    let e = format!(
-        "{:#}",
-        run(&c, &mux_connector(srv.addr), Some(&mk), None, &stop, &quiet).unwrap_err()
-    );
+    let mk = fake_announcer(0, Arc::default());
+    let e = run_err(&c, &mux_connector(srv.addr), Some(&mk));
     assert!(
         e.contains("announcements") && e.contains("wait epoll"),
         "{e}"
