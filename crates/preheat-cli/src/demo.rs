@@ -29,8 +29,7 @@ use serde::Serialize;
 
 use crate::agentctl::{AgentClient, Announcer};
 use crate::record::{self, RecordParams};
-use crate::servers;
-use crate::servers::ServerKind;
+use crate::servers::{self, ServerKind};
 use crate::stats::{summarize, Summary};
 
 #[derive(clap::Args, Debug)]
@@ -281,16 +280,20 @@ pub fn run(a: DemoArgs) -> Result<()> {
     agent.call(&Request::LoadProfile {
         path: profile_path.to_string_lossy().into_owned(),
     })?;
+    let (replay, replay_until) = w
+        .raw
+        .as_ref()
+        .map(|r| {
+            (
+                String::from_utf8_lossy(&r.replay).into_owned(),
+                String::from_utf8_lossy(&r.replay_until).into_owned(),
+            )
+        })
+        .unzip();
     agent.call(&Request::Configure {
         port,
-        replay: w
-            .raw
-            .as_ref()
-            .map(|r| String::from_utf8_lossy(&r.replay).into_owned()),
-        replay_until: w
-            .raw
-            .as_ref()
-            .map(|r| String::from_utf8_lossy(&r.replay_until).into_owned()),
+        replay,
+        replay_until,
         split_cpus: vec![],
     })?;
     let mut announcer = Announcer::new(&server.run_dir, &[pid])?;

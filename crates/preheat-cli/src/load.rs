@@ -315,35 +315,30 @@ fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
             a.connections
         );
     }
-    if a.wait == Wait::Epoll {
-        let why = if a.mode == Mode::IdleGap {
+    // What needs one thread per connection (the event loop cannot run it); mysql is worded
+    // apart for each case.
+    let per_connection = |mysql: &'static str| {
+        if a.mode == Mode::IdleGap {
             Some("--mode idle-gap (each connection sleeps its own gap)")
         } else if a.announce_local {
             Some("--announce-local (each request is granted its own send time)")
         } else if a.arbiter.is_some() {
             Some("--arbiter (each request is granted its own send time)")
         } else if a.protocol == Protocol::Mysql {
-            Some("--protocol mysql: not supported by the mysql driver (it only blocks, no event loop)")
+            Some(mysql)
         } else {
             None
-        };
-        if let Some(why) = why {
+        }
+    };
+    if a.wait == Wait::Epoll {
+        if let Some(why) = per_connection(
+            "--protocol mysql: not supported by the mysql driver (it only blocks, no event loop)",
+        ) {
             bail!("--wait epoll runs the event loop, which does not support {why}; use --wait block or spin");
         }
     }
     if threads < a.connections {
-        let why = if a.mode == Mode::IdleGap {
-            Some("--mode idle-gap (each connection sleeps its own gap)")
-        } else if a.announce_local {
-            Some("--announce-local (each request is granted its own send time)")
-        } else if a.arbiter.is_some() {
-            Some("--arbiter (each request is granted its own send time)")
-        } else if a.protocol == Protocol::Mysql {
-            Some("--protocol mysql (its driver only blocks)")
-        } else {
-            None
-        };
-        if let Some(why) = why {
+        if let Some(why) = per_connection("--protocol mysql (its driver only blocks)") {
             bail!(
                 "--threads {threads} < --connections {}: {why} needs one thread per connection; drop --threads",
                 a.connections
@@ -461,8 +456,12 @@ pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
         None => None,
     };
     let starts = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let mut totals_observer = a.observe.then(|| Observer::new(target.port()));
-    let totals0 = totals_observer.as_mut().map(|o| o.totals());
+    // The agents' counters before the run (the report gives what the run added).
+    let mut totals_before = a.observe.then(|| {
+        let mut o = Observer::new(target.port());
+        let t0 = o.totals();
+        (o, t0)
+    });
     let sink: Option<Box<dyn RecordSink>> = if a.observe {
         Some(Box::new(ObserveSink {
             csv,
@@ -481,17 +480,12 @@ pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
     let s = summary?;
     let interrupted = stop.load(Ordering::Relaxed);
 
-    let totals = match (totals_observer.as_mut(), totals0) {
-        (Some(o), Some(t0)) => {
+    let totals = match totals_before.as_mut() {
+        Some((o, t0)) => {
             let t1 = o.totals();
-            [
-                t1[0].saturating_sub(t0[0]),
-                t1[1].saturating_sub(t0[1]),
-                t1[2].saturating_sub(t0[2]),
-                t1[3].saturating_sub(t0[3]),
-            ]
+            std::array::from_fn(|i| t1[i].saturating_sub(t0[i]))
         }
-        _ => [0; 4],
+        None => [0; 4],
     };
     let starts = starts.lock().map(|v| v.clone()).unwrap_or_default();
     let start = crate::stats::summarize(&starts);

@@ -318,11 +318,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
     let dir = tempdir("record")?;
     let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
         (Some(k), _) => {
-            let port = match a.port {
-                Some(p) => p,
-                None => launch::free_port()?,
-            };
-            let (spec, plan) = servers::plan(k, port, &dir, vec![server_cpu], true)?;
+            let (spec, plan) = servers::plan(k, a.port, &dir, vec![server_cpu], true)?;
             (spec, servers::Workload::of(&plan), Some(plan))
         }
         (None, false) => {
@@ -371,8 +367,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
                 .unwrap_or(Duration::from_secs(20));
             let server = launch::start(spec, &paths::run_dir(), &dir, timeout)?;
             if let Some(plan) = &plan {
-                preheat_lab::servers::prepare(plan, server.addr())
-                    .with_context(|| format!("loading {}'s data set", plan.name))?;
+                servers::prepare(plan, server.addr())?;
             }
             let pid = record::serving_agent(&server, &workload)?;
             eprintln!(

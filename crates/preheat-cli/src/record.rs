@@ -240,10 +240,10 @@ pub fn record_probe(
         client.request_ok()?; // warm path, settle lazy initialisation
     }
     // Without a fixed byte exchange (MySQL), the request is sent by us, from another thread,
-    // inside a request-less probe window long enough to hold it (see `external_request`).
+    // inside a request-less probe window long enough to hold it (see `external_request`): 2 ms
+    // lead-in plus twice the request's usual duration plus 2 ms.
     let external = w.raw.is_none();
-    let mut external_ns = 0u64;
-    if external {
+    let external_window_ns = if external {
         let mut t = Vec::new();
         for _ in 0..5 {
             let a = Instant::now();
@@ -251,8 +251,10 @@ pub fn record_probe(
             t.push(a.elapsed().as_nanos() as u64);
         }
         t.sort_unstable();
-        external_ns = t[t.len() / 2];
-    }
+        EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000
+    } else {
+        0
+    };
     let rounds = if p.subtract_noise { 2 } else { 1 };
     let stride = p.stride.max(1);
     let pb = progress(
@@ -278,13 +280,13 @@ pub fn record_probe(
             let mut order: Vec<usize> = (0..chunks.len()).collect();
             let k = s as usize % order.len().max(1);
             order.rotate_left(k);
-            // A noise sample waits as long as a request pass took; an external request gets a
-            // window of 2 ms lead-in plus twice its usual duration plus 2 ms.
-            let mut sorted = windows.clone();
-            sorted.sort_unstable();
+            // A noise sample waits as long as a request pass took; an external request gets
+            // its fixed window.
             let idle_ns = if external {
-                EXTERNAL_LEAD_NS + 2 * external_ns + 2_000_000
+                external_window_ns
             } else {
+                let mut sorted = windows.clone();
+                sorted.sort_unstable();
                 sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
             };
             let passes = order
@@ -496,8 +498,7 @@ pub fn record_trace(
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     if let Some(plan) = plan {
-        preheat_lab::servers::prepare(plan, addr)
-            .with_context(|| format!("loading {}'s data set", plan.name))?;
+        crate::servers::prepare(plan, addr)?;
     }
     let mut client = w.connect(addr)?;
     for _ in 0..8 {

@@ -122,15 +122,7 @@ impl Requester {
                 let mut z = *draws;
                 z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
                 z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                let r = ((z ^ (z >> 31)) % 100) as u32;
-                let mut acc = 0;
-                let kind = TxKind::ALL
-                    .into_iter()
-                    .find(|k| {
-                        acc += k.percent();
-                        r < acc
-                    })
-                    .unwrap_or(TxKind::NewOrder);
+                let kind = TxKind::at_percentile(((z ^ (z >> 31)) % 100) as u32);
                 *pinned = Some(kind);
                 Some(kind.name())
             }
@@ -147,14 +139,18 @@ impl Requester {
     }
 }
 
-/// Plan `kind` on `port` in `workdir` and turn it into a launcher spec.
+/// Plan `kind` on `port` (default: a free one) in `workdir` and turn it into a launcher spec.
 pub fn plan(
     kind: ServerKind,
-    port: u16,
+    port: Option<u16>,
     workdir: &Path,
     cpus: Vec<usize>,
     agent: bool,
 ) -> Result<(ServerSpec, Plan)> {
+    let port = match port {
+        Some(p) => p,
+        None => launch::free_port()?,
+    };
     let opts = PlanOptions {
         kv_bin: if kind == ServerKind::Kv {
             Some(paths::kv_bin()?)
@@ -194,14 +190,9 @@ pub fn start(
     cpus: Vec<usize>,
     agent: bool,
 ) -> Result<Started> {
-    let port = match port {
-        Some(p) => p,
-        None => launch::free_port()?,
-    };
     let (spec, plan) = plan(kind, port, workdir, cpus, agent)?;
     let server = launch::start(spec, &paths::run_dir(), workdir, plan.start_timeout)?;
-    let prepared = preheat_lab::servers::prepare(&plan, server.addr())
-        .with_context(|| format!("loading {}'s data set", kind.name()))?;
+    let prepared = prepare(&plan, server.addr())?;
     let workload = Workload::of(&plan);
     Ok(Started {
         server,
@@ -209,4 +200,10 @@ pub fn start(
         workload,
         prepared,
     })
+}
+
+/// Load the data set of a planned server listening at `addr`.
+pub fn prepare(plan: &Plan, addr: SocketAddr) -> Result<preheat_lab::servers::Prepared> {
+    preheat_lab::servers::prepare(plan, addr)
+        .with_context(|| format!("loading {}'s data set", plan.name))
 }

@@ -9,18 +9,10 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ok, run_dir};
+use common::{find_program, ok, run_dir};
 
 fn installed(prog: &str) -> bool {
-    [
-        "/usr/sbin",
-        "/usr/bin",
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/sbin",
-    ]
-    .iter()
-    .any(|d| std::path::Path::new(d).join(prog).exists())
+    find_program(prog).is_some()
 }
 
 #[test]

@@ -2,12 +2,15 @@
 //! bundled preheat-kv, redis, nginx), each started by the test and stopped by a guard. A test
 //! whose program is missing prints `SKIP: reason`. No wall-clock performance assertions.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::find_program;
 use serde_json::Value;
 
 /// Every server a test started; killed (and reaped) on drop, panics included.
@@ -15,14 +18,17 @@ use serde_json::Value;
 struct Servers(Vec<Child>);
 
 impl Servers {
-    fn spawn(&mut self, cmd: &mut Command) -> std::io::Result<()> {
+    /// Start a server that listens on `port` and wait until it accepts connections.
+    fn start(&mut self, cmd: &mut Command, port: u16) -> u16 {
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()?;
+            .spawn()
+            .unwrap();
         self.0.push(child);
-        Ok(())
+        wait_port(port, self);
+        port
     }
 }
 
@@ -33,14 +39,6 @@ impl Drop for Servers {
             let _ = c.wait();
         }
     }
-}
-
-fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }
 
 fn free_port() -> u16 {
@@ -92,8 +90,8 @@ fn memcached(servers: &mut Servers) -> Option<u16> {
     };
     let port = free_port();
     let p = port.to_string();
-    servers
-        .spawn(Command::new(mc).args([
+    servers.start(
+        Command::new(mc).args([
             "-p",
             &p,
             "-l",
@@ -104,9 +102,9 @@ fn memcached(servers: &mut Servers) -> Option<u16> {
             "1",
             "-u",
             "root",
-        ]))
-        .unwrap();
-    wait_port(port, servers);
+        ]),
+        port,
+    );
     let r = exchange(port, b"set key:42 0 0 5\r\nhello\r\n", b"\r\n");
     assert_eq!(r, b"STORED\r\n");
     Some(port)
@@ -125,11 +123,10 @@ fn preheat_kv(servers: &mut Servers) -> Option<u16> {
         return None;
     }
     let port = free_port();
-    servers
-        .spawn(Command::new(kv).args(["--port", &port.to_string(), "--quiet"]))
-        .unwrap();
-    wait_port(port, servers);
-    Some(port)
+    Some(servers.start(
+        Command::new(kv).args(["--port", &port.to_string(), "--quiet"]),
+        port,
+    ))
 }
 
 fn redis(servers: &mut Servers) -> Option<u16> {
@@ -139,8 +136,8 @@ fn redis(servers: &mut Servers) -> Option<u16> {
     };
     let port = free_port();
     let p = port.to_string();
-    servers
-        .spawn(Command::new(rs).args([
+    servers.start(
+        Command::new(rs).args([
             "--port",
             &p,
             "--bind",
@@ -149,9 +146,9 @@ fn redis(servers: &mut Servers) -> Option<u16> {
             "",
             "--appendonly",
             "no",
-        ]))
-        .unwrap();
-    wait_port(port, servers);
+        ]),
+        port,
+    );
     let r = exchange(
         port,
         b"*3\r\n$3\r\nSET\r\n$6\r\nkey:42\r\n$5\r\nhello\r\n",
@@ -183,38 +180,24 @@ fn nginx(servers: &mut Servers, dir: &Path) -> Option<u16> {
         ),
     )
     .unwrap();
-    servers
-        .spawn(Command::new(ng).arg("-p").arg(dir).arg("-c").arg(&conf))
-        .unwrap();
-    wait_port(port, servers);
-    Some(port)
+    Some(servers.start(
+        Command::new(ng).arg("-p").arg(dir).arg("-c").arg(&conf),
+        port,
+    ))
 }
 
 fn preheat_load(args: &[&str], run_dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .arg("load")
-        .args(args)
-        .env("PREHEAT_RUN_DIR", run_dir)
-        .output()
-        .expect("run preheat load")
+    common::preheat(&[&["load"], args].concat(), run_dir)
 }
 
-fn load_json(args: &[&str], run_dir: &Path) -> Value {
-    let mut argv = vec!["--json"];
-    argv.extend_from_slice(args);
-    let o = preheat_load(&argv, run_dir);
-    assert!(
-        o.status.success(),
-        "preheat load {args:?} failed: {}\n{}",
-        String::from_utf8_lossy(&o.stderr),
-        String::from_utf8_lossy(&o.stdout)
+/// `preheat load --json --target TARGET ARGS`, which must succeed; its report.
+fn load_json(target: &str, args: &[&str], run_dir: &Path) -> Value {
+    let out = common::ok(
+        &[&["load", "--json", "--target", target], args].concat(),
+        run_dir,
     );
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "preheat load {args:?}: not JSON ({e}): {}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
+    serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("preheat load {args:?}: not JSON ({e}): {out}"))
 }
 
 const FIELDS: &[&str] = &[
@@ -291,6 +274,14 @@ fn csv_rows(path: &Path) -> (String, Vec<String>) {
     (header, lines.collect())
 }
 
+/// How many distinct connections (the `conn` column) the records rows name.
+fn connections_in(rows: &[String]) -> usize {
+    rows.iter()
+        .map(|r| r.split(',').nth(1).unwrap())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+}
+
 #[test]
 fn open_loop_memcached_with_records() {
     let mut servers = Servers::default();
@@ -301,9 +292,8 @@ fn open_loop_memcached_with_records() {
     let records = tmp.path().join("records.csv");
     let target = format!("127.0.0.1:{port}");
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--mode",
             "open",
             "--rate",
@@ -339,9 +329,7 @@ fn open_loop_memcached_with_records() {
     assert!(rows
         .iter()
         .all(|r| r.contains(",open,") && r.contains(",get,true,")));
-    let conns: std::collections::BTreeSet<&str> =
-        rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
-    assert_eq!(conns.len(), 2);
+    assert_eq!(connections_in(&rows), 2);
 }
 
 #[test]
@@ -353,9 +341,8 @@ fn closed_and_idle_gap_on_the_bundled_kv() {
     let tmp = tempfile::tempdir().unwrap();
     let target = format!("127.0.0.1:{port}");
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--mode",
             "closed",
             "--requests",
@@ -396,14 +383,8 @@ fn closed_and_idle_gap_on_the_bundled_kv() {
 
     // Duration instead of a request count.
     let v = load_json(
-        &[
-            "--target",
-            &target,
-            "--mode",
-            "closed",
-            "--duration-s",
-            "0.3",
-        ],
+        &target,
+        &["--mode", "closed", "--duration-s", "0.3"],
         tmp.path(),
     );
     assert!(v["requests"].as_u64().unwrap() > 0, "{v}");
@@ -421,9 +402,8 @@ fn redis_protocol() {
     let target = format!("127.0.0.1:{port}");
     for mode in [["--mode", "closed"], ["--mode", "idle-gap"]] {
         let v = load_json(
+            &target,
             &[
-                "--target",
-                &target,
                 "--protocol",
                 "redis",
                 mode[0],
@@ -440,9 +420,8 @@ fn redis_protocol() {
         assert_eq!(v["protocol"], "redis");
     }
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--protocol",
             "redis",
             "--mode",
@@ -468,9 +447,8 @@ fn http_protocol_against_nginx() {
     };
     let target = format!("127.0.0.1:{port}");
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--protocol",
             "http",
             "--key",
@@ -489,9 +467,8 @@ fn http_protocol_against_nginx() {
     assert_eq!(v["protocol"], "http");
     // A missing page is a wrong reply (404), measured and counted apart from errors.
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--protocol",
             "http",
             "--key",
@@ -724,19 +701,16 @@ fn local_announcements_and_observe_with_the_agent_attached() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let run_dir = tmp.path().join("run");
-    std::fs::create_dir_all(&run_dir).unwrap();
+    let run_dir = common::run_dir(&tmp);
     let mut servers = Servers::default();
     let port = free_port();
-    servers
-        .spawn(
-            Command::new(&kv)
-                .args(["--port", &port.to_string(), "--quiet"])
-                .env("LD_PRELOAD", &agent)
-                .env("PREHEAT_RUN_DIR", &run_dir),
-        )
-        .unwrap();
-    wait_port(port, &mut servers);
+    servers.start(
+        Command::new(&kv)
+            .args(["--port", &port.to_string(), "--quiet"])
+            .env("LD_PRELOAD", &agent)
+            .env("PREHEAT_RUN_DIR", &run_dir),
+        port,
+    );
     // The agent's sockets appear once it is up.
     let t0 = Instant::now();
     while std::fs::read_dir(&run_dir).unwrap().count() < 2 {
@@ -749,9 +723,8 @@ fn local_announcements_and_observe_with_the_agent_attached() {
     }
     let target = format!("127.0.0.1:{port}");
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--announce-local",
             "--observe",
             "--requests",
@@ -775,9 +748,8 @@ fn local_announcements_and_observe_with_the_agent_attached() {
 
     // Open loop over two connections, each with its own announcer.
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--announce-local",
             "--mode",
             "open",
@@ -809,9 +781,8 @@ fn multiplexed_threads_against_memcached() {
     for wait in ["block", "spin"] {
         let records = tmp.path().join(format!("records-{wait}.csv"));
         let v = load_json(
+            &target,
             &[
-                "--target",
-                &target,
                 "--mode",
                 "closed",
                 "--requests",
@@ -835,15 +806,16 @@ fn multiplexed_threads_against_memcached() {
         );
         let (_, rows) = csv_rows(&records);
         assert_eq!(rows.len(), 2000);
-        let conns: std::collections::BTreeSet<&str> =
-            rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
-        assert_eq!(conns.len(), 4, "{wait}: every connection measured");
+        assert_eq!(
+            connections_in(&rows),
+            4,
+            "{wait}: every connection measured"
+        );
     }
     // Open loop, 2 threads × 2 connections each.
     let v = load_json(
+        &target,
         &[
-            "--target",
-            &target,
             "--mode",
             "open",
             "--rate",
@@ -875,9 +847,8 @@ fn wait_epoll_against_memcached() {
     for (connections, threads) in [(1u64, 1u64), (4, 2)] {
         let records = tmp.path().join(format!("records-{connections}.csv"));
         let v = load_json(
+            &target,
             &[
-                "--target",
-                &target,
                 "--mode",
                 "closed",
                 "--requests",
@@ -903,9 +874,11 @@ fn wait_epoll_against_memcached() {
         );
         let (_, rows) = csv_rows(&records);
         assert_eq!(rows.len(), 2000);
-        let conns: std::collections::BTreeSet<&str> =
-            rows.iter().map(|r| r.split(',').nth(1).unwrap()).collect();
-        assert_eq!(conns.len() as u64, connections, "every connection measured");
+        assert_eq!(
+            connections_in(&rows) as u64,
+            connections,
+            "every connection measured"
+        );
     }
     // Without --threads, epoll still runs the event loop (one thread per connection); block and
     // spin with one thread per connection run the synchronous loop.
@@ -915,16 +888,8 @@ fn wait_epoll_against_memcached() {
         ("spin", "thread-per-connection"),
     ] {
         let v = load_json(
-            &[
-                "--target",
-                &target,
-                "--mode",
-                "closed",
-                "--requests",
-                "500",
-                "--wait",
-                wait,
-            ],
+            &target,
+            &["--mode", "closed", "--requests", "500", "--wait", wait],
             tmp.path(),
         );
         check(&v, 500);

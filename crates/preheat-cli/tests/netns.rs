@@ -216,6 +216,24 @@ fn arbitrated_network_end_to_end_and_fail_open() {
     std::thread::sleep(Duration::from_millis(300));
     let arbiter = format!("{arb_ip}:7710");
     let n = "60";
+    // `preheat load` from client `host` through the arbiter: `requests` requests `gap_ms` apart.
+    let through_arbiter =
+        |lab: &NetLab, host: usize, requests: &str, gap_ms: &str, extra: &[&str]| {
+            let mut args = vec![
+                "--target",
+                &srv,
+                "--requests",
+                requests,
+                "--gap-ms",
+                gap_ms,
+                "--arbiter",
+                &arbiter,
+                "--key-file",
+                &key,
+            ];
+            args.extend_from_slice(extra);
+            load(lab, host, &args)
+        };
 
     // Warm (closed loop), cold (idle gaps, unannounced), preheated (idle gaps, through the
     // arbiter), from client host c1.
@@ -230,22 +248,7 @@ fn arbitrated_network_end_to_end_and_fail_open() {
         &["--target", &srv, "--requests", n, "--gap-ms", "10"],
     );
     let before = agent_announcements(&run_dir);
-    let pre = load(
-        &lab,
-        2,
-        &[
-            "--target",
-            &srv,
-            "--requests",
-            n,
-            "--gap-ms",
-            "10",
-            "--arbiter",
-            &arbiter,
-            "--key-file",
-            &key,
-        ],
-    );
+    let pre = through_arbiter(&lab, 2, n, "10", &[]);
     let announced = agent_announcements(&run_dir) - before;
     for (name, v) in [("warm", &warm), ("cold", &cold), ("preheated", &pre)] {
         println!(
@@ -264,42 +267,8 @@ fn arbitrated_network_end_to_end_and_fail_open() {
     // Two client hosts at once: the arbiter schedules both.
     let lab_ref = &lab;
     let (a, b) = std::thread::scope(|s| {
-        let h1 = s.spawn(|| {
-            load(
-                lab_ref,
-                2,
-                &[
-                    "--target",
-                    &srv,
-                    "--requests",
-                    "40",
-                    "--gap-ms",
-                    "5",
-                    "--arbiter",
-                    &arbiter,
-                    "--key-file",
-                    &key,
-                ],
-            )
-        });
-        let h2 = s.spawn(|| {
-            load(
-                lab_ref,
-                3,
-                &[
-                    "--target",
-                    &srv,
-                    "--requests",
-                    "40",
-                    "--gap-ms",
-                    "5",
-                    "--arbiter",
-                    &arbiter,
-                    "--key-file",
-                    &key,
-                ],
-            )
-        });
+        let h1 = s.spawn(|| through_arbiter(lab_ref, 2, "40", "5", &[]));
+        let h2 = s.spawn(|| through_arbiter(lab_ref, 3, "40", "5", &[]));
         (h1.join().unwrap(), h2.join().unwrap())
     });
     for v in [&a, &b] {
@@ -309,46 +278,14 @@ fn arbitrated_network_end_to_end_and_fail_open() {
 
     // Fail-open 1: preheatd dies. The arbiter still schedules, the server still serves.
     lab.kill(pd);
-    let no_pd = load(
-        &lab,
-        2,
-        &[
-            "--target",
-            &srv,
-            "--requests",
-            "20",
-            "--gap-ms",
-            "5",
-            "--arbiter",
-            &arbiter,
-            "--key-file",
-            &key,
-        ],
-    );
+    let no_pd = through_arbiter(&lab, 2, "20", "5", &[]);
     assert_eq!(no_pd["errors"], 0, "{no_pd}");
     assert_eq!(no_pd["scheduled"], 20, "{no_pd}");
 
     // Fail-open 2: the arbiter dies. Senders time out and send unscheduled; nothing fails.
     lab.kill(arb);
     let t0 = Instant::now();
-    let no_arb = load(
-        &lab,
-        2,
-        &[
-            "--target",
-            &srv,
-            "--requests",
-            "20",
-            "--gap-ms",
-            "5",
-            "--arbiter",
-            &arbiter,
-            "--key-file",
-            &key,
-            "--arbiter-timeout-ms",
-            "5",
-        ],
-    );
+    let no_arb = through_arbiter(&lab, 2, "20", "5", &["--arbiter-timeout-ms", "5"]);
     assert_eq!(no_arb["errors"], 0, "{no_arb}");
     assert_eq!(no_arb["unscheduled"], 20, "{no_arb}");
     assert!(

@@ -173,6 +173,18 @@ impl TxKind {
         }
     }
 
+    /// The transaction type at percentile `r` (0..100) of the mix: a uniform `r` draws from it.
+    pub fn at_percentile(r: u32) -> TxKind {
+        let mut acc = 0;
+        TxKind::ALL
+            .into_iter()
+            .find(|k| {
+                acc += k.percent();
+                r < acc
+            })
+            .unwrap_or(TxKind::OrderStatus)
+    }
+
     /// Share in the mix, percent (45 : 43 : 12).
     pub fn percent(self) -> u32 {
         match self {
@@ -330,14 +342,7 @@ impl TpccClient {
     /// is unusable; an SQL error is `Ok` with `ok == false`.
     pub fn transaction(&mut self) -> Result<TxOutcome> {
         let r = self.rng.gen_range(0..100);
-        let kind = if r < TxKind::NewOrder.percent() {
-            TxKind::NewOrder
-        } else if r < TxKind::NewOrder.percent() + TxKind::Payment.percent() {
-            TxKind::Payment
-        } else {
-            TxKind::OrderStatus
-        };
-        self.run(kind)
+        self.run(TxKind::at_percentile(r))
     }
 
     /// Run one transaction of `kind`.

@@ -33,3 +33,13 @@ pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// An installed program on PATH or in the sbin directories Debian uses for daemons (as the CLI's
+/// `paths::find_program` looks for it).
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
