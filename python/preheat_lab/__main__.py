@@ -187,15 +187,14 @@ def main(argv=None) -> int:
             return sweep.run(a.out, params, a.server, _demo_options(a, 100), a.executor, a.jobs,
                              a.ray_address, boot=_boot(a))
         if a.cmd == "report":
-            from . import labreport, table1
+            from . import labreport, sweep, table1
+            from .stats import DEFAULT_BOOT
 
-            from . import sweep
-
-            boot = a.bootstrap if a.bootstrap is not None else 2000
+            boot = a.bootstrap if a.bootstrap is not None else DEFAULT_BOOT
             if (a.out / "raw").is_dir():
                 table1.analyze(a.out, boot)
             sweep.reanalyze(a.out, boot)
-            print(f"wrote {labreport.build(a.out)}")
+            labreport.publish(a.out)
             return 0
     except ToolError as e:
         print(f"error: {e}", file=sys.stderr)

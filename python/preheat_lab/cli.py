@@ -50,6 +50,28 @@ def run_json(args: Sequence[str], timeout: float = 900) -> Any:
         raise ToolError(f"{' '.join(cmd)} printed no JSON:\n{p.stdout[:500]}") from e
 
 
+def failure_reason(stderr: str, rc: int) -> str:
+    """The line that explains a failed CLI run: the one naming scripts/setup-lab.sh or the
+    Debian package, else the last `Error:` / panic line, else the tail of stderr."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for i, ln in enumerate(lines):
+        if "setup-lab.sh" in ln or "not installed" in ln.lower():
+            return " ".join(lines[max(0, i - 1):i + 2])[:600]
+    for i, ln in enumerate(lines):
+        if ln.startswith("Error") or "panicked" in ln:
+            return " ".join(lines[i:i + 3])[:600]
+    tail = " | ".join(lines[-3:]) if lines else "(no output)"
+    return f"exit code {rc}: {tail}"[:600]
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file's content, or None when it is missing or not JSON."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 _help_cache: dict = {}
 
 

@@ -5,13 +5,13 @@ check (peer/), sweeps (sweep/) and the machine facts (topology.json). Rebuild an
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 from typing import Optional
 
 import pandas as pd
 
+from .cli import read_json as _read_json
 from .report import Report
 from .table1 import DISPLAY, PAPER_AVERAGE_REMOVED, PAPER_LABEL
 
@@ -76,18 +76,22 @@ def pct(v, lo=None, hi=None, und=None) -> str:
     return s
 
 
-def _read_json(p: Path):
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _read_csv(p: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(p)
     except (OSError, ValueError, pd.errors.EmptyDataError):
         return pd.DataFrame()
+
+
+def _cis(df: pd.DataFrame, col: str, d: int = 1) -> list:
+    """COL with its 95% CI (COL_lo, COL_hi), formatted per row."""
+    return [ci(v, lo, hi, d) for v, lo, hi in zip(df[col], df[f"{col}_lo"], df[f"{col}_hi"])]
+
+
+def _removed(df: pd.DataFrame, col: str) -> list:
+    """A share removed (COL) with its CI and the share of resamples where it was undefined."""
+    return [pct(v, lo, hi, und) for v, lo, hi, und in
+            zip(df[col], df[f"{col}_lo"], df[f"{col}_hi"], df[f"{col}_undefined_share"])]
 
 
 def _banner(rep: Report, what: str, state: Optional[str], failed: dict) -> None:
@@ -155,13 +159,11 @@ def table1_section(rep: Report, out: Path) -> None:
     for server, g in (t.groupby("server", sort=False) if len(t) else []):
         d = pd.DataFrame({
             "mode": g["mode"], "n": g["n"],
-            "mean µs (95% CI)": [ci(r.mean, r.mean_lo, r.mean_hi) for r in g.itertuples()],
-            "p50 µs (95% CI)": [ci(r.p50, r.p50_lo, r.p50_hi) for r in g.itertuples()],
-            "p99 µs (95% CI)": [ci(r.p99, r.p99_lo, r.p99_hi) for r in g.itertuples()],
-            "removed, mean-based": [pct(r.removed_mean, r.removed_mean_lo, r.removed_mean_hi,
-                                        r.removed_mean_undefined_share) for r in g.itertuples()],
-            "removed, p50-based": [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
-                                       r.removed_p50_undefined_share) for r in g.itertuples()],
+            "mean µs (95% CI)": _cis(g, "mean"),
+            "p50 µs (95% CI)": _cis(g, "p50"),
+            "p99 µs (95% CI)": _cis(g, "p99"),
+            "removed, mean-based": _removed(g, "removed_mean"),
+            "removed, p50-based": _removed(g, "removed_p50"),
             "WS KiB": g["ws_kib"].map(fmt), "runs": g["runs"].map(lambda v: fmt(v, 0)),
             "encoded B": g["encoded_bytes"].map(lambda v: fmt(v, 0)),
             "preheat µs p50 (CI), n": [
@@ -190,10 +192,9 @@ def table1_section(rep: Report, out: Path) -> None:
     for server, g in (bk.groupby("server", sort=False) if len(bk) else []):
         d = pd.DataFrame({
             "request kind": g["kind"], "mode": g["mode"], "n": g["n"],
-            "mean µs (95% CI)": [ci(r.mean, r.mean_lo, r.mean_hi) for r in g.itertuples()],
-            "p50 µs (95% CI)": [ci(r.p50, r.p50_lo, r.p50_hi) for r in g.itertuples()],
-            "removed, p50-based": [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
-                                       r.removed_p50_undefined_share) for r in g.itertuples()],
+            "mean µs (95% CI)": _cis(g, "mean"),
+            "p50 µs (95% CI)": _cis(g, "p50"),
+            "removed, p50-based": _removed(g, "removed_p50"),
             "label": g["label"]})
         rep.table(d, f"{DISPLAY.get(server, server)} per request kind (each round measures one "
                      "kind in every mode; measured)")
@@ -208,7 +209,7 @@ def table1_section(rep: Report, out: Path) -> None:
         for (server, st), g in dec.groupby(["server", "stat"], sort=False):
             d = pd.DataFrame({
                 "component": g["component"], "formula": g["formula"],
-                "µs (95% CI)": [ci(r.us, r.us_lo, r.us_hi) for r in g.itertuples()],
+                "µs (95% CI)": _cis(g, "us"),
                 "share of the cold overhead (95% CI)": [
                     pct(r.share, r.share_lo, r.share_hi, r.share_undefined) for r in g.itertuples()],
                 "n": g["n"], "label": g["label"]})
@@ -254,11 +255,9 @@ def peer_section(rep: Report, out: Path) -> None:
     c = pd.DataFrame(pj.get("comparisons", []))
     if len(c):
         c = c.assign(ratio=c["ratio"].map(lambda v: f"{v:.3f}"))
-        if "kind" not in c:  # peer.json written before --wait epoll
-            c = c.assign(kind=c["extra"].map(lambda e: "extra (spin)" if e else "main (block)"))
-        else:
-            c = c.assign(kind=c["kind"].fillna(c["extra"].map(
-                lambda e: "extra (spin)" if e else "main (block)")))
+        # Rows of a peer.json written before --wait epoll have no kind.
+        old = c["extra"].map(lambda e: "extra (spin)" if e else "main (block)")
+        c = c.assign(kind=c["kind"].fillna(old) if "kind" in c else old)
         rep.table(c[["server", "repeat", "kind", "ours", "peer", "metric", "ours_value",
                      "peer_value", "ratio", "verdict"]], "ours / peer")
     for s, v in (pj.get("verdicts") or {}).items():
@@ -286,12 +285,10 @@ def sweep_section(rep: Report, out: Path) -> None:
     if len(res):
         keys = [k for k in (sj.get("params") or {})]
         d = res[["point", *keys, "mode", "n"]].copy()
-        d["p50 µs (95% CI)"] = [ci(r.p50, r.p50_lo, r.p50_hi) for r in res.itertuples()]
-        d["mean µs (95% CI)"] = [ci(r.mean, r.mean_lo, r.mean_hi) for r in res.itertuples()]
-        d["removed, p50-based"] = [pct(r.removed_p50, r.removed_p50_lo, r.removed_p50_hi,
-                                       r.removed_p50_undefined_share) for r in res.itertuples()]
-        d["removed, mean-based"] = [pct(r.removed_mean, r.removed_mean_lo, r.removed_mean_hi,
-                                        r.removed_mean_undefined_share) for r in res.itertuples()]
+        d["p50 µs (95% CI)"] = _cis(res, "p50")
+        d["mean µs (95% CI)"] = _cis(res, "mean")
+        d["removed, p50-based"] = _removed(res, "removed_p50")
+        d["removed, mean-based"] = _removed(res, "removed_mean")
         rep.table(d, "per point and mode (measured)")
     for name in sj.get("params", {}):
         png = out / "sweep" / f"sweep-{name}.png"
@@ -319,3 +316,10 @@ def build(out: Path) -> Path:
             f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in files) +
             "; raw CLI outputs under raw/, peer/raw/, sweep/raw/.</p>")
     return rep.write(out / "report.html")
+
+
+def publish(out: Path) -> Path:
+    """`build(OUT)` and say where the report is."""
+    path = build(out)
+    print(f"wrote {path}")
+    return path

@@ -313,9 +313,7 @@ class Served:
             alive = self.p.poll() is None
             self.stop()
             err = self.stderr_path.read_text(errors="replace")
-            from .table1 import failure_reason
-
-            why = ("no ready line within %.0f s" % timeout) if alive else failure_reason(err, self.p.returncode)
+            why = ("no ready line within %.0f s" % timeout) if alive else cli.failure_reason(err, self.p.returncode)
             raise ServeError(f"preheat serve --server {self.server}: {why}")
         try:
             info = json.loads(line)
@@ -494,10 +492,8 @@ def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path,
     atomic.write_text(raw / f"{tag}.cmd.txt", " ".join(cmd) + "\n")
     rc = proc.run_child(cmd, out, raw / f"{tag}.stderr.txt", timeout=seconds * 3 + 60)
     if rc != 0:
-        from .table1 import failure_reason
-
         raise RuntimeError(f"preheat load --wait {wait}: "
-                           + failure_reason((raw / f"{tag}.stderr.txt").read_text(errors="replace"), rc))
+                           + cli.failure_reason((raw / f"{tag}.stderr.txt").read_text(errors="replace"), rc))
     try:
         d = parse_ours(json.loads(out.read_text()))
     except ValueError as e:
@@ -508,11 +504,17 @@ def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path,
                            "loop, not the event loop (is this preheat build older than --wait "
                            "epoll?)")
     return Measurement(client=client_label(wait), side="ours", connections=connections,
-                       threads=d.get("threads"), duration_s=d.get("duration_s"),
-                       requests=d.get("requests"), throughput_rps=d.get("throughput_rps"),
-                       mean_us=d.get("mean_us"), p50_us=d.get("p50_us"), p90_us=d.get("p90_us"),
-                       p99_us=d.get("p99_us"), max_us=d.get("max_us"), errors=d.get("errors"),
+                       threads=d.get("threads"), duration_s=d.get("duration_s"), **_measured(d),
                        raw=out.name, wait=wait, client_loop=d.get("client_loop"))
+
+
+_MEASURED = ("requests", "throughput_rps", "mean_us", "p50_us", "p90_us", "p99_us", "max_us",
+             "errors")
+
+
+def _measured(d: dict) -> dict:
+    """The Measurement fields a parsed output gives the same way for ours and the peer."""
+    return {k: d.get(k) for k in _MEASURED}
 
 
 # Our rows per repeat: the main one first (compared for the verdict), then the extras.
@@ -552,10 +554,8 @@ def run_peer(server: str, info: dict, connections: int, seconds: float, raw: Pat
         raise RuntimeError(f"{Path(tool).name} exited {rc}: {(err or text)[-400:]}")
     d = PARSERS[server](text)
     return Measurement(client=Path(tool).name, side="peer", connections=connections,
-                       threads=d.get("threads", peer_threads(server, threads)), duration_s=d.get("duration_s", seconds),
-                       requests=d.get("requests"), throughput_rps=d.get("throughput_rps"),
-                       mean_us=d.get("mean_us"), p50_us=d.get("p50_us"), p90_us=d.get("p90_us"),
-                       p99_us=d.get("p99_us"), max_us=d.get("max_us"), errors=d.get("errors"),
+                       threads=d.get("threads", peer_threads(server, threads)),
+                       duration_s=d.get("duration_s", seconds), **_measured(d),
                        note=note, raw=out.name)
 
 
@@ -671,11 +671,9 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
                 save()
             state["state"] = "complete"
         except KeyboardInterrupt:  # proc.Interrupted, or one a C extension re-raised plainly
-            state["state"] = "interrupted (partial)"
-            state["interrupted_by"] = proc.interrupted_by()
+            code = proc.mark_interrupted(state)
             prog.log(f"peer: interrupted by {proc.interrupted_by()}; servers stopped, writing "
                      "what was measured")
-            code = 143 if proc.interrupted_by() == "SIGTERM" else 130
     save()
     for s, why in state["failed"].items():
         print(f"peer: {s} FAILED: {why}")
@@ -684,6 +682,5 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     if report:
         from . import labreport
 
-        labreport.build(out)
-        print(f"wrote {out / 'report.html'}")
+        labreport.publish(out)
     return code

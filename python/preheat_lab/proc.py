@@ -72,6 +72,14 @@ def reset_interrupt_state() -> None:
     _state["signal"] = None
 
 
+def mark_interrupted(state: dict) -> int:
+    """Record an interruption in a run's STATE (`state`, `interrupted_by`) and return the exit
+    code for it: 143 for SIGTERM, else 130."""
+    state["state"] = "interrupted (partial)"
+    state["interrupted_by"] = interrupted_by()
+    return 143 if interrupted_by() == "SIGTERM" else 130
+
+
 def terminate_group(p: subprocess.Popen, grace: float = 15.0) -> None:
     """SIGTERM to the child's process group, then SIGKILL after `grace` seconds."""
     if p.poll() is not None:

@@ -30,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from . import atomic  # noqa: E402
 from .cli import run_json  # noqa: E402
 from .report import Report  # noqa: E402
 
@@ -59,7 +60,7 @@ class Scale:
 
 
 def _save(out: Path, name: str, data) -> None:
-    (out / f"{name}.json").write_text(json.dumps(data, indent=1))
+    atomic.write_text(out / f"{name}.json", json.dumps(data, indent=1))
 
 
 def figure1(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
@@ -92,12 +93,12 @@ def figure1(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
                              "us_per_kib": f.get("slope_us_per_kib"),
                              "pearson_r": f.get("pearson_r")})
     fit = pd.DataFrame(fits)
-    fit.to_csv(out / "io-fit.csv", index=False)
+    atomic.write_csv(out / "io-fit.csv", fit)
     df = pd.DataFrame(rows)
     base = df[df.gap_us == 0].set_index(["device", "policy"])["p99_us"]
     df["p99_slowdown_vs_no_idle"] = [
         r.p99_us / base.get((r.device, r.policy), float("nan")) - 1 for r in df.itertuples()]
-    df.to_csv(out / "figure1.csv", index=False)
+    atomic.write_csv(out / "figure1.csv", df)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     for i, dev in enumerate(["file", "emulated"]):
         sub = df[df.device == dev]
@@ -116,8 +117,7 @@ def figure1(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
             ax.set_xscale("log")
             ax.legend()
     fig.tight_layout()
-    png = out / "figure1.png"
-    fig.savefig(png, dpi=110)
+    png = atomic.savefig(fig, out / "figure1.png", dpi=110)
     plt.close(fig)
     rep.heading("Figure 1: read latency and CPU awake time vs idle time")
     rep.text("4 KiB reads; the file is host-cached (measured), the SSD-like device is emulated "
@@ -137,7 +137,7 @@ def kernels(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
                         "speedup_vs_interrupt": m["speedup_vs_interrupt"],
                         "awake_vs_busy": m.get("awake_vs_busy"),
                         "wait_p50_us": m["wait_us"]["p50"]} for m in d["modes"]])
-    df.to_csv(out / "kernels.csv", index=False)
+    atomic.write_csv(out / "kernels.csv", df)
     acc = d.get("anticipatory_accuracy", {})
     rep.heading("Accelerator case: kernels on another thread")
     rep.text(f"prediction accuracy (share within ±{acc.get('tolerance')}): "
@@ -151,7 +151,7 @@ def wakeups(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     d = run_json(["wake", "bench", "--rounds", str(s.wake_rounds), "--gaps-us", s.wake_gaps])
     _save(out, "wakeups", d)
     df = pd.DataFrame(d["cells"])
-    df.to_csv(out / "wakeups.csv", index=False)
+    atomic.write_csv(out / "wakeups.csv", df)
     waiters = sorted(df.waiter.unique()) if len(df) else []
     if waiters:
         fig, axes = plt.subplots(1, len(waiters), figsize=(4 * len(waiters), 3.5), sharey=True)
@@ -166,8 +166,7 @@ def wakeups(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
             ax.legend()
         axes[0].set_ylabel("µs")
         fig.tight_layout()
-        png = out / "wakeups.png"
-        fig.savefig(png, dpi=110)
+        png = atomic.savefig(fig, out / "wakeups.png", dpi=110)
         plt.close(fig)
         rep.heading("Wake latency of blocked threads vs idle gap")
         rep.image(png, "p50 wake latency per mechanism and waiter")
@@ -206,7 +205,7 @@ def staged(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
                      "over_bound": m["over_bound"]["count"],
                      **_residency(m.get("residency"))})
     df = pd.DataFrame(rows)
-    df.to_csv(out / "stage.csv", index=False)
+    atomic.write_csv(out / "stage.csv", df)
     rep.heading("Staged bursts")
     rep.text(f"{d['rate_per_s']} requests/s for {d['duration_s']} s × {d['rounds']} rounds, "
              f"period {d['period_ms']} ms, bound {d['bound_ms']} ms (paper: 250 ms, p99.9 < 500 ms).")
@@ -230,7 +229,7 @@ def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
                      "energy_J": joules,
                      "energy_per_request_J": joules / m["requests"] if joules and m.get("requests") else None})
     df = pd.DataFrame(rows)
-    df.to_csv(out / "quiesce.csv", index=False)
+    atomic.write_csv(out / "quiesce.csv", df)
     rep.heading("Slack-enabled quiescence")
     rep.text("; ".join(d.get("notes", [])[:3]))
     rep.table(df.round(4))
@@ -256,6 +255,6 @@ def run_all(out: Path, quick: bool = False, only: List[str] | None = None) -> Di
         except Exception as e:  # one failed experiment must not lose the others
             rep.heading(name)
             rep.text(f"FAILED: {e}")
-            (out / f"{name}.error.txt").write_text(str(e))
+            atomic.write_text(out / f"{name}.error.txt", str(e))
     rep.write(out / "report.html")
     return results

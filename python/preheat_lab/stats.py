@@ -238,14 +238,7 @@ def paired_bootstrap(mat: np.ndarray, modes: Sequence[str],
 
 def share_fn(cold: str, warm: str, mode: str):
     """Vectorized (cold − mode)/(cold − warm) over per-mode statistics; NaN where cold ≤ warm."""
-
-    def f(s: Dict[str, np.ndarray]) -> np.ndarray:
-        d = s[cold] - s[warm]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            r = (s[cold] - s[mode]) / d
-        return np.where(d > 0, r, np.nan)
-
-    return f
+    return part_share_fn(cold, mode, cold, warm)
 
 
 def diff_fn(a: str, b: str):

@@ -20,7 +20,6 @@ overlap on a node.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import socket
@@ -101,10 +100,8 @@ def run_point_task(spec: dict) -> dict:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="preheat-sweep-") as tmp:
         t = Path(tmp)
-        cmd = [binary, "demo", "--server", spec["server"], *spec["args"], "--json",
-               "--out", str(t / "p.json")]
-        if spec.get("records"):
-            cmd += ["--records", str(t / "p.jsonl")]
+        cmd = table1.demo_argv(binary, spec["server"], spec["args"], t / "p.json",
+                               t / "p.jsonl" if spec.get("records") else None)
         res = {"id": spec["id"], "host": socket.gethostname(), "command": cmd}
         try:
             rc = proc.run_child(cmd, t / "stdout.txt", t / "stderr.txt", timeout=spec["timeout"])
@@ -304,10 +301,10 @@ def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], ser
         for gi, (gkey, g) in enumerate(groups):
             gkey = gkey if isinstance(gkey, tuple) else (gkey,)
             suffix = (" [" + ", ".join(f"{o}={v}" for o, v in zip(others, gkey)) + "]") if others else ""
-            for i, (mode, gm) in enumerate(g.groupby("mode", sort=False)):
+            for mode, gm in g.groupby("mode", sort=False):
                 gm = gm.sort_values(name, key=lambda c: c.map(xpos))
                 x = [xpos[v] for v in gm[name]]
-                color, _ = table1._style(mode, i)
+                color, _ = table1._style(mode)
                 mk, ls = markers[gi % len(markers)], dashes[gi % len(dashes)]
                 yerr = [(gm["p50"] - gm["p50_lo"]).clip(lower=0), (gm["p50_hi"] - gm["p50"]).clip(lower=0)]
                 a1.errorbar(x, gm["p50"], yerr=yerr, marker=mk, capsize=3, color=color,
@@ -380,7 +377,8 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
                   "measurements interfere (CPU, caches, memory bandwidth); use --jobs 1 for "
                   "numbers you report", file=sys.stderr)
     topo = cli.topology()
-    atomic.write_json(out / "topology.json", topo) if not (out / "topology.json").exists() else None
+    if not (out / "topology.json").exists():
+        atomic.write_json(out / "topology.json", topo)
     state = {"kind": "sweep", "state": "running", "server": server, "executor": executor,
              "jobs": jobs, "ray_address": ray_address,
              "params": {n: v for n, v in params}, "base": asdict(base), "points": points}
@@ -420,8 +418,7 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
             ex.close()
             state["state"] = "complete"
         except KeyboardInterrupt:  # proc.Interrupted, or one a C extension re-raised plainly
-            state["state"] = "interrupted (partial)"
-            state["interrupted_by"] = proc.interrupted_by()
+            code = proc.mark_interrupted(state)
             prog.log(f"sweep: interrupted by {proc.interrupted_by()}: stopping the running points")
             if ex is not None:
                 for sid in ex.running_ids():
@@ -429,43 +426,37 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
                     by_id[sid]["reason"] = (f"interrupted by {proc.interrupted_by()} (a point's "
                                             "samples are kept only when it completes)")
                 ex.stop()
-            code = 143 if proc.interrupted_by() == "SIGTERM" else 130
     for p in points:
         if p["status"] == "pending":
             p["status"] = "not run"
-    res = analyze_points(sdir, points, topo, boot)
-    if len(res):
-        atomic.write_table(sdir / "sweep", res)
-    else:
-        atomic.write_csv(sdir / "sweep.csv", res)
-    state["figures"] = [p.name for p in plots(sdir, res, params, server)]
-    state["rows"] = int(len(res))
-    save()
+    _tabulate(sdir, state, topo, boot, empty_csv=True)
     if report:
         from . import labreport
 
-        labreport.build(out)
-        print(f"wrote {out / 'report.html'}")
+        labreport.publish(out)
     return code
+
+
+def _tabulate(sdir: Path, state: dict, topo: dict, boot: int, empty_csv: bool) -> None:
+    """sweep.csv/.parquet and the plots from STATE's points and sweep/raw, then sweep.json with
+    the figures and the row count (EMPTY_CSV: write sweep.csv even without a row)."""
+    params = list((state.get("params") or {}).items())
+    res = analyze_points(sdir, state.get("points", []), topo, boot)
+    if len(res):
+        atomic.write_table(sdir / "sweep", res)
+    elif empty_csv:
+        atomic.write_csv(sdir / "sweep.csv", res)
+    state["figures"] = [p.name for p in plots(sdir, res, params, state.get("server", "?"))]
+    state["rows"] = int(len(res))
+    atomic.write_json(sdir / "sweep.json", state)
 
 
 def reanalyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> bool:
     """Rebuild DIR/sweep's table and plots from sweep.json and sweep/raw (for `report`)."""
     sdir = Path(out) / "sweep"
-    try:
-        state = json.loads((sdir / "sweep.json").read_text())
-    except (OSError, ValueError):
+    state = cli.read_json(sdir / "sweep.json")
+    if state is None:
         return False
-    topo = {}
-    try:
-        topo = json.loads((Path(out) / "topology.json").read_text())
-    except (OSError, ValueError):
-        pass
-    params = [(n, v) for n, v in (state.get("params") or {}).items()]
-    res = analyze_points(sdir, state.get("points", []), topo, boot)
-    if len(res):
-        atomic.write_table(sdir / "sweep", res)
-    state["figures"] = [p.name for p in plots(sdir, res, params, state.get("server", "?"))]
-    state["rows"] = int(len(res))
-    atomic.write_json(sdir / "sweep.json", state)
+    _tabulate(sdir, state, cli.read_json(Path(out) / "topology.json") or {}, boot,
+              empty_csv=False)
     return True

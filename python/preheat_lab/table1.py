@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from . import atomic, cli, proc, stats
+from .cli import failure_reason, read_json  # noqa: F401  (failure_reason: part of this API)
 from .progress import Progress
 
 SERVERS = ["kv", "memcached", "nginx", "redis", "mariadb"]
@@ -107,12 +108,17 @@ class DemoOptions:
         return len(BASE_MODES) + len([s for s in strategies.split(",") if s])
 
 
-def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Optional[Path]) -> List[str]:
-    cmd = [cli.preheat_bin(), "demo", "--server", server, *opts.args(), "--json",
-           "--out", str(out_json)]
+def demo_argv(binary: str, server: str, args: Sequence[str], out_json: Path,
+              records: Optional[Path]) -> List[str]:
+    """`BINARY demo --server S ARGS --json --out OUT_JSON [--records RECORDS]`."""
+    cmd = [binary, "demo", "--server", server, *args, "--json", "--out", str(out_json)]
     if records is not None:
         cmd += ["--records", str(records)]
     return cmd
+
+
+def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Optional[Path]) -> List[str]:
+    return demo_argv(cli.preheat_bin(), server, opts.args(), out_json, records)
 
 
 def check_flags(opts: DemoOptions) -> List[str]:
@@ -122,22 +128,6 @@ def check_flags(opts: DemoOptions) -> List[str]:
         if getattr(opts, name) is not None and not cli.supports("demo", flag):
             missing.append(flag)
     return missing
-
-
-def failure_reason(stderr: str, rc: int) -> str:
-    """The line that explains a failed demo: the one naming scripts/setup-lab.sh or the Debian
-    package, else the last `Error:` / panic line, else the tail of stderr."""
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if "setup-lab.sh" in ln or "not installed" in ln.lower():
-            i = lines.index(ln)
-            return " ".join(lines[max(0, i - 1):i + 2])[:600]
-    for ln in lines:
-        if ln.startswith("Error") or "panicked" in ln:
-            i = lines.index(ln)
-            return " ".join(lines[i:i + 3])[:600]
-    tail = " | ".join(lines[-3:]) if lines else "(no output)"
-    return f"exit code {rc}: {tail}"[:600]
 
 
 def count_lines(path: Path) -> int:
@@ -189,10 +179,10 @@ def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Optional[Progress]
         run.status, run.reason = "failed", failure_reason(err, rc)
     if run.status == "ok" and not out_json.exists():
         # An older CLI without --out support: the JSON went to stdout.
-        so = raw / f"{server}.stdout.txt"
         try:
-            json.loads(so.read_text())
-            atomic.write_text(out_json, so.read_text())
+            text = (raw / f"{server}.stdout.txt").read_text()
+            json.loads(text)
+            atomic.write_text(out_json, text)
         except (OSError, ValueError):
             run.status, run.reason = "failed", "the demo printed no JSON"
     return run
@@ -310,6 +300,15 @@ def _first(*vals):
     return None
 
 
+def _removed(mat: np.ndarray, modes: List[str], stat: str, boot: int) -> Dict[str, stats.Derived]:
+    """Share of the cold overhead each mode (but warm and cold) removes, paired bootstrap over
+    rounds; empty without both baselines."""
+    if COLD not in modes or WARM not in modes:
+        return {}
+    fns = {m: stats.share_fn(COLD, WARM, m) for m in modes if m not in (WARM, COLD)}
+    return stats.paired_bootstrap(mat, modes, fns, stat, boot)
+
+
 def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                    boot: int = stats.DEFAULT_BOOT) -> Dict[str, pd.DataFrame]:
     """Table 1 rows, decomposition rows and the headline (beside the paper) for one server."""
@@ -319,11 +318,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     mat, rounds = stats.round_matrix(df, modes)
     have_baseline = COLD in modes and WARM in modes
 
-    shares: Dict[str, Dict[str, stats.Derived]] = {}
-    if have_baseline:
-        for st in ("mean", "p50"):
-            fns = {m: stats.share_fn(COLD, WARM, m) for m in modes if m not in (WARM, COLD)}
-            shares[st] = stats.paired_bootstrap(mat, modes, fns, st, boot)
+    shares = {st: _removed(mat, modes, st, boot) for st in ("mean", "p50")}
 
     rows = []
     for m in modes:
@@ -433,17 +428,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                 "preheat_us": t.loc[lines_mode].get("preheat_us_mean"),
                 "n": f"warm {t.loc[WARM, 'n']}, cold {t.loc[COLD, 'n']}, {sm} {t.loc[sm, 'n']}",
                 "label": "measured (mean)"})
-    p = PAPER.get(server)
-    head.append({
-        "server": server, "server_name": DISPLAY.get(server, server), "source": PAPER_LABEL,
-        "preheated_mode": "preheated (paper)" if p else "—",
-        "warm": p["warm"] if p else None, "cold": p["cold"] if p else None,
-        "preheated": p["preheated"] if p else None,
-        "removed": paper_removed(server) if p else None, "removed_lo": None, "removed_hi": None,
-        "cpi": (f"{p['cpi_warm']} / {p['cpi_cold']} / {p['cpi_preheated']}" if p else "—"),
-        "ws_kib": p["ws_kib"] if p else None, "preheat_us": p["preheat_us"] if p else None,
-        "n": "100000 requests" if p else "—",
-        "label": "paper (averages)" if p else "— (no row in the paper)"})
+    head.append(_paper_row(server))
     # Request kinds (MariaDB's TPC-C-like transaction types: every mode of a round measures the
     # same type): the same table per kind, so a mix of fast and slow types does not hide what
     # happens to each.
@@ -452,10 +437,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
         for kind, dk in df.groupby("kind", sort=True):
             kmodes = [m for m in modes if m in set(dk["mode"])]
             kmat, krounds = stats.round_matrix(dk, kmodes)
-            kshare = {}
-            if COLD in kmodes and WARM in kmodes:
-                fns = {m: stats.share_fn(COLD, WARM, m) for m in kmodes if m not in (WARM, COLD)}
-                kshare = stats.paired_bootstrap(kmat, kmodes, fns, "p50", boot)
+            kshare = _removed(kmat, kmodes, "p50", boot)
             for m in kmodes:
                 s_ = stats.summarize(dk.loc[dk["mode"] == m, "latency_us"], boot)
                 d = kshare.get(m)
@@ -483,7 +465,7 @@ MODE_STYLE = {"warm": ("#2c7bb6", "-"), "cold-sweep": ("#d7191c", "-"),
               "preheat:wake+lines+replay": ("#762a83", "-"), "preheat:all": ("#762a83", "-")}
 
 
-def _style(mode: str, i: int):
+def _style(mode: str):
     """The same colour for a mode in every plot (strategies outside the usual set: by name)."""
     if mode in MODE_STYLE:
         return MODE_STYLE[mode]
@@ -492,12 +474,12 @@ def _style(mode: str, i: int):
 
 
 def cdf_axes(ax, df: pd.DataFrame, modes: Sequence[str], title: str) -> None:
-    for i, m in enumerate(modes):
+    for m in modes:
         v = np.sort(stats.clean(df.loc[df["mode"] == m, "latency_us"]))
         if len(v) == 0:
             continue
         y = np.arange(0, len(v) + 1) / len(v)
-        color, ls = _style(m, i)
+        color, ls = _style(m)
         ax.step(np.concatenate([[v[0]], v]), y, where="post", color=color, linestyle=ls,
                 label=f"{m} (n={len(v)})", linewidth=1.5 if m in (WARM, COLD) else 1.1)
     ax.set_xscale("log")
@@ -521,10 +503,12 @@ def figure3(out: Path, samples: pd.DataFrame, metas: Dict[str, dict]) -> List[Pa
     import matplotlib.pyplot as plt
 
     written = []
-    servers = [s for s in samples["server"].unique()]
+    servers = list(samples["server"].unique())
+    per_server = {}
     for s in servers:
         d = samples[samples["server"] == s]
-        modes = mode_order(d["mode"].unique().tolist(), metas.get(s))
+        per_server[s] = d, mode_order(d["mode"].unique().tolist(), metas.get(s))
+    for s, (d, modes) in per_server.items():
         fig, ax = plt.subplots(figsize=(9, 4.5))
         cdf_axes(ax, d, modes, f"{DISPLAY.get(s, s)}: response time CDF (measured)")
         fig.tight_layout()
@@ -536,9 +520,8 @@ def figure3(out: Path, samples: pd.DataFrame, metas: Dict[str, dict]) -> List[Pa
         nrow = math.ceil(len(servers) / ncol)
         fig, axes = plt.subplots(nrow, ncol, figsize=(8.5 * ncol, 4.2 * nrow), squeeze=False)
         for ax, s in zip(axes.flat, servers):
-            d = samples[samples["server"] == s]
-            cdf_axes(ax, d, mode_order(d["mode"].unique().tolist(), metas.get(s)),
-                     f"{DISPLAY.get(s, s)} (measured)")
+            d, modes = per_server[s]
+            cdf_axes(ax, d, modes, f"{DISPLAY.get(s, s)} (measured)")
         for ax in list(axes.flat)[len(servers):]:
             ax.axis("off")
         fig.suptitle("Figure 3 equivalent: cumulative response-time distribution per mode")
@@ -557,8 +540,8 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
     """(Re)build every derived artifact from DIR/raw and DIR/runs.json; returns the summary."""
     out = Path(out)
     raw = out / "raw"
-    status = _read_json(out / "runs.json") or {}
-    topo = _read_json(out / "topology.json") or {}
+    status = read_json(out / "runs.json") or {}
+    topo = read_json(out / "topology.json") or {}
     servers = status.get("servers") or sorted(p.stem for p in raw.glob("*.json"))
     frames, metas, tables, decomps, heads, kinds = [], {}, [], [], [], []
     per_server = {}
@@ -580,10 +563,10 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
         heads.append(a["headline"])
         if len(a["by_kind"]):
             kinds.append(a["by_kind"])
+    with_rows = {h["server"].iloc[0] for h in heads if len(h)}
     for s in SERVERS:  # paper rows for servers without data (failed or not run)
-        if s in PAPER and s not in {h["server"].iloc[0] for h in heads if len(h)}:
-            if s in servers:
-                heads.append(analyze_server_paper_only(s))
+        if s in PAPER and s in servers and s not in with_rows:
+            heads.append(analyze_server_paper_only(s))
     samples = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SAMPLE_COLUMNS)
     table = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
     decomp = pd.concat(decomps, ignore_index=True) if decomps else pd.DataFrame()
@@ -631,22 +614,23 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
     return summary
 
 
-def analyze_server_paper_only(server: str) -> pd.DataFrame:
-    p = PAPER[server]
-    return pd.DataFrame([{
+def _paper_row(server: str) -> dict:
+    """The headline row of the paper's Table 1 for SERVER (placeholders when it has none)."""
+    p = PAPER.get(server)
+    return {
         "server": server, "server_name": DISPLAY.get(server, server), "source": PAPER_LABEL,
-        "preheated_mode": "preheated (paper)", "warm": p["warm"], "cold": p["cold"],
-        "preheated": p["preheated"], "removed": paper_removed(server), "removed_lo": None,
-        "removed_hi": None, "cpi": f"{p['cpi_warm']} / {p['cpi_cold']} / {p['cpi_preheated']}",
-        "ws_kib": p["ws_kib"], "preheat_us": p["preheat_us"], "n": "100000 requests",
-        "label": "paper (averages)"}])
+        "preheated_mode": "preheated (paper)" if p else "—",
+        "warm": p["warm"] if p else None, "cold": p["cold"] if p else None,
+        "preheated": p["preheated"] if p else None,
+        "removed": paper_removed(server) if p else None, "removed_lo": None, "removed_hi": None,
+        "cpi": (f"{p['cpi_warm']} / {p['cpi_cold']} / {p['cpi_preheated']}" if p else "—"),
+        "ws_kib": p["ws_kib"] if p else None, "preheat_us": p["preheat_us"] if p else None,
+        "n": "100000 requests" if p else "—",
+        "label": "paper (averages)" if p else "— (no row in the paper)"}
 
 
-def _read_json(p: Path):
-    try:
-        return json.loads(Path(p).read_text())
-    except (OSError, ValueError):
-        return None
+def analyze_server_paper_only(server: str) -> pd.DataFrame:
+    return pd.DataFrame([_paper_row(server)])
 
 
 def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.DEFAULT_BOOT,
@@ -685,11 +669,9 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
                     prog.advance(f"done in {r.seconds:.1f} s")
             status["state"] = "complete"
         except KeyboardInterrupt:  # proc.Interrupted, or one a C extension re-raised plainly
-            status["state"] = "interrupted (partial)"
-            status["interrupted_by"] = proc.interrupted_by()
+            code = proc.mark_interrupted(status)
             prog.log(f"table1: interrupted by {proc.interrupted_by()}: the servers were stopped; "
                      "writing the report from what was measured so far")
-            code = 143 if proc.interrupted_by() == "SIGTERM" else 130
         atomic.write_json(out / "runs.json", status)
     summary = analyze(out, boot)
     for s, why in summary["failed"].items():
@@ -697,6 +679,5 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
     if report:
         from . import labreport
 
-        labreport.build(out)
-        print(f"wrote {out / 'report.html'}")
+        labreport.publish(out)
     return code
