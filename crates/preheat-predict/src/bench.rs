@@ -25,6 +25,7 @@ use crate::aio::{
     Policy, ReadRecord, ReaderConfig, ServiceModel, ALIGN,
 };
 use crate::linear::{ModelStats, OnlineFit, OpKind, PredictorConfig};
+use crate::measure::{add_cpu_ns, on_own_thread, opt};
 use crate::stats::{summarize, Summary};
 use crate::wait::{loadavg, set_own_timer_slack, ThreadCpuClock};
 
@@ -222,12 +223,9 @@ pub fn run_bench(cfg: &BenchConfig) -> Result<BenchReport> {
         DeviceSpec::Emulated => None,
     };
     let cfg2 = cfg.clone();
-    std::thread::Builder::new()
-        .name("preheat-io-requester".into())
-        .spawn(move || requester(&cfg2, path.as_deref()))
-        .context("spawning the requester thread")?
-        .join()
-        .map_err(|_| anyhow::anyhow!("requester thread panicked"))?
+    on_own_thread("preheat-io-requester", "requester", move || {
+        requester(&cfg2, path.as_deref())
+    })
 }
 
 /// Shuts the bench's own wake planner down (restoring every setting it changed) and removes
@@ -323,10 +321,7 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
                 let c1 = clock.as_ref().and_then(|c| c.now().ok());
                 if round >= cfg.warmup {
                     recs[i].push(rec);
-                    cpu_ns[i] = match (cpu_ns[i], c0, c1) {
-                        (Some(acc), Some(a), Some(b)) => Some(acc + b.saturating_sub(a)),
-                        _ => None,
-                    };
+                    cpu_ns[i] = add_cpu_ns(cpu_ns[i], c0, c1);
                 }
             }
         }
@@ -406,10 +401,6 @@ fn cell(
         planned_wake_us: (!planned.is_empty()).then(|| us(planned.into_iter())),
         wake_lag_us: (!lag.is_empty()).then(|| us(lag.into_iter())),
     }
-}
-
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map_or_else(|| "–".into(), |x| format!("{x:.prec$}"))
 }
 
 /// Human-readable table; every row is prefixed with its label.

@@ -41,6 +41,7 @@ use preheat_engine::time::now_ns;
 use crate::aio::{std_normal, Label};
 use crate::history::{AccuracyReport, HistoryKind, RuntimeHistory};
 use crate::linear::{MarginConfig, WakeMargin};
+use crate::measure::{add_cpu_ns, on_own_thread, opt};
 use crate::stats::{summarize, Summary};
 use crate::wait::{self, loadavg, set_own_timer_slack, Completion, ThreadCpuClock, WaitPolicy};
 
@@ -393,12 +394,7 @@ pub fn run_kernels(cfg: &KernelsConfig) -> Result<KernelsReport> {
         bail!("need points ≥ k ≥ 1 and dims ≥ 1");
     }
     let cfg2 = cfg.clone();
-    std::thread::Builder::new()
-        .name("preheat-kernels-ctl".into())
-        .spawn(move || control(&cfg2))
-        .context("spawning the control thread")?
-        .join()
-        .map_err(|_| anyhow!("control thread panicked"))?
+    on_own_thread("preheat-kernels-ctl", "control", move || control(&cfg2))
 }
 
 fn control(cfg: &KernelsConfig) -> Result<KernelsReport> {
@@ -462,10 +458,7 @@ fn control(cfg: &KernelsConfig) -> Result<KernelsReport> {
                 iteration(s)?;
             }
             let c1 = clock.as_ref().and_then(|c| c.now().ok());
-            s.cpu_ns = match (s.cpu_ns, c0, c1) {
-                (Some(acc), Some(a), Some(b)) => Some(acc + b.saturating_sub(a)),
-                _ => None,
-            };
+            s.cpu_ns = add_cpu_ns(s.cpu_ns, c0, c1);
         }
     }
     let total_of = |m: WaitMode| {
@@ -574,10 +567,6 @@ fn iteration(s: &mut ModeState) -> Result<()> {
     s.awake_ns.push(o.awake_ns());
     s.done += 1;
     Ok(())
-}
-
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map_or_else(|| "–".into(), |x| format!("{x:.prec$}"))
 }
 
 /// Human-readable table; every row is labeled.

@@ -28,6 +28,7 @@ mod cli;
 pub mod history;
 pub mod kernels;
 pub mod linear;
+mod measure;
 pub mod stats;
 pub mod wait;
 

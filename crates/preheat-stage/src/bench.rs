@@ -581,9 +581,7 @@ fn quiet_gate(o: &LoadOpts<'_>, stop: &AtomicBool) -> bool {
 fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
     std::thread::sleep(o.settle);
     let gate_met = quiet_gate(o, stop);
-    let mark = cpu_use::cpu_use_mark(o.own_pids);
-    let wk = backend_wakeups(o.own_pids);
-    let before = snapshot(o.sysfs);
+    let window = WindowStart::read(o);
     let start = Instant::now();
     while !stop.load(Ordering::SeqCst) && start.elapsed() < o.duration {
         std::thread::sleep(
@@ -592,35 +590,60 @@ fn run_idle(o: &LoadOpts<'_>, stop: &AtomicBool) -> LoadRun {
                 .min(Duration::from_millis(250)),
         );
     }
-    let send_window = start.elapsed();
-    let after = snapshot(o.sysfs);
-    let backend_wakeups = wk
-        .zip(backend_wakeups(o.own_pids))
-        .map(|(a, b)| b.saturating_sub(a));
-    let cpu_use = mark
-        .zip(cpu_use::cpu_use_mark(o.own_pids))
-        .map(|(a, b)| cpu_use::cpu_use(&a, &b));
-    LoadRun {
-        hist: new_hist(),
-        sent: 0,
-        completed: 0,
-        hits: 0,
-        misses: 0,
-        errors: 0,
-        mismatched: 0,
-        late: 0,
-        unanswered: 0,
-        send_errors: 0,
-        send_lag_sum_us: 0,
-        send_lag_max_us: 0,
-        send_window,
-        residency: match (before, after) {
-            (Ok(b), Ok(a)) => b.diff(&a).map_err(|e| e.to_string()),
-            (Err(e), _) | (_, Err(e)) => Err(e),
-        },
-        gate_met,
-        cpu_use,
-        backend_wakeups,
+    window.finish(o, start.elapsed(), gate_met)
+}
+
+/// The machine's counters at the start of a measured window: CPU use, the wakeups of the
+/// backend we started, cpuidle residency.
+struct WindowStart {
+    cpu_use: Option<cpu_use::CpuUseMark>,
+    backend_wakeups: Option<u64>,
+    residency: Result<Snapshot, String>,
+}
+
+impl WindowStart {
+    fn read(o: &LoadOpts<'_>) -> WindowStart {
+        WindowStart {
+            cpu_use: cpu_use::cpu_use_mark(o.own_pids),
+            backend_wakeups: backend_wakeups(o.own_pids),
+            residency: snapshot(o.sysfs),
+        }
+    }
+
+    /// Reads the counters again (the window ends now): the window as a run with no requests
+    /// counted yet.
+    fn finish(self, o: &LoadOpts<'_>, send_window: Duration, gate_met: bool) -> LoadRun {
+        let after = snapshot(o.sysfs);
+        let backend_wakeups = self
+            .backend_wakeups
+            .zip(backend_wakeups(o.own_pids))
+            .map(|(a, b)| b.saturating_sub(a));
+        let cpu_use = self
+            .cpu_use
+            .zip(cpu_use::cpu_use_mark(o.own_pids))
+            .map(|(a, b)| cpu_use::cpu_use(&a, &b));
+        LoadRun {
+            hist: new_hist(),
+            sent: 0,
+            completed: 0,
+            hits: 0,
+            misses: 0,
+            errors: 0,
+            mismatched: 0,
+            late: 0,
+            unanswered: 0,
+            send_errors: 0,
+            send_lag_sum_us: 0,
+            send_lag_max_us: 0,
+            send_window,
+            residency: match (self.residency, after) {
+                (Ok(b), Ok(a)) => b.diff(&a).map_err(|e| e.to_string()),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            },
+            gate_met,
+            cpu_use,
+            backend_wakeups,
+        }
     }
 }
 
@@ -700,9 +723,7 @@ fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<L
     let gate_met = quiet_gate(o, stop);
 
     let mut rng = Rng(o.seed);
-    let mark = cpu_use::cpu_use_mark(o.own_pids);
-    let wk = backend_wakeups(o.own_pids);
-    let before = snapshot(o.sysfs);
+    let window = WindowStart::read(o);
     let start = Instant::now();
     let end = start + o.duration;
     let mut t = start;
@@ -738,17 +759,7 @@ fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<L
         &outstanding,
         Instant::now() + o.bound * 2 + Duration::from_secs(2),
     );
-    let after = snapshot(o.sysfs);
-    let backend_wakeups = wk
-        .zip(backend_wakeups(o.own_pids))
-        .map(|(a, b)| b.saturating_sub(a));
-    let cpu_use = mark
-        .zip(cpu_use::cpu_use_mark(o.own_pids))
-        .map(|(a, b)| cpu_use::cpu_use(&a, &b));
-    let residency = match (before, after) {
-        (Ok(b), Ok(a)) => b.diff(&a).map_err(|e| e.to_string()),
-        (Err(e), _) | (_, Err(e)) => Err(e),
-    };
+    let window = window.finish(o, send_window, gate_met);
     let mut unanswered = 0;
     for (s, track) in &conns {
         unanswered += track
@@ -761,23 +772,12 @@ fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<L
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
     let mut run = LoadRun {
-        hist: new_hist(),
         sent,
-        completed: 0,
-        hits: 0,
-        misses: 0,
-        errors: 0,
-        mismatched: 0,
-        late: 0,
         unanswered,
         send_errors,
         send_lag_sum_us: lag_sum,
         send_lag_max_us: lag_max,
-        send_window,
-        residency,
-        gate_met,
-        cpu_use,
-        backend_wakeups,
+        ..window
     };
     for h in readers {
         let r = h

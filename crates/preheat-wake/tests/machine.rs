@@ -79,6 +79,21 @@ impl Drop for PutBack {
     }
 }
 
+/// The real PM QoS file of `cpu` with `original` written to it, and the guard that puts back
+/// what it held before; `None` (after printing SKIP) where it cannot be changed.
+fn set_real_pm_qos(cpu: u32, original: &str) -> Option<(PathBuf, PutBack)> {
+    let path = match real_pm_qos(cpu) {
+        Ok(p) => p,
+        Err(why) => {
+            skip(&why);
+            return None;
+        }
+    };
+    let put_back = PutBack::new(&path);
+    write(&path, original);
+    Some((path, put_back))
+}
+
 fn start(dir: &Path, mech: MechChoice) -> Daemon {
     let mut cfg = Config::new(dir);
     cfg.mech = mech;
@@ -106,13 +121,10 @@ fn status(dir: &Path) -> Status {
 fn pm_qos_window_sets_na_and_restores_the_original() {
     let _s = serial();
     let cpu = test_cpu();
-    let path = match real_pm_qos(cpu) {
-        Ok(p) => p,
-        Err(why) => return skip(&why),
-    };
-    let _put_back = PutBack::new(&path);
     // A distinctive original value, so "restored" cannot be confused with the default.
-    write(&path, "125");
+    let Some((path, _put_back)) = set_real_pm_qos(cpu, "125") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let d = start(dir.path(), MechChoice::PmQos);
     let st = d.status();
@@ -182,13 +194,10 @@ fn pm_qos_window_sets_na_and_restores_the_original() {
 fn journal_left_by_a_crash_is_restored_at_start() {
     let _s = serial();
     let cpu = test_cpu();
-    let path = match real_pm_qos(cpu) {
-        Ok(p) => p,
-        Err(why) => return skip(&why),
-    };
-    let _put_back = PutBack::new(&path);
     // What a daemon that died mid-window leaves: the value changed, the original journalled.
-    write(&path, "n/a");
+    let Some((path, _put_back)) = set_real_pm_qos(cpu, "n/a") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let jp = dir.path().join(Journal::FILE);
     Journal {
@@ -507,12 +516,9 @@ fn child_with_window(dir: &Path, cpu: u32, path: &Path) -> Option<(ChildDaemon, 
 fn sigterm_restores_settings() {
     let _s = serial();
     let cpu = test_cpu();
-    let path = match real_pm_qos(cpu) {
-        Ok(p) => p,
-        Err(why) => return skip(&why),
+    let Some((path, _put_back)) = set_real_pm_qos(cpu, "125") else {
+        return;
     };
-    let _put_back = PutBack::new(&path);
-    write(&path, "125");
     let dir = tempfile::tempdir().unwrap();
     let Some((mut ch, _c)) = child_with_window(dir.path(), cpu, &path) else {
         return;
@@ -531,12 +537,9 @@ fn sigterm_restores_settings() {
 fn sigkill_then_the_next_daemon_restores_from_the_journal() {
     let _s = serial();
     let cpu = test_cpu();
-    let path = match real_pm_qos(cpu) {
-        Ok(p) => p,
-        Err(why) => return skip(&why),
+    let Some((path, _put_back)) = set_real_pm_qos(cpu, "125") else {
+        return;
     };
-    let _put_back = PutBack::new(&path);
-    write(&path, "125");
     let dir = tempfile::tempdir().unwrap();
     let Some((mut ch, c)) = child_with_window(dir.path(), cpu, &path) else {
         return;

@@ -438,18 +438,24 @@ impl AgentClient {
 
 // ---------------------------------------------------------------------- memcached client
 
+/// A client connection to `127.0.0.1:port` with the test I/O timeouts and no Nagle delay,
+/// buffered for reading replies.
+fn client_stream(port: u16) -> BufReader<TcpStream> {
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
+    s.set_nodelay(true).unwrap();
+    BufReader::new(s)
+}
+
 pub struct Mc {
     r: BufReader<TcpStream>,
 }
 
 impl Mc {
     pub fn connect(port: u16) -> Mc {
-        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_nodelay(true).unwrap();
         Mc {
-            r: BufReader::new(s),
+            r: client_stream(port),
         }
     }
 
@@ -580,12 +586,8 @@ pub struct Http {
 
 impl Http {
     pub fn connect(port: u16) -> Http {
-        let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_write_timeout(Some(IO_TIMEOUT)).unwrap();
-        s.set_nodelay(true).unwrap();
         Http {
-            r: BufReader::new(s),
+            r: client_stream(port),
         }
     }
 
