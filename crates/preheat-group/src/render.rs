@@ -1,0 +1,124 @@
+//! The dependency tree of Busse et al. (SAC'15) §3, Figure 4, as indented text.
+//!
+//! One node per line, children indented by two spaces under their parent, left child first:
+//!
+//! ```text
+//! d=1.000 {0,1,2,3,4}  [split: 6.000 > 1.5 x 1.000]
+//!   d=6.000 {0,1,3,4}  [set 1: 9.000 <= 1.5 x 6.000]
+//!     d=9.000 {0,3}
+//!       task 0
+//!       task 3
+//!     d=7.000 {1,4}
+//!       task 1
+//!       task 4
+//!   task 2  [set 2]
+//! ```
+//!
+//! Inner nodes show d (eq. 1 between their children) and their tasks; leaves show their task
+//! and its label when it differs from the task number. The walk's decisions are marked: nodes
+//! it split, with the comparison that split them, and nodes that became sets, numbered as in
+//! [`Grouping::sets`], with the comparison that kept them together.
+
+use std::fmt::Write;
+
+use crate::split::{splits, Grouping};
+
+impl Grouping {
+    /// The tree as indented text with the walk's decisions marked (see the module docs).
+    /// `labels` name the tasks (may be empty).
+    pub fn render_tree(&self, labels: &[String]) -> String {
+        let tree = &self.tree;
+        let mut set_no = vec![None; tree.nodes.len()];
+        for (k, &id) in self.set_nodes.iter().enumerate() {
+            set_no[id] = Some(k + 1);
+        }
+        let mut out = String::new();
+        // (node, depth, whether the walk reached it); explicit stack for deep trees.
+        let mut stack = vec![(tree.root, 0usize, true)];
+        while let Some((id, depth, walked)) = stack.pop() {
+            let node = tree.node(id);
+            let _ = write!(out, "{:width$}", "", width = 2 * depth);
+            match (node.left, node.right) {
+                (Some(l), Some(r)) => {
+                    let _ = write!(out, "d={:.3} {{{}}}", node.d, join(&node.tasks));
+                    let (dl, dr) = (tree.node(l).d, tree.node(r).d);
+                    let m = dl.max(dr);
+                    let bar = self.t * node.d;
+                    let reason = if self.t.is_infinite() {
+                        "t = inf".to_string()
+                    } else if splits(node.d, dl, dr, self.t) && bar == 0.0 {
+                        format!("t x d = {} x {:.3} = 0", self.t, node.d)
+                    } else if m > bar {
+                        format!("{m:.3} > {} x {:.3}", self.t, node.d)
+                    } else {
+                        format!("{m:.3} <= {} x {:.3}", self.t, node.d)
+                    };
+                    let below = match set_no[id] {
+                        Some(k) if walked => {
+                            let _ = write!(out, "  [set {k}: {reason}]");
+                            false
+                        }
+                        _ if walked => {
+                            let _ = write!(out, "  [split: {reason}]");
+                            true
+                        }
+                        _ => false,
+                    };
+                    stack.push((r, depth + 1, below));
+                    stack.push((l, depth + 1, below));
+                }
+                _ => {
+                    let task = node.tasks[0];
+                    let _ = write!(out, "task {task}");
+                    if let Some(label) = labels.get(task).filter(|l| **l != task.to_string()) {
+                        let _ = write!(out, " ({label})");
+                    }
+                    if let (Some(k), true) = (set_no[id], walked) {
+                        let _ = write!(out, "  [set {k}]");
+                    }
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Tasks as `0,1,3`.
+pub fn join(tasks: &[usize]) -> String {
+    let mut s = String::new();
+    for (i, x) in tasks.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        let _ = write!(s, "{x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{group, CommMatrix};
+
+    #[test]
+    fn marks_splits_sets_and_labels() {
+        let m = CommMatrix::new(vec![
+            vec![0.0, 4.0, 0.0],
+            vec![4.0, 0.0, 1.0],
+            vec![0.0, 1.0, 0.0],
+        ])
+        .unwrap()
+        .with_labels(vec!["a".into(), "1".into(), "c".into()])
+        .unwrap();
+        let g = group(&m, 1.5).unwrap();
+        let text = g.render_tree(m.labels());
+        assert_eq!(
+            text,
+            "d=0.500 {0,1,2}  [split: 4.000 > 1.5 x 0.500]\n\
+             \x20 d=4.000 {0,1}  [set 1: 0.000 <= 1.5 x 4.000]\n\
+             \x20   task 0 (a)\n\
+             \x20   task 1\n\
+             \x20 task 2 (c)  [set 2]\n"
+        );
+    }
+}
