@@ -14,6 +14,7 @@
 //! * [`profile`] and [`mod@format`]: the versioned, checksummed `.phws` file.
 //! * [`resolve`]: turning a profile back into absolute, prioritised runs for a live process.
 //! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
+//! * [`comm`]: communication detection (SPCD) configuration and reports.
 //! * [`stats`]: order statistics with confidence intervals, shared by every report.
 //!
 //! Invariants: no I/O, no `unsafe`, no global state. Everything here is deterministic and can be
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod comm;
 pub mod format;
 pub mod profile;
 pub mod proto;

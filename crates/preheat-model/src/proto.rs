@@ -13,6 +13,8 @@
 //! Times are `CLOCK_MONOTONIC` nanoseconds of the receiving host.
 
 use serde::{Deserialize, Serialize};
+
+use crate::comm::{CommConfig, CommReport};
 use thiserror::Error;
 
 /// Default directory for agent sockets (overridden by `PREHEAT_RUN_DIR`).
@@ -246,6 +248,17 @@ pub enum Request {
     },
     /// Turn the agent off (hooks become pass-through) or on again.
     SetEnabled { enabled: bool },
+    /// Start communication detection (shared-pages sampling) with this configuration.
+    CommStart {
+        #[serde(default)]
+        config: CommConfig,
+    },
+    /// Stop communication detection (every revoked page is restored; the matrix is kept).
+    CommStop,
+    /// Zero the communication matrix and counters (the paper resets after start-up).
+    CommReset,
+    /// The communication matrix and counters.
+    CommReport,
 }
 
 fn one() -> u32 {
@@ -359,6 +372,7 @@ pub enum Reply {
     Error {
         message: String,
     },
+    Comm(CommReport),
 }
 
 #[cfg(test)]
