@@ -24,7 +24,7 @@ use preheat_model::{decode_profile, resolve_class, AbsRun, Mapping, RegionTable}
 use crate::plan::{self, Plan, PortPlan, ReplayConn, Split, MAX_SPLIT};
 use crate::runtime::{self, log};
 use crate::stats::STATS;
-use crate::{sys, track};
+use crate::{comm, sys, track};
 
 /// Probe candidates are capped at this many bytes.
 pub const CANDIDATE_CAP: u64 = 256 << 20;
@@ -387,6 +387,19 @@ impl Control {
                 ));
                 Ok(Reply::Ok)
             }
+            Request::CommStart { config } => {
+                comm::start(config, false)?;
+                Ok(Reply::Ok)
+            }
+            Request::CommStop => {
+                comm::stop();
+                Ok(Reply::Comm(comm::report()))
+            }
+            Request::CommReset => {
+                comm::reset();
+                Ok(Reply::Ok)
+            }
+            Request::CommReport => Ok(Reply::Comm(comm::report())),
         }
     }
 
@@ -591,6 +604,10 @@ fn request_name(r: &Request) -> &'static str {
         Request::UnloadProfile => "unload_profile",
         Request::Configure { .. } => "configure",
         Request::SetEnabled { .. } => "set_enabled",
+        Request::CommStart { .. } => "comm_start",
+        Request::CommStop => "comm_stop",
+        Request::CommReset => "comm_reset",
+        Request::CommReport => "comm_report",
     }
 }
 

@@ -29,7 +29,7 @@ const KERNEL_SIGSET: usize = 8;
 /// # Safety
 /// `F` must be the exact C signature of the function `slot` was resolved for.
 #[inline(always)]
-unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
+pub(crate) unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
     let a = slot.get();
     if a == 0 {
         None
@@ -109,12 +109,18 @@ macro_rules! hook {
             // SAFETY: `RealFn` is the exact C signature of the resolved function (built from this
             // function's own parameter list); the arguments are passed on unchanged under the
             // caller's contract; the fallback's soundness is argued at the invocation.
-            let ret = unsafe {
+            let call = || unsafe {
                 match real::<RealFn>(&sys::$slot) {
                     Some(f) => f($($arg),*),
                     None => $fallback,
                 }
             };
+            let mut ret = call();
+            // A buffer on a page the communication detector revoked makes the kernel fail
+            // the call with EFAULT: give the pages back and retry once (nothing was consumed).
+            if crate::comm::efault_retry(ret < 0) {
+                ret = call();
+            }
             hook!(@post $kind, pre, ret, $($arg),*);
             ret
         }

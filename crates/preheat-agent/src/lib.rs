@@ -24,6 +24,9 @@
 //!   last gets the announcement and applies the requested strategies before T (§3.3):
 //!   `replay` a warm-up request through the real kernel path, prefetch the recorded `lines`,
 //!   and `wake` (keep the core out of deep idle).
+//! * **Communication detection** ([`comm`]): on request (`CommStart`, or `PREHEAT_COMM=1` at
+//!   start-up), SPCD in user space — revoke a sample of pages, catch the induced faults, count
+//!   which threads share which pages (partial coscheduling paper, §2.2).
 //!
 //! Environment: `PREHEAT_RUN_DIR` (default `/tmp/preheat`, created 0700), `PREHEAT_PROFILE`
 //! (a `.phws` file loaded at start-up), `PREHEAT_AGENT_LOG` (default
@@ -44,6 +47,7 @@
 //! shared object and only resolves the real functions, so the (then linked-in) hooks are
 //! pass-through.
 
+pub mod comm;
 pub mod control;
 pub mod hooks;
 pub mod plan;

@@ -52,6 +52,10 @@ pub struct Config {
     /// `PREHEAT_WAKE_PLANNER=1`: the `wake` strategy asks a running wake planner for a window
     /// instead of spinning (see [`crate::wakeplan`]; off by default: measured slower here).
     pub wake_planner: bool,
+    /// `PREHEAT_COMM=1`: start communication detection with the agent (see [`crate::comm`]).
+    pub comm: Option<preheat_model::comm::CommConfig>,
+    /// `PREHEAT_COMM_OUT`: write the final communication report there at exit.
+    pub comm_out: Option<String>,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -68,6 +72,10 @@ pub static DISABLED_REASON: Mutex<Option<String>> = Mutex::new(None);
 static AGENT_FDS: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
 /// An address inside the stack of every agent thread (to exclude them from probe candidates).
 static AGENT_STACKS: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
+/// The kernel thread ids of the agent's threads.
+static AGENT_TIDS: [AtomicU32; 512] = [const { AtomicU32::new(0) }; 512];
+/// The pid whose environment asked for a communication report at exit (0: none).
+static COMM_OUT_PID: AtomicU32 = AtomicU32::new(0);
 
 pub fn config() -> Option<&'static Config> {
     CONFIG.get()
@@ -147,9 +155,22 @@ fn register_stack(addr: u64) {
         if s.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            break;
+        }
+    }
+    let tid = preheat_engine::os::gettid();
+    for t in AGENT_TIDS.iter() {
+        if t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
             return;
         }
     }
+}
+
+/// Whether `tid` is one of the agent's own threads.
+pub fn is_agent_tid(tid: u32) -> bool {
+    tid != 0 && AGENT_TIDS.iter().any(|t| t.load(Ordering::Relaxed) == tid)
 }
 
 /// Addresses inside the agent's thread stacks.
@@ -268,6 +289,11 @@ extern "C" fn agent_init() {
 extern "C" fn agent_fini() {
     let _ = std::panic::catch_unwind(|| {
         let pid = STARTED_PID.load(Ordering::SeqCst);
+        if COMM_OUT_PID.load(Ordering::SeqCst) == sys::getpid() {
+            if let Some(out) = CONFIG.get().and_then(|c| c.comm_out.as_deref()) {
+                crate::comm::write_report(out);
+            }
+        }
         if pid != 0 && pid == sys::getpid() {
             if let Some(c) = CONFIG.get() {
                 let p = socket_paths(&c.run_dir, pid);
@@ -284,6 +310,7 @@ fn env_nonempty(k: &str) -> Option<String> {
 
 fn init() {
     let missing = sys::resolve_real_functions();
+    crate::comm::note_main_thread();
     // Are we the LD_PRELOAD object, or the rlib statically linked into some executable (a test
     // or a tool that uses `socket_paths`)? Only the former attaches.
     let me = sys::object_of(agent_init as *const () as usize);
@@ -312,13 +339,22 @@ fn init() {
             return;
         }
     }
+    let comm = crate::comm::config_from_env();
     let cfg = Config {
         run_dir: crate::run_dir_from_env(),
         profile: env_nonempty("PREHEAT_PROFILE"),
         log: env_nonempty("PREHEAT_AGENT_LOG").map(PathBuf::from),
         wake_planner: env_nonempty("PREHEAT_WAKE_PLANNER").is_some_and(|v| v != "0"),
+        comm: comm.as_ref().ok().copied().flatten(),
+        comm_out: env_nonempty("PREHEAT_COMM_OUT"),
     };
+    if cfg.comm_out.is_some() {
+        COMM_OUT_PID.store(sys::getpid(), Ordering::SeqCst);
+    }
     let _ = CONFIG.set(cfg);
+    if let Err(e) = comm {
+        log(&format!("communication detection not started: {e}"));
+    }
     std::panic::set_hook(Box::new(|info| {
         log(&format!("panic: {info}"));
     }));
@@ -379,6 +415,11 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     spawn_agent_thread("preheat-control".into(), move || {
         control::control_main(listener, wake, profile)
     })?;
+    if let Some(c) = cfg.comm {
+        if let Err(e) = crate::comm::start(c, true) {
+            log(&format!("communication detection not started: {e}"));
+        }
+    }
     let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
     log(&format!(
         "attached to {} (pid {pid}): control {}, trigger {}, {n} workers{}",
@@ -512,6 +553,10 @@ fn atfork_child_inner() {
     for s in AGENT_STACKS.iter() {
         s.store(0, Ordering::Relaxed);
     }
+    for t in AGENT_TIDS.iter() {
+        t.store(0, Ordering::Relaxed);
+    }
+    crate::comm::reset_after_fork();
     STARTED_PID.store(0, Ordering::SeqCst);
     track::reset_after_fork();
     worker::reset_after_fork();

@@ -55,8 +55,17 @@ pub static REAL_READV: Real = Real::new(c"readv");
 pub static REAL_CLOSE: Real = Real::new(c"close");
 pub static REAL_CLOSE_RANGE: Real = Real::new(c"close_range");
 pub static REAL_CLOSEFROM: Real = Real::new(c"closefrom");
+pub static REAL_SIGNAL: Real = Real::new(c"signal");
+pub static REAL_SIGPROCMASK: Real = Real::new(c"sigprocmask");
+pub static REAL_PTHREAD_SIGMASK: Real = Real::new(c"pthread_sigmask");
+pub static REAL_SIGALTSTACK: Real = Real::new(c"sigaltstack");
+pub static REAL_MPROTECT: Real = Real::new(c"mprotect");
+pub static REAL_MUNMAP: Real = Real::new(c"munmap");
+pub static REAL_MMAP: Real = Real::new(c"mmap");
+pub static REAL_MMAP64: Real = Real::new(c"mmap64");
+pub static REAL_MREMAP: Real = Real::new(c"mremap");
 
-static ALL_REAL: [&Real; 22] = [
+static ALL_REAL: [&Real; 31] = [
     &REAL_EPOLL_WAIT,
     &REAL_EPOLL_PWAIT,
     &REAL_EPOLL_PWAIT2,
@@ -79,6 +88,15 @@ static ALL_REAL: [&Real; 22] = [
     &REAL_CLOSE,
     &REAL_CLOSE_RANGE,
     &REAL_CLOSEFROM,
+    &REAL_SIGNAL,
+    &REAL_SIGPROCMASK,
+    &REAL_PTHREAD_SIGMASK,
+    &REAL_SIGALTSTACK,
+    &REAL_MPROTECT,
+    &REAL_MUNMAP,
+    &REAL_MMAP,
+    &REAL_MMAP64,
+    &REAL_MREMAP,
 ];
 
 /// Resolve every real function (constructor only: `dlsym` may allocate and take the loader
@@ -295,4 +313,34 @@ pub fn geteuid() -> u32 {
 
 pub fn getpid() -> u32 {
     std::process::id()
+}
+
+/// The memory image (every `PT_LOAD` segment, `.bss` included) of every loaded object, as
+/// `[start, end)` ranges (from `dl_iterate_phdr`; the caller may allocate: not for hooks).
+pub fn loaded_object_ranges() -> Vec<(u64, u64)> {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the Vec passed below; `info` is valid for this call, and its
+        // `dlpi_phdr` points to `dlpi_phnum` program headers.
+        unsafe {
+            let out = &mut *(data as *mut Vec<(u64, u64)>);
+            let info = &*info;
+            for i in 0..usize::from(info.dlpi_phnum) {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
+                    let start = info.dlpi_addr.wrapping_add(ph.p_vaddr);
+                    out.push((start, start.wrapping_add(ph.p_memsz)));
+                }
+            }
+        }
+        0
+    }
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    // SAFETY: `each` only reads the loader's data for the duration of the call and writes into
+    // `out`, which outlives it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut out as *mut Vec<(u64, u64)> as *mut c_void) };
+    out
 }

@@ -9,6 +9,7 @@
 mod agentctl;
 mod arbiter;
 mod bench;
+mod comm;
 mod compare;
 mod demo;
 mod groups;
@@ -97,6 +98,25 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Io(preheat_predict::IoArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
+    /// Which threads of a program share memory: SPCD communication detection in user space.
+    #[command(
+        long_about = "Which threads of an unmodified program share memory: communication detection \
+through shared pages (SPCD, Diener et al.; used by Busse et al., Partial Coscheduling, SAC'15, \
+§2.2), in user space on a stock kernel.\n\n\
+Every round (--period-ms) the agent inside the program revokes access to a sample of its writable \
+heap, anonymous and shared pages (--pages, at most --budget faults per second); the next access \
+faults, the agent notes the faulting thread, restores the page and lets the access proceed. Two \
+threads faulting on the same granule (--granule, default one page) are a communication event. \
+The result is the symmetric thread x thread matrix of events (measured), for `preheat groups`.\n\n\
+--access write (default) revokes writes only: the kernel can still read the pages for the \
+program's system calls. --access any revokes reads too, as SPCD does; a system call that reads a \
+revoked page then fails with EFAULT (calls the agent interposes are retried).\n\n\
+The program's own segfaults, SIGSEGV handlers, mprotect/munmap calls, fork and exec are left as \
+they would be without the agent.\n\n\
+Examples:\n  preheat comm --out m.json -- preheat-npb mg --threads 4 --instances 2\n  \
+preheat groups m.json\n  preheat comm --pid 1234 --duration 10 --out m.json"
+    )]
+    Comm(comm::CommArgs),
     /// Group tasks into coscheduling sets from a communication matrix (partial coscheduling, eq. 1, threshold t).
     #[command(
         long_about = "Group tasks into coscheduling sets from a communication matrix (Busse et al., \
@@ -320,6 +340,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Stage(a) => preheat_stage::run(a),
         Cmd::Io(a) => preheat_predict::run(a),
         Cmd::Groups(a) => groups::run(a),
+        Cmd::Comm(a) => comm::run(a),
     }
 }
 

@@ -1,0 +1,381 @@
+//! Communication detection in user space: SPCD (Diener et al., IPDPS'13) as Busse et al. use it
+//! for partial coscheduling (SAC'15, §2.2), on a stock kernel without modules.
+//!
+//! SPCD clears the present bit of a sample of pages so that the next access faults; a fault on
+//! a page another thread touched before is a communication event. We do the same from inside
+//! the process: a sampler thread ([`sampler`]) revokes access to a sample of pages with
+//! `mprotect` every round; the SIGSEGV handler ([`signal`]) catches the induced fault, notes the
+//! faulting thread, restores access and lets the access re-execute; [`state`] keeps SPCD's
+//! last two sharers per granule and the thread × thread matrix.
+//!
+//! Where we differ from SPCD, deliberately:
+//! * `mprotect` instead of the present bit. By default pages are made read-only
+//!   ([`CommAccess::Write`]): only writes fault, but the kernel can still read the pages for the
+//!   program's system calls (futex waits, `write`, `send`), which a cleared present bit would
+//!   let the kernel fault in and `mprotect(PROT_NONE)` would turn into `EFAULT`.
+//!   [`CommAccess::Any`] revokes reads too, as SPCD does, at that risk.
+//! * The kernel cannot resolve a fault on a revoked page for a system call: such a call fails
+//!   with `EFAULT`. The calls the agent interposes (the read and wait families) restore the
+//!   revoked pages and retry once ([`efault_retry`]); for others it is a documented limit
+//!   (they are rare on the pages we sample: stacks and library data are never sampled).
+//! * The fault budget is enforced by construction: a revoked page faults at most once per round,
+//!   so at most `pages_per_round / period` faults per second.
+//!
+//! The host program must never notice: its own SIGSEGVs reach its own handler or kill it as
+//! before ([`signal`]); its `sigaction`/`signal` calls see its own disposition; its
+//! `mprotect`/`munmap`/`mmap`/`mremap` calls first give back any revoked page they touch
+//! ([`release_range`]); threads are not allowed to keep SIGSEGV blocked while we sample
+//! ([`strip_segv`]); any internal error stops detection ([`disable`]) and restores every page.
+
+pub mod hooks;
+pub mod sampler;
+pub mod signal;
+pub mod state;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use preheat_model::comm::{CommConfig, CommReport, CommThread};
+
+use state::{ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
+
+pub use preheat_model::comm::CommAccess;
+
+/// The sampler should keep running.
+pub static RUN: AtomicBool = AtomicBool::new(false);
+/// The sampler thread exists (set by `start`, cleared by the thread when it ends).
+static SAMPLER_ALIVE: AtomicBool = AtomicBool::new(false);
+/// When the current report period began (CLOCK_MONOTONIC ns).
+static SINCE_NS: AtomicU64 = AtomicU64::new(0);
+/// The running configuration and why detection stopped itself. Only ever `try_lock`ed: a fork
+/// may copy it locked into a child, which must not hang on it.
+static CONTROL: Mutex<(Option<CommConfig>, Option<String>)> = Mutex::new((None, None));
+
+/// Thread names seen by the sampler (a thread's name is gone from /proc once it exits). Only
+/// ever `try_lock`ed, as [`CONTROL`].
+static NAMES: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+
+/// Remember the names of the threads in the matrix (sampler thread, once per round).
+pub fn refresh_names() {
+    let tids = state::threads();
+    let Ok(mut names) = NAMES.try_lock() else {
+        return;
+    };
+    for tid in tids {
+        if let Ok(n) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) {
+            let n = n.trim_end().to_string();
+            match names.iter_mut().find(|(t, _)| *t == tid) {
+                Some(e) => e.1 = n,
+                None => names.push((tid, n)),
+            }
+        }
+    }
+}
+
+fn cached_name(tid: u32) -> String {
+    NAMES
+        .try_lock()
+        .ok()
+        .and_then(|g| g.iter().find(|(t, _)| *t == tid).map(|(_, n)| n.clone()))
+        .unwrap_or_default()
+}
+
+/// Alternate signal stacks the program registered (never sampled).
+static ALTSTACKS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+/// Remember an alternate signal stack (from the `sigaltstack` hook; allocation-free).
+pub fn note_altstack(addr: u64) {
+    if addr == 0 || ALTSTACKS.iter().any(|a| a.load(Ordering::Relaxed) == addr) {
+        return;
+    }
+    for a in ALTSTACKS.iter() {
+        if a.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+pub fn altstack_addresses() -> Vec<u64> {
+    ALTSTACKS
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .filter(|&a| a != 0)
+        .collect()
+}
+
+/// The main thread's thread pointer (its TLS block and the kernel's rseq area are next to it).
+static MAIN_TP: AtomicU64 = AtomicU64::new(0);
+
+/// Called by the constructor, on the main thread.
+pub fn note_main_thread() {
+    // SAFETY: pthread_self has no preconditions.
+    let tp = unsafe { libc::pthread_self() } as u64;
+    MAIN_TP.store(tp, Ordering::Relaxed);
+}
+
+/// Start detection with `cfg`: at start-up (`at_start`: only the main thread and the agent's
+/// own threads, which are still starting, exist), or later from the control thread, when a
+/// program thread that keeps SIGSEGV blocked refuses the start.
+pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
+    cfg.validate()?;
+    if SAMPLER_ALIVE.load(Ordering::Acquire) {
+        return Err("communication detection is already running (stop it first)".into());
+    }
+    if let Some(tid) = sampler::thread_blocking_segv().filter(|_| !at_start) {
+        return Err(format!(
+            "thread {tid} blocks SIGSEGV: an induced fault would kill the process, so detection \
+             cannot start in it (start the program under `preheat comm --` instead, where the \
+             agent keeps SIGSEGV unblocked from the start)"
+        ));
+    }
+    signal::install()?;
+    state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
+    let ex = sampler::Exclusions {
+        agent_so: crate::runtime::agent_so_path().map(str::to_string),
+        addresses: {
+            let mut a = crate::track::static_addresses().to_vec();
+            a.extend(state::static_addresses());
+            a
+        },
+        ranges: {
+            // The main thread's TLS block and thread control block (with the kernel's rseq
+            // area) lie just below and above its thread pointer.
+            let tp = MAIN_TP.load(Ordering::Relaxed);
+            vec![(tp.saturating_sub(256 * 1024), tp + 64 * 1024)]
+        },
+    };
+    if let Ok(mut g) = CONTROL.try_lock() {
+        *g = (Some(cfg), None);
+    }
+    SINCE_NS.store(preheat_engine::time::now_ns(), Ordering::Relaxed);
+    RUN.store(true, Ordering::Release);
+    SAMPLER_ALIVE.store(true, Ordering::Release);
+    let r = crate::runtime::spawn_agent_thread("preheat-comm".into(), move || {
+        sampler::run(cfg, ex);
+        SAMPLER_ALIVE.store(false, Ordering::Release);
+    });
+    if let Err(e) = r {
+        RUN.store(false, Ordering::Release);
+        SAMPLER_ALIVE.store(false, Ordering::Release);
+        return Err(format!("cannot start the sampler thread: {e}"));
+    }
+    crate::runtime::log(&format!(
+        "comm: detection started ({} pages per {} ms, granule {} B, {} faults)",
+        cfg.pages_per_round(),
+        cfg.period_ms,
+        cfg.granule,
+        cfg.access.name()
+    ));
+    Ok(())
+}
+
+/// Stop detection; waits (bounded) for the sampler to restore every page.
+pub fn stop() {
+    RUN.store(false, Ordering::Release);
+    let t0 = std::time::Instant::now();
+    while SAMPLER_ALIVE.load(Ordering::Acquire) && t0.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    if let Ok(mut g) = CONTROL.try_lock() {
+        g.0 = None;
+    }
+}
+
+/// Stop detection because something went wrong, and say why.
+pub fn disable(reason: String) {
+    RUN.store(false, Ordering::Release);
+    crate::runtime::log(&format!("comm: detection disabled: {reason}"));
+    if let Ok(mut g) = CONTROL.try_lock() {
+        g.1 = Some(reason);
+    }
+}
+
+/// Zero the matrix and counters (the paper resets after start-up).
+pub fn reset() {
+    state::reset_counts();
+    SINCE_NS.store(preheat_engine::time::now_ns(), Ordering::Relaxed);
+}
+
+/// The matrix and counters.
+pub fn report() -> CommReport {
+    let (cfg, reason) = CONTROL
+        .try_lock()
+        .map(|g| (g.0, g.1.clone()))
+        .unwrap_or((None, None));
+    let active = RUN.load(Ordering::Acquire) && SAMPLER_ALIVE.load(Ordering::Acquire);
+    let tids = state::threads();
+    let threads = tids
+        .iter()
+        .map(|&tid| {
+            let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .map(|s| s.trim_end().to_string());
+            CommThread {
+                tid,
+                alive: name.is_ok(),
+                name: name.unwrap_or_else(|_| cached_name(tid)),
+            }
+        })
+        .collect();
+    let matrix = state::matrix(tids.len());
+    let since = SINCE_NS.load(Ordering::Relaxed);
+    let c = &COUNTERS;
+    CommReport {
+        active,
+        mechanism: "mprotect".into(),
+        config: cfg.unwrap_or_default(),
+        threads,
+        events: matrix
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.iter().skip(i + 1).sum::<u64>())
+            .sum(),
+        matrix,
+        faults_induced: c.faults_induced.load(Ordering::Relaxed),
+        faults_foreign: c.faults_foreign.load(Ordering::Relaxed),
+        efault_retries: c.efault_retries.load(Ordering::Relaxed),
+        rounds: c.rounds.load(Ordering::Relaxed),
+        pages_revoked: c.pages_revoked.load(Ordering::Relaxed),
+        pages_released: c.pages_released.load(Ordering::Relaxed),
+        threads_dropped: c.threads_dropped.load(Ordering::Relaxed),
+        elapsed_ns: if since == 0 {
+            0
+        } else {
+            preheat_engine::time::now_ns().saturating_sub(since)
+        },
+        disabled_reason: reason,
+    }
+}
+
+/// Give back every revoked page in `[start, start + len)` before the program changes its
+/// mapping (`restore`: put the original protection back first; after a new mapping appeared
+/// there, only forget the slot). Allocation-free, for the hooks.
+pub fn release_range(start: usize, len: usize, restore: bool) {
+    if ARMED_COUNT.load(Ordering::Acquire) == 0 || len == 0 {
+        return;
+    }
+    let end = start.saturating_add(len);
+    for s in SLOTS.iter() {
+        let page = s.page.load(Ordering::Acquire);
+        if page.saturating_add(PAGE) <= start || page >= end {
+            continue;
+        }
+        loop {
+            match s.state.load(Ordering::Acquire) {
+                FREE => break,
+                ARMED => {
+                    if s.state
+                        .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
+                        continue;
+                    }
+                    if restore {
+                        signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
+                    }
+                    COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
+                    s.state.store(FREE, Ordering::Release);
+                    break;
+                }
+                OPEN => {
+                    if s.state
+                        .compare_exchange(OPEN, FREE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        break;
+                    }
+                }
+                _ => {
+                    // BUSY: another thread is changing this page's protection; one syscall.
+                    // SAFETY: sched_yield has no arguments.
+                    unsafe { libc::syscall(libc::SYS_sched_yield) };
+                }
+            }
+        }
+    }
+}
+
+/// After a hooked call failed with EFAULT: if pages are revoked, restore them all (they stay
+/// counted as faulted this round) and say the call should be retried once.
+pub fn efault_retry(failed: bool) -> bool {
+    if !failed || ARMED_COUNT.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    if crate::sys::errno() != libc::EFAULT {
+        return false;
+    }
+    let mut any = false;
+    for s in SLOTS.iter() {
+        if s.state
+            .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let page = s.page.load(Ordering::Relaxed);
+            signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
+            s.state.store(OPEN, Ordering::Release);
+            any = true;
+        }
+    }
+    if any {
+        COUNTERS.efault_retries.fetch_add(1, Ordering::Relaxed);
+    }
+    any
+}
+
+/// Whether signal masks must keep SIGSEGV unblocked (detection installed in this process).
+#[inline]
+pub fn strip_segv() -> bool {
+    signal::INSTALLED.load(Ordering::Relaxed)
+}
+
+/// Fork child: the sampler thread does not exist here; restore every revoked page (the child
+/// inherited their protection), forget the parent's threads and counts.
+pub fn reset_after_fork() {
+    for s in SLOTS.iter() {
+        let st = s.state.load(Ordering::Relaxed);
+        if st == ARMED || st == BUSY {
+            let page = s.page.load(Ordering::Relaxed);
+            signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
+        }
+        s.state.store(FREE, Ordering::Relaxed);
+    }
+    ARMED_COUNT.store(0, Ordering::Relaxed);
+    RUN.store(false, Ordering::Relaxed);
+    SAMPLER_ALIVE.store(false, Ordering::Relaxed);
+    state::reset_counts();
+    state::reset_threads();
+    if let Ok(mut g) = NAMES.try_lock() {
+        g.clear();
+    }
+    if let Ok(mut g) = CONTROL.try_lock() {
+        *g = (None, None);
+    }
+}
+
+/// Configuration from the environment: `PREHEAT_COMM=1` starts detection with the agent,
+/// `PREHEAT_COMM_CONFIG` holds a [`CommConfig`] as JSON (absent fields: defaults).
+pub fn config_from_env() -> Result<Option<CommConfig>, String> {
+    let on = std::env::var("PREHEAT_COMM").is_ok_and(|v| !v.is_empty() && v != "0");
+    if !on {
+        return Ok(None);
+    }
+    let cfg = match std::env::var("PREHEAT_COMM_CONFIG") {
+        Ok(j) if !j.trim().is_empty() => serde_json::from_str::<CommConfig>(&j)
+            .map_err(|e| format!("PREHEAT_COMM_CONFIG is not a valid configuration: {e}"))?,
+        _ => CommConfig::default(),
+    };
+    cfg.validate()?;
+    Ok(Some(cfg))
+}
+
+/// Write the final report to `path` (at exit, when `PREHEAT_COMM_OUT` is set).
+pub fn write_report(path: &str) {
+    let r = report();
+    if let Ok(text) = serde_json::to_string(&r) {
+        let tmp = format!("{path}.tmp");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! The sampling thread: every round it restores the pages of the previous round, picks a new
+//! sample of the process's writable memory and revokes access to it (SPCD's periodic clearing
+//! of present bits, done with `mprotect`).
+//!
+//! Which pages may be sampled ([`eligible`]): writable private anonymous memory (the heap and
+//! anonymous mappings) and shared memory (`/dev/shm`, `memfd:`, SysV, shared anonymous) — the
+//! memory threads share data through. Never: file-backed private mappings (library data:
+//! glibc's own state, the kernel's rseq and robust-list areas of the main thread near it),
+//! stacks (`[stack]`, and every writable mapping right above a `PROT_NONE` guard: thread stacks
+//! and alternate signal stacks), special mappings (`[vvar]`, `anon_inode:`, devices), the
+//! agent's own object and thread stacks, the main thread's TLS block, and alternate signal
+//! stacks registered with `sigaltstack`. Only resident pages are sampled.
+//!
+//! Re-use (as SPCD keeps sampling the same pages): up to half of a round's pages are pages that
+//! faulted in the previous round (active memory); the rest are drawn at random, so new sharing
+//! is still discovered.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use preheat_engine::maps;
+use preheat_model::comm::{CommAccess, CommConfig};
+use preheat_model::Mapping;
+use rand::rngs::StdRng as SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::signal::raw_mprotect;
+use super::state::{self, ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
+use super::RUN;
+
+/// Address ranges that must never be sampled, besides what [`eligible`] rules out by kind.
+#[derive(Debug, Default, Clone)]
+pub struct Exclusions {
+    /// The agent's shared object (path as in the maps).
+    pub agent_so: Option<String>,
+    /// Addresses inside memory that must stay accessible (agent thread stacks): the whole
+    /// mapping containing each is excluded.
+    pub addresses: Vec<u64>,
+    /// Exact address ranges `[start, end)` that must stay accessible (every loaded object's
+    /// image including its .bss — the agent's own tables among them —, the main thread's TLS
+    /// block, alternate signal stacks). Anonymous mappings merge with their neighbours, so
+    /// these are cut out of a mapping rather than excluding the whole mapping.
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// `[start, end)` minus every range of `cut` (page-aligned outward).
+fn subtract(start: u64, end: u64, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let page = PAGE as u64;
+    let mut pieces = vec![(start, end)];
+    for &(cs, ce) in cut {
+        let (cs, ce) = (cs & !(page - 1), ce.div_ceil(page) * page);
+        pieces = pieces
+            .into_iter()
+            .flat_map(|(s, e)| {
+                if ce <= s || cs >= e {
+                    vec![(s, e)]
+                } else {
+                    let mut v = Vec::new();
+                    if s < cs {
+                        v.push((s, cs));
+                    }
+                    if ce < e {
+                        v.push((ce, e));
+                    }
+                    v
+                }
+            })
+            .collect();
+    }
+    pieces
+}
+
+/// A sampleable range and its protection (`PROT_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Eligible {
+    pub start: u64,
+    pub end: u64,
+    pub prot: u8,
+}
+
+fn shared_memory_name(name: &str) -> bool {
+    name.starts_with("/dev/shm/")
+        || name.starts_with("/memfd:")
+        || name.starts_with("/SYSV")
+        || name.starts_with("/dev/zero")
+}
+
+/// The writable ranges of `maps` that may be sampled (see the module doc).
+pub fn eligible(maps: &[Mapping], ex: &Exclusions) -> Vec<Eligible> {
+    let mut out = Vec::new();
+    for (i, m) in maps.iter().enumerate() {
+        if !m.read || !m.write || m.end <= m.start {
+            continue;
+        }
+        let name = m.name.as_str();
+        let ok_kind = if m.shared {
+            name.is_empty() || shared_memory_name(name)
+        } else {
+            name.is_empty() || name == "[heap]"
+        };
+        if !ok_kind {
+            continue;
+        }
+        if ex.agent_so.as_deref().is_some_and(|so| so == name) {
+            continue;
+        }
+        if i > 0 {
+            let p = &maps[i - 1];
+            // A writable mapping directly above an inaccessible one: a stack and its guard.
+            if p.end == m.start && !p.read && !p.write && !p.exec {
+                continue;
+            }
+        }
+        if ex.addresses.iter().any(|&a| a >= m.start && a < m.end) {
+            continue;
+        }
+        let prot = libc::PROT_READ | libc::PROT_WRITE | if m.exec { libc::PROT_EXEC } else { 0 };
+        for (start, end) in subtract(m.start, m.end, &ex.ranges) {
+            out.push(Eligible {
+                start,
+                end,
+                prot: prot as u8,
+            });
+        }
+    }
+    out
+}
+
+/// The protection a revoked page gets.
+pub fn revoked_prot(access: CommAccess) -> i32 {
+    match access {
+        CommAccess::Write => libc::PROT_READ,
+        CommAccess::Any => libc::PROT_NONE,
+    }
+}
+
+/// Restore or release one slot at the end of a round; true if it had faulted (it was OPEN).
+/// `still_ours` says whether the page still looks like our revoked page in the maps.
+fn retire(slot: &state::Slot, still_ours: bool) -> bool {
+    loop {
+        match slot.state.load(Ordering::Acquire) {
+            FREE => return false,
+            OPEN => {
+                if slot
+                    .state
+                    .compare_exchange(OPEN, FREE, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return true;
+                }
+            }
+            ARMED => {
+                if slot
+                    .state
+                    .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+                let page = slot.page.load(Ordering::Relaxed);
+                if still_ours {
+                    raw_mprotect(page, PAGE, i32::from(slot.prot.load(Ordering::Relaxed)));
+                } else {
+                    COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
+                }
+                slot.state.store(FREE, Ordering::Release);
+                return false;
+            }
+            _ => std::thread::yield_now(),
+        }
+    }
+}
+
+/// Whether `page` is still mapped with the revoked protection (then it is restored). A page
+/// that is gone, or whose protection someone else changed, is released without a restore: our
+/// `mprotect` must never clobber a mapping the program made. (A revoked page may merge with a
+/// neighbouring mapping of the same protection; restoring just that page is still right.)
+fn looks_revoked(page: u64, maps: &[Mapping], revoked: i32) -> bool {
+    let Some(m) = maps.iter().find(|m| m.start <= page && page < m.end) else {
+        return false;
+    };
+    let want_read = revoked & libc::PROT_READ != 0;
+    m.read == want_read && !m.write && !m.exec
+}
+
+/// End the current round: restore every revoked page (validated against fresh maps) and free
+/// every slot. Returns the pages that faulted during the round.
+pub fn retire_all(access: CommAccess) -> Vec<u64> {
+    let any_armed = SLOTS
+        .iter()
+        .any(|s| s.state.load(Ordering::Acquire) == ARMED);
+    let maps = if !any_armed {
+        Vec::new()
+    } else {
+        maps::read_maps(None).unwrap_or_default()
+    };
+    let revoked = revoked_prot(access);
+    let mut faulted = Vec::new();
+    for s in SLOTS.iter() {
+        let page = s.page.load(Ordering::Relaxed) as u64;
+        let ours = !maps.is_empty() && looks_revoked(page, &maps, revoked);
+        if retire(s, ours) {
+            faulted.push(page);
+        }
+    }
+    ARMED_COUNT.store(0, Ordering::Release);
+    faulted
+}
+
+/// Revoke `pages` (page, original prot); returns how many were revoked.
+fn arm(pages: &[(u64, u8)], access: CommAccess) -> u64 {
+    let revoked = revoked_prot(access);
+    ARMED_COUNT.store(pages.len() as u32, Ordering::Release);
+    let mut n = 0;
+    for (slot, &(page, prot)) in SLOTS.iter().zip(pages) {
+        // Hold the slot BUSY across our own mprotect, so a hooked map change waits for it.
+        slot.page.store(page as usize, Ordering::Relaxed);
+        slot.prot.store(prot, Ordering::Relaxed);
+        if slot
+            .state
+            .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        if raw_mprotect(page as usize, PAGE, revoked) {
+            slot.state.store(ARMED, Ordering::Release);
+            n += 1;
+        } else {
+            slot.state.store(FREE, Ordering::Release);
+        }
+    }
+    n
+}
+
+/// Pick up to `n` resident pages: first up to half from `reuse` (still eligible), then random.
+fn choose(ranges: &[Eligible], reuse: &[u64], n: usize, rng: &mut SmallRng) -> Vec<(u64, u8)> {
+    let resident: Vec<(u64, u64, u8)> = ranges
+        .iter()
+        .flat_map(|r| {
+            maps::resident_ranges(r.start, r.end - r.start)
+                .into_iter()
+                .map(move |(s, l)| (s, l, r.prot))
+        })
+        .collect();
+    let total_pages: u64 = resident.iter().map(|&(_, l, _)| l / PAGE as u64).sum();
+    let mut out: Vec<(u64, u8)> = Vec::with_capacity(n);
+    let prot_of = |p: u64| {
+        resident
+            .iter()
+            .find(|&&(s, l, _)| s <= p && p < s + l)
+            .map(|&(_, _, prot)| prot)
+    };
+    for &p in reuse.iter().take(n / 2) {
+        if let Some(prot) = prot_of(p) {
+            out.push((p, prot));
+        }
+    }
+    if total_pages == 0 {
+        return out;
+    }
+    let mut tries = 0;
+    while out.len() < n && tries < 4 * n && (out.len() as u64) < total_pages {
+        tries += 1;
+        let mut k = rng.gen_range(0..total_pages);
+        for &(s, l, prot) in &resident {
+            let pages = l / PAGE as u64;
+            if k < pages {
+                let p = s + k * PAGE as u64;
+                if !out.iter().any(|&(q, _)| q == p) {
+                    out.push((p, prot));
+                }
+                break;
+            }
+            k -= pages;
+        }
+    }
+    out
+}
+
+/// Whether any thread of the process (other than the agent's) blocks SIGSEGV: a write to a
+/// revoked page would then kill the process, so no page is revoked while one does.
+pub fn thread_blocking_segv() -> Option<u32> {
+    let rd = std::fs::read_dir("/proc/self/task").ok()?;
+    for e in rd.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let blocked = text
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or(0);
+        if blocked & (1 << (libc::SIGSEGV - 1)) != 0 && !crate::runtime::is_agent_tid(tid) {
+            return Some(tid);
+        }
+    }
+    None
+}
+
+/// The sampler thread's body: rounds until stopped.
+pub fn run(cfg: CommConfig, ex: Exclusions) {
+    let period = Duration::from_millis(u64::from(cfg.period_ms));
+    let n = cfg.pages_per_round() as usize;
+    let mut rng = SmallRng::seed_from_u64(u64::from(crate::sys::getpid()) ^ 0x5eed);
+    let mut reuse: Vec<u64> = Vec::new();
+    loop {
+        let round_start = Instant::now();
+        if !RUN.load(Ordering::Acquire) {
+            break;
+        }
+        let mut extra = ex.clone();
+        extra
+            .addresses
+            .extend(crate::runtime::agent_stack_addresses());
+        extra.ranges.extend(
+            super::altstack_addresses()
+                .into_iter()
+                .map(|a| (a, a + 64 * 1024)),
+        );
+        extra.ranges.extend(crate::sys::loaded_object_ranges());
+        match thread_blocking_segv() {
+            Some(tid) => {
+                if COUNTERS.rounds.load(Ordering::Relaxed) % 50 == 0 {
+                    crate::runtime::log(&format!(
+                        "comm: thread {tid} blocks SIGSEGV; no pages revoked this round"
+                    ));
+                }
+            }
+            None => {
+                let ranges = match maps::read_maps(None) {
+                    Ok(m) => eligible(&m, &extra),
+                    Err(e) => {
+                        super::disable(format!("cannot read /proc/self/maps: {e}"));
+                        break;
+                    }
+                };
+                let pages = choose(&ranges, &reuse, n, &mut rng);
+                if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
+                    let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+                    crate::runtime::log(&format!(
+                        "comm: round {}: {} eligible ranges ({} KiB), {} pages chosen",
+                        COUNTERS.rounds.load(Ordering::Relaxed),
+                        ranges.len(),
+                        bytes >> 10,
+                        pages.len()
+                    ));
+                }
+                let armed = arm(&pages, cfg.access);
+                COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
+            }
+        }
+        // The sampling window: revoked pages fault on their next access.
+        while RUN.load(Ordering::Acquire) && round_start.elapsed() < period {
+            std::thread::park_timeout(period.saturating_sub(round_start.elapsed()));
+        }
+        reuse = retire_all(cfg.access);
+        COUNTERS.rounds.fetch_add(1, Ordering::Relaxed);
+        super::refresh_names();
+    }
+    retire_all(cfg.access);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(start: u64, end: u64, perms: &str, shared: bool, name: &str) -> Mapping {
+        let b = perms.as_bytes();
+        Mapping {
+            start,
+            end,
+            read: b[0] == b'r',
+            write: b[1] == b'w',
+            exec: b[2] == b'x',
+            shared,
+            offset: 0,
+            name: name.into(),
+            file: None,
+        }
+    }
+
+    #[test]
+    fn eligible_rules() {
+        let maps = vec![
+            m(0x1000, 0x3000, "rw-", false, "[heap]"),
+            m(0x3000, 0x4000, "rw-", false, "/usr/lib/libc.so.6"),
+            m(0x10000, 0x11000, "---", false, ""),
+            m(0x11000, 0x20000, "rw-", false, ""), // thread stack above its guard
+            m(0x20000, 0x30000, "rw-", false, ""), // anonymous: yes
+            m(0x80000, 0x90000, "rw-", false, ""), // an object's .bss cut out of the middle
+            m(0x30000, 0x31000, "rw-", true, "/dev/shm/x"),
+            m(0x31000, 0x31800, "rw-", true, "anon_inode:[io_uring]"),
+            m(0x40000, 0x41000, "rw-", false, "[stack]"),
+            m(0x50000, 0x51000, "r--", false, ""),
+            m(0x60000, 0x61000, "rw-", false, "/agent.so"),
+            m(0x70000, 0x71000, "rw-", false, ""), // holds an excluded address
+        ];
+        let ex = Exclusions {
+            agent_so: Some("/agent.so".into()),
+            addresses: vec![0x70010],
+            ranges: vec![(0x84000, 0x85800)],
+        };
+        let e = eligible(&maps, &ex);
+        let mut got: Vec<(u64, u64)> = e.iter().map(|r| (r.start, r.end)).collect();
+        got.sort_unstable();
+        assert_eq!(
+            got,
+            vec![
+                (0x1000, 0x3000),
+                (0x20000, 0x30000),
+                (0x30000, 0x31000),
+                (0x80000, 0x84000),
+                (0x86000, 0x90000)
+            ]
+        );
+        assert!(e
+            .iter()
+            .all(|r| r.prot == (libc::PROT_READ | libc::PROT_WRITE) as u8));
+    }
+
+    #[test]
+    fn revoked_page_validation() {
+        let maps = vec![
+            m(0x1000, 0x2000, "rw-", false, ""),
+            m(0x2000, 0x4000, "r--", false, ""),
+            m(0x4000, 0x5000, "rw-", false, ""),
+        ];
+        assert!(looks_revoked(0x2000, &maps, libc::PROT_READ));
+        assert!(looks_revoked(0x3000, &maps, libc::PROT_READ));
+        // Re-protected by someone else: released, not restored.
+        assert!(!looks_revoked(0x4000, &maps, libc::PROT_READ));
+        // Unmapped.
+        assert!(!looks_revoked(0x7000, &maps, libc::PROT_READ));
+        // Wrong protection for the mode.
+        assert!(!looks_revoked(0x2000, &maps, libc::PROT_NONE));
+    }
+}

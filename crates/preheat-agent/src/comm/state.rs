@@ -1,0 +1,287 @@
+//! The detector's shared state: fixed-size, lock-free tables in the agent's own `.bss`, safe to
+//! touch from the SIGSEGV handler (no allocation, no locks, only atomics).
+//!
+//! * **Slots** – the pages revoked in the current round: page address, original protection,
+//!   and a state machine `FREE → ARMED → BUSY → OPEN`. Whoever moves a slot `ARMED → BUSY`
+//!   (the faulting thread, the sampler at the end of a round, or a hooked map-changing call)
+//!   owns the page's protection until it stores the next state; everyone else waits for `BUSY`
+//!   to end. So no page is ever restored twice, and no restore races a program's own
+//!   `mprotect`/`munmap` that went through the agent's hooks.
+//! * **Threads** – tid → matrix index (first come, first served; [`MAX_COMM_THREADS`]).
+//! * **Granules** – SPCD's "last two sharers" per granule, in an open-addressed hash table.
+//! * **Matrix** – symmetric event counts.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+
+use preheat_model::comm::MAX_COMM_THREADS;
+
+pub const MAX_SLOTS: usize = preheat_model::comm::MAX_PAGES_PER_ROUND as usize;
+pub const PAGE: usize = 4096;
+
+pub const FREE: u8 = 0;
+pub const ARMED: u8 = 1;
+pub const BUSY: u8 = 2;
+pub const OPEN: u8 = 3;
+
+/// One revoked page.
+pub struct Slot {
+    pub page: AtomicUsize,
+    pub state: AtomicU8,
+    /// The page's protection before we revoked it (`PROT_*` bits).
+    pub prot: AtomicU8,
+    /// Faults seen on this slot while `OPEN` (a fault racing our restore); a page that keeps
+    /// faulting while open was re-protected behind our back and is released.
+    pub open_faults: AtomicU32,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot {
+            page: AtomicUsize::new(0),
+            state: AtomicU8::new(FREE),
+            prot: AtomicU8::new(0),
+            open_faults: AtomicU32::new(0),
+        }
+    }
+}
+
+pub static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
+
+/// Slots possibly in use (a hint that lets hooks skip the scan entirely when zero).
+pub static ARMED_COUNT: AtomicU32 = AtomicU32::new(0);
+
+pub static THREAD_TIDS: [AtomicU32; MAX_COMM_THREADS] =
+    [const { AtomicU32::new(0) }; MAX_COMM_THREADS];
+
+/// Upper-triangle event counts, `i < j` at `i * MAX + j`.
+pub static MATRIX: [AtomicU64; MAX_COMM_THREADS * MAX_COMM_THREADS] =
+    [const { AtomicU64::new(0) }; MAX_COMM_THREADS * MAX_COMM_THREADS];
+
+const GRANULES: usize = 16_384;
+const PROBE: usize = 8;
+/// Granule number + 1 (0 = empty).
+static GRANULE_KEY: [AtomicU64; GRANULES] = [const { AtomicU64::new(0) }; GRANULES];
+/// The last two sharers as thread index + 1 in the low and high 32 bits (0 = none).
+static GRANULE_SHARERS: [AtomicU64; GRANULES] = [const { AtomicU64::new(0) }; GRANULES];
+
+/// Counters reported with the matrix.
+pub struct Counters {
+    pub faults_induced: AtomicU64,
+    pub faults_foreign: AtomicU64,
+    pub efault_retries: AtomicU64,
+    pub events: AtomicU64,
+    pub rounds: AtomicU64,
+    pub pages_revoked: AtomicU64,
+    pub pages_released: AtomicU64,
+    pub threads_dropped: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    faults_induced: AtomicU64::new(0),
+    faults_foreign: AtomicU64::new(0),
+    efault_retries: AtomicU64::new(0),
+    events: AtomicU64::new(0),
+    rounds: AtomicU64::new(0),
+    pages_revoked: AtomicU64::new(0),
+    pages_released: AtomicU64::new(0),
+    threads_dropped: AtomicU64::new(0),
+};
+
+/// log2 of the granule size (12 = one page).
+pub static GRANULE_SHIFT: AtomicU32 = AtomicU32::new(12);
+
+/// Addresses inside the detector's tables (the mappings holding them are never sampled: the
+/// fault handler must never fault on its own state).
+pub fn static_addresses() -> [u64; 5] {
+    [
+        SLOTS.as_ptr() as u64,
+        MATRIX.as_ptr() as u64,
+        MATRIX.as_ptr().wrapping_add(MATRIX.len() - 1) as u64,
+        GRANULE_KEY.as_ptr() as u64,
+        GRANULE_SHARERS.as_ptr() as u64,
+    ]
+}
+
+/// The slot holding `page`, if any (any state but FREE).
+pub fn find_slot(page: usize) -> Option<&'static Slot> {
+    if ARMED_COUNT.load(Ordering::Acquire) == 0 {
+        return None;
+    }
+    SLOTS
+        .iter()
+        .find(|s| s.state.load(Ordering::Acquire) != FREE && s.page.load(Ordering::Acquire) == page)
+}
+
+/// Matrix index of `tid`, claiming one on first sight; `None` when the table is full.
+pub fn thread_index(tid: u32) -> Option<usize> {
+    for (i, t) in THREAD_TIDS.iter().enumerate() {
+        let cur = t.load(Ordering::Acquire);
+        if cur == tid {
+            return Some(i);
+        }
+        if cur == 0 {
+            match t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(i),
+                Err(now) if now == tid => return Some(i),
+                Err(_) => continue,
+            }
+        }
+    }
+    None
+}
+
+/// Record one sampled access by `thread` (matrix index) to `addr`: every other recent sharer
+/// of the granule gets a communication event with it, then `thread` becomes the most recent
+/// sharer (SPCD keeps the last two).
+pub fn record_access(thread: usize, addr: usize) {
+    let shift = GRANULE_SHIFT.load(Ordering::Relaxed);
+    let key = ((addr >> shift) as u64).wrapping_add(1);
+    let Some(slot) = granule_slot(key) else {
+        return;
+    };
+    let me = thread as u64 + 1;
+    let sharers = &GRANULE_SHARERS[slot];
+    let mut cur = sharers.load(Ordering::Acquire);
+    loop {
+        let (a, b) = (cur & 0xffff_ffff, cur >> 32);
+        let next = if a == me {
+            cur
+        } else {
+            // Newest first; `b` drops out.
+            me | (a << 32)
+        };
+        match sharers.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                for other in [a, b] {
+                    if other != 0 && other != me {
+                        add_event(thread, (other - 1) as usize);
+                    }
+                }
+                return;
+            }
+            Err(now) => cur = now,
+        }
+    }
+}
+
+/// The granule table slot for `key` (claimed if new; the home slot is recycled when the
+/// probe sequence is full, losing that granule's history).
+fn granule_slot(key: u64) -> Option<usize> {
+    let home = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % GRANULES;
+    for i in 0..PROBE {
+        let s = (home + i) % GRANULES;
+        let k = GRANULE_KEY[s].load(Ordering::Acquire);
+        if k == key {
+            return Some(s);
+        }
+        if k == 0 {
+            match GRANULE_KEY[s].compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(s),
+                Err(now) if now == key => return Some(s),
+                Err(_) => continue,
+            }
+        }
+    }
+    GRANULE_KEY[home].store(key, Ordering::Release);
+    GRANULE_SHARERS[home].store(0, Ordering::Release);
+    Some(home)
+}
+
+fn add_event(a: usize, b: usize) {
+    let (i, j) = if a < b { (a, b) } else { (b, a) };
+    if let Some(c) = MATRIX.get(i * MAX_COMM_THREADS + j) {
+        c.fetch_add(1, Ordering::Relaxed);
+        COUNTERS.events.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Threads seen so far (tids in matrix order).
+pub fn threads() -> Vec<u32> {
+    THREAD_TIDS
+        .iter()
+        .map(|t| t.load(Ordering::Acquire))
+        .take_while(|&t| t != 0)
+        .collect()
+}
+
+/// The symmetric matrix of the first `n` threads.
+pub fn matrix(n: usize) -> Vec<Vec<u64>> {
+    let mut m = vec![vec![0u64; n]; n];
+    for i in 0..n {
+        for j in i + 1..n {
+            let v = MATRIX[i * MAX_COMM_THREADS + j].load(Ordering::Relaxed);
+            m[i][j] = v;
+            m[j][i] = v;
+        }
+    }
+    m
+}
+
+/// Zero the matrix, the sharer history and the counters (not the slots: revoked pages stay
+/// revoked until the round ends; not the thread table: indices stay stable).
+pub fn reset_counts() {
+    for c in MATRIX.iter() {
+        c.store(0, Ordering::Relaxed);
+    }
+    for (k, s) in GRANULE_KEY.iter().zip(GRANULE_SHARERS.iter()) {
+        k.store(0, Ordering::Relaxed);
+        s.store(0, Ordering::Relaxed);
+    }
+    let c = &COUNTERS;
+    for a in [
+        &c.faults_induced,
+        &c.faults_foreign,
+        &c.efault_retries,
+        &c.events,
+        &c.rounds,
+        &c.pages_revoked,
+        &c.pages_released,
+        &c.threads_dropped,
+    ] {
+        a.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Forget the threads too (a fork child has other tids).
+pub fn reset_threads() {
+    for t in THREAD_TIDS.iter() {
+        t.store(0, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // One test touches the global tables, so the others cannot race it.
+    #[test]
+    fn sharers_make_events() {
+        reset_counts();
+        reset_threads();
+        let a = thread_index(1001).unwrap();
+        let b = thread_index(1002).unwrap();
+        let c = thread_index(1003).unwrap();
+        assert_eq!(thread_index(1001), Some(a));
+        // a then b on one page: one event; a again: one more (b is a recent sharer).
+        record_access(a, 0x10_0000);
+        record_access(b, 0x10_0008);
+        record_access(a, 0x10_0100);
+        // c on another page alone: nothing.
+        record_access(c, 0x20_0000);
+        let m = matrix(3);
+        assert_eq!(m[a][b], 2);
+        assert_eq!(m[b][a], 2);
+        assert_eq!(m[a][c], 0);
+        assert_eq!(COUNTERS.events.load(Ordering::Relaxed), 2);
+        // Same thread twice: no self-event.
+        record_access(c, 0x20_0010);
+        assert_eq!(matrix(3)[c][c], 0);
+        // Only the last two sharers count: a, b, then c sees b and a.
+        record_access(c, 0x10_0000);
+        let m = matrix(3);
+        assert_eq!(m[c][a] + m[c][b], 2);
+        reset_counts();
+        assert_eq!(matrix(3)[a][b], 0);
+        reset_threads();
+    }
+}

