@@ -66,7 +66,6 @@ fn signal_of(out: &Output) -> Option<i32> {
 }
 
 #[test]
-#[ignore = "known defect under investigation: an induced fault is occasionally not claimed and kills the host (issue 10 stays open)"]
 fn pairs_are_detected_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let Some(prog) = compile("pairs", dir.path()) else {
@@ -114,7 +113,6 @@ fn host_segfault_still_kills_it_with_sigsegv() {
 }
 
 #[test]
-#[ignore = "known defect under investigation: the on-demand-mapping host sees fewer faults and an induced fault can kill the host (issue 10 stays open)"]
 fn host_programs_do_not_notice() {
     let dir = tempfile::tempdir().unwrap();
     let Some(prog) = compile("hostile", dir.path()) else {

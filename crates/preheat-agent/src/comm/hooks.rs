@@ -9,6 +9,7 @@
 use libc::{c_int, c_void, off_t, size_t};
 
 use super::signal;
+use super::{MapChange, Release};
 use crate::hooks::real;
 use crate::sys;
 
@@ -163,7 +164,7 @@ pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::s
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int {
     type F = unsafe extern "C" fn(*mut c_void, size_t, c_int) -> c_int;
-    super::release_range(addr as usize, len, true);
+    let _change = MapChange::begin(addr as usize, len, Release::Restore);
     // SAFETY: forwarded under the caller's contract.
     unsafe {
         match real::<F>(&sys::REAL_MPROTECT) {
@@ -178,7 +179,7 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     type F = unsafe extern "C" fn(*mut c_void, size_t) -> c_int;
-    super::release_range(addr as usize, len, true);
+    let _change = MapChange::begin(addr as usize, len, Release::Restore);
     // SAFETY: forwarded under the caller's contract.
     unsafe {
         match real::<F>(&sys::REAL_MUNMAP) {
@@ -205,9 +206,8 @@ unsafe fn mmap_via(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    if flags & libc::MAP_FIXED != 0 {
-        super::release_range(addr as usize, len, true);
-    }
+    let fixed = if flags & libc::MAP_FIXED != 0 { len } else { 0 };
+    let change = MapChange::begin(addr as usize, fixed, Release::Restore);
     // SAFETY: forwarded under the caller's contract.
     let r = unsafe {
         match real::<MmapFn>(slot) {
@@ -216,7 +216,7 @@ unsafe fn mmap_via(
         }
     };
     if r != libc::MAP_FAILED {
-        super::release_range(r as usize, len, false);
+        change.also(r as usize, len, Release::NewMapping(prot));
     }
     r
 }
@@ -265,10 +265,10 @@ pub unsafe extern "C" fn mremap(
     new_addr: *mut c_void,
 ) -> *mut c_void {
     type F = unsafe extern "C" fn(*mut c_void, size_t, size_t, c_int, ...) -> *mut c_void;
-    super::release_range(old as usize, old_len, true);
+    let change = MapChange::begin(old as usize, old_len, Release::Restore);
     let fixed = flags & libc::MREMAP_FIXED != 0;
     if fixed {
-        super::release_range(new_addr as usize, new_len, true);
+        change.also(new_addr as usize, new_len, Release::Restore);
     }
     let target = if fixed {
         new_addr
@@ -286,7 +286,7 @@ pub unsafe extern "C" fn mremap(
         }
     };
     if r != libc::MAP_FAILED {
-        super::release_range(r as usize, new_len, false);
+        change.also(r as usize, new_len, Release::Restore);
     }
     r
 }

@@ -248,43 +248,87 @@ pub fn report() -> CommReport {
     }
 }
 
-/// Give back every revoked page in `[start, start + len)` before the program changes its
-/// mapping (`restore`: put the original protection back first; after a new mapping appeared
-/// there, only forget the slot). Allocation-free, for the hooks.
-pub fn release_range(start: usize, len: usize, restore: bool) {
-    if ARMED_COUNT.load(Ordering::Acquire) == 0 || len == 0 {
+/// What a hooked map change does with a revoked page in its range.
+#[derive(Clone, Copy)]
+pub enum Release {
+    /// Put the page's original protection back (before the program's call changes it).
+    Restore,
+    /// A new mapping with this protection now lives there: give the page that protection
+    /// (the page may have been revoked after the mapping appeared) and forget it.
+    NewMapping(i32),
+}
+
+/// A hooked call that changes mappings, from before its real call until after it (drop).
+/// While one exists the sampler revokes nothing new (see `sampler::arm`).
+pub struct MapChange {
+    active: bool,
+}
+
+impl MapChange {
+    /// Announce a change and give back every revoked page in `[start, start + len)`.
+    pub fn begin(start: usize, len: usize, how: Release) -> MapChange {
+        if !signal::INSTALLED.load(Ordering::Relaxed) {
+            return MapChange { active: false };
+        }
+        state::MAP_BUSY.fetch_add(1, Ordering::SeqCst);
+        state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
+        release_range(start, len, how);
+        MapChange { active: true }
+    }
+
+    /// Give back revoked pages in a further range (the new mapping, after the real call).
+    pub fn also(&self, start: usize, len: usize, how: Release) {
+        if self.active {
+            release_range(start, len, how);
+        }
+    }
+}
+
+impl Drop for MapChange {
+    fn drop(&mut self) {
+        if self.active {
+            state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
+            state::MAP_BUSY.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Give back every revoked page in `[start, start + len)` (inside a [`MapChange`]).
+fn release_range(start: usize, len: usize, how: Release) {
+    if len == 0 || ARMED_COUNT.load(Ordering::SeqCst) == 0 {
         return;
     }
     let end = start.saturating_add(len);
     for s in SLOTS.iter() {
-        let page = s.page.load(Ordering::Acquire);
-        if page.saturating_add(PAGE) <= start || page >= end {
-            continue;
-        }
         loop {
-            match s.state.load(Ordering::Acquire) {
+            let page = s.page.load(Ordering::SeqCst);
+            if page == 0 || page.saturating_add(PAGE) <= start || page >= end {
+                break;
+            }
+            let st = s.state.load(Ordering::SeqCst);
+            match st {
                 FREE => break,
-                ARMED => {
+                ARMED | OPEN => {
                     if s.state
-                        .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                        .compare_exchange(st, BUSY, Ordering::SeqCst, Ordering::SeqCst)
                         .is_err()
                     {
                         continue;
                     }
-                    if restore {
-                        signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
+                    let prot = match how {
+                        Release::Restore => i32::from(s.prot.load(Ordering::Relaxed)),
+                        Release::NewMapping(p) => p,
+                    };
+                    if st == ARMED || matches!(how, Release::NewMapping(_)) {
+                        signal::raw_mprotect(page, PAGE, prot);
                     }
-                    COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
-                    s.state.store(FREE, Ordering::Release);
+                    if st == ARMED {
+                        COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
+                    }
+                    state::trace(state::ev::HOOK_RELEASE, u64::from(st), page, prot as u64);
+                    s.page.store(0, Ordering::SeqCst);
+                    s.state.store(FREE, Ordering::SeqCst);
                     break;
-                }
-                OPEN => {
-                    if s.state
-                        .compare_exchange(OPEN, FREE, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                    {
-                        break;
-                    }
                 }
                 _ => {
                     // BUSY: another thread is changing this page's protection; one syscall.
@@ -313,6 +357,7 @@ pub fn efault_retry(failed: bool) -> bool {
         {
             let page = s.page.load(Ordering::Relaxed);
             signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
+            state::trace(state::ev::EFAULT, 0, page, 0);
             s.state.store(OPEN, Ordering::Release);
             any = true;
         }
@@ -338,6 +383,7 @@ pub fn reset_after_fork() {
             let page = s.page.load(Ordering::Relaxed);
             signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
         }
+        s.page.store(0, Ordering::Relaxed);
         s.state.store(FREE, Ordering::Relaxed);
     }
     ARMED_COUNT.store(0, Ordering::Relaxed);

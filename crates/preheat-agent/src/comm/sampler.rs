@@ -135,36 +135,35 @@ pub fn revoked_prot(access: CommAccess) -> i32 {
 }
 
 /// Restore or release one slot at the end of a round; true if it had faulted (it was OPEN).
-/// `still_ours` says whether the page still looks like our revoked page in the maps.
-fn retire(slot: &state::Slot, still_ours: bool) -> bool {
+/// `still_revoked` says whether the maps still show the page with the revoked protection:
+/// then it is restored, whatever the slot says (an OPEN slot whose page is still revoked is
+/// healed here rather than left for a fault no slot would claim).
+fn retire(slot: &state::Slot, still_revoked: bool) -> bool {
     loop {
-        match slot.state.load(Ordering::Acquire) {
+        let st = slot.state.load(Ordering::Acquire);
+        match st {
             FREE => return false,
-            OPEN => {
+            ARMED | OPEN => {
                 if slot
                     .state
-                    .compare_exchange(OPEN, FREE, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    return true;
-                }
-            }
-            ARMED => {
-                if slot
-                    .state
-                    .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange(st, BUSY, Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
                 {
                     continue;
                 }
                 let page = slot.page.load(Ordering::Relaxed);
-                if still_ours {
+                if still_revoked {
                     raw_mprotect(page, PAGE, i32::from(slot.prot.load(Ordering::Relaxed)));
-                } else {
+                    state::trace(state::ev::RETIRE_RESTORE, u64::from(st), page, 0);
+                } else if st == ARMED {
                     COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
+                    state::trace(state::ev::RETIRE_RELEASE, 0, page, 0);
+                } else {
+                    state::trace(state::ev::RETIRE_OPEN, 0, page, 0);
                 }
+                slot.page.store(0, Ordering::Release);
                 slot.state.store(FREE, Ordering::Release);
-                return false;
+                return st == OPEN;
             }
             _ => std::thread::yield_now(),
         }
@@ -186,10 +185,10 @@ fn looks_revoked(page: u64, maps: &[Mapping], revoked: i32) -> bool {
 /// End the current round: restore every revoked page (validated against fresh maps) and free
 /// every slot. Returns the pages that faulted during the round.
 pub fn retire_all(access: CommAccess) -> Vec<u64> {
-    let any_armed = SLOTS
+    let any_held = SLOTS
         .iter()
-        .any(|s| s.state.load(Ordering::Acquire) == ARMED);
-    let maps = if !any_armed {
+        .any(|s| s.state.load(Ordering::Acquire) != FREE);
+    let maps = if !any_held {
         Vec::new()
     } else {
         maps::read_maps(None).unwrap_or_default()
@@ -198,7 +197,7 @@ pub fn retire_all(access: CommAccess) -> Vec<u64> {
     let mut faulted = Vec::new();
     for s in SLOTS.iter() {
         let page = s.page.load(Ordering::Relaxed) as u64;
-        let ours = !maps.is_empty() && looks_revoked(page, &maps, revoked);
+        let ours = page != 0 && !maps.is_empty() && looks_revoked(page, &maps, revoked);
         if retire(s, ours) {
             faulted.push(page);
         }
@@ -207,28 +206,90 @@ pub fn retire_all(access: CommAccess) -> Vec<u64> {
     faulted
 }
 
-/// Revoke `pages` (page, original prot); returns how many were revoked.
-fn arm(pages: &[(u64, u8)], access: CommAccess) -> u64 {
+/// Whether `page` lies in one of `ranges` (eligible now); its protection if so.
+fn eligible_now(page: u64, ranges: &[Eligible]) -> Option<u8> {
+    ranges
+        .iter()
+        .find(|r| r.start <= page && page < r.end)
+        .map(|r| r.prot)
+}
+
+/// Revoke `pages`; returns how many were revoked.
+///
+/// Candidates come from an older snapshot, so each page is checked against a fresh one, and a
+/// page is revoked only if no hooked map change was in progress at that snapshot and none began
+/// or ended since — or if a change that begins now will see the page in its slot and wait for
+/// us: we store the page in the slot and then read [`state::MAP_GEN`] and [`state::MAP_BUSY`];
+/// a hook raises both and then reads the slots (all sequentially consistent), so at least one
+/// of the two sees the other. On a change we take a new snapshot (a few times per round).
+fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
     let revoked = revoked_prot(access);
-    ARMED_COUNT.store(pages.len() as u32, Ordering::Release);
+    ARMED_COUNT.store(pages.len() as u32, Ordering::SeqCst);
+    // A snapshot counts only if no hooked map change was in progress when it began.
+    let snapshot = || {
+        let t0 = Instant::now();
+        let g = loop {
+            let g = state::MAP_GEN.load(Ordering::SeqCst);
+            if state::MAP_BUSY.load(Ordering::SeqCst) == 0 {
+                break Some(g);
+            }
+            if t0.elapsed() > Duration::from_millis(2) {
+                break None;
+            }
+            std::thread::yield_now();
+        };
+        let ranges = match g {
+            Some(_) => maps::read_maps(None)
+                .map(|m| eligible(&m, ex))
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
+        (g.unwrap_or(u64::MAX), ranges)
+    };
+    let (mut gen, mut ranges) = snapshot();
+    let mut snapshots = 1;
     let mut n = 0;
-    for (slot, &(page, prot)) in SLOTS.iter().zip(pages) {
-        // Hold the slot BUSY across our own mprotect, so a hooked map change waits for it.
-        slot.page.store(page as usize, Ordering::Relaxed);
-        slot.prot.store(prot, Ordering::Relaxed);
-        if slot
-            .state
-            .compare_exchange(FREE, BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
+    let mut slots = SLOTS.iter();
+    let mut i = 0;
+    while i < pages.len() {
+        let (page, _) = pages[i];
+        let Some(prot) = eligible_now(page, &ranges) else {
+            i += 1;
+            continue;
+        };
+        let Some(slot) = slots.by_ref().find(|s| {
+            s.state
+                .compare_exchange(FREE, BUSY, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        }) else {
+            break;
+        };
+        // BUSY from here on: a hooked map change that sees this page waits for us.
+        slot.prot.store(prot, Ordering::SeqCst);
+        slot.page.store(page as usize, Ordering::SeqCst);
+        if state::MAP_GEN.load(Ordering::SeqCst) != gen
+            || state::MAP_BUSY.load(Ordering::SeqCst) != 0
         {
+            // A map change started since the snapshot and may not have seen the page.
+            slot.page.store(0, Ordering::SeqCst);
+            slot.state.store(FREE, Ordering::SeqCst);
+            if snapshots >= 4 {
+                break;
+            }
+            (gen, ranges) = snapshot();
+            snapshots += 1;
+            slots = SLOTS.iter();
             continue;
         }
         if raw_mprotect(page as usize, PAGE, revoked) {
-            slot.state.store(ARMED, Ordering::Release);
+            state::trace(state::ev::ARM, 0, page as usize, 0);
+            slot.state.store(ARMED, Ordering::SeqCst);
             n += 1;
         } else {
-            slot.state.store(FREE, Ordering::Release);
+            slot.page.store(0, Ordering::SeqCst);
+            slot.state.store(FREE, Ordering::SeqCst);
         }
+        i += 1;
     }
     n
 }
@@ -349,7 +410,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                         pages.len()
                     ));
                 }
-                let armed = arm(&pages, cfg.access);
+                let armed = arm(&pages, cfg.access, &extra);
                 COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
             }
         }

@@ -226,58 +226,78 @@ enum Verdict {
     NotOurs,
 }
 
-/// Handle a fault at `addr` if it is on a revoked page.
+/// Handle a fault at `addr` if it is on a page we hold (a slot in any state but FREE).
+///
+/// Whatever the slot's state says, a fault on a page we hold is answered by restoring the
+/// page's original protection (self-healing: the kernel's view wins over our bookkeeping). Only
+/// the first restore after the page was revoked counts as an induced fault; a page that keeps
+/// faulting after many restores is not ours to fix (the program re-protected it behind us).
 fn on_fault(addr: usize) -> Verdict {
     let page = addr & !(PAGE - 1);
+    let tid = raw_tid() as u64;
+    state::trace(
+        state::ev::FAULT,
+        tid,
+        page,
+        u64::from(state::ARMED_COUNT.load(Ordering::Relaxed)),
+    );
     let Some(slot) = state::find_slot(page) else {
+        state::trace(state::ev::NOT_FOUND, tid, page, 0);
         return Verdict::NotOurs;
     };
     loop {
-        match slot.state.load(Ordering::Acquire) {
-            ARMED => {
-                if slot
-                    .state
-                    .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
-                    .is_err()
-                {
-                    continue;
-                }
-                let prot = c_int::from(slot.prot.load(Ordering::Relaxed));
-                let ok = raw_mprotect(page, PAGE, prot);
-                slot.open_faults.store(0, Ordering::Relaxed);
-                slot.state.store(OPEN, Ordering::Release);
-                if !ok {
-                    // The page is gone (unmapped behind us): not ours after all.
-                    return Verdict::NotOurs;
-                }
-                COUNTERS.faults_induced.fetch_add(1, Ordering::Relaxed);
-                if !crate::track::is_agent_thread() {
-                    match state::thread_index(raw_tid() as u32) {
-                        Some(t) => state::record_access(t, addr),
-                        None => {
-                            COUNTERS.threads_dropped.fetch_add(1, Ordering::Relaxed);
-                        }
+        let st = slot.state.load(Ordering::Acquire);
+        state::trace(state::ev::STATE, tid, page, u64::from(st));
+        if st == BUSY {
+            // Someone is changing this page's protection right now: one syscall.
+            // SAFETY: sched_yield has no arguments.
+            unsafe { libc::syscall(libc::SYS_sched_yield) };
+            continue;
+        }
+        if st != ARMED && st != OPEN {
+            return Verdict::NotOurs;
+        }
+        if slot.page.load(Ordering::Acquire) != page {
+            return Verdict::NotOurs;
+        }
+        if slot
+            .state
+            .compare_exchange(st, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            continue;
+        }
+        let prot = c_int::from(slot.prot.load(Ordering::Relaxed));
+        if !raw_mprotect(page, PAGE, prot) {
+            // The page is gone (unmapped behind us): not ours after all.
+            slot.page.store(0, Ordering::Release);
+            slot.state.store(state::FREE, Ordering::Release);
+            return Verdict::NotOurs;
+        }
+        let repeats = if st == ARMED {
+            slot.open_faults.store(0, Ordering::Relaxed);
+            0
+        } else {
+            slot.open_faults.fetch_add(1, Ordering::Relaxed) + 1
+        };
+        slot.state.store(OPEN, Ordering::Release);
+        state::trace(state::ev::CLAIM, tid, page, u64::from(st));
+        if st == ARMED {
+            COUNTERS.faults_induced.fetch_add(1, Ordering::Relaxed);
+            if !crate::track::is_agent_thread() {
+                match state::thread_index(tid as u32) {
+                    Some(t) => state::record_access(t, addr),
+                    None => {
+                        COUNTERS.threads_dropped.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                return Verdict::Retry;
             }
-            BUSY => {
-                // Someone is restoring this page right now: wait for that one syscall.
-                // SAFETY: sched_yield has no arguments.
-                unsafe { libc::syscall(libc::SYS_sched_yield) };
-            }
-            OPEN => {
-                // Restored between the fault and this look-up (retry), unless it keeps
-                // faulting: then the program re-protected it without our hooks seeing it.
-                let n = slot.open_faults.fetch_add(1, Ordering::Relaxed);
-                return if n < 64 {
-                    Verdict::Retry
-                } else {
-                    Verdict::NotOurs
-                };
-            }
-            _ => return Verdict::NotOurs,
         }
+        return if repeats < 64 {
+            Verdict::Retry
+        } else {
+            Verdict::NotOurs
+        };
     }
 }
 
@@ -316,6 +336,8 @@ extern "C" fn on_segv(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         }
     };
     if !ours {
+        let page = addr & !(PAGE - 1);
+        state::trace(state::ev::CHAIN, raw_tid() as u64, page, 0);
         COUNTERS.faults_foreign.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarding the kernel's own arguments.
         unsafe { chain(sig, info, uctx) };

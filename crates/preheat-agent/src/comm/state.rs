@@ -47,6 +47,14 @@ impl Slot {
 
 pub static SLOTS: [Slot; MAX_SLOTS] = [const { Slot::new() }; MAX_SLOTS];
 
+/// Bumped when a hooked call that changes mappings starts and when it ends: the sampler arms a
+/// page only if no such call was in progress at its maps snapshot and none started since, or if
+/// the call can see the page in its slot (sequentially consistent on both sides; see
+/// `sampler::arm`).
+pub static MAP_GEN: AtomicU64 = AtomicU64::new(0);
+/// Hooked calls that change mappings and are in progress right now.
+pub static MAP_BUSY: AtomicU32 = AtomicU32::new(0);
+
 /// Slots possibly in use (a hint that lets hooks skip the scan entirely when zero).
 pub static ARMED_COUNT: AtomicU32 = AtomicU32::new(0);
 
@@ -284,4 +292,39 @@ mod tests {
         assert_eq!(matrix(3)[a][b], 0);
         reset_threads();
     }
+}
+
+/// Flight recorder: the last [`TRACE`]`.len()` detector events (fault, claim, arm, restore,
+/// release, chain), written lock-free from the handler, the sampler and the hooks, read from a
+/// core dump (`gdb`: `preheat_agent::comm::state::TRACE`, `TRACE_PAGE`, `TRACE_POS`) when a host
+/// dies. Two relaxed stores per event.
+pub mod ev {
+    pub const FAULT: u64 = 1;
+    pub const CLAIM: u64 = 2;
+    pub const NOT_FOUND: u64 = 5;
+    pub const ARM: u64 = 6;
+    pub const RETIRE_RESTORE: u64 = 7;
+    pub const RETIRE_OPEN: u64 = 8;
+    pub const CHAIN: u64 = 9;
+    pub const RETIRE_RELEASE: u64 = 10;
+    pub const STATE: u64 = 11;
+    pub const EFAULT: u64 = 12;
+    pub const HOOK_RELEASE: u64 = 13;
+}
+
+/// Event words: `kind << 56 | (tid & 0xffffff) << 32 | extra`.
+pub static TRACE: [AtomicU64; 8192] = [const { AtomicU64::new(0) }; 8192];
+/// The page of each event.
+pub static TRACE_PAGE: [AtomicU64; 8192] = [const { AtomicU64::new(0) }; 8192];
+/// Events recorded so far (the ring index is this modulo the length).
+pub static TRACE_POS: AtomicU64 = AtomicU64::new(0);
+
+/// Record one event (allocation-free, async-signal-safe).
+pub fn trace(kind: u64, tid: u64, page: usize, extra: u64) {
+    let i = TRACE_POS.fetch_add(1, Ordering::Relaxed) as usize % TRACE.len();
+    TRACE[i].store(
+        (kind << 56) | ((tid & 0xff_ffff) << 32) | (extra & 0xffff_ffff),
+        Ordering::Relaxed,
+    );
+    TRACE_PAGE[i].store(page as u64, Ordering::Relaxed);
 }
