@@ -315,6 +315,35 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
+/// Bytes of thread-local storage of every loaded object (the sum of their `PT_TLS` segments):
+/// about the size of a thread's static TLS block, which lies just below its thread pointer.
+pub fn static_tls_bytes() -> u64 {
+    unsafe extern "C" fn each(
+        info: *mut libc::dl_phdr_info,
+        _size: libc::size_t,
+        data: *mut c_void,
+    ) -> c_int {
+        // SAFETY: `data` is the u64 passed below; `info` is valid for this call, and its
+        // `dlpi_phdr` points to `dlpi_phnum` program headers.
+        unsafe {
+            let total = &mut *(data as *mut u64);
+            let info = &*info;
+            for i in 0..usize::from(info.dlpi_phnum) {
+                let ph = &*info.dlpi_phdr.add(i);
+                if ph.p_type == libc::PT_TLS {
+                    *total += ph.p_memsz + ph.p_align.max(1);
+                }
+            }
+        }
+        0
+    }
+    let mut total: u64 = 0;
+    // SAFETY: `each` only reads the loader's data for the duration of the call and writes into
+    // `total`, which outlives it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut total as *mut u64 as *mut c_void) };
+    total
+}
+
 /// The memory image (every `PT_LOAD` segment, `.bss` included) of every loaded object, as
 /// `[start, end)` ranges (from `dl_iterate_phdr`; the caller may allocate: not for hooks).
 pub fn loaded_object_ranges() -> Vec<(u64, u64)> {

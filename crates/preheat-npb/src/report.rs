@@ -71,6 +71,22 @@ pub struct Summary {
     pub pair_pages_all_to_all: bool,
     /// Per thread.
     pub per_thread: Vec<ThreadSummary>,
+    /// Per instance: its shared region and the pages that carry the sharing (barrier and
+    /// mailboxes), as hex addresses — for checking what a detector sampled.
+    pub regions: Vec<RegionSummary>,
+}
+
+/// Where one instance's shared memory lives.
+#[derive(Debug, Clone, Serialize)]
+pub struct RegionSummary {
+    /// Instance index.
+    pub instance: usize,
+    /// First address of the region.
+    pub start: String,
+    /// End of the region (exclusive).
+    pub end: String,
+    /// The barrier page, then the mailbox pages.
+    pub shared_pages: Vec<String>,
 }
 
 fn seconds(ns: Option<u64>) -> Option<f64> {
@@ -118,6 +134,19 @@ impl Summary {
             pair_pages: pair_page_matrix(&run.pattern, c.instances),
             pair_pages_all_to_all: run.pattern.is_all_to_all(),
             per_thread,
+            regions: run
+                .regions
+                .iter()
+                .map(|r| RegionSummary {
+                    instance: r.instance,
+                    start: format!("{:#x}", r.range.start),
+                    end: format!("{:#x}", r.range.end),
+                    shared_pages: std::iter::once(r.barrier_page)
+                        .chain(r.mailboxes.iter().map(|m| m.page))
+                        .map(|p| format!("{p:#x}"))
+                        .collect(),
+                })
+                .collect(),
         }
     }
 

@@ -147,7 +147,7 @@ pub unsafe extern "C" fn sigaltstack(ss: *const libc::stack_t, old: *mut libc::s
         // SAFETY: `ss` is readable (caller).
         let s = unsafe { *ss };
         if s.ss_flags & libc::SS_DISABLE == 0 {
-            super::note_altstack(s.ss_sp as u64);
+            super::note_altstack(s.ss_sp as u64, s.ss_size as u64);
         }
     }
     // SAFETY: forwarded under the caller's contract.

@@ -80,28 +80,38 @@ fn cached_name(tid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// Alternate signal stacks the program registered (never sampled).
-static ALTSTACKS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+/// Alternate signal stacks the program registered (never sampled): start and size.
+static ALTSTACKS: [(AtomicU64, AtomicU64); 64] =
+    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 64];
 
 /// Remember an alternate signal stack (from the `sigaltstack` hook; allocation-free).
-pub fn note_altstack(addr: u64) {
-    if addr == 0 || ALTSTACKS.iter().any(|a| a.load(Ordering::Relaxed) == addr) {
+pub fn note_altstack(addr: u64, size: u64) {
+    if addr == 0 {
         return;
     }
-    for a in ALTSTACKS.iter() {
+    for (a, n) in ALTSTACKS.iter() {
+        if a.load(Ordering::Relaxed) == addr {
+            n.store(size, Ordering::Relaxed);
+            return;
+        }
+    }
+    for (a, n) in ALTSTACKS.iter() {
         if a.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            n.store(size, Ordering::Relaxed);
             return;
         }
     }
 }
 
-pub fn altstack_addresses() -> Vec<u64> {
+/// The registered alternate signal stacks as `[start, end)`.
+pub fn altstack_ranges() -> Vec<(u64, u64)> {
     ALTSTACKS
         .iter()
-        .map(|a| a.load(Ordering::Relaxed))
-        .filter(|&a| a != 0)
+        .map(|(a, n)| (a.load(Ordering::Relaxed), n.load(Ordering::Relaxed)))
+        .filter(|&(a, _)| a != 0)
+        .map(|(a, n)| (a, a + n.max(4096)))
         .collect()
 }
 
@@ -140,10 +150,12 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
             a
         },
         ranges: {
-            // The main thread's TLS block and thread control block (with the kernel's rseq
-            // area) lie just below and above its thread pointer.
+            // The main thread's static TLS block lies just below its thread pointer, its
+            // thread control block (with the kernel's rseq area) just above; glibc adds a
+            // surplus of a few KiB for objects loaded later.
             let tp = MAIN_TP.load(Ordering::Relaxed);
-            vec![(tp.saturating_sub(256 * 1024), tp + 64 * 1024)]
+            let below = crate::sys::static_tls_bytes() + 64 * 1024;
+            vec![(tp.saturating_sub(below), tp + 16 * 1024)]
         },
     };
     if let Ok(mut g) = CONTROL.try_lock() {
@@ -417,6 +429,24 @@ pub fn config_from_env() -> Result<Option<CommConfig>, String> {
 
 /// Write the final report to `path` (at exit, when `PREHEAT_COMM_OUT` is set).
 pub fn write_report(path: &str) {
+    // `PREHEAT_COMM_DEBUG`: log, per page, the threads whose faults were claimed (from the
+    // flight recorder), to see what the sampler looked at.
+    if std::env::var_os("PREHEAT_COMM_DEBUG").is_some() {
+        let pos = state::TRACE_POS.load(Ordering::Relaxed) as usize;
+        let n = state::TRACE.len();
+        let mut per: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+        for j in pos.saturating_sub(n)..pos {
+            let w = state::TRACE[j % n].load(Ordering::Relaxed);
+            if w >> 56 == state::ev::CLAIM {
+                per.entry(state::TRACE_PAGE[j % n].load(Ordering::Relaxed))
+                    .or_default()
+                    .push((w >> 32) & 0xff_ffff);
+            }
+        }
+        for (p, v) in per.iter().filter(|(_, v)| !v.is_empty()) {
+            crate::runtime::log(&format!("comm debug: claims {p:x}: {v:?}"));
+        }
+    }
     let r = report();
     if let Ok(text) = serde_json::to_string(&r) {
         let tmp = format!("{path}.tmp");

@@ -28,6 +28,10 @@ use super::signal::raw_mprotect;
 use super::state::{self, ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
 use super::RUN;
 
+/// Largest `PROT_NONE` mapping taken for a stack guard (glibc's default guard is one page;
+/// `pthread_attr_setguardsize` may ask for more).
+const MAX_GUARD: u64 = 1 << 20;
+
 /// Address ranges that must never be sampled, besides what [`eligible`] rules out by kind.
 #[derive(Debug, Default, Clone)]
 pub struct Exclusions {
@@ -106,8 +110,10 @@ pub fn eligible(maps: &[Mapping], ex: &Exclusions) -> Vec<Eligible> {
         }
         if i > 0 {
             let p = &maps[i - 1];
-            // A writable mapping directly above an inaccessible one: a stack and its guard.
-            if p.end == m.start && !p.read && !p.write && !p.exec {
+            // A writable mapping directly above a small inaccessible one: a stack and its
+            // guard (thread stacks, alternate signal stacks). A large inaccessible mapping
+            // below is something else, e.g. the reserved tail of the previous malloc arena.
+            if p.end == m.start && !p.read && !p.write && !p.exec && p.end - p.start <= MAX_GUARD {
                 continue;
             }
         }
@@ -183,8 +189,8 @@ fn looks_revoked(page: u64, maps: &[Mapping], revoked: i32) -> bool {
 }
 
 /// End the current round: restore every revoked page (validated against fresh maps) and free
-/// every slot. Returns the pages that faulted during the round.
-pub fn retire_all(access: CommAccess) -> Vec<u64> {
+/// every slot. Returns the pages that faulted during the round and those that did not.
+pub fn retire_all(access: CommAccess) -> (Vec<u64>, Vec<u64>) {
     let any_held = SLOTS
         .iter()
         .any(|s| s.state.load(Ordering::Acquire) != FREE);
@@ -195,15 +201,21 @@ pub fn retire_all(access: CommAccess) -> Vec<u64> {
     };
     let revoked = revoked_prot(access);
     let mut faulted = Vec::new();
+    let mut idle = Vec::new();
     for s in SLOTS.iter() {
         let page = s.page.load(Ordering::Relaxed) as u64;
-        let ours = page != 0 && !maps.is_empty() && looks_revoked(page, &maps, revoked);
+        if page == 0 {
+            continue;
+        }
+        let ours = !maps.is_empty() && looks_revoked(page, &maps, revoked);
         if retire(s, ours) {
             faulted.push(page);
+        } else {
+            idle.push(page);
         }
     }
     ARMED_COUNT.store(0, Ordering::Release);
-    faulted
+    (faulted, idle)
 }
 
 /// Whether `page` lies in one of `ranges` (eligible now); its protection if so.
@@ -294,8 +306,66 @@ fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
     n
 }
 
-/// Pick up to `n` resident pages: first up to half from `reuse` (still eligible), then random.
-fn choose(ranges: &[Eligible], reuse: &[u64], n: usize, rng: &mut SmallRng) -> Vec<(u64, u8)> {
+/// Samples with a single thread after which a page counts as private.
+const PRIVATE_AFTER: u32 = 3;
+/// Rounds without a fault after which a page counts as idle.
+const IDLE_AFTER: u32 = 2;
+/// Verdicts (private, idle) are forgotten this often (rounds), so changed behaviour is seen.
+const FORGET_EVERY: u64 = 50;
+
+/// What the sampler remembers about pages it sampled.
+#[derive(Default)]
+struct History {
+    /// page → faulted samples that showed one thread so far.
+    single: std::collections::HashMap<u64, u32>,
+    /// page → rounds it was revoked without a fault.
+    idle: std::collections::HashMap<u64, u32>,
+}
+
+impl History {
+    /// Taken for private or idle: random draws skip it.
+    fn skip(&self, page: u64) -> bool {
+        self.single.get(&page).is_some_and(|&n| n >= PRIVATE_AFTER)
+            || self.idle.get(&page).is_some_and(|&n| n >= IDLE_AFTER)
+    }
+
+    /// Learn from a round; the pages to keep sampling next round, best first.
+    fn keep(&mut self, round: u64, faulted: &[u64], idle: &[u64]) -> Vec<u64> {
+        if round % FORGET_EVERY == 0 {
+            self.single.clear();
+            self.idle.clear();
+        }
+        for &p in idle {
+            *self.idle.entry(p).or_insert(0) += 1;
+        }
+        let mut shared = Vec::new();
+        let mut open = Vec::new();
+        for &p in faulted {
+            self.idle.remove(&p);
+            if state::granule_shared(p as usize) {
+                shared.push(p);
+                continue;
+            }
+            let n = self.single.entry(p).or_insert(0);
+            *n += 1;
+            if *n < PRIVATE_AFTER {
+                open.push(p);
+            }
+        }
+        shared.extend(open);
+        shared
+    }
+}
+
+/// Pick up to `n` resident pages: first up to half from `reuse` (still eligible),
+/// then random ones that are not known to be private or idle.
+fn choose(
+    ranges: &[Eligible],
+    reuse: &[u64],
+    n: usize,
+    rng: &mut SmallRng,
+    skip: impl Fn(u64) -> bool,
+) -> Vec<(u64, u8)> {
     let resident: Vec<(u64, u64, u8)> = ranges
         .iter()
         .flat_map(|r| {
@@ -321,14 +391,14 @@ fn choose(ranges: &[Eligible], reuse: &[u64], n: usize, rng: &mut SmallRng) -> V
         return out;
     }
     let mut tries = 0;
-    while out.len() < n && tries < 4 * n && (out.len() as u64) < total_pages {
+    while out.len() < n && tries < 16 * n && (out.len() as u64) < total_pages {
         tries += 1;
         let mut k = rng.gen_range(0..total_pages);
         for &(s, l, prot) in &resident {
             let pages = l / PAGE as u64;
             if k < pages {
                 let p = s + k * PAGE as u64;
-                if !out.iter().any(|&(q, _)| q == p) {
+                if !skip(p) && !out.iter().any(|&(q, _)| q == p) {
                     out.push((p, prot));
                 }
                 break;
@@ -368,6 +438,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
     let n = cfg.pages_per_round() as usize;
     let mut rng = SmallRng::seed_from_u64(u64::from(crate::sys::getpid()) ^ 0x5eed);
     let mut reuse: Vec<u64> = Vec::new();
+    let mut history = History::default();
     loop {
         let round_start = Instant::now();
         if !RUN.load(Ordering::Acquire) {
@@ -377,11 +448,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         extra
             .addresses
             .extend(crate::runtime::agent_stack_addresses());
-        extra.ranges.extend(
-            super::altstack_addresses()
-                .into_iter()
-                .map(|a| (a, a + 64 * 1024)),
-        );
+        extra.ranges.extend(super::altstack_ranges());
         extra.ranges.extend(crate::sys::loaded_object_ranges());
         match thread_blocking_segv() {
             Some(tid) => {
@@ -399,7 +466,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                         break;
                     }
                 };
-                let pages = choose(&ranges, &reuse, n, &mut rng);
+                let pages = choose(&ranges, &reuse, n, &mut rng, |p| history.skip(p));
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
                     let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
                     crate::runtime::log(&format!(
@@ -418,7 +485,8 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         while RUN.load(Ordering::Acquire) && round_start.elapsed() < period {
             std::thread::park_timeout(period.saturating_sub(round_start.elapsed()));
         }
-        reuse = retire_all(cfg.access);
+        let (faulted, idle) = retire_all(cfg.access);
+        reuse = history.keep(COUNTERS.rounds.load(Ordering::Relaxed), &faulted, &idle);
         COUNTERS.rounds.fetch_add(1, Ordering::Relaxed);
         super::refresh_names();
     }
@@ -453,6 +521,8 @@ mod tests {
             m(0x11000, 0x20000, "rw-", false, ""), // thread stack above its guard
             m(0x20000, 0x30000, "rw-", false, ""), // anonymous: yes
             m(0x80000, 0x90000, "rw-", false, ""), // an object's .bss cut out of the middle
+            m(0x0010_0000, 0x0100_0000, "---", false, ""), // an arena's reserved tail
+            m(0x0100_0000, 0x0110_0000, "rw-", false, ""), // the next arena: eligible
             m(0x30000, 0x31000, "rw-", true, "/dev/shm/x"),
             m(0x31000, 0x31800, "rw-", true, "anon_inode:[io_uring]"),
             m(0x40000, 0x41000, "rw-", false, "[stack]"),
@@ -475,7 +545,8 @@ mod tests {
                 (0x20000, 0x30000),
                 (0x30000, 0x31000),
                 (0x80000, 0x84000),
-                (0x86000, 0x90000)
+                (0x86000, 0x90000),
+                (0x0100_0000, 0x0110_0000)
             ]
         );
         assert!(e

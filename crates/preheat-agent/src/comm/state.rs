@@ -195,6 +195,21 @@ fn granule_slot(key: u64) -> Option<usize> {
     Some(home)
 }
 
+/// Whether two different threads are among the recorded sharers of the granule holding `addr`
+/// (for the sampler's choice of pages to keep sampling; never from the handler).
+pub fn granule_shared(addr: usize) -> bool {
+    let shift = GRANULE_SHIFT.load(Ordering::Relaxed);
+    let key = ((addr >> shift) as u64).wrapping_add(1);
+    let home = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % GRANULES;
+    (0..PROBE).map(|i| (home + i) % GRANULES).any(|s| {
+        GRANULE_KEY[s].load(Ordering::Acquire) == key && {
+            let v = GRANULE_SHARERS[s].load(Ordering::Acquire);
+            let (a, b) = (v & 0xffff_ffff, v >> 32);
+            a != 0 && b != 0 && a != b
+        }
+    })
+}
+
 fn add_event(a: usize, b: usize) {
     let (i, j) = if a < b { (a, b) } else { (b, a) };
     if let Some(c) = MATRIX.get(i * MAX_COMM_THREADS + j) {
