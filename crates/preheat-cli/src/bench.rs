@@ -16,6 +16,8 @@
 //!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1. The time of a
 //!   `preheat_runs` call is the time to *issue* the prefetches; the last few are still in flight
 //!   when it returns (a bounded error of about one memory latency).
+//! * `comm` — communication detection's overhead and accuracy on the bundled kernels (see
+//!   [`crate::comm_bench`]).
 //! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
 //!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
 
@@ -48,6 +50,28 @@ pub enum Which {
         #[arg(long, default_value_t = 40)]
         trials: usize,
     },
+    /// Communication detection: overhead and accuracy on the bundled NPB-style kernels.
+    Comm {
+        /// Kernels (comma-separated: mg, cg, is, ep).
+        #[arg(long, default_value = "mg,cg,is,ep", value_delimiter = ',')]
+        kernels: Vec<String>,
+        /// Repetitions per kernel and condition (≥ 5 for a headline).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Kernel iterations per run (fixed work, so wall times compare).
+        #[arg(long, default_value_t = 8000)]
+        iterations: u64,
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+        #[arg(long, default_value_t = 2)]
+        instances: usize,
+        /// Pages revoked per round (default: the detector's default).
+        #[arg(long)]
+        pages: Option<u32>,
+        /// Round length in ms (default: the detector's default).
+        #[arg(long)]
+        period_ms: Option<u32>,
+    },
     /// Agent overhead on warm requests (bundled server).
     Agent {
         /// Requests per run.
@@ -63,6 +87,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
         Which::Preheat { ws_kib, trials } => bench_preheat(ws_kib, trials, a.json),
         Which::Agent { requests, runs } => bench_agent(requests, runs, a.json),
+        Which::Comm {
+            kernels,
+            reps,
+            iterations,
+            threads,
+            instances,
+            pages,
+            period_ms,
+        } => crate::comm_bench::run(
+            crate::comm_bench::Settings {
+                kernels,
+                reps,
+                iterations,
+                threads,
+                instances,
+                cfg: {
+                    let d = preheat_model::comm::CommConfig::default();
+                    preheat_model::comm::CommConfig {
+                        pages: pages.unwrap_or(d.pages),
+                        period_ms: period_ms.unwrap_or(d.period_ms),
+                        ..d
+                    }
+                },
+            },
+            a.json,
+        ),
     }
 }
 

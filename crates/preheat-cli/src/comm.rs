@@ -24,7 +24,8 @@ pub struct CommArgs {
     /// A running process that has the agent attached (instead of a program after `--`).
     #[arg(long, conflicts_with = "program")]
     pub pid: Option<u32>,
-    /// Stop after this many seconds (with --pid: required; with a program: stop the program).
+    /// Stop after this many seconds (with --pid: required; with a program: stop it then, and
+    /// report what was seen while it ran, not its exit).
     #[arg(long)]
     pub duration: Option<f64>,
     /// Zero the matrix this many ms after detection started, so start-up sharing (libraries,
@@ -56,6 +57,9 @@ pub struct CommArgs {
     /// Print the JSON report on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Keep only threads whose name starts with this (e.g. the workers of a pool).
+    #[arg(long, value_name = "PREFIX")]
+    pub only: Option<String>,
     /// The program and its arguments.
     #[arg(last = true)]
     pub program: Vec<String>,
@@ -87,17 +91,31 @@ pub fn run(a: CommArgs) -> Result<()> {
     if let Err(e) = cfg.validate() {
         bail!("{e}");
     }
-    let (report, program, status) = match (a.pid, a.program.is_empty()) {
+    let (mut report, program, status) = match (a.pid, a.program.is_empty()) {
         (Some(pid), _) => (attach(&a, cfg, pid)?, format!("pid {pid}"), None),
         (None, false) => {
-            let (r, st) = start_program(&a, cfg)?;
-            (r, a.program.join(" "), Some(st))
+            let f = Follow {
+                argv: &a.program,
+                cfg,
+                reset_after_ms: a.reset_after_ms,
+                duration: a.duration,
+                stdout: None,
+                poll: Duration::from_millis(100),
+                progress: true,
+            };
+            let (r, st) = follow(&f, |_, _| {})?;
+            // Stopped at --duration: the program did not fail.
+            let st = if a.duration.is_some() { None } else { Some(st) };
+            (r, a.program.join(" "), st)
         }
         (None, true) => bail!(
             "give a program after `--` (preheat comm -- ./my-program args) or --pid of a \
              process that runs with the agent"
         ),
     };
+    if let Some(prefix) = &a.only {
+        report = only_threads(&report, prefix);
+    }
     write_outputs(&a, &report, &program)?;
     if let Some(st) = status {
         if !st.success() {
@@ -179,9 +197,30 @@ impl Drop for Program {
     }
 }
 
-/// Start the program with detection on from the first instruction, follow it until it exits
-/// (or `--duration`), and return the final report.
-fn start_program(a: &CommArgs, cfg: CommConfig) -> Result<(CommReport, ExitStatus)> {
+/// How to run a program under detection ([`follow`]).
+pub struct Follow<'a> {
+    pub argv: &'a [String],
+    pub cfg: CommConfig,
+    /// Zero the matrix this long after start (0: never).
+    pub reset_after_ms: u64,
+    /// Stop the program after this many seconds (the report is the last one taken while it
+    /// ran, so sharing at its exit is not counted).
+    pub duration: Option<f64>,
+    /// Send the program's standard output here instead of ours.
+    pub stdout: Option<PathBuf>,
+    /// How often to poll the report.
+    pub poll: Duration,
+    /// Show progress on a terminal.
+    pub progress: bool,
+}
+
+/// Start a program with detection on from its first instruction, follow it until it exits (or
+/// `duration`), calling `observe` with every report polled (and the time since the reset), and
+/// return the final report and the program's exit status.
+pub fn follow(
+    f: &Follow,
+    mut observe: impl FnMut(&CommReport, Duration),
+) -> Result<(CommReport, ExitStatus)> {
     let run_dir = paths::run_dir();
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("creating the run directory {}", run_dir.display()))?;
@@ -191,33 +230,43 @@ fn start_program(a: &CommArgs, cfg: CommConfig) -> Result<(CommReport, ExitStatu
         .context("creating a temporary directory")?;
     let final_path = work.path().join("final.json");
     let agent = paths::agent_so()?;
-    let mut cmd = Command::new(&a.program[0]);
-    cmd.args(&a.program[1..])
+    let Some(prog) = f.argv.first() else {
+        bail!("no program to run");
+    };
+    let mut cmd = Command::new(prog);
+    cmd.args(&f.argv[1..])
         .stdin(Stdio::null())
         .env("LD_PRELOAD", &agent)
         .env("PREHEAT_RUN_DIR", &run_dir)
         .env("PREHEAT_COMM", "1")
-        .env("PREHEAT_COMM_CONFIG", serde_json::to_string(&cfg)?)
+        .env("PREHEAT_COMM_CONFIG", serde_json::to_string(&f.cfg)?)
         .env("PREHEAT_COMM_OUT", &final_path);
+    if let Some(out) = &f.stdout {
+        let file =
+            std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+        cmd.stdout(file);
+    }
     let child = cmd
         .spawn()
-        .with_context(|| format!("cannot start {}", a.program[0]))?;
+        .with_context(|| format!("cannot start {prog}"))?;
     let mut prog = Program { child };
     let pid = prog.child.id();
     let t0 = Instant::now();
     let mut client: Option<AgentClient> = None;
-    let mut reset_done = a.reset_after_ms == 0;
+    let mut reset_at: Option<Instant> = (f.reset_after_ms == 0).then_some(t0);
     let mut last: Option<CommReport> = None;
+    let mut stopped = false;
     let status = loop {
         if let Some(st) = prog.child.try_wait()? {
             break st;
         }
-        if a.duration.is_some_and(|d| t0.elapsed().as_secs_f64() >= d) {
+        if f.duration.is_some_and(|d| t0.elapsed().as_secs_f64() >= d) {
             if let Some(c) = client.as_mut() {
                 if let Ok(r) = report_of(c) {
                     last = Some(r);
                 }
             }
+            stopped = true;
             launch::stop_tree(pid, Duration::from_secs(2));
             break prog.child.wait()?;
         }
@@ -225,29 +274,43 @@ fn start_program(a: &CommArgs, cfg: CommConfig) -> Result<(CommReport, ExitStatu
             client = AgentClient::connect(&run_dir, pid).ok();
         }
         if let Some(c) = client.as_mut() {
-            if !reset_done && t0.elapsed() >= Duration::from_millis(a.reset_after_ms) {
-                if c.call(&Request::CommReset).is_ok() {
-                    reset_done = true;
-                }
+            if reset_at.is_none()
+                && t0.elapsed() >= Duration::from_millis(f.reset_after_ms)
+                && c.call(&Request::CommReset).is_ok()
+            {
+                reset_at = Some(Instant::now());
             }
             if let Ok(r) = report_of(c) {
-                progress(&r, t0);
+                if f.progress {
+                    progress(&r, t0);
+                }
+                if let Some(at) = reset_at {
+                    observe(&r, at.elapsed());
+                }
                 last = Some(r);
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(f.poll);
     };
-    end_progress();
-    let fin = std::fs::read_to_string(&final_path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<CommReport>(&t).ok());
+    if f.progress {
+        end_progress();
+    }
+    let fin = if stopped {
+        None
+    } else {
+        std::fs::read_to_string(&final_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<CommReport>(&t).ok())
+    };
     let report = match (fin, last) {
         (Some(r), _) => r,
         (None, Some(r)) => {
-            eprintln!(
-                "preheat comm: the program did not exit normally ({status}); the report is the \
-                 last one taken while it ran"
-            );
+            if !stopped {
+                eprintln!(
+                    "preheat comm: the program did not exit normally ({status}); the report is \
+                     the last one taken while it ran"
+                );
+            }
             r
         }
         (None, None) => bail!(
@@ -257,6 +320,31 @@ fn start_program(a: &CommArgs, cfg: CommConfig) -> Result<(CommReport, ExitStatu
         ),
     };
     Ok((report, status))
+}
+
+/// The report restricted to threads whose name starts with `prefix` (a sub-matrix).
+pub fn only_threads(r: &CommReport, prefix: &str) -> CommReport {
+    let keep: Vec<usize> = r
+        .threads
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.name.starts_with(prefix))
+        .map(|(i, _)| i)
+        .collect();
+    let matrix: Vec<Vec<u64>> = keep
+        .iter()
+        .map(|&i| keep.iter().map(|&j| r.matrix[i][j]).collect())
+        .collect();
+    CommReport {
+        threads: keep.iter().map(|&i| r.threads[i].clone()).collect(),
+        events: matrix
+            .iter()
+            .enumerate()
+            .map(|(i, row)| row.iter().skip(i + 1).sum::<u64>())
+            .sum(),
+        matrix,
+        ..r.clone()
+    }
 }
 
 /// Thread labels: `name/tid` (name empty: `tid`).

@@ -10,6 +10,7 @@ mod agentctl;
 mod arbiter;
 mod bench;
 mod comm;
+mod comm_bench;
 mod compare;
 mod demo;
 mod groups;

@@ -50,12 +50,20 @@ fn build_companions(dir: &Path) -> Result<()> {
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     eprintln!(
-        "preheat: building the agent and the bundled server (cargo build --profile {} -p preheat-agent -p preheat-kv) ...",
+        "preheat: building the agent and the bundled programs (cargo build --profile {} -p preheat-agent -p preheat-kv -p preheat-npb) ...",
         profile_name(dir)
     );
     let st = Command::new(cargo)
         .args(["build", "--quiet", "--profile", profile_name(dir)])
-        .args(["-p", "preheat-agent", "-p", "preheat-kv", "--manifest-path"])
+        .args([
+            "-p",
+            "preheat-agent",
+            "-p",
+            "preheat-kv",
+            "-p",
+            "preheat-npb",
+        ])
+        .arg("--manifest-path")
         .arg(&manifest)
         .status()
         .context("running cargo to build the agent and bundled server")?;
@@ -95,6 +103,11 @@ pub fn agent_so() -> Result<PathBuf> {
 /// The bundled default server.
 pub fn kv_bin() -> Result<PathBuf> {
     companion("PREHEAT_KV_BIN", &["preheat-kv"])
+}
+
+/// The bundled NPB-style kernels (communication detection and coscheduling workloads).
+pub fn npb_bin() -> Result<PathBuf> {
+    companion("PREHEAT_NPB_BIN", &["preheat-npb"])
 }
 
 /// Find an installed program on PATH or in the sbin directories Debian uses for daemons.

@@ -176,6 +176,12 @@ fn retire(slot: &state::Slot, still_revoked: bool) -> bool {
     }
 }
 
+/// This process's mappings, parsed without file identities (no ELF build-id reads: the sampler
+/// reads the maps several times a round, and must stay cheap).
+fn own_maps() -> std::io::Result<Vec<Mapping>> {
+    std::fs::read_to_string("/proc/self/maps").map(|t| maps::parse_maps(&t))
+}
+
 /// Whether `page` is still mapped with the revoked protection (then it is restored). A page
 /// that is gone, or whose protection someone else changed, is released without a restore: our
 /// `mprotect` must never clobber a mapping the program made. (A revoked page may merge with a
@@ -197,7 +203,7 @@ pub fn retire_all(access: CommAccess) -> (Vec<u64>, Vec<u64>) {
     let maps = if !any_held {
         Vec::new()
     } else {
-        maps::read_maps(None).unwrap_or_default()
+        own_maps().unwrap_or_default()
     };
     let revoked = revoked_prot(access);
     let mut faulted = Vec::new();
@@ -251,9 +257,7 @@ fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
             std::thread::yield_now();
         };
         let ranges = match g {
-            Some(_) => maps::read_maps(None)
-                .map(|m| eligible(&m, ex))
-                .unwrap_or_default(),
+            Some(_) => own_maps().map(|m| eligible(&m, ex)).unwrap_or_default(),
             None => Vec::new(),
         };
         (g.unwrap_or(u64::MAX), ranges)
@@ -459,7 +463,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 }
             }
             None => {
-                let ranges = match maps::read_maps(None) {
+                let ranges = match own_maps() {
                     Ok(m) => eligible(&m, &extra),
                     Err(e) => {
                         super::disable(format!("cannot read /proc/self/maps: {e}"));

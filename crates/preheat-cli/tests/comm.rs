@@ -1,0 +1,213 @@
+//! `preheat comm` end to end: communication detection on the bundled NPB-style kernels finds
+//! their true coscheduling sets through `preheat groups`, attaches to a running process, and
+//! refuses bad arguments clearly.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ok, preheat, run_dir};
+
+/// The bundled kernels, next to the `preheat` binary (built on demand like the agent).
+fn npb() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_preheat"));
+    let bin = exe.with_file_name("preheat-npb");
+    if !bin.exists() {
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "preheat-npb",
+                "--manifest-path",
+                manifest,
+            ])
+            .status()
+            .expect("running cargo");
+        assert!(st.success(), "building preheat-npb failed");
+    }
+    bin
+}
+
+/// True sets from thread names `npb-K-iI-rR`: one per instance; every thread alone for `ep`.
+fn truth(kernel: &str, names: &[String]) -> Vec<Vec<String>> {
+    let mut sets: Vec<Vec<String>> = if kernel == "ep" {
+        names.iter().map(|n| vec![n.clone()]).collect()
+    } else {
+        let mut by: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for n in names {
+            let inst = n.split('-').nth(2).unwrap_or("").to_string();
+            by.entry(inst).or_default().push(n.clone());
+        }
+        by.into_values().collect()
+    };
+    for s in &mut sets {
+        s.sort();
+    }
+    sets.sort();
+    sets
+}
+
+#[test]
+fn detected_groups_equal_each_kernels_truth() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let bin = npb();
+    for kernel in ["mg", "cg", "is", "ep"] {
+        let out = tmp.path().join(format!("{kernel}.json"));
+        // A faster schedule than the default (20 ms rounds, higher budget) so a short test run
+        // samples enough; the report is taken while the kernel runs (--duration), after the
+        // matrix was reset past start-up.
+        let o = preheat(
+            &[
+                "comm",
+                "--period-ms",
+                "20",
+                "--budget",
+                "5000",
+                "--reset-after-ms",
+                "300",
+                "--duration",
+                "3",
+                "--only",
+                "npb-",
+                "--out",
+                out.to_str().unwrap(),
+                "--",
+                bin.to_str().unwrap(),
+                kernel,
+                "--threads",
+                "4",
+                "--instances",
+                "2",
+                "--seconds",
+                "4",
+                "--start-delay-ms",
+                "300",
+            ],
+            &rd,
+        );
+        assert!(
+            o.status.success(),
+            "{kernel}: {}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&o.stdout)
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(report["label"], "measured");
+        assert!(report["faults_induced"].as_u64().unwrap() > 0, "{report}");
+        let g: serde_json::Value =
+            serde_json::from_str(&ok(&["groups", out.to_str().unwrap(), "--json"], &rd)).unwrap();
+        let names: Vec<String> = report["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            names.len(),
+            4,
+            "{kernel}: the four kernel threads: {names:?}"
+        );
+        let mut sets: Vec<Vec<String>> = g["sets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let mut v: Vec<String> = s
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| names[i.as_u64().unwrap() as usize].clone())
+                    .collect();
+                v.sort();
+                v
+            })
+            .collect();
+        sets.sort();
+        assert_eq!(
+            sets,
+            truth(kernel, &names),
+            "{kernel}: matrix {}",
+            report["matrix"]
+        );
+        eprintln!(
+            "comm {kernel}: groups = truth; {} events, {} induced faults (measured)",
+            report["events"], report["faults_induced"]
+        );
+    }
+}
+
+#[test]
+fn attaches_to_a_running_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_preheat")).with_file_name("libpreheat_agent.so");
+    if !agent.exists() {
+        // `preheat comm -- ...` builds the companions; make sure they exist for this test.
+        let _ = preheat(&["comm", "--", "true"], &rd);
+    }
+    let mut child = Command::new(npb())
+        .args(["is", "--threads", "4", "--instances", "2", "--seconds", "5"])
+        .env("LD_PRELOAD", &agent)
+        .env("PREHEAT_RUN_DIR", &rd)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let sock = rd.join(format!("agent-{pid}.sock"));
+    let t0 = Instant::now();
+    while !sock.exists() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = tmp.path().join("pid.json");
+    let o = preheat(
+        &[
+            "comm",
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "1.5",
+            "--period-ms",
+            "20",
+            "--budget",
+            "5000",
+            "--only",
+            "npb-",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &rd,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert!(report["rounds"].as_u64().unwrap() > 10, "{report}");
+    assert!(report["faults_induced"].as_u64().unwrap() > 0, "{report}");
+    assert_eq!(
+        report["active"], false,
+        "stopped after --duration: {report}"
+    );
+    // The program keeps running after detection stopped and finishes normally.
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st}");
+}
+
+#[test]
+fn bad_arguments_are_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let o = preheat(&["comm"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("give a program after `--`"));
+    let o = preheat(&["comm", "--pages", "0", "--", "true"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("pages"));
+    let o = preheat(&["comm", "--pid", "1"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--duration"));
+}
