@@ -5,6 +5,7 @@
   sweep     preheat demo over a grid of parameters (lead time, k-of-n, gap merge, ...)
   report    rebuild DIR/report.html from what DIR holds
   sleeping  the sleeping-CPUs experiments (Zhu et al.)
+  comm      communication detection on the bundled kernels (or given reports): heatmaps, sets
 
 All commands write into --out DIR (atomically: temp file + rename) and DIR/report.html. A server
 that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
@@ -146,6 +147,20 @@ def main(argv=None) -> int:
 
     from . import sleeping
 
+    cm = sub.add_parser(
+        "comm", help="communication detection: heatmaps and coscheduling sets",
+        description="For each bundled kernel: preheat comm (reset after start-up, report while "
+                    "it runs) and preheat groups; heatmaps with the detected sets, the true sets "
+                    "beside them, comm.csv/.parquet, *.groups.json, report.html in --out. "
+                    "--from renders existing `preheat comm --out` files of any program.")
+    cm.add_argument("--out", type=Path, required=True, help="output directory")
+    cm.add_argument("--kernels", default=",".join(("mg", "cg", "is", "ep")),
+                    help="comma list of mg,cg,is,ep (empty: none)")
+    cm.add_argument("--from", dest="from_files", type=Path, nargs="*", default=[],
+                    help="existing preheat comm reports to render")
+    cm.add_argument("--seconds", type=float, default=4.0, help="kernel run time (default 4)")
+    cm.add_argument("--quick", action="store_true", help="2-second runs of mg only")
+
     sp = sub.add_parser("sleeping", help="the sleeping-CPUs experiments (plots + HTML report)")
     sp.add_argument("--out", type=Path, default=Path("results/sleeping"))
     sp.add_argument("--quick", action="store_true", help="tiny runs (for tests)")
@@ -153,6 +168,16 @@ def main(argv=None) -> int:
 
     a = ap.parse_args(argv)
 
+    if a.cmd == "comm":
+        from . import comm
+
+        kernels = [k for k in a.kernels.split(",") if k]
+        bad = [k for k in kernels if k not in comm.KERNELS]
+        if bad:
+            ap.error(f"unknown kernel(s) {', '.join(bad)} (known: {', '.join(comm.KERNELS)})")
+        if a.quick:
+            kernels, a.seconds = ["mg"], 2.5
+        return comm.run(a.out, kernels, a.from_files, seconds=a.seconds)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
         res = sleeping.run_all(a.out, quick=a.quick, only=only)
