@@ -71,6 +71,9 @@ pub enum Which {
         /// Round length in ms (default: the detector's default).
         #[arg(long)]
         period_ms: Option<u32>,
+        /// How pages are revoked.
+        #[arg(long, value_enum, default_value = "auto")]
+        mechanism: crate::comm::MechanismArg,
     },
     /// Agent overhead on warm requests (bundled server).
     Agent {
@@ -95,6 +98,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             instances,
             pages,
             period_ms,
+            mechanism,
         } => crate::comm_bench::run(
             crate::comm_bench::Settings {
                 kernels,
@@ -107,6 +111,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     preheat_model::comm::CommConfig {
                         pages: pages.unwrap_or(d.pages),
                         period_ms: period_ms.unwrap_or(d.period_ms),
+                        mechanism: mechanism.into(),
                         ..d
                     }
                 },

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use preheat_model::comm::{CommAccess, CommConfig, CommReport};
+use preheat_model::comm::{CommAccess, CommConfig, CommMechanism, CommReport};
 use preheat_model::proto::{Reply, Request};
 
 use crate::agentctl::{self, AgentClient};
@@ -48,6 +48,11 @@ pub struct CommArgs {
     /// `any` (pages inaccessible, as SPCD; system calls that read them fail with EFAULT).
     #[arg(long, value_enum, default_value = "write")]
     pub access: AccessArg,
+    /// How pages are revoked: `mprotect` (a SIGSEGV handler in the program), `uffd`
+    /// (userfaultfd write-protect: no signals, system calls wait instead of failing; writes
+    /// only), or `auto` (mprotect; the report says whether userfaultfd was available).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub mechanism: MechanismArg,
     /// Write the report (matrix, threads, counters) as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -63,6 +68,23 @@ pub struct CommArgs {
     /// The program and its arguments.
     #[arg(last = true)]
     pub program: Vec<String>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum MechanismArg {
+    Auto,
+    Mprotect,
+    Uffd,
+}
+
+impl From<MechanismArg> for CommMechanism {
+    fn from(m: MechanismArg) -> CommMechanism {
+        match m {
+            MechanismArg::Auto => CommMechanism::Auto,
+            MechanismArg::Mprotect => CommMechanism::Mprotect,
+            MechanismArg::Uffd => CommMechanism::Uffd,
+        }
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -82,6 +104,7 @@ impl CommArgs {
                 AccessArg::Write => CommAccess::Write,
                 AccessArg::Any => CommAccess::Any,
             },
+            mechanism: self.mechanism.into(),
         }
     }
 }

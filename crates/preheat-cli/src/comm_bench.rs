@@ -252,13 +252,14 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
     }
     println!(
         "communication detection on preheat-npb ({} threads, {} instances, {} iterations; \
-         {} pages per {} ms, at most {} faults/s) — measured, {} repetitions",
+         {} pages per {} ms, at most {} faults/s, mechanism {}) — measured, {} repetitions",
         s.threads,
         s.instances,
         s.iterations,
         s.cfg.pages_per_round(),
         s.cfg.period_ms,
         s.cfg.budget,
+        s.cfg.mechanism.name(),
         s.reps
     );
     println!(

@@ -56,14 +56,23 @@ fn detected_groups_equal_each_kernels_truth() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
     let bin = npb();
-    for kernel in ["mg", "cg", "is", "ep"] {
-        let out = tmp.path().join(format!("{kernel}.json"));
+    // Every kernel with the default mechanism; one with userfaultfd write-protect.
+    for (kernel, mechanism) in [
+        ("mg", "auto"),
+        ("cg", "auto"),
+        ("is", "auto"),
+        ("ep", "auto"),
+        ("cg", "uffd"),
+    ] {
+        let out = tmp.path().join(format!("{kernel}-{mechanism}.json"));
         // A faster schedule than the default (20 ms rounds, higher budget) so a short test run
         // samples enough; the report is taken while the kernel runs (--duration), after the
         // matrix was reset past start-up.
         let o = preheat(
             &[
                 "comm",
+                "--mechanism",
+                mechanism,
                 "--period-ms",
                 "20",
                 "--budget",
@@ -136,8 +145,8 @@ fn detected_groups_equal_each_kernels_truth() {
             report["matrix"]
         );
         eprintln!(
-            "comm {kernel}: groups = truth; {} events, {} induced faults (measured)",
-            report["events"], report["faults_induced"]
+            "comm {kernel} ({}): groups = truth; {} events, {} induced faults (measured)",
+            report["mechanism"], report["events"], report["faults_induced"]
         );
     }
 }

@@ -38,6 +38,29 @@ impl CommAccess {
     }
 }
 
+/// How pages are revoked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CommMechanism {
+    /// Chosen at start (see the agent's `comm` module); the report says which and why.
+    #[default]
+    Auto,
+    /// `mprotect` and a SIGSEGV handler.
+    Mprotect,
+    /// userfaultfd write-protect with thread ids (writes only).
+    Uffd,
+}
+
+impl CommMechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            CommMechanism::Auto => "auto",
+            CommMechanism::Mprotect => "mprotect",
+            CommMechanism::Uffd => "uffd",
+        }
+    }
+}
+
 /// Sampler configuration (defaults: 64 pages every 100 ms, at most 1000 induced faults/s,
 /// one-page granules, write faults).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +76,7 @@ pub struct CommConfig {
     /// the pages per round are capped at `budget * period`).
     pub budget: u32,
     pub access: CommAccess,
+    pub mechanism: CommMechanism,
 }
 
 impl Default for CommConfig {
@@ -63,6 +87,7 @@ impl Default for CommConfig {
             granule: 4096,
             budget: 1000,
             access: CommAccess::Write,
+            mechanism: CommMechanism::Auto,
         }
     }
 }
@@ -97,6 +122,13 @@ impl CommConfig {
         if self.budget == 0 {
             return Err("fault budget must be at least 1 fault/s".into());
         }
+        if self.mechanism == CommMechanism::Uffd && self.access == CommAccess::Any {
+            return Err(
+                "the userfaultfd mechanism sees writes only: use access write (or mechanism \
+                 mprotect for reads too)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }
@@ -115,7 +147,7 @@ pub struct CommThread {
 pub struct CommReport {
     /// Sampling is running.
     pub active: bool,
-    /// `mprotect` (the only mechanism so far), with the reason when sampling is off.
+    /// The mechanism in use (`mprotect` or `uffd`) and, when it was chosen automatically, why.
     pub mechanism: String,
     pub config: CommConfig,
     /// Threads in matrix order.
@@ -220,6 +252,14 @@ mod tests {
                 ..Default::default()
             },
             "budget",
+        );
+        bad(
+            CommConfig {
+                mechanism: CommMechanism::Uffd,
+                access: CommAccess::Any,
+                ..Default::default()
+            },
+            "writes only",
         );
     }
 

@@ -31,15 +31,21 @@ pub mod hooks;
 pub mod sampler;
 pub mod signal;
 pub mod state;
+pub mod uffd;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use preheat_model::comm::{CommConfig, CommReport, CommThread};
+use preheat_model::comm::{CommConfig, CommMechanism, CommReport, CommThread};
 
 use state::{ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
 
 pub use preheat_model::comm::CommAccess;
+
+/// The mechanism of the running (or last) session: true = userfaultfd, false = mprotect.
+pub static USE_UFFD: AtomicBool = AtomicBool::new(false);
+/// What the report says about the mechanism (set at start, control thread only).
+static MECHANISM: Mutex<String> = Mutex::new(String::new());
 
 /// The sampler should keep running.
 pub static RUN: AtomicBool = AtomicBool::new(false);
@@ -133,14 +139,42 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if SAMPLER_ALIVE.load(Ordering::Acquire) {
         return Err("communication detection is already running (stop it first)".into());
     }
-    if let Some(tid) = sampler::thread_blocking_segv().filter(|_| !at_start) {
-        return Err(format!(
-            "thread {tid} blocks SIGSEGV: an induced fault would kill the process, so detection \
-             cannot start in it (start the program under `preheat comm --` instead, where the \
-             agent keeps SIGSEGV unblocked from the start)"
-        ));
+    // Auto is mprotect: measured faster here than userfaultfd, whose blocked writer waits for a
+    // switch to the fault thread (see the README's comparison); userfaultfd on request.
+    let (use_uffd, described) = match cfg.mechanism {
+        CommMechanism::Uffd => (
+            true,
+            "uffd (userfaultfd write-protect, requested)".to_string(),
+        ),
+        CommMechanism::Mprotect => (false, "mprotect (requested)".to_string()),
+        CommMechanism::Auto => (
+            false,
+            format!(
+                "mprotect (auto; userfaultfd write-protect: {})",
+                match uffd::available() {
+                    Ok(()) => "available, not chosen".to_string(),
+                    Err(e) => e,
+                }
+            ),
+        ),
+    };
+    if use_uffd {
+        uffd::start()?;
+    } else {
+        if let Some(tid) = sampler::thread_blocking_segv().filter(|_| !at_start) {
+            return Err(format!(
+                "thread {tid} blocks SIGSEGV: an induced fault would kill the process, so \
+                 detection cannot start in it (start the program under `preheat comm --` \
+                 instead, where the agent keeps SIGSEGV unblocked from the start, or use the \
+                 uffd mechanism)"
+            ));
+        }
+        signal::install()?;
     }
-    signal::install()?;
+    USE_UFFD.store(use_uffd, Ordering::SeqCst);
+    if let Ok(mut g) = MECHANISM.try_lock() {
+        *g = described;
+    }
     state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
     let ex = sampler::Exclusions {
         agent_so: crate::runtime::agent_so_path().map(str::to_string),
@@ -164,17 +198,36 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     SINCE_NS.store(preheat_engine::time::now_ns(), Ordering::Relaxed);
     RUN.store(true, Ordering::Release);
     SAMPLER_ALIVE.store(true, Ordering::Release);
+    if use_uffd {
+        // The fault thread must never touch heap memory (it would wait on itself for a page
+        // it protects): no logging there; its priority is logged by the sampler.
+        let r = crate::runtime::spawn_agent_thread("preheat-uffd".into(), || {
+            uffd::raise_priority();
+            uffd::serve();
+        });
+        if let Err(e) = r {
+            RUN.store(false, Ordering::Release);
+            SAMPLER_ALIVE.store(false, Ordering::Release);
+            uffd::close();
+            return Err(format!("cannot start the userfaultfd fault thread: {e}"));
+        }
+    }
     let r = crate::runtime::spawn_agent_thread("preheat-comm".into(), move || {
         sampler::run(cfg, ex);
+        if USE_UFFD.load(Ordering::SeqCst) {
+            uffd::close();
+        }
         SAMPLER_ALIVE.store(false, Ordering::Release);
     });
     if let Err(e) = r {
         RUN.store(false, Ordering::Release);
         SAMPLER_ALIVE.store(false, Ordering::Release);
+        uffd::close();
         return Err(format!("cannot start the sampler thread: {e}"));
     }
     crate::runtime::log(&format!(
-        "comm: detection started ({} pages per {} ms, granule {} B, {} faults)",
+        "comm: detection started ({}; {} pages per {} ms, granule {} B, {} faults)",
+        MECHANISM.try_lock().map(|g| g.clone()).unwrap_or_default(),
         cfg.pages_per_round(),
         cfg.period_ms,
         cfg.granule,
@@ -235,7 +288,7 @@ pub fn report() -> CommReport {
     let c = &COUNTERS;
     CommReport {
         active,
-        mechanism: "mprotect".into(),
+        mechanism: MECHANISM.try_lock().map(|g| g.clone()).unwrap_or_default(),
         config: cfg.unwrap_or_default(),
         threads,
         events: matrix
@@ -399,6 +452,9 @@ pub fn reset_after_fork() {
         s.state.store(FREE, Ordering::Relaxed);
     }
     ARMED_COUNT.store(0, Ordering::Relaxed);
+    // The parent's userfaultfd: its registrations are not inherited (no fork events), and the
+    // fd itself is closed with the parent's other agent fds.
+    uffd::forget_after_fork();
     RUN.store(false, Ordering::Relaxed);
     SAMPLER_ALIVE.store(false, Ordering::Relaxed);
     state::reset_counts();

@@ -443,6 +443,11 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
     let mut rng = SmallRng::seed_from_u64(u64::from(crate::sys::getpid()) ^ 0x5eed);
     let mut reuse: Vec<u64> = Vec::new();
     let mut history = History::default();
+    if super::USE_UFFD.load(Ordering::SeqCst) && !super::uffd::wait_serving(Duration::from_secs(5))
+    {
+        super::disable("the userfaultfd fault thread did not start within 5 s".into());
+        return;
+    }
     loop {
         let round_start = Instant::now();
         if !RUN.load(Ordering::Acquire) {
@@ -454,7 +459,8 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
             .extend(crate::runtime::agent_stack_addresses());
         extra.ranges.extend(super::altstack_ranges());
         extra.ranges.extend(crate::sys::loaded_object_ranges());
-        match thread_blocking_segv() {
+        let uffd = super::USE_UFFD.load(Ordering::SeqCst);
+        match thread_blocking_segv().filter(|_| !uffd) {
             Some(tid) => {
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 50 == 0 {
                     crate::runtime::log(&format!(
@@ -474,14 +480,23 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
                     let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
                     crate::runtime::log(&format!(
-                        "comm: round {}: {} eligible ranges ({} KiB), {} pages chosen",
+                        "comm: round {}: {} eligible ranges ({} KiB), {} pages chosen{}",
                         COUNTERS.rounds.load(Ordering::Relaxed),
                         ranges.len(),
                         bytes >> 10,
-                        pages.len()
+                        pages.len(),
+                        if uffd {
+                            format!("; userfaultfd fault thread at {}", super::uffd::priority())
+                        } else {
+                            String::new()
+                        }
                     ));
                 }
-                let armed = arm(&pages, cfg.access, &extra);
+                let armed = if uffd {
+                    super::uffd::arm(&pages)
+                } else {
+                    arm(&pages, cfg.access, &extra)
+                };
                 COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
             }
         }
@@ -489,12 +504,20 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         while RUN.load(Ordering::Acquire) && round_start.elapsed() < period {
             std::thread::park_timeout(period.saturating_sub(round_start.elapsed()));
         }
-        let (faulted, idle) = retire_all(cfg.access);
+        let (faulted, idle) = if uffd {
+            super::uffd::retire_all()
+        } else {
+            retire_all(cfg.access)
+        };
         reuse = history.keep(COUNTERS.rounds.load(Ordering::Relaxed), &faulted, &idle);
         COUNTERS.rounds.fetch_add(1, Ordering::Relaxed);
         super::refresh_names();
     }
-    retire_all(cfg.access);
+    if super::USE_UFFD.load(Ordering::SeqCst) {
+        super::uffd::retire_all();
+    } else {
+        retire_all(cfg.access);
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 /* Two pairs of threads; each pair shares (writes) a 64 KiB buffer, nothing is shared across pairs.
    Runs for argv[1] ms. Used by the agent's communication-detection tests. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
