@@ -315,61 +315,53 @@ pub fn getpid() -> u32 {
     std::process::id()
 }
 
-/// Bytes of thread-local storage of every loaded object (the sum of their `PT_TLS` segments):
-/// about the size of a thread's static TLS block, which lies just below its thread pointer.
-pub fn static_tls_bytes() -> u64 {
+/// Call `f(load address, program header)` for every program header of every loaded object
+/// (`dl_iterate_phdr`; the caller may allocate: not for hooks).
+fn for_each_program_header(mut f: impl FnMut(u64, &libc::Elf64_Phdr)) {
+    type Visit<'a> = &'a mut dyn FnMut(u64, &libc::Elf64_Phdr);
     unsafe extern "C" fn each(
         info: *mut libc::dl_phdr_info,
         _size: libc::size_t,
         data: *mut c_void,
     ) -> c_int {
-        // SAFETY: `data` is the u64 passed below; `info` is valid for this call, and its
-        // `dlpi_phdr` points to `dlpi_phnum` program headers.
+        // SAFETY: `data` is the `Visit` passed below, alive for the whole iteration; `info` is
+        // valid for this call, and its `dlpi_phdr` points to `dlpi_phnum` program headers.
         unsafe {
-            let total = &mut *(data as *mut u64);
+            let visit = &mut *(data as *mut Visit);
             let info = &*info;
             for i in 0..usize::from(info.dlpi_phnum) {
-                let ph = &*info.dlpi_phdr.add(i);
-                if ph.p_type == libc::PT_TLS {
-                    *total += ph.p_memsz + ph.p_align.max(1);
-                }
+                visit(info.dlpi_addr, &*info.dlpi_phdr.add(i));
             }
         }
         0
     }
-    let mut total: u64 = 0;
-    // SAFETY: `each` only reads the loader's data for the duration of the call and writes into
-    // `total`, which outlives it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut total as *mut u64 as *mut c_void) };
+    let mut visit: Visit = &mut f;
+    // SAFETY: `each` only reads the loader's data for the duration of the call and calls
+    // `visit`, which outlives it.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut visit as *mut Visit as *mut c_void) };
+}
+
+/// Bytes of thread-local storage of every loaded object (the sum of their `PT_TLS` segments):
+/// about the size of a thread's static TLS block, which lies just below its thread pointer.
+pub fn static_tls_bytes() -> u64 {
+    let mut total = 0;
+    for_each_program_header(|_, ph| {
+        if ph.p_type == libc::PT_TLS {
+            total += ph.p_memsz + ph.p_align.max(1);
+        }
+    });
     total
 }
 
 /// The memory image (every `PT_LOAD` segment, `.bss` included) of every loaded object, as
-/// `[start, end)` ranges (from `dl_iterate_phdr`; the caller may allocate: not for hooks).
+/// `[start, end)` ranges.
 pub fn loaded_object_ranges() -> Vec<(u64, u64)> {
-    unsafe extern "C" fn each(
-        info: *mut libc::dl_phdr_info,
-        _size: libc::size_t,
-        data: *mut c_void,
-    ) -> c_int {
-        // SAFETY: `data` is the Vec passed below; `info` is valid for this call, and its
-        // `dlpi_phdr` points to `dlpi_phnum` program headers.
-        unsafe {
-            let out = &mut *(data as *mut Vec<(u64, u64)>);
-            let info = &*info;
-            for i in 0..usize::from(info.dlpi_phnum) {
-                let ph = &*info.dlpi_phdr.add(i);
-                if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
-                    let start = info.dlpi_addr.wrapping_add(ph.p_vaddr);
-                    out.push((start, start.wrapping_add(ph.p_memsz)));
-                }
-            }
+    let mut out = Vec::new();
+    for_each_program_header(|base, ph| {
+        if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
+            let start = base.wrapping_add(ph.p_vaddr);
+            out.push((start, start.wrapping_add(ph.p_memsz)));
         }
-        0
-    }
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    // SAFETY: `each` only reads the loader's data for the duration of the call and writes into
-    // `out`, which outlives it.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut out as *mut Vec<(u64, u64)> as *mut c_void) };
+    });
     out
 }

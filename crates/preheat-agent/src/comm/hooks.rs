@@ -92,6 +92,28 @@ fn raw_sigprocmask(how: c_int, set: *const libc::sigset_t, old: *mut libc::sigse
     unsafe { libc::syscall(libc::SYS_rt_sigprocmask, how, set, old, 8) as c_int }
 }
 
+/// A signal-mask call through `slot` with SIGSEGV kept unblocked (see [`without_segv`]), or,
+/// before resolution, the raw system call. Returns the result and whether it came from the raw
+/// call (which returns -1 with errno set, as `sigprocmask` does).
+///
+/// # Safety
+/// As sigprocmask(2).
+unsafe fn mask_via(
+    slot: &sys::Real,
+    how: c_int,
+    set: *const libc::sigset_t,
+    old: *mut libc::sigset_t,
+) -> (c_int, bool) {
+    // SAFETY: `set` null or readable (caller).
+    let copy = unsafe { without_segv(how, set) };
+    let set = copy.as_ref().map_or(set, |c| c as *const libc::sigset_t);
+    // SAFETY: forwarded under the caller's contract.
+    match unsafe { real::<MaskFn>(slot) } {
+        Some(f) => (unsafe { f(how, set, old) }, false),
+        None => (raw_sigprocmask(how, set, old), true),
+    }
+}
+
 /// # Safety
 /// Same contract as sigprocmask(2).
 #[no_mangle]
@@ -100,41 +122,22 @@ pub unsafe extern "C" fn sigprocmask(
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> c_int {
-    // SAFETY: `set` null or readable (caller).
-    let copy = unsafe { without_segv(how, set) };
-    let set = copy.as_ref().map_or(set, |c| c as *const libc::sigset_t);
-    // SAFETY: forwarded under the caller's contract.
-    unsafe {
-        match real::<MaskFn>(&sys::REAL_SIGPROCMASK) {
-            Some(f) => f(how, set, old),
-            None => raw_sigprocmask(how, set, old),
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { mask_via(&sys::REAL_SIGPROCMASK, how, set, old) }.0
 }
 
 /// # Safety
-/// Same contract as pthread_sigmask(3).
+/// Same contract as pthread_sigmask(3) (returns the error number instead of setting errno).
 #[no_mangle]
 pub unsafe extern "C" fn pthread_sigmask(
     how: c_int,
     set: *const libc::sigset_t,
     old: *mut libc::sigset_t,
 ) -> c_int {
-    // SAFETY: `set` null or readable (caller).
-    let copy = unsafe { without_segv(how, set) };
-    let set = copy.as_ref().map_or(set, |c| c as *const libc::sigset_t);
-    // SAFETY: forwarded under the caller's contract.
-    unsafe {
-        match real::<MaskFn>(&sys::REAL_PTHREAD_SIGMASK) {
-            Some(f) => f(how, set, old),
-            None => {
-                if raw_sigprocmask(how, set, old) == 0 {
-                    0
-                } else {
-                    sys::errno()
-                }
-            }
-        }
+    // SAFETY: the caller's contract.
+    match unsafe { mask_via(&sys::REAL_PTHREAD_SIGMASK, how, set, old) } {
+        (r, true) if r != 0 => sys::errno(),
+        (r, _) => r,
     }
 }
 

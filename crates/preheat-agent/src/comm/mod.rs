@@ -24,7 +24,7 @@
 //! The host program must never notice: its own SIGSEGVs reach its own handler or kill it as
 //! before ([`signal`]); its `sigaction`/`signal` calls see its own disposition; its
 //! `mprotect`/`munmap`/`mmap`/`mremap` calls first give back any revoked page they touch
-//! ([`release_range`]); threads are not allowed to keep SIGSEGV blocked while we sample
+//! ([`MapChange`]); threads are not allowed to keep SIGSEGV blocked while we sample
 //! ([`strip_segv`]); any internal error stops detection ([`disable`]) and restores every page.
 
 pub mod hooks;

@@ -273,16 +273,10 @@ fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
             i += 1;
             continue;
         };
-        let Some(slot) = slots.by_ref().find(|s| {
-            s.state
-                .compare_exchange(FREE, BUSY, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        }) else {
+        // BUSY from here on: a hooked map change that sees this page waits for us.
+        let Some(slot) = state::claim_slot(&mut slots, page, prot) else {
             break;
         };
-        // BUSY from here on: a hooked map change that sees this page waits for us.
-        slot.prot.store(prot, Ordering::SeqCst);
-        slot.page.store(page as usize, Ordering::SeqCst);
         if state::MAP_GEN.load(Ordering::SeqCst) != gen
             || state::MAP_BUSY.load(Ordering::SeqCst) != 0
         {

@@ -3,7 +3,7 @@
 //!
 //! Once detection is installed, the kernel's SIGSEGV disposition is ours for the rest of the
 //! process's life (never uninstalled: with no revoked pages it simply passes every fault on).
-//! The program's disposition lives in [`ProgramDisposition`]: the `sigaction`/`signal` hooks
+//! The program's disposition lives in a double-buffered copy here: the `sigaction`/`signal` hooks
 //! read and write it instead of the kernel's, so the program sees exactly what it set.
 //!
 //! A fault no revoked page claims is re-executed once first (it may be an induced fault whose

@@ -120,6 +120,23 @@ pub fn find_slot(page: usize) -> Option<&'static Slot> {
         .find(|s| s.state.load(Ordering::Acquire) != FREE && s.page.load(Ordering::Acquire) == page)
 }
 
+/// Claim the next free slot of `slots` for `page` (state BUSY: the caller now owns the page's
+/// protection and must store ARMED, or FREE after clearing the page).
+pub fn claim_slot<'a>(
+    slots: &mut impl Iterator<Item = &'a Slot>,
+    page: u64,
+    prot: u8,
+) -> Option<&'a Slot> {
+    let slot = slots.find(|s| {
+        s.state
+            .compare_exchange(FREE, BUSY, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    })?;
+    slot.prot.store(prot, Ordering::SeqCst);
+    slot.page.store(page as usize, Ordering::SeqCst);
+    Some(slot)
+}
+
 /// Matrix index of `tid`, claiming one on first sight; `None` when the table is full.
 pub fn thread_index(tid: u32) -> Option<usize> {
     for (i, t) in THREAD_TIDS.iter().enumerate() {

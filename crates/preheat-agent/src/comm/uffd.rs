@@ -183,15 +183,9 @@ pub fn arm(pages: &[(u64, u8)]) -> u64 {
     let mut n = 0;
     let mut slots = SLOTS.iter();
     for &(page, prot) in pages {
-        let Some(slot) = slots.by_ref().find(|s| {
-            s.state
-                .compare_exchange(FREE, BUSY, Ordering::SeqCst, Ordering::SeqCst)
-                .is_ok()
-        }) else {
+        let Some(slot) = state::claim_slot(&mut slots, page, prot) else {
             break;
         };
-        slot.prot.store(prot, Ordering::SeqCst);
-        slot.page.store(page as usize, Ordering::SeqCst);
         let mut reg = UffdioRegister {
             range: UffdioRange {
                 start: page,
