@@ -316,7 +316,8 @@ struct AgentBench {
 
 fn one_run(agent: bool, requests: usize) -> Result<(Vec<f64>, f64)> {
     let ncpu = preheat_engine::os::online_cpus();
-    let dir = crate::tempdir("bench")?;
+    let scratch = crate::scratch_dir("bench")?;
+    let dir = scratch.path().to_path_buf();
     let started = servers::start(ServerKind::Kv, None, &dir, vec![ncpu - 1], agent)?;
     let mut c = started.workload.connect(started.server.addr())?;
     for _ in 0..1000 {

@@ -210,7 +210,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
-    let dir = crate::tempdir("demo")?;
+    let scratch = crate::scratch_dir("demo")?;
+    let dir = scratch.path().to_path_buf();
     eprintln!(
         "demo: starting {} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}",
         a.server.name()

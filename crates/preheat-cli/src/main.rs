@@ -359,7 +359,8 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         ..Default::default()
     };
     let server_cpu = a.server_cpu.unwrap_or_else(default_server_cpu);
-    let dir = tempdir("record")?;
+    let scratch = scratch_dir("record")?;
+    let dir = scratch.path().to_path_buf();
     let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
         (Some(k), _) => {
             let (spec, plan) = servers::plan(k, a.port, &dir, vec![server_cpu], true)?;
@@ -453,6 +454,18 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
 }
 
 /// A fresh private temporary directory under the system temp dir.
+/// A scratch directory for one command (server data, logs, recorded profiles), removed when the
+/// returned guard drops — after the servers started in it, which are declared later and so are
+/// stopped first.
+pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("preheat-{what}-"))
+        .tempdir()
+        .with_context(|| format!("creating a scratch directory for {what}"))
+}
+
+/// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
+/// server's files are worth keeping for a look afterwards).
 pub fn tempdir(what: &str) -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
