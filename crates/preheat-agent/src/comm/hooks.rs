@@ -194,9 +194,10 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, size_t, c_int, c_int, c_int, off_t) -> *mut c_void;
 
-/// mmap through `slot`: revoked pages a fixed mapping replaces are given back first; any
-/// slot inside the new mapping is forgotten afterwards (a page we revoked was unmapped behind
-/// our back and something new lives there now).
+/// mmap through `slot`, inside a [`MapChange`]: revoked pages a fixed mapping replaces are
+/// given back first; a slot inside the new mapping afterwards (a page we revoked was unmapped
+/// behind our back, or revoked just now from an older snapshot) gets the new mapping's
+/// protection and is forgotten.
 ///
 /// # Safety
 /// As mmap(2).

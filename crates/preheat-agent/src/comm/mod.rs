@@ -139,8 +139,9 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if SAMPLER_ALIVE.load(Ordering::Acquire) {
         return Err("communication detection is already running (stop it first)".into());
     }
-    // Auto is mprotect: measured faster here than userfaultfd, whose blocked writer waits for a
-    // switch to the fault thread (see the README's comparison); userfaultfd on request.
+    // Auto is mprotect: it needs no userfaultfd permission (vm.unprivileged_userfaultfd) and no
+    // real-time thread, and can see reads too (--access any). Measured here the two cost about
+    // the same (README); userfaultfd on request.
     let (use_uffd, described) = match cfg.mechanism {
         CommMechanism::Uffd => (
             true,
