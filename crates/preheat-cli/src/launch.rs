@@ -18,6 +18,16 @@ use crate::agentctl;
 use crate::paths;
 
 static STARTED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Scratch directories of this command, removed by the signal handler too (after the processes
+/// that use them are stopped).
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Remember a scratch directory for removal on SIGINT/SIGTERM (its guard removes it otherwise).
+pub fn register_scratch(dir: &Path) {
+    if let Ok(mut v) = SCRATCH.lock() {
+        v.push(dir.to_path_buf());
+    }
+}
 
 /// Stop everything we started when SIGINT or SIGTERM arrives, then exit.
 pub fn install_cleanup() {
@@ -31,6 +41,10 @@ pub fn install_cleanup() {
             let pids: Vec<u32> = STARTED.lock().map(|v| v.clone()).unwrap_or_default();
             for pid in pids {
                 stop_tree(pid, Duration::from_secs(2));
+            }
+            let dirs: Vec<PathBuf> = SCRATCH.lock().map(|v| v.clone()).unwrap_or_default();
+            for d in dirs {
+                let _ = std::fs::remove_dir_all(d);
             }
             std::process::exit(128 + sig);
         }

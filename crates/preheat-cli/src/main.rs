@@ -458,10 +458,12 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
 /// returned guard drops — after the servers started in it, which are declared later and so are
 /// stopped first.
 pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
-    tempfile::Builder::new()
+    let d = tempfile::Builder::new()
         .prefix(&format!("preheat-{what}-"))
         .tempdir()
-        .with_context(|| format!("creating a scratch directory for {what}"))
+        .with_context(|| format!("creating a scratch directory for {what}"))?;
+    launch::register_scratch(d.path());
+    Ok(d)
 }
 
 /// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
