@@ -156,17 +156,11 @@ fn attach(a: &CommArgs, cfg: CommConfig, pid: u32) -> Result<CommReport> {
     let run_dir = paths::run_dir();
     let mut c = AgentClient::connect(&run_dir, pid)?;
     c.call(&Request::CommStart { config: cfg })?;
-    let t0 = Instant::now();
-    let mut reset_done = a.reset_after_ms == 0;
+    let mut poll = Poller::new(a.reset_after_ms, true);
     let mut last = None;
-    while t0.elapsed().as_secs_f64() < secs {
+    while poll.t0.elapsed().as_secs_f64() < secs {
         std::thread::sleep(Duration::from_millis(200));
-        if !reset_done && t0.elapsed() >= Duration::from_millis(a.reset_after_ms) {
-            c.call(&Request::CommReset)?;
-            reset_done = true;
-        }
-        if let Ok(r) = report_of(&mut c) {
-            progress(&r, t0);
+        if let Some((r, _)) = poll.step(&mut c)? {
             last = Some(r);
         }
     }
@@ -174,6 +168,43 @@ fn attach(a: &CommArgs, cfg: CommConfig, pid: u32) -> Result<CommReport> {
     match c.call(&Request::CommStop)? {
         Reply::Comm(r) => Ok(r),
         _ => last.context("the agent sent no communication report"),
+    }
+}
+
+/// One poll of a running session: the reset once its time has come, then the report (with
+/// progress on a terminal) and the time since the reset.
+struct Poller {
+    t0: Instant,
+    reset_after: Duration,
+    reset_at: Option<Instant>,
+    progress: bool,
+}
+
+impl Poller {
+    fn new(reset_after_ms: u64, progress: bool) -> Poller {
+        let t0 = Instant::now();
+        Poller {
+            t0,
+            reset_after: Duration::from_millis(reset_after_ms),
+            reset_at: (reset_after_ms == 0).then_some(t0),
+            progress,
+        }
+    }
+
+    /// Err: the reset was refused; Ok(None): no report this time.
+    fn step(&mut self, c: &mut AgentClient) -> Result<Option<(CommReport, Option<Duration>)>> {
+        if self.reset_at.is_none() && self.t0.elapsed() >= self.reset_after {
+            c.call(&Request::CommReset)?;
+            self.reset_at = Some(Instant::now());
+        }
+        let Ok(r) = report_of(c) else {
+            return Ok(None);
+        };
+        if self.progress {
+            progress(&r, self.t0);
+        }
+        let since = self.reset_at.map(|at| at.elapsed());
+        Ok(Some((r, since)))
     }
 }
 
@@ -274,16 +305,17 @@ pub fn follow(
         .with_context(|| format!("cannot start {prog}"))?;
     let mut prog = Program { child };
     let pid = prog.child.id();
-    let t0 = Instant::now();
     let mut client: Option<AgentClient> = None;
-    let mut reset_at: Option<Instant> = (f.reset_after_ms == 0).then_some(t0);
+    let mut poll = Poller::new(f.reset_after_ms, f.progress);
     let mut last: Option<CommReport> = None;
     let mut stopped = false;
     let status = loop {
         if let Some(st) = prog.child.try_wait()? {
             break st;
         }
-        if f.duration.is_some_and(|d| t0.elapsed().as_secs_f64() >= d) {
+        if f.duration
+            .is_some_and(|d| poll.t0.elapsed().as_secs_f64() >= d)
+        {
             if let Some(c) = client.as_mut() {
                 if let Ok(r) = report_of(c) {
                     last = Some(r);
@@ -297,18 +329,10 @@ pub fn follow(
             client = AgentClient::connect(&run_dir, pid).ok();
         }
         if let Some(c) = client.as_mut() {
-            if reset_at.is_none()
-                && t0.elapsed() >= Duration::from_millis(f.reset_after_ms)
-                && c.call(&Request::CommReset).is_ok()
-            {
-                reset_at = Some(Instant::now());
-            }
-            if let Ok(r) = report_of(c) {
-                if f.progress {
-                    progress(&r, t0);
-                }
-                if let Some(at) = reset_at {
-                    observe(&r, at.elapsed());
+            // A refused reset is tried again at the next poll.
+            if let Ok(Some((r, since))) = poll.step(c) {
+                if let Some(t) = since {
+                    observe(&r, t);
                 }
                 last = Some(r);
             }
@@ -360,11 +384,7 @@ pub fn only_threads(r: &CommReport, prefix: &str) -> CommReport {
         .collect();
     CommReport {
         threads: keep.iter().map(|&i| r.threads[i].clone()).collect(),
-        events: matrix
-            .iter()
-            .enumerate()
-            .map(|(i, row)| row.iter().skip(i + 1).sum::<u64>())
-            .sum(),
+        events: preheat_model::comm::events_of(&matrix),
         matrix,
         ..r.clone()
     }

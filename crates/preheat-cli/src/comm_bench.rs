@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::comm::{follow, only_threads, Follow};
 use crate::paths;
+use crate::stats::summarize;
 
 /// Settings of one benchmark run.
 pub struct Settings {
@@ -176,18 +177,6 @@ fn detect_run(argv: &[String], kernel: &str, cfg: CommConfig) -> Result<DetectOu
     })
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 /// Run the benchmark and print its table (or JSON).
 pub fn run(s: Settings, json: bool) -> Result<()> {
     if s.reps == 0 || s.kernels.is_empty() {
@@ -230,18 +219,18 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
             .zip(&plain[k])
             .map(|(d, p)| d.wall_s / p)
             .collect();
-        let mut sorted = ratios.clone();
-        let mut secs: Vec<f64> = runs.iter().filter_map(|d| d.seconds_to_truth).collect();
+        let overhead = summarize(&ratios);
+        let secs: Vec<f64> = runs.iter().filter_map(|d| d.seconds_to_truth).collect();
         results.push(KernelResult {
             kernel: kernel.clone(),
             label: "measured",
             reps: s.reps,
-            overhead_median: median(&mut sorted),
-            overhead_min: sorted.first().copied().unwrap_or(f64::NAN),
-            overhead_max: sorted.last().copied().unwrap_or(f64::NAN),
+            overhead_median: overhead.p50,
+            overhead_min: overhead.min,
+            overhead_max: overhead.max,
             overhead_ratios: ratios,
             correct_runs: runs.iter().filter(|d| d.correct).count(),
-            seconds_to_truth_median: (!secs.is_empty()).then(|| median(&mut secs)),
+            seconds_to_truth_median: (!secs.is_empty()).then(|| summarize(&secs).p50),
             seconds_to_truth: secs,
             faults_per_s: runs.iter().map(|d| d.faults_per_s).collect(),
         });
@@ -271,7 +260,6 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
         "faults/s (p50)"
     );
     for r in &results {
-        let mut f = r.faults_per_s.clone();
         println!(
             "{:<7} {:>8.3} [{:.3}–{:.3}] {:>11}/{:<4} {:>22} {:>14.0}",
             r.kernel,
@@ -282,7 +270,7 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
             r.reps,
             r.seconds_to_truth_median
                 .map_or("never".to_string(), |x| format!("{x:.2}")),
-            median(&mut f)
+            summarize(&r.faults_per_s).p50
         );
     }
     println!("goal: overhead ≤ 1.05 (median); the paper's daemon re-evaluated every 5 s");

@@ -189,6 +189,15 @@ impl CommReport {
     }
 }
 
+/// Events in a symmetric matrix: the sum of its upper triangle.
+pub fn events_of(matrix: &[Vec<u64>]) -> u64 {
+    matrix
+        .iter()
+        .enumerate()
+        .map(|(i, row)| row.iter().skip(i + 1).sum::<u64>())
+        .sum()
+}
+
 fn per_s(n: u64, ns: u64) -> f64 {
     if ns == 0 {
         0.0

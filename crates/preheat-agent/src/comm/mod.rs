@@ -292,11 +292,7 @@ pub fn report() -> CommReport {
         mechanism: MECHANISM.try_lock().map(|g| g.clone()).unwrap_or_default(),
         config: cfg.unwrap_or_default(),
         threads,
-        events: matrix
-            .iter()
-            .enumerate()
-            .map(|(i, r)| r.iter().skip(i + 1).sum::<u64>())
-            .sum(),
+        events: preheat_model::comm::events_of(&matrix),
         matrix,
         faults_induced: c.faults_induced.load(Ordering::Relaxed),
         faults_foreign: c.faults_foreign.load(Ordering::Relaxed),

@@ -224,6 +224,23 @@ pub fn retire_all(access: CommAccess) -> (Vec<u64>, Vec<u64>) {
     (faulted, idle)
 }
 
+/// The eligible ranges with the map generation they were read at. Counts only if no hooked map
+/// change was in progress when it began (after 2 ms of changes in progress: generation
+/// `u64::MAX` and no ranges, so nothing is revoked this time).
+fn snapshot(ex: &Exclusions) -> std::io::Result<(u64, Vec<Eligible>)> {
+    let t0 = Instant::now();
+    loop {
+        let g = state::MAP_GEN.load(Ordering::SeqCst);
+        if state::MAP_BUSY.load(Ordering::SeqCst) == 0 {
+            return Ok((g, eligible(&own_maps()?, ex)));
+        }
+        if t0.elapsed() > Duration::from_millis(2) {
+            return Ok((u64::MAX, Vec::new()));
+        }
+        std::thread::yield_now();
+    }
+}
+
 /// Whether `page` lies in one of `ranges` (eligible now); its protection if so.
 fn eligible_now(page: u64, ranges: &[Eligible]) -> Option<u8> {
     ranges
@@ -234,35 +251,21 @@ fn eligible_now(page: u64, ranges: &[Eligible]) -> Option<u8> {
 
 /// Revoke `pages`; returns how many were revoked.
 ///
-/// Candidates come from an older snapshot, so each page is checked against a fresh one, and a
-/// page is revoked only if no hooked map change was in progress at that snapshot and none began
-/// or ended since — or if a change that begins now will see the page in its slot and wait for
+/// Candidates come from the snapshot `(gen, ranges)` passed in (re-taken when a map change
+/// intervenes, and each page is checked against it), and a page is revoked only if no hooked
+/// map change was in progress at that snapshot and none began or ended since — or if a change that begins now will see the page in its slot and wait for
 /// us: we store the page in the slot and then read [`state::MAP_GEN`] and [`state::MAP_BUSY`];
 /// a hook raises both and then reads the slots (all sequentially consistent), so at least one
 /// of the two sees the other. On a change we take a new snapshot (a few times per round).
-fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
+fn arm(
+    pages: &[(u64, u8)],
+    access: CommAccess,
+    ex: &Exclusions,
+    (mut gen, mut ranges): (u64, Vec<Eligible>),
+) -> u64 {
     let revoked = revoked_prot(access);
     ARMED_COUNT.store(pages.len() as u32, Ordering::SeqCst);
     // A snapshot counts only if no hooked map change was in progress when it began.
-    let snapshot = || {
-        let t0 = Instant::now();
-        let g = loop {
-            let g = state::MAP_GEN.load(Ordering::SeqCst);
-            if state::MAP_BUSY.load(Ordering::SeqCst) == 0 {
-                break Some(g);
-            }
-            if t0.elapsed() > Duration::from_millis(2) {
-                break None;
-            }
-            std::thread::yield_now();
-        };
-        let ranges = match g {
-            Some(_) => own_maps().map(|m| eligible(&m, ex)).unwrap_or_default(),
-            None => Vec::new(),
-        };
-        (g.unwrap_or(u64::MAX), ranges)
-    };
-    let (mut gen, mut ranges) = snapshot();
     let mut snapshots = 1;
     let mut n = 0;
     let mut slots = SLOTS.iter();
@@ -286,7 +289,7 @@ fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
             if snapshots >= 4 {
                 break;
             }
-            (gen, ranges) = snapshot();
+            (gen, ranges) = snapshot(ex).unwrap_or((u64::MAX, Vec::new()));
             snapshots += 1;
             slots = SLOTS.iter();
             continue;
@@ -463,14 +466,15 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 }
             }
             None => {
-                let ranges = match own_maps() {
-                    Ok(m) => eligible(&m, &extra),
+                let snap = match snapshot(&extra) {
+                    Ok(snap) => snap,
                     Err(e) => {
                         super::disable(format!("cannot read /proc/self/maps: {e}"));
                         break;
                     }
                 };
-                let pages = choose(&ranges, &reuse, n, &mut rng, |p| history.skip(p));
+                let ranges = &snap.1;
+                let pages = choose(ranges, &reuse, n, &mut rng, |p| history.skip(p));
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
                     let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
                     crate::runtime::log(&format!(
@@ -489,7 +493,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 let armed = if uffd {
                     super::uffd::arm(&pages)
                 } else {
-                    arm(&pages, cfg.access, &extra)
+                    arm(&pages, cfg.access, &extra, snap)
                 };
                 COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
             }

@@ -371,7 +371,7 @@ unsafe fn chain(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         return;
     }
     if prog.sa_flags & libc::SA_RESETHAND != 0 {
-        lock_writer_from_handler();
+        reset_program_disposition_from_handler();
     }
     // Block the program's sa_mask for the duration of its handler (SIGSEGV stays unblocked).
     let mut mask = prog.sa_mask;
@@ -415,7 +415,7 @@ unsafe fn chain(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
 /// `SA_RESETHAND`: the program's handler is one-shot; from now on its disposition is SIG_DFL.
 /// (From the handler: a writer may be interrupted mid-copy on this very thread, so this takes
 /// the lock only if it is free and otherwise leaves the disposition alone.)
-fn lock_writer_from_handler() {
+fn reset_program_disposition_from_handler() {
     if WRITER
         .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
         .is_ok()
