@@ -51,6 +51,7 @@ pub mod maps;
 pub mod os;
 pub mod preheat;
 pub mod probe;
+pub mod sched;
 pub mod steptrace;
 pub mod sweep;
 pub mod time;

@@ -18,41 +18,13 @@ pub fn pin_current_thread(cpu: usize) -> io::Result<()> {
 /// Set the CPU affinity mask of the calling thread to exactly `cpus`
 /// (`sched_setaffinity(0, ...)`). An empty list or a CPU ≥ `CPU_SETSIZE` is `EINVAL`.
 pub fn set_affinity(cpus: &[usize]) -> io::Result<()> {
-    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    if cpus.is_empty() || cpus.iter().any(|&c| c >= max) {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: cpu_set_t is a plain bit array; all-zero is the valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus {
-        // SAFETY: `c < CPU_SETSIZE` was checked above, so CPU_SET stays inside `set`.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: `set` is a valid, initialised cpu_set_t and we pass its exact size; pid 0 means
-    // the calling thread.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    crate::sched::set_thread_affinity(0, cpus)
 }
 
 /// The CPU affinity mask of the calling thread, as a sorted list of CPU numbers (empty if the
 /// call fails, which it does not on Linux).
 pub fn get_affinity() -> Vec<usize> {
-    // SAFETY: all-zero is a valid empty cpu_set_t.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is writable and we pass its exact size; pid 0 means the calling thread.
-    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
-    if r != 0 {
-        return Vec::new();
-    }
-    let max = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    (0..max)
-        // SAFETY: `c < CPU_SETSIZE`, so CPU_ISSET reads inside `set`.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
+    crate::sched::thread_affinity(0).unwrap_or_default()
 }
 
 /// The CPU the calling thread runs on (sched_getcpu; rseq/vDSO-backed, no syscall on recent
