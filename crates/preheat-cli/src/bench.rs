@@ -75,6 +75,15 @@ pub enum Which {
         #[arg(long, value_enum, default_value = "auto")]
         mechanism: crate::comm::MechanismArg,
     },
+    /// Simulator speed: simulated CPU-seconds per wall second (`preheat cosched simulate`).
+    Cosim {
+        /// Repetitions (≥ 5 for a headline).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Host CPUs (VMs of this and half this many vCPUs, quad).
+        #[arg(long, default_value_t = 64)]
+        cpus: usize,
+    },
     /// Agent overhead on warm requests (bundled server).
     Agent {
         /// Requests per run.
@@ -90,6 +99,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
         Which::Preheat { ws_kib, trials } => bench_preheat(ws_kib, trials, a.json),
         Which::Agent { requests, runs } => bench_agent(requests, runs, a.json),
+        Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),
         Which::Comm {
             kernels,
             reps,
