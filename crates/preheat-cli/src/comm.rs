@@ -8,7 +8,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -208,7 +208,7 @@ impl Poller {
     }
 }
 
-fn report_of(c: &mut AgentClient) -> Result<CommReport> {
+pub fn report_of(c: &mut AgentClient) -> Result<CommReport> {
     match c.call(&Request::CommReport)? {
         Reply::Comm(r) => Ok(r),
         other => bail!("unexpected reply {other:?}"),
@@ -238,19 +238,6 @@ fn end_progress() {
 }
 
 /// A program started under the agent; stopped (with its children) on drop.
-struct Program {
-    child: Child,
-}
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            launch::stop_tree(self.child.id(), Duration::from_secs(2));
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// How to run a program under detection ([`follow`]).
 pub struct Follow<'a> {
     pub argv: &'a [String],
@@ -300,10 +287,8 @@ pub fn follow(
             std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
         cmd.stdout(file);
     }
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("cannot start {prog}"))?;
-    let mut prog = Program { child };
+    let mut prog =
+        launch::Program::spawn(&mut cmd).with_context(|| format!("cannot start {prog}"))?;
     let pid = prog.child.id();
     let mut client: Option<AgentClient> = None;
     let mut poll = Poller::new(f.reset_after_ms, f.progress);

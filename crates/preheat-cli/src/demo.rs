@@ -22,7 +22,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use preheat_model::proto::{Announcement, Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
@@ -301,17 +300,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let sweep = preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20);
 
     // Measurement phase.
-    let pb = if a.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new((a.rounds * modes.len()) as u64)
-    };
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message("measuring");
+    let pb = crate::progress::bar((a.rounds * modes.len()) as u64, "measuring", a.json);
     let mut rng = rand::thread_rng();
     let mut samples: Vec<Sample> = Vec::new();
     let mut sweep_ns_recent: u64 = 5_000_000;

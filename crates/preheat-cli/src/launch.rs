@@ -29,6 +29,17 @@ pub fn register_scratch(dir: &Path) {
     }
 }
 
+/// Functions run first when SIGINT/SIGTERM arrives (before processes are stopped), e.g. to
+/// let a controller restore the scheduling of the threads it manages.
+static HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
+
+/// Run `f` first when SIGINT or SIGTERM arrives (it must return within about a second).
+pub fn on_signal(f: fn()) {
+    if let Ok(mut v) = HOOKS.lock() {
+        v.push(f);
+    }
+}
+
 /// Stop everything we started when SIGINT or SIGTERM arrives, then exit.
 pub fn install_cleanup() {
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -38,6 +49,10 @@ pub fn install_cleanup() {
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             eprintln!("\npreheat: signal {sig}: stopping the processes it started");
+            let hooks: Vec<fn()> = HOOKS.lock().map(|v| v.clone()).unwrap_or_default();
+            for h in hooks {
+                h();
+            }
             let pids: Vec<u32> = STARTED.lock().map(|v| v.clone()).unwrap_or_default();
             for pid in pids {
                 stop_tree(pid, Duration::from_secs(2));
@@ -181,6 +196,40 @@ impl Drop for Server {
     fn drop(&mut self) {
         let pid = self.pid();
         stop_tree(pid, Duration::from_secs(3));
+        let _ = self.child.wait();
+        if let Ok(mut v) = STARTED.lock() {
+            v.retain(|p| *p != pid);
+        }
+    }
+}
+
+/// A program we started (not a server): registered for the signal handler, and stopped with its
+/// descendants when dropped if it still runs.
+pub struct Program {
+    pub child: Child,
+}
+
+impl Program {
+    /// Spawn `cmd` and register it.
+    pub fn spawn(cmd: &mut Command) -> std::io::Result<Program> {
+        let child = cmd.spawn()?;
+        if let Ok(mut v) = STARTED.lock() {
+            v.push(child.id());
+        }
+        Ok(Program { child })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let pid = self.child.id();
+        if let Ok(None) = self.child.try_wait() {
+            stop_tree(pid, Duration::from_secs(2));
+        }
         let _ = self.child.wait();
         if let Ok(mut v) = STARTED.lock() {
             v.retain(|p| *p != pid);

@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use preheat_model::proto::{Range, Reply, Request};
 use preheat_model::{
     filter_k_of_n, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
@@ -94,20 +93,6 @@ pub struct RecordStats {
 pub struct Recording {
     pub profile: Profile,
     pub stats: RecordStats,
-}
-
-fn progress(total: u64, what: &str, quiet: bool) -> ProgressBar {
-    if quiet {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} ({eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(what.to_string());
-    pb
 }
 
 /// Identity of an executable file given its path.
@@ -257,7 +242,7 @@ pub fn record_probe(
     };
     let rounds = if p.subtract_noise { 2 } else { 1 };
     let stride = p.stride.max(1);
-    let pb = progress(
+    let pb = crate::progress::bar(
         p.filter.n as u64 * chunks.len() as u64 * rounds * stride as u64,
         "probe",
         p.quiet,
@@ -511,7 +496,7 @@ pub fn record_trace(
         preheat_engine::maps::read_maps(Some(pid))
             .context("reading the traced server's mappings")?,
     );
-    let pb = progress(p.filter.n as u64, "trace", p.quiet);
+    let pb = crate::progress::bar(p.filter.n as u64, "trace", p.quiet);
     let mut stats = RecordStats {
         backend: "trace".into(),
         samples: p.filter.n,
@@ -582,7 +567,7 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         .collect();
     let table = RegionTable::build(maps);
     let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    let pb = progress(p.filter.n as u64, "step", p.quiet);
+    let pb = crate::progress::bar(p.filter.n as u64, "step", p.quiet);
     let mut stats = RecordStats {
         backend: "step".into(),
         samples: p.filter.n,

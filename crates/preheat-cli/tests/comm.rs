@@ -8,29 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ok, preheat, run_dir};
-
-/// The bundled kernels, next to the `preheat` binary (built on demand like the agent).
-fn npb() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_preheat"));
-    let bin = exe.with_file_name("preheat-npb");
-    if !bin.exists() {
-        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
-        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "preheat-npb",
-                "--manifest-path",
-                manifest,
-            ])
-            .status()
-            .expect("running cargo");
-        assert!(st.success(), "building preheat-npb failed");
-    }
-    bin
-}
+use common::{npb, ok, preheat, run_dir};
 
 /// True sets from thread names `npb-K-iI-rR`: one per instance; every thread alone for `ep`.
 fn truth(kernel: &str, names: &[String]) -> Vec<Vec<String>> {

@@ -43,3 +43,25 @@ pub fn find_program(name: &str) -> Option<PathBuf> {
         .map(|d| d.join(name))
         .find(|p| p.is_file())
 }
+
+/// The bundled kernels, next to the `preheat` binary (built on demand like the agent).
+pub fn npb() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_preheat"));
+    let bin = exe.with_file_name("preheat-npb");
+    if !bin.exists() {
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
+        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "preheat-npb",
+                "--manifest-path",
+                manifest,
+            ])
+            .status()
+            .expect("running cargo");
+        assert!(st.success(), "building preheat-npb failed");
+    }
+    bin
+}

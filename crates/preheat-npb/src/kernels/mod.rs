@@ -67,6 +67,16 @@ impl Kernel {
     pub fn synchronised(self) -> bool {
         self != Kernel::Ep
     }
+
+    /// Barriers per iteration (phases between barriers: what a simulator of a coscheduled host
+    /// models).
+    pub fn barriers_per_iteration(self) -> u32 {
+        match self {
+            Kernel::Mg | Kernel::Is => 2,
+            Kernel::Cg => 1,
+            Kernel::Ep => 0,
+        }
+    }
 }
 
 /// When a run stops.
