@@ -75,6 +75,22 @@ pub enum Which {
         #[arg(long, value_enum, default_value = "auto")]
         mechanism: crate::comm::MechanismArg,
     },
+    /// The user-space coscheduler's overhead: useful work per second of one set under it
+    /// against plain Linux (goal >= 0.97).
+    Cosched {
+        /// Bundled kernel (mg, cg, is, ep).
+        #[arg(long, default_value = "mg")]
+        kernel: String,
+        /// Paired repetitions (>= 5 for a headline).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
+        /// Seconds per run.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Slice length, ms.
+        #[arg(long, default_value_t = 10.0)]
+        slice_ms: f64,
+    },
     /// Simulator speed: simulated CPU-seconds per wall second (`preheat cosched simulate`).
     Cosim {
         /// Repetitions (≥ 5 for a headline).
@@ -100,6 +116,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Which::Preheat { ws_kib, trials } => bench_preheat(ws_kib, trials, a.json),
         Which::Agent { requests, runs } => bench_agent(requests, runs, a.json),
         Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),
+        Which::Cosched {
+            kernel,
+            reps,
+            seconds,
+            slice_ms,
+        } => crate::cosched::bench::run(&kernel, reps, seconds, slice_ms, a.json),
         Which::Comm {
             kernels,
             reps,

@@ -12,11 +12,13 @@ mod bench;
 mod comm;
 mod comm_bench;
 mod compare;
+mod cosched;
 mod demo;
 mod groups;
 mod launch;
 mod load;
 mod paths;
+mod progress;
 mod record;
 mod serve;
 mod servers;
@@ -138,6 +140,8 @@ Prints the tree (each node's d and tasks, with the walk's decisions) and the set
 {\"t\", \"sets\", \"set_nodes\", \"tree\", \"labels\"}."
     )]
     Groups(groups::GroupsArgs),
+    /// Partial coscheduling: a user-space coscheduler, the paper's experiments, a host simulator.
+    Cosched(cosched::CoschedArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
     Topology {
         #[arg(long)]
@@ -342,6 +346,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Io(a) => preheat_predict::run(a),
         Cmd::Groups(a) => groups::run(a),
         Cmd::Comm(a) => comm::run(a),
+        Cmd::Cosched(a) => cosched::run(a),
     }
 }
 

@@ -1,0 +1,204 @@
+//! partial-auto: the sets detected at run time, as the paper does (§4): SPCD (our agent's
+//! communication detection, `preheat comm`) in every VM, the matrix reset after start-up, and
+//! the grouping of §3 (eq. 1, t = 1.5) re-evaluated periodically (the paper: every 5 s).
+//!
+//! The agents' threads are normal (CFS) threads inside the VM processes, while the vCPU threads
+//! the coscheduler manages are real-time: under load an agent answers only when real-time
+//! throttling leaves normal tasks their 5% (up to ~1 s later here). So the queries run on a
+//! thread of their own ([`Auto::spawn`]) and the controller picks up the newest sets without
+//! ever waiting for an agent.
+//!
+//! Our rules where the paper is silent: each VM is grouped on its own (sets never span VMs, as
+//! a VM's threads never share memory with another VM's); a set larger than the coscheduler's
+//! CPUs is cut into consecutive pieces of at most that size, in the tree's leaf order (so
+//! tasks the tree put side by side stay together); idle vCPUs (no thread) are singletons; a VM
+//! whose agent does not answer keeps one set of all its vCPUs.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use preheat_cosched::control::Vcpu;
+use preheat_cosim::plan::CoSet;
+use preheat_group::{group, CommMatrix};
+
+use super::host::LiveVm;
+use crate::agentctl::{self, AgentClient};
+use crate::comm;
+use preheat_model::proto::Request;
+
+/// What the regroup thread needs to know of a VM.
+#[derive(Debug, Clone)]
+pub struct VmView {
+    pub name: String,
+    pub first: usize,
+    pub vcpus: usize,
+}
+
+impl VmView {
+    pub fn of(vm: &LiveVm) -> VmView {
+        VmView {
+            name: vm.name.clone(),
+            first: vm.first,
+            vcpus: vm.spec.vcpus,
+        }
+    }
+}
+
+/// The agents of the VMs, and what the last grouping found.
+pub struct Auto {
+    clients: Vec<Option<AgentClient>>,
+    t: f64,
+    cpus: usize,
+    /// Human-readable notes (a VM without an agent, a refused report).
+    pub notes: Vec<String>,
+    /// The last matrix of each VM (rows in vCPU order), for the report.
+    pub matrices: Vec<Option<Vec<Vec<u64>>>>,
+}
+
+impl Auto {
+    /// Connect to every VM's agent and reset its matrix (call once the VMs are past start-up).
+    pub fn new(vms: &[LiveVm], run_dir: &Path, t: f64, cpus: usize) -> Auto {
+        let live = agentctl::discover(run_dir);
+        let mut notes = Vec::new();
+        let clients = vms
+            .iter()
+            .map(|vm| {
+                if !live.contains(&vm.pid) {
+                    notes.push(format!(
+                        "{}: no agent answers in process {} (start it under `preheat cosched` or \
+                         with the agent and PREHEAT_COMM=1): its vCPUs stay one set",
+                        vm.name, vm.pid
+                    ));
+                    return None;
+                }
+                let mut c = AgentClient::connect(run_dir, vm.pid).ok()?;
+                c.call(&Request::CommReset).ok()?;
+                Some(c)
+            })
+            .collect();
+        Auto {
+            clients,
+            t,
+            cpus,
+            notes,
+            matrices: vec![None; vms.len()],
+        }
+    }
+
+    /// Regroup every `period` on a thread of its own, sending each new grouping; stops when
+    /// the returned flag is set (or the receiver is gone) and hands back its state.
+    pub fn spawn(
+        mut self,
+        vms: Vec<VmView>,
+        vcpus: Vec<Vcpu>,
+        period: Duration,
+    ) -> (
+        Receiver<Vec<CoSet>>,
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<Auto>,
+    ) {
+        let (tx, rx): (Sender<Vec<CoSet>>, _) = std::sync::mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let h = std::thread::spawn(move || {
+            let mut next = Instant::now() + period;
+            while !flag.load(Ordering::Relaxed) {
+                if Instant::now() < next {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                next = Instant::now() + period;
+                if let Some(sets) = self.regroup(&vms, &vcpus) {
+                    if tx.send(sets).is_err() {
+                        break;
+                    }
+                }
+            }
+            self
+        });
+        (rx, stop, h)
+    }
+
+    /// Group every VM from its current matrix.
+    pub fn regroup(&mut self, vms: &[VmView], vcpus: &[Vcpu]) -> Option<Vec<CoSet>> {
+        let mut sets = Vec::new();
+        for (i, vm) in vms.iter().enumerate() {
+            let whole = CoSet {
+                vm: i,
+                members: (vm.first..vm.first + vm.vcpus).collect(),
+            };
+            let Some(c) = self.clients[i].as_mut() else {
+                sets.push(whole);
+                continue;
+            };
+            let report = match comm::report_of(c) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.notes.push(format!("{}: no report ({e:#})", vm.name));
+                    sets.push(whole);
+                    continue;
+                }
+            };
+            // Rows of the report in vCPU order (threads the report does not know: no events).
+            let ks: Vec<usize> = (0..vm.vcpus)
+                .filter(|&k| vcpus[vm.first + k].thread.is_some())
+                .collect();
+            let row_of: Vec<Option<usize>> = ks
+                .iter()
+                .map(|&k| {
+                    let tid = vcpus[vm.first + k].thread.map(|t| t.tid);
+                    report.threads.iter().position(|t| Some(t.tid) == tid)
+                })
+                .collect();
+            let m: Vec<Vec<u64>> = row_of
+                .iter()
+                .map(|a| {
+                    row_of
+                        .iter()
+                        .map(|b| match (a, b) {
+                            (Some(a), Some(b)) if a != b => report.matrix[*a][*b],
+                            _ => 0,
+                        })
+                        .collect()
+                })
+                .collect();
+            self.matrices[i] = Some(m.clone());
+            let rows = m
+                .iter()
+                .map(|r| r.iter().map(|&v| v as f64).collect())
+                .collect();
+            let Some(g) = CommMatrix::new(rows)
+                .ok()
+                .and_then(|matrix| group(&matrix, self.t).ok())
+            else {
+                sets.push(whole);
+                continue;
+            };
+            let mut covered = vec![false; vm.vcpus];
+            for s in &g.sets {
+                let members: Vec<usize> = s.iter().map(|&r| ks[r]).collect();
+                for &k in &members {
+                    covered[k] = true;
+                }
+                for piece in members.chunks(self.cpus.max(1)) {
+                    sets.push(CoSet {
+                        vm: i,
+                        members: piece.iter().map(|k| vm.first + k).collect(),
+                    });
+                }
+            }
+            for (k, c) in covered.iter().enumerate() {
+                if !c {
+                    sets.push(CoSet {
+                        vm: i,
+                        members: vec![vm.first + k],
+                    });
+                }
+            }
+        }
+        Some(sets)
+    }
+}

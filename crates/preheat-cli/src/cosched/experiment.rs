@@ -1,0 +1,537 @@
+//! `preheat cosched experiment`: the paper's experiments (§4, Figures 6/7) at this machine's
+//! size, measured, with the simulator's prediction for the same configuration beside them.
+//!
+//! Two "VMs" whose vCPUs are threads of bundled NPB-style programs (`preheat-npb`,
+//! barrier-synchronised kernels whose waiters spin, as OpenMP ranks do): VM1 has as many vCPUs
+//! as the host has CPUs (n), VM2 half (n/2) and runs one instance on all of them. Scenarios for
+//! VM1: single (one instance on n/2 vCPUs, the rest idle), double (two instances of n/2), quad
+//! (four of n/4; needs n ≥ 4, so on 2 CPUs it is simulated only). Every cell (kernel ×
+//! scenario × policy) runs `--reps` times, repetitions interleaved and shuffled so drift from
+//! other tenants spreads over all cells. The metric is the paper's: run time of VM2's instance
+//! plus the mean run time of VM1's instances, for a fixed job (a run time is the job divided by
+//! the instance's measured iteration rate); improvement over full = T_full / T_policy − 1,
+//! paired within a repetition, summarised as the median with a 95% interval over repetitions.
+
+use anyhow::{bail, Context, Result};
+use preheat_cosim::compare::compare;
+use preheat_cosim::scenario::{Policy, Scenario, Setup};
+use preheat_cosim::sim::SimParams;
+use preheat_cosim::workload::PhaseDist;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::host::{HostSpec, VmSpec};
+use super::run::{self, Options};
+use crate::paths;
+use crate::stats::summarize;
+
+#[derive(clap::Args, Debug)]
+pub struct ExperimentArgs {
+    /// Kernels (mg, cg, is, ep).
+    #[arg(long, value_delimiter = ',', default_value = "mg,cg,is,ep")]
+    pub kernels: Vec<String>,
+    /// Scenarios (single, double, quad; quad needs ≥ 4 CPUs).
+    #[arg(long, value_delimiter = ',', default_value = "single,double")]
+    pub scenarios: Vec<Scenario>,
+    /// Policies measured (full is always measured: it is the baseline).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "none,full,partial-static,partial-auto"
+    )]
+    pub policies: Vec<Policy>,
+    /// Repetitions of every cell (interleaved and shuffled).
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
+    /// Seconds each run lasts.
+    #[arg(long, default_value_t = 6.0)]
+    pub seconds: f64,
+    /// Slice length, ms.
+    #[arg(long, default_value_t = 10.0)]
+    pub slice_ms: f64,
+    /// partial-auto: regroup period, s (the paper: 5 s in minutes-long runs; shorter here so a
+    /// run of --seconds sees several).
+    #[arg(long, default_value_t = 1.5)]
+    pub regroup_s: f64,
+    /// partial-auto: the grouping threshold.
+    #[arg(long, default_value_t = preheat_group::DEFAULT_T)]
+    pub t: f64,
+    /// Seed of the shuffle (and of the simulator).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write the JSON object here.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+/// One run of one cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub kernel: String,
+    pub scenario: Scenario,
+    pub policy: Policy,
+    pub rep: usize,
+    /// Per instance: (vm, iterations per second).
+    pub instance_rates: Vec<(usize, f64)>,
+    /// Per VM: run time of the job, s (mean over its instances).
+    pub vm_run_time_s: Vec<f64>,
+    /// The paper's metric.
+    pub total_run_time_s: f64,
+    pub corun_fraction: Option<f64>,
+    pub corun_lower: Option<f64>,
+    pub idle_cpu_share: Option<f64>,
+    pub planned_idle_share: f64,
+    pub leak_share: f64,
+    pub slice_us_p50: f64,
+    pub slice_us_p99: f64,
+    pub apply_us_p50: f64,
+    pub regroups: Vec<Vec<Vec<usize>>>,
+    pub notes: Vec<String>,
+}
+
+/// Per kernel × scenario × policy: the improvement over full.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub kernel: String,
+    pub scenario: Scenario,
+    pub policy: Policy,
+    pub n: usize,
+    /// Measured: median over repetitions and its 95% interval.
+    pub improvement_over_full: f64,
+    pub ci_lo: f64,
+    pub ci_hi: f64,
+    /// The setup's closed-form prediction (the paper: 33% double/quad, up to 100% single).
+    pub predicted: f64,
+    /// The simulator, same configuration, measured phase time and switch cost.
+    pub simulated: Option<f64>,
+    /// Whether the simulated value lies within the measured interval.
+    pub simulated_within_ci: Option<bool>,
+    pub corun_fraction_median: Option<f64>,
+    pub idle_cpu_share_median: Option<f64>,
+}
+
+/// The experiment's JSON.
+#[derive(Debug, Serialize)]
+pub struct Results {
+    pub label: &'static str,
+    pub cpus: usize,
+    pub vm_vcpus: Vec<usize>,
+    pub seconds: f64,
+    pub slice_ms: f64,
+    pub reps: usize,
+    /// Iteration time of each kernel's instance alone (µs), measured for the simulator.
+    pub alone_iteration_us: Vec<(String, f64)>,
+    pub cells: Vec<Cell>,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+/// The workloads sleep this long after creating their threads, so the coscheduler (and for
+/// partial-auto the reset of the matrix) is in place before the measured work begins.
+const START_DELAY_MS: u64 = 1500;
+
+/// Job size: iterations every instance must complete (run time = job / rate).
+const JOB_ITERATIONS: f64 = 1000.0;
+
+fn npb_argv(kernel: &str, threads: usize, instances: usize, seconds: f64) -> Result<Vec<String>> {
+    Ok(vec![
+        paths::npb_bin()?.display().to_string(),
+        kernel.to_string(),
+        "--threads".into(),
+        threads.to_string(),
+        "--instances".into(),
+        instances.to_string(),
+        "--seconds".into(),
+        format!("{seconds}"),
+        "--start-delay-ms".into(),
+        START_DELAY_MS.to_string(),
+        "--json".into(),
+    ])
+}
+
+/// The two VMs of a scenario on `cpus` CPUs.
+fn host_of(kernel: &str, scenario: Scenario, cpus: usize, seconds: f64) -> Result<HostSpec> {
+    let half = cpus / 2;
+    let (threads, instances) = match scenario {
+        Scenario::Single => (half, 1),
+        Scenario::Double => (cpus, 2),
+        Scenario::Quad => {
+            if cpus < 4 {
+                bail!(
+                    "quad needs at least 4 CPUs (four instances of a quarter of VM1); this \
+                     machine has {cpus}: use `preheat cosched simulate --scenario quad`"
+                );
+            }
+            (cpus, 4)
+        }
+    };
+    let per = threads / instances;
+    let vm1_sets: Vec<Vec<usize>> = (0..instances)
+        .map(|i| (i * per..(i + 1) * per).collect())
+        .collect();
+    Ok(HostSpec {
+        vms: vec![
+            VmSpec {
+                name: Some("vm1".into()),
+                vcpus: cpus,
+                command: npb_argv(kernel, threads, instances, seconds)?,
+                pid: None,
+                threads: "npb-".into(),
+                sets: vm1_sets,
+            },
+            VmSpec {
+                name: Some("vm2".into()),
+                vcpus: half,
+                command: npb_argv(kernel, half, 1, seconds)?,
+                pid: None,
+                threads: "npb-".into(),
+                sets: vec![(0..half).collect()],
+            },
+        ],
+    })
+}
+
+/// Iterations per second of each instance of one npb run, from its JSON summary.
+fn instance_rates(stdout: &str) -> Result<Vec<f64>> {
+    let v: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .context("the workload printed no JSON summary")?;
+    let wall = v["wall_s"].as_f64().context("summary without wall_s")?;
+    let instances = v["instances"]
+        .as_u64()
+        .context("summary without instances")? as usize;
+    let mut iters = vec![u64::MAX; instances];
+    for t in v["per_thread"]
+        .as_array()
+        .context("summary without per_thread")?
+    {
+        let i = t["instance"].as_u64().unwrap_or(0) as usize;
+        let n = t["iterations"].as_u64().unwrap_or(0);
+        if i < instances {
+            iters[i] = iters[i].min(n);
+        }
+    }
+    if wall <= 0.0 {
+        bail!("the workload ran for no time");
+    }
+    Ok(iters
+        .iter()
+        .map(|&n| if n == u64::MAX { 0.0 } else { n as f64 / wall })
+        .collect())
+}
+
+fn barriers(kernel: &str) -> u32 {
+    match kernel {
+        "mg" | "is" => 2,
+        "cg" => 1,
+        _ => 0,
+    }
+}
+
+/// Measure one kernel's iteration time with its instance alone on its CPUs (for the simulator).
+fn alone_iteration_us(kernel: &str, threads: usize) -> Result<f64> {
+    let argv = npb_argv(kernel, threads, 1, 1.0)?;
+    let out = std::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .with_context(|| format!("running {}", argv[0]))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            argv[0],
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let rates = instance_rates(&String::from_utf8_lossy(&out.stdout))?;
+    match rates.first() {
+        Some(&r) if r > 0.0 => Ok(1e6 / r),
+        _ => bail!("{kernel} alone completed no iteration"),
+    }
+}
+
+pub fn run(a: &ExperimentArgs) -> Result<()> {
+    let cpus = preheat_engine::os::online_cpus();
+    if cpus < 2 || cpus % 2 == 1 {
+        bail!("the experiment needs an even number of CPUs (VM2 has half of them); this machine has {cpus}");
+    }
+    for k in &a.kernels {
+        if !["mg", "cg", "is", "ep"].contains(&k.as_str()) {
+            bail!("unknown kernel {k:?} (mg, cg, is, ep)");
+        }
+    }
+    if a.reps == 0 {
+        bail!("--reps must be at least 1");
+    }
+    let mut policies = a.policies.clone();
+    if !policies.contains(&Policy::Full) {
+        policies.push(Policy::Full);
+    }
+    let mut notes = Vec::new();
+    let mut scenarios = Vec::new();
+    for &s in &a.scenarios {
+        match host_of("mg", s, cpus, a.seconds) {
+            Ok(_) => scenarios.push(s),
+            Err(e) => notes.push(format!("{s}: skipped: {e:#}")),
+        }
+    }
+    // The cells, every repetition shuffled on its own.
+    let mut order = Vec::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    for rep in 0..a.reps {
+        let mut round = Vec::new();
+        for k in &a.kernels {
+            for &s in &scenarios {
+                for &p in &policies {
+                    round.push((k.clone(), s, p, rep));
+                }
+            }
+        }
+        round.shuffle(&mut rng);
+        order.extend(round);
+    }
+    let total = order.len();
+    let bar = crate::progress::bar(total as u64, "cosched", a.json);
+    let mut alone = Vec::new();
+    for k in &a.kernels {
+        alone.push((k.clone(), alone_iteration_us(k, cpus / 2)?));
+    }
+    let mut cells = Vec::new();
+    for (k, s, p, rep) in order {
+        bar.set_message(format!("{k} {s} {p} rep {}", rep + 1));
+        let spec = host_of(&k, s, cpus, a.seconds)?;
+        let opts = Options {
+            policy: p,
+            slice_ms: a.slice_ms,
+            // Ends earlier: when the workloads exit.
+            duration: a.seconds + START_DELAY_MS as f64 / 1e3 + 5.0,
+            cpus: Vec::new(),
+            regroup_s: a.regroup_s,
+            t: a.t,
+            reset_after_ms: 400,
+            journal: None,
+            no_watchdog: false,
+        };
+        let out = run::execute(&spec, &opts, false)
+            .with_context(|| format!("{k} {s} {p} repetition {}", rep + 1))?;
+        let mut instance_rates_v = Vec::new();
+        let mut vm_run = Vec::new();
+        for (vi, vm) in out.vms.iter().enumerate() {
+            let rates =
+                instance_rates(&vm.stdout).with_context(|| format!("{k} {s} {p}: {}", vm.name))?;
+            let times: Vec<f64> = rates
+                .iter()
+                .map(|&r| {
+                    if r > 0.0 {
+                        JOB_ITERATIONS / r
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .collect();
+            vm_run.push(times.iter().sum::<f64>() / times.len().max(1) as f64);
+            instance_rates_v.extend(rates.iter().map(|&r| (vi, r)));
+        }
+        let r = &out.report;
+        cells.push(Cell {
+            kernel: k,
+            scenario: s,
+            policy: p,
+            rep,
+            instance_rates: instance_rates_v,
+            total_run_time_s: vm_run.iter().sum(),
+            vm_run_time_s: vm_run,
+            corun_fraction: r.corun_fraction,
+            corun_lower: r.corun_lower,
+            idle_cpu_share: r.idle_cpu_share,
+            planned_idle_share: r.planned_idle_share,
+            leak_share: r.leak_share,
+            slice_us_p50: r.slice_us_p50,
+            slice_us_p99: r.slice_us_p99,
+            apply_us_p50: r.apply_us_p50,
+            regroups: r.regroups.iter().map(|g| g.sets.clone()).collect(),
+            notes: r.notes.clone(),
+        });
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let rows = summarise(a, cpus, &scenarios, &policies, &alone, &cells)?;
+    let results = Results {
+        label: "measured",
+        cpus,
+        vm_vcpus: vec![cpus, cpus / 2],
+        seconds: a.seconds,
+        slice_ms: a.slice_ms,
+        reps: a.reps,
+        alone_iteration_us: alone,
+        cells,
+        rows,
+        notes,
+    };
+    let json = serde_json::to_string(&results)?;
+    if let Some(p) = &a.out {
+        std::fs::write(p, &json).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if a.json {
+        println!("{json}");
+    } else {
+        print!("{}", table(&results));
+    }
+    Ok(())
+}
+
+fn median_of(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| summarize(v).p50)
+}
+
+fn summarise(
+    a: &ExperimentArgs,
+    cpus: usize,
+    scenarios: &[Scenario],
+    policies: &[Policy],
+    alone: &[(String, f64)],
+    cells: &[Cell],
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for k in &a.kernels {
+        let iter_us = alone
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|x| x.1)
+            .unwrap_or(300.0);
+        for &s in scenarios {
+            let cell = |p: Policy, rep: usize| {
+                cells
+                    .iter()
+                    .find(|c| &c.kernel == k && c.scenario == s && c.policy == p && c.rep == rep)
+            };
+            // The simulator on the same configuration.
+            let sync = barriers(k) > 0;
+            let setup = Setup::scenario(cpus, &[cpus, cpus / 2], s, sync)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let switch_us = median_of(
+                &cells
+                    .iter()
+                    .filter(|c| c.policy != Policy::None)
+                    .map(|c| c.apply_us_p50)
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or(5.0);
+            let params = SimParams {
+                slice_us: a.slice_ms * 1e3,
+                switch_us,
+                phase: PhaseDist::Fixed {
+                    us: iter_us / barriers(k).max(1) as f64,
+                },
+                duration_s: a.seconds,
+                detect_s: a.regroup_s,
+                seed: a.seed,
+                ..SimParams::default()
+            };
+            let sim = compare(&setup, policies, &params).ok();
+            for &p in policies {
+                if p == Policy::Full {
+                    continue;
+                }
+                let mut imp = Vec::new();
+                for rep in 0..a.reps {
+                    if let (Some(f), Some(c)) = (cell(Policy::Full, rep), cell(p, rep)) {
+                        if c.total_run_time_s.is_finite() && c.total_run_time_s > 0.0 {
+                            imp.push(f.total_run_time_s / c.total_run_time_s - 1.0);
+                        }
+                    }
+                }
+                if imp.is_empty() {
+                    continue;
+                }
+                let sm = summarize(&imp);
+                let simulated = sim.as_ref().and_then(|c| {
+                    c.results
+                        .iter()
+                        .find(|r| r.policy == p)
+                        .and_then(|r| r.improvement_over_full)
+                });
+                let of = |f: &dyn Fn(&Cell) -> Option<f64>| {
+                    median_of(
+                        &cells
+                            .iter()
+                            .filter(|c| &c.kernel == k && c.scenario == s && c.policy == p)
+                            .filter_map(f)
+                            .collect::<Vec<_>>(),
+                    )
+                };
+                rows.push(Row {
+                    kernel: k.clone(),
+                    scenario: s,
+                    policy: p,
+                    n: imp.len(),
+                    improvement_over_full: sm.p50,
+                    ci_lo: sm.p50_lo,
+                    ci_hi: sm.p50_hi,
+                    predicted: preheat_cosim::predict::predicted_improvement(&setup, p),
+                    simulated,
+                    simulated_within_ci: simulated.map(|v| v >= sm.p50_lo && v <= sm.p50_hi),
+                    corun_fraction_median: of(&|c: &Cell| c.corun_fraction),
+                    idle_cpu_share_median: of(&|c: &Cell| c.idle_cpu_share),
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn pct(v: f64) -> String {
+    format!("{:+.0}%", 100.0 * v)
+}
+
+fn table(r: &Results) -> String {
+    let mut s = format!(
+        "Partial coscheduling at this machine's size: {} CPUs, VM1 = {} vCPUs, VM2 = {} \
+         (measured; {} repetitions per cell, {} s runs, {} ms slices; improvement over full \
+         coscheduling = T_full / T_policy − 1, median [95% interval])\n",
+        r.cpus, r.vm_vcpus[0], r.vm_vcpus[1], r.reps, r.seconds, r.slice_ms
+    );
+    s += &format!(
+        "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
+        "kernel", "scenario", "policy", "measured", "predicted", "simulated", "co-run", "idle"
+    );
+    for row in &r.rows {
+        s += &format!(
+            "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
+            row.kernel,
+            row.scenario.to_string(),
+            row.policy.to_string(),
+            format!(
+                "{} [{}, {}] n={}",
+                pct(row.improvement_over_full),
+                pct(row.ci_lo),
+                pct(row.ci_hi),
+                row.n
+            ),
+            pct(row.predicted),
+            match (row.simulated, row.simulated_within_ci) {
+                (Some(v), Some(true)) => format!("{} (in CI)", pct(v)),
+                (Some(v), _) => format!("{} (outside)", pct(v)),
+                _ => "-".into(),
+            },
+            row.corun_fraction_median
+                .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
+            row.idle_cpu_share_median
+                .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
+        );
+    }
+    s +=
+        "predicted = the setup's closed form (modeled); simulated = preheat cosched simulate with \
+          the measured iteration time and controller cost (simulated). The paper (8 CPUs, \
+          Gainestown): static partial close to +33% in quad, below it in double, up to +100% \
+          in single for BT and EP; automatic lower (the paper's own figures).\n";
+    for n in &r.notes {
+        s += &format!("note: {n}\n");
+    }
+    s
+}

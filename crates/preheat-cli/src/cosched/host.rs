@@ -1,0 +1,308 @@
+//! The "VMs" a coscheduler run manages: processes (started by us or attached by pid) whose
+//! threads are the vCPUs, and the sets each policy derives from them.
+//!
+//! A VM has `vcpus` virtual CPUs. Its vCPU threads are the process's threads whose name starts
+//! with `threads` (all threads if empty), in creation (tid) order: vCPU 0 is the first. A VM with
+//! fewer such threads than vCPUs has idle vCPUs (they never have work, but full coscheduling
+//! still reserves a CPU for each, as it reserves the CPU of a halted vCPU). Global vCPU indices
+//! number VM 0's vCPUs first, then VM 1's, and so on.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use preheat_cosched::control::Vcpu;
+use preheat_cosched::thread::{self, ThreadRef};
+use preheat_cosim::plan::CoSet;
+use preheat_cosim::scenario::Policy;
+use preheat_model::comm::CommConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::launch::Program;
+use crate::paths;
+
+/// One VM of a run configuration (`preheat cosched run --config`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmSpec {
+    /// A name for reports (default `vmN`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Virtual CPUs.
+    pub vcpus: usize,
+    /// Start this program (argv) ...
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// ... or manage this running process.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Name prefix of the vCPU threads (empty: every thread of the process).
+    #[serde(default)]
+    pub threads: String,
+    /// Coscheduled sets for `partial-static`, as vCPU indices within this VM; vCPUs in no set
+    /// run alone.
+    #[serde(default)]
+    pub sets: Vec<Vec<usize>>,
+}
+
+/// A run configuration: the VMs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    pub vms: Vec<VmSpec>,
+}
+
+impl HostSpec {
+    /// Check what can be checked before anything starts.
+    pub fn validate(&self, cpus: usize) -> Result<()> {
+        if self.vms.is_empty() {
+            bail!("no VMs: the configuration needs at least one entry in \"vms\"");
+        }
+        for (i, vm) in self.vms.iter().enumerate() {
+            let name = vm.name.clone().unwrap_or_else(|| format!("vm{i}"));
+            if vm.vcpus == 0 {
+                bail!("{name}: vcpus must be at least 1");
+            }
+            if vm.vcpus > cpus {
+                bail!(
+                    "{name} has {} vCPUs but the coscheduler owns {cpus} CPUs: a VM larger than \
+                     the host can never be coscheduled as a whole (give it fewer vCPUs or use \
+                     partial sets that fit)",
+                    vm.vcpus
+                );
+            }
+            match (vm.command.is_empty(), vm.pid) {
+                (true, None) => bail!("{name}: give either \"command\" or \"pid\""),
+                (false, Some(_)) => bail!("{name}: give \"command\" or \"pid\", not both"),
+                _ => {}
+            }
+            let mut seen = vec![false; vm.vcpus];
+            for s in &vm.sets {
+                if s.is_empty() {
+                    bail!("{name}: an empty set");
+                }
+                if s.len() > cpus {
+                    bail!(
+                        "{name}: the set {s:?} has {} members but there are only {cpus} CPUs; \
+                         its members could never all run at once (split it)",
+                        s.len()
+                    );
+                }
+                for &m in s {
+                    if m >= vm.vcpus {
+                        bail!(
+                            "{name}: set {s:?} names vCPU {m}, but the VM has {}",
+                            vm.vcpus
+                        );
+                    }
+                    if std::mem::replace(&mut seen[m], true) {
+                        bail!("{name}: vCPU {m} is in two sets");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A VM that is running: its process (if we started it) and its vCPU threads.
+pub struct LiveVm {
+    pub name: String,
+    pub spec: VmSpec,
+    pub pid: u32,
+    pub program: Option<Program>,
+    /// Standard output of a program we started.
+    pub stdout: Option<PathBuf>,
+    /// First global vCPU index.
+    pub first: usize,
+    pub threads: Vec<ThreadRef>,
+}
+
+/// How to start the VMs.
+pub struct Start<'a> {
+    /// Attach the agent with communication detection (partial-auto).
+    pub comm: Option<&'a CommConfig>,
+    /// Directory for the programs' standard output.
+    pub out_dir: &'a Path,
+    /// Run directory for agent sockets.
+    pub run_dir: &'a Path,
+}
+
+/// Start (or attach to) every VM and find its vCPU threads.
+pub fn start(spec: &HostSpec, how: &Start<'_>) -> Result<Vec<LiveVm>> {
+    let mut out = Vec::new();
+    let mut first = 0;
+    for (i, vm) in spec.vms.iter().enumerate() {
+        let name = vm.name.clone().unwrap_or_else(|| format!("vm{i}"));
+        let (pid, program, stdout) = match vm.pid {
+            Some(pid) => {
+                if thread::process_start_ticks(pid).is_none() {
+                    bail!("{name}: no process {pid}");
+                }
+                (pid, None, None)
+            }
+            None => {
+                let path = how.out_dir.join(format!("{name}.out"));
+                let file = std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+                let mut cmd = Command::new(&vm.command[0]);
+                cmd.args(&vm.command[1..])
+                    .stdin(Stdio::null())
+                    .stdout(file)
+                    .stderr(Stdio::inherit())
+                    .env("PREHEAT_RUN_DIR", how.run_dir);
+                if let Some(cfg) = how.comm {
+                    cmd.env("LD_PRELOAD", paths::agent_so()?)
+                        .env("PREHEAT_COMM", "1")
+                        .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);
+                }
+                let p = Program::spawn(&mut cmd)
+                    .with_context(|| format!("{name}: cannot start {}", vm.command[0]))?;
+                (p.pid(), Some(p), Some(path))
+            }
+        };
+        out.push(LiveVm {
+            name,
+            spec: vm.clone(),
+            pid,
+            program,
+            stdout,
+            first,
+            threads: Vec::new(),
+        });
+        first += vm.vcpus;
+    }
+    for vm in &mut out {
+        vm.threads = wait_for_threads(vm)?;
+    }
+    Ok(out)
+}
+
+/// Wait until the VM's thread list is stable for 300 ms (at most 10 s), then take it.
+fn wait_for_threads(vm: &mut LiveVm) -> Result<Vec<ThreadRef>> {
+    let t0 = Instant::now();
+    let mut last: Vec<(u32, String)> = Vec::new();
+    let mut stable_since = Instant::now();
+    loop {
+        if let Some(p) = vm.program.as_mut() {
+            if let Ok(Some(st)) = p.child.try_wait() {
+                bail!("{}: the program exited during start-up ({st})", vm.name);
+            }
+        }
+        let now = thread::threads_named(vm.pid, &vm.spec.threads);
+        if now != last {
+            last = now;
+            stable_since = Instant::now();
+        } else if !last.is_empty() && stable_since.elapsed() >= Duration::from_millis(300) {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(10) {
+            if last.is_empty() {
+                bail!(
+                    "{}: no thread named {:?}* appeared in process {} within 10 s",
+                    vm.name,
+                    vm.spec.threads,
+                    vm.pid
+                );
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if last.len() > vm.spec.vcpus {
+        bail!(
+            "{}: process {} has {} threads named {:?}* but the VM has only {} vCPUs (raise \
+             \"vcpus\" or narrow \"threads\")",
+            vm.name,
+            vm.pid,
+            last.len(),
+            vm.spec.threads,
+            vm.spec.vcpus
+        );
+    }
+    Ok(last
+        .iter()
+        .filter_map(|(tid, _)| ThreadRef::of(vm.pid, *tid))
+        .collect())
+}
+
+/// The controller's vCPU list.
+pub fn vcpus(vms: &[LiveVm]) -> Vec<Vcpu> {
+    let mut out = Vec::new();
+    for (i, vm) in vms.iter().enumerate() {
+        for k in 0..vm.spec.vcpus {
+            let thread = vm.threads.get(k).copied();
+            out.push(Vcpu {
+                vm: i,
+                thread,
+                name: match thread {
+                    Some(t) => format!("{}/vcpu{k}/tid{}", vm.name, t.tid),
+                    None => format!("{}/vcpu{k}/idle", vm.name),
+                },
+            });
+        }
+    }
+    out
+}
+
+/// One set per VM (every vCPU, idle ones included).
+pub fn full_sets(vms: &[LiveVm]) -> Vec<CoSet> {
+    vms.iter()
+        .enumerate()
+        .map(|(i, vm)| CoSet {
+            vm: i,
+            members: (vm.first..vm.first + vm.spec.vcpus).collect(),
+        })
+        .collect()
+}
+
+/// The configured sets of each VM; vCPUs in no set run alone.
+pub fn static_sets(vms: &[LiveVm]) -> Vec<CoSet> {
+    let mut out = Vec::new();
+    for (i, vm) in vms.iter().enumerate() {
+        let mut covered = vec![false; vm.spec.vcpus];
+        for s in &vm.spec.sets {
+            for &m in s {
+                covered[m] = true;
+            }
+            out.push(CoSet {
+                vm: i,
+                members: s.iter().map(|m| vm.first + m).collect(),
+            });
+        }
+        for (k, c) in covered.iter().enumerate() {
+            if !c {
+                out.push(CoSet {
+                    vm: i,
+                    members: vec![vm.first + k],
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The sets a policy starts with (partial-auto starts fully coscheduled until its first
+/// regroup; `none` measures the co-run fraction of the static sets, or of whole VMs).
+pub fn initial_sets(vms: &[LiveVm], policy: Policy) -> Result<Vec<CoSet>> {
+    Ok(match policy {
+        Policy::Full | Policy::PartialAuto => full_sets(vms),
+        Policy::PartialStatic => {
+            if vms.iter().all(|v| v.spec.sets.is_empty()) {
+                bail!(
+                    "partial-static needs the sets: give \"sets\" for the VMs (vCPU indices \
+                     within the VM), or use partial-auto to detect them"
+                );
+            }
+            static_sets(vms)
+        }
+        Policy::None => {
+            if vms.iter().any(|v| !v.spec.sets.is_empty()) {
+                static_sets(vms)
+            } else {
+                full_sets(vms)
+            }
+        }
+    })
+}

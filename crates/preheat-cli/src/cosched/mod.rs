@@ -1,0 +1,125 @@
+//! `preheat cosched`: partial coscheduling (Busse et al., SAC'15) on a stock kernel — the
+//! user-space coscheduler (`run`, in `preheat-cosched`), the paper's experiments at this
+//! machine's size (`experiment`), the simulator for larger hosts (`simulate`, in
+//! `preheat-cosim`), and `restore` for what a dead controller left behind.
+
+mod auto;
+pub mod bench;
+pub mod experiment;
+mod host;
+pub mod run;
+pub mod sim_bench;
+pub mod simulate;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+/// Set by SIGINT/SIGTERM: the controller ends its run and restores the threads.
+pub static STOP: AtomicBool = AtomicBool::new(false);
+/// Set once the controller has restored everything.
+pub static DONE: AtomicBool = AtomicBool::new(true);
+
+/// The signal hook: stop the controller and wait (≤ 2 s) until it has restored the threads.
+fn on_signal() {
+    STOP.store(true, Ordering::Relaxed);
+    let t0 = Instant::now();
+    while !DONE.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[derive(clap::Args)]
+pub struct CoschedArgs {
+    #[command(subcommand)]
+    cmd: CoschedCmd,
+}
+
+const RUN_ABOUT: &str = "Coschedule the threads of \"VMs\" (processes whose threads are virtual \
+CPUs) from user space on a stock kernel, as the coscheduling kernel of Busse et al. (SAC'15, \
+§2.1) does: the host runs in slices (--slice-ms); in each slice the planner chooses sets (least \
+attained service first, packed onto the free CPUs), every member of a chosen set runs at \
+SCHED_FIFO on its own CPU, and every other managed thread waits at a lower real-time priority \
+behind a chosen one. Policies: none (plain Linux, measured only), full (each VM is one set: a \
+small VM leaves CPUs idle), partial-static (the configured sets), partial-auto (sets detected at \
+run time: the agent's SPCD matrix, reset after start-up, grouped with eq. 1 at threshold t, \
+re-evaluated every --regroup-s).\n\n\
+Measured and printed: achieved slice lengths, the controller's cost per slice, the co-run \
+fraction of every set (from schedstat at slice boundaries, with a lower bound), the leak (run \
+time of threads that were not chosen), the CPUs' idle share.\n\n\
+Every thread's class, priority and affinity is journaled before it is changed and restored at \
+exit, on error, on SIGINT/SIGTERM, by a watchdog process if this command is killed (SIGKILL \
+included), and by the next start. Needs CAP_SYS_NICE for real-time scheduling; without it only \
+--policy none works.";
+
+#[derive(clap::Subcommand)]
+enum CoschedCmd {
+    /// Coschedule the VMs of a configuration file and report what was measured.
+    #[command(long_about = RUN_ABOUT)]
+    Run(run::RunArgs),
+    /// The paper's experiments (Figures 6/7) at this machine's size: measured, with the
+    /// simulator's prediction for the same configuration beside them.
+    Experiment(experiment::ExperimentArgs),
+    /// Simulate a host (any size) under each coscheduling policy: deterministic for a seed; every
+    /// figure it prints is simulated.
+    #[command(long_about = simulate::LONG_ABOUT)]
+    Simulate(simulate::SimulateArgs),
+    /// Restore threads a dead controller left changed (from its journal); with --watch, wait
+    /// for a controller to die first (the watchdog `run` starts).
+    Restore {
+        /// The journal [default: <run dir>/cosched-journal.json].
+        #[arg(long)]
+        journal: Option<PathBuf>,
+        /// Wait until --controller exits, then restore (or exit when the journal is removed).
+        #[arg(long, requires = "controller")]
+        watch: bool,
+        /// The controller's pid (with --watch).
+        #[arg(long)]
+        controller: Option<u32>,
+    },
+}
+
+pub fn run(a: CoschedArgs) -> Result<()> {
+    match a.cmd {
+        CoschedCmd::Run(r) => {
+            crate::launch::on_signal(on_signal);
+            run::run(&r)
+        }
+        CoschedCmd::Experiment(e) => {
+            crate::launch::on_signal(on_signal);
+            experiment::run(&e)
+        }
+        CoschedCmd::Simulate(s) => simulate::run(&s),
+        CoschedCmd::Restore {
+            journal,
+            watch,
+            controller,
+        } => {
+            let path = journal.unwrap_or_else(|| {
+                preheat_cosched::journal::default_path(&crate::paths::run_dir())
+            });
+            if watch {
+                let pid = controller.unwrap_or(0);
+                let out = preheat_cosched::journal::watch(&path, pid, Duration::from_millis(20))?;
+                for o in out {
+                    eprintln!("preheat cosched watchdog: {o}");
+                }
+                return Ok(());
+            }
+            match preheat_cosched::journal::restore_if_orphaned(&path)? {
+                None => println!(
+                    "nothing to restore ({} absent, empty or its controller runs)",
+                    path.display()
+                ),
+                Some(out) => {
+                    for o in out {
+                        println!("{o}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! `preheat cosched` end to end on this machine: a 2-thread set co-runs under `full`, a
+//! controller killed with SIGKILL leaves no thread at a real-time priority (the watchdog, or the
+//! next `restore`, puts them back), and bad configurations are refused clearly.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{npb, preheat, run_dir};
+
+/// The tests below put threads at real-time priorities on all CPUs: one at a time, or they
+/// would measure each other.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether real-time scheduling is permitted here (root in CI). Without it the tests that need
+/// it say so and return, except under CI, where the test command runs as root: there it fails.
+fn realtime_or_skip(test: &str) -> bool {
+    let ok = Command::new("chrt")
+        .args(["-f", "1", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
+        );
+        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
+    }
+    ok
+}
+
+/// (policy, rt_priority) of a thread, from fields 41 and 40 of its stat.
+fn sched_of(pid: u32, tid: u32) -> Option<(u32, u32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((f.get(38)?.parse().ok()?, f.get(37)?.parse().ok()?))
+}
+
+fn npb_threads(pid: u32) -> Vec<u32> {
+    let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| {
+                    std::fs::read_to_string(e.path().join("comm"))
+                        .is_ok_and(|n| n.starts_with("npb-"))
+                })
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+struct Victim(Child);
+
+impl Drop for Victim {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A 2-thread barrier-synchronised workload that runs for a while, its threads listed.
+fn victim(seconds: u32) -> (Victim, Vec<u32>) {
+    let child = Command::new(npb())
+        .args([
+            "mg",
+            "--threads",
+            "2",
+            "--seconds",
+            &seconds.to_string(),
+            "--json",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start preheat-npb");
+    let pid = child.id();
+    let v = Victim(child);
+    let t0 = Instant::now();
+    loop {
+        let t = npb_threads(pid);
+        if t.len() == 2 {
+            return (v, t);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "npb threads did not appear"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn write_config(dir: &Path, body: &str) -> String {
+    let p = dir.join("vms.json");
+    std::fs::write(&p, body).unwrap();
+    p.display().to_string()
+}
+
+#[test]
+fn a_two_thread_set_co_runs_under_full() {
+    let _serial = serial();
+    if !realtime_or_skip("a_two_thread_set_co_runs_under_full") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let npb = npb().display().to_string();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            r#"{{"vms": [
+                {{"name": "vm1", "vcpus": 2, "threads": "npb-", "sets": [[0, 1]],
+                  "command": ["{npb}", "mg", "--threads", "2", "--seconds", "4", "--json"]}},
+                {{"name": "vm2", "vcpus": 1, "threads": "npb-",
+                  "command": ["{npb}", "mg", "--threads", "1", "--seconds", "4", "--json"]}}
+            ]}}"#
+        ),
+    );
+    let journal = tmp.path().join("journal.json");
+    let mut corun = Vec::new();
+    for policy in ["full", "none"] {
+        let o = preheat(
+            &[
+                "cosched",
+                "run",
+                "--config",
+                &cfg,
+                "--policy",
+                policy,
+                "--duration",
+                "3",
+                "--cpus",
+                "0,1",
+                "--journal",
+                journal.to_str().unwrap(),
+                "--json",
+            ],
+            &rd,
+        );
+        assert!(
+            o.status.success(),
+            "{policy}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let r = &v["report"];
+        let set = r["sets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["members"] == serde_json::json!([0, 1]))
+            .unwrap_or_else(|| panic!("{policy}: no co-run figure for set [0, 1]: {r}"));
+        let f = set["corun_fraction"].as_f64().unwrap();
+        eprintln!(
+            "{policy}: co-run fraction of the 2-thread set {:.3} (lower bound {:.3}, {} windows), \
+             idle {:?}, leak {:?} (measured)",
+            f, set["corun_lower"], set["windows"], r["idle_cpu_share"], r["leak_share"]
+        );
+        corun.push(f);
+        if policy == "full" {
+            // Structure: the plan alternated the two VMs, leaving one CPU idle half the time.
+            let planned_idle = r["planned_idle_share"].as_f64().unwrap();
+            assert!(
+                (0.15..0.35).contains(&planned_idle),
+                "planned idle {planned_idle}"
+            );
+            assert!(r["leak_share"].as_f64().unwrap() < 0.1, "{r}");
+        }
+        assert!(!journal.exists(), "{policy}: the journal was not removed");
+    }
+    // Floor: under full both members are given the CPUs together in every VM1 slice; what can
+    // separate them is only the controller's switch (~0.1-0.2 ms of a 10 ms slice) and the 5%
+    // real-time throttling leaves to other tasks. Measured here: 0.97-0.99. A floor of 0.8
+    // leaves room for a noisy neighbour and still fails if enforcement breaks (plain Linux
+    // gives this pair ~0.5-0.7 with a third thread competing).
+    assert!(corun[0] >= 0.8, "co-run fraction under full {}", corun[0]);
+}
+
+fn kill_controller_and_check(watchdog: bool) {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let (v, tids) = victim(30);
+    let pid = v.0.id();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            r#"{{"vms": [{{"vcpus": 2, "pid": {pid}, "threads": "npb-", "sets": [[0, 1]]}}]}}"#
+        ),
+    );
+    let journal = tmp.path().join("journal.json");
+    let mut args = vec![
+        "cosched".to_string(),
+        "run".into(),
+        "--config".into(),
+        cfg,
+        "--policy".into(),
+        "full".into(),
+        "--duration".into(),
+        "30".into(),
+        "--journal".into(),
+        journal.display().to_string(),
+    ];
+    if !watchdog {
+        args.push("--no-watchdog".into());
+    }
+    let mut ctl = Command::new(env!("CARGO_BIN_EXE_preheat"))
+        .args(&args)
+        .env("PREHEAT_RUN_DIR", &rd)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until the workload's threads are real-time (the controller took them).
+    let t0 = Instant::now();
+    while !tids
+        .iter()
+        .all(|&t| sched_of(pid, t).is_some_and(|(p, _)| p == 1))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the controller never made the threads SCHED_FIFO: {:?}",
+            tids.iter().map(|&t| sched_of(pid, t)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(journal.exists(), "no journal while the controller runs");
+    ctl.kill().unwrap(); // SIGKILL
+    ctl.wait().unwrap();
+    if !watchdog {
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            tids.iter()
+                .all(|&t| sched_of(pid, t).is_some_and(|(p, _)| p == 1)),
+            "without a watchdog the threads stay as the dead controller left them"
+        );
+        let o = preheat(
+            &["cosched", "restore", "--journal", journal.to_str().unwrap()],
+            &rd,
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.contains("restored"), "{out}");
+    }
+    let t0 = Instant::now();
+    while !tids
+        .iter()
+        .all(|&t| sched_of(pid, t).is_some_and(|(p, prio)| p == 0 && prio == 0))
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "a thread was left at a real-time priority after SIGKILL: {:?}",
+            tids.iter().map(|&t| sched_of(pid, t)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "restored after SIGKILL by {} in {:?}",
+        if watchdog {
+            "the watchdog"
+        } else {
+            "`preheat cosched restore`"
+        },
+        t0.elapsed()
+    );
+    assert!(!journal.exists(), "the journal is removed once restored");
+    drop(v);
+}
+
+#[test]
+fn sigkill_leaves_no_realtime_thread_watchdog() {
+    let _serial = serial();
+    if realtime_or_skip("sigkill_leaves_no_realtime_thread_watchdog") {
+        kill_controller_and_check(true);
+    }
+}
+
+#[test]
+fn sigkill_then_restore_command() {
+    let _serial = serial();
+    if realtime_or_skip("sigkill_then_restore_command") {
+        kill_controller_and_check(false);
+    }
+}
+
+#[test]
+fn bad_configurations_are_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let cases = [
+        (r#"{"vms": []}"#, "no VMs"),
+        (
+            r#"{"vms": [{"vcpus": 64, "pid": 1}]}"#,
+            "larger than the host",
+        ),
+        (
+            r#"{"vms": [{"vcpus": 2}]}"#,
+            "either \"command\" or \"pid\"",
+        ),
+        (
+            r#"{"vms": [{"vcpus": 2, "pid": 1, "sets": [[0, 2]]}]}"#,
+            "names vCPU 2",
+        ),
+        (r#"{"vms": [{"vcpus": 1, "pid": 1, "bogus": 1}]}"#, "bogus"),
+        (r#"{"vms": [{"vcpus": 1, "pid": 4000000}]}"#, "no process"),
+    ];
+    for (body, want) in cases {
+        let cfg = write_config(tmp.path(), body);
+        let o = preheat(
+            &[
+                "cosched",
+                "run",
+                "--config",
+                &cfg,
+                "--policy",
+                "none",
+                "--duration",
+                "1",
+            ],
+            &rd,
+        );
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{body} was accepted");
+        assert!(err.contains(want), "{body}: expected {want:?} in: {err}");
+    }
+    let o = preheat(&["cosched", "run", "--config", "/nonexistent.json"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nonexistent"));
+    let cfg = write_config(tmp.path(), r#"{"vms": [{"vcpus": 1, "pid": 1}]}"#);
+    let o = preheat(&["cosched", "run", "--config", &cfg, "--cpus", "99"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("CPU 99 does not exist"));
+}

@@ -1,0 +1,153 @@
+//! Threads by identity: a thread id is reused after the thread exits, so a managed thread is
+//! named by (pid, tid, start time in clock ticks since boot) and every change is checked
+//! against all three.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// One thread, identified so that a reused tid is not mistaken for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ThreadRef {
+    pub pid: u32,
+    pub tid: u32,
+    /// Field 22 of `/proc/PID/task/TID/stat` (clock ticks after boot).
+    pub start_ticks: u64,
+}
+
+impl ThreadRef {
+    /// The thread `tid` of process `pid` as it exists now (`None`: no such thread).
+    pub fn of(pid: u32, tid: u32) -> Option<ThreadRef> {
+        Some(ThreadRef {
+            pid,
+            tid,
+            start_ticks: start_ticks(pid, tid)?,
+        })
+    }
+
+    /// Whether this very thread still exists (same tid and start time).
+    pub fn alive(&self) -> bool {
+        start_ticks(self.pid, self.tid) == Some(self.start_ticks)
+    }
+
+    fn dir(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/task/{}", self.pid, self.tid))
+    }
+}
+
+/// The fields of a `stat` line after the command name (which may contain spaces and parens).
+fn stat_fields(text: &str) -> Option<Vec<&str>> {
+    let rest = text.rsplit_once(')')?.1;
+    Some(rest.split_whitespace().collect())
+}
+
+/// Start time (clock ticks after boot) of thread `tid` of process `pid`.
+pub fn start_ticks(pid: u32, tid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    // After ')': state is field 3, so field 22 is index 19.
+    stat_fields(&text)?.get(19)?.parse().ok()
+}
+
+/// Start time of process `pid` (`None`: no such process).
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    start_ticks(pid, pid)
+}
+
+/// The threads of `pid` whose name starts with `prefix`, as (tid, name), in tid order (the
+/// order the process created them in, barring tid wrap-around).
+pub fn threads_named(pid: u32, prefix: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let name = std::fs::read_to_string(e.path().join("comm"))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_default();
+        if name.starts_with(prefix) {
+            out.push((tid, name));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A thread's `schedstat`, kept open and re-read with `pread` (no path walk per read).
+pub struct RunClock {
+    file: Option<File>,
+    buf: [u8; 96],
+}
+
+impl RunClock {
+    /// Open the schedstat of `t` (a thread that is gone gives a clock that always reads `None`).
+    pub fn open(t: &ThreadRef) -> RunClock {
+        RunClock {
+            file: File::open(t.dir().join("schedstat")).ok(),
+            buf: [0; 96],
+        }
+    }
+
+    /// Nanoseconds the thread has run on a CPU so far (`None` once it is gone).
+    pub fn run_ns(&mut self) -> Option<u64> {
+        let f = self.file.as_ref()?;
+        let n = match f.read_at(&mut self.buf, 0) {
+            Ok(n) => n,
+            Err(_) => {
+                self.file = None;
+                return None;
+            }
+        };
+        let text = std::str::from_utf8(&self.buf[..n]).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_threads_are_found_and_identified() {
+        let pid = std::process::id();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let h = std::thread::Builder::new()
+            .name("cosched-probe".into())
+            .spawn(move || {
+                tx.send(preheat_engine::os::gettid()).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        let tid = rx.recv().unwrap();
+        let found = threads_named(pid, "cosched-pro");
+        assert_eq!(found, vec![(tid, "cosched-probe".to_string())]);
+        let t = ThreadRef::of(pid, tid).unwrap();
+        assert!(t.alive());
+        let mut clock = RunClock::open(&t);
+        assert!(clock.run_ns().is_some());
+        // A different start time is a different thread.
+        let other = ThreadRef {
+            start_ticks: t.start_ticks + 1,
+            ..t
+        };
+        assert!(!other.alive());
+        stop_tx.send(()).unwrap();
+        h.join().unwrap();
+        assert!(!t.alive());
+        assert_eq!(clock.run_ns(), None);
+        assert!(process_start_ticks(pid).is_some());
+    }
+
+    #[test]
+    fn stat_with_spaces_and_parens_in_the_name() {
+        let line = "123 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20";
+        let f = stat_fields(line).unwrap();
+        assert_eq!(f[0], "S");
+        assert_eq!(f[19], "999");
+    }
+}
