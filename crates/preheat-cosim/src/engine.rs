@@ -18,6 +18,10 @@
 //!   nothing changes state, so the CPU-time accounting is integrated per state in O(1) and an
 //!   event costs one scan over the CPUs; nothing allocates after construction.
 //!
+//! * Contention: with b CPUs computing, compute advances at speed 1 / (1 + contention ·
+//!   (b − 1)/(cpus − 1)); when b changes, the completion times of the other computing CPUs are
+//!   rescaled (an O(cpus) scan, like every event). With contention 0 the speed is always 1.
+//!
 //! # CFS model (policy `none`)
 //!
 //! Not Linux's CFS, a model of what matters here: every vCPU with work is placed statically
@@ -65,6 +69,9 @@ pub(crate) struct Engine {
     stretch: f64,
     barrier_us: f64,
     switch_us: f64,
+    contention: f64,
+    /// Current compute speed (see the module doc).
+    speed: f64,
     // Per vCPU.
     inst_of: Vec<u32>,
     remaining: Vec<f64>,
@@ -108,6 +115,7 @@ pub(crate) struct EngineConfig<'a> {
     pub stretch: f64,
     pub barrier_us: f64,
     pub switch_us: f64,
+    pub contention: f64,
 }
 
 impl Engine {
@@ -121,6 +129,8 @@ impl Engine {
             stretch: cfg.stretch,
             barrier_us: cfg.barrier_us,
             switch_us: cfg.switch_us,
+            contention: cfg.contention,
+            speed: 1.0,
             inst_of: cfg
                 .instance_of
                 .iter()
@@ -179,9 +189,33 @@ impl Engine {
     }
 
     fn set_state(&mut self, c: usize, s: CpuState) {
-        self.n_state[self.state[c] as usize] -= 1;
+        let was = self.state[c];
+        self.n_state[was as usize] -= 1;
         self.n_state[s as usize] += 1;
         self.state[c] = s;
+        if self.contention > 0.0 && (was == CpuState::Computing) != (s == CpuState::Computing) {
+            self.rescale(c);
+        }
+    }
+
+    /// The number of computing CPUs changed (CPU `changed` is the one that changed; its own
+    /// completion time is set by the caller): rescale every other computing CPU's.
+    fn rescale(&mut self, changed: usize) {
+        let n = self.cur.len();
+        let b = self.n_state[CpuState::Computing as usize] as f64;
+        let others = if n > 1 { (b - 1.0).max(0.0) / (n - 1) as f64 } else { 0.0 };
+        let speed = 1.0 / (1.0 + self.contention * others);
+        if speed == self.speed {
+            return;
+        }
+        let ratio = self.speed / speed;
+        self.speed = speed;
+        for c in 0..n {
+            if c != changed && self.state[c] == CpuState::Computing {
+                self.done_at[c] = self.now + (self.done_at[c] - self.now) * ratio;
+                self.refresh(c);
+            }
+        }
     }
 
     fn refresh(&mut self, c: usize) {
@@ -228,7 +262,7 @@ impl Engine {
             self.set_state(c, CpuState::Spinning);
         } else {
             self.set_state(c, CpuState::Computing);
-            self.done_at[c] = self.now + self.remaining[v];
+            self.done_at[c] = self.now + self.remaining[v] / self.speed;
         }
         self.refresh(c);
     }
@@ -236,7 +270,7 @@ impl Engine {
     fn remove(&mut self, c: usize) {
         let v = self.cur[c] as usize;
         if self.state[c] == CpuState::Computing {
-            self.remaining[v] = (self.done_at[c] - self.now).max(0.0);
+            self.remaining[v] = (self.done_at[c] - self.now).max(0.0) * self.speed;
         }
         self.set_state(c, CpuState::Empty);
         self.cur[c] = NONE;
@@ -347,7 +381,7 @@ impl Engine {
         self.thread_phases[v] += 1;
         if !self.sync[i] {
             self.remaining[v] = self.draw();
-            self.done_at[c] = self.now + self.remaining[v];
+            self.done_at[c] = self.now + self.remaining[v] / self.speed;
             self.refresh(c);
             return;
         }
@@ -375,7 +409,7 @@ impl Engine {
             if c != NONE && self.state[c as usize] == CpuState::Spinning {
                 let c = c as usize;
                 self.set_state(c, CpuState::Computing);
-                self.done_at[c] = self.now + self.remaining[m];
+                self.done_at[c] = self.now + self.remaining[m] / self.speed;
                 self.refresh(c);
             }
         }

@@ -19,8 +19,12 @@
 //!   re-evaluated every 5 s), then with the instance sets — we assume detection finds them the
 //!   first time (`preheat bench comm` measures how often it does) — and every phase takes
 //!   `1 + auto_overhead` times as long for the page-sharing sampler (SPCD) all along.
-//! * Not modelled: caches, memory bandwidth and SMT contention (the paper's explanation for its
-//!   results below expectation), guest housekeeping threads that wake idle vCPUs (why the
+//! * Contention between vCPUs computing at the same time (shared caches, memory bandwidth: the
+//!   paper's explanation for its results below expectation) is one number, `contention`: with b
+//!   of the host's n CPUs computing, compute runs at 1 / (1 + contention · (b − 1)/(n − 1)) of
+//!   its speed alone (so `contention` is the slowdown when every CPU computes). Default 0; the
+//!   measured experiment calibrates it (two instances at once against one alone).
+//! * Not modelled: SMT, guest housekeeping threads that wake idle vCPUs (why the
 //!   paper's single scenario fell short of 100%), NUMA.
 
 use serde::{Deserialize, Serialize};
@@ -52,6 +56,8 @@ pub struct SimParams {
     pub auto_overhead: f64,
     /// Policy none: the CFS model's slice.
     pub cfs_slice_us: f64,
+    /// Slowdown of compute when every CPU computes (linear in the other CPUs computing).
+    pub contention: f64,
     pub seed: u64,
 }
 
@@ -67,6 +73,7 @@ impl Default for SimParams {
             detect_s: 5.0,
             auto_overhead: 0.02,
             cfs_slice_us: 3_000.0,
+            contention: 0.0,
             seed: 1,
         }
     }
@@ -147,6 +154,12 @@ impl SimParams {
             self.auto_overhead,
             self.auto_overhead >= 0.0,
             "must be ≥ 0 (a fraction: 0.02 = 2%)",
+        )?;
+        check(
+            "contention",
+            self.contention,
+            self.contention >= 0.0,
+            "must be ≥ 0 (a fraction: 0.3 = 30% slower when every CPU computes)",
         )?;
         check(
             "cfs_slice_us",
@@ -269,6 +282,7 @@ pub fn simulate(setup: &Setup, policy: Policy, p: &SimParams) -> Result<SimResul
         stretch: if auto { 1.0 + p.auto_overhead } else { 1.0 },
         barrier_us: p.barrier_us,
         switch_us: p.switch_us,
+        contention: p.contention,
     });
     let dur_us = p.duration_s * 1e6;
     let mut slices = 0u64;

@@ -298,3 +298,28 @@ fn larger_host() {
     let sim = improvement(&three, Policy::PartialStatic, &p);
     assert!((pred - sim).abs() < 0.02, "{pred} vs {sim}");
 }
+
+/// Contention: on 2 CPUs, single, partial-static keeps both instances computing at once (each
+/// at 1/(1 + c) of its speed alone) while full runs one at a time (full speed): the improvement
+/// falls from 100% to 2/(1 + c) − 1, exactly.
+#[test]
+fn contention_closed_form_on_two_cpus() {
+    let setup = Setup::scenario(2, &[2, 1], Scenario::Single, true).unwrap();
+    for c in [0.0, 0.25, 0.6] {
+        let p = SimParams {
+            contention: c,
+            ..ideal()
+        };
+        let sim = improvement(&setup, Policy::PartialStatic, &p);
+        let want = 2.0 / (1.0 + c) - 1.0;
+        assert!((sim - want).abs() < 0.01, "contention {c}: {sim} vs {want}");
+    }
+    // Double: full's VM1 slices also have both CPUs computing, so contention costs both.
+    let setup = Setup::scenario(2, &[2, 1], Scenario::Double, true).unwrap();
+    let p = SimParams {
+        contention: 0.5,
+        ..ideal()
+    };
+    let sim = improvement(&setup, Policy::PartialStatic, &p);
+    assert!(sim > 0.0 && sim < 1.0 / 3.0, "{sim}");
+}

@@ -123,8 +123,8 @@ pub struct Results {
     pub seconds: f64,
     pub slice_ms: f64,
     pub reps: usize,
-    /// Iteration time of each kernel's instance alone (µs), measured for the simulator.
-    pub alone_iteration_us: Vec<(String, f64)>,
+    /// Per kernel, measured for the simulator: iteration time alone and contention.
+    pub calibration: Vec<Calibration>,
     pub cells: Vec<Cell>,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
@@ -234,25 +234,64 @@ fn barriers(kernel: &str) -> u32 {
     }
 }
 
-/// Measure one kernel's iteration time with its instance alone on its CPUs (for the simulator).
-fn alone_iteration_us(kernel: &str, threads: usize) -> Result<f64> {
+/// Iterations per second of `copies` processes of one instance of `threads` threads each,
+/// started together, 1 s of work (no coscheduler).
+fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f64>> {
     let argv = npb_argv(kernel, threads, 1, 1.0)?;
-    let out = std::process::Command::new(&argv[0])
-        .args(&argv[1..])
-        .output()
-        .with_context(|| format!("running {}", argv[0]))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed: {}",
-            argv[0],
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let children = (0..copies)
+        .map(|_| {
+            std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .with_context(|| format!("running {}", argv[0]))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut rates = Vec::new();
+    for c in children {
+        let out = c.wait_with_output()?;
+        if !out.status.success() {
+            bail!("{} failed: {}", argv[0], String::from_utf8_lossy(&out.stderr));
+        }
+        rates.extend(instance_rates(&String::from_utf8_lossy(&out.stdout))?);
     }
-    let rates = instance_rates(&String::from_utf8_lossy(&out.stdout))?;
-    match rates.first() {
-        Some(&r) if r > 0.0 => Ok(1e6 / r),
-        _ => bail!("{kernel} alone completed no iteration"),
+    Ok(rates)
+}
+
+/// What the simulator needs to know of a kernel on this machine (measured, median of 3
+/// alternating runs): the iteration time of an instance of n/2 threads alone on its CPUs, and
+/// the contention: how much slower each of two such instances (two processes, as VM1 and VM2
+/// are) runs when both compute at once on all n CPUs (alone rate / pair rate − 1).
+#[derive(Debug, Clone, Serialize)]
+pub struct Calibration {
+    pub kernel: String,
+    pub alone_iteration_us: f64,
+    pub contention: f64,
+    pub runs: usize,
+}
+
+fn calibrate(kernel: &str, cpus: usize) -> Result<Calibration> {
+    let (mut alone, mut pair) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        if let Some(&r) = rates_of_copies(kernel, cpus / 2, 1)?.first() {
+            alone.push(r);
+        }
+        let rs = rates_of_copies(kernel, cpus / 2, 2)?;
+        if !rs.is_empty() {
+            pair.push(rs.iter().sum::<f64>() / rs.len() as f64);
+        }
     }
+    let (a, p) = (median_of(&alone).unwrap_or(0.0), median_of(&pair).unwrap_or(0.0));
+    if a <= 0.0 || p <= 0.0 {
+        bail!("{kernel}: the calibration runs completed no iteration");
+    }
+    Ok(Calibration {
+        kernel: kernel.into(),
+        alone_iteration_us: 1e6 / a,
+        contention: (a / p - 1.0).max(0.0),
+        runs: alone.len(),
+    })
 }
 
 pub fn run(a: &ExperimentArgs) -> Result<()> {
@@ -297,9 +336,10 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
     }
     let total = order.len();
     let bar = crate::progress::bar(total as u64, "cosched", a.json);
-    let mut alone = Vec::new();
+    bar.set_message("calibrating");
+    let mut calibration = Vec::new();
     for k in &a.kernels {
-        alone.push((k.clone(), alone_iteration_us(k, cpus / 2)?));
+        calibration.push(calibrate(k, cpus)?);
     }
     let mut cells = Vec::new();
     for (k, s, p, rep) in order {
@@ -360,7 +400,7 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let rows = summarise(a, cpus, &scenarios, &policies, &alone, &cells)?;
+    let rows = summarise(a, cpus, &scenarios, &policies, &calibration, &cells)?;
     let results = Results {
         label: "measured",
         cpus,
@@ -368,7 +408,7 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         seconds: a.seconds,
         slice_ms: a.slice_ms,
         reps: a.reps,
-        alone_iteration_us: alone,
+        calibration,
         cells,
         rows,
         notes,
@@ -394,16 +434,14 @@ fn summarise(
     cpus: usize,
     scenarios: &[Scenario],
     policies: &[Policy],
-    alone: &[(String, f64)],
+    calibration: &[Calibration],
     cells: &[Cell],
 ) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for k in &a.kernels {
-        let iter_us = alone
-            .iter()
-            .find(|(n, _)| n == k)
-            .map(|x| x.1)
-            .unwrap_or(300.0);
+        let Some(cal) = calibration.iter().find(|c| &c.kernel == k) else {
+            continue;
+        };
         for &s in scenarios {
             let cell = |p: Policy, rep: usize| {
                 cells
@@ -426,8 +464,9 @@ fn summarise(
                 slice_us: a.slice_ms * 1e3,
                 switch_us,
                 phase: PhaseDist::Fixed {
-                    us: iter_us / barriers(k).max(1) as f64,
+                    us: cal.alone_iteration_us / barriers(k).max(1) as f64,
                 },
+                contention: cal.contention,
                 duration_s: a.seconds,
                 detect_s: a.regroup_s,
                 seed: a.seed,
@@ -525,9 +564,19 @@ fn table(r: &Results) -> String {
                 .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
         );
     }
-    s +=
-        "predicted = the setup's closed form (modeled); simulated = preheat cosched simulate with \
-          the measured iteration time and controller cost (simulated). The paper (8 CPUs, \
+    for c in &r.calibration {
+        s += &format!(
+            "calibration {}: iteration alone {:.0} µs, contention {:+.0}% when both instances \
+             compute (measured, median of {} runs)\n",
+            c.kernel,
+            c.alone_iteration_us,
+            100.0 * c.contention,
+            c.runs
+        );
+    }
+    s += "predicted = the setup's closed form (modeled: no contention, no costs); simulated = \
+          preheat cosched simulate with the measured iteration time, contention and controller \
+          cost (simulated). The paper (8 CPUs, \
           Gainestown): static partial close to +33% in quad, below it in double, up to +100% \
           in single for BT and EP; automatic lower (the paper's own figures).\n";
     for n in &r.notes {

@@ -87,6 +87,10 @@ pub struct SimulateArgs {
     /// partial-auto: fractional slowdown for the SPCD sampler.
     #[arg(long, default_value_t = SimParams::default().auto_overhead)]
     auto_overhead: f64,
+    /// Slowdown of compute when every CPU computes at once (cache and memory contention;
+    /// linear in the other CPUs computing). `preheat cosched experiment` measures it.
+    #[arg(long, default_value_t = SimParams::default().contention)]
+    contention: f64,
     /// none: the CFS model's slice, ms.
     #[arg(long, default_value_t = SimParams::default().cfs_slice_us / 1e3)]
     cfs_slice_ms: f64,
@@ -145,6 +149,7 @@ fn params(a: &SimulateArgs) -> Result<SimParams> {
         detect_s: a.detect_s,
         auto_overhead: a.auto_overhead,
         cfs_slice_us: a.cfs_slice_ms * 1e3,
+        contention: a.contention,
         seed: a.seed,
     })
 }
