@@ -149,10 +149,10 @@ impl Enforcer<'_> {
     }
 
     fn set_prio(&mut self, v: usize, p: i32) -> Result<()> {
-        if self.state[v].prio != Some(p) {
-            if self.sys(v, |tid| sched::set_thread_sched(tid, ThreadSched::fifo(p)))? {
-                self.state[v].prio = Some(p);
-            }
+        if self.state[v].prio != Some(p)
+            && self.sys(v, |tid| sched::set_thread_sched(tid, ThreadSched::fifo(p)))?
+        {
+            self.state[v].prio = Some(p);
         }
         Ok(())
     }
@@ -180,12 +180,12 @@ impl Enforcer<'_> {
     fn demote(&mut self, next: &Slice) -> Result<()> {
         let (chosen, busy) = self.chosen(next);
         let park = busy.iter().position(|&b| b).unwrap_or(0);
-        for v in 0..self.vcpus.len() {
-            if chosen[v] || self.vcpus[v].thread.is_none() {
+        for (v, &ch) in chosen.iter().enumerate() {
+            if ch || self.vcpus[v].thread.is_none() {
                 continue;
             }
             self.set_prio(v, PRIO_PARK)?;
-            if self.state[v].cpu.map_or(true, |c| !busy[c]) {
+            if !matches!(self.state[v].cpu, Some(c) if busy[c]) {
                 self.set_cpu(v, park)?;
             }
         }
@@ -482,7 +482,7 @@ fn main_loop(
                 planned_idle += s
                     .cpu
                     .iter()
-                    .filter(|v| v.map_or(true, |v| enf.vcpus[v].thread.is_none()))
+                    .filter(|v| !matches!(v, Some(v) if enf.vcpus[*v].thread.is_some()))
                     .count() as u64;
                 s
             }

@@ -70,7 +70,7 @@ pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -
                 "--seconds".into(),
                 format!("{seconds}"),
                 "--start-delay-ms".into(),
-                "200".into(),
+                "1500".into(),
                 "--json".into(),
             ],
             pid: None,
@@ -90,7 +90,8 @@ pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -
         let opts = Options {
             policy: p,
             slice_ms,
-            duration: seconds + 0.5,
+            // Ends when the workload exits (after its 1.5 s start delay and its run).
+            duration: seconds + 7.0,
             cpus: Vec::new(),
             regroup_s: 5.0,
             t: preheat_group::DEFAULT_T,

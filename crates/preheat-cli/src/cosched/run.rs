@@ -143,9 +143,8 @@ pub fn restore_leftover(path: &Path) -> Result<()> {
 pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> {
     let cpus = cpus_of(o)?;
     spec.validate(cpus.len())?;
-    if !(o.slice_ms.is_finite() && o.slice_ms > 0.0)
-        || !(o.duration.is_finite() && o.duration > 0.0)
-    {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(o.slice_ms) || !positive(o.duration) {
         bail!("--slice-ms and --duration must be positive");
     }
     let journal = journal_path(o);
@@ -301,8 +300,7 @@ impl Lock {
                     let text = std::fs::read_to_string(path).unwrap_or_default();
                     let mut it = text.split_whitespace().map(|x| x.parse::<u64>().ok());
                     if let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) {
-                        if preheat_cosched::thread::process_start_ticks(pid as u32) == Some(start)
-                        {
+                        if preheat_cosched::thread::process_start_ticks(pid as u32) == Some(start) {
                             bail!(
                                 "another coscheduler (pid {pid}) is running with the journal \
                                  next to {}: two would fight over the same CPUs; wait for it \
