@@ -396,3 +396,114 @@ fn simulator_against_a_short_real_run() {
         assert!(m > -0.2 && m < 1.5, "implausible improvement {m}");
     }
 }
+
+/// A VM whose process ends mid-run: the controller notes it and goes on with the others.
+#[test]
+fn a_vm_that_exits_mid_run() {
+    let _serial = serial();
+    if !realtime_or_skip("a_vm_that_exits_mid_run") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let npb = npb().display().to_string();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            r#"{{"vms": [
+                {{"name": "short", "vcpus": 1, "threads": "npb-",
+                  "command": ["{npb}", "ep", "--threads", "1", "--seconds", "0.5", "--json"]}},
+                {{"name": "long", "vcpus": 1, "threads": "npb-",
+                  "command": ["{npb}", "ep", "--threads", "1", "--seconds", "2.5", "--json"]}}
+            ]}}"#
+        ),
+    );
+    let journal = tmp.path().join("journal.json");
+    let o = preheat(
+        &[
+            "cosched",
+            "run",
+            "--config",
+            &cfg,
+            "--policy",
+            "full",
+            "--duration",
+            "2",
+            "--journal",
+            journal.to_str().unwrap(),
+            "--json",
+        ],
+        &rd,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["report"];
+    let notes = r["notes"].to_string();
+    assert!(notes.contains("exited during the run"), "{notes}");
+    let ran: Vec<f64> = r["vcpu_run_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert!(ran[1] > ran[0], "the long VM ran {ran:?}");
+    assert!(r["elapsed_s"].as_f64().unwrap() > 1.0, "{r}");
+    assert!(!journal.exists());
+}
+
+/// Without permission for real-time scheduling: a clear message, and `none` still works.
+#[test]
+fn unprivileged_gets_a_clear_message() {
+    let Some(setpriv) = common::find_program("setpriv") else {
+        eprintln!("SKIP: unprivileged_gets_a_clear_message: setpriv (util-linux) not found");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    // Readable by the unprivileged user.
+    let dir = tmp.path().join("u");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    // The unprivileged user manages a process of its own: a sleeping one it starts itself.
+    let cfg = dir.join("vms.json");
+    std::fs::write(
+        &cfg,
+        r#"{"vms": [{"vcpus": 1, "command": ["sleep", "3"]}]}"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&cfg, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let run = |policy: &str| {
+        Command::new(&setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_preheat"))
+            .args(["cosched", "run", "--config"])
+            .arg(&cfg)
+            .args(["--policy", policy, "--duration", "0.5", "--journal"])
+            .arg(dir.join("journal.json"))
+            .env("PREHEAT_RUN_DIR", &dir)
+            .env("TMPDIR", &dir)
+            .output()
+            .unwrap()
+    };
+    let o = run("full");
+    let err = String::from_utf8_lossy(&o.stderr);
+    if err.contains("Permission denied") && !err.contains("real-time") {
+        eprintln!("SKIP: unprivileged_gets_a_clear_message: the test binary is not readable by nobody: {err}");
+        return;
+    }
+    assert!(!o.status.success(), "full without privilege succeeded");
+    assert!(
+        err.contains("no permission for real-time scheduling") && err.contains("--policy none"),
+        "{err}"
+    );
+    let o = run("none");
+    assert!(
+        o.status.success(),
+        "none without privilege: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
