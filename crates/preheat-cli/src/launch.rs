@@ -33,6 +33,9 @@ pub fn register_scratch(dir: &Path) {
 /// let a controller restore the scheduling of the threads it manages.
 static HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());
 
+/// The signal that arrived (0: none yet).
+pub static SIGNALLED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
 /// Run `f` first when SIGINT or SIGTERM arrives (it must return within about a second).
 pub fn on_signal(f: fn()) {
     if let Ok(mut v) = HOOKS.lock() {
@@ -49,6 +52,7 @@ pub fn install_cleanup() {
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
             eprintln!("\npreheat: signal {sig}: stopping the processes it started");
+            SIGNALLED.store(sig, std::sync::atomic::Ordering::SeqCst);
             let hooks: Vec<fn()> = HOOKS.lock().map(|v| v.clone()).unwrap_or_default();
             for h in hooks {
                 h();

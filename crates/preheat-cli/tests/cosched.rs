@@ -184,7 +184,7 @@ fn a_two_thread_set_co_runs_under_full() {
     assert!(corun[0] >= 0.8, "co-run fraction under full {}", corun[0]);
 }
 
-fn kill_controller_and_check(watchdog: bool) {
+fn kill_controller_and_check(watchdog: bool, sigterm: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
     let (v, tids) = victim(30);
@@ -232,6 +232,25 @@ fn kill_controller_and_check(watchdog: bool) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(journal.exists(), "no journal while the controller runs");
+    if sigterm {
+        // SIGTERM: the controller itself restores, then exits (no watchdog in this variant).
+        let st = Command::new("kill")
+            .args(["-TERM", &ctl.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let code = ctl.wait().unwrap();
+        assert!(!code.success(), "exit after SIGTERM: {code}");
+        assert!(
+            tids.iter()
+                .all(|&t| sched_of(pid, t).is_some_and(|(p, prio)| p == 0 && prio == 0)),
+            "SIGTERM left threads real-time: {:?}",
+            tids.iter().map(|&t| sched_of(pid, t)).collect::<Vec<_>>()
+        );
+        assert!(!journal.exists(), "the journal is removed after SIGTERM");
+        eprintln!("restored by the controller itself on SIGTERM");
+        return;
+    }
     ctl.kill().unwrap(); // SIGKILL
     ctl.wait().unwrap();
     if !watchdog {
@@ -278,7 +297,7 @@ fn kill_controller_and_check(watchdog: bool) {
 fn sigkill_leaves_no_realtime_thread_watchdog() {
     let _serial = serial();
     if realtime_or_skip("sigkill_leaves_no_realtime_thread_watchdog") {
-        kill_controller_and_check(true);
+        kill_controller_and_check(true, false);
     }
 }
 
@@ -286,7 +305,15 @@ fn sigkill_leaves_no_realtime_thread_watchdog() {
 fn sigkill_then_restore_command() {
     let _serial = serial();
     if realtime_or_skip("sigkill_then_restore_command") {
-        kill_controller_and_check(false);
+        kill_controller_and_check(false, false);
+    }
+}
+
+#[test]
+fn sigterm_restores_before_exit() {
+    let _serial = serial();
+    if realtime_or_skip("sigterm_restores_before_exit") {
+        kill_controller_and_check(false, true);
     }
 }
 

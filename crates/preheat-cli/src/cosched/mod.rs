@@ -31,6 +31,17 @@ fn on_signal() {
     }
 }
 
+/// A run ended by SIGINT/SIGTERM (threads restored) exits with 128 + the signal, as the
+/// signal handler would.
+fn exit_if_signalled(r: Result<()>) -> Result<()> {
+    let sig = crate::launch::SIGNALLED.load(Ordering::SeqCst);
+    if sig != 0 {
+        eprintln!("preheat cosched: stopped by signal {sig}; every thread it changed is restored");
+        std::process::exit(128 + sig);
+    }
+    r
+}
+
 #[derive(clap::Args)]
 pub struct CoschedArgs {
     #[command(subcommand)]
@@ -85,11 +96,11 @@ pub fn run(a: CoschedArgs) -> Result<()> {
     match a.cmd {
         CoschedCmd::Run(r) => {
             crate::launch::on_signal(on_signal);
-            run::run(&r)
+            exit_if_signalled(run::run(&r))
         }
         CoschedCmd::Experiment(e) => {
             crate::launch::on_signal(on_signal);
-            experiment::run(&e)
+            exit_if_signalled(experiment::run(&e))
         }
         CoschedCmd::Simulate(s) => simulate::run(&s),
         CoschedCmd::Restore {
