@@ -203,7 +203,11 @@ impl Engine {
     fn rescale(&mut self, changed: usize) {
         let n = self.cur.len();
         let b = self.n_state[CpuState::Computing as usize] as f64;
-        let others = if n > 1 { (b - 1.0).max(0.0) / (n - 1) as f64 } else { 0.0 };
+        let others = if n > 1 {
+            (b - 1.0).max(0.0) / (n - 1) as f64
+        } else {
+            0.0
+        };
         let speed = 1.0 / (1.0 + self.contention * others);
         if speed == self.speed {
             return;

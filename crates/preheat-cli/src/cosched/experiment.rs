@@ -252,7 +252,11 @@ fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f6
     for c in children {
         let out = c.wait_with_output()?;
         if !out.status.success() {
-            bail!("{} failed: {}", argv[0], String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "{} failed: {}",
+                argv[0],
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         rates.extend(instance_rates(&String::from_utf8_lossy(&out.stdout))?);
     }
@@ -282,7 +286,10 @@ fn calibrate(kernel: &str, cpus: usize) -> Result<Calibration> {
             pair.push(rs.iter().sum::<f64>() / rs.len() as f64);
         }
     }
-    let (a, p) = (median_of(&alone).unwrap_or(0.0), median_of(&pair).unwrap_or(0.0));
+    let (a, p) = (
+        median_of(&alone).unwrap_or(0.0),
+        median_of(&pair).unwrap_or(0.0),
+    );
     if a <= 0.0 || p <= 0.0 {
         bail!("{kernel}: the calibration runs completed no iteration");
     }
