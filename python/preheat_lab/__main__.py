@@ -2,10 +2,11 @@
 
   table1    the paper's Table 1 and Figure 3 on real servers (preheat demo per server)
   peer      our load generator vs memcaslap / redis-benchmark / wrk on the same server
-  sweep     preheat demo over a grid of parameters (lead time, k-of-n, gap merge, ...)
+  sweep     preheat demo (or, --target cosim, the coscheduling simulator) over a parameter grid
   report    rebuild DIR/report.html from what DIR holds
   sleeping  the sleeping-CPUs experiments (Zhu et al.)
   comm      communication detection on the bundled kernels (or given reports): heatmaps, sets
+  cosched   partial coscheduling (SAC'15 §4-5): measured here, simulated at 8 and 64 CPUs
 
 All commands write into --out DIR (atomically: temp file + rename) and DIR/report.html. A server
 that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
@@ -116,16 +117,21 @@ def main(argv=None) -> int:
     pe.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 0.05)")
     pe.add_argument("--quick", action="store_true", help="2-second runs")
 
-    from .sweep import PARAMS
+    from .sweep import COSIM_PARAMS, PARAMS, TARGETS
 
     sw = sub.add_parser(
         "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
-        help="preheat demo over a grid of parameters",
+        help="preheat demo (or the coscheduling simulator) over a grid of parameters",
         description="Cartesian product of --param NAME=V1,V2,... (repeatable); each point is one "
                     "preheat demo. Names: " + ", ".join(PARAMS) + ". For strategies each "
                     "comma-separated value is one strategy; separate values with ';' when a value "
                     "lists several (strategies='wake,lines;all'). Writes DIR/sweep/: sweep.csv/"
-                    ".parquet (one row per point and mode), sweep-NAME.png/svg, sweep.json.")
+                    ".parquet (one row per point and mode), sweep-NAME.png/svg, sweep.json.\n\n"
+                    "--target cosim: each point is one preheat cosched simulate (SIMULATED). "
+                    "Names: " + ", ".join(COSIM_PARAMS) + " (vm=8+4,64+32: VM sizes joined by "
+                    "+). Writes DIR/sweep-cosim/ (one row per point and policy).")
+    sw.add_argument("--target", choices=TARGETS, default="demo",
+                    help="what each point runs (default demo; cosim: preheat cosched simulate)")
     sw.add_argument("--out", type=Path, required=True,
                     help="output directory (results in DIR/sweep/, report in DIR/report.html)")
     sw.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
@@ -161,6 +167,26 @@ def main(argv=None) -> int:
     cm.add_argument("--seconds", type=float, default=4.0, help="kernel run time (default 4)")
     cm.add_argument("--quick", action="store_true", help="2-second runs of mg only")
 
+    cs = sub.add_parser(
+        "cosched", help="partial coscheduling: measured here, simulated at 8 and 64 CPUs",
+        description="preheat cosched experiment (MEASURED at this machine's size; skipped with "
+                    "--no-measure, replaced by --from FILE.json) and preheat cosched simulate "
+                    "(SIMULATED: 8 CPUs with VMs 8+4, 64 CPUs with 64+32 and 64+32+16+16; every "
+                    "kernel, scenario and --sim-seeds seeds): figures in the shape of the paper's "
+                    "Figures 6/7, co-run and idle shares, partial-auto's sets, the simulated-vs-"
+                    "measured validation, the paper's findings beside ours; tables, report.html.")
+    cs.add_argument("--out", type=Path, required=True, help="output directory")
+    cs.add_argument("--quick", action="store_true",
+                    help="mg,ep; single,double; 2 reps of 2 s; regroup 0.7 s; 2 seeds (minutes)")
+    cs.add_argument("--kernels", help="comma list of mg,cg,is,ep (default all; --quick: mg,ep)")
+    cs.add_argument("--reps", type=int, help="repetitions per cell (default 5; --quick: 2)")
+    cs.add_argument("--seconds", type=float, help="seconds per run (default 6; --quick: 2)")
+    cs.add_argument("--from", dest="from_file", type=Path,
+                    help="render this `preheat cosched experiment --json` output instead of measuring")
+    cs.add_argument("--no-measure", action="store_true", help="simulations only")
+    cs.add_argument("--sim-seeds", type=int, help="simulator seeds per configuration "
+                                                  "(default 5; --quick: 2; 0: no simulations)")
+
     sp = sub.add_parser("sleeping", help="the sleeping-CPUs experiments (plots + HTML report)")
     sp.add_argument("--out", type=Path, default=Path("results/sleeping"))
     sp.add_argument("--quick", action="store_true", help="tiny runs (for tests)")
@@ -178,6 +204,15 @@ def main(argv=None) -> int:
         if a.quick:
             kernels, a.seconds = ["mg"], 2.5
         return comm.run(a.out, kernels, a.from_files, seconds=a.seconds)
+    if a.cmd == "cosched":
+        from . import cosched
+
+        try:
+            o = cosched.Options.make(a.quick, a.kernels, a.reps, a.seconds, a.sim_seeds,
+                                     not a.no_measure, a.from_file)
+        except ValueError as e:
+            ap.error(str(e))
+        return cosched.run(a.out, o)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
         res = sleeping.run_all(a.out, quick=a.quick, only=only)
@@ -205,10 +240,12 @@ def main(argv=None) -> int:
             from . import sweep
 
             try:
-                params = [sweep.parse_param(p) for p in a.param]
+                params = [sweep.parse_param(p, a.target) for p in a.param]
                 sweep.grid(params)
             except ValueError as e:
                 ap.error(str(e))
+            if a.target == "cosim":
+                return sweep.run_cosim(a.out, params, a.executor, a.jobs, a.ray_address)
             return sweep.run(a.out, params, a.server, _demo_options(a, 100), a.executor, a.jobs,
                              a.ray_address, boot=_boot(a))
         if a.cmd == "report":

@@ -1,6 +1,10 @@
-"""Parameter sweeps: `preheat demo` at every point of a Cartesian product of parameters.
+"""Parameter sweeps: one CLI run at every point of a Cartesian product of parameters.
 
-Parameters (`--param NAME=V1,V2,...`, repeatable):
+Targets (`--target`): `demo` (default) runs `preheat demo` on one server (measured); `cosim`
+runs `preheat cosched simulate` (the partial-coscheduling host simulator: every number it
+gives is SIMULATED). Both go through the same grid, executors and DIR/… layout.
+
+`demo` parameters (`--param NAME=V1,V2,...`, repeatable):
 
 * `lead_us` (`--lead-us`): announcement lead time, µs;
 * `keep`, `samples` (`--keep`, `--samples`): the k-of-n working-set filter;
@@ -11,10 +15,23 @@ Parameters (`--param NAME=V1,V2,...`, repeatable):
   three points) — or by `;` when a value itself lists several (`strategies=wake,lines;all`);
 * `sweep_mib`, `post_gap_us` (`--sweep-mib`, `--post-gap-us`): the eviction sweep.
 
+`cosim` parameters (each maps to one `preheat cosched simulate` flag): `slice_ms`
+(`--slice-ms`), `switch_us` (`--switch-us`), `phase_us` (`--phase-us`), `phase_cv`
+(`--phase-cv`), `detect_s` (`--detect-s`), `duration_s` (`--duration-s`), `cpus` (`--cpus`),
+`vm` (VM sizes joined by `+`: `vm=8+4,64+32` gives two points, `--vm 8 --vm 4` and
+`--vm 64 --vm 32`), `scenario` (`--scenario`), `seed` (`--seed`), `barrier_us`, `job_phases`,
+`auto_overhead`, `cfs_slice_ms` (the same-named flags). A point without `vm` simulates
+the paper's host (VMs 8+4); without `cpus`, the host has as many CPUs as the largest VM. Every
+point simulates the simulator's default policies; the results (DIR/sweep-cosim/) are one row per
+point and policy. The grouping threshold `t` of partial-auto is not a simulator parameter (the
+simulator models detection as the delay `detect_s`): `t` exists only in the measured
+`preheat cosched experiment --t`, and sweeping it is out of scope here.
+
 Executors: `local` runs points with a process pool (default 1 job: concurrent measurements on
 one machine interfere with each other); `ray` runs each point as a Ray task that requests all
 CPUs of the node it is pinned to, at most one task per node at a time, so measurements never
-overlap on a node.
+overlap on a node. Simulations (`cosim`) use the same executors and the same rules (they
+interfere with no measurement, so `--jobs 2` is fine locally when the CPUs are free).
 """
 
 from __future__ import annotations
@@ -47,19 +64,74 @@ PARAMS = {
 }
 
 
-def parse_param(spec: str) -> Tuple[str, List]:
-    """`lead_us=20,65,200` → ("lead_us", [20.0, 65.0, 200.0])."""
+def vm_sizes(v: str) -> str:
+    """`8+4` (VM sizes, vCPUs): checked and normalised."""
+    parts = [x.strip() for x in str(v).split("+")]
+    if not parts or not all(x.isdigit() and int(x) > 0 for x in parts):
+        raise ValueError(f"{v!r}: expected VM sizes joined by + (8+4)")
+    return "+".join(str(int(x)) for x in parts)
+
+
+#: `preheat cosched simulate` flags (the `cosim` target).
+COSIM_PARAMS = {
+    "slice_ms": ("--slice-ms", float),
+    "switch_us": ("--switch-us", float),
+    "phase_us": ("--phase-us", float),
+    "phase_cv": ("--phase-cv", float),
+    "detect_s": ("--detect-s", float),
+    "duration_s": ("--duration-s", float),
+    "cpus": ("--cpus", int),
+    "vm": ("--vm", vm_sizes),
+    "scenario": ("--scenario", str),
+    "seed": ("--seed", int),
+    "barrier_us": ("--barrier-us", float),
+    "job_phases": ("--job-phases", int),
+    "auto_overhead": ("--auto-overhead", float),
+    "cfs_slice_ms": ("--cfs-slice-ms", float),
+}
+#: The paper's host, for points that do not give the VMs.
+COSIM_DEFAULT_VMS = "8+4"
+TARGET_PARAMS = {"demo": PARAMS, "cosim": COSIM_PARAMS}
+TARGETS = tuple(TARGET_PARAMS)
+
+
+def cosim_args(point: Dict) -> List[str]:
+    """`preheat cosched simulate` arguments for one point: `vm=8+4` → `--vm 8 --vm 4`; the
+    paper's VMs when `vm` is absent, as many CPUs as the largest VM when `cpus` is."""
+    p = dict(point)
+    p.setdefault("vm", COSIM_DEFAULT_VMS)
+    sizes = [int(x) for x in vm_sizes(p["vm"]).split("+")]
+    p.setdefault("cpus", max(sizes))
+    args: List[str] = []
+    for name, v in p.items():
+        flag = COSIM_PARAMS[name][0]
+        if name == "vm":
+            for n in sizes:
+                args += [flag, str(n)]
+        else:
+            args += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
+    return args
+
+
+def cosim_argv(binary: str, args: Sequence[str]) -> List[str]:
+    """The full `preheat cosched simulate ... --json` command (its JSON goes to stdout)."""
+    return [binary, "cosched", "simulate", *args, "--json"]
+
+
+def parse_param(spec: str, target: str = "demo") -> Tuple[str, List]:
+    """`lead_us=20,65,200` → ("lead_us", [20.0, 65.0, 200.0]); the names of TARGET's table."""
+    table = TARGET_PARAMS[target]
     if "=" not in spec:
-        raise ValueError(f"--param {spec!r}: expected NAME=V1,V2,... (names: {', '.join(PARAMS)})")
+        raise ValueError(f"--param {spec!r}: expected NAME=V1,V2,... (names: {', '.join(table)})")
     name, vals = spec.split("=", 1)
     name = name.strip().replace("-", "_")
-    if name not in PARAMS:
-        raise ValueError(f"--param {name}: unknown parameter (known: {', '.join(PARAMS)})")
+    if name not in table:
+        raise ValueError(f"--param {name}: unknown {target} parameter (known: {', '.join(table)})")
     sep = ";" if ";" in vals else ","
     raw = [v.strip() for v in vals.split(sep) if v.strip()]
     if not raw:
         raise ValueError(f"--param {name}: no values")
-    conv = PARAMS[name][1]
+    conv = table[name][1]
     out = []
     for v in raw:
         try:
@@ -92,19 +164,24 @@ def point_options(base: table1.DemoOptions, point: Dict) -> table1.DemoOptions:
 
 
 def run_point_task(spec: dict) -> dict:
-    """Run one `preheat demo` in a temporary directory on this host and return its outputs (so
-    a remote node's files come back to the driver)."""
+    """Run one point (`preheat demo`, or `preheat cosched simulate` for target cosim) in a
+    temporary directory on this host and return its outputs (so a remote node's files come back
+    to the driver)."""
     binary = spec.get("bin")
     if not binary or not os.path.exists(binary):
         binary = cli.preheat_bin()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="preheat-sweep-") as tmp:
         t = Path(tmp)
-        cmd = table1.demo_argv(binary, spec["server"], spec["args"], t / "p.json",
-                               t / "p.jsonl" if spec.get("records") else None)
+        if spec.get("target", "demo") == "cosim":
+            cmd, stdout = cosim_argv(binary, spec["args"]), t / "p.json"
+        else:
+            cmd = table1.demo_argv(binary, spec["server"], spec["args"], t / "p.json",
+                                   t / "p.jsonl" if spec.get("records") else None)
+            stdout = t / "stdout.txt"
         res = {"id": spec["id"], "host": socket.gethostname(), "command": cmd}
         try:
-            rc = proc.run_child(cmd, t / "stdout.txt", t / "stderr.txt", timeout=spec["timeout"])
+            rc = proc.run_child(cmd, stdout, t / "stderr.txt", timeout=spec["timeout"])
         except proc.ChildTimeout as e:
             rc, res["error"] = -1, str(e)
         res["rc"] = rc
@@ -382,6 +459,23 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
     state = {"kind": "sweep", "state": "running", "server": server, "executor": executor,
              "jobs": jobs, "ray_address": ray_address,
              "params": {n: v for n, v in params}, "base": asdict(base), "points": points}
+    code = _execute(sdir, state, specs, executor, jobs, ray_address)
+    _tabulate(sdir, state, topo, boot, empty_csv=True)
+    if report:
+        from . import labreport
+
+        labreport.publish(out)
+    return code
+
+
+def _execute(sdir: Path, state: dict, specs: List[dict], executor: str, jobs: Optional[int],
+             ray_address: Optional[str]) -> int:
+    """Run SPECS (one per point of STATE["points"], same ids) on the executor, keeping
+    sdir/sweep.json and sdir/raw/ID.{json,jsonl,stderr.txt} current; Ctrl-C/SIGTERM stop the
+    running points and mark the state partial. Returns the exit code (0, 1: a point failed,
+    130/143: interrupted); points never started end as "not run"."""
+    raw = sdir / "raw"
+    points = state["points"]
 
     def save():
         atomic.write_json(sdir / "sweep.json", state)
@@ -429,11 +523,6 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
     for p in points:
         if p["status"] == "pending":
             p["status"] = "not run"
-    _tabulate(sdir, state, topo, boot, empty_csv=True)
-    if report:
-        from . import labreport
-
-        labreport.publish(out)
     return code
 
 
@@ -460,3 +549,152 @@ def reanalyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> bool:
     _tabulate(sdir, state, cli.read_json(Path(out) / "topology.json") or {}, boot,
               empty_csv=False)
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Target cosim: `preheat cosched simulate` (SIMULATED)
+
+COSIM_DIR = "sweep-cosim"
+COSIM_TIMEOUT_S = 600.0
+
+
+def run_cosim(out: Path, params: Sequence[Tuple[str, List]], executor: str = "local",
+              jobs: Optional[int] = None, ray_address: Optional[str] = None,
+              report: bool = True) -> int:
+    """`preheat cosched simulate` at every point of the grid (same executors as the demo
+    sweep); DIR/sweep-cosim/: sweep.json, raw/ID.json, sweep.csv/.parquet (one row per point
+    and policy), sweep-NAME.png/svg; DIR/report.html."""
+    out = Path(out)
+    sdir = out / COSIM_DIR
+    (sdir / "raw").mkdir(parents=True, exist_ok=True)
+    points, specs = [], []
+    for i, p in enumerate(grid(params)):
+        pid = f"p{i + 1:03d}"
+        points.append({"id": pid, "params": p, "status": "pending", "reason": ""})
+        specs.append({"id": pid, "target": "cosim", "args": cosim_args(p),
+                      "timeout": COSIM_TIMEOUT_S, "bin": cli.preheat_bin()})
+    if executor == "local":
+        jobs = jobs or 1
+    state = {"kind": "sweep", "target": "cosim", "label": "simulated", "state": "running",
+             "executor": executor, "jobs": jobs, "ray_address": ray_address,
+             "params": dict(params), "points": points}
+    code = _execute(sdir, state, specs, executor, jobs, ray_address)
+    _tabulate_cosim(sdir, state)
+    if report:
+        from .report import Report
+
+        rep = Report("preheat lab sweep: the partial-coscheduling simulator (SIMULATED)")
+        cosim_section(rep, out)
+        print(f"wrote {rep.write(out / 'report.html')}")
+    return code
+
+
+def cosim_results(sdir: Path, points: List[dict]) -> pd.DataFrame:
+    """One row per point and policy from sdir/raw/ID.json (what `preheat cosched simulate
+    --json` printed)."""
+    from . import cosched
+
+    rows = []
+    for pt in points:
+        if pt.get("status") != "ok":
+            continue
+        data = cli.read_json(sdir / "raw" / f"{pt['id']}.json")
+        for r in cosched.sim_policy_rows(data or {}):
+            rows.append({"point": pt["id"], **pt["params"], **r})
+    return pd.DataFrame(rows)
+
+
+def plots_cosim(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]]) -> List[Path]:
+    """Per swept parameter: the simulated improvement over full per policy (solid) and the
+    setup's predicted improvement (dotted), one line per combination of the other parameters."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written: List[Path] = []
+    if res.empty or "improvement_over_full" not in res:
+        return written
+    names = [n for n, _ in params]
+    colors = {"partial-static": "#1f77b4", "partial-auto": "#ff7f0e", "none": "#7f7f7f",
+              "full": "#2ca02c"}
+    for name, values in params:
+        others = [n for n in names if n != name]
+        numeric = _is_num(values)
+        xpos = {v: (v if numeric else i) for i, v in enumerate(values)}
+        fig, ax = plt.subplots(figsize=(9, 5.5))
+        groups = res.groupby(others, dropna=False) if others else [((), res)]
+        markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+        for gi, (gkey, g) in enumerate(groups):
+            gkey = gkey if isinstance(gkey, tuple) else (gkey,)
+            suffix = (" [" + ", ".join(f"{o}={v}" for o, v in zip(others, gkey)) + "]") if others else ""
+            for pol, gp in g.groupby("policy", sort=False):
+                if pol == "full":
+                    continue  # the baseline: 0 by definition
+                gp = gp.sort_values(name, key=lambda c: c.map(xpos))
+                x = [xpos[v] for v in gp[name]]
+                c = colors.get(pol)
+                ax.plot(x, 100 * gp["improvement_over_full"], marker=markers[gi % len(markers)],
+                        ls=("-", "--", "-.")[gi % 3], color=c, label=f"{pol}{suffix} (simulated)")
+                if "predicted_improvement" in gp and gp["predicted_improvement"].notna().any():
+                    ax.plot(x, 100 * gp["predicted_improvement"], ls=":", color=c, lw=1,
+                            label=f"{pol}{suffix} (predicted, modeled)")
+        ax.axhline(0, color="#999", lw=0.8)
+        ax.set_xlabel(name)
+        if not numeric:
+            ax.set_xticks(list(range(len(values))))
+            ax.set_xticklabels([str(v) for v in values], rotation=20)
+        ax.set_ylabel("improvement over full coscheduling, %")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(f"SIMULATED: improvement over full vs {name}", fontsize=10)
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        for ext in ("png", "svg"):
+            written.append(atomic.savefig(fig, sdir / f"sweep-{name}.{ext}", dpi=110))
+        plt.close(fig)
+    return written
+
+
+def _tabulate_cosim(sdir: Path, state: dict) -> None:
+    res = cosim_results(sdir, state.get("points", []))
+    if len(res):
+        atomic.write_table(sdir / "sweep", res)
+    else:
+        atomic.write_csv(sdir / "sweep.csv", res)
+    params = list((state.get("params") or {}).items())
+    state["figures"] = [p.name for p in plots_cosim(sdir, res, params)]
+    state["rows"] = len(res)
+    atomic.write_json(sdir / "sweep.json", state)
+
+
+def cosim_section(rep, out: Path) -> None:
+    """The cosim sweep in DIR/sweep-cosim/ as a report section (nothing if absent)."""
+    sdir = Path(out) / COSIM_DIR
+    sj = cli.read_json(sdir / "sweep.json")
+    if not sj:
+        return
+    rep.heading("Sweep of the partial-coscheduling simulator (SIMULATED)")
+    if sj.get("state") != "complete":
+        rep.note(f"sweep: {str(sj.get('state')).upper()} — the rows below are the points that "
+                 "completed.", "warn")
+    for p in sj.get("points", []):
+        if p.get("status") == "failed":
+            rep.note(f"sweep: {p['id']} {p['params']} FAILED: {p.get('reason')}", "fail")
+    rep.text(f"Parameters: {sj.get('params')}; executor {sj.get('executor')} with "
+             f"{sj.get('jobs')} point(s) at a time; each point is one `preheat cosched simulate` "
+             "(every number simulated; predicted = the setup's closed form, modeled).")
+    pts = pd.DataFrame([{"point": p["id"], **p["params"], "status": p["status"],
+                         "host": p.get("host"), "seconds": p.get("seconds")}
+                        for p in sj.get("points", [])])
+    if len(pts):
+        rep.table(pts, "points (simulator runs)")
+    try:
+        res = pd.read_csv(sdir / "sweep.csv")
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        res = pd.DataFrame()
+    if len(res):
+        rep.table(res, "per point and policy (SIMULATED; predicted_improvement: modeled)")
+    for name in sj.get("params", {}):
+        png = sdir / f"sweep-{name}.png"
+        if png.exists():
+            rep.image(png, f"SIMULATED improvement over full vs {name}", sdir / f"sweep-{name}.svg")
