@@ -307,6 +307,8 @@ def build(out: Path) -> Path:
     table1_section(rep, out)
     peer_section(rep, out)
     sweep_section(rep, out)
+    from .sweep import cosim_section  # noqa: PLC0415 (sweep imports this module)
+    cosim_section(rep, out)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "report.html"
                    and "/raw/" not in f"/{p.relative_to(out)}")
