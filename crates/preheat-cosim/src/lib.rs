@@ -17,7 +17,7 @@
 //!   any size, reporting the paper's metric (§5: the VMs' run times summed).
 //! * [`predict`]: the closed-form ideal (fluid shares, perfect packing, no costs) behind the
 //!   paper's expectations of 33% (double, quad) and 100% (single).
-//! * [`compare`]: policies side by side against full coscheduling.
+//! * [`mod@compare`]: policies side by side against full coscheduling.
 //!
 //! Invariants: no I/O, no `unsafe`, no clocks, no global state; every result is deterministic
 //! for a seed (`StdRng::seed_from_u64`). Everything the simulator reports is *simulated*.

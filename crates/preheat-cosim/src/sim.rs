@@ -7,8 +7,8 @@
 //! VM's job (mean over the VM's instances), summed over the VMs. Under `full`, `partial-static`
 //! and `partial-auto` the [`Planner`] picks the sets of every `slice_us` slice (a set is ready
 //! when one of its vCPUs runs an instance) and the chosen sets' members run for the slice; under
-//! `none` the CFS model of [`crate::engine`] decides. The vCPU model (phases, barriers, spinning,
-//! switch costs) is in [`crate::engine`].
+//! `none` the CFS model of the engine module (`engine.rs`) decides. The vCPU model (phases, barriers, spinning,
+//! switch costs) is in the engine module (`engine.rs`).
 //!
 //! # What is modelled, not measured
 //!

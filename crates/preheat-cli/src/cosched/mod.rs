@@ -80,7 +80,7 @@ enum CoschedCmd {
     /// Restore threads a dead controller left changed (from its journal); with --watch, wait
     /// for a controller to die first (the watchdog `run` starts).
     Restore {
-        /// The journal [default: <run dir>/cosched-journal.json].
+        /// The journal [default: $PREHEAT_RUN_DIR or /tmp/preheat, file cosched-journal.json].
         #[arg(long)]
         journal: Option<PathBuf>,
         /// Wait until --controller exits, then restore (or exit when the journal is removed).

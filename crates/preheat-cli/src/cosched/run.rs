@@ -55,7 +55,7 @@ pub struct Options {
     /// resets it after start-up, so initialisation and shared libraries do not count).
     #[arg(long, default_value_t = 500)]
     pub reset_after_ms: u64,
-    /// The journal file [default: <run dir>/cosched-journal.json].
+    /// The journal file [default: $PREHEAT_RUN_DIR or /tmp/preheat, file cosched-journal.json].
     #[arg(long)]
     pub journal: Option<PathBuf>,
     /// Do not start the watchdog process that restores the threads if this command dies
