@@ -184,6 +184,28 @@ fn a_two_thread_set_co_runs_under_full() {
     assert!(corun[0] >= 0.8, "co-run fraction under full {}", corun[0]);
 }
 
+/// No scratch directory of a coscheduler is left next to the journal.
+/// (The watchdog removes it right after restoring the threads: allow it a moment.)
+fn assert_no_scratch(dir: &Path) {
+    let t0 = Instant::now();
+    loop {
+        let left: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("cosched-scratch-"))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "left behind: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn kill_controller_and_check(watchdog: bool, sigterm: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
@@ -248,6 +270,7 @@ fn kill_controller_and_check(watchdog: bool, sigterm: bool) {
             tids.iter().map(|&t| sched_of(pid, t)).collect::<Vec<_>>()
         );
         assert!(!journal.exists(), "the journal is removed after SIGTERM");
+        assert_no_scratch(tmp.path());
         eprintln!("restored by the controller itself on SIGTERM");
         return;
     }
@@ -290,6 +313,7 @@ fn kill_controller_and_check(watchdog: bool, sigterm: bool) {
         t0.elapsed()
     );
     assert!(!journal.exists(), "the journal is removed once restored");
+    assert_no_scratch(tmp.path());
     drop(v);
 }
 

@@ -60,13 +60,25 @@ pub struct Auto {
 
 impl Auto {
     /// Connect to every VM's agent and reset its matrix (call once the VMs are past start-up).
-    pub fn new(vms: &[LiveVm], run_dir: &Path, t: f64, cpus: usize) -> Auto {
-        let live = agentctl::discover(run_dir);
+    /// `own_run_dir` holds the agents of the VMs we started, `user_run_dir` those of VMs we
+    /// attached to by pid.
+    pub fn new(
+        vms: &[LiveVm],
+        own_run_dir: &Path,
+        user_run_dir: &Path,
+        t: f64,
+        cpus: usize,
+    ) -> Auto {
         let mut notes = Vec::new();
         let clients = vms
             .iter()
             .map(|vm| {
-                if !live.contains(&vm.pid) {
+                let run_dir = if vm.program.is_some() {
+                    own_run_dir
+                } else {
+                    user_run_dir
+                };
+                if !agentctl::discover(run_dir).contains(&vm.pid) {
                     notes.push(format!(
                         "{}: no agent answers in process {} (start it under `preheat cosched` or \
                          with the agent and PREHEAT_COMM=1): its vCPUs stay one set",

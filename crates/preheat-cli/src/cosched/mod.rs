@@ -117,7 +117,13 @@ pub fn run(a: CoschedArgs) -> Result<()> {
                 for o in out {
                     eprintln!("preheat cosched watchdog: {o}");
                 }
+                if let Some(dir) = path.parent() {
+                    run::sweep_scratch(dir);
+                }
                 return Ok(());
+            }
+            if let Some(dir) = path.parent() {
+                run::sweep_scratch(dir);
             }
             match preheat_cosched::journal::restore_if_orphaned(&path)? {
                 None => println!(

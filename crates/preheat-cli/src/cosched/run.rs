@@ -123,6 +123,28 @@ pub fn journal_path(o: &Options) -> PathBuf {
         .unwrap_or_else(|| journal::default_path(&paths::run_dir()))
 }
 
+const SCRATCH_PREFIX: &str = "cosched-scratch-";
+
+/// Remove the scratch directories of coschedulers that died (their pid no longer runs).
+pub fn sweep_scratch(dir: &Path) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(SCRATCH_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if preheat_cosched::thread::process_start_ticks(pid).is_none() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Restore a journal a dead controller left behind (prints what it did).
 pub fn restore_leftover(path: &Path) -> Result<()> {
     if let Some(outcomes) = journal::restore_if_orphaned(path)
@@ -153,8 +175,16 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
     }
     restore_leftover(&journal)?;
     let _lock = Lock::take(&journal.with_extension("lock"))?;
-    let scratch = crate::scratch_dir("cosched")?;
-    let run_dir = paths::run_dir();
+    // The VMs' outputs and agent sockets live next to the journal, in a directory named with
+    // our pid: removed when this run ends, and by the next start (or `restore`) if we died.
+    let jdir = journal.parent().unwrap_or(Path::new(".")).to_path_buf();
+    sweep_scratch(&jdir);
+    let scratch = tempfile::Builder::new()
+        .prefix(&format!("{SCRATCH_PREFIX}{}-", std::process::id()))
+        .tempdir_in(&jdir)
+        .with_context(|| format!("creating a scratch directory in {}", jdir.display()))?;
+    crate::launch::register_scratch(scratch.path());
+    let run_dir = scratch.path().join("run");
     std::fs::create_dir_all(&run_dir)?;
     let comm_cfg = CommConfig::default();
     let auto = o.policy == Policy::PartialAuto;
@@ -178,12 +208,17 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
         }
         crate::agentctl::wait_for_agents(
             &run_dir,
-            || vms.iter().map(|v| v.pid).collect(),
+            || {
+                vms.iter()
+                    .filter(|v| v.program.is_some())
+                    .map(|v| v.pid)
+                    .collect()
+            },
             Duration::from_secs(10),
         )
-        .context("partial-auto needs the agent in every VM")?;
+        .context("partial-auto needs the agent in every VM it starts")?;
         std::thread::sleep(Duration::from_millis(o.reset_after_ms));
-        let a = Auto::new(&vms, &run_dir, o.t, cpus.len());
+        let a = Auto::new(&vms, &run_dir, &paths::run_dir(), o.t, cpus.len());
         auto_thread = Some(a.spawn(
             vms.iter().map(VmView::of).collect(),
             vcpus.clone(),
