@@ -90,7 +90,10 @@ pub struct Cell {
     pub slice_us_p50: f64,
     pub slice_us_p99: f64,
     pub apply_us_p50: f64,
-    pub regroups: Vec<Vec<Vec<usize>>>,
+    /// partial-auto: each regroup (time since the controller started, the sets).
+    pub regroups: Vec<preheat_cosched::control::Regroup>,
+    /// partial-auto: the last communication matrix of each VM (vCPU order; measured).
+    pub matrices: Vec<Option<Vec<Vec<u64>>>>,
     pub notes: Vec<String>,
 }
 
@@ -124,6 +127,9 @@ pub struct Results {
     pub seconds: f64,
     pub slice_ms: f64,
     pub reps: usize,
+    /// partial-auto: regroup period (s) and grouping threshold.
+    pub regroup_s: f64,
+    pub t: f64,
     /// Per kernel, measured for the simulator: iteration time alone and contention.
     pub calibration: Vec<Calibration>,
     pub cells: Vec<Cell>,
@@ -402,7 +408,8 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
             slice_us_p50: r.slice_us_p50,
             slice_us_p99: r.slice_us_p99,
             apply_us_p50: r.apply_us_p50,
-            regroups: r.regroups.iter().map(|g| g.sets.clone()).collect(),
+            regroups: r.regroups.clone(),
+            matrices: out.matrices.clone(),
             notes: r.notes.clone(),
         });
         bar.inc(1);
@@ -416,6 +423,8 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         seconds: a.seconds,
         slice_ms: a.slice_ms,
         reps: a.reps,
+        regroup_s: a.regroup_s,
+        t: a.t,
         calibration,
         cells,
         rows,
