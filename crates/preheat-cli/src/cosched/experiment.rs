@@ -242,19 +242,25 @@ fn barriers(kernel: &str) -> u32 {
 }
 
 /// Iterations per second of `copies` processes of one instance of `threads` threads each,
-/// started together, 1 s of work (no coscheduler).
+/// started together, 1 s of work, copy k pinned to CPUs k·threads .. (k+1)·threads − 1 (no
+/// coscheduler). Pinning keeps the scheduler's placement out of the measurement: two copies
+/// on their own CPUs differ from one alone only by what they share (caches, memory).
 fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f64>> {
     let argv = npb_argv(kernel, threads, 1, 1.0)?;
-    let children = (0..copies)
-        .map(|_| {
-            std::process::Command::new(&argv[0])
-                .args(&argv[1..])
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .with_context(|| format!("running {}", argv[0]))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let saved = preheat_engine::os::get_affinity();
+    let mut children = Vec::new();
+    for k in 0..copies {
+        let cpus: Vec<usize> = (k * threads..(k + 1) * threads).collect();
+        // Children inherit the CPU mask of the thread that spawns them.
+        preheat_engine::os::set_affinity(&cpus).context("pinning a calibration run")?;
+        let child = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn();
+        let _ = preheat_engine::os::set_affinity(&saved);
+        children.push(child.with_context(|| format!("running {}", argv[0]))?);
+    }
     let mut rates = Vec::new();
     for c in children {
         let out = c.wait_with_output()?;
@@ -273,7 +279,8 @@ fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f6
 /// What the simulator needs to know of a kernel on this machine (measured, median of 3
 /// alternating runs): the iteration time of an instance of n/2 threads alone on its CPUs, and
 /// the contention: how much slower each of two such instances (two processes, as VM1 and VM2
-/// are) runs when both compute at once on all n CPUs (alone rate / pair rate − 1).
+/// are, each pinned to its half of the CPUs) runs when both compute at once on all n CPUs
+/// (alone rate / pair rate − 1).
 #[derive(Debug, Clone, Serialize)]
 pub struct Calibration {
     pub kernel: String,
