@@ -41,7 +41,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from . import atomic, cli, comm, proc, stats, sweep
+from . import atomic, cli, comm, labreport, proc, stats, sweep
 from .cli import ToolError
 from .progress import Progress
 from .report import Report
@@ -259,12 +259,7 @@ def _minutes(s: float) -> str:
 # Small helpers
 
 
-def _num(v) -> Optional[float]:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
+_num = labreport._num  # the one finite-float parser of the lab's reports
 
 
 def _pct(v, signed: bool = True, d: int = 0) -> str:
