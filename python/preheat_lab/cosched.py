@@ -31,6 +31,7 @@ from __future__ import annotations
 import html
 import math
 import re
+import subprocess
 import sys
 import textwrap
 import time
@@ -687,6 +688,31 @@ def heatmaps(exp: dict, out: Path) -> List[Tuple[Path, str]]:
     return figs
 
 
+def trees(exp: dict, out: Path) -> List[Tuple[str, str]]:
+    """The dependency tree (eq. 1) and sets of every partial-auto matrix with ≥ 2 vCPUs, as
+    `preheat groups` prints it (first repetition per kernel and scenario)."""
+    done, res = set(), []
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for c in exp.get("cells") or []:
+        key = (c.get("kernel"), c.get("scenario"))
+        if c.get("policy") != "partial-auto" or not c.get("matrices") or key in done:
+            continue
+        done.add(key)
+        for vi, m in enumerate(c["matrices"]):
+            if not isinstance(m, list) or len(m) < 2:
+                continue
+            f = raw / f"matrix-{key[0]}-{key[1]}-vm{vi + 1}.json"
+            atomic.write_json(f, {"matrix": m})
+            p = subprocess.run([cli.preheat_bin(), "groups", str(f), "--t", str(exp.get("t", 1.5))],
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 0:
+                raise ToolError(f"preheat groups {f}: {p.stderr.strip()[-300:]}")
+            res.append((f"MEASURED: {key[0]} {key[1]}, VM{vi + 1}: tree and sets of its last "
+                        "communication matrix (eq. 1)", p.stdout))
+    return res
+
+
 # ---------------------------------------------------------------------------------------------
 # Running the CLI
 
@@ -987,6 +1013,9 @@ def render(out: Path, exp: Optional[dict], records: Sequence[dict], state: dict,
             table("cells", cells, "every measured run (measured)")
         for png, title in (_guard(failures, "heatmaps", heatmaps, exp, out) or []):
             figure(png, title)
+        for title, text in (_guard(failures, "trees", trees, exp, out) or []):
+            body.heading(title, 4)
+            body.html(f"<pre>{html.escape(text)}</pre>")
     elif state.get("experiment_status"):
         body.note(f"measured experiment: {state['experiment_status']}", "warn")
 

@@ -92,6 +92,12 @@ pub struct Cell {
     pub apply_us_p50: f64,
     /// partial-auto: each regroup (time since the controller started, the sets).
     pub regroups: Vec<preheat_cosched::control::Regroup>,
+    /// Seconds from starting the programs to the controller's first slice (the workloads
+    /// start computing `START_DELAY_MS` after they start).
+    pub controller_start_s: f64,
+    /// partial-auto: when the first regroup came, in seconds of the workloads' measured run
+    /// (negative: before they started computing).
+    pub first_regroup_s: Option<f64>,
     /// partial-auto: the last communication matrix of each VM (vCPU order; measured).
     pub matrices: Vec<Option<Vec<Vec<u64>>>>,
     pub notes: Vec<String>,
@@ -242,11 +248,11 @@ fn barriers(kernel: &str) -> u32 {
 }
 
 /// Iterations per second of `copies` processes of one instance of `threads` threads each,
-/// started together, 1 s of work, copy k pinned to CPUs k·threads .. (k+1)·threads − 1 (no
+/// started together, 2 s of work, copy k pinned to CPUs k·threads .. (k+1)·threads − 1 (no
 /// coscheduler). Pinning keeps the scheduler's placement out of the measurement: two copies
 /// on their own CPUs differ from one alone only by what they share (caches, memory).
 fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f64>> {
-    let argv = npb_argv(kernel, threads, 1, 1.0)?;
+    let argv = npb_argv(kernel, threads, 1, 2.0)?;
     let saved = preheat_engine::os::get_affinity();
     let mut children = Vec::new();
     for k in 0..copies {
@@ -416,6 +422,10 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
             slice_us_p99: r.slice_us_p99,
             apply_us_p50: r.apply_us_p50,
             regroups: r.regroups.clone(),
+            controller_start_s: out.controller_start_s,
+            first_regroup_s: r.regroups.first().map(|g| {
+                g.at_s - (START_DELAY_MS as f64 / 1e3 - out.controller_start_s)
+            }),
             matrices: out.matrices.clone(),
             notes: r.notes.clone(),
         });
@@ -484,6 +494,17 @@ fn summarise(
                     .collect::<Vec<_>>(),
             )
             .unwrap_or(5.0);
+            // partial-auto: the simulated detection delay is the measured one (the first
+            // regroup, in time of the workloads' run), not the nominal period.
+            let detect_s = median_of(
+                &cells
+                    .iter()
+                    .filter(|c| &c.kernel == k && c.scenario == s && c.policy == Policy::PartialAuto)
+                    .filter_map(|c| c.first_regroup_s)
+                    .collect::<Vec<_>>(),
+            )
+            .unwrap_or(a.regroup_s)
+            .max(0.0);
             let params = SimParams {
                 slice_us: a.slice_ms * 1e3,
                 switch_us,
@@ -492,7 +513,7 @@ fn summarise(
                 },
                 contention: cal.contention,
                 duration_s: a.seconds,
-                detect_s: a.regroup_s,
+                detect_s,
                 seed: a.seed,
                 ..SimParams::default()
             };

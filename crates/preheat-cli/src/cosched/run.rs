@@ -71,6 +71,8 @@ pub struct Outcome {
     pub vms: Vec<VmOutcome>,
     /// partial-auto: the last matrix of each VM (vCPU order).
     pub matrices: Vec<Option<Vec<Vec<u64>>>>,
+    /// Seconds from starting the VMs' programs to the controller's first slice.
+    pub controller_start_s: f64,
 }
 
 /// One VM after the run.
@@ -188,6 +190,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
     std::fs::create_dir_all(&run_dir)?;
     let comm_cfg = CommConfig::default();
     let auto = o.policy == Policy::PartialAuto;
+    let launched = Instant::now();
     let mut vms = host::start(
         spec,
         &host::Start {
@@ -252,6 +255,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
     }
     super::STOP.store(false, std::sync::atomic::Ordering::Relaxed);
     super::DONE.store(false, std::sync::atomic::Ordering::Relaxed);
+    let controller_start_s = launched.elapsed().as_secs_f64();
     let report = control::run(
         &cfg,
         vcpus,
@@ -305,6 +309,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
         report,
         vms: outs,
         matrices: auto_state.map(|a| a.matrices).unwrap_or_default(),
+        controller_start_s,
     })
 }
 
