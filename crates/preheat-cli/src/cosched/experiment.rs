@@ -423,9 +423,10 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
             apply_us_p50: r.apply_us_p50,
             regroups: r.regroups.clone(),
             controller_start_s: out.controller_start_s,
-            first_regroup_s: r.regroups.first().map(|g| {
-                g.at_s - (START_DELAY_MS as f64 / 1e3 - out.controller_start_s)
-            }),
+            first_regroup_s: r
+                .regroups
+                .first()
+                .map(|g| g.at_s - (START_DELAY_MS as f64 / 1e3 - out.controller_start_s)),
             matrices: out.matrices.clone(),
             notes: r.notes.clone(),
         });
@@ -499,7 +500,9 @@ fn summarise(
             let detect_s = median_of(
                 &cells
                     .iter()
-                    .filter(|c| &c.kernel == k && c.scenario == s && c.policy == Policy::PartialAuto)
+                    .filter(|c| {
+                        &c.kernel == k && c.scenario == s && c.policy == Policy::PartialAuto
+                    })
                     .filter_map(|c| c.first_regroup_s)
                     .collect::<Vec<_>>(),
             )
