@@ -251,6 +251,9 @@ def test_from_file_renders_without_measuring(tmp_path: Path, monkeypatch):
                      "--sim-seeds", "0"]) == 0
     assert (out / "validation.csv").exists() and not list(out.glob("improvement-simulated-*"))
     assert json.loads((out / "raw" / "experiment.json").read_text())["label"] == "measured"
+    # partial-auto's detected matrices: heatmaps and the tree `preheat groups` prints.
+    html = (out / "report.html").read_text()
+    assert "tree and sets of its last communication matrix" in html and "fake tree" in html
 
 
 def test_sigterm_writes_a_partial_report(tmp_path: Path, monkeypatch):
