@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{npb, preheat, run_dir};
+use serde_json::json;
 
 /// The tests below put threads at real-time priorities on all CPUs: one at a time, or they
 /// would measure each other.
@@ -104,6 +105,32 @@ fn write_config(dir: &Path, body: &str) -> String {
     p.display().to_string()
 }
 
+/// One VM running a bundled kernel.
+struct NpbVm<'a> {
+    name: &'a str,
+    vcpus: usize,
+    kernel: &'a str,
+    threads: usize,
+    seconds: &'a str,
+    sets: serde_json::Value,
+}
+
+/// A configuration of VMs running bundled kernels, written to `dir`.
+fn npb_vms(dir: &Path, vms: &[NpbVm]) -> String {
+    let npb = npb().display().to_string();
+    let list: Vec<serde_json::Value> = vms
+        .iter()
+        .map(|v| {
+            json!({
+                "name": v.name, "vcpus": v.vcpus, "threads": "npb-", "sets": v.sets,
+                "command": [npb, v.kernel, "--threads", v.threads.to_string(),
+                            "--seconds", v.seconds, "--json"],
+            })
+        })
+        .collect();
+    write_config(dir, &json!({ "vms": list }).to_string())
+}
+
 #[test]
 fn a_two_thread_set_co_runs_under_full() {
     let _serial = serial();
@@ -112,17 +139,26 @@ fn a_two_thread_set_co_runs_under_full() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
-    let npb = npb().display().to_string();
-    let cfg = write_config(
+    let cfg = npb_vms(
         tmp.path(),
-        &format!(
-            r#"{{"vms": [
-                {{"name": "vm1", "vcpus": 2, "threads": "npb-", "sets": [[0, 1]],
-                  "command": ["{npb}", "mg", "--threads", "2", "--seconds", "4", "--json"]}},
-                {{"name": "vm2", "vcpus": 1, "threads": "npb-",
-                  "command": ["{npb}", "mg", "--threads", "1", "--seconds", "4", "--json"]}}
-            ]}}"#
-        ),
+        &[
+            NpbVm {
+                name: "vm1",
+                vcpus: 2,
+                kernel: "mg",
+                threads: 2,
+                seconds: "4",
+                sets: json!([[0, 1]]),
+            },
+            NpbVm {
+                name: "vm2",
+                vcpus: 1,
+                kernel: "mg",
+                threads: 1,
+                seconds: "4",
+                sets: json!([]),
+            },
+        ],
     );
     let journal = tmp.path().join("journal.json");
     let mut corun = Vec::new();
@@ -457,17 +493,26 @@ fn a_vm_that_exits_mid_run() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
-    let npb = npb().display().to_string();
-    let cfg = write_config(
+    let cfg = npb_vms(
         tmp.path(),
-        &format!(
-            r#"{{"vms": [
-                {{"name": "short", "vcpus": 1, "threads": "npb-",
-                  "command": ["{npb}", "ep", "--threads", "1", "--seconds", "0.5", "--json"]}},
-                {{"name": "long", "vcpus": 1, "threads": "npb-",
-                  "command": ["{npb}", "ep", "--threads", "1", "--seconds", "2.5", "--json"]}}
-            ]}}"#
-        ),
+        &[
+            NpbVm {
+                name: "short",
+                vcpus: 1,
+                kernel: "ep",
+                threads: 1,
+                seconds: "0.5",
+                sets: json!([]),
+            },
+            NpbVm {
+                name: "long",
+                vcpus: 1,
+                kernel: "ep",
+                threads: 1,
+                seconds: "2.5",
+                sets: json!([]),
+            },
+        ],
     );
     let journal = tmp.path().join("journal.json");
     let o = preheat(
