@@ -34,6 +34,12 @@ if cargo fmt --version >/dev/null 2>&1; then
 else
   echo "test.sh: SKIP format check: rustfmt is not installed (rustup component add rustfmt)"
 fi
+if cargo clippy --version >/dev/null 2>&1; then
+  echo "test.sh: lints (cargo clippy, warnings are errors)"
+  cargo clippy --workspace --all-targets --quiet -- -D warnings || { echo "test.sh: fix the clippy findings above"; exit 1; }
+else
+  echo "test.sh: SKIP lints: clippy is not installed (rustup component add clippy)"
+fi
 echo "test.sh: API docs (cargo doc, warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "test.sh: running the tests"

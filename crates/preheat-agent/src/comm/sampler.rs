@@ -332,7 +332,7 @@ impl History {
 
     /// Learn from a round; the pages to keep sampling next round, best first.
     fn keep(&mut self, round: u64, faulted: &[u64], idle: &[u64]) -> Vec<u64> {
-        if round % FORGET_EVERY == 0 {
+        if round.is_multiple_of(FORGET_EVERY) {
             self.single.clear();
             self.idle.clear();
         }
@@ -459,7 +459,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         let uffd = super::USE_UFFD.load(Ordering::SeqCst);
         match thread_blocking_segv().filter(|_| !uffd) {
             Some(tid) => {
-                if COUNTERS.rounds.load(Ordering::Relaxed) % 50 == 0 {
+                if COUNTERS.rounds.load(Ordering::Relaxed).is_multiple_of(50) {
                     crate::runtime::log(&format!(
                         "comm: thread {tid} blocks SIGSEGV; no pages revoked this round"
                     ));
