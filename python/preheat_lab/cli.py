@@ -88,12 +88,14 @@ def help_text(*sub: str) -> str:
     return _help_cache[key]
 
 
-def supports(sub: str, flag: str) -> bool:
-    """Whether `preheat SUB` accepts `flag` (e.g. demo --records): lets the lab run against an
-    older CLI and leave optional flags out."""
+def supports(sub, flag: str) -> bool:
+    """Whether `preheat SUB` accepts `flag` (e.g. demo --records; SUB may be a tuple of words,
+    e.g. ("cosched", "simulate")): lets the lab run against an older CLI and leave optional
+    flags out."""
     import re
 
-    return re.search(rf"(^|\s){re.escape(flag)}(\s|=|,|$)", help_text(sub), re.M) is not None
+    words = (sub,) if isinstance(sub, str) else tuple(sub)
+    return re.search(rf"(^|\s){re.escape(flag)}(\s|=|,|$)", help_text(*words), re.M) is not None
 
 
 def topology() -> dict:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
 import subprocess
 import sys
 import textwrap
@@ -717,10 +716,6 @@ def trees(exp: dict, out: Path) -> List[Tuple[str, str]]:
 # Running the CLI
 
 
-def _help_accepts(help_text: str, flag: str) -> bool:
-    return re.search(rf"(^|\s){re.escape(flag)}(\s|=|,|$)", help_text, re.MULTILINE) is not None
-
-
 def experiment_argv(o: Options) -> List[str]:
     return [cli.preheat_bin(), "cosched", "experiment", "--json",
             "--kernels", ",".join(o.kernels), "--scenarios", ",".join(o.scenarios),
@@ -1140,9 +1135,10 @@ def run(out: Path, o: Options) -> int:
                 except ToolError as e:
                     h = ""
                     failures.append(f"simulate: {e}")
+                sim = ("cosched", "simulate")
                 missing = [f for f in ("--cpus", "--vm", "--scenario", "--policy", "--json")
-                           if not _help_accepts(h, f)]
-                no_sync = _help_accepts(h, "--no-sync")
+                           if not cli.supports(sim, f)]
+                no_sync = cli.supports(sim, "--no-sync")
                 if h and not no_sync:
                     state["notes"].append("the simulator has no option for instances without "
                                           "barriers (--no-sync): ep is simulated with barriers")

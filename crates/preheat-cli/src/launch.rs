@@ -207,6 +207,19 @@ impl Drop for Server {
     }
 }
 
+/// Spawn `cmd` with its CPU mask set to `cpus` (empty: ours). Children inherit the mask of the
+/// thread that spawns them, so this thread is pinned for the moment of the spawn.
+pub fn spawn_pinned(cmd: &mut Command, cpus: &[usize]) -> std::io::Result<Child> {
+    if cpus.is_empty() {
+        return cmd.spawn();
+    }
+    let saved = preheat_engine::os::get_affinity();
+    preheat_engine::os::set_affinity(cpus)?;
+    let spawned = cmd.spawn();
+    let _ = preheat_engine::os::set_affinity(&saved);
+    spawned
+}
+
 /// A program we started (not a server): registered for the signal handler, and stopped with its
 /// descendants when dropped if it still runs.
 pub struct Program {
@@ -292,16 +305,8 @@ pub fn start(
             cmd.env("PREHEAT_AGENT_ONLY", only);
         }
     }
-    // Children inherit the CPU mask of the thread that spawns them: pin this thread briefly.
-    let saved = preheat_engine::os::get_affinity();
-    if !spec.cpus.is_empty() {
-        preheat_engine::os::set_affinity(&spec.cpus).context("pinning the server's CPUs")?;
-    }
-    let spawned = cmd.spawn();
-    if !spec.cpus.is_empty() {
-        let _ = preheat_engine::os::set_affinity(&saved);
-    }
-    let child = spawned.with_context(|| format!("cannot start {prog}"))?;
+    let child =
+        spawn_pinned(&mut cmd, &spec.cpus).with_context(|| format!("cannot start {prog}"))?;
     STARTED.lock().map(|mut v| v.push(child.id())).ok();
     let mut srv = Server {
         spec,

@@ -450,26 +450,20 @@ fn main_loop(
                 }
                 e.1 += len;
             }
-            let keep: Vec<Vec<usize>> = episodes
-                .keys()
-                .filter(|m| managed && !stopping && next_members.contains(m))
-                .cloned()
-                .collect();
-            let closed: Vec<Vec<usize>> = episodes
-                .keys()
-                .filter(|m| !keep.contains(m))
-                .cloned()
-                .collect();
-            for m in closed {
-                if let Some((acc, len)) = episodes.remove(&m) {
-                    corun
-                        .entry(m.clone())
-                        .or_insert_with(|| SetCorun {
-                            members: m.clone(),
-                            ..Default::default()
-                        })
-                        .add(&acc, len);
-                }
+            // An episode ends unless the set runs again in the next slice.
+            let continuing = |m: &Vec<usize>| managed && !stopping && next_members.contains(m);
+            let (open, ended): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut episodes)
+                .into_iter()
+                .partition(|(m, _)| continuing(m));
+            episodes = open;
+            for (m, (acc, len)) in ended {
+                corun
+                    .entry(m.clone())
+                    .or_insert_with(|| SetCorun {
+                        members: m,
+                        ..Default::default()
+                    })
+                    .add(&acc, len);
             }
         }
         if stopping {

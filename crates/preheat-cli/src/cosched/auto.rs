@@ -24,7 +24,7 @@ use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
 use preheat_group::{group, CommMatrix};
 
-use super::host::LiveVm;
+use super::host::{vm_sets, LiveVm};
 use crate::agentctl::{self, AgentClient};
 use crate::comm;
 use preheat_model::proto::Request;
@@ -138,19 +138,16 @@ impl Auto {
     pub fn regroup(&mut self, vms: &[VmView], vcpus: &[Vcpu]) -> Option<Vec<CoSet>> {
         let mut sets = Vec::new();
         for (i, vm) in vms.iter().enumerate() {
-            let whole = CoSet {
-                vm: i,
-                members: (vm.first..vm.first + vm.vcpus).collect(),
-            };
+            let whole = vm_sets(i, vm.first, vm.vcpus, [(0..vm.vcpus).collect()]);
             let Some(c) = self.clients[i].as_mut() else {
-                sets.push(whole);
+                sets.extend(whole);
                 continue;
             };
             let report = match comm::report_of(c) {
                 Ok(r) => r,
                 Err(e) => {
                     self.notes.push(format!("{}: no report ({e:#})", vm.name));
-                    sets.push(whole);
+                    sets.extend(whole);
                     continue;
                 }
             };
@@ -186,30 +183,18 @@ impl Auto {
                 .ok()
                 .and_then(|matrix| group(&matrix, self.t).ok())
             else {
-                sets.push(whole);
+                sets.extend(whole);
                 continue;
             };
-            let mut covered = vec![false; vm.vcpus];
-            for s in &g.sets {
+            // Sets in vCPU indices, each cut into pieces the host can hold.
+            let local = g.sets.iter().flat_map(|s| {
                 let members: Vec<usize> = s.iter().map(|&r| ks[r]).collect();
-                for &k in &members {
-                    covered[k] = true;
-                }
-                for piece in members.chunks(self.cpus.max(1)) {
-                    sets.push(CoSet {
-                        vm: i,
-                        members: piece.iter().map(|k| vm.first + k).collect(),
-                    });
-                }
-            }
-            for (k, c) in covered.iter().enumerate() {
-                if !c {
-                    sets.push(CoSet {
-                        vm: i,
-                        members: vec![vm.first + k],
-                    });
-                }
-            }
+                members
+                    .chunks(self.cpus.max(1))
+                    .map(<[usize]>::to_vec)
+                    .collect::<Vec<_>>()
+            });
+            sets.extend(vm_sets(i, vm.first, vm.vcpus, local));
         }
         Some(sets)
     }

@@ -13,9 +13,9 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use super::experiment;
 use super::host::{HostSpec, VmSpec};
-use super::run::{self, Options};
-use crate::paths;
+use super::run::{self};
 use crate::stats::summarize;
 
 #[derive(Serialize)]
@@ -39,20 +39,6 @@ struct Results {
     apply_us_p50: f64,
 }
 
-fn rate(stdout: &str) -> Result<f64> {
-    let v: serde_json::Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .context("the workload printed no JSON summary")?;
-    let it = v["iterations"].as_f64().context("no iterations")?;
-    let wall = v["wall_s"].as_f64().context("no wall_s")?;
-    if wall <= 0.0 {
-        bail!("no wall time");
-    }
-    Ok(it / wall)
-}
-
 pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -> Result<()> {
     if reps < 1 {
         bail!("--reps must be at least 1");
@@ -62,17 +48,7 @@ pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -
         vms: vec![VmSpec {
             name: Some("vm".into()),
             vcpus: cpus,
-            command: vec![
-                paths::npb_bin()?.display().to_string(),
-                kernel.into(),
-                "--threads".into(),
-                cpus.to_string(),
-                "--seconds".into(),
-                format!("{seconds}"),
-                "--start-delay-ms".into(),
-                "1500".into(),
-                "--json".into(),
-            ],
+            command: experiment::npb_argv(kernel, cpus, 1, seconds)?,
             pid: None,
             threads: "npb-".into(),
             sets: vec![(0..cpus).collect()],
@@ -87,20 +63,12 @@ pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -
     let mut full = vec![f64::NAN; reps];
     let mut apply = Vec::new();
     for (r, p) in order {
-        let opts = Options {
-            policy: p,
-            slice_ms,
-            // Ends when the workload exits (after its 1.5 s start delay and its run).
-            duration: seconds + 7.0,
-            cpus: Vec::new(),
-            regroup_s: 5.0,
-            t: preheat_group::DEFAULT_T,
-            reset_after_ms: 0,
-            journal: None,
-            no_watchdog: false,
-        };
+        let opts = experiment::options(p, slice_ms, seconds);
         let out = run::execute(&spec, &opts, false)?;
-        let x = rate(&out.vms[0].stdout)?;
+        let x = experiment::instance_rates(&out.vms[0].stdout)?
+            .first()
+            .copied()
+            .context("the workload reported no instance")?;
         if p == Policy::Full {
             full[r] = x;
             apply.push(out.report.apply_us_p50);

@@ -17,6 +17,7 @@ use preheat_cosim::compare::compare;
 use preheat_cosim::scenario::{Policy, Scenario, Setup};
 use preheat_cosim::sim::SimParams;
 use preheat_cosim::workload::PhaseDist;
+use preheat_npb::Kernel;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -150,7 +151,12 @@ const START_DELAY_MS: u64 = 1500;
 /// Job size: iterations every instance must complete (run time = job / rate).
 const JOB_ITERATIONS: f64 = 1000.0;
 
-fn npb_argv(kernel: &str, threads: usize, instances: usize, seconds: f64) -> Result<Vec<String>> {
+pub(super) fn npb_argv(
+    kernel: &str,
+    threads: usize,
+    instances: usize,
+    seconds: f64,
+) -> Result<Vec<String>> {
     Ok(vec![
         paths::npb_bin()?.display().to_string(),
         kernel.to_string(),
@@ -208,8 +214,24 @@ fn host_of(kernel: &str, scenario: Scenario, cpus: usize, seconds: f64) -> Resul
     })
 }
 
+/// How to coschedule bundled-kernel workloads of `seconds` (and their start delay) under
+/// `policy`: the run ends when the workloads exit; the rest is `run`'s defaults.
+pub(super) fn options(policy: Policy, slice_ms: f64, seconds: f64) -> Options {
+    Options {
+        policy,
+        slice_ms,
+        duration: seconds + START_DELAY_MS as f64 / 1e3 + 5.0,
+        cpus: Vec::new(),
+        regroup_s: 5.0,
+        t: preheat_group::DEFAULT_T,
+        reset_after_ms: 500,
+        journal: None,
+        no_watchdog: false,
+    }
+}
+
 /// Iterations per second of each instance of one npb run, from its JSON summary.
-fn instance_rates(stdout: &str) -> Result<Vec<f64>> {
+pub(super) fn instance_rates(stdout: &str) -> Result<Vec<f64>> {
     let v: serde_json::Value = stdout
         .lines()
         .rev()
@@ -239,12 +261,9 @@ fn instance_rates(stdout: &str) -> Result<Vec<f64>> {
         .collect())
 }
 
+/// Barriers per iteration of a bundled kernel (0 for a name it does not know).
 fn barriers(kernel: &str) -> u32 {
-    match kernel {
-        "mg" | "is" => 2,
-        "cg" => 1,
-        _ => 0,
-    }
+    <Kernel as clap::ValueEnum>::from_str(kernel, false).map_or(0, Kernel::barriers_per_iteration)
 }
 
 /// Iterations per second of `copies` processes of one instance of `threads` threads each,
@@ -253,19 +272,17 @@ fn barriers(kernel: &str) -> u32 {
 /// on their own CPUs differ from one alone only by what they share (caches, memory).
 fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f64>> {
     let argv = npb_argv(kernel, threads, 1, 2.0)?;
-    let saved = preheat_engine::os::get_affinity();
     let mut children = Vec::new();
     for k in 0..copies {
         let cpus: Vec<usize> = (k * threads..(k + 1) * threads).collect();
-        // Children inherit the CPU mask of the thread that spawns them.
-        preheat_engine::os::set_affinity(&cpus).context("pinning a calibration run")?;
-        let child = std::process::Command::new(&argv[0])
-            .args(&argv[1..])
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..])
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn();
-        let _ = preheat_engine::os::set_affinity(&saved);
-        children.push(child.with_context(|| format!("running {}", argv[0]))?);
+            .stderr(std::process::Stdio::piped());
+        children.push(
+            crate::launch::spawn_pinned(&mut cmd, &cpus)
+                .with_context(|| format!("running {}", argv[0]))?,
+        );
     }
     let mut rates = Vec::new();
     for c in children {
@@ -327,8 +344,9 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         bail!("the experiment needs an even number of CPUs (VM2 has half of them); this machine has {cpus}");
     }
     for k in &a.kernels {
-        if !["mg", "cg", "is", "ep"].contains(&k.as_str()) {
-            bail!("unknown kernel {k:?} (mg, cg, is, ep)");
+        if <Kernel as clap::ValueEnum>::from_str(k, false).is_err() {
+            let known: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
+            bail!("unknown kernel {k:?} ({})", known.join(", "));
         }
     }
     if a.reps == 0 {
@@ -373,16 +391,10 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         bar.set_message(format!("{k} {s} {p} rep {}", rep + 1));
         let spec = host_of(&k, s, cpus, a.seconds)?;
         let opts = Options {
-            policy: p,
-            slice_ms: a.slice_ms,
-            // Ends earlier: when the workloads exit.
-            duration: a.seconds + START_DELAY_MS as f64 / 1e3 + 5.0,
-            cpus: Vec::new(),
             regroup_s: a.regroup_s,
             t: a.t,
             reset_after_ms: 400,
-            journal: None,
-            no_watchdog: false,
+            ..options(p, a.slice_ms, a.seconds)
         };
         let out = run::execute(&spec, &opts, false)
             .with_context(|| format!("{k} {s} {p} repetition {}", rep + 1))?;

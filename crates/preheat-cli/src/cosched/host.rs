@@ -250,36 +250,41 @@ pub fn vcpus(vms: &[LiveVm]) -> Vec<Vcpu> {
 pub fn full_sets(vms: &[LiveVm]) -> Vec<CoSet> {
     vms.iter()
         .enumerate()
-        .map(|(i, vm)| CoSet {
-            vm: i,
-            members: (vm.first..vm.first + vm.spec.vcpus).collect(),
-        })
+        .flat_map(|(i, vm)| vm_sets(i, vm.first, vm.spec.vcpus, [(0..vm.spec.vcpus).collect()]))
         .collect()
 }
 
 /// The configured sets of each VM; vCPUs in no set run alone.
 pub fn static_sets(vms: &[LiveVm]) -> Vec<CoSet> {
+    vms.iter()
+        .enumerate()
+        .flat_map(|(i, vm)| vm_sets(i, vm.first, vm.spec.vcpus, vm.spec.sets.iter().cloned()))
+        .collect()
+}
+
+/// The sets of VM `vm` (global vCPUs `first .. first + vcpus`) from sets of its own vCPU
+/// indices; vCPUs in no set run alone.
+pub fn vm_sets(
+    vm: usize,
+    first: usize,
+    vcpus: usize,
+    local: impl IntoIterator<Item = Vec<usize>>,
+) -> Vec<CoSet> {
+    let mut covered = vec![false; vcpus];
     let mut out = Vec::new();
-    for (i, vm) in vms.iter().enumerate() {
-        let mut covered = vec![false; vm.spec.vcpus];
-        for s in &vm.spec.sets {
-            for &m in s {
-                covered[m] = true;
-            }
-            out.push(CoSet {
-                vm: i,
-                members: s.iter().map(|m| vm.first + m).collect(),
-            });
+    for s in local {
+        for &m in &s {
+            covered[m] = true;
         }
-        for (k, c) in covered.iter().enumerate() {
-            if !c {
-                out.push(CoSet {
-                    vm: i,
-                    members: vec![vm.first + k],
-                });
-            }
-        }
+        out.push(CoSet {
+            vm,
+            members: s.iter().map(|m| first + m).collect(),
+        });
     }
+    out.extend((0..vcpus).filter(|&k| !covered[k]).map(|k| CoSet {
+        vm,
+        members: vec![first + k],
+    }));
     out
 }
 
