@@ -35,6 +35,7 @@ pub mod uffd;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use preheat_model::comm::{CommConfig, CommMechanism, CommReport, CommThread};
 
@@ -162,7 +163,10 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if use_uffd {
         uffd::start()?;
     } else {
-        if let Some(tid) = sampler::thread_blocking_segv().filter(|_| !at_start) {
+        if let Some(tid) = (!at_start)
+            .then(|| sampler::thread_persistently_blocking_segv(20, Duration::from_millis(5)))
+            .flatten()
+        {
             return Err(format!(
                 "thread {tid} blocks SIGSEGV: an induced fault would kill the process, so \
                  detection cannot start in it (start the program under `preheat comm --` \

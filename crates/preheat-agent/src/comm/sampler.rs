@@ -433,6 +433,19 @@ pub fn thread_blocking_segv() -> Option<u32> {
     None
 }
 
+/// A thread that blocks SIGSEGV on every one of `samples` looks `interval` apart, or `None`.
+/// glibc blocks all signals for a moment in a thread that creates another and in a new thread
+/// until it starts, so one look can see a block that is gone a microsecond later; only a block
+/// that stays is a reason to refuse. (The sampler looks again before every round anyway.)
+pub fn thread_persistently_blocking_segv(samples: u32, interval: Duration) -> Option<u32> {
+    let mut seen = thread_blocking_segv()?;
+    for _ in 1..samples {
+        std::thread::sleep(interval);
+        seen = thread_blocking_segv()?;
+    }
+    Some(seen)
+}
+
 /// The sampler thread's body: rounds until stopped.
 pub fn run(cfg: CommConfig, ex: Exclusions) {
     let period = Duration::from_millis(u64::from(cfg.period_ms));
