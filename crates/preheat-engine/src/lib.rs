@@ -11,6 +11,9 @@
 //! | [`preheat`] | §3.3 preheating: sorted RLE runs loaded in priority order, stopped at a deadline, optionally split across cores |
 //! | [`sweep`] | an eviction sweep that emulates the cache loss of a deep sleep state |
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
+//! | [`codegen`] | generated code of a chosen instruction footprint (W^X mapping, x86-64) |
+//! | [`basevec`] | cache-affinity base vectors (`BV_0`, data, code) and their eviction check |
+//! | [`workloads`] | the cache-affinity bundled workloads (chase ≈ mcf, stream ≈ art, branchy ≈ gcc) |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
 //! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
 //!
@@ -45,7 +48,9 @@
 //! architectures flush and prefetch are no-ops and [`time::rdtscp`] returns
 //! `CLOCK_MONOTONIC` nanoseconds, so the crate still builds.
 
+pub mod basevec;
 pub mod cache;
+pub mod codegen;
 pub mod idle;
 pub mod maps;
 pub mod os;
@@ -56,6 +61,7 @@ pub mod steptrace;
 pub mod sweep;
 pub mod time;
 pub mod topology;
+pub mod workloads;
 
 /// Serialises the cache-timing test against the rest of the suite: the flush+reload test holds
 /// the lock exclusively, every other test shares it, so no other test of this crate thrashes

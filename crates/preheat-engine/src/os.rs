@@ -387,3 +387,60 @@ mod tests {
         .unwrap();
     }
 }
+
+/// Ask the kernel to send SIGKILL to the calling process when the thread that started it exits,
+/// and check that this thread's parent is still `expected_parent` (otherwise it already died in
+/// between: returns an error and the caller should exit).
+pub fn die_with_parent(expected_parent: u32) -> io::Result<()> {
+    // SAFETY: PR_SET_PDEATHSIG takes a signal number and changes only this process's
+    // parent-death signal; no memory is passed.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid has no arguments and cannot fail.
+    let parent = unsafe { libc::getppid() } as u32;
+    if parent != expected_parent {
+        return Err(io::Error::other(format!(
+            "parent {expected_parent} already exited (now {parent})"
+        )));
+    }
+    Ok(())
+}
+
+/// How a waited-for child ended, with the CPU time it and its waited-for descendants used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Exit code, or `None` if a signal ended it.
+    pub code: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// User + system CPU time, ns (the process and every descendant it waited for).
+    pub cpu_ns: u64,
+}
+
+/// Wait for child `pid` to end (blocking) and reap it, returning its exit and CPU time
+/// (`wait4` resource usage). Whoever else owns a handle to the child must not wait for it again.
+pub fn wait_reap(pid: u32) -> io::Result<Reaped> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `status` and `ru` are valid, writable and owned by this frame; wait4 only
+        // writes them.
+        let r = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut ru) };
+        if r == pid as libc::pid_t {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    let exited = libc::WIFEXITED(status);
+    Ok(Reaped {
+        code: exited.then(|| libc::WEXITSTATUS(status)),
+        signal: libc::WIFSIGNALED(status).then(|| libc::WTERMSIG(status)),
+        cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
+    })
+}

@@ -32,6 +32,24 @@ pub fn now_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
+/// CPU time of the calling thread in nanoseconds (`CLOCK_THREAD_CPUTIME_ID`: exact, including
+/// the running slice, unlike `/proc/thread-self/schedstat`, which may lag by up to a tick).
+/// A system call (about a microsecond in a VM): not for hot paths.
+pub fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable `timespec` owned by this frame; the thread CPU clock of
+    // the calling thread always exists, so the call only writes `ts`.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+}
+
 /// Read the time-stamp counter (serialising enough for probe timing: `rdtscp` + `lfence`).
 ///
 /// `rdtscp` waits until all earlier instructions have executed (so a load issued before it has
