@@ -216,7 +216,7 @@ mod tests {
     #[test]
     fn a_chase_ring_is_one_cycle_through_every_line() {
         let ring = chase_ring(64 * 100, 7);
-        let mut seen = vec![false; 100];
+        let mut seen = [false; 100];
         let mut at = 0;
         for _ in 0..100 {
             assert!(!seen[at / SLOT]);
