@@ -7,6 +7,7 @@
   sleeping  the sleeping-CPUs experiments (Zhu et al.)
   comm      communication detection on the bundled kernels (or given reports): heatmaps, sets
   cosched   partial coscheduling (SAC'15 §4-5): measured here, simulated at 8 and 64 CPUs
+  affinity  cache affinity (Kazempour et al.): Table 2 cells, Table 3 pairs, --preheat win-back
 
 All commands write into --out DIR (atomically: temp file + rename) and DIR/report.html. A server
 that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
@@ -187,6 +188,33 @@ def main(argv=None) -> int:
     cs.add_argument("--sim-seeds", type=int, help="simulator seeds per configuration "
                                                   "(default 5; --quick: 2; 0: no simulations)")
 
+    af = sub.add_parser(
+        "affinity", help="cache affinity (Kazempour et al.): Table 2, Table 3, --preheat win-back",
+        description="preheat affinity topology --json --verify gives the plan (this machine's "
+                    "Table 2 cells, with substitutions); then every workload × cell, the Table 3 "
+                    "pairs (each workload main once, the next interfering; high/low affinity, "
+                    "2 ms) and the win-back runs (--preheat on the strongest low cell and Table 3 "
+                    "low, bundled kernels), each once per round in a seeded shuffled order, "
+                    "--reps rounds; one `preheat affinity run --json` per run (MEASURED). "
+                    "Means with 95% intervals, % difference vs BV_0 with a paired-bootstrap "
+                    "interval, win-back shares, quanta achieved, refill profiles; the paper's "
+                    "numbers beside ours; tables, figures, report.html in --out.")
+    af.add_argument("--out", type=Path, help="output directory (required unless --from: then "
+                                             "the directory holding raw/)")
+    af.add_argument("--quick", action="store_true",
+                    help="chase + gzip, quanta 2,200, 2 reps of 150 ms CPU, one Table 3 pair, "
+                         "win-back for chase (1-2 min)")
+    af.add_argument("--workloads", help="comma list of chase,stream,branchy,gzip,xz,sqlite3,cc "
+                                        "(default all; --quick: chase,gzip)")
+    af.add_argument("--quanta", help="quanta in ms, comma list (default 2,10,200; --quick: 2,200)")
+    af.add_argument("--reps", type=int, help="rounds: every condition once per round "
+                                             "(default 5, at least 5 unless --quick; --quick: 2)")
+    af.add_argument("--cpu-ms", type=int, help="CPU time per bundled-kernel run, ms (default 500, "
+                                               "lowered to fit 28 min; --quick: 150)")
+    af.add_argument("--seed", type=int, help="seed of the shuffled order (default 1)")
+    af.add_argument("--from", dest="from_dir", type=Path,
+                    help="re-render DIR/raw of an earlier run without measuring")
+
     sp = sub.add_parser("sleeping", help="the sleeping-CPUs experiments (plots + HTML report)")
     sp.add_argument("--out", type=Path, default=Path("results/sleeping"))
     sp.add_argument("--quick", action="store_true", help="tiny runs (for tests)")
@@ -213,6 +241,17 @@ def main(argv=None) -> int:
         except ValueError as e:
             ap.error(str(e))
         return cosched.run(a.out, o)
+    if a.cmd == "affinity":
+        from . import affinity
+
+        try:
+            o = affinity.Options.make(a.quick, a.workloads, a.quanta, a.reps, a.cpu_ms, a.seed,
+                                      a.from_dir)
+        except ValueError as e:
+            ap.error(str(e))
+        if a.out is None and o.from_dir is None:
+            ap.error("affinity: --out DIR is required (unless --from DIR/raw)")
+        return affinity.run(a.out, o)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
         res = sleeping.run_all(a.out, quick=a.quick, only=only)
@@ -253,6 +292,10 @@ def main(argv=None) -> int:
             from .stats import DEFAULT_BOOT
 
             boot = a.bootstrap if a.bootstrap is not None else DEFAULT_BOOT
+            from . import affinity
+
+            if affinity.is_affinity_dir(a.out):  # its raw/ is not Table 1's
+                return affinity.rerender(a.out / "raw", a.out)
             if (a.out / "raw").is_dir():
                 table1.analyze(a.out, boot)
             sweep.reanalyze(a.out, boot)

@@ -1,0 +1,664 @@
+"""preheat lab affinity: cache affinity on this machine (Kazempour, Fedorova, Alagheband,
+"Performance Implications of Cache Affinity on Multicore Processors", Euro-Par 2008), through
+`preheat affinity` (the JSON contract: docs/affinity-json.md).
+
+1. `preheat affinity topology --json --verify` gives the plan: this machine's caches, the base
+   vectors sized from them, the Table 2 cells (retention × affinity × quantum, with the
+   substitutions where this machine differs from the paper's) and whether Table 3 is feasible.
+2. The run list: (a) Table 2: every workload × every cell; (b) Table 3: each workload once as
+   the main benchmark with the next one (cyclic) interfering, affinity high and low, 2 ms;
+   (c) win-back (beyond the paper): for the bundled kernels, the strongest low cell at 2 ms
+   (interleaved BV_L2 at low retention where the CLI offers it, else BV_L1D) with `--preheat`,
+   and Table 3 low with `--preheat`. Every condition runs once per round, rounds × --reps, in a
+   seeded shuffled order per round (so drifts of the machine hit all conditions alike).
+3. Each run is one `preheat affinity run --json`; a workload the CLI reports as not installed
+   / unavailable is skipped (printed `SKIP ...` and in the report); a failing run is recorded
+   with its reason and the rest goes on (exit code 1 at the end).
+
+Statistics, tables, figures and the report: affinity_report.py. Every number is labeled
+measured (this machine, with its sample count) or "the paper's".
+
+Outputs in --out DIR: raw/ (topology.json, plan.json, one CLI JSON per run, stderr of failed
+runs), runs / table2 / table3 / winback / quanta / refill / paper (.csv, .parquet with pyarrow),
+the figures (.png, .svg), summary.json, report.html. `--from DIR/raw` re-renders without
+measuring.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from . import atomic, cli, proc
+from .cli import ToolError
+from .progress import Progress
+
+WORKLOADS = ("chase", "stream", "branchy", "gzip", "xz", "sqlite3", "cc")
+BUNDLED = ("chase", "stream", "branchy")
+#: The paper's SPEC CPU2000 benchmark each workload stands for (the CLI's `stands_for`).
+STANDS_FOR = {"chase": "mcf", "stream": "art", "branchy": "gcc / crafty", "gzip": "gzip",
+              "xz": "gzip", "sqlite3": "— (no SPEC CPU2000 counterpart)", "cc": "gcc"}
+WHAT = {"chase": "bundled kernel: dependent pointer chase over a large working set",
+        "stream": "bundled kernel: streaming over arrays, poor temporal reuse",
+        "branchy": "bundled kernel: branchy code with a large instruction footprint",
+        "gzip": "Debian program on a fixed input", "xz": "Debian program on a fixed input",
+        "sqlite3": "Debian program on a fixed input", "cc": "Debian program on a fixed input"}
+
+DEFAULT_QUANTA = (2, 10, 200)
+QUICK_QUANTA = (2, 200)
+QUICK_WORKLOADS = ("chase", "gzip")
+DEFAULT_REPS = 5
+QUICK_REPS = 2
+DEFAULT_CPU_MS = 500
+QUICK_CPU_MS = 150
+#: The default --cpu-ms is lowered (not below this) when the estimate exceeds BUDGET_S.
+MIN_CPU_MS = 150
+TABLE3_QUANTUM_MS = 2
+WINBACK_QUANTUM_MS = 2
+#: The defaults must finish within 30 minutes on a 2-CPU machine.
+BUDGET_S = 28 * 60.0
+#: Wall time per run: a bundled kernel runs --cpu-ms of its own CPU time, sharing its CPU
+#: with the interleaved vector (× ~2.3 with the set-up), plus the start-up; a program ~1.5 s.
+WALL_PER_CPU_S = 2.3
+RUN_OVERHEAD_S = 0.3
+PROGRAM_RUN_S = 1.5
+TOPOLOGY_S = 10.0
+UNAVAILABLE = ("not installed", "unavailable")
+#: Fewer paired rounds than this: no significance verdict (the percentile bootstrap over 2
+#: rounds excludes 0 in about half of the cases without a true difference; see the report).
+MIN_ROUNDS = 5
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass
+class Options:
+    workloads: Tuple[str, ...] = WORKLOADS
+    quanta: Tuple[int, ...] = DEFAULT_QUANTA
+    reps: int = DEFAULT_REPS
+    cpu_ms: int = DEFAULT_CPU_MS
+    cpu_ms_given: bool = False
+    seed: int = 1
+    quick: bool = False
+    from_dir: Optional[Path] = None
+
+    @classmethod
+    def make(cls, quick: bool = False, workloads: Optional[str] = None,
+             quanta: Optional[str] = None, reps: Optional[int] = None,
+             cpu_ms: Optional[int] = None, seed: Optional[int] = None,
+             from_dir: Optional[Path] = None) -> "Options":
+        """The command line's options; ValueError on a bad value. --quick: chase and gzip,
+        quanta 2 and 200, 2 repetitions of 150 ms CPU, Table 3 with one pair, win-back for
+        the first bundled kernel only."""
+        o = cls(quick=quick)
+        if quick:
+            o.workloads, o.quanta = QUICK_WORKLOADS, QUICK_QUANTA
+            o.reps, o.cpu_ms = QUICK_REPS, QUICK_CPU_MS
+        if workloads is not None:
+            ws = tuple(dict.fromkeys(w.strip().lower() for w in workloads.split(",") if w.strip()))
+            bad = [w for w in ws if w not in WORKLOADS]
+            if bad or not ws:
+                raise ValueError(f"--workloads: unknown or no workload(s) {', '.join(bad)} "
+                                 f"(known: {', '.join(WORKLOADS)})")
+            o.workloads = ws
+        if quanta is not None:
+            try:
+                qs = tuple(sorted({int(q) for q in quanta.split(",") if q.strip()}))
+            except ValueError:
+                raise ValueError(
+                    f"--quanta: integers in ms, comma separated (not {quanta!r})") from None
+            if not qs or min(qs) <= 0:
+                raise ValueError("--quanta: at least one positive quantum in ms")
+            o.quanta = qs
+        if reps is not None:
+            if reps < (1 if quick else 5):
+                raise ValueError("--reps must be at least 5 (the intervals need them; --quick "
+                                 "allows fewer, down to 1)")
+            o.reps = reps
+        if cpu_ms is not None:
+            if cpu_ms < 10:
+                raise ValueError("--cpu-ms must be at least 10")
+            o.cpu_ms, o.cpu_ms_given = cpu_ms, True
+        if seed is not None:
+            o.seed = seed
+        if from_dir is not None:
+            p = Path(from_dir)
+            if p.is_dir() and (p / "raw").is_dir() and not (p / "topology.json").exists():
+                p = p / "raw"
+            if not (p / "topology.json").is_file():
+                raise ValueError(f"--from {from_dir}: no topology.json there (give DIR/raw of "
+                                 "an earlier `preheat lab affinity` run)")
+            o.from_dir = p
+        return o
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["from_dir"] = str(self.from_dir) if self.from_dir else None
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan: conditions and interleaved, shuffled rounds
+
+
+def table2_cells(topo: dict, quanta: Sequence[int]) -> List[dict]:
+    """The topology's Table 2 cells at the requested quanta (in the CLI's order)."""
+    cells = ((topo or {}).get("table2") or {}).get("cells") or []
+    qs = {int(q) for q in quanta}
+    return [c for c in cells if isinstance(c, dict) and c.get("id")
+            and int(c.get("quantum_ms") or 0) in qs]
+
+
+def winback_cell(cells: Sequence[dict]) -> Optional[dict]:
+    """The strongest low-affinity cell at 2 ms: interleaved BV_L2 at low retention (the
+    substitute cell, where L2 is private), else BV_L1D at low retention."""
+    at = [c for c in cells if int(c.get("quantum_ms") or 0) == WINBACK_QUANTUM_MS
+          and c.get("retention") == "low"]
+    for vec in ("BV_L2", "BV_L1D"):
+        for c in at:
+            if c.get("interleaved") == vec:
+                return c
+    return None
+
+
+def high_cell_id(cell: dict) -> str:
+    """The matching high-affinity cell: BV_0 at the same retention and quantum."""
+    return f"BV_0.{cell.get('retention')}.q{int(cell.get('quantum_ms'))}"
+
+
+def table3_pairs(workloads: Sequence[str], quick: bool = False) -> List[Tuple[str, str]]:
+    """Each workload once as the main benchmark, the next one (cyclic) interfering, as the
+    paper's Table 3 rotates its benchmarks; --quick: the first pair only."""
+    ws = list(workloads)
+    pairs = [(w, ws[(i + 1) % len(ws)]) for i, w in enumerate(ws)]
+    return pairs[:1] if quick else pairs
+
+
+def t2_cond_id(w: str, cell_id: str, preheat: bool) -> str:
+    return f"t2-{w}-{cell_id}" + ("-preheat" if preheat else "")
+
+
+def t3_cond_id(w: str, w2: str, affinity: str, preheat: bool) -> str:
+    return f"t3-{w}+{w2}-{affinity}-q{TABLE3_QUANTUM_MS}" + ("-preheat" if preheat else "")
+
+
+def _cpu_args(w: str, cpu_ms: int) -> List[str]:
+    # --cpu-ms is the bundled kernels' length; the programs run their fixed inputs.
+    return ["--cpu-ms", str(cpu_ms)] if w in BUNDLED else []
+
+
+def _t2_cond(w: str, cell: dict, preheat: bool, cpu_ms: int, purpose: str) -> dict:
+    args = ["affinity", "run", "--json", "--workload", w, "--interleave", str(cell["interleaved"])]
+    if cell.get("concurrent"):
+        args += ["--concurrent", str(cell["concurrent"])]
+    args += ["--quantum-ms", str(int(cell["quantum_ms"]))] + _cpu_args(w, cpu_ms)
+    if preheat:
+        args.append("--preheat")
+    return {"cond": t2_cond_id(w, cell["id"], preheat), "experiment": "table2",
+            "purpose": purpose, "workload": w, "interfering": None, "cell_id": cell["id"],
+            "interleaved": cell.get("interleaved"), "concurrent": cell.get("concurrent"),
+            "concurrent_cpu": cell.get("concurrent_cpu"), "affinity": cell.get("affinity"),
+            "retention": cell.get("retention"), "quantum_ms": int(cell["quantum_ms"]),
+            "preheat": preheat, "paper_cell": cell.get("paper_cell"),
+            "substitute": cell.get("substitute"), "args": args}
+
+
+def _t3_cond(w: str, w2: str, affinity: str, preheat: bool, cpu_ms: int, purpose: str) -> dict:
+    args = ["affinity", "run", "--json", "--experiment", "table3", "--workload", w,
+            "--interfering", w2, "--affinity", affinity, "--quantum-ms",
+            str(TABLE3_QUANTUM_MS)] + _cpu_args(w, cpu_ms)
+    if preheat:
+        args.append("--preheat")
+    return {"cond": t3_cond_id(w, w2, affinity, preheat), "experiment": "table3",
+            "purpose": purpose, "workload": w, "interfering": w2,
+            "cell_id": f"table3.{affinity}.q{TABLE3_QUANTUM_MS}", "interleaved": None,
+            "concurrent": None, "concurrent_cpu": None, "affinity": affinity,
+            "retention": None, "quantum_ms": TABLE3_QUANTUM_MS, "preheat": preheat,
+            "paper_cell": f"Table 3, {affinity} affinity", "substitute": None, "args": args}
+
+
+def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) -> List[dict]:
+    """Every condition once: Table 2 (workload × cell), Table 3 (pairs × high/low at 2 ms) and
+    the win-back conditions (`--preheat`). NOTES collects what could not be planned."""
+    notes = notes if notes is not None else []
+    cells = table2_cells(topo, o.quanta)
+    if not cells:
+        qs = ", ".join(map(str, o.quanta))
+        notes.append(f"the topology has no Table 2 cell at quanta {qs} ms")
+    conds = [_t2_cond(w, c, False, o.cpu_ms, "table2") for w in o.workloads for c in cells]
+    t3 = (topo or {}).get("table3") or {}
+    pairs: List[Tuple[str, str]] = []
+    if t3.get("feasible"):
+        pairs = table3_pairs(o.workloads, o.quick)
+        for w, w2 in pairs:
+            for aff in ("high", "low"):
+                conds.append(_t3_cond(w, w2, aff, False, o.cpu_ms, "table3"))
+    else:
+        notes.append("Table 3 is not feasible on this machine (the CLI: "
+                     + ("; ".join(map(str, t3.get("notes") or [])) or "no reason given")
+                     + "): not run")
+    bundled = [w for w in o.workloads if w in BUNDLED][: 1 if o.quick else None]
+    low = winback_cell(cells)
+    if bundled and low is None:
+        notes.append(f"win-back: no low-retention BV_L2 or BV_L1D cell at {WINBACK_QUANTUM_MS} ms "
+                     "(--quanta without 2?): not run")
+    ids = {c["id"] for c in cells}
+    if low is not None and high_cell_id(low) not in ids:
+        notes.append(f"win-back: the matching high cell {high_cell_id(low)} is missing: not run")
+        low = None
+    for w in bundled:
+        if low is not None:
+            conds.append(_t2_cond(w, low, True, o.cpu_ms, "winback"))
+        for m, w2 in pairs:
+            if m == w:
+                conds.append(_t3_cond(w, w2, "low", True, o.cpu_ms, "winback"))
+    return conds
+
+
+def build_plan(conds: Sequence[dict], reps: int, seed: int) -> List[dict]:
+    """Round r (1..reps) runs every condition once, in an order shuffled with a generator
+    seeded by (seed, r): the same seed gives the same plan."""
+    plan = []
+    for r in range(1, reps + 1):
+        order = [c["cond"] for c in conds]
+        random.Random(seed * 1_000_003 + r).shuffle(order)
+        for i, cid in enumerate(order, 1):
+            plan.append({"run_id": f"r{r:02d}-{i:03d}-{cid}", "round": r, "order": i,
+                         "cond": cid, "status": "pending"})
+    return plan
+
+
+def run_estimate_s(cond: dict, cpu_ms: int) -> float:
+    if cond["workload"] in BUNDLED:
+        return cpu_ms / 1000 * WALL_PER_CPU_S + RUN_OVERHEAD_S
+    return PROGRAM_RUN_S
+
+
+def estimate_s(conds: Sequence[dict], reps: int, cpu_ms: int) -> float:
+    return TOPOLOGY_S + reps * sum(run_estimate_s(c, cpu_ms) for c in conds)
+
+
+def fit_cpu_ms(conds: Sequence[dict], o: Options) -> int:
+    """The default --cpu-ms, lowered (to no less than MIN_CPU_MS) when the estimate exceeds
+    BUDGET_S; a given --cpu-ms is kept."""
+    if o.cpu_ms_given or o.quick or estimate_s(conds, o.reps, o.cpu_ms) <= BUDGET_S:
+        return o.cpu_ms
+    bundled_runs = o.reps * sum(c["workload"] in BUNDLED for c in conds)
+    if not bundled_runs:
+        return o.cpu_ms
+    room = BUDGET_S - estimate_s(conds, o.reps, 0)  # what the CPU time of the kernels may take
+    return int(max(MIN_CPU_MS, min(o.cpu_ms, room / bundled_runs / WALL_PER_CPU_S * 1000)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Talking to the CLI
+
+
+def binary() -> str:
+    """The preheat binary, or ToolError saying how to get one."""
+    b = cli.preheat_bin()
+    if not (Path(b).exists() or shutil.which(b)):
+        raise ToolError(f"the preheat binary {b} does not exist (PREHEAT_BIN="
+                        f"{os.environ.get('PREHEAT_BIN', '')!r}; build: cargo build --release)")
+    if not cli.help_text("affinity", "run") or not cli.help_text("affinity", "topology"):
+        raise ToolError(f"{b} has no `preheat affinity run|topology` (not built yet or too old: "
+                        "cargo build --release)")
+    return b
+
+
+def topology(o: Options, raw: Path) -> dict:
+    """`preheat affinity topology --json --verify [--quanta ...]` → raw/topology.json."""
+    b = binary()
+    cmd = [b, "affinity", "topology", "--json", "--verify"]
+    if cli.supports(("affinity", "topology"), "--quanta"):
+        cmd += ["--quanta", ",".join(map(str, o.quanta))]
+    out, err = raw / "topology.json", raw / "topology.stderr.txt"
+    rc = proc.run_child(cmd, out, err, timeout=600)
+    if rc != 0:
+        raise ToolError(f"{' '.join(cmd)} failed: " + cli.failure_reason(
+            err.read_text(errors="replace") if err.exists() else "", rc))
+    data = cli.read_json(out)
+    if not isinstance(data, dict) or not isinstance(data.get("table2"), dict):
+        raise ToolError(f"{' '.join(cmd)} printed no topology JSON with table2 (see {out})")
+    if err.exists() and not err.read_text(errors="replace").strip():
+        err.unlink()
+    data.setdefault("command", " ".join(cmd[1:]))
+    return data
+
+
+def _kib(b) -> str:
+    try:
+        b = int(b)
+    except (TypeError, ValueError):
+        return "?"
+    return f"{b // 1048576} MiB" if b >= 1048576 and b % 1048576 == 0 else f"{b / 1024:g} KiB"
+
+
+AFFINITY_ORDER = ("low-d", "low-i", "low-d-l2", "high")
+AFFINITY_NAME = {"low-d": "low L1 D-cache affinity", "low-i": "low L1 I-cache affinity",
+                 "low-d-l2": "low L1D+L2 affinity (substitute)", "high": "high affinity"}
+
+
+def matrix_rows(topo: dict, quanta: Sequence[int]) -> List[dict]:
+    """The Table 2 matrix as this machine runs it: rows retention, columns affinity; each entry
+    the interleaved (+ concurrent) vectors and the quanta."""
+    cells = table2_cells(topo, quanta)
+    rows = []
+    for ret in ("high", "low"):
+        row = {"retention": f"{ret} retention"}
+        for aff in AFFINITY_ORDER:
+            cs = [c for c in cells if c.get("retention") == ret and c.get("affinity") == aff]
+            if not cs:
+                continue
+            c0 = cs[0]
+            txt = str(c0.get("interleaved"))
+            if c0.get("concurrent"):
+                txt += f" + {c0['concurrent']} on CPU {c0.get('concurrent_cpu')}"
+            txt += " @ " + ",".join(str(int(c["quantum_ms"])) for c in cs) + " ms"
+            row[AFFINITY_NAME[aff]] = txt
+        rows.append(row)
+    return rows
+
+
+def substitutions(topo: dict) -> List[str]:
+    cells = ((topo or {}).get("table2") or {}).get("cells") or []
+    return list(dict.fromkeys(str(c["substitute"]) for c in cells if c.get("substitute")))
+
+
+def topology_text(topo: dict, quanta: Sequence[int]) -> str:
+    """What the plan is built on, printed before measuring."""
+    t2 = topo.get("table2") or {}
+    t3 = topo.get("table3") or {}
+    cpus = ",".join(map(str, topo.get("cpus") or []))
+    lines = [(f"preheat affinity topology (measured on this machine; source {topo.get('source')}, "
+              f"CPUs {cpus}, main CPU {topo.get('main_cpu')})")]
+    caches = []
+    for c in topo.get("caches") or []:
+        sh = c.get("shared_cpus") or []
+        caches.append(f"{c.get('name')} {_kib(c.get('bytes'))} "
+                      + ("(private)" if len(sh) <= 1
+                         else f"(shared with CPUs {','.join(map(str, sh))})"))
+    lines.append("  caches of the main CPU: " + "; ".join(caches))
+    lines.append("  base vectors: " + "; ".join(
+        f"{v.get('name')} {_kib(v.get('bytes'))}" + (f" → {v['target']}" if v.get("target") else "")
+        for v in topo.get("vectors") or []))
+    lines.append(f"  Table 2 matrix (low retention destroys {t2.get('retention_level')} from "
+                 f"CPU {t2.get('concurrent_cpu')}; the paper's exact cells: "
+                 f"{'yes' if t2.get('paper_exact') else 'no'}):")
+    for r in matrix_rows(topo, quanta):
+        lines.append(f"    {r['retention']:>15}: " + " | ".join(
+            f"{k}: {v}" for k, v in r.items() if k != "retention"))
+    for s in substitutions(topo):
+        lines.append(f"  substitution: {s}")
+    for n in t2.get("notes") or []:
+        lines.append(f"  note: {n}")
+    if t3:
+        lines.append(f"  Table 3: {'feasible' if t3.get('feasible') else 'NOT feasible'} on CPUs "
+                     f"{','.join(map(str, t3.get('cpus') or []))} ({t3.get('main_copies')} main "
+                     f"copies + {t3.get('interfering')} interfering); a move loses "
+                     f"{', '.join(t3.get('lost_on_move') or []) or '–'}, keeps "
+                     f"{', '.join(t3.get('kept_on_move') or []) or '–'}")
+        for n in t3.get("notes") or []:
+            lines.append(f"  Table 3 note: {n}")
+    for e in topo.get("eviction") or []:
+        share = e.get("share")
+        lines.append(f"  eviction check ({e.get('kind', 'measured')}): {e.get('vector')} evicts "
+                     + (f"{100 * share:.0f}%" if isinstance(share, (int, float)) else "?")
+                     + f" of {e.get('level')} (n={e.get('samples')})")
+    lines.append(f"  metric: {topo.get('metric')}")
+    return "\n".join(lines)
+
+
+def _unavailable_workload(cond: dict, stderr: str) -> str:
+    """Which workload the CLI reported missing: the interfering one when only it is named."""
+    low = stderr.lower()
+    w2 = cond.get("interfering")
+    if w2 and w2 != cond["workload"] and w2 in low and cond["workload"] not in low:
+        return w2
+    return cond["workload"]
+
+
+def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> Tuple[Optional[str], str]:
+    """One `preheat affinity run --json`: raw/RUN_ID.json (+ .stderr.txt when it failed).
+    Returns (unavailable workload or None, failure reason or '')."""
+    cmd = [b, *cond["args"]]
+    rec["command"] = " ".join(["preheat", *cond["args"]])
+    out, err = raw / f"{rec['run_id']}.json", raw / f"{rec['run_id']}.stderr.txt"
+    timeout = max(120.0, 20 * run_estimate_s(cond, cpu_ms))
+    t0 = time.monotonic()
+    try:
+        rc = proc.run_child(cmd, out, err, timeout=timeout)
+    except proc.ChildTimeout as e:
+        rc, text = -1, str(e)
+    else:
+        text = err.read_text(errors="replace") if err.exists() else ""
+    rec["seconds"] = round(time.monotonic() - t0, 3)
+    if rc != 0:
+        if out.exists() and out.stat().st_size == 0:
+            out.unlink()
+        if rc > 0 and any(k in text.lower() for k in UNAVAILABLE):
+            return _unavailable_workload(cond, text), cli.failure_reason(text, rc)
+        return None, text if rc == -1 else cli.failure_reason(text, rc)
+    if err.exists() and not text.strip():
+        err.unlink()
+    data = cli.read_json(out)
+    if not isinstance(data, dict) or not isinstance(data.get("rate"), (int, float)):
+        return None, "printed no JSON with a numeric \"rate\""
+    rec["data"] = data
+    return None, ""
+
+
+def measure(plan: List[dict], conds: Dict[str, dict], b: str, raw: Path, o: Options,
+            state: dict, prog: Progress) -> None:
+    """Run the plan round by round; skipped workloads and failures go to STATE."""
+    unavailable: Dict[str, str] = state.setdefault("unavailable", {})
+    skipped_pairs = set()
+    failures: List[str] = state["failures"]
+    rounds = max((r["round"] for r in plan), default=0)
+    t_all, done = time.monotonic(), 0
+    for r in range(1, rounds + 1):
+        recs = [x for x in plan if x["round"] == r]
+        prog.task(f"round {r}/{rounds} ({len(recs)} runs)", len(recs))
+        for i, rec in enumerate(recs, 1):
+            cond = conds[rec["cond"]]
+            gone = [w for w in (cond["workload"], cond.get("interfering")) if w in unavailable]
+            if gone:
+                rec["status"] = "skipped"
+                rec["reason"] = f"{gone[0]} unavailable: {unavailable[gone[0]]}"
+                pair = (cond["workload"], cond["interfering"])
+                if cond["experiment"] == "table3" and pair not in skipped_pairs:
+                    skipped_pairs.add(pair)
+                    if cond["workload"] not in unavailable:
+                        prog.log(f"SKIP table3 {cond['workload']}+{cond['interfering']}: "
+                                 f"{gone[0]} unavailable")
+                prog.update(i)
+                continue
+            missing, why = run_one(rec, cond, b, raw, o.cpu_ms)
+            done += 1
+            if missing:
+                unavailable[missing] = why
+                rec["status"], rec["reason"] = "skipped", f"{missing} unavailable: {why}"
+                prog.log(f"SKIP {missing}: the CLI reports it unavailable ({why}); its runs are "
+                         "skipped")
+            elif why:
+                rec["status"], rec["reason"] = "failed", why
+                failures.append(f"{rec['run_id']}: {why}")
+                prog.log(f"FAILED {rec['run_id']}: {why}")
+            else:
+                rec["status"] = "ok"
+            prog.update(i)
+        atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
+        left = sum(x["status"] == "pending" for x in plan)
+        eta = (time.monotonic() - t_all) / max(done, 1) * left
+        prog.advance(f"{sum(x['status'] == 'ok' for x in recs)}/{len(recs)} ok"
+                     + (f"; ~{_minutes(eta)} left" if left else ""))
+
+
+def plan_json(plan: Sequence[dict], conds: Dict[str, dict], o: Options, state: dict) -> dict:
+    return {"kind": "affinity", "options": o.to_dict(), "state": state.get("state"),
+            "conditions": list(conds.values()),
+            "runs": [{k: v for k, v in r.items() if k != "data"} for r in plan],
+            "unavailable": state.get("unavailable", {})}
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-rendering from raw/
+
+
+def _cond_from_id(cid: str, topo: dict, cpu_ms: int) -> Optional[dict]:
+    """A condition rebuilt from its id (for a raw/ without plan.json)."""
+    pre = cid.endswith("-preheat")
+    base = cid[: -len("-preheat")] if pre else cid
+    parts = base.split("-")
+    if parts[0] == "t2" and len(parts) == 3:
+        cell = next((c for c in ((topo.get("table2") or {}).get("cells") or [])
+                     if c.get("id") == parts[2]), None)
+        if cell:
+            return _t2_cond(parts[1], cell, pre, cpu_ms, "winback" if pre else "table2")
+    if parts[0] == "t3" and len(parts) == 4 and "+" in parts[1]:
+        w, w2 = parts[1].split("+", 1)
+        return _t3_cond(w, w2, parts[2], pre, cpu_ms, "winback" if pre else "table3")
+    return None
+
+
+def load_raw(rdir: Path) -> Tuple[dict, Dict[str, dict], List[dict], dict]:
+    """(topology, conditions by id, plan with each ok run's data, the saved state) from a
+    raw/ directory; without plan.json the runs are rebuilt from the run files' names."""
+    rdir = Path(rdir)
+    topo = cli.read_json(rdir / "topology.json") or {}
+    pj = cli.read_json(rdir / "plan.json") or {}
+    conds = {c["cond"]: c for c in pj.get("conditions") or [] if isinstance(c, dict)}
+    plan = [dict(r) for r in pj.get("runs") or []]
+    if not plan:
+        cpu_ms = int((pj.get("options") or {}).get("cpu_ms") or DEFAULT_CPU_MS)
+        for f in sorted(rdir.glob("r*-*-*.json")):
+            rid = f.stem
+            head, order, cid = rid.split("-", 2)
+            cond = conds.get(cid) or _cond_from_id(cid, topo, cpu_ms)
+            if cond is None:
+                continue
+            conds[cid] = cond
+            plan.append({"run_id": rid, "round": int(head[1:]), "order": int(order),
+                         "cond": cid, "status": "ok"})
+    for rec in plan:
+        if rec.get("status") == "ok":
+            data = cli.read_json(rdir / f"{rec['run_id']}.json")
+            if isinstance(data, dict) and isinstance(data.get("rate"), (int, float)):
+                rec["data"] = data
+            else:
+                rec["status"], rec["reason"] = "failed", "raw JSON missing or without a rate"
+    return topo, conds, plan, pj
+
+
+def rerender(rdir: Path, out: Path) -> int:
+    """`--from DIR/raw`: tables, figures and the report again, without measuring."""
+    from . import affinity_report
+
+    rdir, out = Path(rdir), Path(out)
+    topo, conds, plan, pj = load_raw(rdir)
+    if (out / "raw").resolve() != rdir.resolve():
+        shutil.copytree(rdir, out / "raw", dirs_exist_ok=True)
+    opts = pj.get("options") or {}
+    state = {"kind": "affinity", "state": pj.get("state") or "complete", "options": opts,
+             "failures": [f"{r['run_id']}: {r.get('reason')}" for r in plan
+                          if r.get("status") == "failed"],
+             "notes": [f"re-rendered from {rdir} (no new measurement)"],
+             "unavailable": pj.get("unavailable") or {}, "rendered_from": str(rdir)}
+    affinity_report.render(out, topo, conds, plan, state)
+    print(f"wrote {out / 'report.html'}")
+    return 0
+
+
+def is_affinity_dir(out: Path) -> bool:
+    s = cli.read_json(Path(out) / "summary.json")
+    return isinstance(s, dict) and s.get("kind") == "affinity"
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def run(out: Optional[Path], o: Options) -> int:
+    from . import affinity_report
+
+    if o.from_dir is not None:
+        return rerender(o.from_dir, Path(out) if out else o.from_dir.parent)
+    out = Path(out)
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    state: dict = {"kind": "affinity", "state": "running", "options": o.to_dict(),
+                   "failures": [], "notes": [], "unavailable": {}}
+    try:
+        b = binary()
+        print("preheat lab affinity: asking the CLI for the plan (preheat affinity topology "
+              "--json --verify) ...", flush=True)
+        topo = topology(o, raw)
+    except (ToolError, proc.ChildTimeout, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(topology_text(topo, o.quanta), flush=True)
+    notes = state["notes"]
+    conds_list = build_conditions(topo, o, notes)
+    fitted = fit_cpu_ms(conds_list, o)
+    if fitted != o.cpu_ms:
+        notes.append(f"--cpu-ms {fitted} instead of {o.cpu_ms} to stay within "
+                     f"{_minutes(BUDGET_S)} (give --cpu-ms to override)")
+        o.cpu_ms = fitted
+        conds_list = build_conditions(topo, o, [])
+    state["options"] = o.to_dict()
+    conds = {c["cond"]: c for c in conds_list}
+    plan = build_plan(conds_list, o.reps, o.seed)
+    est = estimate_s(conds_list, o.reps, o.cpu_ms)
+    n_b = sum(c["workload"] in BUNDLED for c in conds_list) * o.reps
+    print(f"plan: {len(conds_list)} conditions × {o.reps} rounds = {len(plan)} runs "
+          f"({n_b} of bundled kernels at --cpu-ms {o.cpu_ms}, "
+          f"~{o.cpu_ms / 1000 * WALL_PER_CPU_S + RUN_OVERHEAD_S:.2f} s "
+          f"each; {len(plan) - n_b} of programs, ~{PROGRAM_RUN_S:g} s each); expected duration "
+          f"~{_minutes(est)}", flush=True)
+    if est > BUDGET_S:
+        notes.append(f"the estimate ~{_minutes(est)} exceeds {_minutes(BUDGET_S)}: fewer "
+                     "--workloads, --quanta or --reps (or --quick) would shorten it")
+    for n in notes:
+        print(f"note: {n}")
+    state["estimate_s"] = round(est, 1)
+    atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
+    code = 0
+    t0 = time.monotonic()
+    proc.reset_interrupt_state()
+    with proc.interruptible(), Progress("affinity rounds", o.reps) as prog:
+        try:
+            measure(plan, conds, b, raw, o, state, prog)
+            state["state"] = "complete"
+        except KeyboardInterrupt:  # proc.Interrupted
+            code = proc.mark_interrupted(state)
+            prog.log(f"affinity: interrupted by {proc.interrupted_by()}: writing what finished")
+    for rec in plan:
+        if rec["status"] == "pending":
+            rec["status"] = "not run"
+    state["seconds"] = round(time.monotonic() - t0, 1)
+    atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
+    for w, why in state["unavailable"].items():
+        n = sum(r["status"] == "skipped" and r.get("reason", "").startswith(f"{w} ") for r in plan)
+        print(f"SKIP {w}: {why} ({n} runs skipped)")
+    affinity_report.render(out, topo, conds, plan, state)
+    print(f"wrote {out / 'report.html'} (took {_minutes(state['seconds'])}, estimated "
+          f"{_minutes(est)})")
+    failed = [r for r in plan if r["status"] == "failed"]
+    if failed:
+        print(f"failed: {len(failed)} run(s); the first: {failed[0]['run_id']}: "
+              f"{failed[0].get('reason')}", file=sys.stderr)
+    if code == 0 and (failed or state["failures"]):
+        code = 1
+    return code
