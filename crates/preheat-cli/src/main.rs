@@ -6,6 +6,7 @@
 //! working set and warms the kernel path (`run`, `announce`). `demo` shows it end to end on the
 //! bundled server with honest, labeled measurements.
 
+mod affinity;
 mod agentctl;
 mod arbiter;
 mod bench;
@@ -142,6 +143,8 @@ Prints the tree (each node's d and tasks, with the walk's decisions) and the set
     Groups(groups::GroupsArgs),
     /// Partial coscheduling: a user-space coscheduler, the paper's experiments, a host simulator.
     Cosched(cosched::CoschedArgs),
+    /// Cache affinity: what interleaving and moving a task cost here, and preheating to win it back.
+    Affinity(affinity::AffinityArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
     Topology {
         #[arg(long)]
@@ -297,7 +300,8 @@ fn main() {
     // Commands that start servers get the stop-everything-on-SIGINT/SIGTERM handler; the
     // daemons and proxies handle those signals themselves (restoring machine state, final
     // counters) and must not be cut short by it. `load` starts no processes and stops on those
-    // signals itself to print what it measured.
+    // signals itself to print what it measured. `affinity` installs it where it starts
+    // processes (its workers stop on SIGTERM themselves and print what they measured).
     if !matches!(
         cli.cmd,
         Cmd::Stage(_)
@@ -306,6 +310,7 @@ fn main() {
             | Cmd::Arbiter(_)
             | Cmd::Lab { .. }
             | Cmd::Load(_)
+            | Cmd::Affinity(_)
     ) {
         launch::install_cleanup();
     }
@@ -347,6 +352,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Groups(a) => groups::run(a),
         Cmd::Comm(a) => comm::run(a),
         Cmd::Cosched(a) => cosched::run(a),
+        Cmd::Affinity(a) => affinity::run(a),
     }
 }
 

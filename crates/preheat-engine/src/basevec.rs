@@ -122,8 +122,10 @@ impl BaseVector {
 /// What a vector displaced, measured by [`verify`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Eviction {
-    /// (after − resident) / (reference − resident), clamped to [0, 1].
-    pub share: f64,
+    /// (after − resident) / (reference − resident), clamped to [0, 1]; `None` when the reference
+    /// eviction itself cannot be told apart from a resident probe by timing (less than 10% or
+    /// 50 ns slower): then nothing can be said about the vector.
+    pub share: Option<f64>,
     /// Median time of one probe pass, ns: resident, after the vector, after the reference.
     pub resident_ns: f64,
     pub after_ns: f64,
@@ -225,11 +227,7 @@ pub fn verify(
         v[v.len() / 2]
     };
     let (r, a, f) = (med(resident), med(after), med(refd));
-    let share = if f > r {
-        ((a - r) / (f - r)).clamp(0.0, 1.0)
-    } else {
-        0.0
-    };
+    let share = (f - r >= (0.1 * r).max(50.0)).then(|| ((a - r) / (f - r)).clamp(0.0, 1.0));
     Eviction {
         share,
         resident_ns: r,

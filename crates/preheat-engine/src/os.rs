@@ -444,3 +444,36 @@ pub fn wait_reap(pid: u32) -> io::Result<Reaped> {
         cpu_ns: tv(ru.ru_utime) + tv(ru.ru_stime),
     })
 }
+
+/// Send `sig` to process `pid`, or to process group `-pid` when `group` is set.
+pub fn send_signal(pid: u32, sig: i32, group: bool) -> io::Result<()> {
+    let target = if group {
+        -(pid as libc::pid_t)
+    } else {
+        pid as libc::pid_t
+    };
+    // SAFETY: kill takes plain integers; a wrong pid is reported as ESRCH/EPERM, never UB.
+    if unsafe { libc::kill(target, sig) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Ask for transparent huge pages on the whole 2 MiB pages inside `[addr, addr + len)`
+/// (`MADV_HUGEPAGE`; a hint, effective for memory not yet touched). Any range is safe: the
+/// kernel validates it, and the advice changes no contents.
+pub fn advise_hugepages(addr: usize, len: usize) -> io::Result<()> {
+    const HUGE: usize = 2 << 20;
+    let start = addr.div_ceil(HUGE) * HUGE;
+    let end = (addr + len) / HUGE * HUGE;
+    if end <= start {
+        return Ok(());
+    }
+    // SAFETY: madvise(MADV_HUGEPAGE) only records a preference for the mapping(s) in the range;
+    // it neither unmaps nor changes memory contents, and an invalid range is reported as an
+    // error (ENOMEM/EINVAL), not undefined behaviour.
+    if unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -35,6 +35,11 @@ pub fn chase_ring(bytes: usize, seed: u64) -> Vec<u32> {
         order.swap(i, j);
     }
     let mut ring = vec![0u32; lines * SLOT];
+    // Large rings on huge pages where the system allows it (THP "madvise"), so a random walk
+    // measures caches, not TLB misses. The zeroed allocation is still untouched here.
+    if bytes >= 4 << 20 {
+        let _ = crate::os::advise_hugepages(ring.as_ptr() as usize, ring.len() * 4);
+    }
     for k in 0..lines {
         let from = order[k] as usize;
         let to = order[(k + 1) % lines];
