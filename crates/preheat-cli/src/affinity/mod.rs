@@ -124,12 +124,24 @@ pub struct RunArgs {
 }
 
 pub fn run(a: AffinityArgs) -> Result<()> {
-    match a.cmd {
+    let r = match a.cmd {
         AffinityCmd::Topology(t) => topology::run(t),
         AffinityCmd::Run(r) => run_cmd(r),
         AffinityCmd::Bench(b) => bench::run(b),
         AffinityCmd::Worker(w) => worker::run(w),
+    };
+    // Stopped by SIGINT/SIGTERM: the handler stops the processes; whatever error the run saw
+    // as they vanished is a consequence, not the cause. Exit as the signal would.
+    let sig = crate::launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
+    if sig != 0 {
+        eprintln!(
+            "preheat affinity: stopped by signal {sig}; the processes it started are stopped"
+        );
+        // Let the handler finish stopping them (it exits the process itself).
+        std::thread::sleep(std::time::Duration::from_secs(5));
+        std::process::exit(128 + sig);
     }
+    r
 }
 
 /// A scratch directory for program inputs, removed on exit and on SIGINT/SIGTERM.

@@ -102,8 +102,8 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                         .as_ref()
                         .map_or(String::new(), |p| format!("< '{}'", p.display()))
                 );
-                let mut cmd = std::process::Command::new("sh");
-                cmd.args(["-c", &script]).current_dir(&job.dir);
+                let mut cmd = super::proc::dying_with_us("sh", &["-c".into(), script]);
+                cmd.current_dir(&job.dir);
                 interf_progs.push(super::proc::spawn(&mut cmd, &all, None)?);
             }
         }

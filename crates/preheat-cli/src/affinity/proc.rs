@@ -9,33 +9,52 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
-use preheat_engine::sched::ThreadSched;
+use anyhow::{bail, Context, Result};
+use preheat_engine::sched::{self, ThreadSched};
 
 use super::worker::Outcome;
 use crate::launch::Program;
 
-/// Spawn `cmd` from a short-lived thread pinned to `cpus` and (if given) in scheduling class
-/// `sched`, so the child starts in both; registered for cleanup. Its own process group.
-pub fn spawn(cmd: &mut Command, cpus: &[usize], sched: Option<ThreadSched>) -> Result<Program> {
+/// A command for `program args...` that the kernel kills if the thread that spawns it dies
+/// (`setpriv --pdeathsig KILL`, when util-linux is installed; the program keeps its pid).
+pub fn dying_with_us(program: &str, args: &[String]) -> Command {
+    match super::programs::which("setpriv") {
+        Some(sp) => {
+            let mut c = Command::new(sp);
+            c.args(["--pdeathsig", "KILL", "--", program]).args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
+    }
+}
+
+/// Spawn `cmd` pinned to `cpus` and (if given) in scheduling class `sched`, so the child and
+/// everything it starts inherit both: the calling thread takes that class and mask for the
+/// moment of the spawn and gets its own back. The child runs in its own process group and is
+/// registered for cleanup. Call it from a thread that lives as long as the run (a parent-death
+/// signal, see [`dying_with_us`], follows the spawning thread).
+pub fn spawn(wrapped: &mut Command, cpus: &[usize], sched: Option<ThreadSched>) -> Result<Program> {
     use std::os::unix::process::CommandExt;
-    cmd.process_group(0);
-    let cpus = cpus.to_vec();
-    std::thread::scope(|s| {
-        s.spawn(move || -> Result<Program> {
-            if !cpus.is_empty() {
-                preheat_engine::os::set_affinity(&cpus)
-                    .with_context(|| format!("pinning to CPUs {cpus:?}"))?;
-            }
-            if let Some(sc) = sched {
-                preheat_engine::sched::set_thread_sched(0, sc)
-                    .with_context(|| format!("entering {}", sc.name()))?;
-            }
-            Ok(Program::spawn(cmd)?)
-        })
-        .join()
-        .map_err(|_| anyhow!("spawning thread panicked"))?
-    })
+    wrapped.process_group(0);
+    let saved_mask = preheat_engine::os::get_affinity();
+    let saved_sched = sched::thread_sched(0).unwrap_or(ThreadSched::NORMAL);
+    let r = (|| -> Result<Program> {
+        if !cpus.is_empty() {
+            preheat_engine::os::set_affinity(cpus)
+                .with_context(|| format!("pinning to CPUs {cpus:?}"))?;
+        }
+        if let Some(sc) = sched {
+            sched::set_thread_sched(0, sc).with_context(|| format!("entering {}", sc.name()))?;
+        }
+        Ok(Program::spawn(wrapped)?)
+    })();
+    let _ = sched::set_thread_sched(0, saved_sched);
+    let _ = preheat_engine::os::set_affinity(&saved_mask);
+    r
 }
 
 /// `SCHED_FIFO` at `priority` that children inherit (no reset-on-fork): for the main workload,

@@ -68,8 +68,8 @@ pub struct Job {
 
 impl Job {
     pub fn command(&self) -> Result<Command> {
-        let mut c = Command::new(&self.argv[0]);
-        c.args(&self.argv[1..]).current_dir(&self.dir);
+        let mut c = super::proc::dying_with_us(&self.argv[0], &self.argv[1..]);
+        c.current_dir(&self.dir);
         c.stdout(std::process::Stdio::null());
         match &self.stdin {
             Some(p) => {
@@ -150,7 +150,7 @@ pub fn prepare(name: &str, dir: &Path) -> Result<Job> {
     let job = match name {
         "gzip" | "xz" => {
             let input = dir.join("input.txt");
-            let size = if name == "gzip" { 24 << 20 } else { 3 << 20 };
+            let size = if name == "gzip" { 6 << 20 } else { 640 << 10 };
             if !input.exists() {
                 std::fs::write(&input, text(size))?;
             }
@@ -185,7 +185,7 @@ pub fn prepare(name: &str, dir: &Path) -> Result<Job> {
         "cc" => {
             let src = dir.join("job.c");
             let mut c = String::from("#include <stddef.h>\n");
-            for i in 0..220 {
+            for i in 0..60 {
                 let _ = write!(
                     c,
                     "struct s{i} {{ int a[{n}]; double d; }};\n\
