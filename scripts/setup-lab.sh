@@ -2,7 +2,8 @@
 # Install the lab's servers and peer load generators from Debian packages:
 #   memcached, nginx-light, redis-server, mariadb-server (the servers under test, paper §4
 #   Table 1 plus redis) and libmemcached-tools (memcaslap), wrk (the load generators most
-#   papers use, for comparison with preheat's own client).
+#   papers use, for comparison with preheat's own client), and the programs the cache-affinity
+#   experiments run on fixed inputs (gzip, xz-utils, sqlite3, gcc; setpriv from util-linux).
 # Idempotent: a package that is installed (or whose program is already present, e.g. nginx from
 # another flavour) is skipped. Debian starts the packaged daemons on their default ports; they
 # are stopped again (preheat starts its own instances on free ports, in their own directories).
@@ -18,6 +19,11 @@ wanted=(
   mariadb-server:mariadbd
   libmemcached-tools:memcaslap
   wrk:wrk
+  gzip:gzip
+  xz-utils:xz
+  sqlite3:sqlite3
+  gcc:gcc
+  util-linux:setpriv
 )
 
 installed() {

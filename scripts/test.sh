@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set).
+# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), and
+# the programs the cache-affinity experiments run on fixed inputs (gzip, xz, sqlite3, gcc).
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
-    redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk; do
+    redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
+    gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
 done
