@@ -10,31 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{find_program, preheat, run_dir};
+use common::{find_program, preheat, realtime_or_skip, run_dir, serial};
 use serde_json::Value;
-
-/// The runs put threads at real-time priorities on all CPUs: one at a time.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn realtime_or_skip(test: &str) -> bool {
-    let ok = Command::new("chrt")
-        .args(["-f", "1", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
-        );
-        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
-    }
-    ok
-}
 
 /// One cache of a fake sysfs CPU.
 struct C {
@@ -247,17 +224,22 @@ fn run_json(args: &[&str]) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// Command lines of the running processes that contain `what`.
+fn running(what: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(what))
+        .collect()
+}
+
 /// No `preheat affinity worker` process is left, waiting up to 3 s.
 fn no_workers_left(what: &str) {
     let t0 = Instant::now();
     loop {
-        let left: Vec<String> = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-            .filter(|c| c.contains("affinity worker"))
-            .collect();
+        let left = running("affinity worker");
         if left.is_empty() {
             return;
         }
@@ -357,6 +339,10 @@ fn one_cell_of_each_experiment_runs_and_reports_its_quanta() {
                 "--quantum-ms",
                 "10",
             ]);
+            eprintln!(
+                "gzip cell (measured): {} jobs per CPU-second, quanta {}",
+                r["rate"], r["quanta"]
+            );
             assert_eq!(r["metric"], "jobs per CPU-second");
             assert!(r["cpu_s"].as_f64().unwrap() > 0.01);
             assert!(r["quanta"]["main"]["n"].as_u64().unwrap() > 3, "{r}");
@@ -448,16 +434,9 @@ fn a_stopped_or_killed_controller_leaves_nothing_running() {
             .unwrap();
         // Wait until the workers run.
         let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_secs(20) {
-            let n = std::fs::read_dir("/proc")
-                .unwrap()
-                .flatten()
-                .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-                .filter(|c| String::from_utf8_lossy(c).contains("affinity\0worker\0workload"))
-                .count();
-            if n > 0 {
-                break;
-            }
+        while running("affinity worker workload").is_empty()
+            && t0.elapsed() < Duration::from_secs(20)
+        {
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(300));

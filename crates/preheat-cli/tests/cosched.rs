@@ -8,34 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{npb, preheat, run_dir};
+use common::{npb, preheat, realtime_or_skip, run_dir, serial};
 use serde_json::json;
-
-/// The tests below put threads at real-time priorities on all CPUs: one at a time, or they
-/// would measure each other.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Whether real-time scheduling is permitted here (root in CI). Without it the tests that need
-/// it say so and return, except under CI, where the test command runs as root: there it fails.
-fn realtime_or_skip(test: &str) -> bool {
-    let ok = Command::new("chrt")
-        .args(["-f", "1", "true"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
-        );
-        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
-    }
-    ok
-}
 
 /// (policy, rt_priority) of a thread, from fields 41 and 40 of its stat.
 fn sched_of(pid: u32, tid: u32) -> Option<(u32, u32)> {

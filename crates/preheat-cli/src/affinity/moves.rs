@@ -102,9 +102,9 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                         .as_ref()
                         .map_or(String::new(), |p| format!("< '{}'", p.display()))
                 );
-                let mut cmd = super::proc::dying_with_us("sh", &["-c".into(), script]);
+                let mut cmd = super::proc::dying_with_us("sh", &["-c".into(), script], None)?;
                 cmd.current_dir(&job.dir);
-                interf_progs.push(super::proc::spawn(&mut cmd, &all, None)?);
+                interf_progs.push(super::proc::spawn(&mut cmd, &all)?);
             }
         }
     }

@@ -10,60 +10,55 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use preheat_engine::sched::{self, ThreadSched};
 
 use super::worker::Outcome;
 use crate::launch::Program;
 
 /// A command for `program args...` that the kernel kills if the thread that spawns it dies
-/// (`setpriv --pdeathsig KILL`, when util-linux is installed; the program keeps its pid).
-pub fn dying_with_us(program: &str, args: &[String]) -> Command {
-    match super::programs::which("setpriv") {
-        Some(sp) => {
-            let mut c = Command::new(sp);
-            c.args(["--pdeathsig", "KILL", "--", program]).args(args);
-            c
-        }
-        None => {
-            let mut c = Command::new(program);
-            c.args(args);
-            c
-        }
+/// (`setpriv --pdeathsig KILL`), and that starts in `SCHED_FIFO` at `fifo` if given (`chrt`,
+/// without reset-on-fork, so every thread and child it creates inherits the class). Both wrap by
+/// exec: the program keeps the pid. The real-time class is entered by the child itself: a
+/// spawning thread that entered it first would share the CPU at the same priority with a child
+/// that never yields, and never get to run again until the child exits.
+pub fn dying_with_us(program: &str, args: &[String], fifo: Option<i32>) -> Result<Command> {
+    let mut argv: Vec<String> = Vec::new();
+    if let Some(sp) = super::programs::which("setpriv") {
+        argv.extend([
+            sp.to_string_lossy().into(),
+            "--pdeathsig".into(),
+            "KILL".into(),
+            "--".into(),
+        ]);
     }
+    if let Some(p) = fifo {
+        let chrt = super::programs::which("chrt")
+            .context("chrt (util-linux) is needed to start a program at a real-time priority")?;
+        argv.extend([chrt.to_string_lossy().into(), "-f".into(), p.to_string()]);
+    }
+    argv.push(program.into());
+    argv.extend(args.iter().cloned());
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..]);
+    Ok(c)
 }
 
-/// Spawn `cmd` pinned to `cpus` and (if given) in scheduling class `sched`, so the child and
-/// everything it starts inherit both: the calling thread takes that class and mask for the
-/// moment of the spawn and gets its own back. The child runs in its own process group and is
-/// registered for cleanup. Call it from a thread that lives as long as the run (a parent-death
-/// signal, see [`dying_with_us`], follows the spawning thread).
-pub fn spawn(wrapped: &mut Command, cpus: &[usize], sched: Option<ThreadSched>) -> Result<Program> {
+/// Spawn `cmd` pinned to `cpus` (the calling thread takes that mask for the moment of the spawn
+/// and gets its own back), in its own process group, registered for cleanup. Call it from a
+/// thread that lives as long as the run (a parent-death signal, see [`dying_with_us`], follows
+/// the spawning thread).
+pub fn spawn(cmd: &mut Command, cpus: &[usize]) -> Result<Program> {
     use std::os::unix::process::CommandExt;
-    wrapped.process_group(0);
+    cmd.process_group(0);
     let saved_mask = preheat_engine::os::get_affinity();
-    let saved_sched = sched::thread_sched(0).unwrap_or(ThreadSched::NORMAL);
     let r = (|| -> Result<Program> {
         if !cpus.is_empty() {
             preheat_engine::os::set_affinity(cpus)
                 .with_context(|| format!("pinning to CPUs {cpus:?}"))?;
         }
-        if let Some(sc) = sched {
-            sched::set_thread_sched(0, sc).with_context(|| format!("entering {}", sc.name()))?;
-        }
-        Ok(Program::spawn(wrapped)?)
+        Ok(Program::spawn(cmd)?)
     })();
-    let _ = sched::set_thread_sched(0, saved_sched);
     let _ = preheat_engine::os::set_affinity(&saved_mask);
     r
-}
-
-/// `SCHED_FIFO` at `priority` that children inherit (no reset-on-fork): for the main workload,
-/// whose helper processes (a compiler's cc1 and as) must run in the same class.
-pub fn fifo_inherited(priority: i32) -> ThreadSched {
-    ThreadSched {
-        reset_on_fork: false,
-        ..ThreadSched::fifo(priority)
-    }
 }
 
 /// What a worker said when ready.

@@ -67,8 +67,9 @@ pub struct Job {
 }
 
 impl Job {
-    pub fn command(&self) -> Result<Command> {
-        let mut c = super::proc::dying_with_us(&self.argv[0], &self.argv[1..]);
+    /// The job's command, started at `SCHED_FIFO` `fifo` if given (see `proc::dying_with_us`).
+    pub fn command(&self, fifo: Option<i32>) -> Result<Command> {
+        let mut c = super::proc::dying_with_us(&self.argv[0], &self.argv[1..], fifo)?;
         c.current_dir(&self.dir);
         c.stdout(std::process::Stdio::null());
         match &self.stdin {

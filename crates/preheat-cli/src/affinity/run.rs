@@ -112,13 +112,20 @@ pub struct Quanta {
 }
 
 #[derive(Debug, Clone, Serialize)]
+pub struct Late {
+    pub n: usize,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
 pub struct QuantaReport {
     pub requested_ms: f64,
     pub mechanism: &'static str,
     pub main: Option<Quanta>,
     pub vector: Option<Quanta>,
-    /// How late the controller issued its switches, µs (p50, p99; measured by itself).
-    pub controller_late_us: Option<Quanta>,
+    /// How late the controller issued its switches (measured by itself).
+    pub controller_late_us: Option<Late>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -295,14 +302,10 @@ pub(super) struct Reaping {
     pub rx: mpsc::Receiver<std::io::Result<preheat_engine::os::Reaped>>,
 }
 
-pub(super) fn start_program(
-    job: &Job,
-    cpus: &[usize],
-    sched: Option<ThreadSched>,
-) -> Result<Reaping> {
-    let mut cmd = job.command()?;
-    let prog =
-        aproc::spawn(&mut cmd, cpus, sched).with_context(|| format!("starting {}", job.argv[0]))?;
+/// Start a job pinned to `cpus`, at `SCHED_FIFO` `fifo` if given, and a thread that reaps it.
+pub(super) fn start_program(job: &Job, cpus: &[usize], fifo: Option<i32>) -> Result<Reaping> {
+    let mut cmd = job.command(fifo)?;
+    let prog = aproc::spawn(&mut cmd, cpus).with_context(|| format!("starting {}", job.argv[0]))?;
     let pid = prog.pid();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -460,7 +463,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         match (&mut main_worker, &job) {
             (Some(w), _) => w.send(b"g\n")?,
             (None, Some(j)) => {
-                let sc = fifo.then(|| aproc::fifo_inherited(control::PRIO_MAIN));
+                let sc = fifo.then_some(control::PRIO_MAIN);
                 program = Some(start_program(j, &[main_cpu], sc)?);
             }
             _ => unreachable!(),
@@ -567,10 +570,10 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         }
         None => {
             let cpu = prog_cpu.context("the program's CPU time")?;
-            // The program's quanta are the vector's gaps (the first is the start-up).
+            // The program's quanta are the vector's gaps.
             let gaps: Vec<f64> = vec_out
                 .as_ref()
-                .map(|v| v.gaps_ms.iter().skip(1).copied().collect())
+                .map(|v| v.gaps_ms.clone())
                 .unwrap_or_default();
             (
                 1.0 / cpu,
@@ -638,7 +641,11 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                 .map(|v| &v.runs_ms)
                 .or(outcome.as_ref().map(|o| &o.vector_runs_ms))
                 .and_then(|r| quanta(r)),
-            controller_late_us: quanta(&stats.late_us),
+            controller_late_us: quanta(&stats.late_us).map(|q| Late {
+                n: q.n,
+                p50_us: q.p50_ms,
+                p99_us: q.p99_ms,
+            }),
         },
         refill: if interleaved.is_some() {
             refill_bins

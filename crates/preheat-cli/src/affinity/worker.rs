@@ -101,8 +101,9 @@ pub struct Outcome {
     pub preheat_cpu_ns: u64,
     pub preheats: u64,
     pub preheat_lines: u64,
-    /// Lengths of the runs between descheduling gaps, and of the gaps, ms (first and last run
-    /// are partial and left out).
+    /// Lengths of the runs between descheduling gaps, and of the gaps, ms (the run before the
+    /// first gap and the last run are partial, and the first two of each may belong to the
+    /// start-up: all left out).
     pub runs_ms: Vec<f64>,
     pub gaps_ms: Vec<f64>,
     pub bins: Vec<Bin>,
@@ -160,9 +161,10 @@ impl RunClock {
     }
 
     fn finish(self, out: &mut Outcome) {
-        out.runs_ms = self.runs;
-        // The first gap may be the start-up; keep it (a quantum boundary is still a boundary).
-        out.gaps_ms = self.gaps;
+        // The first two runs and gaps may belong to the start-up (the other processes of the
+        // run being built and started), not to the interleaving: left out.
+        out.runs_ms = self.runs.into_iter().skip(2).collect();
+        out.gaps_ms = self.gaps.into_iter().skip(2).collect();
         out.bins = (0..=BIN_EDGES_US.len())
             .map(|i| Bin {
                 from_us: if i == 0 { 0 } else { BIN_EDGES_US[i - 1] },

@@ -4,7 +4,7 @@
 pub mod netlab;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 /// Run `preheat ARGS` with its agents' run dir at `run_dir`.
 pub fn preheat(args: &[&str], run_dir: &Path) -> Output {
@@ -64,4 +64,29 @@ pub fn npb() -> PathBuf {
         assert!(st.success(), "building preheat-npb failed");
     }
     bin
+}
+
+/// Tests of one binary that put threads at real-time priorities on all CPUs run one at a time
+/// (they would measure each other): hold this guard.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether real-time scheduling is permitted here (root in CI). Without it the tests that need
+/// it say so and return, except under CI, where the test command runs as root: there it fails.
+pub fn realtime_or_skip(test: &str) -> bool {
+    let ok = Command::new("chrt")
+        .args(["-f", "1", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
+        );
+        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
+    }
+    ok
 }
