@@ -7,9 +7,12 @@
    substitutions where this machine differs from the paper's) and whether Table 3 is feasible.
 2. The run list: (a) Table 2: every workload × every cell; (b) Table 3: each workload once as
    the main benchmark with the next one (cyclic) interfering, affinity high and low, 2 ms;
-   (c) win-back (beyond the paper): for the bundled kernels, the strongest low cell at 2 ms
-   (interleaved BV_L2 at low retention where the CLI offers it, else BV_L1D) with `--preheat`,
-   and Table 3 low with `--preheat`. Every condition runs once per round, rounds × --reps, in a
+   (c) win-back (beyond the paper), for the bundled kernels: Table 2 — the strongest low cell
+   at 2 ms (interleaved BV_L2 at low retention where the CLI offers it, else BV_L1D) and its
+   high cell (BV_0, same row and quantum), each also with `--preheat`; Table 3 — high and low
+   affinity, each also with `--preheat`. The preheat also restores what the interfering
+   workload evicted, so "fully recovered" is measured against the high-affinity case *with the
+   same preheat*, not without it. Every condition runs once per round, rounds × --reps, in a
    seeded shuffled order per round (so drifts of the machine hit all conditions alike).
 3. Each run is one `preheat affinity run --json`; a workload the CLI reports as not installed
    / unavailable is skipped (printed `SKIP ...` and in the report); a failing run is recorded
@@ -51,7 +54,9 @@ WHAT = {"chase": "bundled kernel: dependent pointer chase over a large working s
         "sqlite3": "Debian program on a fixed input", "cc": "Debian program on a fixed input"}
 
 DEFAULT_QUANTA = (2, 10, 200)
-QUICK_QUANTA = (2, 200)
+#: --quick: 2 ms only (at --cpu-ms 150 a 200 ms quantum never interleaves a bundled kernel: it
+#: finishes within its first quantum).
+QUICK_QUANTA = (2,)
 QUICK_WORKLOADS = ("chase", "gzip")
 DEFAULT_REPS = 5
 QUICK_REPS = 2
@@ -63,16 +68,21 @@ TABLE3_QUANTUM_MS = 2
 WINBACK_QUANTUM_MS = 2
 #: The defaults must finish within 30 minutes on a 2-CPU machine.
 BUDGET_S = 28 * 60.0
-#: Wall time per run: a bundled kernel runs --cpu-ms of its own CPU time, sharing its CPU
-#: with the interleaved vector (× ~2.3 with the set-up), plus the start-up; a program ~1.5 s.
-WALL_PER_CPU_S = 2.3
-RUN_OVERHEAD_S = 0.3
-PROGRAM_RUN_S = 1.5
+#: Wall time per run (measured with the real CLI on a 2-CPU machine): Table 2 — the workload's
+#: CPU time shared with the interleaved vector (× ~2.1) plus up to ~1 s of set-up outside the
+#: run's own wall_s; Table 3 — 2 copies on 2 CPUs with the interfering one (× ~1.7) plus
+#: ~0.3 s. A program's fixed job is ~0.2–0.35 s of CPU time. (--quick: 68 s estimated, 48 s
+#: measured.)
+WALL_PER_CPU_S = 2.1
+RUN_OVERHEAD_S = 1.0
+T3_WALL_PER_CPU_S = 1.7
+T3_OVERHEAD_S = 0.3
+PROGRAM_CPU_S = 0.35
 TOPOLOGY_S = 10.0
 UNAVAILABLE = ("not installed", "unavailable")
-#: Fewer paired rounds than this: no significance verdict (the percentile bootstrap over 2
-#: rounds excludes 0 in about half of the cases without a true difference; see the report).
-MIN_ROUNDS = 5
+#: Fewer ok runs than this on either side: no significance verdict (the Welch t-interval is
+#: valid for any n ≥ 2, but with 2 it is so wide that a verdict says little).
+MIN_N = 3
 
 
 def _minutes(s: float) -> str:
@@ -100,8 +110,8 @@ class Options:
              cpu_ms: Optional[int] = None, seed: Optional[int] = None,
              from_dir: Optional[Path] = None) -> "Options":
         """The command line's options; ValueError on a bad value. --quick: chase and gzip,
-        quanta 2 and 200, 2 repetitions of 150 ms CPU, Table 3 with one pair, win-back for
-        the first bundled kernel only."""
+        the 2 ms quantum, 2 repetitions of 150 ms CPU, Table 3 with one pair, win-back for the
+        first bundled kernel only."""
         o = cls(quick=quick)
         if quick:
             o.workloads, o.quanta = QUICK_WORKLOADS, QUICK_QUANTA
@@ -231,7 +241,9 @@ def _t3_cond(w: str, w2: str, affinity: str, preheat: bool, cpu_ms: int, purpose
 
 def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) -> List[dict]:
     """Every condition once: Table 2 (workload × cell), Table 3 (pairs × high/low at 2 ms) and
-    the win-back conditions (`--preheat`). NOTES collects what could not be planned."""
+    the win-back conditions (`--preheat` on the strongest low Table 2 cell and on its BV_0
+    cell; on Table 3 high and low; bundled main workloads only, --quick: the first). NOTES
+    collects what could not be planned."""
     notes = notes if notes is not None else []
     cells = table2_cells(topo, o.quanta)
     if not cells:
@@ -258,12 +270,15 @@ def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) 
     if low is not None and high_cell_id(low) not in ids:
         notes.append(f"win-back: the matching high cell {high_cell_id(low)} is missing: not run")
         low = None
+    high = next((c for c in cells if low is not None and c["id"] == high_cell_id(low)), None)
     for w in bundled:
-        if low is not None:
+        if low is not None and high is not None:
             conds.append(_t2_cond(w, low, True, o.cpu_ms, "winback"))
+            conds.append(_t2_cond(w, high, True, o.cpu_ms, "winback"))
         for m, w2 in pairs:
             if m == w:
-                conds.append(_t3_cond(w, w2, "low", True, o.cpu_ms, "winback"))
+                for aff in ("high", "low"):
+                    conds.append(_t3_cond(w, w2, aff, True, o.cpu_ms, "winback"))
     return conds
 
 
@@ -281,9 +296,10 @@ def build_plan(conds: Sequence[dict], reps: int, seed: int) -> List[dict]:
 
 
 def run_estimate_s(cond: dict, cpu_ms: int) -> float:
-    if cond["workload"] in BUNDLED:
-        return cpu_ms / 1000 * WALL_PER_CPU_S + RUN_OVERHEAD_S
-    return PROGRAM_RUN_S
+    cpu = cpu_ms / 1000 if cond["workload"] in BUNDLED else PROGRAM_CPU_S
+    if cond["experiment"] == "table3":
+        return T3_OVERHEAD_S + T3_WALL_PER_CPU_S * cpu
+    return RUN_OVERHEAD_S + WALL_PER_CPU_S * cpu
 
 
 def estimate_s(conds: Sequence[dict], reps: int, cpu_ms: int) -> float:
@@ -298,8 +314,10 @@ def fit_cpu_ms(conds: Sequence[dict], o: Options) -> int:
     bundled_runs = o.reps * sum(c["workload"] in BUNDLED for c in conds)
     if not bundled_runs:
         return o.cpu_ms
-    room = BUDGET_S - estimate_s(conds, o.reps, 0)  # what the CPU time of the kernels may take
-    return int(max(MIN_CPU_MS, min(o.cpu_ms, room / bundled_runs / WALL_PER_CPU_S * 1000)))
+    fixed = estimate_s(conds, o.reps, 0)
+    per_ms = (estimate_s(conds, o.reps, 1000) - fixed) / 1000  # seconds per ms of --cpu-ms
+    room = BUDGET_S - fixed  # what the CPU time of the kernels may take
+    return int(max(MIN_CPU_MS, min(o.cpu_ms, room / per_ms)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,7 +643,8 @@ def run(out: Optional[Path], o: Options) -> int:
     print(f"plan: {len(conds_list)} conditions × {o.reps} rounds = {len(plan)} runs "
           f"({n_b} of bundled kernels at --cpu-ms {o.cpu_ms}, "
           f"~{o.cpu_ms / 1000 * WALL_PER_CPU_S + RUN_OVERHEAD_S:.2f} s "
-          f"each; {len(plan) - n_b} of programs, ~{PROGRAM_RUN_S:g} s each); expected duration "
+          f"each in Table 2; {len(plan) - n_b} of programs, ~"
+          f"{RUN_OVERHEAD_S + WALL_PER_CPU_S * PROGRAM_CPU_S:.1f} s each); expected duration "
           f"~{_minutes(est)}", flush=True)
     if est > BUDGET_S:
         notes.append(f"the estimate ~{_minutes(est)} exceeds {_minutes(BUDGET_S)}: fewer "

@@ -12,11 +12,12 @@ import numpy as np
 import pandas as pd
 
 from . import atomic, stats
-from .affinity import AFFINITY_NAME, AFFINITY_ORDER, MIN_ROUNDS, STANDS_FOR, WORKLOADS
+from .affinity import AFFINITY_NAME, AFFINITY_ORDER, MIN_N, STANDS_FOR, WORKLOADS
 
 COLORS = {"high": "#222222", "low-d": "#ffffff", "low-i": "#ffffff", "low-d-l2": "#ffffff",
-          "low": "#ffffff", "preheat": "#9ecae1", "cost": "#deebf7"}
-HATCH = {"low-d": "", "low-i": "//", "low-d-l2": "xx", "low": "", "preheat": "", "cost": ".."}
+          "low": "#ffffff", "preheat": "#9ecae1", "cost": "#deebf7", "high_pre": "#3182bd"}
+HATCH = {"low-d": "", "low-i": "//", "low-d-l2": "xx", "low": "", "preheat": "", "cost": "..",
+         "high_pre": ""}
 
 
 def _num(v) -> Optional[float]:
@@ -101,8 +102,8 @@ def fig_table2_grid(t2w: pd.DataFrame, w: str, base: Path) -> Path:
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8, label="% difference vs BV_0")
     fig.suptitle(textwrap.fill(
         f"MEASURED on this machine: {w} (stands for {STANDS_FOR.get(w)}), Table 2 — rate vs "
-        "BV_0 at the same retention and quantum; % difference of the means, 95% paired-bootstrap "
-        f"interval over rounds; * = the interval excludes 0 (judged with ≥ {MIN_ROUNDS} rounds)",
+        "BV_0 at the same retention and quantum; % difference of the means, 95% Welch interval "
+        f"(/ BV_0's mean); * = the interval excludes 0 (judged with ≥ {MIN_N} runs per cell)",
         int(width * 15)), fontsize=8)
     return _save(fig, base)
 
@@ -181,20 +182,27 @@ def fig2_groups(t2: pd.DataFrame, q: int) -> List[dict]:
 
 
 def t3_groups(t3: pd.DataFrame, wb: pd.DataFrame) -> List[dict]:
+    """Per Table 3 pair: HI_AFF vs LOW_AFF and, where the win-back ran, both with --preheat."""
     groups = []
     for r in t3.itertuples():
         ref = _num(r.high_mean)
         if not ref:
             continue
-        bars = [_bar("HI_AFF", {"mean": r.high_mean, "sd": r.high_sd}, ref),
-                _bar("LOW_AFF", {"mean": r.low_mean, "sd": r.low_sd}, ref,
-                     _pct(r.pct) + ("*" if r.significant else ""), "low")]
-        w = wb[(wb["experiment"] == "table3") & (wb["workload"] == r.main)] if len(wb) else wb
-        if len(w):
-            x = w.iloc[0]
+        bars = [_bar("HI_AFF", {"mean": r.high_mean, "sd": r.high_sd}, ref)]
+        w = (wb[(wb["experiment"] == "table3") & (wb["workload"] == r.main)
+                & (wb["low_cond"].str.contains(f"+{r.interfering}-", regex=False))]
+             if len(wb) else wb)
+        x = w.iloc[0] if len(w) else None
+        if x is not None:
+            bars.append(_bar("HI_AFF + --preheat (beyond the paper)",
+                             {"mean": x["high_pre_mean"], "sd": x["high_pre_sd"]}, ref,
+                             _pct(x["preheat_alone"]), "high_pre"))
+        bars.append(_bar("LOW_AFF", {"mean": r.low_mean, "sd": r.low_sd}, ref,
+                         _pct(r.pct) + ("*" if r.significant else ""), "low"))
+        if x is not None:
             bars.append(_bar("LOW_AFF + --preheat (beyond the paper)",
-                             {"mean": x["preheat_mean"], "sd": x["preheat_sd"]}, ref,
-                             _pct(x["preheat_mean"] / ref - 1) if _num(x["preheat_mean"]) else "",
+                             {"mean": x["low_pre_mean"], "sd": x["low_pre_sd"]}, ref,
+                             _pct(x["low_pre_mean"] / ref - 1) if _num(x["low_pre_mean"]) else "",
                              "preheat"))
         groups.append({"label": f"{r.main}\n+{r.interfering}\nn={r.high_n}/{r.low_n}",
                        "bars": bars})
@@ -202,22 +210,27 @@ def t3_groups(t3: pd.DataFrame, wb: pd.DataFrame) -> List[dict]:
 
 
 def winback_groups(wb: pd.DataFrame) -> List[dict]:
+    """Per win-back comparison: high, high + preheat, low, low + preheat (and its rate counting
+    the preheat's CPU time), relative to high without preheat."""
     groups = []
     for r in wb.itertuples():
         ref = _num(r.high_mean)
         if not ref:
             continue
-        rec = ((_pct(r.recovered, 0).lstrip("+") + " won back")
-               if _num(r.recovered) is not None else "undefined")
+        rec = ((_pct(r.recovered, 0).lstrip("+") + " recovered")
+               if _num(r.recovered) is not None else "recovered: undefined")
         bars = [_bar("high affinity", {"mean": r.high_mean, "sd": r.high_sd}, ref),
+                _bar("high + --preheat", {"mean": r.high_pre_mean, "sd": r.high_pre_sd}, ref,
+                     _pct(r.preheat_alone), "high_pre"),
                 _bar("low affinity", {"mean": r.low_mean, "sd": r.low_sd}, ref, _pct(r.loss),
                      "low"),
-                _bar("low + --preheat", {"mean": r.preheat_mean, "sd": r.preheat_sd}, ref, rec,
+                _bar("low + --preheat", {"mean": r.low_pre_mean, "sd": r.low_pre_sd}, ref, rec,
                      "preheat"),
                 _bar("low + --preheat, rate counting the preheat's CPU time",
-                     {"mean": r.with_cost_mean, "sd": r.with_cost_sd}, ref, "", "cost")]
+                     {"mean": r.low_pre_cost_mean, "sd": r.low_pre_cost_sd}, ref, "", "cost")]
         tag = "T2" if r.experiment == "table2" else "T3"
-        groups.append({"label": f"{r.workload}\n{tag}", "bars": bars})
+        n = f"{r.high_n}/{r.high_pre_n}/{r.low_n}/{r.low_pre_n}"
+        groups.append({"label": f"{r.workload}\n{tag}\nn={n}", "bars": bars})
     return groups
 
 
@@ -231,7 +244,7 @@ def fig_refill(rf: pd.DataFrame, base: Path) -> Optional[Path]:
     for ax, w in zip(axes[0], ws):
         g = rf[(rf["workload"] == w) & (~rf["preheat"])]
         for (vec, ret), h in g.groupby(["interleaved", "retention"], sort=True):
-            x = (h["from_us"] + h["to_us"]) / 2
+            x = (h["from_us"] + h["to_us"].fillna(2 * h["from_us"])) / 2  # open last bin
             ax.plot(x.clip(lower=1), h["rate_rel"], marker=".", ls="-" if ret == "low" else "--",
                     label=f"{vec}, {ret} retention (runs {int(h['runs'].max())})")
         ax.set_xscale("log")

@@ -2,17 +2,17 @@
 
 Statistics (all from stats.py, nothing re-implemented here):
 
-* per condition (workload × cell × preheat): mean and 95% interval `stats.mean_ci_t`
-  (mean ± 1.96 s/√n) of the rate, and the standard deviation (the figures' whiskers are 2σ,
-  as the paper's);
+* per condition (workload × cell × preheat): mean and 95% Student-t interval
+  (`stats.mean_ci_t`, mean ± t_{0.975, n−1}·s/√n) of the rate, and the standard deviation (the
+  figures' whiskers are 2σ, as the paper's);
 * % difference of a low-affinity cell vs its matching high cell (BV_0 at the same retention
-  and quantum; Table 3: the same pair with high affinity): mean(low)/mean(high) − 1 with a 95%
-  percentile interval from `stats.paired_bootstrap` over rounds (every round ran every
-  condition once, so resampling whole rounds keeps what drifted during a round together);
-  significant only when the interval excludes 0;
-* win-back: recovered share = (rate_preheat − rate_low)/(rate_high − rate_low)
-  (`stats.part_share_fn`, same bootstrap), undefined unless the low-affinity loss is
-  significant; the preheat's CPU time as a share of the run's; the rate including it.
+  and quantum; Table 3: the same pair with high affinity): the Welch 95% interval of the
+  difference of the means (`stats.welch_diff_ci`, Welch–Satterthwaite df) divided by the high
+  mean; significant only when it excludes 0, judged only with ≥ MIN_N ok runs per side;
+* win-back (low, low + preheat, high, high + preheat): recovered share = (low_pre − low) /
+  (high_pre − low) with Fieller's interval (`stats.share_ci`), undefined unless high_pre − low
+  is significantly > 0; what the preheat does without an affinity loss (high_pre vs high); its
+  CPU time as a share of the run's; the rate counting it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import html
 import math
 import sys
 import traceback
-import warnings
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -29,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from . import atomic, stats
-from .affinity import (BUNDLED, MIN_ROUNDS, STANDS_FOR, WHAT, WORKLOADS, high_cell_id,
+from .affinity import (BUNDLED, MIN_N, STANDS_FOR, WHAT, WORKLOADS, high_cell_id,
                        matrix_rows, substitutions, t2_cond_id, t3_cond_id)
 from .affinity_figures import (_num, _pct_ci, fig2_groups, fig_bars, fig_quanta, fig_refill,
                                fig_table2_grid, t3_groups, winback_groups)
@@ -87,23 +86,33 @@ def correspondence(unavailable: dict, selected: Sequence[str]) -> pd.DataFrame:
         for w in WORKLOADS])
 
 
+def _verdict_cis(df: pd.DataFrame, col: str) -> list:
+    return [f"{x} ({v})" for x, v in zip(_cis(df, col, f"{col}_lo", f"{col}_hi"),
+                                         df[f"{col}_verdict"])]
+
+
 def winback_display(wb: pd.DataFrame) -> pd.DataFrame:
     rec = [_share(a, b, c) if _num(a) is not None else n for a, b, c, n in
            zip(wb["recovered"], wb["recovered_lo"], wb["recovered_hi"], wb["recovered_note"])]
-    rec_cost = [_share(a, b, c) if _num(a) is not None else "undefined" for a, b, c in
-                zip(wb["recovered_with_cost"], wb["recovered_with_cost_lo"],
-                    wb["recovered_with_cost_hi"])]
     return pd.DataFrame({
         "workload": wb["workload"], "comparison": wb["comparison"],
-        "n high/low/preheat": [f"{a}/{b}/{c}" for a, b, c in
-                               zip(wb["high_n"], wb["low_n"], wb["preheat_n"])],
-        "low vs high [95% CI]": [f"{x} ({v})" for x, v in
-                                 zip(_cis(wb, "loss", "loss_lo", "loss_hi"), wb["loss_verdict"])],
-        "preheat vs low [95% CI]": _cis(wb, "gain", "gain_lo", "gain_hi"),
-        "recovered share [95% CI]": rec,
-        "recovered, counting the preheat's CPU [95% CI]": rec_cost,
-        "preheat CPU / run CPU [95% CI]": _cis(wb, "preheat_cost_share", "preheat_cost_share_lo",
-                                               "preheat_cost_share_hi", _share, d=2)})
+        "n low/low+pre/high/high+pre": [
+            f"{a}/{b}/{c}/{d}" for a, b, c, d in
+            zip(wb["low_n"], wb["low_pre_n"], wb["high_n"], wb["high_pre_n"])],
+        "affinity loss: low vs high [95% CI]": _verdict_cis(wb, "loss"),
+        "preheat without affinity loss: high+pre vs high [95% CI]":
+            _verdict_cis(wb, "preheat_alone"),
+        "preheat under low affinity: low+pre vs low [95% CI]": _verdict_cis(wb, "gain"),
+        "loss left with preheat: low+pre vs high+pre [95% CI]": _verdict_cis(wb, "loss_pre"),
+        "recovered (low+pre − low)/(high+pre − low) [95% CI]": rec,
+        "net gain counting the preheat's CPU: low+pre vs low [95% CI]":
+            _verdict_cis(wb, "net_gain"),
+        "preheat CPU / run CPU, low+pre [95% CI]": _cis(
+            wb, "low_pre_cost_share", "low_pre_cost_share_lo", "low_pre_cost_share_hi", _share,
+            d=2),
+        "preheat CPU / run CPU, high+pre [95% CI]": _cis(
+            wb, "high_pre_cost_share", "high_pre_cost_share_lo", "high_pre_cost_share_hi",
+            _share, d=2)})
 
 
 def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
@@ -122,8 +131,8 @@ def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
         r["workload_kind"] = d.get("workload_kind") or ("bundled" if w in BUNDLED else "program")
         r["stands_for"] = d.get("stands_for") or STANDS_FOR.get(w)
         r["metric"] = d.get("metric")
-        for k in ("rate", "work", "cpu_s", "wall_s", "preheat_cpu_s", "rate_with_preheat_cost",
-                  "ipc", "mpi"):
+        for k in ("rate", "work", "cpu_s", "wall_s", "preheat_cpu_s", "preheats",
+                  "rate_with_preheat_cost", "ipc", "mpi"):
             r[k] = _num(d.get(k))
         if c.get("preheat") and r["rate_with_preheat_cost"] is None and r["work"] is not None \
                 and r["cpu_s"] is not None:
@@ -138,6 +147,16 @@ def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
             r[f"q_{role}_n"] = _num(x.get("n"))
             r[f"q_{role}_p50_ms"] = _num(x.get("p50_ms"))
             r[f"q_{role}_p99_ms"] = _num(x.get("p99_ms"))
+        # How late the controller issued its switches, µs (p50_us/p99_us; the first CLI builds
+        # put the µs values under the quanta's names p50_ms/p99_ms).
+        late = q.get("controller_late_us") or {}
+        r["q_late_n"] = _num(late.get("n"))
+        r["q_late_p50_us"] = _num(late.get("p50_us", late.get("p50_ms")))
+        r["q_late_p99_us"] = _num(late.get("p99_us", late.get("p99_ms")))
+        r["interleaving"] = (interleaving_check(r["q_requested_ms"], r["q_main_p50_ms"],
+                                                r["q_main_n"])
+                             if rec.get("status") == "ok" and c.get("experiment") == "table2"
+                             else "")
         copies = [_num(x.get("rate")) for x in d.get("copies") or [] if isinstance(x, dict)]
         r["copies"] = len(copies)
         r["copies_rates"] = " ".join(_g(x) for x in copies)
@@ -150,72 +169,81 @@ def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
     return df
 
 
+#: A Table 2 run interleaved as asked when its main workload's quanta (p50) are within this
+#: share of the requested quantum.
+QUANTUM_TOLERANCE = 0.2
+
+
+def interleaving_check(requested_ms, p50_ms, n) -> str:
+    """'ok' when a Table 2 run's main workload ran quanta (p50) within QUANTUM_TOLERANCE of the
+    requested one, else what went wrong (no quanta: it was never interleaved, e.g. a workload
+    shorter than one quantum)."""
+    req, p50 = _num(requested_ms), _num(p50_ms)
+    if req is None:
+        return "no quanta reported"
+    if p50 is None or not _num(n):
+        return "not interleaved (no quanta of the main workload reported)"
+    if abs(p50 / req - 1) <= QUANTUM_TOLERANCE:
+        return "ok"
+    return f"quanta off: p50 {p50:.3g} ms for {req:g} ms requested (n = {int(_num(n))})"
+
+
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["status"] == "ok"] if len(runs) else runs
 
 
-def cond_stats(runs: pd.DataFrame, cond: str, col: str = "rate") -> dict:
-    """n, mean, 95% interval (stats.mean_ci_t) and σ of COL over the ok runs of COND."""
+def cond_values(runs: pd.DataFrame, cond: str, col: str = "rate") -> np.ndarray:
+    """COL over the ok runs of COND (finite values only)."""
     ok = _ok(runs)
-    v = stats.clean(ok.loc[ok["cond"] == cond, col]) if len(ok) and col in ok else np.array([])
+    return stats.clean(ok.loc[ok["cond"] == cond, col]) if len(ok) and col in ok else np.array([])
+
+
+def cond_stats(runs: pd.DataFrame, cond: str, col: str = "rate") -> dict:
+    """n, mean, 95% Student-t interval (stats.mean_ci_t) and σ of COL over the ok runs of
+    COND."""
+    v = cond_values(runs, cond, col)
     m, lo, hi = stats.mean_ci_t(v)
     sd = float(v.std(ddof=1)) if len(v) > 1 else (0.0 if len(v) else math.nan)
     return {"n": len(v), "mean": m, "lo": lo, "hi": hi, "sd": sd}
 
 
-def _matrix(runs: pd.DataFrame, modes: Dict[str, Tuple[str, str]]):
-    """A rounds × modes matrix: MODES maps a mode name to (condition, column)."""
-    ok = _ok(runs)
-    parts = []
-    for mode, (cond, col) in modes.items():
-        g = ok[ok["cond"] == cond] if len(ok) else ok
-        if len(g) and col in g:
-            parts.append(pd.DataFrame({"round": g["round"], "mode": mode, "v": g[col]}))
-    df = pd.concat(parts) if parts else pd.DataFrame(columns=["round", "mode", "v"])
-    df = df.dropna(subset=["v"])
-    return stats.round_matrix(df, list(modes), "v")[0]
+def pct_diff(a: Sequence[float], b: Sequence[float]) -> stats.TInterval:
+    """mean(a)/mean(b) − 1 with a 95% interval: the Welch interval of mean(a) − mean(b)
+    (stats.welch_diff_ci) divided by mean(b). Dividing by the point estimate of mean(b) leaves
+    the verdict exactly Welch's (mean(b) > 0); it ignores mean(b)'s own uncertainty, which is
+    small next to that of the difference when both sides have similar spread."""
+    d = stats.welch_diff_ci(a, b)
+    mb = float(np.mean(b)) if len(b) else math.nan
+    if not (mb > 0):
+        return stats.TInterval(math.nan, math.nan, math.nan, d.df, math.nan, d.n_a, d.n_b)
+    return d.scaled(mb)
 
 
-def paired(runs: pd.DataFrame, modes: Dict[str, Tuple[str, str]], fns: Dict[str, Callable],
-           boot: int = stats.DEFAULT_BOOT,
-           need: Sequence[str] = ()) -> Tuple[Dict[str, stats.Derived], int]:
-    """stats.paired_bootstrap of FNS over the rounds × MODES matrix, and the number of rounds
-    that have every mode in NEED (default: all)."""
-    mat = _matrix(runs, modes)
-    cols = [list(modes).index(m) for m in (need or modes)]
-    rounds = int(np.all(np.isfinite(mat[:, cols]), axis=1).sum()) if mat.size else 0
-    with warnings.catch_warnings():  # a mode without samples: NaN (undefined), said elsewhere
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return stats.paired_bootstrap(mat, list(modes), fns, boot=boot), rounds
+def pct_vs(runs: pd.DataFrame, cond: str, ref: str, col: str = "rate",
+           ref_col: str = "rate") -> stats.TInterval:
+    """`pct_diff` of COL over the ok runs of COND against REF_COL of REF."""
+    return pct_diff(cond_values(runs, cond, col), cond_values(runs, ref, ref_col))
 
 
-def paired_pct(runs: pd.DataFrame, low: str, high: str, boot: int = stats.DEFAULT_BOOT,
-               col: str = "rate") -> Tuple[stats.Derived, int]:
-    """mean(low)/mean(high) − 1 with a 95% paired bootstrap interval over rounds, and the
-    number of rounds with both."""
-    res, rounds = paired(runs, {"high": (high, col), "low": (low, col)},
-                         {"pct": lambda s: s["low"] / s["high"] - 1}, boot)
-    return res["pct"], rounds
-
-
-def excludes_zero(d: stats.Derived) -> bool:
-    lo, hi = _num(d.lo), _num(d.hi)
-    return lo is not None and hi is not None and (lo > 0 or hi < 0)
-
-
-def significant(d: stats.Derived, rounds: int) -> Optional[bool]:
-    """True when the interval excludes 0, False when it does not, None (not assessed) with
-    fewer than MIN_ROUNDS paired rounds: the percentile bootstrap over 2 rounds excludes 0 in
-    about half of the cases without any true difference."""
-    if rounds < MIN_ROUNDS:
+def significant(d: stats.TInterval) -> Optional[bool]:
+    """True when the 95% interval excludes 0, False when it does not, None (not assessed) with
+    fewer than MIN_N ok runs on either side."""
+    if min(d.n_a, d.n_b) < MIN_N:
         return None
-    return excludes_zero(d)
+    return d.excludes_zero()
 
 
-def verdict(sig: Optional[bool], rounds: int) -> str:
+def verdict(d: stats.TInterval) -> str:
+    sig = significant(d)
     if sig is None:
-        return f"not assessed ({rounds} paired round(s) < {MIN_ROUNDS})"
+        return f"not assessed (n = {d.n_a}/{d.n_b}; needs ≥ {MIN_N} per side)"
     return "significant" if sig else "not significant"
+
+
+def _diff_cols(prefix: str, d: stats.TInterval) -> dict:
+    return {f"{prefix}": d.value, f"{prefix}_lo": d.lo, f"{prefix}_hi": d.hi,
+            f"{prefix}_df": d.df, f"{prefix}_significant": significant(d),
+            f"{prefix}_verdict": verdict(d)}
 
 
 def _stat_cols(prefix: str, s: dict) -> dict:
@@ -231,9 +259,14 @@ def _metric(runs: pd.DataFrame, w: str) -> str:
     return "work per CPU-second" if w in BUNDLED else "jobs per CPU-second"
 
 
-def table2_table(runs: pd.DataFrame, conds: Dict[str, dict], boot: int) -> pd.DataFrame:
+def _pct_cols(d: stats.TInterval) -> dict:
+    return {"pct": d.value, "pct_lo": d.lo, "pct_hi": d.hi, "df": d.df,
+            "significant": significant(d), "verdict": verdict(d)}
+
+
+def table2_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
     """Per workload × Table 2 cell (no preheat): the rate and, for low cells, the % difference
-    vs BV_0 at the same retention and quantum."""
+    vs BV_0 at the same retention and quantum (Welch)."""
     rows = []
     for c in conds.values():
         if c["experiment"] != "table2" or c["preheat"]:
@@ -247,22 +280,19 @@ def table2_table(runs: pd.DataFrame, conds: Dict[str, dict], boot: int) -> pd.Da
                   **_stat_cols("", s)})
         if c["affinity"] != "high":
             hc = t2_cond_id(c["workload"], high_cell_id(c), False)
-            hs = cond_stats(runs, hc)
-            d, rounds = paired_pct(runs, c["cond"], hc, boot)
-            sig = significant(d, rounds)
-            r.update({"high_cell": high_cell_id(c), **_stat_cols("high_", hs), "pct": d.value,
-                      "pct_lo": d.lo, "pct_hi": d.hi, "rounds": rounds, "significant": sig,
-                      "verdict": verdict(sig, rounds)})
+            r.update({"high_cell": high_cell_id(c), **_stat_cols("high_", cond_stats(runs, hc)),
+                      **_pct_cols(pct_vs(runs, c["cond"], hc))})
         else:
             r.update({"high_cell": "(this is the reference)", "pct": None, "pct_lo": None,
-                      "pct_hi": None, "rounds": None, "significant": None,
-                      "verdict": "reference"})
+                      "pct_hi": None, "df": None, "significant": None, "verdict": "reference"})
         r["label"] = LABEL
         rows.append(r)
     return pd.DataFrame(rows)
 
 
-def table3_table(runs: pd.DataFrame, conds: Dict[str, dict], boot: int) -> pd.DataFrame:
+def table3_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
+    """Per Table 3 pair (no preheat): the rate (mean over the main copies) with high and low
+    affinity and the % difference low vs high (Welch)."""
     rows = []
     for c in conds.values():
         if c["experiment"] != "table3" or c["preheat"] or c["affinity"] != "low":
@@ -270,66 +300,95 @@ def table3_table(runs: pd.DataFrame, conds: Dict[str, dict], boot: int) -> pd.Da
         w, w2 = c["workload"], c["interfering"]
         hc = t3_cond_id(w, w2, "high", False)
         hs, ls = cond_stats(runs, hc), cond_stats(runs, c["cond"])
-        d, rounds = paired_pct(runs, c["cond"], hc, boot)
-        sig = significant(d, rounds)
         rows.append({"main": w, "interfering": w2, "stands_for": STANDS_FOR.get(w),
                      "quantum_ms": c["quantum_ms"], "metric": _metric(runs, w),
-                     **_stat_cols("high_", hs), **_stat_cols("low_", ls), "pct": d.value,
-                     "pct_lo": d.lo, "pct_hi": d.hi, "rounds": rounds, "significant": sig,
-                     "verdict": verdict(sig, rounds), "label": LABEL})
+                     **_stat_cols("high_", hs), **_stat_cols("low_", ls),
+                     **_pct_cols(pct_vs(runs, c["cond"], hc)), "label": LABEL})
     return pd.DataFrame(rows)
 
 
-def winback_table(runs: pd.DataFrame, conds: Dict[str, dict], boot: int) -> pd.DataFrame:
-    """Per `--preheat` condition: the loss low vs high, the share of it the preheat recovers
-    (undefined unless the loss is significant), the preheat's CPU cost and the rate with it."""
-    rows = []
+def winback_groups_of(conds: Dict[str, dict]) -> List[dict]:
+    """The win-back comparisons in the plan: per bundled workload, Table 2 (the low cell run
+    with --preheat, its BV_0 cell) and Table 3 (the pair), each as the condition ids of low,
+    low + preheat, high and high + preheat."""
+    out = []
     for c in conds.values():
-        if not c["preheat"]:
+        if not c["preheat"] or c["affinity"] == "high":
             continue
         w = c["workload"]
         if c["experiment"] == "table2":
-            low, high = t2_cond_id(w, c["cell_id"], False), t2_cond_id(w, high_cell_id(c), False)
-            where = f"Table 2 cell {c['cell_id']} vs {high_cell_id(c)}"
+            hid = high_cell_id(c)
+            ids = {"low": t2_cond_id(w, c["cell_id"], False), "low_pre": c["cond"],
+                   "high": t2_cond_id(w, hid, False), "high_pre": t2_cond_id(w, hid, True)}
+            where = f"Table 2: {c['cell_id']} vs {hid}"
         else:
-            low = t3_cond_id(w, c["interfering"], "low", False)
-            high = t3_cond_id(w, c["interfering"], "high", False)
-            where = f"Table 3 {w}+{c['interfering']}, low vs high affinity"
-        modes = {"high": (high, "rate"), "low": (low, "rate"), "pre": (c["cond"], "rate"),
-                 "pre_cost": (c["cond"], "rate_with_preheat_cost")}
-        res, rounds = paired(runs, modes, {
-            "loss": lambda s: s["low"] / s["high"] - 1,
-            "gain": lambda s: s["pre"] / s["low"] - 1,
-            "share": stats.part_share_fn("pre", "low", "high", "low"),
-            "share_cost": stats.part_share_fn("pre_cost", "low", "high", "low")}, boot,
-            need=("high", "low"))
-        loss = res["loss"]
-        sig = significant(loss, rounds)
-        defined = bool(sig) and (_num(loss.value) or 0) < 0
-        sh, shc = res["share"], res["share_cost"]
-        cost = cond_stats(runs, c["cond"], "preheat_share")
-        r = {"workload": w, "experiment": c["experiment"], "comparison": where,
-             "high_cond": high, "low_cond": low, "preheat_cond": c["cond"],
-             **_stat_cols("high_", cond_stats(runs, high)),
-             **_stat_cols("low_", cond_stats(runs, low)),
-             **_stat_cols("preheat_", cond_stats(runs, c["cond"])),
-             **_stat_cols("with_cost_", cond_stats(runs, c["cond"], "rate_with_preheat_cost")),
-             "loss": loss.value, "loss_lo": loss.lo, "loss_hi": loss.hi,
-             "rounds": rounds, "loss_significant": sig, "loss_verdict": verdict(sig, rounds),
-             "gain": res["gain"].value, "gain_lo": res["gain"].lo, "gain_hi": res["gain"].hi,
-             "recovered": sh.value if defined else None,
-             "recovered_lo": sh.lo if defined else None, "recovered_hi": sh.hi if defined else None,
-             "recovered_undefined_share": sh.undefined_share if defined else None,
-             "recovered_with_cost": shc.value if defined else None,
-             "recovered_with_cost_lo": shc.lo if defined else None,
-             "recovered_with_cost_hi": shc.hi if defined else None,
-             "preheat_cost_share": cost["mean"], "preheat_cost_share_lo": cost["lo"],
-             "preheat_cost_share_hi": cost["hi"],
-             "recovered_note": ("" if defined else
-                                f"undefined: the low-affinity loss is {verdict(sig, rounds)}, "
-                                "so there is no loss to win back" if not sig else
-                                "undefined: low affinity was faster than high here"),
-             "label": LABEL}
+            w2 = c["interfering"]
+            ids = {"low": t3_cond_id(w, w2, "low", False), "low_pre": c["cond"],
+                   "high": t3_cond_id(w, w2, "high", False),
+                   "high_pre": t3_cond_id(w, w2, "high", True)}
+            where = f"Table 3: {w}+{w2}, moved vs pinned"
+        out.append({"workload": w, "experiment": c["experiment"], "comparison": where, **ids})
+    return out
+
+
+def winback_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
+    """Per win-back comparison (low, low + preheat, high, high + preheat; all measured):
+
+    * loss: low vs high (the affinity loss, no preheat); loss_pre: low + preheat vs high +
+      preheat (what is left of it when both preheat);
+    * gain: low + preheat vs low; preheat_alone: high + preheat vs high (what the preheat does
+      without an affinity loss — it also restores what other work evicted);
+    * recovered = (low_pre − low)/(high_pre − low) with Fieller's interval (stats.share_ci):
+      1 = as fast as the pinned/high case *with the same preheat*. Undefined unless high_pre −
+      low is significantly > 0 (Welch, ≥ MIN_N runs per side);
+    * the preheat's CPU time as a share of the run's (preheat_cpu_s / cpu_s) with and without
+      affinity loss, and net_gain: rate_with_preheat_cost of low + preheat vs the rate of low.
+
+    All differences: Welch intervals of the difference of means divided by the reference mean
+    (`pct_diff`)."""
+    rows = []
+    for g in winback_groups_of(conds):
+        v = {k: cond_values(runs, g[k]) for k in ("low", "low_pre", "high", "high_pre")}
+        r = {**g, **{f"{k}_cond": g[k] for k in ("low", "low_pre", "high", "high_pre")}}
+        for k in ("low", "low_pre", "high", "high_pre"):
+            del r[k]
+            r.update(_stat_cols(f"{k}_", cond_stats(runs, g[k])))
+        r.update(_stat_cols("low_pre_cost_", cond_stats(runs, g["low_pre"],
+                                                        "rate_with_preheat_cost")))
+        r.update(_stat_cols("high_pre_cost_", cond_stats(runs, g["high_pre"],
+                                                         "rate_with_preheat_cost")))
+        r.update(_diff_cols("loss", pct_diff(v["low"], v["high"])))
+        r.update(_diff_cols("loss_pre", pct_diff(v["low_pre"], v["high_pre"])))
+        r.update(_diff_cols("gain", pct_diff(v["low_pre"], v["low"])))
+        r.update(_diff_cols("preheat_alone", pct_diff(v["high_pre"], v["high"])))
+        r.update(_diff_cols("net_gain", pct_diff(
+            cond_values(runs, g["low_pre"], "rate_with_preheat_cost"), v["low"])))
+        gap = stats.welch_diff_ci(v["high_pre"], v["low"])
+        gap_sig = significant(gap)
+        sh = stats.share_ci(v["low_pre"], v["low"], v["high_pre"])
+        defined = bool(gap_sig) and gap.value > 0 and math.isfinite(sh.lo)
+        if defined:
+            note = ""
+        elif gap_sig is None:
+            note = (f"not assessed: n = {gap.n_a}/{gap.n_b} (high + preheat / low) runs, needs "
+                    f"≥ {MIN_N} per side")
+        elif not (gap_sig and gap.value > 0):
+            note = ("undefined: high + preheat is not significantly faster than low, so there is "
+                    "no loss to win back")
+        else:
+            note = "undefined: the gap is too noisy for a bounded interval"
+        r.update({"gap": gap.value, "gap_lo": gap.lo, "gap_hi": gap.hi,
+                  "gap_significant": gap_sig,
+                  "recovered": sh.value if defined else None,
+                  "recovered_lo": sh.lo if defined else None,
+                  "recovered_hi": sh.hi if defined else None,
+                  "recovered_df": sh.df if defined else None, "recovered_note": note})
+        for k in ("low_pre", "high_pre"):
+            cost = cond_stats(runs, g[k], "preheat_share")
+            r.update({f"{k}_cost_share": cost["mean"], f"{k}_cost_share_lo": cost["lo"],
+                      f"{k}_cost_share_hi": cost["hi"],
+                      f"{k}_preheats": cond_stats(runs, g[k], "preheats")["mean"]})
+        r["label"] = LABEL
         rows.append(r)
     return pd.DataFrame(rows)
 
@@ -348,12 +407,20 @@ def quanta_table(runs: pd.DataFrame) -> pd.DataFrame:
             if not len(p50):
                 continue
             med = stats.quantile(p50, 0.5)
+            late50 = stats.clean(g["q_late_p50_us"]) if "q_late_p50_us" in g else []
+            late99 = stats.clean(g["q_late_p99_us"]) if "q_late_p99_us" in g else []
             rows.append({"mechanism": mech, "requested_ms": req, "role": role, "runs": len(p50),
+                         "runs_without_quanta": len(g) - len(p50),
                          "quanta": int(np.nansum(g[f"q_{role}_n"])),
                          "p50_ms_median_over_runs": med,
                          "p99_ms_median_over_runs": stats.quantile(p99, 0.5),
                          "p99_ms_max": float(p99.max()) if len(p99) else None,
-                         "p50_over_requested": med / req if req else None, "label": LABEL})
+                         "p50_over_requested": med / req if req else None,
+                         "controller_late_p50_us_median": (stats.quantile(late50, 0.5)
+                                                           if len(late50) else None),
+                         "controller_late_p99_us_max": (float(np.max(late99)) if len(late99)
+                                                        else None),
+                         "label": LABEL})
     return pd.DataFrame(rows)
 
 
@@ -376,8 +443,10 @@ def refill_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
         return pd.DataFrame()
     df = pd.DataFrame(rows)
     keys = ["workload", "interleaved", "retention", "preheat", "from_us", "to_us"]
-    out = df.groupby(keys, sort=True).agg(runs=("rate_rel", "size"), rate_rel=("rate_rel", "mean"),
-                                          units=("units", "sum")).reset_index()
+    # dropna=False: the CLI's last bin may be open-ended (to_us null)
+    out = df.groupby(keys, sort=True, dropna=False).agg(
+        runs=("rate_rel", "size"), rate_rel=("rate_rel", "mean"),
+        units=("units", "sum")).reset_index()
     out["label"] = LABEL
     return out
 
@@ -456,19 +525,34 @@ INTRO = (
     "programs stand in for SPEC CPU2000. Beyond the paper: how much of the low-affinity loss "
     "`--preheat` wins back. Labels: measured = on this machine, now (n = samples behind the "
     "number); the paper's = quoted from the paper, not comparable in absolute terms.")
+WINBACK_TEXT = (
+    "Four conditions per comparison, all measured: low affinity, low + --preheat, high affinity "
+    "and high + --preheat (Table 2: the strongest low cell and BV_0 in the same row and "
+    "quantum; Table 3: moved vs pinned, where high + --preheat preheats every quantum on the "
+    "copy's own CPU). The preheat also restores what other work (the concurrent vector, the "
+    "interfering workload) evicted, so low + preheat can beat high without preheat: 'fully "
+    "recovered' is measured against high *with the same preheat*. Recovered share = (low+pre − "
+    "low)/(high+pre − low) with Fieller's 95% interval for a ratio of mean differences "
+    "(stats.share_ci; asymmetric; t at the Welch–Satterthwaite df), undefined unless high+pre − "
+    f"low is significantly > 0 (Welch, ≥ {MIN_N} runs per side). Differences: Welch intervals "
+    "of the difference of means divided by the reference mean. The preheat's CPU time is the "
+    "CLI's preheat_cpu_s (its share of the run's CPU time, with and without an affinity loss); "
+    "the net gain divides the work by the run's CPU time plus the preheat's "
+    "(rate_with_preheat_cost) and compares it with low without preheat.")
 STATS_TEXT = (
-    "Statistics (measured): per condition the mean rate with a 95% interval mean ± 1.96·s/√n "
-    "(stats.mean_ci_t, a normal approximation: with 5 samples a t-interval would be ~1.4× "
-    "wider); the % difference of a low-affinity cell vs BV_0 at the same retention and quantum "
-    "(Table 3: vs the same pair with high affinity) is mean(low)/mean(high) − 1 with a 95% "
-    "percentile interval from a paired bootstrap over rounds (stats.paired_bootstrap: every "
-    "round ran every condition once in a shuffled order; with few rounds the interval is "
-    "coarse); significant = the interval excludes 0, judged only with at least "
-    f"{MIN_ROUNDS} paired rounds (else: not assessed). Calibration of this interval (simulated, "
-    "normal noise, no true difference): it excluded 0 in ~46% of cases with 2 rounds, ~15% with "
-    "5 and ~10% with 8–10 (nominal 5%): a marginal 'significant' at the default 5 rounds is "
-    "weak evidence; more --reps make it stricter. Bar figures: whiskers are ±2 standard "
-    "deviations, as the paper's figures (not confidence intervals).")
+    "Statistics (measured): per condition the mean rate with a 95% Student-t interval, mean ± "
+    "t(0.975, n−1)·s/√n (stats.mean_ci_t; at n = 5 the factor is 2.78, at n = 2 it is 12.7). "
+    "The % difference of a low-affinity cell vs BV_0 at the same retention and quantum (Table "
+    "3: vs the same pair with high affinity) is the Welch 95% interval of the difference of the "
+    "two means (stats.welch_diff_ci: unequal variances, Welch–Satterthwaite df) divided by the "
+    "high mean — so 'significant' (the interval excludes 0) is exactly Welch's t-test at 5%; "
+    "the interval ignores the uncertainty of the high mean in the denominator. A verdict needs "
+    f"at least {MIN_N} ok runs on each side (else: not assessed). Calibration (simulated, "
+    "normal noise, no true difference, n = 5 per side): the interval excludes 0 in ~5% of the "
+    "cases, as it should (the paired bootstrap this report used before did in ~15%). Runs are "
+    "not independent of the machine's drift, which is why every round runs every condition "
+    "once in a shuffled order. Bar figures: whiskers are ±2 standard deviations, as the paper's "
+    "figures (not confidence intervals).")
 
 
 def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
@@ -478,7 +562,6 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
     out.mkdir(parents=True, exist_ok=True)
     failures = state.setdefault("failures", [])
     opts = state.get("options") or {}
-    boot = 500 if opts.get("quick") else stats.DEFAULT_BOOT
     figures: List[Tuple[Path, str]] = []
     tables: List[Tuple[str, str]] = []
     rep = Report("preheat lab affinity: cache affinity on this machine (Kazempour et al.)")
@@ -567,11 +650,21 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
         ids = list(g["run_id"])
         more = " …" if len(ids) > 3 else ""
         body.note(f"FAILED {len(ids)} run(s) ({', '.join(ids[:3])}{more}): {why}", "fail")
+    bad = (runs[(runs["interleaving"] != "") & (runs["interleaving"] != "ok")]
+           if len(runs) and "interleaving" in runs else runs.iloc[0:0])
+    for why, g in (bad.groupby(bad["interleaving"].str.split(":").str[0], sort=False)
+                   if len(bad) else []):
+        cells = sorted({f"{a} {b}" for a, b in zip(g["workload"], g["cell_id"])})
+        more = " …" if len(cells) > 4 else ""
+        body.note(f"{len(g)} Table 2 run(s) not interleaved as requested ({why}; main quanta "
+                  f"p50 not within {QUANTUM_TOLERANCE:.0%} of the requested quantum): "
+                  f"{', '.join(cells[:4])}{more} — their cells do not measure the intended "
+                  "interleaving (runs.csv, column interleaving)", "warn")
     atomic.write_table(out / "runs", runs)
     tables.append(("runs.csv", "every run (measured; failed and skipped runs with their reason)"))
 
     # Table 2
-    t2 = _guard(failures, "table2", table2_table, runs, conds, boot)
+    t2 = _guard(failures, "table2", table2_table, runs, conds)
     t2 = t2 if t2 is not None else pd.DataFrame()
     body.heading("Section 2: L1 cache affinity (Table 2 cells)")
     body.text(STATS_TEXT)
@@ -592,7 +685,7 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
             "% difference [95% CI]": _cis(t2, "pct", "pct_lo", "pct_hi"),
             "verdict (95%)": t2["verdict"], "metric": t2["metric"]})
         table("table2", t2, "Table 2 cells per workload (measured: mean rate over the runs, n "
-                            "each; % difference vs BV_0 with its 95% paired-bootstrap interval)",
+                            "each; % difference vs BV_0 with its 95% Welch interval)",
               disp)
         qs = sorted({int(q) for q in t2["quantum_ms"]})
         q = 2 if 2 in qs else qs[0]
@@ -608,9 +701,9 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
                         "(the paper's Figure 2 shape; whiskers ±2σ, as the paper)")
 
     # Table 3
-    t3 = _guard(failures, "table3", table3_table, runs, conds, boot)
+    t3 = _guard(failures, "table3", table3_table, runs, conds)
     t3 = t3 if t3 is not None else pd.DataFrame()
-    wb = _guard(failures, "winback", winback_table, runs, conds, boot)
+    wb = _guard(failures, "winback", winback_table, runs, conds)
     wb = wb if wb is not None else pd.DataFrame()
     if len(t3):
         body.heading("Section 3: L2 affinity (Table 3 pairs, 2 ms)")
@@ -637,17 +730,14 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
     # Win-back
     if len(wb):
         body.heading("Beyond the paper: how much does --preheat win back?")
-        body.text("Recovered share = (rate with --preheat − rate low)/(rate high − rate low), "
-                  "paired bootstrap over rounds; undefined when the low-affinity loss is not "
-                  "significant. The preheat's CPU time is reported by the CLI (preheat_cpu_s); "
-                  "'with cost' divides the work by the run's CPU time plus the preheat's. "
-                  "Measured.")
-        table("winback", wb, "win-back with --preheat (measured; n per condition in the table)",
-              winback_display(wb))
+        body.text(WINBACK_TEXT)
+        table("winback", wb, "win-back with --preheat (measured: low, low + preheat, high, high "
+                             "+ preheat; n per condition in the table)", winback_display(wb))
         png = _guard(failures, "winback figure", fig_bars, winback_groups(wb), out / "winback",
-                     "MEASURED on this machine: high vs low affinity vs low with --preheat (and "
-                     "its rate counting the preheat's CPU time), relative to high; whiskers ±2σ",
-                     RATE_AXIS)
+                     "MEASURED on this machine: high and low affinity, each without and with "
+                     "--preheat (and low + preheat counting the preheat's CPU time), relative "
+                     "to high without preheat; whiskers ±2σ; on top: % vs high, the recovered "
+                     "share on low + preheat", RATE_AXIS)
         figure(png, "MEASURED: win-back with --preheat (whiskers ±2σ)")
 
     # Refill, quanta
@@ -662,7 +752,8 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
     if qt is not None and len(qt):
         body.heading("Quanta achieved")
         table("quanta", qt, "quanta achieved vs requested per mechanism (measured: p50/p99 of "
-                            "each run, median over runs; quanta = count behind them)")
+                            "each run, median over runs; quanta = count behind them; how late "
+                            "the controller switched, µs)")
         figure(_guard(failures, "quanta figure", fig_quanta, qt, out / "quanta"),
                "MEASURED: quanta achieved vs requested")
 

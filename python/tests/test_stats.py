@@ -43,11 +43,12 @@ def test_nan_and_none_are_dropped():
     assert s.n == 2 and s.mean == 2.0
 
 
-def test_bootstrap_mean_ci_matches_the_normal_interval():
-    v = np.arange(1, 101, dtype=float)  # mean 50.5, sd 29.01: ±5.69
+def test_bootstrap_mean_ci_matches_the_t_interval_for_large_n():
+    v = np.arange(1, 101, dtype=float)  # mean 50.5, sd 29.01: ±1.984·2.901 = ±5.76
     m, lo, hi = stats.mean_ci_bootstrap(v)
     mt, lot, hit = stats.mean_ci_t(v)
     assert m == mt == 50.5
+    assert hit - mt == pytest.approx(stats.t975(99) * np.std(v, ddof=1) / 10)
     assert abs(lo - lot) < 0.6 and abs(hi - hit) < 0.6
     assert lo < 50.5 < hi
     # deterministic: same data, same interval
@@ -122,3 +123,105 @@ def test_bootstrap_p50_uses_the_same_order_statistic():
     assert res["a"].value == 2.0
     st = stats._stat_axis1(mat[None, :, :], "p50")
     assert st[0, 0] == 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Student-t intervals
+
+
+@pytest.mark.parametrize("df, t", [(1, 12.706), (2, 4.303), (4, 2.776), (5, 2.571), (10, 2.228),
+                                   (20, 2.086), (30, 2.042), (40, 2.021), (60, 2.000),
+                                   (120, 1.980), (1000, 1.962)])
+def test_t975_known_values(df, t):
+    assert stats.t975(df) == pytest.approx(t, abs=5e-4)
+
+
+def test_t975_fractional_df_continuity_and_limits():
+    # Reference values (mpmath, regularized incomplete beta): Welch gives fractional df.
+    assert stats.t975(1.5) == pytest.approx(6.0166631, abs=1e-6)
+    assert stats.t975(2.5) == pytest.approx(3.5746548, abs=1e-6)
+    assert stats.t975(7.5) == pytest.approx(2.3330396, abs=1e-6)
+    assert stats.t975(29.5) == pytest.approx(2.0437250, abs=1e-6)
+    # The exact CDF agrees with the table; Cornish-Fisher agrees with it where they meet.
+    for df in range(1, 31):
+        assert stats.t_sf(stats.T975_TABLE[df - 1], df) == pytest.approx(0.025, abs=1e-7)
+    for df in (10, 20, 30):
+        assert stats._cornish_fisher_975(df) == pytest.approx(stats.t975(df), rel=1e-5)
+    grid = [1 + 0.25 * k for k in range(200)] + [60, 120, 1e4]
+    vals = [stats.t975(d) for d in grid]
+    assert all(a > b for a, b in zip(vals, vals[1:]))  # decreasing in df, no jump at 30
+    assert stats.t975(30.0001) == pytest.approx(stats.t975(30), abs=1e-5)
+    assert stats.t975(math.inf) == pytest.approx(1.959964, abs=1e-6)
+    assert math.isnan(stats.t975(0)) and math.isnan(stats.t975(math.nan))
+    assert stats.t975(0.5) > stats.t975(1)
+
+
+def test_mean_ci_t_is_the_student_interval():
+    m, lo, hi = stats.mean_ci_t([1, 2, 3, 4, 5])  # s = 1.5811, s/√5 = 0.7071, t_4 = 2.7764
+    assert m == 3 and hi - m == pytest.approx(2.776445 * 0.7071068, rel=1e-6)
+    assert m - lo == pytest.approx(hi - m)
+    assert stats.mean_ci_t([2.0]) == (2.0, 2.0, 2.0)
+    assert all(math.isnan(x) for x in stats.mean_ci_t([]))
+
+
+def test_mean_ci_t_covers_95_percent_at_n_3():
+    rng = np.random.default_rng(7)
+    covered = sum(lo <= 0 <= hi for _, lo, hi in
+                  (stats.mean_ci_t(rng.normal(0, 1, 3)) for _ in range(2000)))
+    assert 0.93 <= covered / 2000 <= 0.97, covered
+
+
+def test_welch_diff_ci_known_answer():
+    # s_a² = 2.5 (n 5), s_b² = 14 (n 6): se = √(0.5 + 2.3333) = 1.68325, Welch df = 6.9723,
+    # t = 2.36652: −4 ± 3.98347 (reference: mpmath).
+    r = stats.welch_diff_ci([1, 2, 3, 4, 5], [2, 4, 6, 8, 10, 12])
+    assert r.value == -4 and (r.n_a, r.n_b) == (5, 6)
+    assert r.df == pytest.approx(6.972256, abs=1e-5) and r.se == pytest.approx(1.683251, abs=1e-6)
+    assert r.lo == pytest.approx(-7.983469, abs=1e-5) and r.hi == pytest.approx(-0.016531, abs=1e-5)
+    assert r.excludes_zero()
+    pct = r.scaled(7.0)
+    assert (pct.value, pct.lo, pct.hi) == pytest.approx((-4 / 7, r.lo / 7, r.hi / 7))
+    # Too few values: no interval; constant samples: a zero-width one.
+    one = stats.welch_diff_ci([1.0], [2.0, 3.0])
+    assert one.value == -1.5 and math.isnan(one.lo) and not one.excludes_zero()
+    const = stats.welch_diff_ci([2.0, 2.0, 2.0], [1.0, 1.0])
+    assert (const.value, const.lo, const.hi) == (1.0, 1.0, 1.0) and const.excludes_zero()
+
+
+def test_welch_interval_excludes_zero_about_5_percent_without_a_difference():
+    # n = 5 normal samples per side, no true difference: the 95% interval must exclude 0 in
+    # about 5% of the trials (the normal approximation ±1.96·se did in ~10%).
+    rng = np.random.default_rng(20161121)
+    hits = sum(stats.welch_diff_ci(rng.normal(0, 1, 5), rng.normal(0, 1, 5)).excludes_zero()
+               for _ in range(2000))
+    assert 0.02 <= hits / 2000 <= 0.09, hits
+    # Unequal sizes and variances (Welch's case): still about 5%.
+    hits = sum(stats.welch_diff_ci(rng.normal(0, 1, 3), rng.normal(0, 3, 8)).excludes_zero()
+               for _ in range(2000))
+    assert 0.02 <= hits / 2000 <= 0.09, hits
+
+
+def test_paired_t_ci():
+    r = stats.paired_t_ci([1, 2, 3, 4, None], [0, 0, 1, 1, 5])  # differences 1 2 2 3
+    assert (r.value, r.df, r.n_a) == (2.0, 3.0, 4)
+    assert r.hi - 2 == pytest.approx(3.182446 * 0.8164966 / 2, rel=1e-6)
+    with pytest.raises(ValueError):
+        stats.paired_t_ci([1, 2], [1])
+    assert math.isnan(stats.paired_t_ci([1.0], [0.0]).lo)
+
+
+def test_share_ci_fieller():
+    # Constant samples: the share exactly, a zero-width interval.
+    r = stats.share_ci([95.0] * 4, [80.0] * 4, [100.0] * 4)
+    assert (r.value, r.lo, r.hi) == pytest.approx((0.75, 0.75, 0.75))
+    # No gap between base and ref (beyond the noise): unbounded, so no interval.
+    rng = np.random.default_rng(3)
+    r = stats.share_ci(rng.normal(95, 2, 5), rng.normal(100, 2, 5), rng.normal(100.5, 2, 5))
+    assert math.isnan(r.lo) and math.isnan(r.hi)
+    # Coverage: true share 0.75, n = 5 per sample, sd 2 on a gap of 20: about 95%; the
+    # interval is asymmetric (Fieller), wider towards the side of the noisier ratio.
+    covered, n = 0, 1000
+    for _ in range(n):
+        s = stats.share_ci(rng.normal(95, 2, 5), rng.normal(80, 2, 5), rng.normal(100, 2, 5))
+        covered += s.lo <= 0.75 <= s.hi
+    assert 0.92 <= covered / n <= 0.98, covered
