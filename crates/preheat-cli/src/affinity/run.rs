@@ -412,13 +412,14 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
     let vec_worker = match interleaved {
         Some(v) if !in_process => {
             let w = Worker::start(&format!("vector {}", v.name), &vector_args(v), &[main_cpu])?;
+            // Held (stopped) until the main workload runs: a spinning real-time vector would
+            // starve the main workload's start-up in the normal class on the same CPU.
+            Stoppable(w.ready.pid).hold()?;
             if fifo {
                 set(
                     w.ready.main_tid,
                     ThreadSched::fifo(control::PRIO_VECTOR_WAIT),
                 )?;
-            } else {
-                Stoppable(w.ready.pid).hold()?;
             }
             Some(w)
         }
@@ -436,14 +437,14 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                 ]);
             }
             let w = Worker::start(&format!("workload {}", k.name()), &args, &[main_cpu])?;
-            if let Some(t) = w.ready.vector_tid {
-                set(t, ThreadSched::fifo(control::PRIO_VECTOR_WAIT))?;
-            }
             if fifo {
                 set(w.ready.main_tid, ThreadSched::fifo(control::PRIO_MAIN))?;
                 if let Some(t) = w.ready.warm_tid {
                     set(t, ThreadSched::fifo(control::PRIO_WARM))?;
                 }
+            }
+            if let Some(t) = w.ready.vector_tid {
+                set(t, ThreadSched::fifo(control::PRIO_VECTOR_WAIT))?;
             }
             Some(w)
         }
@@ -464,9 +465,25 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             (Some(w), _) => w.send(b"g\n")?,
             (None, Some(j)) => {
                 let sc = fifo.then_some(control::PRIO_MAIN);
-                program = Some(start_program(j, &[main_cpu], sc)?);
+                let p = start_program(j, &[main_cpu], sc)?;
+                if fifo {
+                    // The program enters its class through `setpriv` and `chrt` execs: until it
+                    // has, it is in the normal class and a running vector would starve it.
+                    let pid = p.prog.pid();
+                    let t0 = Instant::now();
+                    while !sched::thread_sched(pid).is_ok_and(|s| s.is_realtime())
+                        && t0.elapsed() < Duration::from_secs(5)
+                    {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                program = Some(p);
             }
             _ => unreachable!(),
+        }
+        // The main workload runs: under priority swapping the vector may now wait behind it.
+        if let (true, Some(vw)) = (fifo, &vec_worker) {
+            Stoppable(vw.ready.pid).run()?;
         }
         let mut outcome = None;
         let mut prog_cpu = None;
