@@ -193,20 +193,22 @@ def main(argv=None) -> int:
         description="preheat affinity topology --json --verify gives the plan (this machine's "
                     "Table 2 cells, with substitutions); then every workload × cell, the Table 3 "
                     "pairs (each workload main once, the next interfering; high/low affinity, "
-                    "2 ms) and the win-back runs (--preheat on the strongest low cell and Table 3 "
-                    "low, bundled kernels), each once per round in a seeded shuffled order, "
-                    "--reps rounds; one `preheat affinity run --json` per run (MEASURED). "
-                    "Means with 95% intervals, % difference vs BV_0 with a paired-bootstrap "
-                    "interval, win-back shares, quanta achieved, refill profiles; the paper's "
-                    "numbers beside ours; tables, figures, report.html in --out.")
+                    "2 ms) and the win-back runs (bundled kernels at 2 ms: the strongest low cell and "
+                    "Table 3, each low and high, with and without --preheat), each once per round "
+                    "in a seeded shuffled order, --reps rounds; one `preheat affinity run --json` "
+                    "per run (MEASURED). Means with Student-t 95% intervals, % difference vs the "
+                    "BV_0 cell with a Welch interval (significant only if it excludes 0), recovered "
+                    "share (low+preheat - low) / (high+preheat - low) with Fieller's interval, "
+                    "quanta achieved, refill profiles; the paper's numbers beside ours; tables, "
+                    "figures, report.html in --out.")
     af.add_argument("--out", type=Path, help="output directory (required unless --from: then "
                                              "the directory holding raw/)")
     af.add_argument("--quick", action="store_true",
-                    help="chase + gzip, quanta 2,200, 2 reps of 150 ms CPU, one Table 3 pair, "
-                         "win-back for chase (1-2 min)")
+                    help="chase + gzip, quantum 2 ms, 2 reps of 150 ms CPU, one Table 3 pair, "
+                         "win-back for chase (about 1 min)")
     af.add_argument("--workloads", help="comma list of chase,stream,branchy,gzip,xz,sqlite3,cc "
                                         "(default all; --quick: chase,gzip)")
-    af.add_argument("--quanta", help="quanta in ms, comma list (default 2,10,200; --quick: 2,200)")
+    af.add_argument("--quanta", help="quanta in ms, comma list (default 2,10,200; --quick: 2)")
     af.add_argument("--reps", type=int, help="rounds: every condition once per round "
                                              "(default 5, at least 5 unless --quick; --quick: 2)")
     af.add_argument("--cpu-ms", type=int, help="CPU time per bundled-kernel run, ms (default 500, "
