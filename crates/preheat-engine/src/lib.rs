@@ -13,6 +13,7 @@
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
 //! | [`codegen`] | generated code of a chosen instruction footprint (W^X mapping, x86-64) |
 //! | [`basevec`] | cache-affinity base vectors (`BV_0`, data, code) and their eviction check |
+//! | [`perf`] | counting events of a thread or process (`perf_event_open`): IPC and misses per instruction where a PMU exists |
 //! | [`workloads`] | the cache-affinity bundled workloads (chase ≈ mcf, stream ≈ art, branchy ≈ gcc) |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
 //! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
@@ -54,6 +55,7 @@ pub mod codegen;
 pub mod idle;
 pub mod maps;
 pub mod os;
+pub mod perf;
 pub mod preheat;
 pub mod probe;
 pub mod sched;

@@ -182,54 +182,7 @@ pub fn pm_qos_resume_latency_path(cpu: usize) -> PathBuf {
 /// (`perf_event_open(PERF_COUNT_HW_CPU_CYCLES)`, user space only). False on VMs without a
 /// virtual PMU, such as this machine — so nothing in preheat may depend on PMU sampling.
 pub fn has_pmu() -> bool {
-    /// `struct perf_event_attr`, first version (PERF_ATTR_SIZE_VER0 = 64 bytes).
-    #[repr(C)]
-    #[derive(Default)]
-    struct PerfEventAttr {
-        type_: u32,
-        size: u32,
-        config: u64,
-        sample_period: u64,
-        sample_type: u64,
-        read_format: u64,
-        flags: u64,
-        wakeup_events: u32,
-        bp_type: u32,
-        config1: u64,
-    }
-    const PERF_TYPE_HARDWARE: u32 = 0;
-    const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
-    const DISABLED: u64 = 1 << 0;
-    const EXCLUDE_KERNEL: u64 = 1 << 5;
-    const EXCLUDE_HV: u64 = 1 << 6;
-    const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
-    let attr = PerfEventAttr {
-        type_: PERF_TYPE_HARDWARE,
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: PERF_COUNT_HW_CPU_CYCLES,
-        flags: DISABLED | EXCLUDE_KERNEL | EXCLUDE_HV,
-        ..Default::default()
-    };
-    // SAFETY: `attr` is a valid perf_event_attr of the size we declare (VER0, 64 bytes); the
-    // kernel only reads it. pid 0 / cpu -1 = calling thread on any CPU, no group.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            0 as libc::pid_t,
-            -1 as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return false;
-    }
-    // SAFETY: `fd` is a descriptor we just opened and own; closing it once is fine.
-    unsafe {
-        libc::close(fd as libc::c_int);
-    }
-    true
+    crate::perf::hw_available()
 }
 
 #[cfg(test)]

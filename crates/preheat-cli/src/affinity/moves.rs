@@ -155,10 +155,14 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             })
             .collect();
         let (mut pre_cpu, mut pre_n, mut work) = (0.0, 0u64, 0.0);
+        let limit = Duration::from_secs(60) + Duration::from_millis(40 * spec.cpu_ms);
         let mut k: usize = 0;
         loop {
             control::wait_until(t0 + q * (k as u32 + 1));
             k += 1;
+            if t0.elapsed() > limit {
+                bail!("the main copies did not finish within {limit:?}: stopped (void)");
+            }
             for (i, m) in mains.iter().enumerate() {
                 if copies[i].is_some() {
                     continue;
@@ -280,6 +284,7 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         },
         refill: Vec::new(),
         copies,
+        pmu: None,
         notes,
     })
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use preheat_affinity::{Plan, VectorKind, VectorSpec};
+use preheat_engine::perf::{Counters, Event};
 use preheat_engine::sched::{self, ThreadSched};
 use preheat_engine::workloads::Kind;
 use serde::Serialize;
@@ -174,7 +175,60 @@ pub struct RunResult {
     pub quanta: QuantaReport,
     pub refill: Vec<RefillBin>,
     pub copies: Vec<Copy>,
+    /// Hardware counters of the main workload where a PMU exists (null otherwise).
+    pub pmu: Option<Pmu>,
     pub notes: Vec<String>,
+}
+
+/// IPC and misses per instruction of the main workload (perf_event, user space), measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pmu {
+    pub cycles: Option<u64>,
+    pub instructions: Option<u64>,
+    pub ipc: Option<f64>,
+    pub l1d_mpi: Option<f64>,
+    pub l1i_mpi: Option<f64>,
+    pub llc_mpi: Option<f64>,
+}
+
+const PMU_EVENTS: [Event; 5] = [
+    Event::Cycles,
+    Event::Instructions,
+    Event::L1dMisses,
+    Event::L1iMisses,
+    Event::LlcMisses,
+];
+
+/// Start counting the main workload's events, if this machine has a PMU.
+pub(super) fn pmu_open(pid: u32, inherit: bool, notes: &mut Vec<String>) -> Option<Counters> {
+    if !preheat_engine::perf::hw_available() {
+        return None;
+    }
+    match Counters::open(pid, &PMU_EVENTS, inherit) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            notes.push(format!("PMU present but counters could not be opened: {e}"));
+            None
+        }
+    }
+}
+
+/// IPC and MPI from the counters.
+pub(super) fn pmu_read(c: &Counters) -> Pmu {
+    let v = c.read();
+    let get = |ev: Event| v.iter().find(|x| x.0 == ev).and_then(|x| x.1);
+    let ins = get(Event::Instructions).filter(|&i| i > 0);
+    let per = |ev: Event| Some(get(ev)? as f64 / ins? as f64);
+    Pmu {
+        cycles: get(Event::Cycles),
+        instructions: ins,
+        ipc: get(Event::Cycles)
+            .filter(|&c| c > 0)
+            .and_then(|c| Some(ins? as f64 / c as f64)),
+        l1d_mpi: per(Event::L1dMisses),
+        l1i_mpi: per(Event::L1iMisses),
+        llc_mpi: per(Event::LlcMisses),
+    }
 }
 
 fn quanta(v: &[f64]) -> Option<Quanta> {
@@ -271,7 +325,14 @@ pub(super) fn workload_args(
         cpu_ms.to_string(),
     ];
     if preheat {
-        a.push("--preheat".into());
+        // Each preheat is bounded: an eighth of the quantum, at most 2 ms (a working set larger
+        // than what the quantum can use, e.g. stream's, is loaded only as far as that).
+        let budget_us = (spec.quantum_ms * 1000.0 / 8.0).clamp(50.0, 2000.0) as u64;
+        a.extend([
+            "--preheat".into(),
+            "--preheat-budget-us".into(),
+            budget_us.to_string(),
+        ]);
     }
     a
 }
@@ -459,13 +520,18 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         .unwrap_or(spec.cpu) as usize;
     let saved = control::become_controller(ctl_cpu, fifo)?;
     let t0 = Instant::now();
+    let mut counters = None;
     let result = (|| -> Result<(Option<Outcome>, Option<f64>, control::ControllerStats)> {
         let mut program = None;
+        if let Some(w) = &main_worker {
+            counters = pmu_open(w.ready.main_tid, false, &mut notes);
+        }
         match (&mut main_worker, &job) {
             (Some(w), _) => w.send(b"g\n")?,
             (None, Some(j)) => {
                 let sc = fifo.then_some(control::PRIO_MAIN);
                 let p = start_program(j, &[main_cpu], sc)?;
+                counters = pmu_open(p.prog.pid(), true, &mut notes);
                 if fifo {
                     // The program enters its class through `setpriv` and `chrt` execs: until it
                     // has, it is in the normal class and a running vector would starve it.
@@ -487,7 +553,22 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         }
         let mut outcome = None;
         let mut prog_cpu = None;
+        // A run that makes no progress (e.g. a workload starved by something else at a real-time
+        // priority) ends with an error instead of hanging the experiment.
+        let limit = Duration::from_secs(30) + Duration::from_millis(20 * spec.cpu_ms);
+        let limit = if main_worker.is_some() {
+            limit
+        } else {
+            Duration::from_secs(600)
+        };
+        let started = Instant::now();
         let mut done = || -> Result<bool> {
+            if started.elapsed() > limit {
+                bail!(
+                    "the main workload did not finish within {limit:?}: stopped (its measurement \
+                     is void)"
+                );
+            }
             if let Some(w) = &main_worker {
                 if outcome.is_none() {
                     outcome = w.try_outcome()?;
@@ -670,6 +751,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             Vec::new()
         },
         copies: Vec::new(),
+        pmu: counters.as_ref().map(pmu_read),
         notes,
     })
 }

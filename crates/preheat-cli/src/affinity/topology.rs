@@ -165,8 +165,8 @@ fn verify_pinned(plan: &Plan, samples: usize) -> Result<Vec<EvictionRow>> {
 pub fn metric() -> (bool, String) {
     let pmu = preheat_engine::topology::has_pmu();
     let m = if pmu {
-        "work per CPU-second (a PMU exists, but IPC and misses per instruction are not wired up \
-         yet)"
+        "work per CPU-second, and IPC and misses per instruction from the PMU (perf_event, user \
+         space; Section 2 runs)"
     } else {
         "work per CPU-second (no PMU: IPC and misses per instruction are not available)"
     };

@@ -15,7 +15,7 @@
 //! gap longer than [`GAP_NS`] between two steps means the process was descheduled. The
 //! workload also bins its progress by time since it last resumed: the refill profile.
 
-use std::io::{BufRead, Write};
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +67,9 @@ enum Role {
         /// Start a warm thread that loads the working set on every `p` from stdin.
         #[arg(long)]
         preheat: bool,
+        /// Each preheat stops after this long (µs), loaded or not.
+        #[arg(long, default_value_t = 250)]
+        preheat_budget_us: u64,
         /// Run a base vector (zero, data, code) as a thread of this process (same address
         /// space: no address-space switch between workload and vector).
         #[arg(long)]
@@ -248,6 +251,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
             cpu_ms,
             seed,
             preheat,
+            preheat_budget_us,
             vector_kind,
             vector_bytes,
             parent,
@@ -268,12 +272,20 @@ pub fn run(a: WorkerArgs) -> Result<()> {
                 }
                 None => None,
             };
-            workload(w, cpu_ms, preheat, v)
+            workload(w, cpu_ms, preheat.then_some(preheat_budget_us), v)
         }
     }
 }
 
-fn workload(mut w: Workload, cpu_ms: u64, preheat: bool, v: Option<BaseVector>) -> Result<()> {
+/// `preheat`: the budget of one preheat, µs (None: no warm thread work).
+fn workload(
+    mut w: Workload,
+    cpu_ms: u64,
+    preheat: Option<u64>,
+    v: Option<BaseVector>,
+) -> Result<()> {
+    let budget_us = preheat.unwrap_or(0);
+    let preheat = preheat.is_some();
     let go = Arc::new(AtomicBool::new(false));
     let preheat_cpu = Arc::new(AtomicU64::new(0));
     let preheats = Arc::new(AtomicU64::new(0));
@@ -294,25 +306,23 @@ fn workload(mut w: Workload, cpu_ms: u64, preheat: bool, v: Option<BaseVector>) 
             .spawn(move || {
                 let _ = tid_tx.send(preheat_engine::os::gettid());
                 let mut stdin = std::io::stdin().lock();
-                let mut buf = Vec::new();
+                let mut buf = [0u8; 256];
                 loop {
-                    buf.clear();
-                    match stdin.read_until(b'\n', &mut buf) {
+                    let buf = match stdin.read(&mut buf) {
                         Ok(0) | Err(_) => return,
-                        Ok(_) => {}
+                        Ok(n) => &buf[..n],
+                    };
+                    if buf.contains(&b'g') {
+                        go.store(true, Ordering::Release);
                     }
-                    for &b in &buf {
-                        match b {
-                            b'g' => go.store(true, Ordering::Release),
-                            b'p' if preheat => {
-                                let c = thread_cpu_ns();
-                                let r = preheat_engine::preheat::load_runs(&runs, None);
-                                preheat_cpu.fetch_add(thread_cpu_ns() - c, Ordering::Relaxed);
-                                preheats.fetch_add(1, Ordering::Relaxed);
-                                lines.fetch_add(r.lines_done, Ordering::Relaxed);
-                            }
-                            _ => {}
-                        }
+                    // Triggers that arrived while a preheat ran are one preheat, not a queue.
+                    if preheat && buf.contains(&b'p') {
+                        let c = thread_cpu_ns();
+                        let deadline = now_ns() + budget_us * 1000;
+                        let r = preheat_engine::preheat::load_runs(&runs, Some(deadline));
+                        preheat_cpu.fetch_add(thread_cpu_ns() - c, Ordering::Relaxed);
+                        preheats.fetch_add(1, Ordering::Relaxed);
+                        lines.fetch_add(r.lines_done, Ordering::Relaxed);
                     }
                 }
             })?;
