@@ -69,12 +69,12 @@ WINBACK_QUANTUM_MS = 2
 #: The defaults must finish within 30 minutes on a 2-CPU machine.
 BUDGET_S = 28 * 60.0
 #: Wall time per run (measured with the real CLI on a 2-CPU machine): Table 2 — the workload's
-#: CPU time shared with the interleaved vector (× ~2.1) plus up to ~1 s of set-up outside the
-#: run's own wall_s; Table 3 — 2 copies on 2 CPUs with the interfering one (× ~1.7) plus
-#: ~0.3 s. A program's fixed job is ~0.2–0.35 s of CPU time. (--quick: 68 s estimated, 48 s
+#: CPU time shared with the interleaved vector (× ~2.1) plus ~0.35 s of start-up (processes,
+#: buffers, program inputs); Table 3 — 2 copies on 2 CPUs with the interfering one (× ~1.7)
+#: plus ~0.3 s. A program's fixed job is ~0.2–0.35 s of CPU time. (Defaults, 970 runs: 18.9 min
 #: measured.)
 WALL_PER_CPU_S = 2.1
-RUN_OVERHEAD_S = 1.0
+RUN_OVERHEAD_S = 0.35
 T3_WALL_PER_CPU_S = 1.7
 T3_OVERHEAD_S = 0.3
 PROGRAM_CPU_S = 0.35
@@ -204,6 +204,18 @@ def t3_cond_id(w: str, w2: str, affinity: str, preheat: bool) -> str:
     return f"t3-{w}+{w2}-{affinity}-q{TABLE3_QUANTUM_MS}" + ("-preheat" if preheat else "")
 
 
+#: A bundled kernel runs at least this many main quanta (its --cpu-ms is raised for long quanta:
+#: at 200 ms, 500 ms of CPU would be two or three quanta, mostly boundaries). The programs run
+#: their fixed jobs (~0.2-0.35 s of CPU), so at 200 ms they are interleaved once or twice at most:
+#: the report flags those runs.
+MIN_QUANTA = 5
+
+
+def cell_cpu_ms(w: str, quantum_ms: float, cpu_ms: int) -> int:
+    """The --cpu-ms of a bundled kernel in a cell with this quantum."""
+    return max(cpu_ms, int(MIN_QUANTA * quantum_ms)) if w in BUNDLED else cpu_ms
+
+
 def _cpu_args(w: str, cpu_ms: int) -> List[str]:
     # --cpu-ms is the bundled kernels' length; the programs run their fixed inputs.
     return ["--cpu-ms", str(cpu_ms)] if w in BUNDLED else []
@@ -213,7 +225,8 @@ def _t2_cond(w: str, cell: dict, preheat: bool, cpu_ms: int, purpose: str) -> di
     args = ["affinity", "run", "--json", "--workload", w, "--interleave", str(cell["interleaved"])]
     if cell.get("concurrent"):
         args += ["--concurrent", str(cell["concurrent"])]
-    args += ["--quantum-ms", str(int(cell["quantum_ms"]))] + _cpu_args(w, cpu_ms)
+    cpu = cell_cpu_ms(w, float(cell["quantum_ms"]), cpu_ms)
+    args += ["--quantum-ms", str(int(cell["quantum_ms"]))] + _cpu_args(w, cpu)
     if preheat:
         args.append("--preheat")
     return {"cond": t2_cond_id(w, cell["id"], preheat), "experiment": "table2",
@@ -296,7 +309,9 @@ def build_plan(conds: Sequence[dict], reps: int, seed: int) -> List[dict]:
 
 
 def run_estimate_s(cond: dict, cpu_ms: int) -> float:
-    cpu = cpu_ms / 1000 if cond["workload"] in BUNDLED else PROGRAM_CPU_S
+    q = float(cond.get("quantum_ms") or 0)
+    cpu = cell_cpu_ms(cond["workload"], q, cpu_ms) / 1000 if cond["workload"] in BUNDLED \
+        else PROGRAM_CPU_S
     if cond["experiment"] == "table3":
         return T3_OVERHEAD_S + T3_WALL_PER_CPU_S * cpu
     return RUN_OVERHEAD_S + WALL_PER_CPU_S * cpu

@@ -279,7 +279,12 @@ fn vector_kind(v: &VectorSpec) -> &'static str {
     }
 }
 
-fn vector_args(v: &VectorSpec) -> Vec<String> {
+/// The pause that ends a run in a worker: half the quantum (at least the interruption floor).
+fn gap_us(quantum_ms: f64) -> String {
+    ((quantum_ms * 500.0) as u64).max(150).to_string()
+}
+
+fn vector_args(v: &VectorSpec, quantum_ms: f64) -> Vec<String> {
     let kind = vector_kind(v);
     vec![
         "vector".into(),
@@ -287,6 +292,8 @@ fn vector_args(v: &VectorSpec) -> Vec<String> {
         kind.into(),
         "--bytes".into(),
         v.bytes.to_string(),
+        "--gap-us".into(),
+        gap_us(quantum_ms),
     ]
 }
 
@@ -323,6 +330,8 @@ pub(super) fn workload_args(
             .to_string(),
         "--cpu-ms".into(),
         cpu_ms.to_string(),
+        "--gap-us".into(),
+        gap_us(spec.quantum_ms),
     ];
     if preheat {
         // Each preheat is bounded: an eighth of the quantum, at most 2 ms (a working set larger
@@ -464,7 +473,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             let v = vector(plan, name)?;
             Some(Worker::start(
                 &format!("concurrent {name}"),
-                &vector_args(v),
+                &vector_args(v, spec.quantum_ms),
                 &[conc_cpu.unwrap_or(0) as usize],
             )?)
         }
@@ -472,7 +481,11 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
     };
     let vec_worker = match interleaved {
         Some(v) if !in_process => {
-            let w = Worker::start(&format!("vector {}", v.name), &vector_args(v), &[main_cpu])?;
+            let w = Worker::start(
+                &format!("vector {}", v.name),
+                &vector_args(v, spec.quantum_ms),
+                &[main_cpu],
+            )?;
             // Held (stopped) until the main workload runs: a spinning real-time vector would
             // starve the main workload's start-up in the normal class on the same CPU.
             Stoppable(w.ready.pid).hold()?;
@@ -668,10 +681,14 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         }
         None => {
             let cpu = prog_cpu.context("the program's CPU time")?;
-            // The program's quanta are the vector's gaps.
+            // The program's quanta are the vector's gaps (its first gap is the wait, stopped,
+            // while the program started; the last one ends when the program does).
             let gaps: Vec<f64> = vec_out
                 .as_ref()
-                .map(|v| v.gaps_ms.clone())
+                .map(|v| {
+                    let g = &v.gaps_ms;
+                    g.get(1..g.len().saturating_sub(1)).unwrap_or(&[]).to_vec()
+                })
                 .unwrap_or_default();
             (
                 1.0 / cpu,

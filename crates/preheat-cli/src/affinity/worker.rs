@@ -12,7 +12,7 @@
 //! * stdout, last line: the [`Outcome`].
 //!
 //! Both record their own run intervals from the clock: a step normally takes microseconds, so a
-//! gap longer than [`GAP_NS`] between two steps means the process was descheduled. The
+//! gap longer than the worker's `--gap-us` between two steps is a quantum boundary. The
 //! workload also bins its progress by time since it last resumed: the refill profile.
 
 use std::io::{Read, Write};
@@ -26,9 +26,11 @@ use preheat_engine::time::{now_ns, thread_cpu_ns};
 use preheat_engine::workloads::{Kind, Workload};
 use serde::{Deserialize, Serialize};
 
-/// A pause between two steps longer than this is a descheduling (steps take ≤ ~10 µs; the
-/// shortest quantum is 1 ms).
-pub const GAP_NS: u64 = 150_000;
+/// A pause between two steps longer than this is an interruption (steps take ≤ ~10 µs): the
+/// step is left out of the refill bins. Whether it is also a quantum boundary is decided by the
+/// worker's `--gap-us` (the controller passes half the quantum), so an interrupt or a kernel
+/// thread inside a long quantum does not cut it in two.
+pub const INTERRUPT_NS: u64 = 150_000;
 
 /// Upper edges of the refill bins, µs since the workload resumed (the last bin is open).
 pub const BIN_EDGES_US: [u64; 14] = [
@@ -50,6 +52,9 @@ enum Role {
         kind: String,
         #[arg(long)]
         bytes: usize,
+        /// A pause longer than this (µs) is a quantum boundary.
+        #[arg(long, default_value_t = 150)]
+        gap_us: u64,
         /// The controller's pid (the worker dies with it).
         #[arg(long)]
         parent: u32,
@@ -76,6 +81,9 @@ enum Role {
         vector_kind: Option<String>,
         #[arg(long, default_value_t = 4096)]
         vector_bytes: usize,
+        /// A pause longer than this (µs) is a quantum boundary.
+        #[arg(long, default_value_t = 150)]
+        gap_us: u64,
         #[arg(long)]
         parent: u32,
     },
@@ -105,8 +113,7 @@ pub struct Outcome {
     pub preheats: u64,
     pub preheat_lines: u64,
     /// Lengths of the runs between descheduling gaps, and of the gaps, ms (the run before the
-    /// first gap and the last run are partial, and the first two of each may belong to the
-    /// start-up: all left out).
+    /// first gap and the last run are partial: left out).
     pub runs_ms: Vec<f64>,
     pub gaps_ms: Vec<f64>,
     pub bins: Vec<Bin>,
@@ -119,6 +126,8 @@ pub struct Outcome {
 
 /// The run/gap clock of a worker; see the module docs.
 struct RunClock {
+    /// A pause longer than this ends a run (a quantum boundary).
+    gap_ns: u64,
     last: u64,
     resume: u64,
     runs: Vec<f64>,
@@ -129,9 +138,10 @@ struct RunClock {
 }
 
 impl RunClock {
-    fn new() -> RunClock {
+    fn new(gap_ns: u64) -> RunClock {
         let t = now_ns();
         RunClock {
+            gap_ns: gap_ns.max(INTERRUPT_NS),
             last: t,
             resume: t,
             runs: Vec::with_capacity(4096),
@@ -147,14 +157,14 @@ impl RunClock {
     fn tick(&mut self, units: u64) {
         let t = now_ns();
         let d = t.saturating_sub(self.last);
-        if d > GAP_NS {
+        if d > self.gap_ns {
             if self.seen_gap {
                 self.runs.push((self.last - self.resume) as f64 / 1e6);
             }
             self.gaps.push(d as f64 / 1e6);
             self.seen_gap = true;
             self.resume = t;
-        } else {
+        } else if d <= INTERRUPT_NS {
             let since_us = (self.last - self.resume) / 1000;
             let b = BIN_EDGES_US.partition_point(|&e| e <= since_us);
             self.units[b] += units;
@@ -164,10 +174,10 @@ impl RunClock {
     }
 
     fn finish(self, out: &mut Outcome) {
-        // The first two runs and gaps may belong to the start-up (the other processes of the
-        // run being built and started), not to the interleaving: left out.
-        out.runs_ms = self.runs.into_iter().skip(2).collect();
-        out.gaps_ms = self.gaps.into_iter().skip(2).collect();
+        // Runs are counted from the first gap (the run before it began at start-up). A vector's
+        // first gap is its wait, stopped, while the main workload starts: callers skip it.
+        out.runs_ms = self.runs;
+        out.gaps_ms = self.gaps;
         out.bins = (0..=BIN_EDGES_US.len())
             .map(|i| Bin {
                 from_us: if i == 0 { 0 } else { BIN_EDGES_US[i - 1] },
@@ -202,10 +212,10 @@ fn vector(kind: &str, bytes: usize) -> Result<BaseVector> {
 }
 
 /// Step `v` until `stop`, recording runs and gaps.
-fn vector_loop(mut v: BaseVector, stop: &AtomicBool) -> Outcome {
+fn vector_loop(mut v: BaseVector, stop: &AtomicBool, gap_ns: u64) -> Outcome {
     let t0 = now_ns();
     let c0 = thread_cpu_ns();
-    let mut clock = RunClock::new();
+    let mut clock = RunClock::new(gap_ns);
     while !stop.load(Ordering::Relaxed) {
         for _ in 0..16 {
             v.step();
@@ -235,6 +245,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
         Role::Vector {
             kind,
             bytes,
+            gap_us,
             parent,
         } => {
             preheat_engine::os::die_with_parent(parent)?;
@@ -243,7 +254,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
             let stop = Arc::new(AtomicBool::new(false));
             signal_hook::flag::register(signal_hook::consts::SIGTERM, Arc::clone(&stop))?;
             ready(preheat_engine::os::gettid(), None, None)?;
-            finish(&vector_loop(v, &stop))
+            finish(&vector_loop(v, &stop, gap_us * 1000))
         }
         Role::Workload {
             kind,
@@ -254,6 +265,7 @@ pub fn run(a: WorkerArgs) -> Result<()> {
             preheat_budget_us,
             vector_kind,
             vector_bytes,
+            gap_us,
             parent,
         } => {
             preheat_engine::os::die_with_parent(parent)?;
@@ -272,7 +284,13 @@ pub fn run(a: WorkerArgs) -> Result<()> {
                 }
                 None => None,
             };
-            workload(w, cpu_ms, preheat.then_some(preheat_budget_us), v)
+            workload(
+                w,
+                cpu_ms,
+                preheat.then_some(preheat_budget_us),
+                v,
+                gap_us * 1000,
+            )
         }
     }
 }
@@ -283,6 +301,7 @@ fn workload(
     cpu_ms: u64,
     preheat: Option<u64>,
     v: Option<BaseVector>,
+    gap_ns: u64,
 ) -> Result<()> {
     let budget_us = preheat.unwrap_or(0);
     let preheat = preheat.is_some();
@@ -339,7 +358,7 @@ fn workload(
                 .name("affinity-vector".into())
                 .spawn(move || {
                     let _ = tx.send(preheat_engine::os::gettid());
-                    vector_loop(v, &stop)
+                    vector_loop(v, &stop, gap_ns)
                 })?,
         );
         vector_tid = rx.recv_timeout(Duration::from_secs(5)).ok();
@@ -355,7 +374,7 @@ fn workload(
     let target = cpu_ms * 1_000_000;
     let t0 = now_ns();
     let c0 = thread_cpu_ns();
-    let mut clock = RunClock::new();
+    let mut clock = RunClock::new(gap_ns);
     let mut work = 0u64;
     let cpu = loop {
         for _ in 0..256 {
