@@ -29,8 +29,6 @@ use std::sync::{Arc, Mutex, TryLockError};
 use preheat_engine::preheat::ParallelPreheater;
 use preheat_model::AbsRun;
 
-use crate::sys;
-
 /// Most extra CPUs a `lines` preheat may be split across.
 pub const MAX_SPLIT: usize = 16;
 
@@ -77,10 +75,7 @@ impl ReplayConn {
         }
         self.match_pos.store(0, Ordering::Relaxed);
         self.outstanding.store(0, Ordering::Relaxed);
-        if old >= 0 {
-            crate::runtime::unregister_fd(old);
-            sys::close_fd(old);
-        }
+        crate::runtime::close_own_fd(old);
         true
     }
 }

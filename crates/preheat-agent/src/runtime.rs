@@ -96,6 +96,17 @@ pub fn register_fd(fd: RawFd) {
     }
 }
 
+/// Close an fd the agent registered: unregister it first, so the number is never left marked as
+/// the agent's once the host may be handed it again (the hooked `close()` would then refuse to
+/// close the host's fd, and a forked child would close it). The one way to close a registered fd.
+pub fn close_own_fd(fd: RawFd) {
+    if fd < 0 {
+        return;
+    }
+    unregister_fd(fd);
+    sys::close_fd(fd);
+}
+
 pub fn unregister_fd(fd: RawFd) {
     set_fd_bit(fd, false);
     for s in AGENT_FDS.iter() {
@@ -565,5 +576,31 @@ fn atfork_child_inner() {
     if let Err(e) = start(&[]) {
         log(&format!("agent not restarted after fork: {e}"));
         track::ACTIVE.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod fd_registry_tests {
+    use super::*;
+    use std::os::fd::IntoRawFd;
+
+    /// Regression (issue 13): the wake-planner connection was closed without being unregistered,
+    /// so the host's next fd with that number counted as the agent's.
+    #[test]
+    fn closing_an_own_fd_unregisters_it_first() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = a.into_raw_fd();
+        register_fd(fd);
+        assert!(is_agent_fd(fd));
+        close_own_fd(fd);
+        assert!(!is_agent_fd(fd), "a closed fd stays registered");
+        assert!(
+            !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists(),
+            "the fd is closed"
+        );
+        // The number, reused by the host, is the host's.
+        let again = b.try_clone().unwrap().into_raw_fd();
+        assert!(!is_agent_fd(again));
+        sys::close_fd(again);
     }
 }

@@ -252,6 +252,8 @@ pub fn sched_yield() {
 }
 
 /// Close a raw fd with the real syscall.
+/// Close `fd` (a raw close, no hook). For fds the agent never registered; a registered one is
+/// closed with `runtime::close_own_fd`, which unregisters it first.
 pub fn close_fd(fd: RawFd) {
     if fd >= 0 {
         // SAFETY: closing an fd number we own (callers track ownership explicitly).

@@ -64,7 +64,7 @@ fn broken(fd: i32) {
         .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
     {
-        sys::close_fd(fd);
+        runtime::close_own_fd(fd);
     }
 }
 
@@ -125,4 +125,24 @@ pub fn request(pid: u32, cpu: u32, start_ns: u64, end_ns: u64) -> bool {
 pub fn reset_after_fork() {
     WAKE_FD.store(-1, Ordering::Release);
     NEXT_TRY_NS.store(0, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+mod broken_connection_tests {
+    use super::*;
+    use std::os::fd::IntoRawFd;
+
+    /// Regression (issue 13): a broken wake-planner connection was closed but stayed registered
+    /// as the agent's, so the host's next fd with that number could not be closed by the host.
+    #[test]
+    fn a_broken_connection_is_unregistered_and_closed() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let fd = a.into_raw_fd();
+        runtime::register_fd(fd);
+        WAKE_FD.store(fd, Ordering::Release);
+        broken(fd);
+        assert_eq!(WAKE_FD.load(Ordering::Acquire), -1);
+        assert!(!runtime::is_agent_fd(fd), "closed but still registered");
+        assert!(!std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists());
+    }
 }

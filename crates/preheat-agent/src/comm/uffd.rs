@@ -149,11 +149,7 @@ pub fn start() -> Result<RawFd, String> {
 /// Close the session's userfaultfd: the kernel drops every registration and wakes every thread
 /// still waiting on one of our pages.
 pub fn close() {
-    let fd = FD.swap(-1, Ordering::SeqCst);
-    if fd >= 0 {
-        crate::runtime::unregister_fd(fd);
-        crate::sys::close_fd(fd);
-    }
+    crate::runtime::close_own_fd(FD.swap(-1, Ordering::SeqCst));
 }
 
 /// Fork child: the parent's fd is not ours to use (closed with the other agent fds).
