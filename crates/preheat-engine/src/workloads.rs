@@ -3,9 +3,9 @@
 //!
 //! | workload | stands for | behaviour |
 //! |---|---|---|
-//! | [`Workload::Chase`] | mcf | dependent loads through a random cyclic permutation of a working set (default: the L2 size): high reuse, every miss exposed |
-//! | [`Workload::Stream`] | art | sequential reads over a buffer larger than the last-level cache: poor temporal reuse, prefetch-friendly |
-//! | [`Workload::Branchy`] | gcc, crafty | a large instruction footprint (generated code, visited in shuffled order) with data-dependent branches |
+//! | [`Kind::Chase`] | mcf | dependent loads through a random cyclic permutation of a working set (default: the L2 size): high reuse, every miss exposed |
+//! | [`Kind::Stream`] | art | sequential reads over a buffer larger than the last-level cache: poor temporal reuse, prefetch-friendly |
+//! | [`Kind::Branchy`] | gcc, crafty | a large instruction footprint (generated code, visited in shuffled order) with data-dependent branches |
 //!
 //! Each advances in units of a few microseconds ([`Workload::step`] returns the work done), so
 //! the process running it can count progress and look at the clock between units.
