@@ -3,7 +3,6 @@ title says MEASURED; bar whiskers are ±2σ, as in the paper's figures."""
 
 from __future__ import annotations
 
-import math
 import textwrap
 from pathlib import Path
 from typing import List, Optional
@@ -11,7 +10,7 @@ from typing import List, Optional
 import numpy as np
 import pandas as pd
 
-from . import atomic, stats
+from . import labreport, stats
 from .affinity import AFFINITY_NAME, AFFINITY_ORDER, MIN_N, STANDS_FOR, WORKLOADS
 
 COLORS = {"high": "#222222", "low-d": "#ffffff", "low-i": "#ffffff", "low-d-l2": "#ffffff",
@@ -20,40 +19,11 @@ HATCH = {"low-d": "", "low-i": "//", "low-d-l2": "xx", "low": "", "preheat": "",
          "high_pre": ""}
 
 
-def _num(v) -> Optional[float]:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _pct(v, d: int = 1) -> str:
-    f = _num(v)
-    return "–" if f is None else f"{100 * f:+.{d}f}%"
-
-
-def _pct_ci(v, lo, hi, d: int = 1) -> str:
-    s = _pct(v, d)
-    if s != "–" and _num(lo) is not None and _num(hi) is not None:
-        s += f" [{_pct(lo, d)}, {_pct(hi, d)}]"
-    return s
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, base: Path) -> Path:
-    for ext in ("svg", "png"):
-        atomic.savefig(fig, base.with_suffix(f".{ext}"), dpi=110)
-    _plt().close(fig)
-    return base.with_suffix(".png")
+_num = labreport._num  # the one finite-float parser of the lab's reports
+_pct = labreport.signed_pct
+_pct_ci = labreport.signed_pct_ci
+_plt = labreport.plt
+_save = labreport.save_figure
 
 
 def fig_table2_grid(t2w: pd.DataFrame, w: str, base: Path) -> Path:

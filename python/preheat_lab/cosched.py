@@ -263,34 +263,15 @@ _num = labreport._num  # the one finite-float parser of the lab's reports
 
 
 def _pct(v, signed: bool = True, d: int = 0) -> str:
-    f = _num(v)
-    if f is None:
-        return "–"
-    return f"{100 * f:+.{d}f}%" if signed else f"{100 * f:.{d}f}%"
+    return labreport.signed_pct(v, d=d, signed=signed)
 
 
 def _pct_ci(v, lo, hi, d: int = 0) -> str:
-    s = _pct(v, d=d)
-    if s != "–" and _num(lo) is not None and _num(hi) is not None:
-        s += f" [{_pct(lo, d=d)}, {_pct(hi, d=d)}]"
-    return s
+    return labreport.signed_pct_ci(v, lo, hi, d=d)
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, base: Path) -> Path:
-    """base.png and base.svg (atomically); returns the PNG."""
-    for ext in ("svg", "png"):
-        atomic.savefig(fig, base.with_suffix(f".{ext}"), dpi=110)
-    _plt().close(fig)
-    return base.with_suffix(".png")
+_plt = labreport.plt
+_save = labreport.save_figure
 
 
 def _sets_text(sets) -> str:

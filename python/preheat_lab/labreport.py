@@ -11,6 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
+from . import atomic
 from .cli import read_json as _read_json
 from .report import Report
 from .table1 import DISPLAY, PAPER_AVERAGE_REMOVED, PAPER_LABEL
@@ -44,6 +45,40 @@ def _num(v) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
+
+
+def signed_pct(v, d: int = 1, signed: bool = True) -> str:
+    """A difference as a percentage ("+12.3%"), "–" when not a finite number."""
+    f = _num(v)
+    if f is None:
+        return "–"
+    return f"{100 * f:+.{d}f}%" if signed else f"{100 * f:.{d}f}%"
+
+
+def signed_pct_ci(v, lo, hi, d: int = 1) -> str:
+    """A difference as a percentage with its interval: "+12.3% [+1.0%, +20.0%]"."""
+    s = signed_pct(v, d=d)
+    if s != "–" and _num(lo) is not None and _num(hi) is not None:
+        s += f" [{signed_pct(lo, d=d)}, {signed_pct(hi, d=d)}]"
+    return s
+
+
+def plt():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+
+    return pyplot
+
+
+def save_figure(fig, base: Path) -> Path:
+    """base.png and base.svg (atomically), the figure closed; returns the PNG."""
+    for ext in ("svg", "png"):
+        atomic.savefig(fig, base.with_suffix(f".{ext}"), dpi=110)
+    plt().close(fig)
+    return base.with_suffix(".png")
 
 
 def fmt(v, d: int = 1) -> str:
