@@ -29,6 +29,39 @@ pub fn register_scratch(dir: &Path) {
     }
 }
 
+/// A scratch directory `<dir>/<prefix><our pid>-XXXX`: removed when the guard drops, by the
+/// signal handler, and — if this process is killed outright — by the next command that calls
+/// [`sweep_scratch`] with the same prefix (the pid in the name says whose it was).
+pub fn owned_scratch(dir: &Path, prefix: &str) -> Result<tempfile::TempDir> {
+    sweep_scratch(dir, prefix);
+    let d = tempfile::Builder::new()
+        .prefix(&format!("{prefix}{}-", std::process::id()))
+        .tempdir_in(dir)
+        .with_context(|| format!("creating a scratch directory in {}", dir.display()))?;
+    register_scratch(d.path());
+    Ok(d)
+}
+
+/// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
+pub fn sweep_scratch(dir: &Path, prefix: &str) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(prefix)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Functions run first when SIGINT/SIGTERM arrives (before processes are stopped), e.g. to
 /// let a controller restore the scheduling of the threads it manages.
 static HOOKS: Mutex<Vec<fn()>> = Mutex::new(Vec::new());

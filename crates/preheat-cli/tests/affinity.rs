@@ -449,6 +449,25 @@ fn a_stopped_or_killed_controller_leaves_nothing_running() {
             assert_eq!(st.code(), Some(143), "SIGTERM: exit 128 + 15");
         }
         no_workers_left(&format!("controller got SIG{sig}"));
+        // Its scratch directory is gone at once (SIGTERM) or with the next command (SIGKILL).
+        let mine = format!("preheat-affinity-{}-", child.id());
+        let left = |what: &str| {
+            let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&mine))
+                .map(|e| e.path())
+                .collect();
+            assert!(left.is_empty(), "SIG{sig}, {what}: left {left:?}");
+        };
+        if sig == "TERM" {
+            left("after exit");
+        }
+        let _ = preheat(
+            &["affinity", "run", "--workload", "chase", "--cpu-ms", "20"],
+            &run_dir(&tmp),
+        );
+        left("after the next command");
     }
 }
 

@@ -144,13 +144,10 @@ pub fn run(a: AffinityArgs) -> Result<()> {
     r
 }
 
-/// A scratch directory for program inputs, removed on exit and on SIGINT/SIGTERM.
+/// A scratch directory for program inputs: removed on exit and on SIGINT/SIGTERM, and by the
+/// next affinity command if this one was killed.
 pub fn scratch() -> Result<tempfile::TempDir> {
-    let d = tempfile::Builder::new()
-        .prefix("preheat-affinity-")
-        .tempdir()?;
-    crate::launch::register_scratch(d.path());
-    Ok(d)
+    crate::launch::owned_scratch(&std::env::temp_dir(), "preheat-affinity-")
 }
 
 fn run_cmd(a: RunArgs) -> Result<()> {

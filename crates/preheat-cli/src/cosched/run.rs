@@ -129,22 +129,7 @@ const SCRATCH_PREFIX: &str = "cosched-scratch-";
 
 /// Remove the scratch directories of coschedulers that died (their pid no longer runs).
 pub fn sweep_scratch(dir: &Path) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(SCRATCH_PREFIX)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if preheat_cosched::thread::process_start_ticks(pid).is_none() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    crate::launch::sweep_scratch(dir, SCRATCH_PREFIX);
 }
 
 /// Restore a journal a dead controller left behind (prints what it did).
@@ -180,12 +165,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
     // The VMs' outputs and agent sockets live next to the journal, in a directory named with
     // our pid: removed when this run ends, and by the next start (or `restore`) if we died.
     let jdir = journal.parent().unwrap_or(Path::new(".")).to_path_buf();
-    sweep_scratch(&jdir);
-    let scratch = tempfile::Builder::new()
-        .prefix(&format!("{SCRATCH_PREFIX}{}-", std::process::id()))
-        .tempdir_in(&jdir)
-        .with_context(|| format!("creating a scratch directory in {}", jdir.display()))?;
-    crate::launch::register_scratch(scratch.path());
+    let scratch = crate::launch::owned_scratch(&jdir, SCRATCH_PREFIX)?;
     let run_dir = scratch.path().join("run");
     std::fs::create_dir_all(&run_dir)?;
     let comm_cfg = CommConfig::default();
