@@ -736,6 +736,15 @@ fn probe_cycle(
         }
     }
     quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+    // The server may have unmapped (or given back) memory while it served the request: a reload
+    // of a page that is gone would kill it. Look again right before reloading and skip the round
+    // if anything changed (issue 13, bug 1: this narrows the window to the next few
+    // microseconds, during which the server's threads are quiet; it does not close it).
+    if validate_ranges(&valid)? != valid {
+        return Err(
+            "the server's mappings changed while it served the request: round skipped".into(),
+        );
+    }
     pin(true);
     let t_reload = time::now_ns();
     let probed = probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits);
