@@ -91,22 +91,8 @@ impl CodeChain {
                 );
             }
         }
-        // SAFETY: a fresh private anonymous mapping at a kernel-chosen address cannot alias any
-        // Rust object; MAP_FAILED is checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = p as *mut u8;
+        let ptr = crate::sweep::map_anonymous(len)?;
+        let p = ptr as *mut libc::c_void;
         // SAFETY: `ptr` is a fresh writable mapping of `len` bytes that nothing else references,
         // and `code` has exactly `len` bytes; the regions cannot overlap.
         unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), ptr, len) };

@@ -43,22 +43,7 @@ impl EvictionBuffer {
             .checked_add(page - 1)
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?
             & !(page - 1);
-        // SAFETY: a fresh private anonymous mapping at a kernel-chosen address: it cannot alias
-        // any existing Rust object. We check for MAP_FAILED below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let ptr = p as *mut u8;
+        let ptr = map_anonymous(len)?;
         // Write one word per page with distinct values so every page has its own frame (no
         // shared zero page, no KSM merging of identical pages).
         for (i, off) in (0..len).step_by(page).enumerate() {
@@ -116,6 +101,27 @@ impl Drop for EvictionBuffer {
             libc::munmap(self.ptr as *mut libc::c_void, self.len);
         }
     }
+}
+
+/// A fresh private, anonymous, read-write, pre-faulted mapping of `len` bytes (a multiple of the
+/// page size), owned by the caller (who unmaps it with `munmap`).
+pub(crate) fn map_anonymous(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: a fresh private anonymous mapping at a kernel-chosen address cannot alias any
+    // existing Rust object; MAP_FAILED is checked below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as *mut u8)
 }
 
 pub(crate) fn page_size() -> usize {
