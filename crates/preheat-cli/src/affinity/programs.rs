@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 /// A program preset.
 pub struct Preset {
@@ -48,6 +48,21 @@ pub const PRESETS: [Preset; 4] = [
 
 pub fn preset(name: &str) -> Option<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name)
+}
+
+/// The preset called `name`, or the error that lists every workload there is.
+pub fn known(name: &str) -> Result<&'static Preset> {
+    preset(name).with_context(|| {
+        format!(
+            "unknown workload {name:?}: bundled chase, stream, branchy; programs {}; or give a \
+             program after `--`",
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
 }
 
 /// Where `exe` is in PATH.
@@ -129,17 +144,7 @@ fn text(bytes: usize) -> String {
 
 /// Prepare `name`'s input in `dir` and return its job. Errors name the missing package.
 pub fn prepare(name: &str, dir: &Path) -> Result<Job> {
-    let Some(p) = preset(name) else {
-        bail!(
-            "unknown workload {name:?}: bundled chase, stream, branchy; programs {}; or give a \
-             program after `--`",
-            PRESETS
-                .iter()
-                .map(|p| p.name)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    };
+    let p = known(name)?;
     let exe = which(p.exe).with_context(|| {
         format!(
             "{} is not installed (Debian package {}): workload {name} unavailable",

@@ -41,13 +41,7 @@ impl MainSpec {
             (None, false) => Ok(MainSpec::Argv(argv.to_vec())),
             (Some(w), true) => Ok(match Kind::parse(w) {
                 Some(k) => MainSpec::Bundled(k),
-                None => {
-                    if programs::preset(w).is_none() {
-                        // Same message as prepare's for an unknown name.
-                        programs::prepare(w, std::path::Path::new("/nonexistent"))?;
-                    }
-                    MainSpec::Preset(w.to_string())
-                }
+                None => MainSpec::Preset(programs::known(w)?.name.to_string()),
             }),
         }
     }
@@ -623,8 +617,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                 } else {
                     (&mut sv, Some(&mut sm))
                 };
-                let mut trigger_fail = None;
-                let st = control::interleave(
+                control::interleave(
                     q,
                     vside,
                     mside,
@@ -633,17 +626,13 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                             // The warm thread (FIFO 4) wakes and loads before the workload resumes.
                             if let Some(w) = main_ref {
                                 // A write to a worker that just finished fails; not an error.
-                                if let Err(e) = w.send(b"p\n") {
-                                    trigger_fail = Some(e);
-                                }
+                                let _ = w.send(b"p\n");
                             }
                         }
                         Ok(())
                     },
                     &mut done,
-                )?;
-                let _ = trigger_fail;
-                st
+                )?
             }
             None => {
                 while !done()? {
