@@ -16,6 +16,7 @@ mod compare;
 mod cosched;
 mod demo;
 mod groups;
+mod hot;
 mod launch;
 mod load;
 mod paths;
@@ -314,6 +315,8 @@ fn main() {
     ) {
         launch::install_cleanup();
     }
+    // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
+    hot::restore_stale(&paths::run_dir());
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
