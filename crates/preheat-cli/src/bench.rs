@@ -13,13 +13,19 @@
 //!   - `preheat-2-cold`: the same, but the worker sleeps and is woken by the call (its CPU may
 //!     have halted: on our VMs this wakeup alone costs 20–90 µs).
 //!
+//!   - `preheat-1-nodl`: `preheat-1` without a deadline (no clock checks): what the checks cost.
+//!
+//!   `preheat-1` and `preheat-2` run with a deadline that is checked but never reached, as the
+//!   agent runs them. The whole set repeats `--reps` times (default 5); each ratio is computed
+//!   per repetition and reported as the median with its range.
 //!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1. The time of a
 //!   `preheat_runs` call is the time to *issue* the prefetches; the last few are still in flight
 //!   when it returns (a bounded error of about one memory latency).
 //! * `comm` — communication detection's overhead and accuracy on the bundled kernels (see
 //!   [`crate::comm_bench`]).
 //! * `agent` — agent overhead on warm requests: closed-loop GETs to the bundled server with and
-//!   without the agent, alternating runs; throughput and p50 ratios (goal ≤ 1% and ≤ 1 µs).
+//!   without the agent, alternating runs (ABBA order); throughput loss and p50 delta per pair
+//!   of runs as the median with its range (goal ≤ 1% and ≤ 1 µs).
 
 use anyhow::{bail, Context, Result};
 use preheat_model::AbsRun;
@@ -28,7 +34,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::servers::{self, ServerKind};
-use crate::stats::{summarize, Summary};
+use crate::stats::{summarize, Spread, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -46,9 +52,13 @@ pub enum Which {
         /// Working-set size in KiB (the paper's memcached set: 142 KiB).
         #[arg(long, default_value_t = 192)]
         ws_kib: u64,
-        /// Trials per method.
+        /// Trials per method in each repetition.
         #[arg(long, default_value_t = 40)]
         trials: usize,
+        /// Repetitions (each a full set of interleaved trials; the ratios are reported as the
+        /// median over repetitions with their range; >= 5 for a headline).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
     },
     /// Communication detection: overhead and accuracy on the bundled NPB-style kernels.
     Comm {
@@ -105,15 +115,20 @@ pub enum Which {
         /// Requests per run.
         #[arg(long, default_value_t = 20000)]
         requests: usize,
-        /// Runs per configuration (alternating).
-        #[arg(long, default_value_t = 4)]
+        /// Runs per configuration (alternating; each pair gives one throughput ratio, reported
+        /// as the median over pairs with its range; >= 5 for a headline).
+        #[arg(long, default_value_t = 5)]
         runs: usize,
     },
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.which {
-        Which::Preheat { ws_kib, trials } => bench_preheat(ws_kib, trials, a.json),
+        Which::Preheat {
+            ws_kib,
+            trials,
+            reps,
+        } => bench_preheat(ws_kib, trials, reps, a.json),
         Which::Agent { requests, runs } => bench_agent(requests, runs, a.json),
         Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),
         Which::Cosched {
@@ -156,9 +171,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
 #[derive(Serialize)]
 struct MethodResult {
     method: &'static str,
-    /// Time per trial, µs.
+    /// Time per trial, µs (all repetitions pooled).
     time_us: Summary,
     gb_per_s_p50: f64,
+    /// GB/s of each repetition (its trials' p50): median and range.
+    gb_per_s: Spread,
 }
 
 #[derive(Serialize)]
@@ -167,10 +184,16 @@ struct PreheatBench {
     lines: u64,
     runs: u64,
     trials: usize,
+    reps: usize,
     methods: Vec<MethodResult>,
-    preheat1_over_limit: f64,
-    preheat1_over_plain: f64,
-    preheat2_over_preheat1: Option<f64>,
+    /// Per repetition: preheat-1 GB/s over the limit's (the better of limit-prefetch and
+    /// limit-load); median and range over repetitions.
+    preheat1_over_limit: Spread,
+    preheat1_over_plain: Spread,
+    /// What deadline checks cost: preheat-1 (deadline set, as the agent runs it) over
+    /// preheat-1-nodl (no deadline).
+    deadline_cost: Spread,
+    preheat2_over_preheat1: Option<Spread>,
 }
 
 /// Short runs (geometric, mean ~2.5 lines) scattered over `heap`.
@@ -210,7 +233,72 @@ fn synthetic_ws(heap: &[u8], lines_wanted: u64, seed: u64) -> Vec<AbsRun> {
     runs
 }
 
-fn bench_preheat(ws_kib: u64, trials: usize, json: bool) -> Result<()> {
+/// Times one repetition's trials (µs per method), methods interleaved in shuffled order, each
+/// after an eviction sweep.
+#[allow(clippy::too_many_arguments)]
+fn preheat_trials(
+    methods: &[&'static str],
+    trials: usize,
+    runs: &[AbsRun],
+    addrs: &[usize],
+    pieces: &[Vec<AbsRun>],
+    sweep: &preheat_engine::sweep::EvictionBuffer,
+    parallel: Option<&preheat_engine::preheat::ParallelPreheater>,
+    rng: &mut impl Rng,
+) -> std::collections::BTreeMap<&'static str, Vec<f64>> {
+    let mut times: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
+    let mut sink = 0u64;
+    for _ in 0..trials {
+        let mut order = methods.to_vec();
+        order.shuffle(rng);
+        for m in order {
+            sweep.sweep();
+            if let Some(p) = parallel {
+                if m == "preheat-2" {
+                    // Workers awake (as when the announcement woke both cores): an empty job
+                    // wakes the worker, which then lingers polling for the measured one.
+                    p.set_linger(2_000_000);
+                    p.run(&[], &[&[]], None);
+                } else {
+                    p.set_linger(0);
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
+            // A deadline the walk checks but never reaches (as the agent runs it: the lead
+            // is always far longer than a preheat here).
+            let far = preheat_engine::time::now_ns() + 1_000_000_000;
+            let t0 = preheat_engine::time::now_ns();
+            match m {
+                "plain-load" => sink ^= preheat_engine::preheat::plain_load(addrs),
+                "limit-prefetch" => preheat_engine::preheat::prefetch_addrs(addrs),
+                "limit-load" => sink ^= preheat_engine::preheat::independent_loads(addrs),
+                "preheat-1" => {
+                    preheat_engine::preheat::preheat_runs(runs, Some(far));
+                }
+                "preheat-1-nodl" => {
+                    preheat_engine::preheat::preheat_runs(runs, None);
+                }
+                "preheat-2" => {
+                    if let Some(p) = parallel {
+                        let (a, b) = (
+                            &pieces[0],
+                            pieces.get(1).map(|v| v.as_slice()).unwrap_or(&[]),
+                        );
+                        p.run(a, &[b], Some(far));
+                    }
+                }
+                _ => unreachable!(),
+            }
+            let dt = preheat_engine::time::now_ns() - t0;
+            times.entry(m).or_default().push(dt as f64 / 1e3);
+        }
+    }
+    std::hint::black_box(sink);
+    times
+}
+
+fn bench_preheat(ws_kib: u64, trials: usize, reps: usize, json: bool) -> Result<()> {
+    let reps = reps.max(1);
     let ncpu = preheat_engine::os::online_cpus();
     let heap = vec![1u8; 256 << 20];
     let runs = synthetic_ws(&heap, ws_kib * 1024 / 64, 7);
@@ -229,80 +317,75 @@ fn bench_preheat(ws_kib: u64, trials: usize, json: bool) -> Result<()> {
         None
     };
     preheat_engine::os::set_affinity(&[0])?;
+    // Deadlines on the unordered TSC, as the agent checks them (its reference pair must age).
+    if preheat_engine::time::enable_tsc_deadlines() {
+        std::thread::sleep(std::time::Duration::from_millis(60));
+    }
     let pieces = preheat_engine::preheat::split_runs(&runs, 2);
-    let mut methods: Vec<&'static str> =
-        vec!["plain-load", "limit-prefetch", "limit-load", "preheat-1"];
+    let mut methods: Vec<&'static str> = vec![
+        "plain-load",
+        "limit-prefetch",
+        "limit-load",
+        "preheat-1",
+        "preheat-1-nodl",
+    ];
     if parallel.is_some() {
         methods.push("preheat-2");
     }
-    let mut times: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    let mut rng = rand::thread_rng();
-    let mut sink = 0u64;
-    for _ in 0..trials {
-        let mut order = methods.clone();
-        order.shuffle(&mut rng);
-        for m in order {
-            sweep.sweep();
-            if let Some(p) = &parallel {
-                if m == "preheat-2" {
-                    // Workers awake (as when the announcement woke both cores): an empty job
-                    // wakes the worker, which then lingers polling for the measured one.
-                    p.set_linger(2_000_000);
-                    p.run(&[], &[&[]], None);
-                } else {
-                    p.set_linger(0);
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            }
-            let t0 = preheat_engine::time::now_ns();
-            match m {
-                "plain-load" => sink ^= preheat_engine::preheat::plain_load(&addrs),
-                "limit-prefetch" => preheat_engine::preheat::prefetch_addrs(&addrs),
-                "limit-load" => sink ^= preheat_engine::preheat::independent_loads(&addrs),
-                "preheat-1" => {
-                    preheat_engine::preheat::preheat_runs(&runs, None);
-                }
-                "preheat-2" => {
-                    if let Some(p) = &parallel {
-                        let (a, b) = (
-                            &pieces[0],
-                            pieces.get(1).map(|v| v.as_slice()).unwrap_or(&[]),
-                        );
-                        p.run(a, &[b], None);
-                    }
-                }
-                _ => unreachable!(),
-            }
-            let dt = preheat_engine::time::now_ns() - t0;
-            times.entry(m).or_default().push(dt as f64 / 1e3);
-        }
-    }
-    std::hint::black_box(sink);
     let bytes = (lines * 64) as f64;
+    let gbps = |us: &[f64]| bytes / (summarize(us).p50 * 1e3);
+    let mut rng = rand::thread_rng();
+    let pb = crate::progress::bar(reps as u64, "repetitions", json);
+    let mut pooled: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut per_rep: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for _ in 0..reps {
+        let t = preheat_trials(
+            &methods,
+            trials,
+            &runs,
+            &addrs,
+            &pieces,
+            &sweep,
+            parallel.as_ref(),
+            &mut rng,
+        );
+        for (m, v) in t {
+            per_rep.entry(m).or_default().push(gbps(&v));
+            pooled.entry(m).or_default().extend(v);
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
     let res: Vec<MethodResult> = methods
         .iter()
-        .map(|m| {
-            let s = summarize(&times[m]);
-            MethodResult {
-                method: m,
-                gb_per_s_p50: bytes / (s.p50 * 1e3),
-                time_us: s,
-            }
+        .map(|m| MethodResult {
+            method: m,
+            gb_per_s_p50: gbps(&pooled[m]),
+            time_us: summarize(&pooled[m]),
+            gb_per_s: Spread::of(&per_rep[m]),
         })
         .collect();
-    let gb = |m: &str| res.iter().find(|r| r.method == m).map(|r| r.gb_per_s_p50);
-    let limit = gb("limit-prefetch")
-        .unwrap_or(0.0)
-        .max(gb("limit-load").unwrap_or(0.0));
-    let p1 = gb("preheat-1").unwrap_or(0.0);
+    let g = |m: &str| per_rep.get(m).cloned().unwrap_or_default();
+    let ratio =
+        |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x / y).collect() };
+    let limit: Vec<f64> = g("limit-prefetch")
+        .iter()
+        .zip(g("limit-load"))
+        .map(|(a, b)| a.max(b))
+        .collect();
+    let p1 = g("preheat-1");
     let out = PreheatBench {
         label: "measured",
         lines,
         runs: runs.len() as u64,
         trials,
-        preheat1_over_limit: p1 / limit,
-        preheat1_over_plain: p1 / gb("plain-load").unwrap_or(f64::NAN),
-        preheat2_over_preheat1: gb("preheat-2").map(|p2| p2 / p1),
+        reps,
+        preheat1_over_limit: Spread::of(&ratio(&p1, &limit)),
+        preheat1_over_plain: Spread::of(&ratio(&p1, &g("plain-load"))),
+        deadline_cost: Spread::of(&ratio(&p1, &g("preheat-1-nodl"))),
+        preheat2_over_preheat1: parallel
+            .is_some()
+            .then(|| Spread::of(&ratio(&g("preheat-2"), &p1))),
         methods: res,
     };
     if json {
@@ -310,26 +393,44 @@ fn bench_preheat(ws_kib: u64, trials: usize, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "preheat throughput [measured: {} lines ({:.0} KiB) in {} runs, {} trials per method, each after a 128 MiB sweep]",
+        "preheat throughput [measured: {} lines ({:.0} KiB) in {} runs; {} repetitions x {} trials per method, interleaved, each after a 128 MiB sweep]",
         out.lines,
         (out.lines * 64) as f64 / 1024.0,
         out.runs,
+        reps,
         trials
     );
     for r in &out.methods {
         println!(
-            "  {:<15} p50 {:>8.1} µs (95% CI {:.1}–{:.1})  {:>6.2} GB/s",
-            r.method, r.time_us.p50, r.time_us.p50_lo, r.time_us.p50_hi, r.gb_per_s_p50
+            "  {:<15} p50 {:>8.1} µs (95% CI {:.1}–{:.1}, {} trials)  GB/s per repetition {}",
+            r.method,
+            r.time_us.p50,
+            r.time_us.p50_lo,
+            r.time_us.p50_hi,
+            r.time_us.n,
+            r.gb_per_s.show(2)
         );
     }
     println!(
-        "  preheat-1 / limit = {:.2} (goal >= 0.90); preheat-1 / plain-load = {:.2}; preheat-2 / preheat-1 = {} (goal >= 1.6)",
-        out.preheat1_over_limit,
-        out.preheat1_over_plain,
+        "  preheat-1 / limit = {} (goal >= 0.90)",
+        out.preheat1_over_limit.show(2)
+    );
+    println!(
+        "  preheat-1 / plain-load = {}",
+        out.preheat1_over_plain.show(2)
+    );
+    println!(
+        "  preheat-1 (deadline checked) / preheat-1-nodl = {}",
+        out.deadline_cost.show(2)
+    );
+    println!(
+        "  preheat-2 / preheat-1 = {} (goal >= 1.6)",
         out.preheat2_over_preheat1
-            .map(|x| format!("{x:.2}"))
+            .as_ref()
+            .map(|x| x.show(2))
             .unwrap_or_else(|| "n/a (1 CPU)".into())
     );
+    println!("  (limit = the better of limit-prefetch and limit-load in each repetition; GB/s of a repetition = bytes / its trials' p50 time)");
     Ok(())
 }
 
@@ -342,8 +443,13 @@ struct AgentBench {
     with: Summary,
     throughput_without: f64,
     throughput_with: f64,
+    /// 1 − with/without throughput of the pooled medians.
     throughput_loss: f64,
     p50_delta_us: f64,
+    /// Per alternating pair of runs: 1 − with/without throughput; median and range.
+    throughput_loss_per_pair: Spread,
+    /// Per pair: p50 with − p50 without, µs.
+    p50_delta_us_per_pair: Spread,
 }
 
 fn one_run(agent: bool, requests: usize) -> Result<(Vec<f64>, f64)> {
@@ -374,17 +480,25 @@ fn bench_agent(requests: usize, runs: usize, json: bool) -> Result<()> {
     }
     let (mut with, mut without) = (Vec::new(), Vec::new());
     let (mut tw, mut two) = (Vec::new(), Vec::new());
+    let (mut p50w, mut p50wo) = (Vec::new(), Vec::new());
+    let pb = crate::progress::bar((runs * 2) as u64, "runs", json);
     for i in 0..runs * 2 {
-        let agent = i % 2 == 1;
+        // Alternate which configuration goes first in a pair, so drift does not favour one.
+        let agent = (i % 2 == 1) ^ ((i / 2) % 2 == 1);
         let (lat, tput) = one_run(agent, requests)?;
+        let p50 = summarize(&lat).p50;
         if agent {
             with.extend(lat);
             tw.push(tput);
+            p50w.push(p50);
         } else {
             without.extend(lat);
             two.push(tput);
+            p50wo.push(p50);
         }
+        pb.inc(1);
     }
+    pb.finish_and_clear();
     let med = |v: &[f64]| summarize(v).p50;
     let out = AgentBench {
         label: "measured",
@@ -396,6 +510,19 @@ fn bench_agent(requests: usize, runs: usize, json: bool) -> Result<()> {
         throughput_with: med(&tw),
         throughput_loss: 1.0 - med(&tw) / med(&two),
         p50_delta_us: summarize(&with).p50 - summarize(&without).p50,
+        throughput_loss_per_pair: Spread::of(
+            &tw.iter()
+                .zip(&two)
+                .map(|(w, wo)| 1.0 - w / wo)
+                .collect::<Vec<_>>(),
+        ),
+        p50_delta_us_per_pair: Spread::of(
+            &p50w
+                .iter()
+                .zip(&p50wo)
+                .map(|(w, wo)| w - wo)
+                .collect::<Vec<_>>(),
+        ),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -418,7 +545,12 @@ fn bench_agent(requests: usize, runs: usize, json: bool) -> Result<()> {
         out.throughput_with, out.with.p50, out.with.p50_lo, out.with.p50_hi, out.with.p99
     );
     println!(
-        "  throughput loss {:.2}% (goal <= 1%); p50 delta {:+.2} µs (goal <= 1 µs)",
+        "  throughput loss per pair of runs {} (goal <= 1%); p50 delta per pair {} (goal <= 1 µs)",
+        out.throughput_loss_per_pair.show_scaled(100.0, 2, "%"),
+        out.p50_delta_us_per_pair.show_scaled(1.0, 2, " µs")
+    );
+    println!(
+        "  pooled: throughput loss {:.2}% (medians of the runs' throughputs), p50 delta {:+.2} µs",
         out.throughput_loss * 100.0,
         out.p50_delta_us
     );
