@@ -381,7 +381,7 @@ def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], ser
             for mode, gm in g.groupby("mode", sort=False):
                 gm = gm.sort_values(name, key=lambda c: c.map(xpos))
                 x = [xpos[v] for v in gm[name]]
-                color, _ = table1._style(mode)
+                color, _ = table1.mode_style(mode)
                 mk, ls = markers[gi % len(markers)], dashes[gi % len(dashes)]
                 yerr = [(gm["p50"] - gm["p50_lo"]).clip(lower=0), (gm["p50_hi"] - gm["p50"]).clip(lower=0)]
                 a1.errorbar(x, gm["p50"], yerr=yerr, marker=mk, capsize=3, color=color,
