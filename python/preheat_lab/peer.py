@@ -31,9 +31,10 @@ public names importable as `peer.NAME`.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -44,8 +45,8 @@ from .peer_clients import (
     MAIN_WAIT,
     PARSERS,
     PEER_TOOLS,
-    ServeError,
     Served,
+    ServeError,
     client_label,
     cpu_plan,
     ours_command,
@@ -85,7 +86,7 @@ class PeerOptions:
     seconds: float = 10.0
     repeats: int = 1
     # None: the last CPU we may use (with ≥ 2 CPUs); the clients get the others.
-    server_cpu: Optional[int] = None
+    server_cpu: int | None = None
     tolerance: float = TOLERANCE
     # Client threads on both sides (redis-benchmark: always 1).
     threads: int = 1
@@ -98,7 +99,7 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     pdir = out / "peer"
     raw = pdir / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    state = {"kind": "peer", "state": "running", "options": asdict(opts), "servers": list(servers),
+    state: dict[str, Any] = {"kind": "peer", "state": "running", "options": asdict(opts), "servers": list(servers),
              "failed": {}, "measurements": [], "comparisons": [], "verdicts": {}, "notes": {},
              "rows": {"main": client_label(MAIN_WAIT),
                       "extra": [client_label(w) for w in EXTRA_WAITS],

@@ -13,7 +13,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional
 
 from . import atomic, cli, proc
 from .peer_compare import Measurement
@@ -27,7 +26,7 @@ class ServeError(RuntimeError):
 class Served:
     """`preheat serve --server S --json` in its own process group until `stop()`."""
 
-    def __init__(self, server: str, raw: Path, cpu: Optional[int] = None, timeout: float = 120.0):
+    def __init__(self, server: str, raw: Path, cpu: int | None = None, timeout: float = 120.0):
         self.server = server
         cmd = [cli.preheat_bin(), "serve", "--server", server, "--json"]
         if cpu is not None:
@@ -62,13 +61,14 @@ class Served:
             alive = self.p.poll() is None
             self.stop()
             err = self.stderr_path.read_text(errors="replace")
-            why = ("no ready line within %.0f s" % timeout) if alive else cli.failure_reason(err, self.p.returncode)
+            why = f"no ready line within {timeout:.0f} s" if alive else cli.failure_reason(err, self.p.returncode)
             raise ServeError(f"preheat serve --server {self.server}: {why}")
         try:
             info = json.loads(line)
-        except ValueError:
+        except ValueError as e:
             self.stop()
-            raise ServeError(f"preheat serve --server {self.server}: ready line is not JSON: {line[:200]!r}")
+            raise ServeError(f"preheat serve --server {self.server}: ready line is not JSON: "
+                             f"{line[:200]!r}") from e
         atomic.write_bytes(self.stdout_path, line)
         return info
 
@@ -98,7 +98,7 @@ class Served:
         self.stop()
 
 
-def value_length(protocol: str, port: int, key: str, timeout: float = 5.0) -> Optional[int]:
+def value_length(protocol: str, port: int, key: str, timeout: float = 5.0) -> int | None:
     """The length of KEY's value on a memcached/redis server (so the peer uses the same value
     size); None when it cannot be read."""
     try:
@@ -126,7 +126,7 @@ def value_length(protocol: str, port: int, key: str, timeout: float = 5.0) -> Op
 PEER_TOOLS = {"memcached": "memcaslap", "redis": "redis-benchmark", "nginx": "wrk"}
 
 
-def peer_tool(server: str) -> Optional[str]:
+def peer_tool(server: str) -> str | None:
     return shutil.which(PEER_TOOLS.get(server, "")) if server in PEER_TOOLS else None
 
 
@@ -135,7 +135,7 @@ def peer_threads(server: str, threads: int) -> int:
     return 1 if server == "redis" else max(1, threads)
 
 
-def cpu_plan(server_cpu: Optional[int], pin: bool = True) -> (Optional[int], Optional[List[int]]):
+def cpu_plan(server_cpu: int | None, pin: bool = True) -> tuple[int | None, list[int] | None]:
     """(server CPU, client CPUs): by default the server on the last CPU we may use and both
     clients on all the others; None/None when there is only one CPU or pinning is off."""
     try:
@@ -152,7 +152,7 @@ def cpu_plan(server_cpu: Optional[int], pin: bool = True) -> (Optional[int], Opt
     return server_cpu, (clients or None)
 
 
-def pinned(cmd: List[str], cpus: Optional[List[int]]) -> List[str]:
+def pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
     """CMD under `taskset -c CPUS` (unchanged without CPUs or without taskset)."""
     ts = shutil.which("taskset")
     if not cpus or not ts:
@@ -161,9 +161,14 @@ def pinned(cmd: List[str], cpus: Optional[List[int]]) -> List[str]:
 
 
 def peer_command(server: str, info: dict, connections: int, seconds: float, workdir: Path,
-                 ours_rps: Optional[float], value_len: Optional[int],
-                 threads: int = 1) -> (List[str], str):
+                 ours_rps: float | None, value_len: int | None,
+                 threads: int = 1) -> tuple[list[str], str]:
     """The peer's command line and a note on how it matches ours."""
+    if server not in PEER_TOOLS:
+        raise ValueError(f"no peer client for {server} (peers: {', '.join(PEER_TOOLS)})")
+    tool = peer_tool(server)
+    if tool is None:
+        raise RuntimeError(f"{PEER_TOOLS[server]} is not installed")
     threads = peer_threads(server, threads)
     port, key = int(info["port"]), str(info.get("key", ""))
     secs = max(1, int(round(seconds)))
@@ -172,7 +177,7 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
         cfg = workdir / "memcaslap-get.cfg"
         # memaslap's configuration format: key and value size ranges, then the command mix.
         atomic.write_text(cfg, f"key\n16 16 1\nvalue\n{vlen} {vlen} 1\ncmd\n0 0.0\n1 1.0\n")
-        cmd = [peer_tool(server), "-s", f"127.0.0.1:{port}", "-T", str(threads), "-c",
+        cmd = [tool, "-s", f"127.0.0.1:{port}", "-T", str(threads), "-c",
                str(connections), "-t", f"{secs}s", "-S", f"{secs}s", "-F", str(cfg)]
         note = (f"memcaslap: GET only, {threads} thread(s), {connections} connections, closed loop; its own "
                 f"16-byte keys (set during its warm-up, excluded from its Get statistics), "
@@ -180,7 +185,7 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
         return cmd, note
     if server == "redis":
         n = max(1000, int(round((ours_rps or 20000) * seconds)))
-        cmd = [peer_tool(server), "-h", "127.0.0.1", "-p", str(port), "-c", str(connections),
+        cmd = [tool, "-h", "127.0.0.1", "-p", str(port), "-c", str(connections),
                "-n", str(n), "--csv", "GET", key]
         note = (f"redis-benchmark: GET {key} (the same key), {connections} connections, 1 thread, "
                 f"closed loop, {n} requests (≈ our throughput × {seconds:g} s: it has no duration "
@@ -188,7 +193,7 @@ def peer_command(server: str, info: dict, connections: int, seconds: float, work
         return cmd, note
     if server == "nginx":
         path = key if key.startswith("/") else "/" + key
-        cmd = [peer_tool(server), "-t", str(threads), "-c", str(connections), "-d", f"{secs}s",
+        cmd = [tool, "-t", str(threads), "-c", str(connections), "-d", f"{secs}s",
                "--latency", f"http://127.0.0.1:{port}{path}"]
         note = (f"wrk: GET {path} (the same path), {threads} thread(s), {connections} connections, "
                 "closed loop")
@@ -222,7 +227,7 @@ PARSERS = {"memcached": parse_memcaslap, "redis": parse_redis_benchmark, "nginx"
 
 
 def ours_command(info: dict, connections: int, seconds: float, wait: str,
-                 threads: Optional[int] = None, cpus: Optional[List[int]] = None) -> List[str]:
+                 threads: int | None = None, cpus: list[int] | None = None) -> list[str]:
     """Our closed-loop command line with --wait WAIT (epoll | block | spin) and THREADS client
     threads (None: one per connection)."""
     cmd = [cli.preheat_bin(), "load", "--mode", "closed", "--connections", str(connections),
@@ -235,7 +240,7 @@ def ours_command(info: dict, connections: int, seconds: float, wait: str,
 
 
 def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path, tag: str,
-             threads: Optional[int] = None, cpus: Optional[List[int]] = None) -> Measurement:
+             threads: int | None = None, cpus: list[int] | None = None) -> Measurement:
     out = raw / f"{tag}.json"
     cmd = ours_command(info, connections, seconds, wait, threads, cpus)
     atomic.write_text(raw / f"{tag}.cmd.txt", " ".join(cmd) + "\n")
@@ -246,7 +251,7 @@ def run_ours(info: dict, connections: int, seconds: float, wait: str, raw: Path,
     try:
         d = parse_ours(json.loads(out.read_text()))
     except ValueError as e:
-        raise RuntimeError(f"preheat load --wait {wait}: {e}")
+        raise RuntimeError(f"preheat load --wait {wait}: {e}") from e
     if wait == "epoll" and d.get("client_loop") != "event-loop":
         # The main row must wait in epoll_wait like the peers; anything else is not comparable.
         raise RuntimeError(f"preheat load --wait epoll ran the {d.get('client_loop') or 'unknown'} "
@@ -275,7 +280,7 @@ def client_label(wait: str) -> str:
     return f"preheat load --wait {wait}"
 
 
-def row_kind(wait: str) -> str:
+def row_kind(wait: str | None) -> str:
     """How a comparison row is labeled in peer.json / comparison.csv."""
     if wait == MAIN_WAIT:
         return "main (epoll: epoll_wait then read, like the peer)"
@@ -285,8 +290,8 @@ def row_kind(wait: str) -> str:
 
 
 def run_peer(server: str, info: dict, connections: int, seconds: float, raw: Path, tag: str,
-             ours_rps: Optional[float], threads: int = 1,
-             cpus: Optional[List[int]] = None) -> Measurement:
+             ours_rps: float | None, threads: int = 1,
+             cpus: list[int] | None = None) -> Measurement:
     tool = peer_tool(server)
     if not tool:
         raise RuntimeError(f"{PEER_TOOLS.get(server, '?')} is not installed")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import List, Optional
 
 TOLERANCE = 0.05
 
@@ -17,26 +16,26 @@ class Measurement:
     client: str  # e.g. "preheat load --wait epoll", "memcaslap"
     side: str  # ours | peer
     connections: int
-    threads: Optional[int] = None
-    duration_s: Optional[float] = None
-    requests: Optional[float] = None
-    throughput_rps: Optional[float] = None
-    mean_us: Optional[float] = None
-    p50_us: Optional[float] = None
-    p90_us: Optional[float] = None
-    p99_us: Optional[float] = None
-    max_us: Optional[float] = None
-    errors: Optional[float] = None
+    threads: int | None = None
+    duration_s: float | None = None
+    requests: float | None = None
+    throughput_rps: float | None = None
+    mean_us: float | None = None
+    p50_us: float | None = None
+    p90_us: float | None = None
+    p99_us: float | None = None
+    max_us: float | None = None
+    errors: float | None = None
     note: str = ""
     raw: str = ""  # file name of the raw output (DIR/peer/raw/)
-    wait: Optional[str] = None  # ours: --wait
-    client_loop: Optional[str] = None  # ours: the loop that ran (event-loop | thread-per-connection)
+    wait: str | None = None  # ours: --wait
+    client_loop: str | None = None  # ours: the loop that ran (event-loop | thread-per-connection)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def ratio(ours: Optional[float], peer: Optional[float]) -> Optional[float]:
+def ratio(ours: float | None, peer: float | None) -> float | None:
     if ours is None or peer is None:
         return None
     try:
@@ -48,7 +47,7 @@ def ratio(ours: Optional[float], peer: Optional[float]) -> Optional[float]:
 
 
 def compare(server: str, ours: Measurement, peer: Measurement,
-            tolerance: float = TOLERANCE) -> List[dict]:
+            tolerance: float = TOLERANCE) -> list[dict]:
     """One row per metric both sides measured: ours, peer, ratio, within ±tolerance."""
     rows = []
     for metric in ("throughput_rps", "mean_us", "p50_us", "p99_us"):
@@ -65,7 +64,7 @@ def compare(server: str, ours: Measurement, peer: Measurement,
     return rows
 
 
-def verdict(rows: List[dict]) -> str:
+def verdict(rows: list[dict]) -> str:
     if not rows:
         return "no comparable metric"
     core = [r for r in rows if r["metric"] in ("throughput_rps", "mean_us")]

@@ -24,9 +24,10 @@ experiment and (re)builds its artifacts, and keeps the parts' public names impor
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -171,7 +172,7 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
         raise SystemExit(f"this preheat CLI's demo does not accept {', '.join(missing)}: "
                          "rebuild it (cargo build --release --bin preheat) or leave them out")
     atomic.write_json(out / "topology.json", cli.topology())
-    status = {"state": "running", "servers": list(servers), "options": asdict(opts),
+    status: dict[str, Any] = {"state": "running", "servers": list(servers), "options": asdict(opts),
               "runs": {s: asdict(ServerRun(s, "not run")) for s in servers},
               "preheat_bin": cli.preheat_bin()}
     atomic.write_json(out / "runs.json", status)
@@ -184,7 +185,7 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
                     r = run_demo(s, opts, raw, prog)
                 except InterruptedRun as e:
                     status["runs"][s] = asdict(e.run)
-                    raise proc.Interrupted(e.run.reason)
+                    raise proc.Interrupted(e.run.reason) from e
                 status["runs"][s] = asdict(r)
                 atomic.write_json(out / "runs.json", status)
                 if r.status == "failed":

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
 
 from . import stats
-from .table1_samples import COLD, CONTROL, DISPLAY, LINE_BYTES, WARM, loads_lines, mode_order, strategy_modes
+from .table1_samples import (
+    COLD,
+    CONTROL,
+    DISPLAY,
+    LINE_BYTES,
+    WARM,
+    loads_lines,
+    mode_order,
+    strategy_modes,
+)
 
 PAPER_LABEL = "paper (Odroid-XU3, ARM Cortex-A15)"
 #: Table 1 of the paper (averages over 100000 requests).
@@ -34,7 +42,7 @@ def paper_removed(server: str) -> float:
     return (p["cold"] - p["preheated"]) / (p["cold"] - p["warm"])
 
 
-def cpi_text(meta: dict, topo: dict) -> Tuple[str, Optional[dict]]:
+def cpi_text(meta: dict, topo: dict) -> tuple[str, dict | None]:
     """CPI column: the CLI's numbers when it has a PMU, else why not."""
     cpi = meta.get("cpi")
     pmu = meta.get("pmu", topo.get("pmu"))
@@ -61,7 +69,7 @@ def _first(*vals):
     return None
 
 
-def _removed(mat: np.ndarray, modes: List[str], stat: str, boot: int) -> Dict[str, stats.Derived]:
+def _removed(mat: np.ndarray, modes: list[str], stat: str, boot: int) -> dict[str, stats.Derived]:
     """Share of the cold overhead each mode (but warm and cold) removes, paired bootstrap over
     rounds; empty without both baselines."""
     if COLD not in modes or WARM not in modes:
@@ -71,7 +79,7 @@ def _removed(mat: np.ndarray, modes: List[str], stat: str, boot: int) -> Dict[st
 
 
 def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
-                   boot: int = stats.DEFAULT_BOOT) -> Dict[str, pd.DataFrame]:
+                   boot: int = stats.DEFAULT_BOOT) -> dict[str, pd.DataFrame]:
     """Table 1 rows, decomposition rows and the headline (beside the paper) for one server."""
     modes = mode_order(df["mode"].unique().tolist(), meta)
     strategies = strategy_modes(modes)
@@ -133,7 +141,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     drows = []
     if have_baseline:
         for st in ("mean", "p50"):
-            comps: List[Tuple[str, str, str, str]] = [
+            comps: list[tuple[str, str, str, str]] = [
                 ("cold overhead", "cold-sweep − warm", COLD, WARM)]
             if CONTROL in modes:
                 comps += [("wake-up / idle", "control − warm", CONTROL, WARM),

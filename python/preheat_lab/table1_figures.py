@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 import numpy as np
 import pandas as pd
@@ -50,7 +50,7 @@ def cdf_axes(ax, df: pd.DataFrame, modes: Sequence[str], title: str) -> None:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
 
 
-def figure3(out: Path, samples: pd.DataFrame, metas: Dict[str, dict]) -> List[Path]:
+def figure3(out: Path, samples: pd.DataFrame, metas: dict[str, dict]) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")

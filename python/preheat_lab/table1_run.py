@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 from . import atomic, cli, proc
 from .cli import failure_reason
@@ -20,23 +20,23 @@ class DemoOptions:
     """Knobs passed to `preheat demo` (None: the CLI's default, not passed)."""
 
     rounds: int = 200
-    lead_us: Optional[float] = None
-    idle_ms: Optional[float] = None
-    sweep_mib: Optional[int] = None
-    post_gap_us: Optional[float] = None
-    strategies: Optional[str] = None
-    samples: Optional[int] = None
-    keep: Optional[int] = None
-    gap_merge: Optional[int] = None
-    server_cpu: Optional[int] = None
-    timeout_s: Optional[float] = None
+    lead_us: float | None = None
+    idle_ms: float | None = None
+    sweep_mib: int | None = None
+    post_gap_us: float | None = None
+    strategies: str | None = None
+    samples: int | None = None
+    keep: int | None = None
+    gap_merge: int | None = None
+    server_cpu: int | None = None
+    timeout_s: float | None = None
 
     FLAGS = {"lead_us": "--lead-us", "idle_ms": "--idle-ms", "sweep_mib": "--sweep-mib",
              "post_gap_us": "--post-gap-us", "strategies": "--strategies",
              "samples": "--samples", "keep": "--keep", "gap_merge": "--gap-merge",
              "server_cpu": "--server-cpu"}
 
-    def args(self) -> List[str]:
+    def args(self) -> list[str]:
         a = ["--rounds", str(self.rounds)]
         for name, flag in self.FLAGS.items():
             v = getattr(self, name)
@@ -60,7 +60,7 @@ class DemoOptions:
 
 
 def demo_argv(binary: str, server: str, args: Sequence[str], out_json: Path,
-              records: Optional[Path]) -> List[str]:
+              records: Path | None) -> list[str]:
     """`BINARY demo --server S ARGS --json --out OUT_JSON [--records RECORDS]`."""
     cmd = [binary, "demo", "--server", server, *args, "--json", "--out", str(out_json)]
     if records is not None:
@@ -68,11 +68,11 @@ def demo_argv(binary: str, server: str, args: Sequence[str], out_json: Path,
     return cmd
 
 
-def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Optional[Path]) -> List[str]:
+def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Path | None) -> list[str]:
     return demo_argv(cli.preheat_bin(), server, opts.args(), out_json, records)
 
 
-def check_flags(opts: DemoOptions) -> List[str]:
+def check_flags(opts: DemoOptions) -> list[str]:
     """Options this CLI's `demo` does not know (e.g. an older build without --gap-merge)."""
     missing = []
     for name, flag in DemoOptions.FLAGS.items():
@@ -95,10 +95,10 @@ class ServerRun:
     status: str  # ok | failed | interrupted | not run
     reason: str = ""
     seconds: float = 0.0
-    command: List[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
 
 
-def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Optional[Progress] = None) -> ServerRun:
+def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Progress | None = None) -> ServerRun:
     """Run one demo; raises `InterruptedRun` (after stopping the child) when interrupted."""
     raw.mkdir(parents=True, exist_ok=True)
     out_json = raw / f"{server}.json"
@@ -119,7 +119,7 @@ def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Optional[Progress]
     except KeyboardInterrupt:  # proc.Interrupted, or one a C extension re-raised plainly
         run.status, run.reason = "interrupted", f"interrupted by {proc.interrupted_by()}"
         run.seconds = time.monotonic() - t0
-        raise InterruptedRun(run)
+        raise InterruptedRun(run) from None
     except proc.ChildTimeout as e:
         rc, run.status, run.reason = -1, "failed", str(e)
     run.seconds = time.monotonic() - t0

@@ -5,8 +5,8 @@ an interrupted one)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -27,11 +27,11 @@ SAMPLE_COLUMNS = ["server", "server_name", "mode", "round", "kind", "latency_us"
                   "server_start_us", "sweep_us", "source"]
 
 
-def load_server(raw: Path, server: str) -> Tuple[dict, pd.DataFrame]:
+def load_server(raw: Path, server: str) -> tuple[dict, pd.DataFrame]:
     """The demo's JSON (meta) and its samples: from raw/S.json when the run completed, else
     from the records file raw/S.jsonl (an interrupted run: meta is then mostly empty)."""
     meta: dict = {}
-    rows: List[dict] = []
+    rows: list[dict] = []
     source = ""
     j = raw / f"{server}.json"
     if j.exists():
@@ -70,7 +70,7 @@ def load_server(raw: Path, server: str) -> Tuple[dict, pd.DataFrame]:
     return meta, df[SAMPLE_COLUMNS + extra]
 
 
-def mode_order(modes: Sequence[str], meta: Optional[dict] = None) -> List[str]:
+def mode_order(modes: Sequence[str], meta: dict | None = None) -> list[str]:
     """warm, cold-sweep, cold-idle, control, then the strategies in the CLI's order."""
     order = [m for m in BASE_MODES if m in modes]
     cli_rows = [r.get("mode") for r in (meta or {}).get("rows", []) or []]
@@ -89,5 +89,5 @@ def loads_lines(mode: str) -> bool:
     return "lines" in parts or "all" in parts
 
 
-def strategy_modes(modes: Sequence[str]) -> List[str]:
+def strategy_modes(modes: Sequence[str]) -> list[str]:
     return [m for m in modes if m not in BASE_MODES]

@@ -2,7 +2,6 @@
 produces its data, and the report carries the tools' labels."""
 
 import json
-from pathlib import Path
 
 import pytest
 
