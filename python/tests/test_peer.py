@@ -10,6 +10,7 @@ import pytest
 
 from preheat_lab import __main__ as lab
 from preheat_lab import cli, peer, peer_clients, peer_parsers
+from preheat_lab.skips import needs
 
 FIX = Path(__file__).parent / "fixtures" / "peer"
 
@@ -105,17 +106,17 @@ def test_peer_run_on_memcached(tmp_path):
     try:
         cli.preheat_bin()
     except cli.ToolError as e:
-        pytest.skip(str(e))
+        needs("preheat", str(e))
     if not shutil.which("memcaslap"):
-        pytest.skip("memcaslap is not installed (Debian: libmemcached-tools)")
+        needs("memcaslap", "memcaslap is not installed (Debian: libmemcached-tools)")
     if not cli.help_text("serve"):
-        pytest.skip("this preheat CLI has no `serve` subcommand")
+        needs("preheat", "this preheat CLI has no `serve` subcommand (rebuild: cargo build --release)")
     if "--connections" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --connections")
+        needs("preheat", "this preheat CLI's load has no --connections (rebuild: cargo build --release)")
     if "--threads" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --threads (rebuild: cargo build --release)")
+        needs("preheat", "this preheat CLI's load has no --threads (rebuild: cargo build --release)")
     if "epoll_wait" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --wait epoll (rebuild: cargo build --release)")
+        needs("preheat", "this preheat CLI's load has no --wait epoll (rebuild: cargo build --release)")
     out = tmp_path / "lab"
     code = lab.main(["peer", "--out", str(out), "--servers", "memcached", "--seconds", "2"])
     pj = json.loads((out / "peer" / "peer.json").read_text())
