@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (Debian packages, when run as root), builds
 # the workspace, runs every test, and smoke-runs the fuzz targets when a nightly toolchain and
-# cargo-fuzz are available. `.ci/run` calls exactly this.
+# cargo-fuzz are available. It ends with a summary of the skipped tests (with CI set, a skip for
+# something this script installs fails the run) and of what the run left in /tmp. `.ci/run`
+# calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,8 +21,9 @@ skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
 tmp_listing() { find /tmp -maxdepth 1 -name 'preheat-*' 2>/dev/null | sort; }
 tmp_before=$(tmp_listing)
 
-# The components this script provides itself (Debian binaries and PyPI packages below, and the
-# preheat binary it builds): on CI a test that skips for one of them fails the run.
+# The components this script provides itself (Debian binaries and PyPI packages below, the preheat
+# binary it builds, cargo-fuzz when there is a nightly toolchain): on CI a test that skips for one
+# of them fails the run.
 installed=(preheat)
 need=()
 # The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), and
@@ -33,7 +36,7 @@ for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc m
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
 done
 pip_packages=(matplotlib pandas pyarrow rich ray ruff mypy)
-installed+=("${pip_packages[@]}")
+installed+=("${pip_packages[@]}" cargo-fuzz)
 
 # At every exit (success, a failed step, Ctrl-C): the skip summary, then what was left in /tmp.
 finish() {
@@ -51,6 +54,7 @@ finish() {
       [ "$status" -ne 0 ] || status=1
     fi
   fi
+  [ "$status" -ne 0 ] || echo "test.sh: all tests passed"
   exit "$status"
 }
 trap finish EXIT
@@ -136,4 +140,3 @@ elif ! rustup toolchain list 2>/dev/null | grep -q nightly; then
 else
   skip "fuzzing" cargo-fuzz "cargo-fuzz is not installed and could not be (cargo install cargo-fuzz)"
 fi
-echo "test.sh: all tests passed"
