@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -39,7 +38,7 @@ METHOD = (
 )
 
 
-def _num(v) -> Optional[float]:
+def _num(v) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -129,7 +128,7 @@ def _removed(df: pd.DataFrame, col: str) -> list:
             zip(df[col], df[f"{col}_lo"], df[f"{col}_hi"], df[f"{col}_undefined_share"])]
 
 
-def _banner(rep: Report, what: str, state: Optional[str], failed: dict) -> None:
+def _banner(rep: Report, what: str, state: str | None, failed: dict) -> None:
     if state and state != "complete":
         rep.note(f"{what}: {state.upper()} — the numbers below are what was measured before the "
                  "run stopped.", "warn")
@@ -342,7 +341,7 @@ def build(out: Path) -> Path:
     table1_section(rep, out)
     peer_section(rep, out)
     sweep_section(rep, out)
-    from .sweep import cosim_section  # noqa: PLC0415 (sweep imports this module)
+    from .sweep import cosim_section
     cosim_section(rep, out)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "report.html"

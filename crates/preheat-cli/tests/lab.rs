@@ -98,8 +98,12 @@ fn serve_starts_loads_and_stops_redis() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
+    // The server's files go into the test's directory (serve keeps its own temp dir after a
+    // signal, for a look afterwards).
+    let workdir = tmp.path().join("serve");
     let mut child = Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .args(["serve", "--server", "redis", "--json"])
+        .args(["serve", "--server", "redis", "--json", "--workdir"])
+        .arg(&workdir)
         .env("PREHEAT_RUN_DIR", &rd)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use preheat_predict::aio::{
+use preheat_predict::anticipatory_read::{
     AnticipatoryReader, EmulatedDevice, Label, Policy, ReaderConfig, ServiceModel,
 };
 use preheat_predict::bench::{run_bench, BenchConfig, DeviceSpec};

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use preheat_stage::framing::{http_request, memcached_response_len, Limits};
-use preheat_stage::{Protocol, Stage, StageConfig, StageCounters};
+use preheat_stage::{Framing, Stage, StageConfig, StageCounters};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -63,7 +63,7 @@ impl Drop for Kv {
     }
 }
 
-fn stage(backend: SocketAddr, proto: Protocol, period_ms: u64, bound_ms: u64) -> Stage {
+fn stage(backend: SocketAddr, proto: Framing, period_ms: u64, bound_ms: u64) -> Stage {
     let mut cfg = StageConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), backend, proto);
     cfg.period = Duration::from_millis(period_ms);
     cfg.bound = Duration::from_millis(bound_ms);
@@ -146,7 +146,7 @@ fn lcg(x: &mut u64) -> u64 {
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 20, 60);
+    let st = stage(kv.addr, Framing::Memcached, 20, 60);
     let addr = st.local_addr();
     let clients: Vec<_> = (0..3u64)
         .map(|c| {
@@ -234,7 +234,7 @@ fn pipelined_requests_are_answered_in_order() {
 #[test]
 fn requests_are_held_until_the_burst() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 400, 10_000);
+    let st = stage(kv.addr, Framing::Memcached, 400, 10_000);
     let mut a = connect(st.local_addr());
     let mut b = connect(st.local_addr());
     let t0 = Instant::now();
@@ -262,7 +262,7 @@ fn requests_are_held_until_the_burst() {
 #[test]
 fn early_release_keeps_the_bound() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 5_000, 150);
+    let st = stage(kv.addr, Framing::Memcached, 5_000, 150);
     let mut a = connect(st.local_addr());
     let t0 = Instant::now();
     a.write_all(b"get key:7\r\n").unwrap();
@@ -287,7 +287,7 @@ fn closed_port() -> SocketAddr {
 #[test]
 fn backend_down_is_an_error_reply_and_counted() {
     let down = closed_port();
-    let st = stage(down, Protocol::Memcached, 20, 60);
+    let st = stage(down, Framing::Memcached, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:1\r\nset x 0 0 1 noreply\r\nx\r\nget key:2\r\n")
         .unwrap();
@@ -309,7 +309,7 @@ fn backend_down_is_an_error_reply_and_counted() {
     assert_eq!(c.requests_failed, 2);
     st.shutdown();
 
-    let st = stage(down, Protocol::Http, 20, 60);
+    let st = stage(down, Framing::Http, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let got = String::from_utf8(read_to_eof(&mut s)).unwrap();
@@ -342,7 +342,7 @@ fn flaky_backend(lines: usize, reply: &'static [u8]) -> SocketAddr {
 #[test]
 fn backend_dying_mid_connection_fails_only_the_outstanding() {
     let backend = flaky_backend(2, b"END\r\n");
-    let st = stage(backend, Protocol::Memcached, 20, 60);
+    let st = stage(backend, Framing::Memcached, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"get a\r\nget b\r\n").unwrap();
     let got = String::from_utf8(read_to_eof(&mut s)).unwrap();
@@ -361,7 +361,7 @@ fn backend_dying_mid_connection_fails_only_the_outstanding() {
 #[test]
 fn client_disconnecting_mid_request() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 20, 60);
+    let st = stage(kv.addr, Framing::Memcached, 20, 60);
     // Half-close with a partial request: complete ones are still answered, then EOF.
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:3\r\nget key:").unwrap();
@@ -441,7 +441,7 @@ fn http_backend() -> SocketAddr {
 #[test]
 fn http_pipelining_and_malformed_requests() {
     let backend = http_backend();
-    let st = stage(backend, Protocol::Http, 20, 60);
+    let st = stage(backend, Framing::Http, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(
         b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nHEAD /b HTTP/1.1\r\n\r\nPOST /c HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyzGET /chunked HTTP/1.1\r\n\r\nGET /d HTTP/1.1\r\n\r\n",
@@ -469,7 +469,7 @@ fn http_pipelining_and_malformed_requests() {
 #[test]
 fn shutdown_releases_what_is_buffered() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 10_000, 60_000);
+    let st = stage(kv.addr, Framing::Memcached, 10_000, 60_000);
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:9\r\n").unwrap();
     wait_for(&st, "request staged", |c| c.requests_staged == 1);
@@ -488,7 +488,7 @@ fn bench_smoke() {
         backend_cmd: None,
         rate: 200.0,
         duration_s: 1.0,
-        protocol: Protocol::Memcached,
+        protocol: Framing::Memcached,
         staging: preheat_stage::StagingOpts {
             period_ms: 20,
             bound_ms: 60,

@@ -21,7 +21,7 @@ use preheat_engine::{os, time::now_ns};
 use serde::Serialize;
 
 use crate::daemon::{Config, Daemon};
-use crate::mech::MechChoice;
+use crate::keep_awake::MechChoice;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {

@@ -6,7 +6,7 @@
 //! touch the real `pm_qos_resume_latency_us` of a CPU run one at a time (and put back the value
 //! they found, whatever happens).
 
-use preheat_wake::mech::{Journal, JournalEntry, SysPaths};
+use preheat_wake::keep_awake::{Journal, JournalEntry, SysPaths};
 use preheat_wake::proto::Status;
 use preheat_wake::{Config, Daemon, Limits, MechChoice, Mechanism, WakeClient};
 use std::path::{Path, PathBuf};
@@ -48,7 +48,7 @@ fn write(p: &Path, v: &str) {
 
 /// The real PM QoS file of `cpu`, if we are root and it exists; else why not.
 fn real_pm_qos(cpu: u32) -> Result<PathBuf, String> {
-    if preheat_wake::mech::effective_uid() != Some(0) {
+    if preheat_wake::keep_awake::effective_uid() != Some(0) {
         return Err("not root: cannot change PM QoS".into());
     }
     let p = SysPaths::default().pm_qos(cpu);
@@ -344,7 +344,7 @@ fn bad_requests_are_rejected_with_a_clear_message() {
 #[test]
 fn dma_latency_fd_is_held_only_during_the_window() {
     let _s = serial();
-    if preheat_wake::mech::effective_uid() != Some(0) {
+    if preheat_wake::keep_awake::effective_uid() != Some(0) {
         return skip("not root: cannot open /dev/cpu_dma_latency");
     }
     if !Path::new("/dev/cpu_dma_latency").exists() {

@@ -14,7 +14,7 @@
 
 use preheat_engine::os;
 use preheat_engine::time::now_ns;
-use preheat_wake::mech::SysPaths;
+use preheat_wake::keep_awake::SysPaths;
 use preheat_wake::{Config, Daemon, MechChoice, Mechanism, WakeClient};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
