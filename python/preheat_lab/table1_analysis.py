@@ -16,8 +16,10 @@ from .table1_samples import (
     COLD,
     CONTROL,
     DISPLAY,
+    HOT,
     LINE_BYTES,
     WARM,
+    floor_mode,
     loads_lines,
     mode_order,
     strategy_modes,
@@ -69,13 +71,28 @@ def _first(*vals):
     return None
 
 
-def _removed(mat: np.ndarray, modes: list[str], stat: str, boot: int) -> dict[str, stats.Derived]:
-    """Share of the cold overhead each mode (but warm and cold) removes, paired bootstrap over
-    rounds; empty without both baselines."""
-    if COLD not in modes or WARM not in modes:
+def _removed(mat: np.ndarray, modes: list[str], stat: str, boot: int,
+             floor: str = WARM) -> dict[str, stats.Derived]:
+    """Share of the cold overhead (cold − FLOOR) each mode but FLOOR and cold removes, paired
+    bootstrap over rounds; empty without both baselines."""
+    if COLD not in modes or floor not in modes:
         return {}
-    fns = {m: stats.share_fn(COLD, WARM, m) for m in modes if m not in (WARM, COLD)}
+    fns = {m: stats.share_fn(COLD, floor, m) for m in modes if m not in (floor, COLD)}
     return stats.paired_bootstrap(mat, modes, fns, stat, boot)
+
+
+#: A share outside this range means the floor or the cold baseline is not what it claims.
+SHARE_LIMIT = 1.0
+
+
+def share_flag(mode: str, floor: str, **shares: float) -> str:
+    """'' or why MODE's shares are suspect (outside ±100%): flagged, never printed silently."""
+    bad = [f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()
+           if v is not None and np.isfinite(v) and abs(v) > SHARE_LIMIT]
+    if not bad:
+        return ""
+    return (f"{mode}: {', '.join(bad)} outside ±100%: the {floor} floor or the cold baseline is "
+            "not what it claims for this mode")
 
 
 def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
@@ -85,9 +102,12 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     strategies = strategy_modes(modes)
     cpi_label, cpi_vals = cpi_text(meta, topo)
     mat, rounds = stats.round_matrix(df, modes)
-    have_baseline = COLD in modes and WARM in modes
+    floor = floor_mode(modes)
+    have_baseline = COLD in modes and floor in modes
 
-    shares = {st: _removed(mat, modes, st, boot) for st in ("mean", "p50")}
+    shares = {st: _removed(mat, modes, st, boot, floor) for st in ("mean", "p50")}
+    vs_warm = ({st: _removed(mat, modes, st, boot, WARM) for st in ("mean", "p50")}
+               if floor != WARM else shares)
 
     rows = []
     for m in modes:
@@ -103,9 +123,21 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
             r[f"removed_{st}_lo"] = d.lo if d else np.nan
             r[f"removed_{st}_hi"] = d.hi if d else np.nan
             r[f"removed_{st}_undefined_share"] = d.undefined_share if d else np.nan
-        if m == WARM:
+        if m == floor:
             for st in ("mean", "p50"):
                 r[f"removed_{st}"] = 1.0 if have_baseline else np.nan
+        # Beside the floor's share: the same against warm (the paper's baseline).
+        for st in ("mean", "p50"):
+            d = vs_warm.get(st, {}).get(m)
+            r[f"removed_vs_warm_{st}"] = (d.value if d else
+                                          1.0 if m == WARM else 0.0 if m == COLD else np.nan)
+            r[f"removed_vs_warm_{st}_lo"] = d.lo if d else np.nan
+            r[f"removed_vs_warm_{st}_hi"] = d.hi if d else np.nan
+            r[f"removed_vs_warm_{st}_undefined_share"] = d.undefined_share if d else np.nan
+        r["floor"] = floor
+        r["flag"] = "" if m in (floor, COLD, WARM, HOT) else share_flag(
+            m, floor, removed=r["removed_p50"], removed_mean=r["removed_mean"],
+            removed_vs_warm=r["removed_vs_warm_p50"])
         cr = _cli_row(meta, m)
         r["cli_overhead_removed"] = cr.get("overhead_removed")
         # Profile facts (from the CLI's row for strategies that load lines).
@@ -142,18 +174,21 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     if have_baseline:
         for st in ("mean", "p50"):
             comps: list[tuple[str, str, str, str]] = [
-                ("cold overhead", "cold-sweep − warm", COLD, WARM)]
+                ("cold overhead", f"cold-sweep − {floor}", COLD, floor)]
             if CONTROL in modes:
-                comps += [("wake-up / idle", "control − warm", CONTROL, WARM),
+                comps += [("wake-up / idle", f"control − {floor}", CONTROL, floor),
                           ("cache loss", "cold-sweep − control", COLD, CONTROL)]
+            if floor == HOT and WARM in modes:
+                comps += [("warm above the floor", "warm − hot", WARM, HOT)]
             if "cold-idle" in modes:
-                comps += [("plain idle gap (no sweep)", "cold-idle − warm", "cold-idle", WARM)]
+                comps += [("plain idle gap (no sweep)", f"cold-idle − {floor}", "cold-idle",
+                           floor)]
             for sm in strategies:
                 comps += [(f"removed by {sm}", f"cold-sweep − {sm}", COLD, sm)]
             fns = {}
             for name, _, a, b in comps:
                 fns[name + "|us"] = stats.diff_fn(a, b)
-                fns[name + "|share"] = stats.part_share_fn(a, b, COLD, WARM)
+                fns[name + "|share"] = stats.part_share_fn(a, b, COLD, floor)
             res = stats.paired_bootstrap(mat, modes, fns, st, boot)
             for name, formula, a, b in comps:
                 us, sh = res[name + "|us"], res[name + "|share"]
@@ -187,7 +222,9 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                 "server": server, "server_name": DISPLAY.get(server, server),
                 "source": f"measured here ({meta.get('machine', 'this machine')})",
                 "preheated_mode": f"{sm}: {what}",
-                "warm": t.loc[WARM, "mean"], "cold": t.loc[COLD, "mean"],
+                "floor": floor, "hot": t.loc[HOT, "mean"] if HOT in t.index else None,
+                "warm": t.loc[WARM, "mean"] if WARM in t.index else None,
+                "cold": t.loc[COLD, "mean"],
                 "preheated": t.loc[sm, "mean"],
                 "removed": t.loc[sm, "removed_mean"],
                 "removed_lo": t.loc[sm, "removed_mean_lo"],
@@ -195,7 +232,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                 "cpi": cpi_label if cpi_vals is None else json.dumps(cpi_vals),
                 "ws_kib": _first(t.loc[lines_mode, "ws_kib"]),
                 "preheat_us": t.loc[lines_mode].get("preheat_us_mean"),
-                "n": f"warm {t.loc[WARM, 'n']}, cold {t.loc[COLD, 'n']}, {sm} {t.loc[sm, 'n']}",
+                "n": f"{floor} {t.loc[floor, 'n']}, cold {t.loc[COLD, 'n']}, {sm} {t.loc[sm, 'n']}",
                 "label": "measured (mean)"})
     head.append(_paper_row(server))
     # Request kinds (MariaDB's TPC-C-like transaction types: every mode of a round measures the
@@ -206,7 +243,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
         for kind, dk in df.groupby("kind", sort=True):
             kmodes = [m for m in modes if m in set(dk["mode"])]
             kmat, krounds = stats.round_matrix(dk, kmodes)
-            kshare = _removed(kmat, kmodes, "p50", boot)
+            kshare = _removed(kmat, kmodes, "p50", boot, floor_mode(kmodes))
             for m in kmodes:
                 s_ = stats.summarize(dk.loc[dk["mode"] == m, "latency_us"], boot)
                 d = kshare.get(m)
@@ -214,7 +251,9 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                               "kind": kind, "mode": m, "n": s_.n, "rounds": len(krounds),
                               "mean": s_.mean, "mean_lo": s_.mean_lo, "mean_hi": s_.mean_hi,
                               "p50": s_.p50, "p50_lo": s_.p50_lo, "p50_hi": s_.p50_hi,
-                              "removed_p50": d.value if d else (1.0 if m == WARM else 0.0 if m == COLD else np.nan),
+                              "removed_p50": d.value if d else (
+                                  1.0 if m == floor_mode(kmodes) else 0.0 if m == COLD
+                                  else np.nan),
                               "removed_p50_lo": d.lo if d else np.nan,
                               "removed_p50_hi": d.hi if d else np.nan,
                               "removed_p50_undefined_share": d.undefined_share if d else np.nan,

@@ -12,9 +12,12 @@ import numpy as np
 import pandas as pd
 
 SERVERS = ["kv", "memcached", "nginx", "redis", "mariadb"]
-BASE_MODES = ["warm", "cold-sweep", "cold-idle", "control"]
+BASE_MODES = ["hot", "warm", "cold-sweep", "cold-idle", "control"]
 COLD = "cold-sweep"  # the paper's "cold": caches flushed before the request
 WARM = "warm"
+#: The physical floor: warm caches and the server's CPU kept out of idle (`preheat demo`'s hot
+#: mode). Shares removed are against it when it was measured, else against warm.
+HOT = "hot"
 CONTROL = "control"
 LINE_BYTES = 64
 
@@ -70,8 +73,13 @@ def load_server(raw: Path, server: str) -> tuple[dict, pd.DataFrame]:
     return meta, df[SAMPLE_COLUMNS + extra]
 
 
+def floor_mode(modes: Sequence[str]) -> str:
+    """The floor shares are computed against: hot when measured, else warm."""
+    return HOT if HOT in modes else WARM
+
+
 def mode_order(modes: Sequence[str], meta: dict | None = None) -> list[str]:
-    """warm, cold-sweep, cold-idle, control, then the strategies in the CLI's order."""
+    """hot, warm, cold-sweep, cold-idle, control, then the strategies in the CLI's order."""
     order = [m for m in BASE_MODES if m in modes]
     cli_rows = [r.get("mode") for r in (meta or {}).get("rows", []) or []]
     rest = [m for m in cli_rows if m in modes and m not in order]

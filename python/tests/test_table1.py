@@ -228,7 +228,10 @@ def test_a_failing_server_is_reported_and_the_others_still_run(tmp_path, monkeyp
     assert "redis FAILED" in capsys.readouterr().out
     summ = json.loads((out / "summary.json").read_text())
     assert "setup-lab.sh" in summ["failed"]["redis"]
-    assert summ["servers"]["kv"]["status"] == "ok" and summ["servers"]["kv"]["samples"] == 45
+    kv = summ["servers"]["kv"]
+    # Every mode the demo measured (the hot floor among them where it can be held) × 5 rounds.
+    modes = set(pd.read_csv(out / "table1.csv").query("server == 'kv'")["mode"])
+    assert kv["status"] == "ok" and kv["samples"] == 5 * len(modes) and len(modes) >= 9
     html = (out / "report.html").read_text()
     assert "FAILED" in html and "setup-lab.sh" in html
 

@@ -5,7 +5,7 @@
 //! server's CPU polling in the idle loop (a per-CPU PM QoS resume-latency constraint, as the wake
 //! planner arms it; else a `/dev/cpu_dma_latency` request, which holds *every* CPU awake) while
 //! the request is served. It is the physical floor of a preheated request on this machine: caches
-//! warm and no wakeup. The mechanisms are the wake planner's ([`preheat_wake::mech::Machine`]);
+//! warm and no wakeup. The mechanisms are the wake planner's ([`preheat_wake::keep_awake::Machine`]);
 //! nothing else here changes machine state.
 //!
 //! Nothing is left behind: [`KeepAwake`] restores the CPU when dropped and from the CLI's signal
@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use preheat_wake::mech::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
+use preheat_wake::keep_awake::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
 
 /// The machine state of this process's hot floor (one per process; the signal handler's hook
 /// restores it).
@@ -45,7 +45,7 @@ impl KeepAwake {
         let note = match m.mechanism(cpu) {
             Mechanism::PmQos => format!(
                 "cpu{cpu} polls in idle (per-CPU PM QoS resume latency {})",
-                mech::PM_QOS_STRICT
+                keep_awake::PM_QOS_STRICT
             ),
             Mechanism::DmaLatency => "every CPU polls in idle (/dev/cpu_dma_latency = 0; the \
                                       client's CPU too, so the floor is a little lower than the \
@@ -135,7 +135,7 @@ pub fn restore_stale(run_dir: &Path) {
         if Path::new(&format!("/proc/{pid}")).exists() {
             continue;
         }
-        match mech::restore_journal(&paths, &e.path()) {
+        match keep_awake::restore_journal(&paths, &e.path()) {
             Ok(outcomes) => {
                 for o in outcomes {
                     eprintln!("preheat: hot floor of a killed run (pid {pid}): {o}");
