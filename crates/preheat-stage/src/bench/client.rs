@@ -37,26 +37,47 @@ struct ConnTrack {
     queue: Mutex<VecDeque<Pending>>,
 }
 
-struct ReaderResult {
-    hist: Histogram<u64>,
-    completed: u64,
-    hits: u64,
-    misses: u64,
-    errors: u64,
-    mismatched: u64,
-    late: u64,
-    protocol_errors: u64,
-}
-
-pub(super) struct LoadRun {
+/// What came back for the recorded requests: latencies and response counts (of one
+/// connection's reader, or of a whole run).
+pub(super) struct Answers {
     pub(super) hist: Histogram<u64>,
-    pub(super) sent: u64,
     pub(super) completed: u64,
     pub(super) hits: u64,
     pub(super) misses: u64,
+    /// Error replies, and responses that could not be framed or matched to a request.
     pub(super) errors: u64,
     pub(super) mismatched: u64,
+    /// Completed later than the bound after their intended send time.
     pub(super) late: u64,
+}
+
+impl Answers {
+    pub(super) fn new() -> Answers {
+        Answers {
+            hist: new_hist(),
+            completed: 0,
+            hits: 0,
+            misses: 0,
+            errors: 0,
+            mismatched: 0,
+            late: 0,
+        }
+    }
+
+    fn add(&mut self, o: &Answers) {
+        self.hist.add(&o.hist).ok();
+        self.completed += o.completed;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.errors += o.errors;
+        self.mismatched += o.mismatched;
+        self.late += o.late;
+    }
+}
+
+pub(super) struct LoadRun {
+    pub(super) sent: u64,
+    pub(super) answers: Answers,
     pub(super) unanswered: u64,
     pub(super) send_errors: u64,
     pub(super) send_lag_sum_us: u64,
@@ -98,17 +119,8 @@ fn reader(
     track: Arc<ConnTrack>,
     outstanding: Arc<(Mutex<Outstanding>, Condvar)>,
     bound: Duration,
-) -> ReaderResult {
-    let mut r = ReaderResult {
-        hist: new_hist(),
-        completed: 0,
-        hits: 0,
-        misses: 0,
-        errors: 0,
-        mismatched: 0,
-        late: 0,
-        protocol_errors: 0,
-    };
+) -> Answers {
+    let mut r = Answers::new();
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     let mut chunk = vec![0u8; 64 * 1024];
     'outer: loop {
@@ -131,7 +143,7 @@ fn reader(
                         .unwrap_or_else(|e| e.into_inner())
                         .pop_front()
                     else {
-                        r.protocol_errors += 1;
+                        r.errors += 1;
                         continue;
                     };
                     done += 1;
@@ -157,7 +169,7 @@ fn reader(
                 }
                 Ok(None) => break,
                 Err(_) => {
-                    r.protocol_errors += 1;
+                    r.errors += 1;
                     break 'outer;
                 }
             }
@@ -318,13 +330,7 @@ pub(super) fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) 
         let r = h
             .join()
             .map_err(|_| anyhow::anyhow!("a bench reader thread panicked"))?;
-        run.hist.add(&r.hist).ok();
-        run.completed += r.completed;
-        run.hits += r.hits;
-        run.misses += r.misses;
-        run.errors += r.errors + r.protocol_errors;
-        run.mismatched += r.mismatched;
-        run.late += r.late;
+        run.answers.add(&r);
     }
     Ok(run)
 }

@@ -241,12 +241,12 @@ fn sum_cpu_use(parts: impl Iterator<Item = CpuUse>) -> Option<CpuUse> {
 pub(super) fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
     let mut hist = new_hist();
     for r in &acc.runs {
-        hist.add(&r.hist).ok();
+        hist.add(&r.answers.hist).ok();
     }
     let sum = |f: fn(&LoadRun) -> u64| acc.runs.iter().map(f).sum::<u64>();
     let sent = sum(|r| r.sent);
     let window: f64 = acc.runs.iter().map(|r| r.send_window.as_secs_f64()).sum();
-    let over = sum(|r| r.late) + sum(|r| r.unanswered);
+    let over = sum(|r| r.answers.late) + sum(|r| r.unanswered);
     // The rounds' windows summed into one (rounds whose CPUs or idle states differ from the
     // first are left out, with a note).
     let mut residency = ResidencyDiff::default();
@@ -268,11 +268,11 @@ pub(super) fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
         mode: mode.name(),
         rounds: acc.runs.len() as u32,
         sent,
-        completed: sum(|r| r.completed),
-        hits: sum(|r| r.hits),
-        misses: sum(|r| r.misses),
-        errors: sum(|r| r.errors),
-        mismatched: sum(|r| r.mismatched),
+        completed: sum(|r| r.answers.completed),
+        hits: sum(|r| r.answers.hits),
+        misses: sum(|r| r.answers.misses),
+        errors: sum(|r| r.answers.errors),
+        mismatched: sum(|r| r.answers.mismatched),
         unanswered: sum(|r| r.unanswered),
         send_errors: sum(|r| r.send_errors),
         achieved_rate_per_s: if window > 0.0 {
@@ -332,11 +332,11 @@ pub(super) fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
                 let res = r.residency.as_ref().ok();
                 RoundSummary {
                     round: i as u32,
-                    samples: r.hist.len(),
-                    p999_us: if r.hist.is_empty() {
+                    samples: r.answers.hist.len(),
+                    p999_us: if r.answers.hist.is_empty() {
                         0
                     } else {
-                        r.hist.value_at_quantile(0.999)
+                        r.answers.hist.value_at_quantile(0.999)
                     },
                     residency: res.map(|x| x.report()),
                     backend_wakeups_per_s: r.backend_wakeups.map(|w| {

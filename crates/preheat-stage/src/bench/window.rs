@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use preheat_power::residency::Snapshot;
 
-use super::client::{new_hist, LoadOpts, LoadRun};
+use super::client::{Answers, LoadOpts, LoadRun};
 use crate::cpu_use;
 
 /// Waits until every CPU's deep-idle share over a 0.5 s probe reaches the gate (at most 60 s);
@@ -81,14 +81,8 @@ impl WindowStart {
             .zip(cpu_use::cpu_use_mark(o.own_pids))
             .map(|(a, b)| cpu_use::cpu_use(&a, &b));
         LoadRun {
-            hist: new_hist(),
             sent: 0,
-            completed: 0,
-            hits: 0,
-            misses: 0,
-            errors: 0,
-            mismatched: 0,
-            late: 0,
+            answers: Answers::new(),
             unanswered: 0,
             send_errors: 0,
             send_lag_sum_us: 0,
