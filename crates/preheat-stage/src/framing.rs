@@ -46,11 +46,23 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// [`preheat_http::Limits`]'s defaults, for both protocols.
     fn default() -> Self {
+        let http = preheat_http::Limits::default();
         Limits {
-            max_line: 64 * 1024,
-            max_header: 64 * 1024,
-            max_request: 8 * 1024 * 1024,
+            max_line: http.max_line,
+            max_header: http.max_head,
+            max_request: http.max_message as usize,
+        }
+    }
+}
+
+impl Limits {
+    fn http(&self) -> preheat_http::Limits {
+        preheat_http::Limits {
+            max_head: self.max_header,
+            max_line: self.max_line,
+            max_message: self.max_request as u64,
         }
     }
 }
@@ -213,12 +225,7 @@ pub fn memcached_request(buf: &[u8], limits: &Limits) -> Result<Option<RequestFr
 /// `chunked`, obsolete line folding, whitespace before a header colon. Empty lines before the
 /// request line belong to it.
 pub fn http_request(buf: &[u8], limits: &Limits) -> Result<Option<RequestFrame>, FrameError> {
-    let limits = preheat_http::Limits {
-        max_head: limits.max_header,
-        max_line: limits.max_line,
-        max_message: limits.max_request as u64,
-    };
-    match preheat_http::request_len(buf, &limits) {
+    match preheat_http::request_len(buf, &limits.http()) {
         Ok(Some(f)) => Ok(Some(RequestFrame {
             len: f.len,
             expects_response: true,
