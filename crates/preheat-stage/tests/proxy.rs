@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use preheat_stage::framing::{http_request, memcached_response_len, Limits};
 use preheat_stage::{Framing, Stage, StageConfig, StageCounters};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -135,14 +137,6 @@ fn wait_for(stage: &Stage, what: &str, f: impl Fn(&StageCounters) -> bool) -> St
     }
 }
 
-/// Tiny deterministic PRNG for split points.
-fn lcg(x: &mut u64) -> u64 {
-    *x = x
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    *x >> 33
-}
-
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let kv = Kv::start();
@@ -154,9 +148,10 @@ fn pipelined_requests_are_answered_in_order() {
                 let mut req = Vec::new();
                 let mut expect = Vec::new();
                 let mut responses = 0;
-                let mut seed = c + 1;
+                // Deterministic keys and split points.
+                let mut rng = StdRng::seed_from_u64(c + 1);
                 for i in 0..150u32 {
-                    let n = (lcg(&mut seed) % 1000) as u32;
+                    let n = rng.gen_range(0..1000u32);
                     match i % 5 {
                         0 | 1 => {
                             req.extend(format!("get key:{n}\r\n").bytes());
@@ -200,11 +195,11 @@ fn pipelined_requests_are_answered_in_order() {
                 // Send in random pieces (partial requests across reads and bursts).
                 let mut off = 0;
                 while off < req.len() {
-                    let k = (1 + lcg(&mut seed) as usize % 200).min(req.len() - off);
+                    let k = rng.gen_range(1..=200usize).min(req.len() - off);
                     s.write_all(&req[off..off + k]).unwrap();
                     off += k;
-                    if lcg(&mut seed) & 7 == 0 {
-                        std::thread::sleep(Duration::from_millis(lcg(&mut seed) % 15));
+                    if rng.gen_ratio(1, 8) {
+                        std::thread::sleep(Duration::from_millis(rng.gen_range(0..15)));
                     }
                 }
                 let got = reader.join().unwrap();

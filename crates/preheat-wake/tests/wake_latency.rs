@@ -16,6 +16,8 @@ use preheat_engine::os;
 use preheat_engine::time::now_ns;
 use preheat_wake::keep_awake::SysPaths;
 use preheat_wake::{Config, Daemon, MechChoice, Mechanism, WakeClient};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -148,14 +150,8 @@ fn wake_latency_per_mechanism() {
         loadavg()
     );
     let mut order: Vec<usize> = (0..rows.len()).collect();
-    let mut seed = now_ns() | 1;
-    let mut next_rand = move || {
-        // xorshift64
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = StdRng::seed_from_u64(now_ns());
+    let mut next_rand = move || rng.gen::<u64>();
     let mut v = 0u32;
     // Quiet gate: rounds run in chunks; before each chunk wait for CPU 1 to be quiet, and keep
     // a chunk only if CPU 1 stayed quiet while it ran (other work there would put its
