@@ -2,8 +2,8 @@
 //! line, prepare, and drive requests with every wait mode; plus the TPC-C-like workload on a
 //! real MariaDB and the drivers' framing against scripted fake servers.
 //!
-//! A server that is not installed is skipped with `SKIP: reason` on stderr
-//! (`scripts/setup-lab.sh` installs them all).
+//! A server that is not installed is skipped (`preheat_testsupport::skip`, the component its
+//! program; `scripts/setup-lab.sh` installs them all).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -50,10 +50,7 @@ fn kv_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PREHEAT_KV_BIN") {
         return Some(PathBuf::from(p));
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
-    let p = target.join("debug/preheat-kv");
+    let p = preheat_testsupport::built("preheat-kv");
     p.exists().then_some(p)
 }
 
@@ -69,8 +66,19 @@ fn log_tail(dir: &std::path::Path) -> String {
     out
 }
 
-/// Plan `kind` into a fresh directory, start it and wait for its port. `None` (after printing
-/// `SKIP: ...`) when the program is not installed.
+/// The program a server needs, as a skip component.
+fn program(kind: ServerKind) -> &'static str {
+    match kind {
+        ServerKind::Kv => "preheat-kv",
+        ServerKind::Memcached => "memcached",
+        ServerKind::Nginx => "nginx",
+        ServerKind::Redis => "redis-server",
+        ServerKind::Mariadb => "mariadbd",
+    }
+}
+
+/// Plan `kind` into a fresh directory, start it and wait for its port. `None` (after reporting
+/// the skip) when the program is not installed.
 fn start(kind: ServerKind, warehouses: u32) -> Option<Running> {
     let mut opts = PlanOptions {
         warehouses,
@@ -80,10 +88,10 @@ fn start(kind: ServerKind, warehouses: u32) -> Option<Running> {
         match kv_bin() {
             Some(b) => opts.kv_bin = Some(b),
             None => {
-                eprintln!(
-                    "SKIP: {}: target/debug/preheat-kv not built (cargo build -p preheat-kv) \
-                     and PREHEAT_KV_BIN not set",
-                    kind.name()
+                preheat_testsupport::skip(
+                    program(kind),
+                    "target/debug/preheat-kv not built (cargo build -p preheat-kv) and \
+                     PREHEAT_KV_BIN not set",
                 );
                 return None;
             }
@@ -95,7 +103,7 @@ fn start(kind: ServerKind, warehouses: u32) -> Option<Running> {
     let plan = match servers::plan(kind, port, dir.path(), &opts) {
         Ok(p) => p,
         Err(e) if e.to_string().contains("is not installed") => {
-            eprintln!("SKIP: {}: {e}", kind.name());
+            preheat_testsupport::skip!(program(kind), "{}: {e}", kind.name());
             return None;
         }
         Err(e) => panic!("plan {}: {e:#}", kind.name()),
