@@ -67,33 +67,14 @@ fn open_loop_counts_a_stall_against_every_request_scheduled_during_it() {
     assert_eq!(s.errors, 0);
     let (h, rows) = csv.read();
     assert_eq!(rows.len(), 600);
-    let (lat, sent, intended) = (
-        col(&h, "latency_us"),
-        col(&h, "sent_ns"),
-        col(&h, "intended_ns"),
-    );
-    let f = |r: &Vec<String>, i: usize| r[i].parse::<f64>().unwrap();
     // The requests that should have gone out during the stall waited for it: their latency
     // (from the intended time) includes the queueing, and they really went out late.
-    let queued: Vec<&Vec<String>> = rows.iter().filter(|r| f(r, lat) >= 20_000.0).collect();
-    assert!(
-        queued.len() >= 10,
-        "only {} requests with latency ≥ 20 ms: the stall was not charged to the requests behind it",
-        queued.len()
-    );
-    let late = queued
-        .iter()
-        .filter(|r| f(r, sent) - f(r, intended) >= 10e6)
-        .count();
-    assert!(
-        late >= 10,
-        "only {late} of the queued requests went out ≥ 10 ms after their intended time"
-    );
+    queued_behind_stall(&h, &rows, "open loop");
     assert!(s.max_us >= 90_000.0, "the stalled request itself: {s:?}");
     assert!(s.send_late_us_p99 >= 10_000.0, "{s:?}");
     // The intended times are the Poisson schedule, not "when the connection was free": they
     // strictly increase and are spread over the ~0.6 s the offered load takes.
-    let times: Vec<f64> = rows.iter().map(|r| f(r, intended)).collect();
+    let times: Vec<f64> = rows.iter().map(|r| numf(&h, r, "intended_ns")).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]));
     let span_s = (times[times.len() - 1] - times[0]) / 1e9;
     assert!(
@@ -123,27 +104,20 @@ fn records_csv_has_a_header_and_one_row_per_request() {
     assert_eq!(rows.len(), 300);
     let ncol = h.split(',').count();
     assert!(rows.iter().all(|r| r.len() == ncol));
-    let mut seqs: Vec<u64> = rows
-        .iter()
-        .map(|r| r[col(&h, "seq")].parse().unwrap())
-        .collect();
-    seqs.sort_unstable();
-    assert_eq!(seqs, (0..300).collect::<Vec<_>>());
+    assert_seqs(&h, &rows, 300);
     for r in &rows {
         assert_eq!(r[col(&h, "mode")], "open");
         assert_eq!(r[col(&h, "kind")], "get");
         assert_eq!(r[col(&h, "ok")], "true");
         assert_eq!(r[col(&h, "strategy")], "wake+lines");
-        let t = |n: &str| r[col(&h, n)].parse::<u64>().unwrap();
-        assert!(t("intended_ns") <= t("sent_ns") && t("sent_ns") < t("done_ns"));
-        assert_eq!(t("granted_ns"), t("intended_ns"));
+        assert_times_ordered(&h, r);
+        assert_eq!(num(&h, r, "granted_ns"), num(&h, r, "intended_ns"));
     }
     let conns: std::collections::BTreeSet<&str> =
         rows.iter().map(|r| r[col(&h, "conn")].as_str()).collect();
     assert_eq!(conns.len(), 2, "both connections measured");
     // 2 connections × 1 warm-up + 300 measured.
-    assert_eq!(srv.ctl.served.load(Ordering::SeqCst), 302);
-    assert_eq!(srv.ctl.accepted.load(Ordering::SeqCst), 2);
+    assert_served(&srv, 302, 2);
 }
 
 #[test]

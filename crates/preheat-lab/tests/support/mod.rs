@@ -307,6 +307,75 @@ pub fn col(header: &str, name: &str) -> usize {
     header.split(',').position(|c| c == name).unwrap()
 }
 
+/// Record `r`'s column `name` as an integer.
+pub fn num(h: &str, r: &[String], name: &str) -> u64 {
+    r[col(h, name)].parse().unwrap()
+}
+
+/// Record `r`'s column `name` as a number.
+pub fn numf(h: &str, r: &[String], name: &str) -> f64 {
+    r[col(h, name)].parse().unwrap()
+}
+
+/// The records of the requests queued behind a server stall: latency (from the intended time)
+/// of 20 ms or more. Checks that there are at least 10 and that at least 10 of them really went
+/// out 10 ms or more after their intended time (`what` names the run in the messages).
+pub fn queued_behind_stall<'a>(
+    h: &str,
+    rows: &'a [Vec<String>],
+    what: &str,
+) -> Vec<&'a Vec<String>> {
+    let queued: Vec<&Vec<String>> = rows
+        .iter()
+        .filter(|r| numf(h, r, "latency_us") >= 20_000.0)
+        .collect();
+    assert!(
+        queued.len() >= 10,
+        "{what}: only {} requests with latency ≥ 20 ms: the stall was not charged to the \
+         requests behind it",
+        queued.len()
+    );
+    let late = queued
+        .iter()
+        .filter(|r| numf(h, r, "sent_ns") - numf(h, r, "intended_ns") >= 10e6)
+        .count();
+    assert!(
+        late >= 10,
+        "{what}: only {late} of the queued requests went out ≥ 10 ms after their intended time"
+    );
+    queued
+}
+
+/// The records' sequence numbers are 0..n, each once.
+pub fn assert_seqs(h: &str, rows: &[Vec<String>], n: u64) {
+    let mut seqs: Vec<u64> = rows.iter().map(|r| num(h, r, "seq")).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, (0..n).collect::<Vec<_>>());
+}
+
+/// A record went out no earlier than intended, and its reply came after the send.
+pub fn assert_times_ordered(h: &str, r: &[String]) {
+    let t = |n: &str| num(h, r, n);
+    assert!(
+        t("intended_ns") <= t("sent_ns") && t("sent_ns") < t("done_ns"),
+        "{r:?}"
+    );
+}
+
+/// The test server answered `served` requests (warm-ups included) on `accepted` connections.
+pub fn assert_served(srv: &TestServer, served: u64, accepted: u64) {
+    assert_eq!(
+        srv.ctl.served.load(Ordering::SeqCst),
+        served,
+        "requests served"
+    );
+    assert_eq!(
+        srv.ctl.accepted.load(Ordering::SeqCst),
+        accepted,
+        "connections"
+    );
+}
+
 pub fn assert_sane(s: &LoadSummary) {
     assert_eq!(s.label, "measured");
     if s.requests > 0 {
