@@ -18,7 +18,10 @@ fn installed(prog: &str) -> bool {
 #[test]
 fn demo_on_mariadb_runs_tpcc_transactions() {
     if !installed("mariadbd") && !installed("mysqld") {
-        eprintln!("SKIP: mariadbd is not installed (scripts/setup-lab.sh)");
+        preheat_testsupport::skip(
+            "mariadbd",
+            "mariadbd is not installed (scripts/setup-lab.sh)",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -93,7 +96,10 @@ impl Drop for Guard {
 #[test]
 fn serve_starts_loads_and_stops_redis() {
     if !installed("redis-server") {
-        eprintln!("SKIP: redis-server is not installed (scripts/setup-lab.sh)");
+        preheat_testsupport::skip(
+            "redis-server",
+            "redis-server is not installed (scripts/setup-lab.sh)",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

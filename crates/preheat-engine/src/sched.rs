@@ -190,7 +190,10 @@ mod tests {
                 assert!(is_gone(&e), "{e}");
                 assert!(thread_sched(tid).is_err_and(|e| is_gone(&e)) || reused(tid));
             }
-            Ok(_) => assert!(reused(tid), "thread {tid} still answers after it was joined"),
+            Ok(_) => assert!(
+                reused(tid),
+                "thread {tid} still answers after it was joined"
+            ),
         }
     }
 

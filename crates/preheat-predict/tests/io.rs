@@ -159,7 +159,7 @@ fn bench_on_small_real_file_fills_every_field() {
     let r = match run_bench(&cfg) {
         Ok(r) => r,
         Err(e) if format!("{e:#}").contains("O_DIRECT") => {
-            eprintln!("SKIP: {e:#}");
+            preheat_testsupport::skip!("o-direct", "{e:#}");
             return;
         }
         Err(e) => panic!("{e:#}"),

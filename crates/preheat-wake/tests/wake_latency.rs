@@ -82,7 +82,7 @@ struct Row {
 fn wake_latency_per_mechanism() {
     let online = SysPaths::default().online_cpus();
     if !(online.contains(&0) && online.contains(&1)) {
-        println!("SKIP: needs CPUs 0 and 1 online (online: {online:?})");
+        preheat_testsupport::skip!("cpus", "needs CPUs 0 and 1 online (online: {online:?})");
         return;
     }
     let rounds = env_u64("PREHEAT_WAKE_BENCH_ROUNDS", 300) as usize;
@@ -110,7 +110,12 @@ fn wake_latency_per_mechanism() {
         let st = d.status();
         let got = st.cpus.iter().find(|c| c.cpu == 1).unwrap().mechanism;
         if got != want {
-            println!("SKIP row {want}: unavailable ({:?})", st.notes);
+            let component = match want {
+                Mechanism::PmQos => "pm-qos",
+                Mechanism::DmaLatency => "cpu-dma-latency",
+                _ => "wake-mechanism",
+            };
+            preheat_testsupport::skip!(component, "row {want}: unavailable ({:?})", st.notes);
             continue;
         }
         rows.push(Row {

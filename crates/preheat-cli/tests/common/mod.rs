@@ -86,7 +86,10 @@ pub fn realtime_or_skip(test: &str) -> bool {
             std::env::var_os("CI").is_none(),
             "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
         );
-        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
+        preheat_testsupport::skip!(
+            "realtime",
+            "{test}: no permission for SCHED_FIFO (run as root)"
+        );
     }
     ok
 }
