@@ -233,14 +233,11 @@ fn demo_measures_every_mode() {
 fn a_killed_hot_floor_is_restored_by_the_next_command() {
     let cpu = 1;
     let knob = format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us");
-    let original = match std::fs::read_to_string(&knob) {
-        Ok(v) if common::euid_is_root() => v.trim().to_string(),
-        _ => {
-            eprintln!(
-                "SKIP: a_killed_hot_floor_is_restored_by_the_next_command: needs root and {knob}"
-            );
-            return;
-        }
+    if !common::euid_is_root() {
+        return preheat_testsupport::skip("root", "PM QoS needs root");
+    }
+    let Ok(original) = std::fs::read_to_string(&knob).map(|v| v.trim().to_string()) else {
+        return preheat_testsupport::skip!("pm-qos", "{knob} does not exist");
     };
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
