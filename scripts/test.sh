@@ -26,11 +26,12 @@ tmp_before=$(tmp_listing)
 # of them fails the run.
 installed=(preheat)
 need=()
-# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), and
-# the programs the cache-affinity experiments run on fixed inputs (gzip, xz, sqlite3, gcc).
+# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), a
+# server outside the catalog (lighttpd), and the programs the cache-affinity experiments run on
+# fixed inputs (gzip, xz, sqlite3, gcc).
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
     redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
-    gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
+    lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   installed+=("$bin")
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
@@ -64,7 +65,7 @@ if [ ${#need[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     # Debian starts the packaged daemons; the tests start their own on other ports.
-    for svc in memcached nginx redis-server mariadb; do
+    for svc in memcached nginx redis-server mariadb lighttpd; do
       systemctl stop "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
     done
   else

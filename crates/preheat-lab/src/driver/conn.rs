@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{Outcome, Wait, REPLY_TIMEOUT};
+use super::{Outcome, Stale, Wait, REPLY_TIMEOUT};
 
 /// Longest protocol line (memcached reply line, RESP header, HTTP status line or header).
 const MAX_LINE: usize = 64 * 1024;
@@ -100,6 +100,9 @@ pub(super) struct Conn {
     nonblocking: bool,
     /// Polling: a read that would block ends the parse with [`Incomplete`].
     polling: bool,
+    /// Requests sent on this connection (a failure before any byte of the reply to any but the
+    /// first is [`Stale`]).
+    requests: u64,
 }
 
 impl Conn {
@@ -130,6 +133,7 @@ impl Conn {
             deadline: Instant::now() + REPLY_TIMEOUT,
             nonblocking: wait == Wait::Spin,
             polling: false,
+            requests: 0,
         })
     }
 
@@ -185,11 +189,26 @@ impl Conn {
         }
     }
 
+    /// A transport failure of the current request: [`Stale`] when the connection served
+    /// requests before and nothing of this reply has arrived, else `e` as it is.
+    fn failure(&self, e: anyhow::Error) -> anyhow::Error {
+        if self.requests > 1 && self.buf.is_empty() {
+            anyhow::Error::new(Stale { addr: self.addr }).context(format!("{e:#}"))
+        } else {
+            e
+        }
+    }
+
     /// Start a request: drop the parsed bytes, arm the reply deadline, send `data` whole.
     pub(super) fn send(&mut self, data: &[u8]) -> Result<()> {
         self.buf.drain(..self.pos);
         self.pos = 0;
         self.deadline = Instant::now() + REPLY_TIMEOUT;
+        self.requests += 1;
+        self.send_all(data).map_err(|e| self.failure(e))
+    }
+
+    fn send_all(&mut self, data: &[u8]) -> Result<()> {
         let mut sent = 0;
         let mut spinner = Spinner::new();
         while sent < data.len() {
@@ -255,15 +274,28 @@ impl Conn {
         }
     }
 
-    /// Receive at least one more byte; the end of the stream is an error.
+    /// Receive at least one more byte; the end of the stream is an error ([`Stale`] before the
+    /// first byte of a reply on a connection that served requests).
     fn fill(&mut self) -> Result<()> {
-        if !self.read_more()? {
-            bail!(
+        match self.read_more() {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.failure(anyhow::anyhow!(
                 "{} closed the connection before the reply was complete",
                 self.addr
-            );
+            ))),
+            Err(e) if e.downcast_ref::<Incomplete>().is_some() => Err(e),
+            Err(e)
+                if e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                    matches!(
+                        io.kind(),
+                        ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted
+                    )
+                }) =>
+            {
+                Err(self.failure(e))
+            }
+            Err(e) => Err(e),
         }
-        Ok(())
     }
 
     /// The next line without its `\r\n`.
@@ -328,8 +360,14 @@ impl Conn {
 /// with its own `parse` (memcached, redis, HTTP: they differ only in those two and, for HTTP,
 /// in refusing to send on a connection the server closed).
 macro_rules! conn_driver {
-    ($name:ident, $proto:expr $(, before_send = $check:ident)?) => {
+    ($name:ident, $proto:expr $(, before_send = $check:ident, closing = $closing:ident)?) => {
         impl $crate::driver::Driver for $name {
+            $(
+                fn closing(&self) -> bool {
+                    self.$closing
+                }
+            )?
+
             fn request(&mut self) -> ::anyhow::Result<$crate::driver::Outcome> {
                 $(self.$check()?;)?
                 self.conn.for_request()?;

@@ -180,7 +180,12 @@ impl HttpDriver {
     }
 }
 
-conn_driver!(HttpDriver, Protocol::Http, before_send = check_open);
+conn_driver!(
+    HttpDriver,
+    Protocol::Http,
+    before_send = check_open,
+    closing = closed
+);
 
 impl HttpDriver {
     fn check_open(&self) -> Result<()> {

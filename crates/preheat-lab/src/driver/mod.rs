@@ -32,7 +32,13 @@
 //! Errors: `Err` from [`Driver::request`] means the connection is unusable (I/O error, the peer
 //! closed it, a reply that breaks the framing, no complete reply within [`REPLY_TIMEOUT`]);
 //! a complete but wrong reply (other value, miss, error reply, HTTP status ≠ 200, SQL error) is
-//! `Ok` with `ok == false`.
+//! `Ok` with `ok == false`. Two cases are the normal life of a keep-alive connection, not
+//! failures, and real clients (wrk, curl) reconnect on them: the server said it closes the
+//! connection after its last reply ([`Driver::closing`]: HTTP `Connection: close`, HTTP/1.0, a
+//! body framed by the end of the connection), and a connection that already served requests
+//! was closed by the server before any byte of the next reply ([`Stale`], e.g. a keep-alive
+//! request limit or idle timeout without `Connection: close`). The load engine reopens the
+//! connection for both and counts them as reconnects.
 //!
 //! # Files
 //!
@@ -187,6 +193,30 @@ pub struct RawExchange {
     pub replay_until: Vec<u8>,
 }
 
+/// The server closed a keep-alive connection that had served requests before any byte of the
+/// next reply arrived (the request may be repeated on a fresh connection: it was not answered).
+#[derive(Debug)]
+pub struct Stale {
+    pub addr: SocketAddr,
+}
+
+impl std::fmt::Display for Stale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} closed the keep-alive connection before answering the next request",
+            self.addr
+        )
+    }
+}
+
+impl std::error::Error for Stale {}
+
+/// Whether `e` is a [`Stale`] connection (a reconnect, not a failure).
+pub fn is_stale(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Stale>().is_some()
+}
+
 /// The result of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
@@ -202,6 +232,13 @@ pub trait Driver: Send {
     /// reconnects); `Ok` with `ok == false`: a wrong reply.
     fn request(&mut self) -> Result<Outcome>;
     fn protocol(&self) -> Protocol;
+
+    /// The server said it closes this connection after the reply just read (HTTP
+    /// `Connection: close`, HTTP/1.0, a body framed by the end of the connection): the caller
+    /// reconnects before the next request.
+    fn closing(&self) -> bool {
+        false
+    }
 
     /// Multiplexed use: send one request whole, without waiting for the reply (the reply is
     /// collected with [`Driver::poll_reply`]; one request outstanding at a time). `Err`: the

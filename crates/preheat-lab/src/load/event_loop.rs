@@ -174,6 +174,10 @@ fn mux_measure(
             if cfg.mode == Mode::Open {
                 s.next_open = s.next_open.saturating_add(s.arrivals.next_gap_ns());
             }
+            // A connection the server ended is reopened before the request is timed.
+            if s.conn.ready(&stop_only)? {
+                waiter.watch(&s.conn)?;
+            }
             let sent = now_ns();
             match s.conn.driver.send_request() {
                 Ok(()) => s.pending = Some((intended, sent)),
@@ -263,6 +267,7 @@ fn mux_measure(
         }
     }
     out.errors = slots.iter().map(|s| s.conn.errors).sum();
+    out.reconnects = slots.iter().map(|s| s.conn.reconnects).sum();
     Ok(out)
 }
 

@@ -213,6 +213,10 @@ pub struct LoadSummary {
     pub requests: u64,
     /// Transport failures (each followed by a reconnect; the failed request is not measured).
     pub errors: u64,
+    /// Keep-alive connections the server ended normally (`Connection: close`, or closed before
+    /// answering the next request), reopened as real clients do; not errors. A request cut off
+    /// that way was not answered and is sent again, not measured.
+    pub reconnects: u64,
     /// Complete but wrong replies (`Outcome::ok == false`); measured, and in `requests`.
     pub wrong: u64,
     /// With an announcer: requests sent at a granted/announced time, and fail-open ones.

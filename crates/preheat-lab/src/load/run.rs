@@ -159,10 +159,12 @@ fn summarize(cfg: &LoadConfig, outs: &[ConnOut], start: Option<u64>, now: u64) -
     let mut latency = histogram();
     let mut late = histogram();
     let (mut errors, mut wrong, mut scheduled, mut unscheduled, mut last_done) = (0, 0, 0, 0, 0);
+    let mut reconnects = 0;
     for o in outs {
         latency.add(&o.latency).expect("same bounds");
         late.add(&o.late).expect("same bounds");
         errors += o.errors;
+        reconnects += o.reconnects;
         wrong += o.wrong;
         scheduled += o.scheduled;
         unscheduled += o.unscheduled;
@@ -193,6 +195,7 @@ fn summarize(cfg: &LoadConfig, outs: &[ConnOut], start: Option<u64>, now: u64) -
         client_loop,
         requests,
         errors,
+        reconnects,
         wrong,
         scheduled,
         unscheduled,

@@ -115,6 +115,8 @@ fn measure(
             granted
         };
         wait_until(granted, &|| false);
+        // A connection the server ended is reopened before the request is timed.
+        conn.ready(&|| shared.stop.load(Ordering::Relaxed))?;
         let sent = now_ns();
         let outcome = conn.request(&|| shared.stop.load(Ordering::Relaxed))?;
         let done = now_ns();
@@ -146,5 +148,6 @@ fn measure(
         prev_done = done;
     }
     out.errors = conn.errors;
+    out.reconnects = conn.reconnects;
     Ok(out)
 }
