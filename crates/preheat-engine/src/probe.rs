@@ -441,9 +441,9 @@ mod tests {
 
     /// Voluntary + involuntary context switches of the calling thread so far.
     fn context_switches() -> i64 {
-        // SAFETY (test): getrusage writes only the zeroed struct we pass.
+        // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY (test): `ru` is a valid, writable rusage.
+        // SAFETY: `ru` is a valid, writable rusage.
         unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
         ru.ru_nvcsw + ru.ru_nivcsw
     }
@@ -454,7 +454,7 @@ mod tests {
         // the test; RT throttling bounds it anyway). Without the privilege the quiet gate below
         // still discards disturbed passes.
         let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY (test): valid sched_param; pid 0 = this (short-lived) test thread.
+        // SAFETY: valid sched_param; pid 0 = this (short-lived) test thread.
         let rt = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
         println!("SCHED_FIFO: {rt}");
         let cal = calibrate_stats(2000);
