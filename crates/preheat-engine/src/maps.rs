@@ -324,6 +324,10 @@ pub fn exe_ident(pid: Option<u32>) -> std::io::Result<FileIdent> {
 /// result is sorted, coalesced and clipped to the requested range (its inner boundaries are
 /// page-aligned). For file mappings, "resident" means in the page cache. Only meaningful for
 /// the calling process's own address space.
+///
+/// Any range is allowed (fault-proof): mincore only inspects page tables and reports unmapped
+/// pages as an error, never touching the memory. The result is a snapshot: a page it lists can
+/// be unmapped the next moment by another thread.
 pub fn resident_ranges(start: u64, len: u64) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     if len == 0 {
