@@ -42,7 +42,7 @@ pub fn chase_ring(bytes: usize, seed: u64) -> Vec<u32> {
     // Large rings on huge pages where the system allows it (THP "madvise"), so a random walk
     // measures caches, not TLB misses. The zeroed allocation is still untouched here.
     if bytes >= 4 << 20 {
-        let _ = crate::os::advise_hugepages(ring.as_ptr() as usize, ring.len() * 4);
+        let _ = crate::os::advise_hugepages(VirtAddr::from_ptr(ring.as_ptr()), ring.len() * 4);
     }
     for k in 0..lines {
         let from = order[k] as usize;
