@@ -66,6 +66,12 @@
 // The engine is where preheat's unsafe lives (cache instructions, raw loads, syscalls, generated
 // code): the workspace denies `unsafe_code`, this crate allows it.
 #![allow(unsafe_code)]
+// Part of "hot-path functions never log", checked: the engine's library code prints nothing at
+// all (its tests may). Allocation and blocking are not lint-checkable; they stay a review rule.
+#![cfg_attr(
+    not(test),
+    deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)
+)]
 
 pub mod basevec;
 pub mod cache;
