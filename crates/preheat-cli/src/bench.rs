@@ -28,7 +28,7 @@
 //!   of runs as the median with its range (goal ≤ 1% and ≤ 1 µs).
 
 use anyhow::{bail, Context, Result};
-use preheat_model::AbsRun;
+use preheat_model::{AbsRun, VirtAddr};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -196,7 +196,7 @@ struct PreheatBench {
     preheat2_over_preheat1: Option<Spread>,
 }
 
-/// Short runs (geometric, mean ~2.5 lines) scattered over `heap`.
+/// Short runs (geometric, mean ~2.5 lines) scattered over `heap`: every line lies inside it.
 fn synthetic_ws(heap: &[u8], lines_wanted: u64, seed: u64) -> Vec<AbsRun> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let base = (heap.as_ptr() as u64 + 63) & !63;
@@ -217,15 +217,15 @@ fn synthetic_ws(heap: &[u8], lines_wanted: u64, seed: u64) -> Vec<AbsRun> {
     let mut runs: Vec<AbsRun> = Vec::new();
     for (s, l) in starts {
         if let Some(last) = runs.last_mut() {
-            let last_end = (last.addr - base) / 64 + last.lines as u64;
+            let last_end = (last.addr.0 - base) / 64 + last.lines as u64;
             if s <= last_end {
                 let end = (s + l as u64).max(last_end);
-                last.lines = (end - (last.addr - base) / 64) as u32;
+                last.lines = (end - (last.addr.0 - base) / 64) as u32;
                 continue;
             }
         }
         runs.push(AbsRun {
-            addr: base + s * 64,
+            addr: VirtAddr(base + s * 64),
             lines: l,
             exec: false,
         });
@@ -240,7 +240,7 @@ fn preheat_trials(
     methods: &[&'static str],
     trials: usize,
     runs: &[AbsRun],
-    addrs: &[usize],
+    addrs: &preheat_engine::preheat::AddrsIn<'_>,
     pieces: &[Vec<AbsRun>],
     sweep: &preheat_engine::sweep::EvictionBuffer,
     parallel: Option<&preheat_engine::preheat::ParallelPreheater>,
@@ -269,9 +269,9 @@ fn preheat_trials(
             let far = preheat_engine::time::now_ns() + 1_000_000_000;
             let t0 = preheat_engine::time::now_ns();
             match m {
-                "plain-load" => sink ^= preheat_engine::preheat::plain_load(addrs),
-                "limit-prefetch" => preheat_engine::preheat::prefetch_addrs(addrs),
-                "limit-load" => sink ^= preheat_engine::preheat::independent_loads(addrs),
+                "plain-load" => sink ^= addrs.plain_load(),
+                "limit-prefetch" => preheat_engine::preheat::prefetch_addrs(addrs.addrs()),
+                "limit-load" => sink ^= addrs.independent_loads(),
                 "preheat-1" => {
                     preheat_engine::preheat::preheat_runs(runs, Some(far));
                 }
@@ -302,11 +302,13 @@ fn bench_preheat(ws_kib: u64, trials: usize, reps: usize, json: bool) -> Result<
     let ncpu = preheat_engine::os::online_cpus();
     let heap = vec![1u8; 256 << 20];
     let runs = synthetic_ws(&heap, ws_kib * 1024 / 64, 7);
-    let addrs: Vec<usize> = runs
+    let addrs: Vec<VirtAddr> = runs
         .iter()
-        .flat_map(|r| (0..r.lines as u64).map(move |i| (r.addr + i * 64) as usize))
+        .flat_map(|r| (0..r.lines as u64).map(move |i| r.addr.offset(i * 64)))
         .collect();
-    let lines = addrs.len() as u64;
+    let addrs = preheat_engine::preheat::AddrsIn::new(&heap, addrs)
+        .map_err(|a| anyhow::anyhow!("synthetic line {:#x} outside its heap", a.0))?;
+    let lines = addrs.addrs().len() as u64;
     let sweep = preheat_engine::sweep::EvictionBuffer::new(128 << 20);
     let parallel = if ncpu >= 2 {
         Some(

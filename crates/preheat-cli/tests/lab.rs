@@ -138,8 +138,7 @@ fn serve_starts_loads_and_stops_redis() {
     );
     drop(s);
     // SIGTERM stops preheat serve and the server it started.
-    let pid = guard.0.id() as i32;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    preheat_engine::os::send_signal(guard.0.id(), libc::SIGTERM, false).unwrap();
     let t0 = Instant::now();
     while guard.0.try_wait().unwrap().is_none() {
         assert!(

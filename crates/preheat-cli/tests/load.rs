@@ -525,8 +525,7 @@ fn sigint_stops_the_run_and_keeps_what_was_measured() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let t0 = Instant::now();
-    // SAFETY: sending SIGINT to our own child process, which has not been waited for yet.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    preheat_engine::os::send_signal(child.id(), libc::SIGINT, false).unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(
         t0.elapsed() < Duration::from_secs(10),

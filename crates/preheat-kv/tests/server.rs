@@ -80,14 +80,14 @@ impl Server {
         }
     }
 
-    fn pid(&self) -> libc::pid_t {
-        self.child.as_ref().unwrap().id() as libc::pid_t
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
     }
 
     /// Sends SIGTERM and waits (bounded) for the process to exit.
     fn terminate(&mut self) -> ExitStatus {
-        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
+        // A pid we spawned and still own (not yet reaped).
+        preheat_engine::os::send_signal(self.pid(), libc::SIGTERM, false).unwrap();
         let mut child = self.child.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
