@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use preheat_lab::load::{poisson_gaps_ns, run, LoadSummary, Mode, CSV_HEADER};
+use preheat_lab::load::{csv_header, poisson_gaps_ns, run, LoadSummary, Mode};
 use support::*;
 
 // ---------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ fn records_csv_has_a_header_and_one_row_per_request() {
     assert_eq!(s.requests, 300);
     assert_eq!(s.offered_rps, 2000.0);
     let (h, rows) = csv.read();
-    assert_eq!(h, CSV_HEADER);
+    assert_eq!(h, csv_header());
     assert_eq!(rows.len(), 300);
     let ncol = h.split(',').count();
     assert!(rows.iter().all(|r| r.len() == ncol));

@@ -68,7 +68,7 @@ use crate::driver::Driver;
 use crate::driver::Wait;
 
 pub use pacing::{poisson_gaps_ns, wait_until, Poisson};
-pub use records::{CsvSink, RecordSink, CSV_HEADER};
+pub use records::{csv_header, CsvSink, RecordSink};
 pub use run::run;
 
 /// How requests are paced.
@@ -152,7 +152,7 @@ pub struct Grant {
     pub scheduled: bool,
 }
 
-/// One measured request.
+/// One measured request (a row of the records CSV: the field order is the column order).
 #[derive(Debug, Clone, Serialize)]
 pub struct Record {
     pub seq: u64,
@@ -160,6 +160,7 @@ pub struct Record {
     pub mode: Mode,
     /// Idle gap before this request, µs: intended time − the previous reply on this connection
     /// (0 outside idle-gap mode).
+    #[serde(serialize_with = "micros")]
     pub gap_us: f64,
     /// Intended send time (arrival process / gap end), CLOCK_MONOTONIC ns. In idle-gap and
     /// closed mode with an announcer, the granted (announced) time.
@@ -170,12 +171,18 @@ pub struct Record {
     pub sent_ns: u64,
     pub done_ns: u64,
     /// done − intended, µs: includes any wait for a slot or a busy connection.
+    #[serde(serialize_with = "micros")]
     pub latency_us: f64,
     pub kind: &'static str,
     pub ok: bool,
     /// The announcer granted a slot / announced it (false without an announcer).
     pub scheduled: bool,
     pub strategy: String,
+}
+
+/// A duration in µs to the nanosecond (3 decimals): what the clock resolves, no more.
+fn micros<S: serde::Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64((v * 1e3).round() / 1e3)
 }
 
 /// Which client loop ran a load.

@@ -2,7 +2,6 @@
 //! from the measuring threads through a channel (so they never wait for I/O).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -18,13 +17,38 @@ pub trait RecordSink: Send {
     fn flush(&mut self) -> Result<()>;
 }
 
-/// The CSV header of [`CsvSink`]: every [`Record`] field, in declaration order.
-pub const CSV_HEADER: &str = "seq,conn,mode,gap_us,intended_ns,granted_ns,sent_ns,done_ns,latency_us,kind,ok,scheduled,strategy";
+/// The CSV header of [`CsvSink`]: every [`Record`] field, in declaration order (taken from the
+/// record's serde field names, not kept by hand).
+pub fn csv_header() -> &'static str {
+    static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HEADER.get_or_init(|| {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        // A record only to learn the field names; serializing it cannot fail.
+        let _ = w.serialize(Record {
+            seq: 0,
+            conn: 0,
+            mode: super::Mode::Closed,
+            gap_us: 0.0,
+            intended_ns: 0,
+            granted_ns: 0,
+            sent_ns: 0,
+            done_ns: 0,
+            latency_us: 0.0,
+            kind: "",
+            ok: false,
+            scheduled: false,
+            strategy: String::new(),
+        });
+        let bytes = w.into_inner().unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        text.lines().next().unwrap_or_default().to_string()
+    })
+}
 
-/// Records as CSV (header first); flushed at least every 100 ms so an interrupted run keeps
-/// what it measured.
+/// Records as CSV (`csv` + serde; header first, also for a run that measured nothing);
+/// flushed at least every 100 ms so an interrupted run keeps what it measured.
 pub struct CsvSink {
-    w: BufWriter<File>,
+    w: csv::Writer<File>,
     path: PathBuf,
     last_flush: Instant,
 }
@@ -33,47 +57,23 @@ impl CsvSink {
     pub fn create(path: &Path) -> Result<CsvSink> {
         let f = File::create(path)
             .with_context(|| format!("creating the records file {}", path.display()))?;
-        let mut s = CsvSink {
-            w: BufWriter::new(f),
+        let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(f);
+        w.write_record(csv_header().split(','))
+            .and_then(|_| w.flush().map_err(csv::Error::from))
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(CsvSink {
+            w,
             path: path.to_path_buf(),
             last_flush: Instant::now(),
-        };
-        writeln!(s.w, "{CSV_HEADER}")
-            .and_then(|_| s.w.flush())
-            .with_context(|| format!("writing {}", s.path.display()))?;
-        Ok(s)
-    }
-}
-
-/// A CSV field: quoted when it contains a separator, quote or line break.
-fn csv_field(s: &str) -> std::borrow::Cow<'_, str> {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\"")).into()
-    } else {
-        s.into()
+        })
     }
 }
 
 impl RecordSink for CsvSink {
     fn write(&mut self, r: &Record) -> Result<()> {
-        writeln!(
-            self.w,
-            "{},{},{},{:.3},{},{},{},{},{:.3},{},{},{},{}",
-            r.seq,
-            r.conn,
-            r.mode.name(),
-            r.gap_us,
-            r.intended_ns,
-            r.granted_ns,
-            r.sent_ns,
-            r.done_ns,
-            r.latency_us,
-            csv_field(r.kind),
-            r.ok,
-            r.scheduled,
-            csv_field(&r.strategy)
-        )
-        .with_context(|| format!("writing {}", self.path.display()))?;
+        self.w
+            .serialize(r)
+            .with_context(|| format!("writing {}", self.path.display()))?;
         if self.last_flush.elapsed() >= FLUSH_EVERY {
             self.flush()?;
         }
