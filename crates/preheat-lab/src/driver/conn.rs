@@ -274,9 +274,21 @@ impl Conn {
         }
     }
 
+    /// The received bytes not parsed yet.
+    pub(super) fn unparsed(&self) -> &[u8] {
+        &self.buf[self.pos..]
+    }
+
+    /// Mark the next `n` unparsed bytes as parsed; returns their range in `buf`.
+    pub(super) fn consume(&mut self, n: usize) -> Range<usize> {
+        let start = self.pos;
+        self.pos = (self.pos + n).min(self.buf.len());
+        start..self.pos
+    }
+
     /// Receive at least one more byte; the end of the stream is an error ([`Stale`] before the
     /// first byte of a reply on a connection that served requests).
-    fn fill(&mut self) -> Result<()> {
+    pub(super) fn fill(&mut self) -> Result<()> {
         match self.read_more() {
             Ok(true) => Ok(()),
             Ok(false) => Err(self.failure(anyhow::anyhow!(
