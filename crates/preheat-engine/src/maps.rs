@@ -531,8 +531,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
             )
         };
         if p == libc::MAP_FAILED || p as usize != want {
-            println!("skipping resident_pages: cannot map at {want:#x}");
-            return;
+            return preheat_testsupport::skip!("mmap-fixed", "cannot map at {want:#x}");
         }
         let base = p as usize;
         // Touch pages 0, 1 and 5; unmap page 7.

@@ -202,8 +202,10 @@ mod tests {
             Ok(c) => c,
             Err(e) => {
                 let _ = child.wait();
-                eprintln!("SKIP: perf software events not permitted here: {e}");
-                return;
+                return preheat_testsupport::skip!(
+                    "perf",
+                    "perf software events not permitted here: {e}"
+                );
             }
         };
         std::thread::sleep(std::time::Duration::from_millis(30));

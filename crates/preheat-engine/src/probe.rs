@@ -374,7 +374,7 @@ mod tests {
     fn probe_supported() -> bool {
         let f = crate::cache::features();
         if !cfg!(target_arch = "x86_64") || !f.clflush || !f.rdtscp {
-            println!("skipping probe test: need x86_64 with clflush and rdtscp, have {f:?}");
+            preheat_testsupport::skip!("x86-64", "need x86_64 with clflush and rdtscp, have {f:?}");
             return false;
         }
         true
@@ -535,12 +535,11 @@ mod tests {
         let mut attempt = 0u64;
         while pass < PASSES {
             if attempt == 4 * PASSES {
-                println!(
-                    "skipping probe validation: only {pass} of {PASSES} passes were undisturbed \
-                     ({rejected_switch} context switches, {rejected_evicted} evictions): \
-                     machine too busy"
+                return preheat_testsupport::skip!(
+                    "quiet-machine",
+                    "only {pass} of {PASSES} passes were undisturbed ({rejected_switch} context \
+                     switches, {rejected_evicted} evictions): machine too busy"
                 );
-                return;
             }
             attempt += 1;
             let before = context_switches();

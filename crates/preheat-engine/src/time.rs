@@ -283,8 +283,7 @@ mod tests {
     fn tsc_deadlines_pass_when_the_clock_does() {
         let _shared = crate::test_lock::shared();
         if !enable_tsc_deadlines() {
-            eprintln!("SKIP: tsc_deadlines_pass_when_the_clock_does: no invariant TSC");
-            return;
+            return preheat_testsupport::skip("invariant-tsc", "no invariant TSC");
         }
         std::thread::sleep(std::time::Duration::from_nanos(
             MIN_REFERENCE_AGE_NS + 1_000_000,
