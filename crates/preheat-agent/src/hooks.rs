@@ -10,6 +10,31 @@
 //! `close`, `close_range` and `closefrom` additionally leave the agent's own fds open when the
 //! host closes them (daemons close "every" fd after fork): closing them would let the host
 //! reuse the numbers while an agent thread still reads or writes them. The host sees success.
+//!
+//! # Abort safety
+//!
+//! The hooks are `extern "C"`: since Rust 1.81 (the workspace requires 1.87) a panic that
+//! reaches such a boundary aborts the process instead of unwinding into C — which would still
+//! kill the host. So nothing on the hooked path may panic, and that is checked, not hoped for:
+//! every file the hooks run code from (this one, [`crate::track`], [`crate::sys`], the fd registry
+//! in [`crate::runtime`], and the detector's [`crate::comm::hooks`], [`crate::comm::release`],
+//! [`crate::comm::signal`], [`crate::comm::state`]) denies `clippy::panic`, `unwrap_used`,
+//! `expect_used`, `indexing_slicing`, `arithmetic_side_effects` (overflow panics in debug
+//! builds, which the tests preload), `unreachable`, `todo` and `unimplemented`. What the lints
+//! cannot see is kept out by rule: no `assert!`, no `RefCell::borrow_mut` (only `try_*`), no
+//! `thread_local!` `with` (only `try_with`), and calls into other crates only to functions that
+//! cannot panic (`preheat_engine::{os::gettid, os::current_cpu, time::now_ns}`, libc).
+//! A hook therefore needs no `catch_unwind`: there is nothing to catch.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::ptr;
 
@@ -70,7 +95,7 @@ fn read_post(fd: c_int, ret: ssize_t) {
 fn ms_to_timespec(ms: c_int) -> Option<timespec> {
     (ms >= 0).then(|| timespec {
         tv_sec: (ms / 1000) as libc::time_t,
-        tv_nsec: ((ms % 1000) as libc::c_long) * 1_000_000,
+        tv_nsec: ((ms % 1000) as libc::c_long).saturating_mul(1_000_000),
     })
 }
 
@@ -308,7 +333,7 @@ hook! {
         } else {
             Some(timespec {
                 tv_sec: (*timeout).tv_sec,
-                tv_nsec: ((*timeout).tv_usec as libc::c_long) * 1000,
+                tv_nsec: ((*timeout).tv_usec as libc::c_long).saturating_mul(1000),
             })
         };
         let tsp = match &mut ts {
@@ -544,7 +569,7 @@ fn close_range_around_agent_fds(
         match crate::runtime::next_agent_fd(lo, last) {
             Some(fd) => {
                 if fd > lo {
-                    let r = f(lo, fd - 1, flags);
+                    let r = f(lo, fd.saturating_sub(1), flags);
                     if r != 0 {
                         return r;
                     }
@@ -552,7 +577,7 @@ fn close_range_around_agent_fds(
                 if fd == libc::c_uint::MAX {
                     return 0;
                 }
-                lo = fd + 1;
+                lo = fd.saturating_add(1);
             }
             None => return f(lo, last, flags),
         }

@@ -5,6 +5,19 @@
 //! Together with [`crate::hooks`] this is the only place of the agent with `unsafe`; every
 //! block has a `// SAFETY:` comment. Everything else (clocks, flush/prefetch, maps) comes from
 //! `preheat-engine`.
+//!
+//! The slots and helpers the hooks use (`Real`, errno, `local_port`) are on the hooked path, so
+//! the whole file is held to its lints (see the crate docs).
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::ffi::CStr;
 use std::io;
@@ -349,7 +362,10 @@ pub fn static_tls_bytes() -> u64 {
     let mut total = 0;
     for_each_program_header(|_, ph| {
         if ph.p_type == libc::PT_TLS {
-            total += ph.p_memsz + ph.p_align.max(1);
+            total = ph
+                .p_memsz
+                .saturating_add(ph.p_align.max(1))
+                .saturating_add(total);
         }
     });
     total

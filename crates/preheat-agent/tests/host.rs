@@ -1,5 +1,8 @@
 //! The agent in hosts that fork, exec and close file descriptors they do not own.
 
+// Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
+#![allow(unsafe_code)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};
