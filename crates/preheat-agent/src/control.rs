@@ -21,10 +21,10 @@ use preheat_model::proto::{LoadedClass, Range, Reply, Request};
 use preheat_model::resolve::check_binary;
 use preheat_model::{decode_profile, resolve_class, AbsRun, Mapping, RegionTable};
 
+use crate::log::{self, log};
 use crate::plan::{self, Plan, PortPlan, ReplayConn, Split, MAX_SPLIT};
-use crate::runtime::{self, log};
 use crate::stats::STATS;
-use crate::{comm, sys, track};
+use crate::{comm, config, fdreg, sys, threads, track};
 
 /// Probe candidates are capped at this many bytes.
 pub const CANDIDATE_CAP: u64 = 256 << 20;
@@ -122,9 +122,7 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
         // the close hook cannot see): its number may already belong to the host, so never
         // touch or close it again. Stop serving; the host keeps running.
         if fds.iter().take(2).any(|f| f.revents & libc::POLLNVAL != 0) {
-            runtime::disable(
-                "the agent's control socket was closed by the host; control stops".into(),
-            );
+            log::disable("the agent's control socket was closed by the host; control stops".into());
             std::mem::forget(listener);
             std::mem::forget(clients);
             return;
@@ -138,13 +136,13 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
             let revents = fds.get(i + 2).map_or(0, |f| f.revents);
             if revents & libc::POLLNVAL != 0 {
                 let cl = clients.swap_remove(i);
-                runtime::unregister_fd(cl.stream.as_raw_fd());
+                fdreg::unregister_fd(cl.stream.as_raw_fd());
                 std::mem::forget(cl);
                 continue;
             }
             if revents != 0 && !c.serve_client(&mut clients[i]) {
                 let cl = clients.swap_remove(i);
-                runtime::unregister_fd(cl.stream.as_raw_fd());
+                fdreg::unregister_fd(cl.stream.as_raw_fd());
             }
         }
         if fds.first().is_some_and(|f| f.revents != 0) {
@@ -153,7 +151,7 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
                     Ok((s, _)) => {
                         let _ = s.set_nonblocking(false);
                         let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-                        runtime::register_fd(s.as_raw_fd());
+                        fdreg::register_fd(s.as_raw_fd());
                         clients.push(Client {
                             stream: s,
                             buf: Vec::new(),
@@ -185,7 +183,7 @@ impl Control {
             return 100;
         }
         // Look for a wake planner once a second (when asked to use one).
-        if self.next_reconnect.is_none() && runtime::config().is_some_and(|c| c.wake_planner) {
+        if self.next_reconnect.is_none() && config::config().is_some_and(|c| c.wake_planner) {
             return 1000;
         }
         match self.next_reconnect {
@@ -200,7 +198,7 @@ impl Control {
     /// Periodic work: drop retired plans nobody uses, reconnect broken replay connections.
     fn maintain(&mut self) {
         self.retired.retain(|p| Arc::strong_count(p) > 1);
-        if let Some(cfg) = runtime::config().filter(|c| c.wake_planner) {
+        if let Some(cfg) = config::config().filter(|c| c.wake_planner) {
             crate::wakeplan::maintain(&cfg.run_dir);
         }
         let due = match self.next_reconnect {
@@ -290,9 +288,9 @@ impl Control {
             Err(p) => {
                 let msg = format!(
                     "internal error in request {name}: {}; the agent disabled itself (hooks pass through)",
-                    runtime::panic_message(&p)
+                    log::panic_message(&p)
                 );
-                runtime::disable(msg.clone());
+                log::disable(msg.clone());
                 Reply::Error { message: msg }
             }
         }
@@ -377,7 +375,7 @@ impl Control {
                 let was = track::ENABLED.swap(enabled, Ordering::SeqCst);
                 if enabled && !was {
                     track::forget_busy_periods();
-                    if let Ok(mut g) = runtime::DISABLED_REASON.lock() {
+                    if let Ok(mut g) = log::DISABLED_REASON.lock() {
                         *g = None;
                     }
                 }
@@ -404,7 +402,7 @@ impl Control {
     }
 
     fn status(&self) -> Reply {
-        let reason = runtime::DISABLED_REASON.lock().ok().and_then(|g| g.clone());
+        let reason = log::DISABLED_REASON.lock().ok().and_then(|g| g.clone());
         Reply::Status {
             pid: sys::getpid(),
             exe: std::fs::read_link("/proc/self/exe")
@@ -618,7 +616,7 @@ fn connect_replay(port: u16) -> std::io::Result<RawFd> {
     s.set_nodelay(true)?;
     s.set_nonblocking(true)?;
     let fd = s.into_raw_fd();
-    runtime::register_fd(fd);
+    fdreg::register_fd(fd);
     Ok(fd)
 }
 
@@ -855,8 +853,8 @@ fn validate_ranges(ranges: &[Range]) -> Result<Vec<Range>, String> {
 /// and thread stacks, capped at [`CANDIDATE_CAP`].
 fn candidates() -> Result<Reply, String> {
     let maps = maps::read_maps(None).map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
-    let so = runtime::agent_so_path();
-    let mut own: Vec<u64> = runtime::agent_stack_addresses();
+    let so = config::agent_so_path();
+    let mut own: Vec<u64> = threads::agent_stack_addresses();
     own.extend(track::static_addresses());
     own.push(candidates as *const () as u64);
     let mut ranges = Vec::new();

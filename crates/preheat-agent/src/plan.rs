@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex, TryLockError};
 use preheat_engine::preheat::ParallelPreheater;
 use preheat_model::AbsRun;
 
+use crate::sys;
+
 /// Most extra CPUs a `lines` preheat may be split across.
 pub const MAX_SPLIT: usize = 16;
 
@@ -75,7 +77,7 @@ impl ReplayConn {
         }
         self.match_pos.store(0, Ordering::Relaxed);
         self.outstanding.store(0, Ordering::Relaxed);
-        crate::runtime::close_own_fd(old);
+        crate::fdreg::close_own_fd(old);
         true
     }
 }
@@ -105,6 +107,23 @@ pub struct Plan {
 impl Plan {
     pub fn port(&self, port: u16) -> Option<&PortPlan> {
         self.ports.iter().find(|p| p.port == port)
+    }
+}
+
+/// The control thread's wake eventfd (-1: none): workers that find a replay connection broken
+/// wake the control thread through it.
+static CONTROL_WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Start-up (and fork child, with -1): the control thread's wake eventfd.
+pub fn set_control_wake_fd(fd: RawFd) {
+    CONTROL_WAKE_FD.store(fd, Ordering::SeqCst);
+}
+
+/// Ask the control thread to look at broken replay connections.
+pub fn wake_control() {
+    let fd = CONTROL_WAKE_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        sys::eventfd_signal(fd);
     }
 }
 

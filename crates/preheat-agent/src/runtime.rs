@@ -1,4 +1,4 @@
-//! Start-up, configuration, logging, fork and exit handling.
+//! Start-up, fork and exit handling (the top layer: it starts every other part).
 //!
 //! # Start-up
 //!
@@ -32,256 +32,25 @@
 //! run directory.
 
 use std::cell::RefCell;
-use std::os::fd::RawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::MutexGuard;
 
-use crate::plan::{Plan, PLAN};
+use crate::config::{self, Config};
+use crate::fdreg::register_fd;
+use crate::log::{log, DISABLED_REASON, RUN_DIR_TRUSTED};
+use crate::plan::{self, Plan, PLAN};
 use crate::stats::STATS;
-use crate::{control, socket_paths, sys, track, worker};
+use crate::threads::spawn_agent_thread;
+use crate::{control, fdreg, socket_paths, sys, threads, track, worker};
 
-/// Configuration from the environment, read once by the constructor.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub run_dir: PathBuf,
-    pub profile: Option<String>,
-    pub log: Option<PathBuf>,
-    /// `PREHEAT_WAKE_PLANNER=1`: the `wake` strategy asks a running wake planner for a window
-    /// instead of spinning (see [`crate::wakeplan`]; off by default: measured slower here).
-    pub wake_planner: bool,
-    /// `PREHEAT_COMM=1`: start communication detection with the agent (see [`crate::comm`]).
-    pub comm: Option<preheat_model::comm::CommConfig>,
-    /// `PREHEAT_COMM_OUT`: write the final communication report there at exit.
-    pub comm_out: Option<String>,
-}
-
-static CONFIG: OnceLock<Config> = OnceLock::new();
-/// Path of the agent's shared object (from `dladdr`).
-static AGENT_SO: OnceLock<String> = OnceLock::new();
 /// Pid whose sockets this process created (0: none).
 static STARTED_PID: AtomicU32 = AtomicU32::new(0);
-static CONTROL_WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
-/// Why the agent disabled itself.
-pub static DISABLED_REASON: Mutex<Option<String>> = Mutex::new(None);
-
-/// fds the agent owns (closed in a fork child).
-static AGENT_FDS: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
-/// An address inside the stack of every agent thread (to exclude them from probe candidates).
-static AGENT_STACKS: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
-/// The kernel thread ids of the agent's threads.
-static AGENT_TIDS: [AtomicU32; 512] = [const { AtomicU32::new(0) }; 512];
 /// The pid whose environment asked for a communication report at exit (0: none).
 static COMM_OUT_PID: AtomicU32 = AtomicU32::new(0);
-
-pub fn config() -> Option<&'static Config> {
-    CONFIG.get()
-}
-
-pub fn agent_so_path() -> Option<&'static str> {
-    AGENT_SO.get().map(|s| s.as_str())
-}
-
-pub fn register_fd(fd: RawFd) {
-    set_fd_bit(fd, true);
-    for s in AGENT_FDS.iter() {
-        if s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// Close an fd the agent registered: unregister it first, so the number is never left marked as
-/// the agent's once the host may be handed it again (the hooked `close()` would then refuse to
-/// close the host's fd, and a forked child would close it). The one way to close a registered fd.
-pub fn close_own_fd(fd: RawFd) {
-    if fd < 0 {
-        return;
-    }
-    unregister_fd(fd);
-    sys::close_fd(fd);
-}
-
-pub fn unregister_fd(fd: RawFd) {
-    set_fd_bit(fd, false);
-    for s in AGENT_FDS.iter() {
-        if s.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// One bit per fd below [`track::MAX_FDS`]: the fd belongs to the agent.
-static AGENT_FD_BITS: [AtomicU64; track::MAX_FDS / 64] =
-    [const { AtomicU64::new(0) }; track::MAX_FDS / 64];
-
-fn set_fd_bit(fd: RawFd, on: bool) {
-    let Ok(i) = usize::try_from(fd) else { return };
-    if let Some(w) = AGENT_FD_BITS.get(i / 64) {
-        let bit = 1u64 << (i % 64);
-        if on {
-            w.fetch_or(bit, Ordering::AcqRel);
-        } else {
-            w.fetch_and(!bit, Ordering::AcqRel);
-        }
-    }
-}
-
-/// The first agent fd in `[from, to]`, if any (allocation-free; used by `close_range`).
-pub fn next_agent_fd(from: u32, to: u32) -> Option<u32> {
-    let to = to.min(track::MAX_FDS as u32 - 1);
-    let mut fd = from;
-    while fd <= to {
-        let w = AGENT_FD_BITS.get(fd as usize / 64)?.load(Ordering::Relaxed) >> (fd % 64);
-        if w == 0 {
-            fd = (fd / 64 + 1) * 64;
-            continue;
-        }
-        let hit = fd + w.trailing_zeros();
-        return (hit <= to).then_some(hit);
-    }
-    None
-}
-
-/// Whether `fd` is one of the agent's own (allocation-free; used by the `close` hook).
-#[inline]
-pub fn is_agent_fd(fd: RawFd) -> bool {
-    let Ok(i) = usize::try_from(fd) else {
-        return false;
-    };
-    AGENT_FD_BITS
-        .get(i / 64)
-        .is_some_and(|w| w.load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0)
-}
-
-fn register_stack(addr: u64) {
-    for s in AGENT_STACKS.iter() {
-        if s.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            break;
-        }
-    }
-    let tid = preheat_engine::os::gettid();
-    for t in AGENT_TIDS.iter() {
-        if t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// Whether `tid` is one of the agent's own threads.
-pub fn is_agent_tid(tid: u32) -> bool {
-    tid != 0 && AGENT_TIDS.iter().any(|t| t.load(Ordering::Relaxed) == tid)
-}
-
-/// Addresses inside the agent's thread stacks.
-pub fn agent_stack_addresses() -> Vec<u64> {
-    AGENT_STACKS
-        .iter()
-        .map(|s| s.load(Ordering::Relaxed))
-        .filter(|&a| a != 0)
-        .collect()
-}
-
-/// Append a line to the agent log (control, trigger and start-up paths only; never hooks).
-///
-/// The file is opened for every line (logging is rare): a long-lived log fd could be closed
-/// behind the agent's back (`close_range` in a daemonising host) and its number reused for one
-/// of the host's files, which the agent would then write into.
-pub fn log(msg: &str) {
-    let Some(cfg) = CONFIG.get() else { return };
-    let pid = sys::getpid();
-    if cfg.log.is_none() && !RUN_DIR_TRUSTED.load(Ordering::Relaxed) {
-        // Never write into a run directory we did not accept (see `check_run_dir`).
-        eprintln!("preheat-agent[{pid}]: {msg}");
-        return;
-    }
-    let path = cfg
-        .log
-        .clone()
-        .unwrap_or_else(|| socket_paths(&cfg.run_dir, pid).log);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let line = format!(
-        "{}.{:06} preheat-agent[{pid}]: {msg}\n",
-        t.as_secs(),
-        t.subsec_micros()
-    );
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(&path)
-    {
-        let _ = std::io::Write::write_all(&mut f, line.as_bytes());
-    }
-}
-
-/// Disable the agent (hooks pass through) and record why.
-pub fn disable(reason: String) {
-    track::ENABLED.store(false, Ordering::SeqCst);
-    log(&format!("agent disabled: {reason}"));
-    if let Ok(mut g) = DISABLED_REASON.try_lock() {
-        *g = Some(reason);
-    }
-}
-
-/// Ask the control thread to look at broken replay connections.
-pub fn wake_control() {
-    let fd = CONTROL_WAKE_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        sys::eventfd_signal(fd);
-    }
-}
-
-/// Spawn one of the agent's own threads: marked (hooks pass through), stack registered, body
-/// wrapped in `catch_unwind` (a panic disables the agent instead of taking the host down).
-pub fn spawn_agent_thread<F>(name: String, f: F) -> std::io::Result<()>
-where
-    F: FnOnce() + Send + 'static,
-{
-    let tname = name.clone();
-    std::thread::Builder::new()
-        .name(name)
-        // Explicit, so std never consults RUST_MIN_STACK (the environment) here, which matters
-        // in a fork child.
-        .stack_size(512 * 1024)
-        .spawn(move || {
-            track::mark_agent_thread();
-            let marker = 0u8;
-            register_stack(std::hint::black_box(&marker) as *const u8 as u64);
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            if let Err(p) = r {
-                disable(format!(
-                    "agent thread {tname} panicked: {}",
-                    panic_message(&p)
-                ));
-            }
-        })
-        .map(|_| ())
-}
-
-pub fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
 
 // ------------------------------------------------------------------------- constructor
 
@@ -301,12 +70,12 @@ extern "C" fn agent_fini() {
     let _ = std::panic::catch_unwind(|| {
         let pid = STARTED_PID.load(Ordering::SeqCst);
         if COMM_OUT_PID.load(Ordering::SeqCst) == sys::getpid() {
-            if let Some(out) = CONFIG.get().and_then(|c| c.comm_out.as_deref()) {
+            if let Some(out) = config::config().and_then(|c| c.comm_out.as_deref()) {
                 crate::comm::write_report(out);
             }
         }
         if pid != 0 && pid == sys::getpid() {
-            if let Some(c) = CONFIG.get() {
+            if let Some(c) = config::config() {
                 let p = socket_paths(&c.run_dir, pid);
                 let _ = std::fs::remove_file(&p.control);
                 let _ = std::fs::remove_file(&p.trigger);
@@ -335,7 +104,7 @@ fn init() {
     let so_path = std::fs::canonicalize(&so_path)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or(so_path);
-    let _ = AGENT_SO.set(so_path);
+    config::set_agent_so(so_path);
     if env_nonempty("PREHEAT_AGENT_DISABLE").is_some_and(|v| v != "0") {
         // Loaded but pure pass-through: no threads, no sockets.
         return;
@@ -362,7 +131,7 @@ fn init() {
     if cfg.comm_out.is_some() {
         COMM_OUT_PID.store(sys::getpid(), Ordering::SeqCst);
     }
-    let _ = CONFIG.set(cfg);
+    config::set(cfg);
     if let Err(e) = comm {
         log(&format!("communication detection not started: {e}"));
     }
@@ -385,7 +154,7 @@ fn init() {
 
 /// Bind the sockets and start the threads for the current pid.
 fn start(missing: &[&str]) -> std::io::Result<()> {
-    let Some(cfg) = CONFIG.get() else {
+    let Some(cfg) = config::config() else {
         return Ok(());
     };
     let pid = sys::getpid();
@@ -416,7 +185,7 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     register_fd(std::os::fd::AsRawFd::as_raw_fd(&listener));
     register_fd(std::os::fd::AsRawFd::as_raw_fd(&trig));
     register_fd(wake);
-    CONTROL_WAKE_FD.store(wake, Ordering::SeqCst);
+    plan::set_control_wake_fd(wake);
     STARTED_PID.store(pid, Ordering::SeqCst);
     track::ENABLED.store(true, Ordering::SeqCst);
     track::ACTIVE.store(true, Ordering::SeqCst);
@@ -448,9 +217,6 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     ));
     Ok(())
 }
-
-/// Set once the run directory passed [`check_run_dir`].
-static RUN_DIR_TRUSTED: AtomicBool = AtomicBool::new(false);
 
 /// The run directory must belong to us and not be world-writable: whoever can write there
 /// could replace our sockets or plant a symlink where we write the log. (The sockets themselves
@@ -551,22 +317,9 @@ fn atfork_child_inner() {
     if !track::ACTIVE.swap(false, Ordering::SeqCst) {
         return;
     }
-    for s in AGENT_FDS.iter() {
-        let fd = s.swap(-1, Ordering::SeqCst);
-        if fd >= 0 {
-            sys::close_fd(fd);
-        }
-    }
-    for w in AGENT_FD_BITS.iter() {
-        w.store(0, Ordering::Relaxed);
-    }
-    CONTROL_WAKE_FD.store(-1, Ordering::SeqCst);
-    for s in AGENT_STACKS.iter() {
-        s.store(0, Ordering::Relaxed);
-    }
-    for t in AGENT_TIDS.iter() {
-        t.store(0, Ordering::Relaxed);
-    }
+    fdreg::close_all_after_fork();
+    plan::set_control_wake_fd(-1);
+    threads::reset_after_fork();
     crate::comm::reset_after_fork();
     STARTED_PID.store(0, Ordering::SeqCst);
     track::reset_after_fork();
@@ -576,31 +329,5 @@ fn atfork_child_inner() {
     if let Err(e) = start(&[]) {
         log(&format!("agent not restarted after fork: {e}"));
         track::ACTIVE.store(false, Ordering::SeqCst);
-    }
-}
-
-#[cfg(test)]
-mod fd_registry_tests {
-    use super::*;
-    use std::os::fd::IntoRawFd;
-
-    /// Regression (issue 13): the wake-planner connection was closed without being unregistered,
-    /// so the host's next fd with that number counted as the agent's.
-    #[test]
-    fn closing_an_own_fd_unregisters_it_first() {
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let fd = a.into_raw_fd();
-        register_fd(fd);
-        assert!(is_agent_fd(fd));
-        close_own_fd(fd);
-        assert!(!is_agent_fd(fd), "a closed fd stays registered");
-        assert!(
-            !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists(),
-            "the fd is closed"
-        );
-        // The number, reused by the host, is the host's.
-        let again = b.try_clone().unwrap().into_raw_fd();
-        assert!(!is_agent_fd(again));
-        sys::close_fd(again);
     }
 }

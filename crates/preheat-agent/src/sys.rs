@@ -46,6 +46,23 @@ impl Real {
     }
 }
 
+/// Reinterpret a resolved slot as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be the exact C signature of the function `slot` was resolved for.
+#[inline(always)]
+pub(crate) unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
+    let a = slot.get();
+    if a == 0 {
+        None
+    } else {
+        // SAFETY: `a` is a non-null address returned by dlsym for `slot.name`, and the caller
+        // guarantees `F` is that function's signature (a thin `extern "C"` fn pointer of the
+        // same size as usize).
+        Some(unsafe { std::mem::transmute_copy::<usize, F>(&a) })
+    }
+}
+
 pub static REAL_EPOLL_WAIT: Real = Real::new(c"epoll_wait");
 pub static REAL_EPOLL_PWAIT: Real = Real::new(c"epoll_pwait");
 pub static REAL_EPOLL_PWAIT2: Real = Real::new(c"epoll_pwait2");

@@ -22,8 +22,7 @@ use libc::{c_int, c_void, off_t, size_t};
 
 use super::signal;
 use super::{MapChange, Release};
-use crate::hooks::real;
-use crate::sys;
+use crate::sys::{self, real};
 
 /// # Safety
 /// Same contract as sigaction(2).

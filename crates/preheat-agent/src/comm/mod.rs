@@ -150,7 +150,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     }
     state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
     let ex = sampler::Exclusions {
-        agent_so: crate::runtime::agent_so_path().map(str::to_string),
+        agent_so: crate::config::agent_so_path().map(str::to_string),
         addresses: {
             let mut a = crate::track::static_addresses().to_vec();
             a.extend(state::static_addresses());
@@ -174,7 +174,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if use_uffd {
         // The fault thread must never touch heap memory (it would wait on itself for a page
         // it protects): no logging there; its priority is logged by the sampler.
-        let r = crate::runtime::spawn_agent_thread("preheat-uffd".into(), || {
+        let r = crate::threads::spawn_agent_thread("preheat-uffd".into(), || {
             uffd::raise_priority();
             uffd::serve();
         });
@@ -185,7 +185,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
             return Err(format!("cannot start the userfaultfd fault thread: {e}"));
         }
     }
-    let r = crate::runtime::spawn_agent_thread("preheat-comm".into(), move || {
+    let r = crate::threads::spawn_agent_thread("preheat-comm".into(), move || {
         sampler::run(cfg, ex);
         if USE_UFFD.load(Ordering::SeqCst) {
             uffd::close();
@@ -198,7 +198,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
         uffd::close();
         return Err(format!("cannot start the sampler thread: {e}"));
     }
-    crate::runtime::log(&format!(
+    crate::log::log(&format!(
         "comm: detection started ({}; {} pages per {} ms, granule {} B, {} faults)",
         MECHANISM.try_lock().map(|g| g.clone()).unwrap_or_default(),
         cfg.pages_per_round(),
@@ -224,7 +224,7 @@ pub fn stop() {
 /// Stop detection because something went wrong, and say why.
 pub fn disable(reason: String) {
     RUN.store(false, Ordering::Release);
-    crate::runtime::log(&format!("comm: detection disabled: {reason}"));
+    crate::log::log(&format!("comm: detection disabled: {reason}"));
     if let Ok(mut g) = CONTROL.try_lock() {
         g.1 = Some(reason);
     }
@@ -343,7 +343,7 @@ pub fn write_report(path: &str) {
             }
         }
         for (p, v) in per.iter().filter(|(_, v)| !v.is_empty()) {
-            crate::runtime::log(&format!("comm debug: claims {p:x}: {v:?}"));
+            crate::log::log(&format!("comm debug: claims {p:x}: {v:?}"));
         }
     }
     let r = report();
