@@ -10,6 +10,7 @@ use preheat_engine::{os, probe, time};
 use preheat_model::proto::{Range, Reply};
 
 use super::ranges::validate_ranges;
+use crate::log::log;
 use crate::{sys, track};
 
 /// `ProbeReload` waits at most this long for the server threads to return to their wait call.
@@ -62,9 +63,6 @@ pub(super) fn probe_cycle(
 ) -> Result<Reply, String> {
     const REPLY_MAX: usize = 1 << 20;
     const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
-    let valid = validate_ranges(ranges)?;
-    let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
-    let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
     if request.is_some() && conn_slot.as_ref().map(|c| c.0) != Some(port) {
@@ -103,6 +101,13 @@ pub(super) fn probe_cycle(
             os::set_affinity(&saved)
         };
     };
+    // Validate only now, after the (unmeasured) first request on a new connection and with the
+    // server's threads quiet: the prepare pass below loads and flushes every line, so it must
+    // see the mappings as they are now, not as they were before the server served a request
+    // (issue 13, bug 1).
+    let valid = validate_ranges(ranges)?;
+    let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
+    let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
     pin(true);
     probe::prepare_phase(&valid, phase);
     pin(false);
@@ -132,13 +137,8 @@ pub(super) fn probe_cycle(
     quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
     // The server may have unmapped (or given back) memory while it served the request: a reload
     // of a page that is gone would kill it. Look again right before reloading and skip the round
-    // if anything changed (issue 13, bug 1: this narrows the window to the next few
-    // microseconds, during which the server's threads are quiet; it does not close it).
-    if validate_ranges(&valid)? != valid {
-        return Err(
-            "the server's mappings changed while it served the request: round skipped".into(),
-        );
-    }
+    // if anything changed (issue 13, bug 1).
+    unchanged_since_validation(&valid, port)?;
     pin(true);
     let t_reload = time::now_ns();
     let probed = probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits);
@@ -150,6 +150,24 @@ pub(super) fn probe_cycle(
         elapsed_ns,
         window_ns: t_reload.saturating_sub(t_flushed),
     })
+}
+
+/// Err (and a log line) if the mappings under `valid` are not what they were when it was
+/// validated: a page was unmapped, lost its read permission, or is no longer resident.
+///
+/// Called right before a pass that touches `valid` after the server ran: it shrinks the window in
+/// which a mapping change can fault the host to the few microseconds between this look and the
+/// pass, during which the server's threads are back in their wait calls (only a thread the
+/// agent does not track, or the kernel reclaiming a page, could still change them; the issue's
+/// fault-proof alternatives — reading through a mechanism that cannot fault, or catching the
+/// fault — remain open).
+fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> {
+    if validate_ranges(valid)? == valid {
+        return Ok(());
+    }
+    let msg = "the server's mappings changed while it served the request: round skipped";
+    log(&format!("probe cycle on port {port}: {msg}"));
+    Err(msg.into())
 }
 
 /// Send `req` and spin on non-blocking raw receives until the reply ends with `until`.
