@@ -45,20 +45,20 @@
 //!
 //! # Layering
 //!
-//! Modules depend only on modules in lower layers (or beside them in the same layer where
-//! the arrow says so); nothing depends on `runtime`, which starts everything:
+//! Each module depends only on modules in lower layers (checked by grepping `use crate::`);
+//! nothing depends on `runtime`, which starts everything:
 //!
 //! ```text
-//! 5  runtime                         constructor, fork handlers, destructor
-//! 4  control   worker   hooks        control thread; trigger thread + workers; interposed calls
-//! 3  comm   wakeplan   plan          detector; wake-planner client; control → workers hand-over
-//! 2  threads                         the agent's own threads (spawn, stacks, tids)
-//! 1  log   fdreg                     log + disable-with-reason; the agent's own fds
-//! 0  config   track   stats   sys    configuration; busy periods; counters; FFI slots/syscalls
+//! 5  runtime                          constructor, fork handler, destructor
+//! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
+//! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
+//! 2  threads                           the agent's own threads (spawn, stacks, tids)
+//! 1  log  fdreg                        log + disable-with-reason; the agent's own fds
+//! 0  config  track  stats  sys  forkcell
+//!                                      configuration; busy periods; counters; FFI; fork-safe cell
 //! ```
 //!
-//! (`use crate::` in each file names only modules below it; the crate root's path helpers
-//! such as [`socket_paths`] are used from any layer.)
+//! (The crate root's path helpers such as [`socket_paths`] are used from any layer.)
 //!
 //! Built as a `cdylib` (the preload object) and an `rlib`; the rlib exports
 //! [`socket_paths`] so tests and tools agree on socket names. Linking the rlib into an
@@ -76,6 +76,7 @@ pub mod comm;
 pub mod config;
 pub mod control;
 pub mod fdreg;
+pub mod forkcell;
 pub mod hooks;
 pub mod log;
 pub mod plan;

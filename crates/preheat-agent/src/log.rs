@@ -3,12 +3,12 @@
 
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
+use crate::forkcell::ForkCell;
 use crate::{config, socket_paths, sys, track};
 
 /// Why the agent disabled itself.
-pub static DISABLED_REASON: Mutex<Option<String>> = Mutex::new(None);
+pub(crate) static DISABLED_REASON: ForkCell<Option<String>> = ForkCell::new(None);
 
 /// Set once the run directory passed [`check_run_dir`].
 pub(crate) static RUN_DIR_TRUSTED: AtomicBool = AtomicBool::new(false);
@@ -53,9 +53,26 @@ pub fn log(msg: &str) {
 pub fn disable(reason: String) {
     track::ENABLED.store(false, Ordering::SeqCst);
     log(&format!("agent disabled: {reason}"));
-    if let Ok(mut g) = DISABLED_REASON.try_lock() {
-        *g = Some(reason);
-    }
+    DISABLED_REASON.with(|r| *r = Some(reason));
+}
+
+/// Why the agent disabled itself, if it did (for `Status`).
+pub fn disabled_reason() -> Option<String> {
+    DISABLED_REASON.with(|r| r.clone())
+}
+
+/// Forget why the agent disabled itself (it was enabled again).
+pub fn clear_disabled_reason() {
+    DISABLED_REASON.with(|r| *r = None);
+}
+
+/// Fork child: the child starts without a reason.
+///
+/// # Safety
+/// Only from the `pthread_atfork` child handler (see [`ForkCell::reclaim_in_fork_child`]).
+pub unsafe fn reset_after_fork() {
+    // SAFETY: the caller is the fork child handler.
+    unsafe { DISABLED_REASON.reclaim_in_fork_child(None) };
 }
 
 /// The message of a caught panic.

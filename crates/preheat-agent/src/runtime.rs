@@ -19,9 +19,12 @@
 //! join threads that never run), and starts fresh sockets named after the child's pid and fresh
 //! threads. Allocating and creating threads in the child handler is sound with glibc: its
 //! `fork` re-initialises the malloc arenas (`__malloc_fork_unlock_child`) and the loader locks
-//! before it runs the child handlers. Our own static lock ([`crate::plan::PLAN`]) is taken in
-//! the prepare handler and released in the parent and child handlers, the classic atfork
-//! protocol, so a fork can never copy it in a locked state. The configuration read from the
+//! before it runs the child handlers. There is no prepare handler: the state another thread may
+//! hold at the moment of the fork (the published plan, the disable reason) lives in
+//! [`crate::forkcell::ForkCell`]s, which the child handler takes back without waiting, so the
+//! agent never makes the host's `fork` wait for a lock (the classic protocol — lock in the
+//! prepare handler — could deadlock against an allocator's own atfork handlers; see
+//! [`crate::forkcell`]). The configuration read from the
 //! environment is cached at start-up, so the child handler does not touch the environment
 //! (whose lock another parent thread might have held).
 //!
@@ -31,17 +34,15 @@
 //! them). Sockets of pids that no longer exist are removed by any agent that starts in the same
 //! run directory.
 
-use std::cell::RefCell;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::MutexGuard;
 
 use crate::config::{self, Config};
 use crate::fdreg::register_fd;
-use crate::log::{log, DISABLED_REASON, RUN_DIR_TRUSTED};
-use crate::plan::{self, Plan, PLAN};
+use crate::log::{log, RUN_DIR_TRUSTED};
+use crate::plan;
 use crate::stats::STATS;
 use crate::threads::spawn_agent_thread;
 use crate::{control, fdreg, socket_paths, sys, threads, track, worker};
@@ -138,13 +139,11 @@ fn init() {
     std::panic::set_hook(Box::new(|info| {
         log(&format!("panic: {info}"));
     }));
-    if !ATFORK_REGISTERED.swap(true, Ordering::SeqCst) {
-        if let Err(e) = sys::register_atfork(atfork_prepare, atfork_parent, atfork_child) {
-            // Without fork handling a forked child simply has no agent threads.
-            log(&format!(
-                "pthread_atfork failed ({e}): forked children will run without an agent"
-            ));
-        }
+    if let Err(e) = register_fork_handler() {
+        // Without fork handling a forked child simply has no agent threads.
+        log(&format!(
+            "pthread_atfork failed ({e}): forked children will run without an agent"
+        ));
     }
     if let Err(e) = start(&missing) {
         log(&format!("agent not started: {e}"));
@@ -266,54 +265,25 @@ fn remove_stale_sockets(dir: &Path) {
 
 // ------------------------------------------------------------------------------- fork
 
-type PlanGuard = MutexGuard<'static, Option<std::sync::Arc<Plan>>>;
-type ReasonGuard = MutexGuard<'static, Option<String>>;
-
-thread_local! {
-    static FORK_GUARDS: RefCell<(Option<PlanGuard>, Option<ReasonGuard>)> =
-        const { RefCell::new((None, None)) };
+/// Register the fork child handler (once per process; the constructor, and tests).
+pub(crate) fn register_fork_handler() -> std::io::Result<()> {
+    if ATFORK_REGISTERED.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    sys::register_atfork_child(atfork_child)
 }
 
-unsafe extern "C" fn atfork_prepare() {
-    let _ = std::panic::catch_unwind(|| {
-        let p = PLAN.lock().unwrap_or_else(|e| e.into_inner());
-        let r = DISABLED_REASON.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = FORK_GUARDS.try_with(|g| {
-            if let Ok(mut g) = g.try_borrow_mut() {
-                *g = (Some(p), Some(r));
-            }
-        });
-    });
-}
-
-unsafe extern "C" fn atfork_parent() {
-    let _ = std::panic::catch_unwind(|| {
-        let _ = FORK_GUARDS.try_with(|g| {
-            if let Ok(mut g) = g.try_borrow_mut() {
-                *g = (None, None);
-            }
-        });
-    });
-}
-
+/// The fork child handler. There is deliberately no prepare handler: nothing the agent holds can
+/// make `fork` wait (see [`crate::forkcell`]).
 unsafe extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(atfork_child_inner);
 }
 
 fn atfork_child_inner() {
-    let _ = FORK_GUARDS.try_with(|g| {
-        if let Ok(mut g) = g.try_borrow_mut() {
-            let (p, r) = std::mem::take(&mut *g);
-            if let Some(mut p) = p {
-                // The parent's plan references split-preheater threads that do not exist here:
-                // leak it rather than run its destructors.
-                std::mem::forget(p.take());
-            }
-            if let Some(mut r) = r {
-                *r = None;
-            }
-        }
-    });
+    // SAFETY: this is the fork child handler; the child has only the forking thread.
+    unsafe { plan::reset_after_fork() };
+    // SAFETY: as above.
+    unsafe { crate::log::reset_after_fork() };
     if !track::ACTIVE.swap(false, Ordering::SeqCst) {
         return;
     }
@@ -329,5 +299,84 @@ fn atfork_child_inner() {
     if let Err(e) = start(&[]) {
         log(&format!("agent not restarted after fork: {e}"));
         track::ACTIVE.store(false, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::*;
+    use crate::log::{disabled_reason, DISABLED_REASON};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
+
+    /// Issue 13: fork from one thread while another thread holds the published plan and the
+    /// disable reason. The parent's `fork` must not wait for the holder (it returns while the
+    /// holder still holds both), and the child must work: publish and read a plan, set and read
+    /// a reason (with the classic atfork protocol the child would inherit both locked, and with
+    /// a prepare handler that waits, `fork` would wait for the holder, which here waits for
+    /// `fork`: the holder gives up after 10 s and the test fails instead of hanging).
+    #[test]
+    fn fork_while_another_thread_holds_the_agents_state() {
+        static RELEASED: AtomicBool = AtomicBool::new(false);
+        register_fork_handler().unwrap();
+        let (held_tx, held_rx) = mpsc::channel();
+        let (forked_tx, forked_rx) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            plan::PLAN.with(|_| {
+                DISABLED_REASON.with(|_| {
+                    held_tx.send(()).unwrap();
+                    let _ = forked_rx.recv_timeout(Duration::from_secs(10));
+                    RELEASED.store(true, Ordering::SeqCst);
+                })
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork(2); the child only publishes/reads agent state and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // The child: only the forking thread exists; the holder's locks were taken back.
+            plan::publish(Arc::new(plan::Plan::default()));
+            let has_plan = matches!(plan::current(), Ok(Some(_)));
+            DISABLED_REASON.with(|r| *r = Some("child".into()));
+            let ok = has_plan && disabled_reason().as_deref() == Some("child");
+            // SAFETY: _exit ends the child at once (no destructors or atexit handlers of the
+            // test harness run in it).
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let forked_while_held = !RELEASED.load(Ordering::SeqCst);
+        let _ = forked_tx.send(()); // the holder may have given up already
+        holder.join().unwrap();
+        let mut status = 0;
+        let t0 = Instant::now();
+        let done = loop {
+            // SAFETY: waitpid on our own child with a valid status pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break true;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                // SAFETY: kill and reap our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(
+            forked_while_held,
+            "fork waited for the thread holding the plan and the reason"
+        );
+        assert!(done, "the fork child hung (on state inherited locked)");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the fork child could not use the plan or the reason (status {status:#x})"
+        );
+        // The parent's state works too.
+        assert!(plan::current().is_ok());
+        assert_eq!(disabled_reason(), None);
     }
 }

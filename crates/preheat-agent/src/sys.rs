@@ -322,15 +322,12 @@ pub fn main_executable_base() -> Option<usize> {
     object_of(phdr as usize).map(|(_, base)| base)
 }
 
-/// Register fork handlers (once).
-pub fn register_atfork(
-    prepare: unsafe extern "C" fn(),
-    parent: unsafe extern "C" fn(),
-    child: unsafe extern "C" fn(),
-) -> io::Result<()> {
-    // SAFETY: the handlers are plain `extern "C"` functions that live as long as the process
-    // (the agent is never unloaded).
-    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+/// Register a fork child handler (no prepare or parent handler: the agent never makes `fork`
+/// wait; see [`crate::forkcell`]).
+pub fn register_atfork_child(child: unsafe extern "C" fn()) -> io::Result<()> {
+    // SAFETY: the handler is a plain `extern "C"` function that lives as long as the process
+    // (the agent is never unloaded); null prepare and parent handlers are allowed.
+    let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
     if r == 0 {
         Ok(())
     } else {

@@ -325,9 +325,7 @@ impl Control {
                 let was = track::ENABLED.swap(enabled, Ordering::SeqCst);
                 if enabled && !was {
                     track::forget_busy_periods();
-                    if let Ok(mut g) = log::DISABLED_REASON.lock() {
-                        *g = None;
-                    }
+                    log::clear_disabled_reason();
                 }
                 log(&format!(
                     "agent {} by request",
@@ -352,7 +350,7 @@ impl Control {
     }
 
     fn status(&self) -> Reply {
-        let reason = log::DISABLED_REASON.lock().ok().and_then(|g| g.clone());
+        let reason = log::disabled_reason();
         Reply::Status {
             pid: sys::getpid(),
             exe: std::fs::read_link("/proc/self/exe")
