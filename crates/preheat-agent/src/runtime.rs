@@ -282,7 +282,7 @@ unsafe extern "C" fn atfork_child() {
 fn atfork_child_inner() {
     // SAFETY: this is the fork child handler; the child has only the forking thread.
     unsafe { plan::reset_after_fork() };
-    // SAFETY: as above.
+    // SAFETY: this is the fork child handler; the child has only the forking thread.
     unsafe { crate::log::reset_after_fork() };
     if !track::ACTIVE.swap(false, Ordering::SeqCst) {
         return;

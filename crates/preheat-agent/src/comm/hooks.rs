@@ -62,7 +62,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     act.sa_flags = libc::SA_RESTART;
     // SAFETY: valid local sigset.
     unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
-    // SAFETY: as above.
+    // SAFETY: an all-zero sigaction is valid plain data (overwritten by the call below).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointers to locals.
     let r = unsafe {
@@ -94,7 +94,7 @@ unsafe fn without_segv(how: c_int, set: *const libc::sigset_t) -> Option<libc::s
     if unsafe { libc::sigismember(&copy, libc::SIGSEGV) } != 1 {
         return None;
     }
-    // SAFETY: as above.
+    // SAFETY: `copy` is a valid local sigset and SIGSEGV a valid signal number.
     unsafe { libc::sigdelset(&mut copy, libc::SIGSEGV) };
     Some(copy)
 }

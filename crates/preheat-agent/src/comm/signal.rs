@@ -177,7 +177,7 @@ fn install_locked() -> Result<(), String> {
     let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
     ours.sa_sigaction = on_segv as *const () as usize;
     ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESTART;
-    // SAFETY: as above.
+    // SAFETY: an all-zero sigaction is valid plain data (overwritten by the call below).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: both pointers are valid locals; `on_segv` has the SA_SIGINFO handler signature
     // and lives as long as the process (the agent is never unloaded).
