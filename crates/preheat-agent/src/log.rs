@@ -10,7 +10,8 @@ use crate::{config, socket_paths, sys, track};
 /// Why the agent disabled itself.
 pub(crate) static DISABLED_REASON: ForkCell<Option<String>> = ForkCell::new(None);
 
-/// Set once the run directory passed [`check_run_dir`].
+/// Set once the run directory passed `runtime::check_run_dir` (the log is written there only
+/// then).
 pub(crate) static RUN_DIR_TRUSTED: AtomicBool = AtomicBool::new(false);
 
 /// Append a line to the agent log (control, trigger and start-up paths only; never hooks).

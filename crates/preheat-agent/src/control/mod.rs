@@ -7,8 +7,8 @@
 //! keeps serving so the reason can be read. Errors never reach the host.
 //!
 //! This file is the thread and the request dispatch; the concepts behind the requests live
-//! beside it: [`cycle`] (flush+reload probe cycles), [`ranges`] (probe candidates and range
-//! validation), [`profile`] (profile, per-port configuration, the published plan).
+//! beside it: `cycle.rs` (flush+reload probe cycles), `ranges.rs` (probe candidates and range
+//! validation), `profile.rs` (profile, per-port configuration, the published plan).
 
 mod cycle;
 mod profile;
