@@ -322,6 +322,49 @@ pub fn main_executable_base() -> Option<usize> {
     object_of(phdr as usize).map(|(_, base)| base)
 }
 
+/// Signals the agent's threads keep unblocked: the synchronous fault signals (blocked, a fault
+/// would kill the process instead of reaching a handler).
+const SYNCHRONOUS_SIGNALS: [c_int; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
+type SigmaskFn = unsafe extern "C" fn(c_int, *const libc::sigset_t, *mut libc::sigset_t) -> c_int;
+
+/// Block every asynchronous signal in the calling thread and return the previous mask (None if
+/// libc's `pthread_sigmask` is not resolved, or it failed). Goes through libc's real
+/// `pthread_sigmask`, never the raw system call: glibc keeps its internal signals (SIGCANCEL,
+/// SIGSETXID) deliverable, and `setuid` in a threaded host needs every thread to take SIGSETXID.
+pub fn block_async_signals() -> Option<libc::sigset_t> {
+    // SAFETY: `SigmaskFn` is pthread_sigmask's C signature, the function the slot holds.
+    let f = unsafe { real::<SigmaskFn>(&REAL_PTHREAD_SIGMASK) }?;
+    // SAFETY: an all-zero sigset_t is valid storage for sigfillset to fill.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid local sigset.
+    unsafe { libc::sigfillset(&mut set) };
+    for s in SYNCHRONOUS_SIGNALS {
+        // SAFETY: `set` is a valid local sigset, `s` a valid signal number.
+        unsafe { libc::sigdelset(&mut set, s) };
+    }
+    // SAFETY: an all-zero sigset_t is valid storage for the old mask.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: libc's pthread_sigmask with pointers to valid locals.
+    (unsafe { f(libc::SIG_BLOCK, &set, &mut old) } == 0).then_some(old)
+}
+
+/// Set the calling thread's signal mask back to `old` (from [`block_async_signals`]).
+pub fn restore_signal_mask(old: &libc::sigset_t) {
+    // SAFETY: as in `block_async_signals`.
+    if let Some(f) = unsafe { real::<SigmaskFn>(&REAL_PTHREAD_SIGMASK) } {
+        // SAFETY: libc's pthread_sigmask with a valid mask and a null old-mask pointer.
+        unsafe { f(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+    }
+}
+
 /// Register a fork child handler (no prepare or parent handler: the agent never makes `fork`
 /// wait; see [`crate::forkcell`]).
 pub fn register_atfork_child(child: unsafe extern "C" fn()) -> io::Result<()> {

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::log::{disable, panic_message};
-use crate::track;
+use crate::{sys, track};
 
 /// An address inside the stack of every agent thread (to exclude them from probe candidates).
 static AGENT_STACKS: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
@@ -44,8 +44,26 @@ pub fn agent_stack_addresses() -> Vec<u64> {
 }
 
 /// Spawn one of the agent's own threads: marked (hooks pass through), stack registered, body
-/// wrapped in `catch_unwind` (a panic disables the agent instead of taking the host down).
+/// wrapped in `catch_unwind` (a panic disables the agent instead of taking the host down), and
+/// every asynchronous signal blocked from its first instruction on (the mask is inherited from
+/// the spawning thread, which blocks them just around the spawn). The host's signals then
+/// always go to the host's threads: a host that blocks a signal everywhere to take it with
+/// `sigwait`/`signalfd` (MariaDB's signal thread, for one) would otherwise get it delivered to
+/// an agent thread, where its default action kills the process; and no host handler ever runs
+/// on an agent thread. Fault signals stay unblocked ([`sys::block_async_signals`]).
 pub fn spawn_agent_thread<F>(name: String, f: F) -> std::io::Result<()>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let saved = sys::block_async_signals();
+    let r = spawn_marked(name, f);
+    if let Some(old) = saved {
+        sys::restore_signal_mask(&old);
+    }
+    r
+}
+
+fn spawn_marked<F>(name: String, f: F) -> std::io::Result<()>
 where
     F: FnOnce() + Send + 'static,
 {
