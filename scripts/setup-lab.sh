@@ -19,6 +19,7 @@ wanted=(
   mariadb-server:mariadbd
   libmemcached-tools:memcaslap
   wrk:wrk
+  lighttpd:lighttpd
   gzip:gzip
   xz-utils:xz
   sqlite3:sqlite3
@@ -74,7 +75,7 @@ DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$
 
 # Debian starts the packaged daemons; preheat runs its own instances, so stop them (and keep
 # going when there is no init system, as in containers).
-for svc in memcached nginx redis-server mariadb; do
+for svc in memcached nginx redis-server mariadb lighttpd; do
   if command -v systemctl >/dev/null 2>&1 && systemctl stop "$svc" >/dev/null 2>&1; then
     echo "setup-lab: stopped the $svc service"
   elif command -v service >/dev/null 2>&1 && service "$svc" stop >/dev/null 2>&1; then

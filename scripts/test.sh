@@ -1,26 +1,71 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what the tests need (Debian packages, when run as root), builds
 # the workspace, runs every test, and smoke-runs the fuzz targets when a nightly toolchain and
-# cargo-fuzz are available. `.ci/run` calls exactly this.
+# cargo-fuzz are available. It ends with a summary of the skipped tests (with CI set, a skip for
+# something this script installs fails the run) and of what the run left in /tmp. `.ci/run`
+# calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every skipped test appends `suite<TAB>test<TAB>component<TAB>reason` here (Rust tests, the Python
+# tests' conftest, and this script's own skipped steps); the summary at the end lists them.
+mkdir -p target
+export PREHEAT_SKIP_LOG="$PWD/target/preheat-skips.tsv"
+: >"$PREHEAT_SKIP_LOG"
+skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
+  printf 'test.sh\t%s\t%s\t%s\n' "$1" "$2" "$3" >>"$PREHEAT_SKIP_LOG"
+  echo "test.sh: SKIP $1: $3"
+}
+# What existed in /tmp before the run: whatever /tmp/preheat-* appears and stays was left behind by
+# this run (this script's own logs excepted).
+tmp_listing() { find /tmp -maxdepth 1 -name 'preheat-*' 2>/dev/null | sort; }
+tmp_before=$(tmp_listing)
+
+# The components this script provides itself (Debian binaries and PyPI packages below, the preheat
+# binary it builds, cargo-fuzz when there is a nightly toolchain): on CI a test that skips for one
+# of them fails the run.
+installed=(preheat)
 need=()
-# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), and
-# the programs the cache-affinity experiments run on fixed inputs (gzip, xz, sqlite3, gcc).
+# The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), a
+# server outside the catalog (lighttpd), and the programs the cache-affinity experiments run on
+# fixed inputs (gzip, xz, sqlite3, gcc).
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
     redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
-    gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
+    lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
+  installed+=("$bin")
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
 done
+pip_packages=(matplotlib pandas pyarrow rich ray ruff mypy)
+installed+=("${pip_packages[@]}" cargo-fuzz)
+
+# At every exit (success, a failed step, Ctrl-C): the skip summary, then what was left in /tmp.
+finish() {
+  local status=$? left
+  trap - EXIT
+  python3 scripts/skip-summary.py "$PREHEAT_SKIP_LOG" --installed "${installed[*]}" \
+    || { [ "$status" -ne 0 ] || status=1; }
+  left=$(comm -13 <(printf '%s\n' "$tmp_before") <(tmp_listing) \
+    | grep -vE '^/tmp/preheat-(test\.log|cargo-fuzz-install\.log|fuzz-.*\.log)$' || true)
+  if [ -n "$left" ]; then
+    echo "test.sh: left behind in /tmp by this run (tests and the demo must remove what they create):"
+    printf '  %s\n' $left
+    if [ -n "${CI:-}" ]; then
+      echo "test.sh: FAILED (CI): the run left files behind"
+      [ "$status" -ne 0 ] || status=1
+    fi
+  fi
+  [ "$status" -ne 0 ] || echo "test.sh: all tests passed"
+  exit "$status"
+}
+trap finish EXIT
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing ${need[*]} from Debian packages"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     # Debian starts the packaged daemons; the tests start their own on other ports.
-    for svc in memcached nginx redis-server mariadb; do
+    for svc in memcached nginx redis-server mariadb lighttpd; do
       systemctl stop "$svc" >/dev/null 2>&1 || service "$svc" stop >/dev/null 2>&1 || true
     done
   else
@@ -34,13 +79,13 @@ if cargo fmt --version >/dev/null 2>&1; then
   echo "test.sh: formatting (cargo fmt --check)"
   cargo fmt --all --check >/dev/null || { echo "test.sh: run cargo fmt --all"; cargo fmt --all --check | head -40; exit 1; }
 else
-  echo "test.sh: SKIP format check: rustfmt is not installed (rustup component add rustfmt)"
+  skip "format check (cargo fmt)" rustfmt "rustfmt is not installed (rustup component add rustfmt)"
 fi
 if cargo clippy --version >/dev/null 2>&1; then
   echo "test.sh: lints (cargo clippy, warnings are errors)"
   cargo clippy --workspace --all-targets --quiet -- -D warnings || { echo "test.sh: fix the clippy findings above"; exit 1; }
 else
-  echo "test.sh: SKIP lints: clippy is not installed (rustup component add clippy)"
+  skip "lints (cargo clippy)" clippy "clippy is not installed (rustup component add clippy)"
 fi
 echo "test.sh: API docs (cargo doc, warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
@@ -64,6 +109,24 @@ python3 -c "import matplotlib, pandas, pytest, pyarrow, rich" 2>/dev/null \
 python3 -c "import ray" 2>/dev/null \
   || python3 -m pip install -q "ray==2.*" >/dev/null 2>&1 \
   || echo "test.sh: could not install ray: the ray-executor test will SKIP"
+# Lint and type checks of the lab package (configured in python/pyproject.toml).
+for tool in ruff mypy; do
+  python3 -m "$tool" --version >/dev/null 2>&1 \
+    || python3 -m pip install -q "$tool" >/dev/null 2>&1 \
+    || echo "test.sh: could not install $tool"
+done
+if python3 -m ruff --version >/dev/null 2>&1; then
+  echo "test.sh: Python lints (ruff check)"
+  (cd python && python3 -m ruff check -q .) || { echo "test.sh: fix the ruff findings above"; exit 1; }
+else
+  skip "Python lints (ruff)" ruff "ruff could not be installed (pip install ruff)"
+fi
+if python3 -m mypy --version >/dev/null 2>&1; then
+  echo "test.sh: Python types (mypy)"
+  (cd python && python3 -m mypy) || { echo "test.sh: fix the mypy findings above"; exit 1; }
+else
+  skip "Python types (mypy)" mypy "mypy could not be installed (pip install mypy)"
+fi
 # The lab drives the release CLI when it exists, else the debug one built above.
 (cd python && python3 -m pytest -q) || exit 1
 
@@ -73,7 +136,8 @@ if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | 
     (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time=20 -rss_limit_mb=1024 >/tmp/preheat-fuzz-$t.log 2>&1) \
       || { echo "fuzz target $t failed:"; tail -30 /tmp/preheat-fuzz-$t.log; exit 1; }
   done
+elif ! rustup toolchain list 2>/dev/null | grep -q nightly; then
+  skip "fuzzing" nightly "needs a nightly toolchain (rustup toolchain install nightly) and cargo-fuzz"
 else
-  echo "test.sh: SKIP fuzzing: needs a nightly toolchain and cargo-fuzz (cargo install cargo-fuzz)"
+  skip "fuzzing" cargo-fuzz "cargo-fuzz is not installed and could not be (cargo install cargo-fuzz)"
 fi
-echo "test.sh: all tests passed"

@@ -247,13 +247,13 @@ def main(argv=None) -> int:
         from . import affinity
 
         try:
-            o = affinity.Options.make(a.quick, a.workloads, a.quanta, a.reps, a.cpu_ms, a.seed,
-                                      a.from_dir)
+            ao = affinity.Options.make(a.quick, a.workloads, a.quanta, a.reps, a.cpu_ms, a.seed,
+                                       a.from_dir)
         except ValueError as e:
             ap.error(str(e))
-        if a.out is None and o.from_dir is None:
+        if a.out is None and ao.from_dir is None:
             ap.error("affinity: --out DIR is required (unless --from DIR/raw)")
-        return affinity.run(a.out, o)
+        return affinity.run(a.out, ao)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
         res = sleeping.run_all(a.out, quick=a.quick, only=only)

@@ -34,9 +34,9 @@ import random
 import shutil
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import atomic, cli, proc
 from .cli import ToolError
@@ -95,20 +95,20 @@ def _minutes(s: float) -> str:
 
 @dataclass
 class Options:
-    workloads: Tuple[str, ...] = WORKLOADS
-    quanta: Tuple[int, ...] = DEFAULT_QUANTA
+    workloads: tuple[str, ...] = WORKLOADS
+    quanta: tuple[int, ...] = DEFAULT_QUANTA
     reps: int = DEFAULT_REPS
     cpu_ms: int = DEFAULT_CPU_MS
     cpu_ms_given: bool = False
     seed: int = 1
     quick: bool = False
-    from_dir: Optional[Path] = None
+    from_dir: Path | None = None
 
     @classmethod
-    def make(cls, quick: bool = False, workloads: Optional[str] = None,
-             quanta: Optional[str] = None, reps: Optional[int] = None,
-             cpu_ms: Optional[int] = None, seed: Optional[int] = None,
-             from_dir: Optional[Path] = None) -> "Options":
+    def make(cls, quick: bool = False, workloads: str | None = None,
+             quanta: str | None = None, reps: int | None = None,
+             cpu_ms: int | None = None, seed: int | None = None,
+             from_dir: Path | None = None) -> Options:
         """The command line's options; ValueError on a bad value. --quick: chase and gzip,
         the 2 ms quantum, 2 repetitions of 150 ms CPU, Table 3 with one pair, win-back for the
         first bundled kernel only."""
@@ -163,7 +163,7 @@ class Options:
 # The plan: conditions and interleaved, shuffled rounds
 
 
-def table2_cells(topo: dict, quanta: Sequence[int]) -> List[dict]:
+def table2_cells(topo: dict, quanta: Sequence[int]) -> list[dict]:
     """The topology's Table 2 cells at the requested quanta (in the CLI's order)."""
     cells = ((topo or {}).get("table2") or {}).get("cells") or []
     qs = {int(q) for q in quanta}
@@ -171,7 +171,7 @@ def table2_cells(topo: dict, quanta: Sequence[int]) -> List[dict]:
             and int(c.get("quantum_ms") or 0) in qs]
 
 
-def winback_cell(cells: Sequence[dict]) -> Optional[dict]:
+def winback_cell(cells: Sequence[dict]) -> dict | None:
     """The strongest low-affinity cell at 2 ms: interleaved BV_L2 at low retention (the
     substitute cell, where L2 is private), else BV_L1D at low retention."""
     at = [c for c in cells if int(c.get("quantum_ms") or 0) == WINBACK_QUANTUM_MS
@@ -185,10 +185,10 @@ def winback_cell(cells: Sequence[dict]) -> Optional[dict]:
 
 def high_cell_id(cell: dict) -> str:
     """The matching high-affinity cell: BV_0 at the same retention and quantum."""
-    return f"BV_0.{cell.get('retention')}.q{int(cell.get('quantum_ms'))}"
+    return f"BV_0.{cell.get('retention')}.q{int(cell['quantum_ms'])}"
 
 
-def table3_pairs(workloads: Sequence[str], quick: bool = False) -> List[Tuple[str, str]]:
+def table3_pairs(workloads: Sequence[str], quick: bool = False) -> list[tuple[str, str]]:
     """Each workload once as the main benchmark, the next one (cyclic) interfering, as the
     paper's Table 3 rotates its benchmarks; --quick: the first pair only."""
     ws = list(workloads)
@@ -216,7 +216,7 @@ def cell_cpu_ms(w: str, quantum_ms: float, cpu_ms: int) -> int:
     return max(cpu_ms, int(MIN_QUANTA * quantum_ms)) if w in BUNDLED else cpu_ms
 
 
-def _cpu_args(w: str, cpu_ms: int) -> List[str]:
+def _cpu_args(w: str, cpu_ms: int) -> list[str]:
     # --cpu-ms is the bundled kernels' length; the programs run their fixed inputs.
     return ["--cpu-ms", str(cpu_ms)] if w in BUNDLED else []
 
@@ -252,7 +252,7 @@ def _t3_cond(w: str, w2: str, affinity: str, preheat: bool, cpu_ms: int, purpose
             "paper_cell": f"Table 3, {affinity} affinity", "substitute": None, "args": args}
 
 
-def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) -> List[dict]:
+def build_conditions(topo: dict, o: Options, notes: list[str] | None = None) -> list[dict]:
     """Every condition once: Table 2 (workload × cell), Table 3 (pairs × high/low at 2 ms) and
     the win-back conditions (`--preheat` on the strongest low Table 2 cell and on its BV_0
     cell; on Table 3 high and low; bundled main workloads only, --quick: the first). NOTES
@@ -264,7 +264,7 @@ def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) 
         notes.append(f"the topology has no Table 2 cell at quanta {qs} ms")
     conds = [_t2_cond(w, c, False, o.cpu_ms, "table2") for w in o.workloads for c in cells]
     t3 = (topo or {}).get("table3") or {}
-    pairs: List[Tuple[str, str]] = []
+    pairs: list[tuple[str, str]] = []
     if t3.get("feasible"):
         pairs = table3_pairs(o.workloads, o.quick)
         for w, w2 in pairs:
@@ -295,7 +295,7 @@ def build_conditions(topo: dict, o: Options, notes: Optional[List[str]] = None) 
     return conds
 
 
-def build_plan(conds: Sequence[dict], reps: int, seed: int) -> List[dict]:
+def build_plan(conds: Sequence[dict], reps: int, seed: int) -> list[dict]:
     """Round r (1..reps) runs every condition once, in an order shuffled with a generator
     seeded by (seed, r): the same seed gives the same plan."""
     plan = []
@@ -384,7 +384,7 @@ AFFINITY_NAME = {"low-d": "low L1 D-cache affinity", "low-i": "low L1 I-cache af
                  "low-d-l2": "low L1D+L2 affinity (substitute)", "high": "high affinity"}
 
 
-def matrix_rows(topo: dict, quanta: Sequence[int]) -> List[dict]:
+def matrix_rows(topo: dict, quanta: Sequence[int]) -> list[dict]:
     """The Table 2 matrix as this machine runs it: rows retention, columns affinity; each entry
     the interleaved (+ concurrent) vectors and the quanta."""
     cells = table2_cells(topo, quanta)
@@ -405,7 +405,7 @@ def matrix_rows(topo: dict, quanta: Sequence[int]) -> List[dict]:
     return rows
 
 
-def substitutions(topo: dict) -> List[str]:
+def substitutions(topo: dict) -> list[str]:
     cells = ((topo or {}).get("table2") or {}).get("cells") or []
     return list(dict.fromkeys(str(c["substitute"]) for c in cells if c.get("substitute")))
 
@@ -463,7 +463,7 @@ def _unavailable_workload(cond: dict, stderr: str) -> str:
     return cond["workload"]
 
 
-def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> Tuple[Optional[str], str]:
+def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> tuple[str | None, str]:
     """One `preheat affinity run --json`: raw/RUN_ID.json (+ .stderr.txt when it failed).
     Returns (unavailable workload or None, failure reason or '')."""
     cmd = [b, *cond["args"]]
@@ -493,12 +493,12 @@ def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> Tuple[Opti
     return None, ""
 
 
-def measure(plan: List[dict], conds: Dict[str, dict], b: str, raw: Path, o: Options,
+def measure(plan: list[dict], conds: dict[str, dict], b: str, raw: Path, o: Options,
             state: dict, prog: Progress) -> None:
     """Run the plan round by round; skipped workloads and failures go to STATE."""
-    unavailable: Dict[str, str] = state.setdefault("unavailable", {})
+    unavailable: dict[str, str] = state.setdefault("unavailable", {})
     skipped_pairs = set()
-    failures: List[str] = state["failures"]
+    failures: list[str] = state["failures"]
     rounds = max((r["round"] for r in plan), default=0)
     t_all, done = time.monotonic(), 0
     for r in range(1, rounds + 1):
@@ -539,7 +539,7 @@ def measure(plan: List[dict], conds: Dict[str, dict], b: str, raw: Path, o: Opti
                      + (f"; ~{_minutes(eta)} left" if left else ""))
 
 
-def plan_json(plan: Sequence[dict], conds: Dict[str, dict], o: Options, state: dict) -> dict:
+def plan_json(plan: Sequence[dict], conds: dict[str, dict], o: Options, state: dict) -> dict:
     return {"kind": "affinity", "options": o.to_dict(), "state": state.get("state"),
             "conditions": list(conds.values()),
             "runs": [{k: v for k, v in r.items() if k != "data"} for r in plan],
@@ -550,7 +550,7 @@ def plan_json(plan: Sequence[dict], conds: Dict[str, dict], o: Options, state: d
 # Re-rendering from raw/
 
 
-def _cond_from_id(cid: str, topo: dict, cpu_ms: int) -> Optional[dict]:
+def _cond_from_id(cid: str, topo: dict, cpu_ms: int) -> dict | None:
     """A condition rebuilt from its id (for a raw/ without plan.json)."""
     pre = cid.endswith("-preheat")
     base = cid[: -len("-preheat")] if pre else cid
@@ -566,7 +566,7 @@ def _cond_from_id(cid: str, topo: dict, cpu_ms: int) -> Optional[dict]:
     return None
 
 
-def load_raw(rdir: Path) -> Tuple[dict, Dict[str, dict], List[dict], dict]:
+def load_raw(rdir: Path) -> tuple[dict, dict[str, dict], list[dict], dict]:
     """(topology, conditions by id, plan with each ok run's data, the saved state) from a
     raw/ directory; without plan.json the runs are rebuilt from the run files' names."""
     rdir = Path(rdir)
@@ -623,11 +623,13 @@ def is_affinity_dir(out: Path) -> bool:
 # The command
 
 
-def run(out: Optional[Path], o: Options) -> int:
+def run(out: Path | None, o: Options) -> int:
     from . import affinity_report
 
     if o.from_dir is not None:
         return rerender(o.from_dir, Path(out) if out else o.from_dir.parent)
+    if out is None:
+        raise ValueError("affinity: an output directory is required (unless --from DIR/raw)")
     out = Path(out)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 import pandas as pd
@@ -52,7 +51,7 @@ def fig_table2_grid(t2w: pd.DataFrame, w: str, base: Path) -> Path:
                 if aff == "high":
                     txt = f"{r['interleaved']}\nreference\nn={int(r['n'])}"
                 else:
-                    m[i, j] = 100 * _num(r["pct"]) if _num(r["pct"]) is not None else np.nan
+                    m[i, j] = 100 * pct if (pct := _num(r["pct"])) is not None else np.nan
                     star = "*" if r["significant"] else ""
                     txt = (f"{r['interleaved']}\n{_pct(r['pct'])}{star}\n"
                            f"[{_pct(r['pct_lo'])}, {_pct(r['pct_hi'])}]\nn={int(r['n'])}")
@@ -78,7 +77,7 @@ def fig_table2_grid(t2w: pd.DataFrame, w: str, base: Path) -> Path:
     return _save(fig, base)
 
 
-def fig_bars(groups: List[dict], base: Path, title: str, ylabel: str) -> Path:
+def fig_bars(groups: list[dict], base: Path, title: str, ylabel: str) -> Path:
     """Paired bars per group (the paper's Figures 2/4/5 shape): each bar a mean relative to the
     group's reference, whiskers ±2σ (as the paper), a text on top (the % difference)."""
     plt = _plt()
@@ -126,7 +125,7 @@ def _bar(name: str, s: dict, ref: float, text: str = "", key: str = "high") -> d
             "text": text, "color": COLORS.get(key, "#fff"), "hatch": HATCH.get(key, "")}
 
 
-def fig2_groups(t2: pd.DataFrame, q: int) -> List[dict]:
+def fig2_groups(t2: pd.DataFrame, q: int) -> list[dict]:
     """Low retention at quantum Q: per workload high (BV_0) vs each low cell."""
     groups = []
     d = t2[(t2["retention"] == "low") & (t2["quantum_ms"] == q)]
@@ -151,7 +150,7 @@ def fig2_groups(t2: pd.DataFrame, q: int) -> List[dict]:
     return groups
 
 
-def t3_groups(t3: pd.DataFrame, wb: pd.DataFrame) -> List[dict]:
+def t3_groups(t3: pd.DataFrame, wb: pd.DataFrame) -> list[dict]:
     """Per Table 3 pair: HI_AFF vs LOW_AFF and, where the win-back ran, both with --preheat."""
     groups = []
     for r in t3.itertuples():
@@ -179,7 +178,7 @@ def t3_groups(t3: pd.DataFrame, wb: pd.DataFrame) -> List[dict]:
     return groups
 
 
-def winback_groups(wb: pd.DataFrame) -> List[dict]:
+def winback_groups(wb: pd.DataFrame) -> list[dict]:
     """Per win-back comparison: high, high + preheat, low, low + preheat (and its rate counting
     the preheat's CPU time), relative to high without preheat."""
     groups = []
@@ -204,7 +203,7 @@ def winback_groups(wb: pd.DataFrame) -> List[dict]:
     return groups
 
 
-def fig_refill(rf: pd.DataFrame, base: Path) -> Optional[Path]:
+def fig_refill(rf: pd.DataFrame, base: Path) -> Path | None:
     plt = _plt()
     ws = [w for w in WORKLOADS if w in set(rf["workload"])]
     if not ws:
@@ -231,7 +230,7 @@ def fig_refill(rf: pd.DataFrame, base: Path) -> Optional[Path]:
     return _save(fig, base)
 
 
-def fig_quanta(qt: pd.DataFrame, base: Path) -> Optional[Path]:
+def fig_quanta(qt: pd.DataFrame, base: Path) -> Path | None:
     """Achieved / requested quantum (p50 and p99 of each run, median over runs) per mechanism
     and role, against the requested quantum."""
     plt = _plt()

@@ -21,17 +21,37 @@ import html
 import math
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from . import atomic, stats
-from .affinity import (BUNDLED, MIN_N, STANDS_FOR, WHAT, WORKLOADS, high_cell_id,
-                       matrix_rows, substitutions, t2_cond_id, t3_cond_id)
-from .affinity_figures import (_num, _pct_ci, fig2_groups, fig_bars, fig_quanta, fig_refill,
-                               fig_table2_grid, t3_groups, winback_groups)
+from .affinity import (
+    BUNDLED,
+    MIN_N,
+    STANDS_FOR,
+    WHAT,
+    WORKLOADS,
+    high_cell_id,
+    matrix_rows,
+    substitutions,
+    t2_cond_id,
+    t3_cond_id,
+)
+from .affinity_figures import (
+    _num,
+    _pct_ci,
+    fig2_groups,
+    fig_bars,
+    fig_quanta,
+    fig_refill,
+    fig_table2_grid,
+    t3_groups,
+    winback_groups,
+)
 from .report import Report
 
 LABEL = "measured"
@@ -115,7 +135,7 @@ def winback_display(wb: pd.DataFrame) -> pd.DataFrame:
             _share, d=2)})
 
 
-def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
+def runs_table(plan: Sequence[dict], conds: dict[str, dict]) -> pd.DataFrame:
     """One row per planned run (ok, failed, skipped, not run) with the CLI's numbers."""
     rows = []
     for rec in plan:
@@ -129,7 +149,7 @@ def runs_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
                                         "cell_id", "interleaved", "concurrent", "concurrent_cpu",
                                         "affinity", "retention", "quantum_ms", "preheat")})
         r["workload_kind"] = d.get("workload_kind") or ("bundled" if w in BUNDLED else "program")
-        r["stands_for"] = d.get("stands_for") or STANDS_FOR.get(w)
+        r["stands_for"] = d.get("stands_for") or STANDS_FOR.get(w or "")
         r["metric"] = d.get("metric")
         for k in ("rate", "work", "cpu_s", "wall_s", "preheat_cpu_s", "preheats",
                   "rate_with_preheat_cost", "ipc", "mpi"):
@@ -181,11 +201,12 @@ def interleaving_check(requested_ms, p50_ms, n) -> str:
     req, p50 = _num(requested_ms), _num(p50_ms)
     if req is None:
         return "no quanta reported"
-    if p50 is None or not _num(n):
+    count = _num(n)
+    if p50 is None or not count:
         return "not interleaved (no quanta of the main workload reported)"
     if abs(p50 / req - 1) <= QUANTUM_TOLERANCE:
         return "ok"
-    return f"quanta off: p50 {p50:.3g} ms for {req:g} ms requested (n = {int(_num(n))})"
+    return f"quanta off: p50 {p50:.3g} ms for {req:g} ms requested (n = {int(count)})"
 
 
 def _ok(runs: pd.DataFrame) -> pd.DataFrame:
@@ -207,7 +228,7 @@ def cond_stats(runs: pd.DataFrame, cond: str, col: str = "rate") -> dict:
     return {"n": len(v), "mean": m, "lo": lo, "hi": hi, "sd": sd}
 
 
-def pct_diff(a: Sequence[float], b: Sequence[float]) -> stats.TInterval:
+def pct_diff(a: stats.Floats, b: stats.Floats) -> stats.TInterval:
     """mean(a)/mean(b) − 1 with a 95% interval: the Welch interval of mean(a) − mean(b)
     (stats.welch_diff_ci) divided by mean(b). Dividing by the point estimate of mean(b) leaves
     the verdict exactly Welch's (mean(b) > 0); it ignores mean(b)'s own uncertainty, which is
@@ -225,7 +246,7 @@ def pct_vs(runs: pd.DataFrame, cond: str, ref: str, col: str = "rate",
     return pct_diff(cond_values(runs, cond, col), cond_values(runs, ref, ref_col))
 
 
-def significant(d: stats.TInterval) -> Optional[bool]:
+def significant(d: stats.TInterval) -> bool | None:
     """True when the 95% interval excludes 0, False when it does not, None (not assessed) with
     fewer than MIN_N ok runs on either side."""
     if min(d.n_a, d.n_b) < MIN_N:
@@ -253,7 +274,9 @@ def _stat_cols(prefix: str, s: dict) -> dict:
 
 def _metric(runs: pd.DataFrame, w: str) -> str:
     ok = _ok(runs)
-    m = ok.loc[ok["workload"] == w, "metric"].dropna() if len(ok) else []
+    if not len(ok):
+        return "work per CPU-second" if w in BUNDLED else "jobs per CPU-second"
+    m = ok.loc[ok["workload"] == w, "metric"].dropna()
     if len(m):
         return str(m.iloc[0])
     return "work per CPU-second" if w in BUNDLED else "jobs per CPU-second"
@@ -264,7 +287,7 @@ def _pct_cols(d: stats.TInterval) -> dict:
             "significant": significant(d), "verdict": verdict(d)}
 
 
-def table2_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
+def table2_table(runs: pd.DataFrame, conds: dict[str, dict]) -> pd.DataFrame:
     """Per workload × Table 2 cell (no preheat): the rate and, for low cells, the % difference
     vs BV_0 at the same retention and quantum (Welch)."""
     rows = []
@@ -290,7 +313,7 @@ def table2_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def table3_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
+def table3_table(runs: pd.DataFrame, conds: dict[str, dict]) -> pd.DataFrame:
     """Per Table 3 pair (no preheat): the rate (mean over the main copies) with high and low
     affinity and the % difference low vs high (Welch)."""
     rows = []
@@ -307,7 +330,7 @@ def table3_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def winback_groups_of(conds: Dict[str, dict]) -> List[dict]:
+def winback_groups_of(conds: dict[str, dict]) -> list[dict]:
     """The win-back comparisons in the plan: per bundled workload, Table 2 (the low cell run
     with --preheat, its BV_0 cell) and Table 3 (the pair), each as the condition ids of low,
     low + preheat, high and high + preheat."""
@@ -331,7 +354,7 @@ def winback_groups_of(conds: Dict[str, dict]) -> List[dict]:
     return out
 
 
-def winback_table(runs: pd.DataFrame, conds: Dict[str, dict]) -> pd.DataFrame:
+def winback_table(runs: pd.DataFrame, conds: dict[str, dict]) -> pd.DataFrame:
     """Per win-back comparison (low, low + preheat, high, high + preheat; all measured):
 
     * loss: low vs high (the affinity loss, no preheat); loss_pre: low + preheat vs high +
@@ -407,8 +430,8 @@ def quanta_table(runs: pd.DataFrame) -> pd.DataFrame:
             if not len(p50):
                 continue
             med = stats.quantile(p50, 0.5)
-            late50 = stats.clean(g["q_late_p50_us"]) if "q_late_p50_us" in g else []
-            late99 = stats.clean(g["q_late_p99_us"]) if "q_late_p99_us" in g else []
+            late50 = stats.clean(g["q_late_p50_us"] if "q_late_p50_us" in g else [])
+            late99 = stats.clean(g["q_late_p99_us"] if "q_late_p99_us" in g else [])
             rows.append({"mechanism": mech, "requested_ms": req, "role": role, "runs": len(p50),
                          "runs_without_quanta": len(g) - len(p50),
                          "quanta": int(np.nansum(g[f"q_{role}_n"])),
@@ -424,7 +447,7 @@ def quanta_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def refill_table(plan: Sequence[dict], conds: Dict[str, dict]) -> pd.DataFrame:
+def refill_table(plan: Sequence[dict], conds: dict[str, dict]) -> pd.DataFrame:
     """Mean rate_rel per bin of time since resume, per bundled workload × interleaved vector ×
     retention (Table 2 runs, with and without --preheat)."""
     rows = []
@@ -457,7 +480,7 @@ def paper_table(t2: pd.DataFrame, t3: pd.DataFrame, runs: pd.DataFrame, n_conds:
     rows = []
     l1 = t2[t2["affinity"].isin(["low-d", "low-i"])] if len(t2) else t2
     if len(l1):
-        sig = l1[l1["significant"] == True]  # noqa: E712 (None for missing)
+        sig = l1[l1["significant"].eq(True)]
         worst = l1.loc[l1["pct"].astype(float).idxmin()] if l1["pct"].notna().any() else None
         ours = (f"{len(sig)} of {len(l1)} low L1-affinity cells significant (95%; "
                 f"{int(l1['significant'].notna().sum())} assessed); the largest "
@@ -470,7 +493,7 @@ def paper_table(t2: pd.DataFrame, t3: pd.DataFrame, runs: pd.DataFrame, n_conds:
                  "the paper's": PAPER_L1, "ours (measured)": ours})
     l2 = t2[t2["affinity"] == "low-d-l2"] if len(t2) else t2
     if len(l2):
-        sig = l2[l2["significant"] == True]  # noqa: E712
+        sig = l2[l2["significant"].eq(True)]
         worst = l2.loc[l2["pct"].astype(float).idxmin()] if l2["pct"].notna().any() else None
         rows.append({"finding": "L1D+L2 affinity by interleaving BV_L2 (substitute cell, not in "
                                 "the paper)", "the paper's": "—",
@@ -483,7 +506,7 @@ def paper_table(t2: pd.DataFrame, t3: pd.DataFrame, runs: pd.DataFrame, n_conds:
         i = deg.idxmax()
         ours = (f"{100 * deg.mean():.1f}% average, {100 * deg.max():.1f}% maximum "
                 f"({t3.loc[i, 'main']} + {t3.loc[i, 'interfering']}) decrease over "
-                f"{int(deg.notna().sum())} pair(s); {int((t3['significant'] == True).sum())} "  # noqa: E712
+                f"{int(deg.notna().sum())} pair(s); {int(t3['significant'].eq(True).sum())} "
                 "significant")
     else:
         ours = "not measured"
@@ -503,7 +526,7 @@ def paper_table(t2: pd.DataFrame, t3: pd.DataFrame, runs: pd.DataFrame, n_conds:
 # The report
 
 
-def _guard(failures: List[str], what: str, fn: Callable, *a, **kw):
+def _guard(failures: list[str], what: str, fn: Callable, *a, **kw):
     try:
         return fn(*a, **kw)
     except Exception as e:  # one part failing must not lose the others
@@ -555,26 +578,26 @@ STATS_TEXT = (
     "figures (not confidence intervals).")
 
 
-def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
+def render(out: Path, topo: dict, conds: dict[str, dict], plan: Sequence[dict],
            state: dict) -> dict:
     """Every table, figure, summary.json and report.html from the plan's runs."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     failures = state.setdefault("failures", [])
     opts = state.get("options") or {}
-    figures: List[Tuple[Path, str]] = []
-    tables: List[Tuple[str, str]] = []
+    figures: list[tuple[Path, str]] = []
+    tables: list[tuple[str, str]] = []
     rep = Report("preheat lab affinity: cache affinity on this machine (Kazempour et al.)")
     body = Report("")
     runs = runs_table(plan, conds)
 
-    def table(name: str, df: pd.DataFrame, caption: str, display: Optional[pd.DataFrame] = None):
+    def table(name: str, df: pd.DataFrame, caption: str, display: pd.DataFrame | None = None):
         atomic.write_table(out / name, df)
         tables.append((f"{name}.csv", caption))
         if display is not None or len(df):
             body.table(display if display is not None else df, caption)
 
-    def figure(png: Optional[Path], title: str):
+    def figure(png: Path | None, title: str):
         if png is not None:
             figures.append((png, title))
             body.image(png, title, png.with_suffix(".svg"))
@@ -774,11 +797,11 @@ def render(out: Path, topo: dict, conds: Dict[str, dict], plan: Sequence[dict],
     rep.html("<p class='note'>" + ", ".join(
         f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in links)
         + "; raw CLI outputs under raw/ (topology.json, plan.json, one JSON per run).</p>")
-    headline = {}
+    headline: dict[str, Any] = {}
     if len(t2):
         l1 = t2[t2["affinity"].isin(["low-d", "low-i"])]
         headline["l1_cells"] = len(l1)
-        headline["l1_significant"] = int((l1["significant"] == True).sum())  # noqa: E712
+        headline["l1_significant"] = int(l1["significant"].eq(True).sum())
     if len(t3) and t3["pct"].notna().any():
         headline["table3_mean_pct"] = float(t3["pct"].mean())
         headline["table3_min_pct"] = float(t3["pct"].min())

@@ -21,7 +21,7 @@ def _umask() -> int:
 _MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's 0600 is too strict for results
 
 
-def _atomic(path: Path, write: Callable[[Path], None]) -> Path:
+def _atomic(path: Path, write: Callable[[Path], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

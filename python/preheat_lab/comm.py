@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import List, Optional, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from . import atomic  # noqa: E402
-from .cli import ToolError, preheat_bin, run_json  # noqa: E402
-from .report import Report  # noqa: E402
+from . import atomic
+from .cli import ToolError, preheat_bin, run_json
+from .report import Report
 
 KERNELS = ("mg", "cg", "is", "ep")
 #: NPB kernels the bundled ones stand in for (the sharing pattern, not the computation).
@@ -36,7 +36,7 @@ def npb_bin() -> str:
     return str(p)
 
 
-def truth_of(kernel: str, names: Sequence[str]) -> List[List[str]]:
+def truth_of(kernel: str, names: Sequence[str]) -> list[list[str]]:
     """True sets by thread name (`npb-K-iI-rR`): one per instance; every thread alone for ep."""
     if kernel == "ep":
         sets = [[n] for n in names]
@@ -63,14 +63,14 @@ def run_kernel(kernel: str, raw: Path, seconds: float, threads: int, instances: 
     return out
 
 
-def labels_of(report: dict) -> List[str]:
+def labels_of(report: dict) -> list[str]:
     names = report.get("labels")
     if names and len(names) == len(report["matrix"]):
         return list(names)
     return [t.get("name") or str(t.get("tid")) for t in report.get("threads", [])]
 
 
-def heatmap(report: dict, sets: List[List[int]], title: str, png: Path) -> Path:
+def heatmap(report: dict, sets: list[list[int]], title: str, png: Path) -> Path:
     """The matrix with threads ordered by detected set, each set outlined."""
     m = report["matrix"]
     names = labels_of(report)
@@ -97,7 +97,7 @@ def heatmap(report: dict, sets: List[List[int]], title: str, png: Path) -> Path:
     return png
 
 
-def analyze(report_path: Path, out: Path, kernel: Optional[str] = None) -> dict:
+def analyze(report_path: Path, out: Path, kernel: str | None = None) -> dict:
     """Groups, heatmap and one summary row for one `preheat comm` report."""
     report = json.loads(Path(report_path).read_text())
     if not report.get("matrix"):
@@ -133,15 +133,15 @@ def run(out: Path, kernels: Sequence[str] = KERNELS, from_files: Sequence[Path] 
              "start-up, groups by eq. 1 with t = 1.5 (Busse et al., SAC'15). Measured on this "
              "machine; the paper's numbers are not comparable (KVM guests, kernel module).")
     rows, failures = [], []
-    jobs = [(Path(f), None) for f in from_files]
+    jobs: list[tuple[Path, str | None]] = [(Path(f), None) for f in from_files]
     for k in kernels:
         try:
             jobs.append((run_kernel(k, raw, seconds, threads, instances, period_ms, budget), k))
         except ToolError as e:
             failures.append(f"{k}: {e}")
-    for path, k in jobs:
+    for path, kernel in jobs:
         try:
-            a = analyze(path, out, k)
+            a = analyze(path, out, kernel)
         except (ToolError, OSError, ValueError, KeyError) as e:
             failures.append(f"{path}: {e}")
             continue

@@ -35,9 +35,10 @@ import sys
 import textwrap
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable
 
 import pandas as pd
 
@@ -88,9 +89,9 @@ class SimHost:
     key: str
     label: str
     cpus: int
-    vms: Tuple[int, ...]
+    vms: tuple[int, ...]
     #: simulated seconds (None: the simulator's default); detect_s = SIM_DETECT_SHARE × this
-    duration_s: Optional[float] = None
+    duration_s: float | None = None
 
     @property
     def vm_text(self) -> str:
@@ -145,24 +146,24 @@ PAPER_OVERALL = ("the paper's overall result (§7): up to +100% with static part
 
 @dataclass
 class Options:
-    kernels: Tuple[str, ...] = KERNELS
-    scenarios: Tuple[str, ...] = ("single", "double")
+    kernels: tuple[str, ...] = KERNELS
+    scenarios: tuple[str, ...] = ("single", "double")
     reps: int = 5
     seconds: float = 6.0
     regroup_s: float = 1.5
     slice_ms: float = 10.0
     seed: int = 1
     measure: bool = True
-    from_file: Optional[Path] = None
+    from_file: Path | None = None
     sim_seeds: int = 5
-    sim_hosts: Tuple[SimHost, ...] = SIM_HOSTS
-    sim_scenarios: Tuple[str, ...] = SCENARIOS
+    sim_hosts: tuple[SimHost, ...] = SIM_HOSTS
+    sim_scenarios: tuple[str, ...] = SCENARIOS
     quick: bool = False
 
     @classmethod
-    def make(cls, quick: bool = False, kernels: Optional[str] = None, reps: Optional[int] = None,
-             seconds: Optional[float] = None, sim_seeds: Optional[int] = None,
-             measure: bool = True, from_file: Optional[Path] = None) -> "Options":
+    def make(cls, quick: bool = False, kernels: str | None = None, reps: int | None = None,
+             seconds: float | None = None, sim_seeds: int | None = None,
+             measure: bool = True, from_file: Path | None = None) -> Options:
         """The command line's options (`--quick`: mg,ep; single,double; 2 repetitions of 2 s;
         regrouping every 0.7 s; 2 simulator seeds). ValueError on a bad value."""
         o = cls(quick=quick, measure=measure, from_file=Path(from_file) if from_file else None)
@@ -213,7 +214,7 @@ def _release_build() -> bool:
         return False
 
 
-def estimate_sims_s(plan: Sequence[dict], release: Optional[bool] = None) -> float:
+def estimate_sims_s(plan: Sequence[dict], release: bool | None = None) -> float:
     """The simulator's cost: the thread phases it simulates (threads × time / phase) and the
     slices it plans (CPUs × time / slice)."""
     t = 0.0
@@ -226,8 +227,8 @@ def estimate_sims_s(plan: Sequence[dict], release: Optional[bool] = None) -> flo
     return t / SIM_RELEASE_SPEEDUP if release else t
 
 
-def fit_budget(o: "Options", alone: Dict[str, float], no_sync: bool, budget: float,
-               release: Optional[bool] = None) -> Tuple[float, int]:
+def fit_budget(o: Options, alone: dict[str, float], no_sync: bool, budget: float,
+               release: bool | None = None) -> tuple[float, int]:
     """(scale, seeds) that bring the estimated wall time of the simulations within BUDGET
     seconds: first every host's simulated time × scale (partial-auto's first regroup scales
     along, so its share of the run stays the same; no host below SIM_MIN_DURATION_S), then,
@@ -278,7 +279,7 @@ def _sets_text(sets) -> str:
     return " ".join("{" + ",".join(map(str, s)) + "}" for s in sets or [])
 
 
-def _regroup_events(regroups) -> List[Tuple[Optional[float], list]]:
+def _regroup_events(regroups) -> list[tuple[float | None, list]]:
     """(time s or None, sets) per regroup: entries are lists of sets, or {"at_s", "sets"}."""
     out = []
     for g in regroups or []:
@@ -299,7 +300,7 @@ def regroups_text(regroups) -> str:
     return " → ".join(parts) if parts else "(no regroup)"
 
 
-def static_sets(scenario: str, vm_vcpus: Sequence[int]) -> List[List[int]]:
+def static_sets(scenario: str, vm_vcpus: Sequence[int]) -> list[list[int]]:
     """partial-static's sets in global vCPU indices (VM 0's vCPUs first), as the experiment
     configures them: VM1 split per instance (single: one instance on its first half), every
     other VM one set."""
@@ -326,7 +327,7 @@ def load_experiment(path: Path) -> dict:
     return data
 
 
-def alone_us(exp: Optional[dict]) -> Dict[str, float]:
+def alone_us(exp: dict | None) -> dict[str, float]:
     """Each kernel's measured alone iteration time, µs: from `calibration` ([{kernel,
     alone_iteration_us, ...}]) or `alone_iteration_us` ([[kernel, µs]] or {kernel: µs})."""
     out = {}
@@ -338,8 +339,9 @@ def alone_us(exp: Optional[dict]) -> Dict[str, float]:
             out[str(item[0])] = float(item[1])
         elif isinstance(item, dict) and _num(item.get("us")):
             out[str(item.get("kernel"))] = float(item["us"])
-    if isinstance((exp or {}).get("alone_iteration_us"), dict):
-        out = {k: float(v) for k, v in exp["alone_iteration_us"].items() if _num(v)}
+    alone = (exp or {}).get("alone_iteration_us")
+    if isinstance(alone, dict):
+        out = {k: float(v) for k, v in alone.items() if _num(v)}
     return out
 
 
@@ -424,7 +426,7 @@ def validation_sentence(v: pd.DataFrame) -> str:
     return s
 
 
-def sim_policy_rows(data: dict) -> List[dict]:
+def sim_policy_rows(data: dict) -> list[dict]:
     """One row per policy of a `preheat cosched simulate --json` output (tolerant of extra and
     missing fields)."""
     rows = []
@@ -526,7 +528,7 @@ def fig_improvement(df: pd.DataFrame, base: Path, title: str, whisker: str,
     for ax, s in zip(axes[0], scen):
         d = df[df["scenario"] == s]
         ks = [k for k in KERNELS if k in set(d["kernel"])] + sorted(set(d["kernel"]) - set(KERNELS))
-        preds = stats.clean(d["predicted"]) if "predicted" in d else []
+        preds = stats.clean(d["predicted"] if "predicted" in d else [])
         one_pred = len(preds) and len({round(float(p), 6) for p in preds}) == 1
         if one_pred:
             ax.axhline(100 * float(preds[0]), color="k", ls="--", lw=1.2,
@@ -550,13 +552,14 @@ def fig_improvement(df: pd.DataFrame, base: Path, title: str, whisker: str,
                 if p is not None and not one_pred:
                     ax.hlines(100 * p, x - width / 2, x + width / 2, colors="k", linestyles="--",
                               lw=1.2, label=lab("predicted (modeled)"))
-                if marker and _num(r.get("simulated")) is not None:
-                    ax.plot(x + width * 0.32, 100 * _num(r["simulated"]), marker="D", ms=6,
+                sim = _num(r.get("simulated"))
+                if marker and sim is not None:
+                    ax.plot(x + width * 0.32, 100 * sim, marker="D", ms=6,
                             color="#d62728", mec="k", ls="none",
                             label=lab("simulated, same configuration"))
         ax.axhline(0, color="#999", lw=0.8)
         ax.set_xticks(range(len(ks)))
-        ax.set_xticklabels([f"{k}\n({comm.STANDS_IN_FOR.get(k, k).split(' (')[0]})" for k in ks],
+        ax.set_xticklabels([f"{k}\n({(comm.STANDS_IN_FOR.get(k) or k).split(' (')[0]})" for k in ks],
                            fontsize=8)
         ax.set_title(s, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
@@ -634,7 +637,7 @@ def fig_corun_idle(cells: pd.DataFrame, base: Path, title: str) -> Path:
     return _save(fig, base)
 
 
-def heatmaps(exp: dict, out: Path) -> List[Tuple[Path, str]]:
+def heatmaps(exp: dict, out: Path) -> list[tuple[Path, str]]:
     """partial-auto cells with `matrices` (one per VM, vCPU order, or null): the last matrix
     of each VM with the last detected sets outlined (comm's heatmap), first repetition only."""
     vm = exp.get("vm_vcpus") or []
@@ -668,7 +671,7 @@ def heatmaps(exp: dict, out: Path) -> List[Tuple[Path, str]]:
     return figs
 
 
-def trees(exp: dict, out: Path) -> List[Tuple[str, str]]:
+def trees(exp: dict, out: Path) -> list[tuple[str, str]]:
     """The dependency tree (eq. 1) and sets of every partial-auto matrix with ≥ 2 vCPUs, as
     `preheat groups` prints it (first repetition per kernel and scenario)."""
     done, res = set(), []
@@ -697,7 +700,7 @@ def trees(exp: dict, out: Path) -> List[Tuple[str, str]]:
 # Running the CLI
 
 
-def experiment_argv(o: Options) -> List[str]:
+def experiment_argv(o: Options) -> list[str]:
     return [cli.preheat_bin(), "cosched", "experiment", "--json",
             "--kernels", ",".join(o.kernels), "--scenarios", ",".join(o.scenarios),
             "--policies", ",".join(POLICIES), "--reps", str(o.reps), "--seconds", f"{o.seconds:g}",
@@ -728,11 +731,11 @@ def run_experiment(o: Options, raw: Path, prog: Progress) -> dict:
     return data
 
 
-def sim_plan(o: Options, alone: Dict[str, float], no_sync: bool, scale: float = 1.0,
-             seeds: Optional[int] = None) -> List[dict]:
+def sim_plan(o: Options, alone: dict[str, float], no_sync: bool, scale: float = 1.0,
+             seeds: int | None = None) -> list[dict]:
     """One simulator run per host × kernel × scenario × seed (SCALE, SEEDS: see fit_budget;
     default: the options' seeds)."""
-    plan = []
+    plan: list[dict] = []
     seeds = o.sim_seeds if seeds is None else seeds
     if seeds <= 0:
         return plan
@@ -764,12 +767,12 @@ def sim_plan(o: Options, alone: Dict[str, float], no_sync: bool, scale: float = 
     return plan
 
 
-def run_simulations(plan: List[dict], raw: Path, prog: Progress, failures: List[str]) -> None:
+def run_simulations(plan: list[dict], raw: Path, prog: Progress, failures: list[str]) -> None:
     """Run the plan one at a time (raw/ID.json, raw/ID.stderr.txt); failures with the same
     reason are reported once."""
     if not plan:
         return
-    reasons: Dict[str, List[str]] = {}
+    reasons: dict[str, list[str]] = {}
     binary = cli.preheat_bin()
     t_all = time.monotonic()
     for i, rec in enumerate(plan):
@@ -807,11 +810,11 @@ def run_simulations(plan: List[dict], raw: Path, prog: Progress, failures: List[
 # Rendering
 
 
-def _guard(failures: List[str], what: str, fn: Callable, *a, **kw):
+def _guard(failures: list[str], what: str, fn: Callable, *a, **kw):
     """Run one rendering part; a failure is reported (HTML, exit code 1), the rest renders."""
     try:
         return fn(*a, **kw)
-    except Exception as e:  # noqa: BLE001 — one part failing must not lose the others
+    except Exception as e:
         failures.append(f"render {what}: {type(e).__name__}: {e}")
         traceback.print_exc(file=sys.stderr)
         return None
@@ -867,16 +870,16 @@ def paper_table(rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         for pol in PARTIAL:
             short = pol.split("-")[1]
             m = rows[(rows["scenario"] == s) & (rows["policy"] == pol)] if len(rows) else rows
-            vals = stats.clean(m["improvement_over_full"]) if len(m) else []
+            vals = stats.clean(m["improvement_over_full"] if len(m) else [])
             r[f"ours, {short}, measured (median over kernels [min, max])"] = (
                 _pct_ci(stats.quantile(vals, 0.5), min(vals), max(vals)) if len(vals)
                 else "not measured here")
             g = (summary[(summary["host"] == "8cpu") & (summary["scenario"] == s)
                          & (summary["policy"] == pol)] if len(summary) else summary)
-            sv = stats.clean(g["median"]) if len(g) else []
+            sv = stats.clean(g["median"] if len(g) else [])
             r[f"ours, {short}, simulated at 8 CPUs"] = (
                 _pct_ci(stats.quantile(sv, 0.5), min(sv), max(sv)) if len(sv) else "–")
-        pr = stats.clean(rows[rows["scenario"] == s]["predicted"]) if len(rows) else []
+        pr = stats.clean(rows[rows["scenario"] == s]["predicted"] if len(rows) else [])
         if not len(pr) and len(summary):
             pr = stats.clean(summary[(summary["host"] == "8cpu") & (summary["scenario"] == s)
                                      & (summary["policy"] == "partial-static")]["predicted"])
@@ -901,16 +904,16 @@ INTRO = (
     "coscheduling kernel, NPB class B, 8 CPUs).")
 
 
-def render(out: Path, exp: Optional[dict], records: Sequence[dict], state: dict,
-           opts: Optional[Options] = None) -> dict:
+def render(out: Path, exp: dict | None, records: Sequence[dict], state: dict,
+           opts: Options | None = None) -> dict:
     """Tables, figures, summary.json and report.html from an experiment JSON (or None) and the
     simulator runs. Returns {"figures": [(png, title)], "tables": [...], "validation": ...}.
     Failures of a part go to state["failures"] (and the report); the rest still renders."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     failures = state.setdefault("failures", [])
-    figures: List[Tuple[Path, str]] = []
-    tables: List[Tuple[str, str]] = []
+    figures: list[tuple[Path, str]] = []
+    tables: list[tuple[str, str]] = []
     rep = Report("preheat lab cosched: partial coscheduling — measured, simulated, modeled")
     rep.text(INTRO)
     if state.get("state") not in (None, "complete"):
@@ -920,12 +923,12 @@ def render(out: Path, exp: Optional[dict], records: Sequence[dict], state: dict,
         rep.note(f"note: {n}")
     body = Report("")  # sections after the failure notes (failures found while rendering)
 
-    def table(name: str, df: pd.DataFrame, caption: str, display: Optional[pd.DataFrame] = None):
+    def table(name: str, df: pd.DataFrame, caption: str, display: pd.DataFrame | None = None):
         atomic.write_table(out / name, df)
         tables.append((f"{name}.csv", caption))
         body.table(display if display is not None else df, caption)
 
-    def figure(png: Optional[Path], title: str):
+    def figure(png: Path | None, title: str):
         if png is not None:
             figures.append((png, title))
             body.image(png, title, png.with_suffix(".svg"))
@@ -1077,7 +1080,7 @@ def run(out: Path, o: Options) -> int:
     state: dict = {"kind": "cosched", "state": "running", "options": o.to_dict(),
                    "failures": [], "notes": []}
     failures = state["failures"]
-    exp: Optional[dict] = None
+    exp: dict | None = None
     measuring = o.measure and o.from_file is None
     est_exp = estimate_experiment_s(o) if measuring else 0.0
     guess = sim_plan(o, {}, True)
@@ -1091,7 +1094,7 @@ def run(out: Path, o: Options) -> int:
           + f"; {n_sim} simulator runs ≤ {_minutes(est_sim)} ("
             + ("release" if _release_build() else "debug") + " build)", flush=True)
     code = 0
-    plan: List[dict] = []
+    plan: list[dict] = []
     proc.reset_interrupt_state()
     with proc.interruptible(), Progress("cosched", int(measuring) + n_sim) as prog:
         try:

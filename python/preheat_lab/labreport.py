@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 
@@ -21,7 +20,9 @@ METHOD = (
     "attached (the client runs on another CPU), records its per-request working set with the "
     "flush+reload probe (k of n samples), and then runs interleaved rounds: every round measures "
     "every mode exactly once, in a freshly shuffled order, so slow drifts of the machine hit all "
-    "modes alike. Modes: warm = back-to-back requests; cold-sweep = an eviction sweep on the "
+    "modes alike. Modes: hot = the floor: a request right after another with the server's CPU "
+    "kept out of idle (per-CPU PM QoS, as the wake planner arms it), caches warm; warm = "
+    "back-to-back requests (the CPU may halt between them); cold-sweep = an eviction sweep on the "
     "server's CPU, then a short gap, then the request (the paper's flushed caches); cold-idle = "
     "a plain idle gap, no sweep; control = the same gap as cold-sweep without the sweep (what "
     "waking an idle CPU costs by itself); preheat:S = cold-sweep, but the request is announced "
@@ -33,13 +34,15 @@ METHOD = (
     "interval (binomial, normal approximation; the same method as the Rust side); derived "
     "quantities (differences, shares of the overhead removed) get a paired bootstrap over "
     "rounds, which keeps each round's modes together. The share removed is (cold − mode) / "
-    "(cold − warm) with cold = cold-sweep; it is undefined when a resample has no overhead "
-    "(the share of such resamples is reported). Every number here is measured on this machine "
+    "(cold − floor) with cold = cold-sweep and floor = hot where it was measured (else warm); "
+    "the same share against warm (the paper's baseline) stands beside it. It is undefined when "
+    "a resample has no overhead (the share of such resamples is reported); a share outside "
+    "±100% is flagged (the floor or the baseline is then not what it claims). Every number here is measured on this machine "
     "unless it is labeled paper; n is the number of samples behind it."
 )
 
 
-def _num(v) -> Optional[float]:
+def _num(v) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -129,7 +132,7 @@ def _removed(df: pd.DataFrame, col: str) -> list:
             zip(df[col], df[f"{col}_lo"], df[f"{col}_hi"], df[f"{col}_undefined_share"])]
 
 
-def _banner(rep: Report, what: str, state: Optional[str], failed: dict) -> None:
+def _banner(rep: Report, what: str, state: str | None, failed: dict) -> None:
     if state and state != "complete":
         rep.note(f"{what}: {state.upper()} — the numbers below are what was measured before the "
                  "run stopped.", "warn")
@@ -167,6 +170,8 @@ def table1_section(rep: Report, out: Path) -> None:
             "server": head["server_name"],
             "source": head["source"],
             "preheated =": head["preheated_mode"],
+            "hot µs (floor)": (head["hot"].map(fmt) if "hot" in head
+                               else pd.Series(["–"] * len(head))),
             "warm µs": head["warm"].map(fmt),
             "cold µs": head["cold"].map(fmt),
             "preheated µs": head["preheated"].map(fmt),
@@ -177,7 +182,9 @@ def table1_section(rep: Report, out: Path) -> None:
             "preheating µs": head["preheat_us"].map(fmt),
             "n": head["n"], "label": head["label"]})
         rep.table(h, "Response time (means, as the paper averages) beside the paper's Table 1. "
-                     "cold = cold-sweep. Redis and preheat-kv have no row in the paper (—).")
+                     "cold = cold-sweep; overhead removed against the hot floor where measured "
+                     "(the paper's is against warm). Redis and preheat-kv have no row in the "
+                     "paper (—).")
     avg = (summ.get("average_removed") or {}).get("preheat:lines")
     if avg:
         txt = (f"On average over {avg['servers']} server(s) measured here "
@@ -199,6 +206,8 @@ def table1_section(rep: Report, out: Path) -> None:
             "p99 µs (95% CI)": _cis(g, "p99"),
             "removed, mean-based": _removed(g, "removed_mean"),
             "removed, p50-based": _removed(g, "removed_p50"),
+            "vs warm, p50-based": (_removed(g, "removed_vs_warm_p50")
+                                   if "removed_vs_warm_p50" in g else "–"),
             "WS KiB": g["ws_kib"].map(fmt), "runs": g["runs"].map(lambda v: fmt(v, 0)),
             "encoded B": g["encoded_bytes"].map(lambda v: fmt(v, 0)),
             "preheat µs p50 (CI), n": [
@@ -214,6 +223,9 @@ def table1_section(rep: Report, out: Path) -> None:
                f"({srv.get('samples')} in all, source: {srv.get('source')}); "
                f"lead {meta.get('lead_us', '?')} µs; {meta.get('machine', '')}; measured")
         rep.heading(DISPLAY.get(server, server), 3)
+        for f in (g["flag"].dropna() if "flag" in g else []):
+            if str(f):
+                rep.note(f"FLAG {f}", "warn")
         for sk in meta.get("skipped") or []:
             if isinstance(sk, dict):
                 rep.note(f"{sk.get('mode')}: not measured on {DISPLAY.get(server, server)}: "
@@ -236,8 +248,9 @@ def table1_section(rep: Report, out: Path) -> None:
     dec = _read_csv(out / "decomposition.csv")
     if len(dec):
         rep.heading("Where cold-start time goes (decomposition)")
-        rep.text("Cold overhead = cold-sweep − warm. It splits into the part an idle gap costs "
-                 "without any eviction (control − warm: waking the CPU and the idle path) and the "
+        rep.text("Cold overhead = cold-sweep − floor (hot where measured, else warm). It splits "
+                 "into the part an idle gap costs without any eviction (control − floor: waking "
+                 "the CPU and the idle path) and the "
                  "part that is cache loss (cold-sweep − control). Each strategy's row is how much "
                  "of the overhead it removes. Medians: differences of medians; means: differences "
                  "of means; 95% CIs from a paired bootstrap over rounds. Measured.")
@@ -342,7 +355,7 @@ def build(out: Path) -> Path:
     table1_section(rep, out)
     peer_section(rep, out)
     sweep_section(rep, out)
-    from .sweep import cosim_section  # noqa: PLC0415 (sweep imports this module)
+    from .sweep import cosim_section
     cosim_section(rep, out)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "report.html"

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, IO, Optional, Sequence, Union
+from typing import IO, Callable, Union
 
 
 class Interrupted(KeyboardInterrupt):
@@ -33,7 +34,7 @@ class ChildTimeout(RuntimeError):
 _state = {"signal": None}
 
 
-def interrupted_by() -> Optional[str]:
+def interrupted_by() -> str | None:
     """The signal that interrupted this run (called after an interruption: a KeyboardInterrupt
     that did not pass through our handler counts as SIGINT)."""
     return _state["signal"] or "SIGINT"
@@ -113,7 +114,7 @@ def terminate_group(p: subprocess.Popen, grace: float = 15.0) -> None:
 FileLike = Union[str, Path, IO]
 
 
-def _open(x: Optional[FileLike]):
+def _open(x: FileLike | None):
     if x is None:
         return subprocess.DEVNULL, None
     if isinstance(x, (str, Path)):
@@ -122,9 +123,9 @@ def _open(x: Optional[FileLike]):
     return x, None
 
 
-def run_child(cmd: Sequence[str], stdout: Optional[FileLike], stderr: Optional[FileLike],
-              timeout: float, on_tick: Optional[Callable[[], None]] = None,
-              tick: float = 0.5, env: Optional[dict] = None) -> int:
+def run_child(cmd: Sequence[str], stdout: FileLike | None, stderr: FileLike | None,
+              timeout: float, on_tick: Callable[[], None] | None = None,
+              tick: float = 0.5, env: dict | None = None) -> int:
     """Run `cmd` in its own process group with output to files; call `on_tick` every `tick`
     seconds while it runs. On timeout or any exception (including `Interrupted`), terminate the
     group and re-raise. Returns the exit code."""

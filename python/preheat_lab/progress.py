@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Optional
+from typing import Any
 
 from .proc import isatty
 
@@ -16,7 +16,7 @@ class Progress:
     Without a TTY (or without rich) it prints a line when a task starts and ends, and at most
     every `every` seconds in between."""
 
-    def __init__(self, title: str, total: int, every: float = 10.0, enabled: Optional[bool] = None):
+    def __init__(self, title: str, total: int, every: float = 10.0, enabled: bool | None = None):
         self.title = title
         self.total = total
         self.every = every
@@ -25,21 +25,27 @@ class Progress:
         self.task_total = 0
         self.task_done = 0
         self._last = 0.0
-        self._rich = None
+        # rich.progress.Progress when rich is importable (optional), else None.
+        self._rich: Any = None
         use_rich = isatty() if enabled is None else enabled
         if use_rich:
             try:
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RP,
-                                           TextColumn, TimeElapsedColumn)
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+                from rich.progress import Progress as RP
 
                 self._rich = RP(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), transient=False)
             except ImportError:
                 self._rich = None
-        self._overall = None
-        self._current = None
+        self._overall: int | None = None
+        self._current: int | None = None
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         if self._rich:
             self._rich.start()
             self._overall = self._rich.add_task(self.title, total=self.total)

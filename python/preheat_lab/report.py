@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import List, Optional
 
 import pandas as pd
 
@@ -16,7 +15,7 @@ from . import atomic
 class Report:
     def __init__(self, title: str):
         self.title = title
-        self.parts: List[str] = []
+        self.parts: list[str] = []
 
     def heading(self, text: str, level: int = 2) -> None:
         self.parts.append(f"<h{level}>{html.escape(text)}</h{level}>")
@@ -31,14 +30,14 @@ class Report:
     def note(self, text: str, kind: str = "note") -> None:
         self.parts.append(f"<div class='{kind}'>{html.escape(text)}</div>")
 
-    def table(self, df: pd.DataFrame, caption: Optional[str] = None) -> None:
+    def table(self, df: pd.DataFrame, caption: str | None = None) -> None:
         body = df.to_html(index=False, float_format=lambda x: f"{x:.3g}", border=0, na_rep="–")
         if caption:
             end = body.index(">", body.index("<table")) + 1
             body = body[:end] + f"<caption>{html.escape(caption)}</caption>" + body[end:]
         self.parts.append(body)
 
-    def image(self, png: Path, alt: str, svg: Optional[Path] = None) -> None:
+    def image(self, png: Path, alt: str, svg: Path | None = None) -> None:
         data = base64.b64encode(Path(png).read_bytes()).decode()
         link = (f" <a href='{html.escape(Path(svg).name)}'>SVG</a>"
                 if svg is not None and Path(svg).exists() else "")

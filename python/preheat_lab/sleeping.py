@@ -22,17 +22,16 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from . import atomic  # noqa: E402
-from .cli import run_json  # noqa: E402
-from .report import Report  # noqa: E402
+from . import atomic
+from .cli import run_json
+from .report import Report
 
 POLICIES = ["default", "awake", "anticipatory"]
 
@@ -53,7 +52,7 @@ class Scale:
     quiesce_rounds: int
 
     @staticmethod
-    def of(quick: bool) -> "Scale":
+    def of(quick: bool) -> Scale:
         if quick:
             return Scale(20, "0,1000", 12, 5, "100,1000", 200, 1, 1, 2, 2)
         return Scale(400, "0,100,1000,10000", 200, 60, "10,100,1000,10000", 100, 10, 3, 9, 6)
@@ -240,7 +239,7 @@ EXPERIMENTS = {"figure1": figure1, "kernels": kernels, "wakeups": wakeups,
                "stage": staged, "quiesce": quiescence}
 
 
-def run_all(out: Path, quick: bool = False, only: List[str] | None = None) -> Dict[str, pd.DataFrame]:
+def run_all(out: Path, quick: bool = False, only: list[str] | None = None) -> dict[str, pd.DataFrame]:
     out.mkdir(parents=True, exist_ok=True)
     s = Scale.of(quick)
     rep = Report("Sleeping CPUs on this machine (preheat)")

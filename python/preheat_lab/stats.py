@@ -28,17 +28,21 @@ difference of two means (unequal variances), `paired_t_ci` of a mean paired diff
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Union
 
 import numpy as np
+
+#: What the statistics take: a sequence of numbers or a NumPy array of them.
+Floats = Union[Sequence[float], np.ndarray]
 
 Z95 = 1.96
 DEFAULT_BOOT = 2000
 DEFAULT_SEED = 20161121  # fixed: the same data always gives the same intervals
 
 
-def _rank_value(sorted_vals: Sequence[float], r: float) -> float:
+def _rank_value(sorted_vals: Floats, r: float) -> float:
     """The value at 1-based rank `r` (rounded, clamped to 1..n), as `stats.rs` does."""
     n = len(sorted_vals)
     # Rust's f64::round rounds half away from zero; the ranks here are integers already, but
@@ -48,7 +52,7 @@ def _rank_value(sorted_vals: Sequence[float], r: float) -> float:
     return float(sorted_vals[idx - 1])
 
 
-def quantile_ci(sorted_vals: Sequence[float], q: float) -> Tuple[float, float, float]:
+def quantile_ci(sorted_vals: Floats, q: float) -> tuple[float, float, float]:
     """`(value, lo, hi)`: the `q` quantile of an ascending sample and its 95% CI (see module doc).
     NaN for an empty sample."""
     n = len(sorted_vals)
@@ -84,17 +88,17 @@ class Summary:
     min: float
     max: float
 
-    def to_dict(self) -> Dict[str, float]:
+    def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-def clean(values: Iterable[Optional[float]]) -> np.ndarray:
+def clean(values: Iterable[float | None]) -> np.ndarray:
     a = np.asarray([np.nan if v is None else float(v) for v in values], dtype=float)
     return a[np.isfinite(a)]
 
 
-def mean_ci_bootstrap(values: Sequence[float], boot: int = DEFAULT_BOOT,
-                      seed: int = DEFAULT_SEED) -> Tuple[float, float, float]:
+def mean_ci_bootstrap(values: Floats, boot: int = DEFAULT_BOOT,
+                      seed: int = DEFAULT_SEED) -> tuple[float, float, float]:
     """`(mean, lo, hi)`: the mean and its 95% percentile-bootstrap interval."""
     a = clean(values)
     n = len(a)
@@ -214,7 +218,7 @@ def t975(df: float) -> float:
     return t
 
 
-def mean_ci_t(values: Sequence[float]) -> Tuple[float, float, float]:
+def mean_ci_t(values: Floats) -> tuple[float, float, float]:
     """`(mean, lo, hi)`: the mean and its 95% Student-t interval, mean ± t_{0.975, n−1}·s/√n
     (exact for normal samples; at n = 5 the factor is 2.776, not 1.96). n = 1: a zero-width
     interval (there is no spread to estimate); NaN for no values."""
@@ -247,30 +251,30 @@ class TInterval:
         return bool(math.isfinite(self.lo) and math.isfinite(self.hi)
                     and (self.lo > 0 or self.hi < 0))
 
-    def scaled(self, k: float) -> "TInterval":
+    def scaled(self, k: float) -> TInterval:
         """The same interval divided by K (> 0), e.g. a difference as a share of a mean."""
         return TInterval(self.value / k, self.lo / k, self.hi / k, self.df, self.se / k,
                          self.n_a, self.n_b)
 
-    def to_dict(self) -> Dict[str, float]:
+    def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
-def _mv(values) -> Tuple[int, float, float]:
+def _mv(values) -> tuple[int, float, float]:
     a = clean(values)
     n = len(a)
     return (n, float(a.mean()) if n else math.nan,
             float(a.var(ddof=1)) / n if n > 1 else math.nan)  # (n, mean, var of the mean)
 
 
-def _satterthwaite(terms: Sequence[Tuple[float, int]]) -> float:
+def _satterthwaite(terms: Sequence[tuple[float, int]]) -> float:
     """Welch–Satterthwaite df of a sum of independent variance terms (v_i, n_i)."""
     num = sum(v for v, _ in terms) ** 2
     den = sum(v * v / (n - 1) for v, n in terms)
     return num / den if den > 0 else math.inf
 
 
-def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> TInterval:
+def welch_diff_ci(a: Floats, b: Floats) -> TInterval:
     """mean(a) − mean(b) with its 95% Welch interval: ± t_{0.975, df}·√(s_a²/n_a + s_b²/n_b),
     df by Welch–Satterthwaite (no equal-variance assumption). The interval is NaN with fewer
     than 2 values on a side; zero-width when both samples are constant."""
@@ -285,7 +289,7 @@ def welch_diff_ci(a: Sequence[float], b: Sequence[float]) -> TInterval:
     return TInterval(d, d - h, d + h, df, se, na, nb)
 
 
-def paired_t_ci(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> TInterval:
+def paired_t_ci(a: Sequence[float | None], b: Sequence[float | None]) -> TInterval:
     """mean(a_i − b_i) over the pairs where both are finite, with its 95% t-interval (df =
     pairs − 1): the interval for a design that pairs a and b (e.g. one of each per round)."""
     x = np.asarray([np.nan if v is None else float(v) for v in a], dtype=float)
@@ -300,7 +304,7 @@ def paired_t_ci(a: Sequence[Optional[float]], b: Sequence[Optional[float]]) -> T
     return TInterval(m, lo, hi, float(n - 1), float(d.std(ddof=1)) / math.sqrt(n), n, n)
 
 
-def share_ci(x: Sequence[float], base: Sequence[float], ref: Sequence[float]) -> TInterval:
+def share_ci(x: Floats, base: Floats, ref: Floats) -> TInterval:
     """The share of the gap base → ref that x covers, S = (x̄ − b̄)/(r̄ − b̄) (1 = x is as good
     as ref, 0 = no better than base), with Fieller's 95% interval for a ratio of means of
     three independent samples: every S with (x̄ − b̄ − S(r̄ − b̄))² ≤ t²·(v_x + S²v_r + (1−S)²v_b)
@@ -328,7 +332,7 @@ def share_ci(x: Sequence[float], base: Sequence[float], ref: Sequence[float]) ->
                      nb)
 
 
-def summarize(values: Iterable[Optional[float]], boot: int = DEFAULT_BOOT,
+def summarize(values: Iterable[float | None], boot: int = DEFAULT_BOOT,
               seed: int = DEFAULT_SEED) -> Summary:
     a = np.sort(clean(values))
     if len(a) == 0:
@@ -389,12 +393,12 @@ class Derived:
     #: share of resamples in which the quantity was undefined (e.g. no overhead to remove)
     undefined_share: float = 0.0
 
-    def to_dict(self) -> Dict[str, float]:
+    def to_dict(self) -> dict[str, float]:
         return asdict(self)
 
 
 def round_matrix(samples, modes: Sequence[str],
-                 value: str = "latency_us") -> Tuple[np.ndarray, List]:
+                 value: str = "latency_us") -> tuple[np.ndarray, list]:
     """A rounds × modes matrix of one value (NaN where a round lacks a mode; a round with
     several samples of one mode contributes their mean) from a DataFrame with columns
     `round`, `mode` and `value`."""
@@ -409,9 +413,9 @@ def round_matrix(samples, modes: Sequence[str],
 
 
 def paired_bootstrap(mat: np.ndarray, modes: Sequence[str],
-                     fns: Dict[str, Callable[[Dict[str, np.ndarray]], np.ndarray]],
+                     fns: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]],
                      stat: str = "mean", boot: int = DEFAULT_BOOT,
-                     seed: int = DEFAULT_SEED) -> Dict[str, Derived]:
+                     seed: int = DEFAULT_SEED) -> dict[str, Derived]:
     """Evaluate each derived quantity `fns[name](per_mode_stat)` on the full data (point
     estimate) and on `boot` resamples of the rounds (rows of `mat`), giving a 95% percentile
     interval. `per_mode_stat` maps a mode to an array of statistics (one per resample; a
@@ -419,13 +423,13 @@ def paired_bootstrap(mat: np.ndarray, modes: Sequence[str],
     counts in `undefined_share`; the interval is taken over the defined ones."""
     R, M = mat.shape
     point_stats = {m: np.array([_stat_point(mat[:, j], stat)]) for j, m in enumerate(modes)}
-    out: Dict[str, Derived] = {}
+    out: dict[str, Derived] = {}
     points = {name: float(np.asarray(fn(point_stats))[0]) for name, fn in fns.items()}
     if R < 2 or boot <= 0:
         return {n: Derived(v, math.nan, math.nan, 1.0) for n, v in points.items()}
     rng = np.random.default_rng(seed)
     chunk = max(1, 4_000_000 // max(1, R * M))
-    acc: Dict[str, List[np.ndarray]] = {n: [] for n in fns}
+    acc: dict[str, list[np.ndarray]] = {n: [] for n in fns}
     for s in range(0, boot, chunk):
         b = min(boot, s + chunk) - s
         idx = rng.integers(0, R, size=(b, R))
@@ -458,7 +462,7 @@ def diff_fn(a: str, b: str):
 def part_share_fn(a: str, b: str, cold: str, warm: str):
     """(a − b)/(cold − warm): the share of the cold overhead that the step b → a accounts for."""
 
-    def f(s: Dict[str, np.ndarray]) -> np.ndarray:
+    def f(s: dict[str, np.ndarray]) -> np.ndarray:
         d = s[cold] - s[warm]
         with np.errstate(invalid="ignore", divide="ignore"):
             r = (s[a] - s[b]) / d

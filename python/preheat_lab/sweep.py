@@ -43,16 +43,20 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import pandas as pd
 
 from . import atomic, cli, proc, stats, table1
 from .progress import Progress
 
-PARAMS = {
+#: A target's parameters: name → (CLI flag, value type).
+ParamTable = dict[str, tuple[str, Callable[[str], Any]]]
+
+PARAMS: ParamTable = {
     "lead_us": ("--lead-us", float),
     "keep": ("--keep", int),
     "samples": ("--samples", int),
@@ -73,7 +77,7 @@ def vm_sizes(v: str) -> str:
 
 
 #: `preheat cosched simulate` flags (the `cosim` target).
-COSIM_PARAMS = {
+COSIM_PARAMS: ParamTable = {
     "slice_ms": ("--slice-ms", float),
     "switch_us": ("--switch-us", float),
     "phase_us": ("--phase-us", float),
@@ -91,18 +95,19 @@ COSIM_PARAMS = {
 }
 #: The paper's host, for points that do not give the VMs.
 COSIM_DEFAULT_VMS = "8+4"
-TARGET_PARAMS = {"demo": PARAMS, "cosim": COSIM_PARAMS}
+#: Per target: parameter name → (CLI flag, value type).
+TARGET_PARAMS: dict[str, ParamTable] = {"demo": PARAMS, "cosim": COSIM_PARAMS}
 TARGETS = tuple(TARGET_PARAMS)
 
 
-def cosim_args(point: Dict) -> List[str]:
+def cosim_args(point: dict) -> list[str]:
     """`preheat cosched simulate` arguments for one point: `vm=8+4` → `--vm 8 --vm 4`; the
     paper's VMs when `vm` is absent, as many CPUs as the largest VM when `cpus` is."""
     p = dict(point)
     p.setdefault("vm", COSIM_DEFAULT_VMS)
     sizes = [int(x) for x in vm_sizes(p["vm"]).split("+")]
     p.setdefault("cpus", max(sizes))
-    args: List[str] = []
+    args: list[str] = []
     for name, v in p.items():
         flag = COSIM_PARAMS[name][0]
         if name == "vm":
@@ -113,12 +118,12 @@ def cosim_args(point: Dict) -> List[str]:
     return args
 
 
-def cosim_argv(binary: str, args: Sequence[str]) -> List[str]:
+def cosim_argv(binary: str, args: Sequence[str]) -> list[str]:
     """The full `preheat cosched simulate ... --json` command (its JSON goes to stdout)."""
     return [binary, "cosched", "simulate", *args, "--json"]
 
 
-def parse_param(spec: str, target: str = "demo") -> Tuple[str, List]:
+def parse_param(spec: str, target: str = "demo") -> tuple[str, list]:
     """`lead_us=20,65,200` → ("lead_us", [20.0, 65.0, 200.0]); the names of TARGET's table."""
     table = TARGET_PARAMS[target]
     if "=" not in spec:
@@ -137,7 +142,7 @@ def parse_param(spec: str, target: str = "demo") -> Tuple[str, List]:
         try:
             x = conv(v)
         except ValueError:
-            raise ValueError(f"--param {name}: {v!r} is not a valid {conv.__name__}")
+            raise ValueError(f"--param {name}: {v!r} is not a valid {conv.__name__}") from None
         if conv is float and float(x).is_integer():
             x = int(x)
         out.append(x)
@@ -146,14 +151,14 @@ def parse_param(spec: str, target: str = "demo") -> Tuple[str, List]:
     return name, out
 
 
-def grid(params: Sequence[Tuple[str, List]]) -> List[Dict]:
+def grid(params: Sequence[tuple[str, list]]) -> list[dict]:
     names = [n for n, _ in params]
     if len(set(names)) != len(names):
         raise ValueError("a parameter is given twice")
     return [dict(zip(names, combo)) for combo in itertools.product(*[v for _, v in params])]
 
 
-def point_options(base: table1.DemoOptions, point: Dict) -> table1.DemoOptions:
+def point_options(base: table1.DemoOptions, point: dict) -> table1.DemoOptions:
     d = asdict(base)
     d.update(point)
     return table1.DemoOptions(**d)
@@ -202,9 +207,9 @@ class LocalExecutor:
 
         self.jobs = jobs
         self.ex = ProcessPoolExecutor(max_workers=jobs, initializer=proc.worker_signal_setup)
-        self.futs = {}
+        self.futs: dict[Any, dict] = {}
 
-    def run(self, specs: List[dict]):
+    def run(self, specs: list[dict]):
         """Yield results as points finish."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
@@ -221,7 +226,7 @@ class LocalExecutor:
                 except Exception as e:  # the worker failed outside the demo
                     yield {"id": s["id"], "rc": -1, "error": f"worker failed: {e!r}"}
 
-    def running_ids(self) -> List[str]:
+    def running_ids(self) -> list[str]:
         return [s["id"] for f, s in self.futs.items() if not f.done() and f.running()]
 
     def stop(self):
@@ -253,11 +258,11 @@ def _python_root() -> str:
 class RayExecutor:
     """One task per node at a time, pinned to the node, requesting all of its CPUs."""
 
-    def __init__(self, address: Optional[str], jobs: Optional[int]):
+    def __init__(self, address: str | None, jobs: int | None):
         try:
-            import ray  # noqa: F401
+            import ray
         except ImportError:
-            raise SystemExit("the ray executor needs Ray: pip install ray")
+            raise SystemExit("the ray executor needs Ray: pip install ray") from None
         import ray
 
         env = {"PYTHONPATH": os.pathsep.join([_python_root()] + ([os.environ["PYTHONPATH"]]
@@ -267,8 +272,8 @@ class RayExecutor:
         self.ray = ray
         self.started = not ray.is_initialized()
         if self.started:
-            kw = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                      runtime_env={"env_vars": env})
+            kw: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False,
+                                      logging_level="ERROR", runtime_env={"env_vars": env})
             if address:
                 ray.init(address=address, **kw)
             else:
@@ -278,7 +283,7 @@ class RayExecutor:
             raise SystemExit("ray: no alive node with CPUs")
         self.jobs = min(jobs or len(self.nodes), len(self.nodes))
         self.remote = ray.remote(run_point_task)
-        self.inflight = {}
+        self.inflight: dict[Any, tuple[dict, dict]] = {}
 
     def _submit(self, node, spec):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -289,7 +294,7 @@ class RayExecutor:
         ).remote(spec)
         self.inflight[ref] = (node, spec)
 
-    def run(self, specs: List[dict]):
+    def run(self, specs: list[dict]):
         ray = self.ray
         pending = list(specs)
         free = list(self.nodes[: self.jobs])
@@ -300,7 +305,7 @@ class RayExecutor:
                 done, _ = ray.wait(list(self.inflight), num_returns=1, timeout=0.5)
             except SystemError as e:  # a signal handler's exception, wrapped by Ray's C code
                 if isinstance(e.__cause__, BaseException) and isinstance(e.__cause__, KeyboardInterrupt):
-                    raise e.__cause__
+                    raise e.__cause__ from None
                 raise
             for ref in done:
                 node, spec = self.inflight.pop(ref)
@@ -310,7 +315,7 @@ class RayExecutor:
                 except Exception as e:
                     yield {"id": spec["id"], "rc": -1, "error": f"ray task failed: {e!r}"}
 
-    def running_ids(self) -> List[str]:
+    def running_ids(self) -> list[str]:
         return [spec["id"] for _, spec in self.inflight.values()]
 
     def stop(self):
@@ -335,7 +340,7 @@ class RayExecutor:
 # The sweep
 
 
-def analyze_points(sdir: Path, points: List[dict], topo: dict, boot: int) -> pd.DataFrame:
+def analyze_points(sdir: Path, points: list[dict], topo: dict, boot: int) -> pd.DataFrame:
     rows = []
     raw = sdir / "raw"
     for pt in points:
@@ -357,13 +362,13 @@ def _is_num(vals) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
 
 
-def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], server: str) -> List[Path]:
+def plots(sdir: Path, res: pd.DataFrame, params: Sequence[tuple[str, list]], server: str) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    written: list[Path] = []
     if res.empty:
         return written
     names = [n for n, _ in params]
@@ -381,7 +386,7 @@ def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], ser
             for mode, gm in g.groupby("mode", sort=False):
                 gm = gm.sort_values(name, key=lambda c: c.map(xpos))
                 x = [xpos[v] for v in gm[name]]
-                color, _ = table1._style(mode)
+                color, _ = table1.mode_style(mode)
                 mk, ls = markers[gi % len(markers)], dashes[gi % len(dashes)]
                 yerr = [(gm["p50"] - gm["p50_lo"]).clip(lower=0), (gm["p50_hi"] - gm["p50"]).clip(lower=0)]
                 a1.errorbar(x, gm["p50"], yerr=yerr, marker=mk, capsize=3, color=color,
@@ -427,8 +432,8 @@ def plots(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]], ser
     return written
 
 
-def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1.DemoOptions,
-        executor: str = "local", jobs: Optional[int] = None, ray_address: Optional[str] = None,
+def run(out: Path, params: Sequence[tuple[str, list]], server: str, base: table1.DemoOptions,
+        executor: str = "local", jobs: int | None = None, ray_address: str | None = None,
         boot: int = stats.DEFAULT_BOOT, report: bool = True) -> int:
     out = Path(out)
     sdir = out / "sweep"
@@ -468,8 +473,8 @@ def run(out: Path, params: Sequence[Tuple[str, List]], server: str, base: table1
     return code
 
 
-def _execute(sdir: Path, state: dict, specs: List[dict], executor: str, jobs: Optional[int],
-             ray_address: Optional[str]) -> int:
+def _execute(sdir: Path, state: dict, specs: list[dict], executor: str, jobs: int | None,
+             ray_address: str | None) -> int:
     """Run SPECS (one per point of STATE["points"], same ids) on the executor, keeping
     sdir/sweep.json and sdir/raw/ID.{json,jsonl,stderr.txt} current; Ctrl-C/SIGTERM stop the
     running points and mark the state partial. Returns the exit code (0, 1: a point failed,
@@ -485,7 +490,7 @@ def _execute(sdir: Path, state: dict, specs: List[dict], executor: str, jobs: Op
     by_id = {p["id"]: p for p in points}
     proc.reset_interrupt_state()
     # Before our signal handlers: ray.init installs its own SIGTERM handler in the driver.
-    ex = LocalExecutor(jobs) if executor == "local" else RayExecutor(ray_address, jobs)
+    ex = LocalExecutor(jobs or 1) if executor == "local" else RayExecutor(ray_address, jobs)
     state["jobs"] = ex.jobs
     with proc.interruptible(), Progress(f"sweep ({executor})", len(points)) as prog:
         try:
@@ -558,8 +563,8 @@ COSIM_DIR = "sweep-cosim"
 COSIM_TIMEOUT_S = 600.0
 
 
-def run_cosim(out: Path, params: Sequence[Tuple[str, List]], executor: str = "local",
-              jobs: Optional[int] = None, ray_address: Optional[str] = None,
+def run_cosim(out: Path, params: Sequence[tuple[str, list]], executor: str = "local",
+              jobs: int | None = None, ray_address: str | None = None,
               report: bool = True) -> int:
     """`preheat cosched simulate` at every point of the grid (same executors as the demo
     sweep); DIR/sweep-cosim/: sweep.json, raw/ID.json, sweep.csv/.parquet (one row per point
@@ -589,7 +594,7 @@ def run_cosim(out: Path, params: Sequence[Tuple[str, List]], executor: str = "lo
     return code
 
 
-def cosim_results(sdir: Path, points: List[dict]) -> pd.DataFrame:
+def cosim_results(sdir: Path, points: list[dict]) -> pd.DataFrame:
     """One row per point and policy from sdir/raw/ID.json (what `preheat cosched simulate
     --json` printed)."""
     from . import cosched
@@ -604,7 +609,7 @@ def cosim_results(sdir: Path, points: List[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plots_cosim(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]]) -> List[Path]:
+def plots_cosim(sdir: Path, res: pd.DataFrame, params: Sequence[tuple[str, list]]) -> list[Path]:
     """Per swept parameter: the simulated improvement over full per policy (solid) and the
     setup's predicted improvement (dotted), one line per combination of the other parameters."""
     import matplotlib
@@ -612,7 +617,7 @@ def plots_cosim(sdir: Path, res: pd.DataFrame, params: Sequence[Tuple[str, List]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written: List[Path] = []
+    written: list[Path] = []
     if res.empty or "improvement_over_full" not in res:
         return written
     names = [n for n, _ in params]

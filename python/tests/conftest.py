@@ -1,8 +1,42 @@
-"""Make `preheat_lab` importable however pytest is started (from python/ or the repo root)."""
+"""Make `preheat_lab` importable however pytest is started (from python/ or the repo root); log
+every skip with what it lacked ($PREHEAT_SKIP_LOG, see preheat_lab.skips); give the programs the
+tests start a temporary directory of their own, removed at the end of the session."""
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 _PY = str(Path(__file__).resolve().parents[1])
 if _PY not in sys.path:
     sys.path.insert(0, _PY)
+
+from preheat_lab import skips  # noqa: E402  (importable only after the path above)
+
+# The preheat CLI and the servers it starts put their scratch directories (a demo's server data
+# can be hundreds of MB) under $TMPDIR. Point the child processes of this session at a directory
+# the session owns and removes when it ends, so a child killed before it could clean up (a
+# timeout, SIGKILL) leaves nothing behind. This process keeps its own temp dir: pytest's
+# tmp_path is already resolved against it (gettempdir caches the first answer).
+tempfile.gettempdir()
+_CHILD_TMP = tempfile.mkdtemp(prefix="preheat-pytest-")
+os.environ["TMPDIR"] = _CHILD_TMP
+
+
+def pytest_sessionfinish(session, exitstatus):
+    left = sorted(p.name for p in Path(_CHILD_TMP).iterdir()) if os.path.isdir(_CHILD_TMP) else []
+    if left:
+        print(f"\nconftest: removing what the tests' programs left in {_CHILD_TMP}: "
+              + ", ".join(left[:20]) + (" ..." if len(left) > 20 else ""))
+    shutil.rmtree(_CHILD_TMP, ignore_errors=True)
+
+
+def pytest_runtest_logreport(report):
+    """One line in $PREHEAT_SKIP_LOG per skipped test (setup or call), with its component."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    message = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    component, reason = skips.split_message(message)
+    skips.record("python", report.nodeid, component, reason)

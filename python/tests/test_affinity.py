@@ -21,6 +21,7 @@ import pytest
 
 from preheat_lab import __main__ as lab
 from preheat_lab import affinity, affinity_report, cli, stats
+from preheat_lab.skips import needs
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "affinity"
 FAKE = FIX / "fake_preheat.py"
@@ -453,7 +454,7 @@ def _need_real(*sub: str):
     if why:
         if os.environ.get("CI"):
             pytest.fail(f"CI builds the binary, yet: {why}")
-        pytest.skip(f"SKIP: {why} (build the workspace: cargo build --release)")
+        needs("preheat", f"{why} (build the workspace: cargo build --release)")
 
 
 @pytest.mark.slow

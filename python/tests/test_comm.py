@@ -8,6 +8,7 @@ import pytest
 
 from preheat_lab import comm
 from preheat_lab.cli import ToolError, preheat_bin
+from preheat_lab.skips import needs_message
 
 REPORT = {
     "label": "measured", "events": 60, "faults_induced": 300, "elapsed_ns": 2_000_000_000,
@@ -40,7 +41,7 @@ def test_heatmap_outlines_sets(tmp_path: Path):
     assert png.exists() and png.stat().st_size > 1000
 
 
-@pytest.mark.skipif(not _have_cli(), reason="SKIP: preheat / preheat-npb not built (cargo build)")
+@pytest.mark.skipif(not _have_cli(), reason=needs_message("preheat", "preheat / preheat-npb not built (cargo build)"))
 def test_captured_report_is_grouped(tmp_path: Path):
     f = tmp_path / "is.json"
     f.write_text(json.dumps(REPORT))
@@ -49,7 +50,7 @@ def test_captured_report_is_grouped(tmp_path: Path):
     assert a["row"]["sets_true"] == "npb-is-i0-r0,npb-is-i0-r1 | npb-is-i1-r0,npb-is-i1-r1"
 
 
-@pytest.mark.skipif(not _have_cli(), reason="SKIP: preheat / preheat-npb not built (cargo build)")
+@pytest.mark.skipif(not _have_cli(), reason=needs_message("preheat", "preheat / preheat-npb not built (cargo build)"))
 def test_short_real_run(tmp_path: Path):
     rc = comm.run(tmp_path, ["is"], seconds=2.5)
     assert rc == 0

@@ -18,6 +18,7 @@ import pytest
 
 from preheat_lab import __main__ as lab
 from preheat_lab import cli, cosched, sweep
+from preheat_lab.skips import needs
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "cosched"
 FAKE = FIX / "fake_preheat.py"
@@ -336,7 +337,7 @@ def _need_real(*sub: str):
     if why:
         if os.environ.get("CI"):
             pytest.fail(f"CI builds the binary, yet: {why}")
-        pytest.skip(f"SKIP: {why} (build the workspace: cargo build --release)")
+        needs("preheat", f"{why} (build the workspace: cargo build --release)")
 
 
 def test_cosim_sweep_two_points_real_simulator(tmp_path: Path, monkeypatch):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from preheat_lab import __main__ as lab
-from preheat_lab import cli, peer
+from preheat_lab import cli, peer, peer_clients, peer_parsers
+from preheat_lab.skips import needs
 
 FIX = Path(__file__).parent / "fixtures" / "peer"
 
@@ -66,7 +67,7 @@ def test_wrk_latency_units_and_errors():
     assert d["errors"] == 0
     bad = peer.parse_wrk(_read("wrk-non2xx.txt"))
     assert bad["non_2xx"] == 39168 and bad["errors"] == 39168
-    assert peer._wrk_time_us("1.50s") == 1.5e6 and peer._wrk_time_us("2.00ms") == 2000
+    assert peer_parsers._wrk_time_us("1.50s") == 1.5e6 and peer_parsers._wrk_time_us("2.00ms") == 2000
     with pytest.raises(peer.PeerParseError):
         peer.parse_wrk("unable to connect to 127.0.0.1:1 Connection refused\n")
 
@@ -105,17 +106,17 @@ def test_peer_run_on_memcached(tmp_path):
     try:
         cli.preheat_bin()
     except cli.ToolError as e:
-        pytest.skip(str(e))
+        needs("preheat", str(e))
     if not shutil.which("memcaslap"):
-        pytest.skip("memcaslap is not installed (Debian: libmemcached-tools)")
+        needs("memcaslap", "memcaslap is not installed (Debian: libmemcached-tools)")
     if not cli.help_text("serve"):
-        pytest.skip("this preheat CLI has no `serve` subcommand")
+        needs("preheat", "this preheat CLI has no `serve` subcommand (rebuild: cargo build --release)")
     if "--connections" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --connections")
+        needs("preheat", "this preheat CLI's load has no --connections (rebuild: cargo build --release)")
     if "--threads" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --threads (rebuild: cargo build --release)")
+        needs("preheat", "this preheat CLI's load has no --threads (rebuild: cargo build --release)")
     if "epoll_wait" not in cli.help_text("load"):
-        pytest.skip("this preheat CLI's load has no --wait epoll (rebuild: cargo build --release)")
+        needs("preheat", "this preheat CLI's load has no --wait epoll (rebuild: cargo build --release)")
     out = tmp_path / "lab"
     code = lab.main(["peer", "--out", str(out), "--servers", "memcached", "--seconds", "2"])
     pj = json.loads((out / "peer" / "peer.json").read_text())
@@ -143,9 +144,9 @@ def test_peer_run_on_memcached(tmp_path):
 
 
 def test_same_threads_and_pinning_on_both_sides(tmp_path, monkeypatch):
-    monkeypatch.setattr(peer, "peer_tool", lambda s: f"/usr/bin/{peer.PEER_TOOLS[s]}")
-    monkeypatch.setattr(peer.shutil, "which", lambda name: f"/usr/bin/{name}")
-    monkeypatch.setattr(peer.cli, "preheat_bin", lambda: "preheat")
+    monkeypatch.setattr(peer_clients, "peer_tool", lambda s: f"/usr/bin/{peer.PEER_TOOLS[s]}")
+    monkeypatch.setattr(peer_clients.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(peer_clients.cli, "preheat_bin", lambda: "preheat")
     info = {"port": 11211, "key": "key:42", "protocol": "memcached"}
     cmd, _ = peer.peer_command("memcached", info, 4, 5, tmp_path, None, 100, threads=2)
     assert cmd[cmd.index("-T") + 1] == "2" and cmd[cmd.index("-c") + 1] == "4"
@@ -158,11 +159,11 @@ def test_same_threads_and_pinning_on_both_sides(tmp_path, monkeypatch):
     assert ours[ours.index("--threads") + 1] == "1" and ours[ours.index("--connections") + 1] == "4"
     assert peer.pinned(["wrk"], [0, 1]) == ["/usr/bin/taskset", "-c", "0,1", "wrk"]
     assert peer.pinned(["wrk"], None) == ["wrk"]
-    monkeypatch.setattr(peer.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(peer_clients.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert peer.cpu_plan(None) == (3, [0, 1, 2])
     assert peer.cpu_plan(1) == (1, [0, 2, 3])
     assert peer.cpu_plan(None, pin=False) == (None, None)
-    monkeypatch.setattr(peer.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(peer_clients.os, "sched_getaffinity", lambda pid: {0})
     assert peer.cpu_plan(None) == (None, None)
 
 

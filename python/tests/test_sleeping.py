@@ -2,12 +2,12 @@
 produces its data, and the report carries the tools' labels."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from preheat_lab import sleeping
 from preheat_lab.cli import ToolError, preheat_bin, run_json
+from preheat_lab.skips import needs
 
 # The one residency object every command emits (stage bench, power residency, quiesce-bench).
 RESIDENCY_KEYS = {"label", "source", "definitions", "interval", "windows", "cpus_measured",
@@ -35,7 +35,7 @@ def results(tmp_path_factory):
     try:
         preheat_bin()
     except ToolError as e:
-        pytest.skip(str(e))
+        needs("preheat", str(e))
     out = tmp_path_factory.mktemp("sleeping")
     return out, sleeping.run_all(out, quick=True)
 

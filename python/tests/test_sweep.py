@@ -8,6 +8,7 @@ import pytest
 
 from preheat_lab import __main__ as lab
 from preheat_lab import cli, sweep, table1
+from preheat_lab.skips import needs
 
 
 def test_parse_param():
@@ -43,7 +44,7 @@ def _need_cli():
     try:
         cli.preheat_bin()
     except cli.ToolError as e:
-        pytest.skip(str(e))
+        needs("preheat", str(e))
 
 
 def _check(out, n_points):
@@ -75,7 +76,7 @@ def test_sweep_one_point_ray(tmp_path):
     try:
         import ray  # noqa: F401
     except ImportError:
-        pytest.skip("ray is not importable (pip install ray)")
+        needs("ray", "ray is not importable (pip install ray)")
     out = tmp_path / "lab"
     code = lab.main(["sweep", "--out", str(out), "--param", "lead_us=65", "--server", "kv",
                      "--quick", "--executor", "ray"])

@@ -483,6 +483,8 @@ fn send(conn: &ReplayConn, fd: i32) -> bool {
 /// Start one pinned SCHED_IDLE worker per online CPU (at most [`MAX_WORKERS`]).
 pub fn start_workers() -> std::io::Result<usize> {
     let n = os::online_cpus().clamp(1, MAX_WORKERS);
+    // Preheat deadlines are checked with the unordered TSC (see preheat_engine::time).
+    preheat_engine::time::enable_tsc_deadlines();
     for cpu in 0..n {
         threads::spawn_agent_thread(format!("preheat-cpu{cpu}"), move || {
             if let Err(e) = os::pin_current_thread(cpu) {

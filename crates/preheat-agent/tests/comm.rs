@@ -3,7 +3,7 @@
 //! segfaults, SIGSEGV handlers, blocked signal masks, mapping churn, fork + exec).
 //!
 //! The test programs are C files in `tests/comm/`, compiled with the system C compiler (which
-//! the README's test command installs); without one the tests say SKIP.
+//! the README's test command installs); without one the tests report a skip.
 
 // Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
 #![allow(unsafe_code)]
@@ -15,10 +15,13 @@ use std::process::{Command, Output};
 
 use preheat_model::comm::CommReport;
 
-/// Compile `tests/comm/<name>.c` into `dir`, or None (SKIP printed) without a C compiler.
+/// Compile `tests/comm/<name>.c` into `dir`, or None (skip reported) without a C compiler.
 fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
     let Some(cc) = support::find_program("cc").or_else(|| support::find_program("gcc")) else {
-        eprintln!("SKIP comm::{name}: no C compiler (cc/gcc) to build the test program");
+        preheat_testsupport::skip!(
+            "gcc",
+            "comm::{name}: no C compiler (cc/gcc) to build the test program"
+        );
         return None;
     };
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/comm/{name}.c"));
@@ -39,7 +42,7 @@ fn mechanisms() -> Vec<&'static str> {
     let mut v = vec!["mprotect"];
     match preheat_agent::comm::uffd::available() {
         Ok(()) => v.push("uffd"),
-        Err(e) => eprintln!("SKIP comm uffd mechanism: {e}"),
+        Err(e) => preheat_testsupport::skip!("userfaultfd", "the uffd mechanism: {e}"),
     }
     v
 }

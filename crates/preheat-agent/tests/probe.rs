@@ -4,7 +4,7 @@
 //! every pass that touches them, the *server* dies of SIGSEGV.
 //!
 //! The server is `tests/probe/unmapper.c` (built with the system C compiler, which the README's
-//! test command installs; without one the test says SKIP): every request toggles its region
+//! test command installs; without one the test reports a skip): every request toggles its region
 //! between mapped-and-touched and unmapped, so every other probe round finds the region gone
 //! after the request.
 

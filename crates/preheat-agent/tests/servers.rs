@@ -1,5 +1,5 @@
 //! The agent attached to real third-party servers: memcached (multi-threaded, libevent) and
-//! nginx (master + forked workers). Skipped with "SKIP: ..." when a server is not installed
+//! nginx (master + forked workers). Skipped (`preheat_testsupport::skip`) when a server is not installed
 //! (`apt-get install memcached nginx-light`).
 
 // Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
@@ -23,7 +23,10 @@ fn is_root() -> bool {
 #[test]
 fn memcached_with_agent() {
     let Some(bin) = find_program("memcached") else {
-        println!("SKIP: memcached is not installed (apt-get install memcached)");
+        preheat_testsupport::skip(
+            "memcached",
+            "memcached is not installed (apt-get install memcached)",
+        );
         return;
     };
     let port = free_port();
@@ -119,7 +122,10 @@ fn memcached_with_agent() {
 #[test]
 fn nginx_workers_are_forked_with_agents() {
     let Some(bin) = find_program("nginx") else {
-        println!("SKIP: nginx is not installed (apt-get install nginx-light)");
+        preheat_testsupport::skip(
+            "nginx",
+            "nginx is not installed (apt-get install nginx-light)",
+        );
         return;
     };
     let port = free_port();

@@ -250,7 +250,7 @@ fn print_text(a: &LoadArgs, r: &LoadReport) {
         r.summary.mean_us,
     );
     println!(
-        "  throughput {:.1} req/s over {:.3} s (offered {:.1}); sent late by p50 {:.1} / p99 {:.1} µs; scheduled {}, unscheduled {}, errors {}, wrong {}",
+        "  throughput {:.1} req/s over {:.3} s (offered {:.1}); sent late by p50 {:.1} / p99 {:.1} µs; scheduled {}, unscheduled {}, errors {}, wrong {}, reconnects {} (keep-alive connections the server ended; not errors)",
         r.summary.throughput_rps,
         r.summary.duration_s,
         r.summary.offered_rps,
@@ -259,7 +259,8 @@ fn print_text(a: &LoadArgs, r: &LoadReport) {
         r.summary.scheduled,
         r.summary.unscheduled,
         r.summary.errors,
-        r.summary.wrong
+        r.summary.wrong,
+        r.summary.reconnects
     );
     if let Some(p) = &r.records {
         println!("  records: {}", p.display());

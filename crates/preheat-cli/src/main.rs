@@ -16,6 +16,7 @@ mod compare;
 mod cosched;
 mod demo;
 mod groups;
+mod hot;
 mod launch;
 mod load;
 mod paths;
@@ -314,6 +315,8 @@ fn main() {
     ) {
         launch::install_cleanup();
     }
+    // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
+    hot::restore_stale(&paths::run_dir());
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
@@ -464,17 +467,14 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
     Ok(())
 }
 
-/// A fresh private temporary directory under the system temp dir.
-/// A scratch directory for one command (server data, logs, recorded profiles), removed when the
-/// returned guard drops — after the servers started in it, which are declared later and so are
-/// stopped first.
+/// A scratch directory for one command (server data, logs, recorded profiles) under the system
+/// temp dir, `preheat-<what>-<pid>-XXXX`: removed when the returned guard drops — after the
+/// servers started in it, which are declared later and so are stopped first — by the
+/// SIGINT/SIGTERM handler, and, when this process is killed outright, by the next command that
+/// makes a scratch directory for the same `what` ([`launch::owned_scratch`]).
 pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
-    let d = tempfile::Builder::new()
-        .prefix(&format!("preheat-{what}-"))
-        .tempdir()
-        .with_context(|| format!("creating a scratch directory for {what}"))?;
-    launch::register_scratch(d.path());
-    Ok(d)
+    launch::owned_scratch(&std::env::temp_dir(), &format!("preheat-{what}-"))
+        .with_context(|| format!("creating a scratch directory for {what}"))
 }
 
 /// A directory for a long-running command (`serve`, `run`: they end by a signal, and their

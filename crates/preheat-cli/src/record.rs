@@ -20,6 +20,8 @@ use preheat_model::{
     filter_k_of_n, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
     RequestClass, WorkingSet,
 };
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::agentctl::AgentClient;
@@ -257,7 +259,8 @@ pub fn record_probe(
     let mut samples = Vec::new();
     let mut noise = Vec::new();
     let mut windows: Vec<u64> = Vec::new();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ now_unix();
+    // Each probe cycle scrambles its probe order with its own seed.
+    let mut seeds = StdRng::seed_from_u64(now_unix());
     for s in 0..p.filter.n {
         for with_request in [true, false].into_iter().take(rounds as usize) {
             let mut hits: Vec<u64> = Vec::new();
@@ -278,9 +281,7 @@ pub fn record_probe(
                 .iter()
                 .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
             for (ci, phase) in passes {
-                seed = seed
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
+                let seed: u64 = seeds.gen();
                 let cycle = Request::ProbeCycle {
                     ranges: chunks[ci].clone(),
                     threshold,

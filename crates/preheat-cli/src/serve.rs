@@ -52,12 +52,12 @@ struct Ready<'a> {
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let agent = a.agent || a.profile.is_some();
-    let dir = match &a.workdir {
+    let (dir, fresh) = match &a.workdir {
         Some(d) => {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-            d.clone()
+            (d.clone(), false)
         }
-        None => crate::tempdir("serve")?,
+        None => (crate::tempdir("serve")?, true),
     };
     let started = servers::start(
         a.server,
@@ -65,7 +65,14 @@ pub fn run(a: ServeArgs) -> Result<()> {
         &dir,
         a.cpu.map(|c| vec![c]).unwrap_or_default(),
         agent,
-    )?;
+    )
+    .inspect_err(|_| {
+        // A server that never started (not installed, port in use) leaves nothing worth a look
+        // (no file, no log): remove the directory we made for it then.
+        if fresh && !holds_a_file(&dir) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    })?;
     let server = &started.server;
     if let Some(p) = &a.profile {
         let path = std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))?;
@@ -107,6 +114,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
             );
         }
     }
+}
+
+/// Whether `dir` or a directory below it holds anything but directories (unreadable: assume so).
+fn holds_a_file(dir: &std::path::Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    rd.flatten().any(|e| match e.file_type() {
+        Ok(t) if t.is_dir() => holds_a_file(&e.path()),
+        _ => true,
+    })
 }
 
 /// `preheat lab ARGS`: the Python experiment runner (`python3 -m preheat_lab ARGS`), with the

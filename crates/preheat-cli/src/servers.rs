@@ -13,6 +13,8 @@ use preheat_lab::driver::{self, Driver, RawExchange, Wait, WorkloadSpec};
 pub use preheat_lab::servers::ServerKind;
 use preheat_lab::servers::{Plan, PlanOptions};
 use preheat_lab::tpcc::{TpccClient, TxKind};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::launch::{self, Client, Server, ServerSpec};
 use crate::paths;
@@ -59,7 +61,7 @@ impl Workload {
                 Ok(Requester::Tpcc {
                     client: Box::new(TpccClient::connect(addr, &cfg)?),
                     pinned: None,
-                    draws: 0x853c_49e6_748f_ea9b,
+                    draws: Box::new(StdRng::seed_from_u64(0x853c_49e6_748f_ea9b)),
                 })
             }
             (Some(s), _) => Ok(Requester::Lab(driver::connect(addr, s, Wait::Spin)?)),
@@ -85,7 +87,8 @@ pub enum Requester {
     Tpcc {
         client: Box<TpccClient>,
         pinned: Option<TxKind>,
-        draws: u64,
+        /// The mix draws: a fixed seed, the same sequence every run.
+        draws: Box<StdRng>,
     },
 }
 
@@ -117,12 +120,7 @@ impl Requester {
     pub fn new_round(&mut self) -> Option<&'static str> {
         match self {
             Requester::Tpcc { pinned, draws, .. } => {
-                // SplitMix64: a fixed sequence, the same for every run.
-                *draws = draws.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                let mut z = *draws;
-                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                let kind = TxKind::at_percentile(((z ^ (z >> 31)) % 100) as u32);
+                let kind = TxKind::at_percentile(draws.gen_range(0..100));
                 *pinned = Some(kind);
                 Some(kind.name())
             }

@@ -352,7 +352,7 @@ fn one_cell_of_each_experiment_runs_and_reports_its_quanta() {
                 std::env::var_os("CI").is_none(),
                 "gzip is installed by the test command"
             );
-            eprintln!("SKIP: program cell: gzip is not installed");
+            preheat_testsupport::skip("gzip", "program cell: gzip is not installed");
         }
     }
 }
@@ -479,7 +479,7 @@ fn unprivileged_falls_back_to_stop_and_continue() {
             std::env::var_os("CI").is_none(),
             "setpriv (util-linux) is on every CI image"
         );
-        eprintln!("SKIP: unprivileged_falls_back_to_stop_and_continue: setpriv not found");
+        preheat_testsupport::skip("setpriv", "setpriv (util-linux) not found");
         return;
     };
     // A copy of the binary that user nobody can execute (the target dir may not be readable).
@@ -509,8 +509,9 @@ fn unprivileged_falls_back_to_stop_and_continue() {
     };
     let o = run(&["--json"]);
     if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("setpriv") {
-        eprintln!(
-            "SKIP: unprivileged_falls_back_to_stop_and_continue: cannot switch user here: {}",
+        preheat_testsupport::skip!(
+            "root",
+            "cannot switch user here: {}",
             String::from_utf8_lossy(&o.stderr)
         );
         return;

@@ -145,6 +145,50 @@ fn demo_measures_every_mode() {
     assert_eq!(v["label"], "measured");
     let rows = v["rows"].as_array().unwrap();
     let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
+    // The hot floor needs root (PM QoS or /dev/cpu_dma_latency); without it the demo says why.
+    let root = common::euid_is_root();
+    let hot_skipped = v["skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["mode"] == "hot" && !s["reason"].as_str().unwrap().is_empty());
+    assert!(
+        modes.contains(&"hot") || (!root && hot_skipped),
+        "no hot floor (root: {root}): {}",
+        v["skipped"]
+    );
+    if modes.contains(&"hot") {
+        assert!(v["hot_floor"].as_str().is_some_and(|s| !s.is_empty()));
+        assert!(rows.iter().all(|r| r["floor"] == "hot"));
+        assert!(v["decomposition"]["cold_overhead_us"].is_number());
+    }
+    // Every mode has the stage split (the agent saw when the server thread started).
+    for r in rows {
+        assert!(r["start_us_p50"].as_f64().is_some(), "{r}");
+        assert!(r["serve_us_p50"].as_f64().is_some(), "{r}");
+    }
+    // Shares outside ±100% are flagged, never silent.
+    for r in rows {
+        for k in [
+            "overhead_removed",
+            "removed_vs_warm",
+            "start_removed",
+            "serve_removed",
+        ] {
+            if let Some(x) = r[k].as_f64() {
+                assert!(
+                    x.abs() <= 1.0
+                        || r["flags"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|f| { f.as_str().unwrap().contains("outside ±100%") }),
+                    "{k} {x} of {} not flagged",
+                    r["mode"]
+                );
+            }
+        }
+    }
     for m in [
         "warm",
         "cold-idle",
@@ -180,4 +224,46 @@ fn demo_measures_every_mode() {
         .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
         .collect();
     assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+}
+
+/// A hot floor killed by SIGKILL leaves its CPU held out of idle and a journal: the next
+/// `preheat` command (any) puts the CPU back. Simulated with the journal a killed demo leaves
+/// (the real window, one request long, is too short to hit reliably with a signal).
+#[test]
+fn a_killed_hot_floor_is_restored_by_the_next_command() {
+    let cpu = 1;
+    let knob = format!("/sys/devices/system/cpu/cpu{cpu}/power/pm_qos_resume_latency_us");
+    if !common::euid_is_root() {
+        return preheat_testsupport::skip("root", "PM QoS needs root");
+    }
+    let Ok(original) = std::fs::read_to_string(&knob).map(|v| v.trim().to_string()) else {
+        return preheat_testsupport::skip!("pm-qos", "{knob} does not exist");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    // A pid that is certainly gone: a child we reaped.
+    let mut child = Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let journal = rd.join(format!("hot-floor-{dead}-wake-journal.json"));
+    std::fs::write(
+        &journal,
+        serde_json::json!({"version": 1, "pid": dead, "entries": [
+            {"path": knob, "original": original, "written": "n/a"}]})
+        .to_string(),
+    )
+    .unwrap();
+    // Restore the knob even if an assertion below fails.
+    struct Put(String, String);
+    impl Drop for Put {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, &self.1);
+        }
+    }
+    let _put = Put(knob.clone(), original.clone());
+    std::fs::write(&knob, "n/a").unwrap();
+    // Any command restores it (a cheap one that fails on its argument).
+    let _ = preheat(&["ws", "show", "/nonexistent.phws"], &rd);
+    assert_eq!(std::fs::read_to_string(&knob).unwrap().trim(), original);
+    assert!(!journal.exists(), "the restored journal was not removed");
 }

@@ -525,7 +525,7 @@ fn a_vm_that_exits_mid_run() {
 #[test]
 fn unprivileged_gets_a_clear_message() {
     let Some(setpriv) = common::find_program("setpriv") else {
-        eprintln!("SKIP: unprivileged_gets_a_clear_message: setpriv (util-linux) not found");
+        preheat_testsupport::skip("setpriv", "setpriv (util-linux) not found");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -562,7 +562,10 @@ fn unprivileged_gets_a_clear_message() {
     let o = run("full");
     let err = String::from_utf8_lossy(&o.stderr);
     if err.contains("Permission denied") && !err.contains("real-time") {
-        eprintln!("SKIP: unprivileged_gets_a_clear_message: the test binary is not readable by nobody: {err}");
+        preheat_testsupport::skip!(
+            "readable-target",
+            "the test binary is not readable by nobody: {err}"
+        );
         return;
     }
     assert!(!o.status.success(), "full without privilege succeeded");

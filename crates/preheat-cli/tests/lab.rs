@@ -18,7 +18,10 @@ fn installed(prog: &str) -> bool {
 #[test]
 fn demo_on_mariadb_runs_tpcc_transactions() {
     if !installed("mariadbd") && !installed("mysqld") {
-        eprintln!("SKIP: mariadbd is not installed (scripts/setup-lab.sh)");
+        preheat_testsupport::skip(
+            "mariadbd",
+            "mariadbd is not installed (scripts/setup-lab.sh)",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -93,13 +96,20 @@ impl Drop for Guard {
 #[test]
 fn serve_starts_loads_and_stops_redis() {
     if !installed("redis-server") {
-        eprintln!("SKIP: redis-server is not installed (scripts/setup-lab.sh)");
+        preheat_testsupport::skip(
+            "redis-server",
+            "redis-server is not installed (scripts/setup-lab.sh)",
+        );
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
+    // The server's files go into the test's directory (serve keeps its own temp dir after a
+    // signal, for a look afterwards).
+    let workdir = tmp.path().join("serve");
     let mut child = Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .args(["serve", "--server", "redis", "--json"])
+        .args(["serve", "--server", "redis", "--json", "--workdir"])
+        .arg(&workdir)
         .env("PREHEAT_RUN_DIR", &rd)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -128,8 +138,7 @@ fn serve_starts_loads_and_stops_redis() {
     );
     drop(s);
     // SIGTERM stops preheat serve and the server it started.
-    let pid = guard.0.id() as i32;
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    preheat_engine::os::send_signal(guard.0.id(), libc::SIGTERM, false).unwrap();
     let t0 = Instant::now();
     while guard.0.try_wait().unwrap().is_none() {
         assert!(

@@ -1,6 +1,6 @@
 //! `preheat load` end to end: the real binary against real servers on loopback (memcached, the
 //! bundled preheat-kv, redis, nginx), each started by the test and stopped by a guard. A test
-//! whose program is missing prints `SKIP: reason`. No wall-clock performance assertions.
+//! whose program is missing reports a skip (`preheat_testsupport::skip`). No wall-clock performance assertions.
 
 mod common;
 
@@ -85,7 +85,10 @@ fn exchange(port: u16, req: &[u8], until: &[u8]) -> Vec<u8> {
 
 fn memcached(servers: &mut Servers) -> Option<u16> {
     let Some(mc) = find_program("memcached") else {
-        println!("SKIP: memcached is not installed (apt-get install memcached)");
+        preheat_testsupport::skip(
+            "memcached",
+            "memcached is not installed (apt-get install memcached)",
+        );
         return None;
     };
     let port = free_port();
@@ -116,8 +119,9 @@ fn preheat_kv(servers: &mut Servers) -> Option<u16> {
         .unwrap()
         .join("preheat-kv");
     if !kv.is_file() {
-        println!(
-            "SKIP: {} is missing (build the workspace first: cargo build --workspace)",
+        preheat_testsupport::skip!(
+            "workspace-build",
+            "{} is missing (build the workspace first: cargo build --workspace)",
             kv.display()
         );
         return None;
@@ -131,7 +135,10 @@ fn preheat_kv(servers: &mut Servers) -> Option<u16> {
 
 fn redis(servers: &mut Servers) -> Option<u16> {
     let Some(rs) = find_program("redis-server") else {
-        println!("SKIP: redis-server is not installed (apt-get install redis-server)");
+        preheat_testsupport::skip(
+            "redis-server",
+            "redis-server is not installed (apt-get install redis-server)",
+        );
         return None;
     };
     let port = free_port();
@@ -160,7 +167,7 @@ fn redis(servers: &mut Servers) -> Option<u16> {
 
 fn nginx(servers: &mut Servers, dir: &Path) -> Option<u16> {
     let Some(ng) = find_program("nginx") else {
-        println!("SKIP: nginx is not installed (apt-get install nginx)");
+        preheat_testsupport::skip("nginx", "nginx is not installed (apt-get install nginx)");
         return None;
     };
     let port = free_port();
@@ -518,8 +525,7 @@ fn sigint_stops_the_run_and_keeps_what_was_measured() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let t0 = Instant::now();
-    // SAFETY: sending SIGINT to our own child process, which has not been waited for yet.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    preheat_engine::os::send_signal(child.id(), libc::SIGINT, false).unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(
         t0.elapsed() < Duration::from_secs(10),
@@ -693,8 +699,9 @@ fn local_announcements_and_observe_with_the_agent_attached() {
     let dir = Path::new(env!("CARGO_BIN_EXE_preheat")).parent().unwrap();
     let (kv, agent) = (dir.join("preheat-kv"), dir.join("libpreheat_agent.so"));
     if !kv.is_file() || !agent.is_file() {
-        println!(
-            "SKIP: build the workspace first ({} / {} missing)",
+        preheat_testsupport::skip!(
+            "workspace-build",
+            "build the workspace first ({} / {} missing)",
             kv.display(),
             agent.display()
         );

@@ -10,17 +10,10 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::netlab::NetLab;
-
-fn target_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_preheat"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn memcached() -> Option<String> {
     ["/usr/bin/memcached", "/usr/sbin/memcached"]
@@ -83,14 +76,18 @@ fn load(lab: &NetLab, host: usize, args: &[&str]) -> serde_json::Value {
 #[test]
 fn arbitrated_network_end_to_end_and_fail_open() {
     let Some(mc) = memcached() else {
-        println!("SKIP: memcached is not installed (apt-get install memcached)");
+        preheat_testsupport::skip(
+            "memcached",
+            "memcached is not installed (apt-get install memcached)",
+        );
         return;
     };
-    let preheatd = target_dir().join("preheatd");
-    let agent = target_dir().join("libpreheat_agent.so");
+    let preheatd = preheat_testsupport::built("preheatd");
+    let agent = preheat_testsupport::built("libpreheat_agent.so");
     if !preheatd.exists() || !agent.exists() {
-        println!(
-            "SKIP: build the workspace first ({} / {} missing)",
+        preheat_testsupport::skip!(
+            "workspace-build",
+            "build the workspace first ({} / {} missing)",
             preheatd.display(),
             agent.display()
         );
@@ -99,7 +96,7 @@ fn arbitrated_network_end_to_end_and_fail_open() {
     let mut lab = match NetLab::new(&["arb", "srv", "c1", "c2"]) {
         Ok(l) => l,
         Err(e) => {
-            println!("SKIP: cannot create network namespaces: {e}");
+            preheat_testsupport::skip!("netns", "cannot create network namespaces: {e}");
             return;
         }
     };

@@ -69,7 +69,7 @@ fn probe_against_trace_ground_truth() {
     let truth = tmp.path().join("trace.phws");
     if let Err(err) = record_kv(&rd, "trace", &truth) {
         if err.contains("trace backend unavailable") {
-            println!("SKIP: {err}");
+            preheat_testsupport::skip("valgrind", &err);
             return;
         }
         panic!("trace recording failed: {err}");
@@ -127,14 +127,14 @@ fn native_step_trace_agrees_with_valgrind_on_code() {
     let step = tmp.path().join("step.phws");
     if let Err(err) = record_kv(&rd, "step", &step) {
         if err.contains("PTRACE_SEIZE") || err.contains("Operation not permitted") {
-            println!("SKIP: ptrace not permitted here: {err}");
+            preheat_testsupport::skip!("ptrace", "ptrace not permitted here: {err}");
             return;
         }
         panic!("step recording failed: {err}");
     }
     let truth = tmp.path().join("trace.phws");
     if let Err(err) = record_kv(&rd, "trace", &truth) {
-        println!("SKIP: trace backend unavailable: {err}");
+        preheat_testsupport::skip!("valgrind", "trace backend unavailable: {err}");
         return;
     }
     let v: serde_json::Value = serde_json::from_str(&ok(

@@ -236,7 +236,7 @@ impl Planner {
     /// mean over all old sets), so no set jumps the queue; members keep their last CPU.
     pub fn replace_sets(&mut self, sets: Vec<CoSet>) -> Result<(), PlanError> {
         validate(self.cpus, &sets)?;
-        let mut old_of = std::collections::HashMap::new();
+        let mut old_of = std::collections::BTreeMap::new();
         for (s, set) in self.sets.iter().enumerate() {
             for (i, &v) in set.members.iter().enumerate() {
                 old_of.insert(v, (s, self.last[s][i]));

@@ -17,6 +17,8 @@
 
 use std::io;
 
+use preheat_model::VirtAddr;
+
 use crate::codegen::{BlockKind, CodeChain};
 use crate::time::now_ns;
 
@@ -86,6 +88,9 @@ impl BaseVector {
     pub fn step(&mut self) {
         match &self.body {
             Body::Zero => {
+                // Register arithmetic as CPU work (an LCG step per iteration, kept from being
+                // folded away by `black_box`), not a random number generator: nothing here needs
+                // randomness, so this stays hand-written rather than `rand`.
                 let mut x = self.sum;
                 for _ in 0..256 {
                     x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
@@ -175,10 +180,17 @@ impl Probe {
     /// Flush every line of the probe from all cache levels.
     pub fn flush(&self) {
         match self {
-            Probe::Data(ring) => {
-                crate::cache::flush_range(ring.as_ptr() as usize, std::mem::size_of_val(&ring[..]))
-            }
-            Probe::Code(chain) => crate::cache::flush_range(chain.addr(), chain.len()),
+            // SAFETY: the ring is a live heap allocation borrowed from `self` for the call
+            // (mapped, readable, not freed meanwhile).
+            Probe::Data(ring) => unsafe {
+                crate::cache::flush_range(
+                    VirtAddr::from_ptr(ring.as_ptr()),
+                    std::mem::size_of_val(&ring[..]),
+                )
+            },
+            // SAFETY: the chain's mapping is read+execute and lives as long as `chain`, which
+            // `self` holds for the call.
+            Probe::Code(chain) => unsafe { crate::cache::flush_range(chain.addr(), chain.len()) },
         }
         crate::cache::fence();
     }

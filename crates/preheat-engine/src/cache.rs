@@ -9,8 +9,13 @@
 //! Every function here is a hot-path function (see the crate docs): no allocation, no locks, no
 //! logging. [`features`] runs CPUID once (CPUID traps to the hypervisor in a VM, ~µs) and then
 //! returns a cached copy; call it once at start-up so the first hot-path call is cheap.
+//!
+//! Flushes fault on an address that is not mapped readable, so [`flush_line`] and
+//! [`flush_range`] are `unsafe fn`s; a prefetch never faults, so [`prefetch_line`] is safe.
 
 use std::sync::OnceLock;
+
+use preheat_model::VirtAddr;
 
 /// CPU features relevant to preheating, from CPUID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,43 +41,56 @@ pub fn features() -> CpuFeatures {
 }
 
 /// Flush the line containing `addr` from every cache level (clflushopt where available, else
-/// clflush). The address must be mapped and readable (flush of an unmapped address faults).
+/// clflush).
 ///
-/// A flush never changes the contents of memory (dirty lines are written back), so it cannot
-/// break any Rust invariant; flushing an unmapped address raises SIGSEGV like a bad load would.
-/// `clflushopt` is weakly ordered: use [`fence`] before relying on the line being gone.
-/// No-op on architectures other than x86_64.
+/// A flush never changes the contents of memory (dirty lines are written back), so it breaks no
+/// Rust invariant of the memory it touches; but it is checked like a one-byte load, so an
+/// address that is not mapped readable raises SIGSEGV (or SIGBUS past the end of a mapped file)
+/// and kills the process. `clflushopt` is weakly ordered: use [`fence`] before relying on the
+/// line being gone. No-op on architectures other than x86_64.
+///
+/// # Safety
+/// The page containing `addr` must be mapped and readable in this process, backed by memory
+/// (not past the end of a mapped file), and stay so for the duration of the call — nothing in
+/// this or another thread may unmap it or revoke read access meanwhile.
 #[inline]
-pub fn flush_line(addr: usize) {
-    imp::flush_line(addr)
+pub unsafe fn flush_line(addr: VirtAddr) {
+    // SAFETY: the caller guarantees the line is mapped and readable for the call.
+    unsafe { imp::flush_line(addr.0 as usize) }
 }
 
 /// Flush every line of `[start, start + len)`, then fence.
 ///
-/// Every page of the range must be mapped (see [`flush_line`]).
+/// # Safety
+/// As [`flush_line`], for every page the range touches: mapped, readable, backed by memory,
+/// and staying so for the duration of the call.
 #[inline]
-pub fn flush_range(start: usize, len: usize) {
+pub unsafe fn flush_range(start: VirtAddr, len: usize) {
     if len == 0 {
         return;
     }
     let line = LINE;
+    let start = start.0 as usize;
     let mut a = start & !(line - 1);
     let end = start.saturating_add(len);
     while a < end {
-        imp::flush_line(a);
+        // SAFETY: `a` lies in a page of `[start, start + len)` (the first line may begin before
+        // `start`, but in the same page), which the caller guarantees mapped and readable.
+        unsafe { imp::flush_line(a) };
         a += line;
     }
     fence();
 }
 
-/// prefetcht0 the line at `addr`. Never faults, even for unmapped addresses.
+/// prefetcht0 the line at `addr`. Never faults, even for unmapped addresses, so any address is
+/// allowed.
 ///
 /// `prefetcht0` is a hint: it has no architectural effect, is dropped silently for unmapped or
 /// non-cacheable addresses, but does perform the page walk for mapped ones. No-op on
 /// architectures other than x86_64.
 #[inline]
-pub fn prefetch_line(addr: usize) {
-    imp::prefetch_line(addr)
+pub fn prefetch_line(addr: VirtAddr) {
+    imp::prefetch_line(addr.0 as usize)
 }
 
 /// Store fence + load fence.
@@ -125,31 +143,36 @@ mod imp {
     /// `clflushopt` on the line containing `p`.
     ///
     /// # Safety
-    /// The CPU must support `clflushopt` (CPUID.7.EBX[23]).
+    /// The CPU must support `clflushopt` (CPUID.7.EBX[23]), and the line at `p` must be mapped
+    /// readable for the call (see [`super::flush_line`]).
     // core::arch has no `_mm_clflushopt`, so this is one instruction of inline assembly. It
     // needs no `#[target_feature]`: the assembler accepts the instruction unconditionally and
     // the runtime check in `flush_line` guards its execution.
     #[inline(always)]
     unsafe fn clflushopt(p: usize) {
-        // SAFETY: caller guarantees CPU support. The instruction reads no Rust-visible state and
-        // leaves memory contents unchanged; the asm block is not marked `nomem`, so the compiler
-        // treats it as touching memory and does not move loads/stores across it.
+        // SAFETY: caller guarantees CPU support and a mapped, readable line (so no fault). The
+        // instruction reads no Rust-visible state and leaves memory contents unchanged; the asm
+        // block is not marked `nomem`, so the compiler treats it as touching memory and does not
+        // move loads/stores across it.
         unsafe {
             core::arch::asm!("clflushopt byte ptr [{0}]", in(reg) p, options(nostack, preserves_flags));
         }
     }
 
+    /// # Safety
+    /// As [`super::flush_line`]: the line at `addr` is mapped readable for the call.
     #[inline(always)]
-    pub fn flush_line(addr: usize) {
+    pub unsafe fn flush_line(addr: usize) {
         let f = super::features();
         if f.clflushopt {
             // SAFETY: clflushopt support was just checked via CPUID. Flushing never changes
-            // memory contents; an unmapped address faults (SIGSEGV), which is documented.
+            // memory contents, and the caller guarantees the line is mapped and readable, so
+            // it does not fault.
             unsafe { clflushopt(addr) }
         } else if f.clflush {
             // SAFETY: clflush support was checked via CPUID. `_mm_clflush` only evicts the line
-            // (writing it back if dirty): no Rust-visible memory changes. An unmapped address
-            // faults (SIGSEGV), which is documented on `flush_line`.
+            // (writing it back if dirty): no Rust-visible memory changes. The caller guarantees
+            // the line is mapped and readable, so it does not fault.
             unsafe { _mm_clflush(addr as *const u8) }
         }
     }
@@ -185,8 +208,10 @@ mod imp {
             line_size: 64,
         }
     }
+    /// # Safety
+    /// None here (a no-op); the contract is that of [`super::flush_line`].
     #[inline(always)]
-    pub fn flush_line(_addr: usize) {}
+    pub unsafe fn flush_line(_addr: usize) {}
     #[inline(always)]
     pub fn prefetch_line(_addr: usize) {}
     #[inline(always)]
@@ -216,20 +241,25 @@ mod tests {
         for (i, b) in v.iter_mut().enumerate() {
             *b = i as u8;
         }
-        let p = v.as_ptr() as usize;
-        flush_range(p + 5, v.len() - 10);
-        flush_line(p);
+        let p = VirtAddr::from_ptr(v.as_ptr());
+        // SAFETY: the range and the line lie inside `v`, a live heap allocation of this test
+        // (mapped, readable) that nothing frees before the end of the test.
+        unsafe {
+            flush_range(p.offset(5), v.len() - 10);
+            flush_line(p);
+        }
         fence();
-        for i in (0..v.len()).step_by(64) {
-            prefetch_line(p + i);
+        for i in (0..v.len() as u64).step_by(64) {
+            prefetch_line(p.offset(i));
         }
         // Prefetching unmapped and kernel addresses must not fault.
-        prefetch_line(0);
-        prefetch_line(64);
-        prefetch_line(0xffff_ffff_ff60_0000);
+        prefetch_line(VirtAddr(0));
+        prefetch_line(VirtAddr(64));
+        prefetch_line(VirtAddr(0xffff_ffff_ff60_0000));
         for (i, b) in v.iter().enumerate() {
             assert_eq!(*b, i as u8);
         }
-        flush_range(p, 0);
+        // SAFETY: an empty range touches no memory.
+        unsafe { flush_range(p, 0) };
     }
 }

@@ -16,6 +16,7 @@
 
 use std::io;
 
+use preheat_model::VirtAddr;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -122,9 +123,10 @@ impl CodeChain {
         self.len == 0
     }
 
-    /// Start address of the mapping (for working-set runs and cache-line flushes).
-    pub fn addr(&self) -> usize {
-        self.ptr as usize
+    /// Start address of the mapping (for working-set runs and cache-line flushes). The mapping
+    /// (`len()` bytes) is readable for as long as `self` lives.
+    pub fn addr(&self) -> VirtAddr {
+        VirtAddr::from_ptr(self.ptr)
     }
 
     /// Run segment `i % segments()` with `state`; returns the state the segment leaves (for

@@ -1,7 +1,9 @@
 //! The one crate of preheat that owns `unsafe` and OS-specific code.
 //!
-//! Every `unsafe` block carries a `// SAFETY:` comment. Other crates (agent, CLI, daemons) use
-//! only the safe functions exported here.
+//! Every `unsafe` block carries a `// SAFETY:` comment and every `unsafe fn` a `# Safety`
+//! section (the workspace lints `clippy::undocumented_unsafe_blocks` and
+//! `clippy::missing_safety_doc` check both). Other crates use the safe functions exported here,
+//! and the few `unsafe fn`s below only where they can say why an address is valid.
 //!
 //! | module | paper mechanism |
 //! |---|---|
@@ -35,19 +37,41 @@
 //!
 //! # Address contracts
 //!
-//! Prefetches never fault, so [`preheat::preheat_runs`] accepts any address. Functions that
-//! really *load* or *flush* arbitrary addresses — [`cache::flush_line`], [`cache::flush_range`],
-//! [`probe::flush`], [`probe::reload`], [`preheat::load_runs`], [`preheat::plain_load`] — are
-//! safe Rust functions by design of this API, but require the addresses to be mapped and
-//! readable in the calling process; otherwise the process gets SIGSEGV. They never write
-//! memory, and the bytes they read are discarded, so a violated contract crashes rather than
-//! corrupts. Obtain ranges from [`maps::read_maps`] / [`maps::resident_ranges`].
+//! Addresses are [`preheat_model::VirtAddr`]s (in [`preheat_model::AbsRun`] runs and
+//! [`preheat_model::proto::Range`] ranges as the model defines them), not bare integers.
+//!
+//! * **Fault-proof, safe:** prefetches never fault, so [`cache::prefetch_line`],
+//!   [`preheat::preheat_runs`], [`preheat::ParallelPreheater::run`] and
+//!   [`preheat::prefetch_addrs`] accept any address; [`maps::resident_ranges`] (mincore) and
+//!   [`os::advise_hugepages`] (madvise) only ask the kernel, which validates the range.
+//! * **`unsafe fn`:** functions that really *load* or *flush* an address the caller names —
+//!   [`cache::flush_line`], [`cache::flush_range`], [`probe::flush`], [`probe::prepare_phase`],
+//!   [`probe::reload`], [`probe::reload_phase`], [`preheat::load_runs`],
+//!   [`preheat::plain_load`], [`preheat::independent_loads`] — fault (SIGSEGV, or SIGBUS past the
+//!   end of a mapped file) and kill the process on an address that is not mapped readable. Their
+//!   `# Safety` sections say what the caller guarantees: every line mapped, readable and backed
+//!   by memory, staying so for the duration of the call (no thread may unmap it meanwhile).
+//!   They never write memory and discard what they read. Obtain ranges from
+//!   [`maps::read_maps`] / [`maps::resident_ranges`], and keep whoever could unmap them quiet.
+//!
+//! Functions that touch only memory the engine owns ([`probe::calibrate`],
+//! [`basevec::Probe::flush`], [`sweep::EvictionBuffer::sweep`]) are safe.
 //!
 //! # Portability
 //!
 //! Linux only (sysfs, /proc, futex, sched_setaffinity). x86_64 is the target; on other
 //! architectures flush and prefetch are no-ops and [`time::rdtscp`] returns
 //! `CLOCK_MONOTONIC` nanoseconds, so the crate still builds.
+
+// The engine is where preheat's unsafe lives (cache instructions, raw loads, syscalls, generated
+// code): the workspace denies `unsafe_code`, this crate allows it.
+#![allow(unsafe_code)]
+// Part of "hot-path functions never log", checked: the engine's library code prints nothing at
+// all (its tests may). Allocation and blocking are not lint-checkable; they stay a review rule.
+#![cfg_attr(
+    not(test),
+    deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)
+)]
 
 pub mod basevec;
 pub mod cache;

@@ -324,6 +324,10 @@ pub fn exe_ident(pid: Option<u32>) -> std::io::Result<FileIdent> {
 /// result is sorted, coalesced and clipped to the requested range (its inner boundaries are
 /// page-aligned). For file mappings, "resident" means in the page cache. Only meaningful for
 /// the calling process's own address space.
+///
+/// Any range is allowed (fault-proof): mincore only inspects page tables and reports unmapped
+/// pages as an error, never touching the memory. The result is a snapshot: a page it lists can
+/// be unmapped the next moment by another thread.
 pub fn resident_ranges(start: u64, len: u64) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     if len == 0 {
@@ -515,7 +519,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         // A low, fixed address far below where the kernel places mappings (top-down), so no
         // other test thread's mmap can land in the hole we punch into it.
         let want = 0x4000_0000usize;
-        // SAFETY (test): MAP_FIXED_NOREPLACE never replaces an existing mapping; checked below.
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; checked below.
         let p = unsafe {
             libc::mmap(
                 want as *mut libc::c_void,
@@ -533,10 +537,10 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         let base = p as usize;
         // Touch pages 0, 1 and 5; unmap page 7.
         for i in [0, 1, 5] {
-            // SAFETY (test): inside the mapping, writable.
+            // SAFETY: inside the mapping, writable.
             unsafe { *((base + i * page) as *mut u8) = 1 };
         }
-        // SAFETY (test): page 7 lies inside our mapping.
+        // SAFETY: page 7 lies inside our mapping.
         unsafe { libc::munmap((base + 7 * page) as *mut libc::c_void, page) };
         let b = base as u64;
         let pg = page as u64;
@@ -551,7 +555,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert!(resident_ranges(b, 0).is_empty());
         assert!(resident_ranges(b + 7 * pg, pg).is_empty());
         assert!(resident_ranges(0xffff_ffff_ffff_0000, 0x1_0000).is_empty());
-        // SAFETY (test): unmapping the rest of our own mapping.
+        // SAFETY: unmapping the rest of our own mapping.
         unsafe { libc::munmap(p, 7 * page) };
     }
 

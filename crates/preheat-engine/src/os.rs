@@ -462,8 +462,9 @@ pub fn send_signal(pid: u32, sig: i32, group: bool) -> io::Result<()> {
 /// Ask for transparent huge pages on the whole 2 MiB pages inside `[addr, addr + len)`
 /// (`MADV_HUGEPAGE`; a hint, effective for memory not yet touched). Any range is safe: the
 /// kernel validates it, and the advice changes no contents.
-pub fn advise_hugepages(addr: usize, len: usize) -> io::Result<()> {
+pub fn advise_hugepages(addr: preheat_model::VirtAddr, len: usize) -> io::Result<()> {
     const HUGE: usize = 2 << 20;
+    let addr = addr.0 as usize;
     let start = addr.div_ceil(HUGE) * HUGE;
     let end = (addr + len) / HUGE * HUGE;
     if end <= start {

@@ -45,8 +45,16 @@
 //!   server (libc); callers subtract samples taken without a request.
 //!
 //! Nothing here is on the hot path; [`reload`] allocates one index buffer per call.
+//!
+//! Flushing and reloading fault on an address that is not mapped readable, so [`flush`],
+//! [`prepare_phase`], [`reload`] and [`reload_phase`] are `unsafe fn`s; [`calibrate`] works on
+//! a buffer of its own and is safe.
 
 use preheat_model::proto::Range;
+use preheat_model::VirtAddr;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
 
 use crate::cache::{fence, flush_line, flush_range, LINE};
 use crate::time::rdtscp;
@@ -111,18 +119,22 @@ pub fn calibrate_stats(samples: u32) -> CalibrationStats {
     // would map all pages to the shared zero page, and its lines would alias).
     let buf = vec![0x5au8; BYTES];
     let base = buf.as_ptr() as usize;
-    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+    let mut rng = SmallRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
     let mut hits = Vec::with_capacity(samples as usize);
     let mut misses = Vec::with_capacity(samples as usize);
     for _ in 0..samples {
-        let a = base + (rng.below((BYTES / LINE) as u64) as usize) * LINE;
-        // Miss: flush, fence, reload.
-        flush_line(a);
-        fence();
-        misses.push(time_load(a));
-        // Hit: the reload just brought it in; touch once more to be sure, then time.
-        std::hint::black_box(load_byte(a));
-        hits.push(time_load(a));
+        let a = base + rng.gen_range(0..BYTES / LINE) * LINE;
+        // SAFETY: `a` is a line inside `buf`, a live heap allocation of this function (mapped,
+        // readable) that is dropped only after the loop.
+        unsafe {
+            // Miss: flush, fence, reload.
+            flush_line(VirtAddr(a as u64));
+            fence();
+            misses.push(time_load(a));
+            // Hit: the reload just brought it in; touch once more to be sure, then time.
+            std::hint::black_box(load_byte(a));
+            hits.push(time_load(a));
+        }
     }
     hits.sort_unstable();
     misses.sort_unstable();
@@ -152,14 +164,18 @@ pub fn calibrate_stats(samples: u32) -> CalibrationStats {
     }
 }
 
-/// Flush every line of `ranges` (must be mapped).
+/// Flush every line of `ranges`. Contents are never changed.
 ///
-/// # Contract
-/// Every page of every range must be mapped in this process (a flush of an unmapped address
-/// raises SIGSEGV). Contents are never changed.
-pub fn flush(ranges: &[Range]) {
+/// # Safety
+/// Every page of every range must be mapped and readable in this process, backed by memory
+/// (not past the end of a mapped file), and stay so for the duration of the call; otherwise the
+/// flush raises SIGSEGV (SIGBUS) and kills the process (see [`crate::cache::flush_line`]).
+/// Take ranges from resident, readable mappings (e.g. [`crate::maps::resident_ranges`]) and
+/// make sure nothing unmaps them meanwhile.
+pub unsafe fn flush(ranges: &[Range]) {
     for r in ranges {
-        flush_range(r.start as usize, r.len as usize);
+        // SAFETY: the caller guarantees every page of `r` mapped and readable for the call.
+        unsafe { flush_range(VirtAddr(r.start), r.len as usize) };
     }
     fence();
 }
@@ -178,18 +194,23 @@ pub fn flush(ranges: &[Range]) {
 /// over many calls with different seeds: a single pass also reports lines that the hardware
 /// prefetcher pulled in after an earlier probe.
 ///
-/// # Contract
-/// Every line of `ranges` must be mapped and readable in this process (the caller takes them
-/// from resident, readable mappings, e.g. [`crate::maps::resident_ranges`]); an unmapped line
-/// raises SIGSEGV. The loaded values are discarded, so concurrent writers are harmless.
-pub fn reload(
+/// # Safety
+/// Every line of `ranges` must be mapped and readable in this process, backed by memory (not
+/// past the end of a mapped file), and stay so for the duration of the call (nothing in this or
+/// another thread may unmap it or revoke read access meanwhile); an unmapped line raises
+/// SIGSEGV and kills the process. Take ranges from resident, readable mappings (e.g.
+/// [`crate::maps::resident_ranges`]). The loaded values are discarded, so concurrent *writers*
+/// are harmless.
+pub unsafe fn reload(
     ranges: &[Range],
     threshold: u32,
     window_pages: u32,
     seed: u64,
     hits: &mut Vec<u64>,
 ) -> u64 {
-    reload_phase(ranges, threshold, window_pages, seed, Phase::ALL, hits)
+    // SAFETY: the caller's contract is this function's, and `Phase::ALL` probes a subset of
+    // `ranges`.
+    unsafe { reload_phase(ranges, threshold, window_pages, seed, Phase::ALL, hits) }
 }
 
 /// Lines probed in one phase of a strided probe: those with `(addr / 64) % stride == phase`.
@@ -223,9 +244,10 @@ impl Phase {
 /// prefetcher-induced lines mostly land outside the measured phase, and `stride` passes with
 /// `phase = 0 .. stride` cover every line.
 ///
-/// # Contract
-/// As [`flush`] and [`reload`]: every line must be mapped and readable.
-pub fn prepare_phase(ranges: &[Range], phase: Phase) {
+/// # Safety
+/// As [`flush`] and [`reload`]: every page of every range must be mapped and readable, backed
+/// by memory, and stay so for the duration of the call.
+pub unsafe fn prepare_phase(ranges: &[Range], phase: Phase) {
     let line = LINE as u64;
     for r in ranges {
         let start = r.start & !(line - 1);
@@ -233,7 +255,9 @@ pub fn prepare_phase(ranges: &[Range], phase: Phase) {
         let mut a = start;
         while a < end {
             if !phase.selects(a) {
-                std::hint::black_box(load_byte(a as usize));
+                // SAFETY: `a` is a line of a page of `r` (the first line may begin before
+                // `r.start`, in the same page), which the caller guarantees mapped readable.
+                std::hint::black_box(unsafe { load_byte(a as usize) });
             }
             a += line;
         }
@@ -244,7 +268,8 @@ pub fn prepare_phase(ranges: &[Range], phase: Phase) {
         let mut a = start;
         while a < end {
             if phase.selects(a) {
-                flush_line(a as usize);
+                // SAFETY: as the load above: a line of a page the caller guarantees mapped.
+                unsafe { flush_line(VirtAddr(a)) };
             }
             a += line;
         }
@@ -253,7 +278,11 @@ pub fn prepare_phase(ranges: &[Range], phase: Phase) {
 }
 
 /// [`reload`] restricted to the lines of `phase` (see [`prepare_phase`]); returns lines probed.
-pub fn reload_phase(
+///
+/// # Safety
+/// As [`reload`]: every page of every range must be mapped and readable, backed by memory, and
+/// stay so for the duration of the call.
+pub unsafe fn reload_phase(
     ranges: &[Range],
     threshold: u32,
     window_pages: u32,
@@ -264,7 +293,7 @@ pub fn reload_phase(
     let wbytes = window_pages.max(1) as u64 * PAGE;
     let line = LINE as u64;
     let mut idx: Vec<u32> = Vec::with_capacity((wbytes / line) as usize);
-    let mut rng = XorShift::new(seed);
+    let mut rng = SmallRng::seed_from_u64(seed);
     let mut probed = 0u64;
     for r in ranges {
         if r.len == 0 {
@@ -285,14 +314,16 @@ pub fn reload_phase(
             idx.clear();
             let n = ((wend - w) / line) as u32;
             idx.extend((0..n).filter(|i| phase.selects(w + *i as u64 * line)));
-            for i in (1..idx.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                idx.swap(i, j);
-            }
+            idx.shuffle(&mut rng);
             for &i in &idx {
                 let a = (w + i as u64 * line) as usize;
-                let t = time_load(a);
-                flush_line(a);
+                // SAFETY: `a` is a line of a page of `r` (`w` starts at `r`'s first line, `a` ends
+                // before `r`'s last line ends), which the caller guarantees mapped and readable.
+                let t = unsafe {
+                    let t = time_load(a);
+                    flush_line(VirtAddr(a as u64));
+                    t
+                };
                 if t < threshold {
                     hits.push(a as u64);
                 }
@@ -307,48 +338,32 @@ pub fn reload_phase(
 
 /// Ticks for a one-byte load of `addr` (`rdtscp; lfence; load; rdtscp; lfence`): `rdtscp` waits
 /// for the load to complete before reading the counter.
+///
+/// # Safety
+/// As [`load_byte`].
 #[inline(always)]
-fn time_load(addr: usize) -> u32 {
+unsafe fn time_load(addr: usize) -> u32 {
     let t0 = rdtscp();
-    let v = load_byte(addr);
+    // SAFETY: the caller guarantees `addr` mapped and readable for the call.
+    let v = unsafe { load_byte(addr) };
     let t1 = rdtscp();
     std::hint::black_box(v);
     t1.wrapping_sub(t0).min(u32::MAX as u64) as u32
 }
 
+/// One volatile byte load of `addr`.
+///
+/// # Safety
+/// `addr` must lie in a page that is mapped and readable in this process, backed by memory, and
+/// stays so for the duration of the call. Concurrent writers are allowed: the byte is read with
+/// a volatile load (exactly once, cannot tear) and only timed or black-boxed, never interpreted.
 #[inline(always)]
-fn load_byte(addr: usize) -> u8 {
-    // SAFETY: callers (calibrate's own buffer, `reload`'s documented contract) only pass
-    // addresses inside mapped, readable pages of this process. A volatile byte load is
-    // performed exactly once and cannot tear; the value is only timed/black-boxed, so a
-    // concurrent writer in the probed server cannot affect memory safety.
+unsafe fn load_byte(addr: usize) -> u8 {
+    // SAFETY: the caller guarantees a mapped, readable byte, and a `u8` read has no alignment
+    // requirement. A write racing with it (the probed server's threads) is, strictly, a data
+    // race in Rust's memory model; we rely on the volatile load being one byte-sized `mov`
+    // (never elided, duplicated or torn) whose value is never interpreted, only timed.
     unsafe { std::ptr::read_volatile(addr as *const u8) }
-}
-
-/// xorshift64* — tiny, allocation-free, good enough to scramble probe order.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> XorShift {
-        // Mix the seed (splitmix64 step) so small seeds 0, 1, 2 give unrelated streams; never 0.
-        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        XorShift(if z == 0 { 1 } else { z })
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform-enough value in `[0, n)` (multiply-shift; n ≥ 1).
-    fn below(&mut self, n: u64) -> u64 {
-        ((self.next() as u128 * n as u128) >> 64) as u64
-    }
 }
 
 #[cfg(test)]
@@ -382,7 +397,9 @@ mod tests {
         ];
         let mut hits = Vec::new();
         // Threshold u32::MAX: every probed line is a "hit", so `hits` lists the probed lines.
-        let n = reload(&ranges, u32::MAX, 1, 42, &mut hits);
+        // SAFETY: the ranges lie inside `buf`, a live heap allocation of this test (mapped,
+        // readable), dropped only at its end.
+        let n = unsafe { reload(&ranges, u32::MAX, 1, 42, &mut hits) };
         let expect: Vec<u64> = (((base + 10) & !63)..base + 10 + 3 * 4096)
             .step_by(64)
             .collect();
@@ -393,21 +410,38 @@ mod tests {
         assert_ne!(hits, expect, "order must be permuted");
         // Threshold 0: nothing is a hit.
         hits.clear();
-        assert_eq!(reload(&ranges, 0, 16, 1, &mut hits), n);
+        // SAFETY: as above.
+        assert_eq!(unsafe { reload(&ranges, 0, 16, 1, &mut hits) }, n);
         assert!(hits.is_empty());
-        flush(&ranges);
+        // SAFETY: as above.
+        unsafe { flush(&ranges) };
     }
 
+    /// The probe order is a function of the seed, and over seeds every line of a window is
+    /// equally likely to come first (what the hand-written xorshift's range-and-spread test
+    /// checked of the generator, checked here of the order itself).
     #[test]
-    fn xorshift_below_is_in_range_and_spread() {
+    fn probe_order_is_seeded_and_spread() {
         let _shared = crate::test_lock::shared();
-        let mut r = XorShift::new(0);
-        let mut seen = [0u32; 10];
-        for _ in 0..10_000 {
-            let v = r.below(10);
-            seen[v as usize] += 1;
+        let buf = vec![1u8; 2 * 4096];
+        let base = (buf.as_ptr() as u64 + 4095) & !4095;
+        let ranges = [Range {
+            start: base,
+            len: 4096,
+        }];
+        let order = |seed: u64| {
+            let mut hits = Vec::new();
+            // SAFETY: one page inside `buf`, a live heap allocation of this test.
+            unsafe { reload(&ranges, u32::MAX, 1, seed, &mut hits) };
+            hits
+        };
+        assert_eq!(order(5), order(5));
+        assert_ne!(order(5), order(6));
+        let mut first = [0u32; 64];
+        for seed in 0..6400 {
+            first[((order(seed)[0] - base) / 64) as usize] += 1;
         }
-        assert!(seen.iter().all(|&c| c > 800), "{seen:?}");
+        assert!(first.iter().all(|&c| c > 40), "{first:?}");
     }
 
     /// Validate the probe on this machine: flush a 128 KiB buffer, touch a known random 10% of
@@ -441,9 +475,9 @@ mod tests {
 
     /// Voluntary + involuntary context switches of the calling thread so far.
     fn context_switches() -> i64 {
-        // SAFETY (test): getrusage writes only the zeroed struct we pass.
+        // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY (test): `ru` is a valid, writable rusage.
+        // SAFETY: `ru` is a valid, writable rusage.
         unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
         ru.ru_nvcsw + ru.ru_nivcsw
     }
@@ -454,7 +488,7 @@ mod tests {
         // the test; RT throttling bounds it anyway). Without the privilege the quiet gate below
         // still discards disturbed passes.
         let param = libc::sched_param { sched_priority: 1 };
-        // SAFETY (test): valid sched_param; pid 0 = this (short-lived) test thread.
+        // SAFETY: valid sched_param; pid 0 = this (short-lived) test thread.
         let rt = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
         println!("SCHED_FIFO: {rt}");
         let cal = calibrate_stats(2000);
@@ -467,10 +501,10 @@ mod tests {
         let buf = vec![3u8; BYTES + 4096];
         let base = (buf.as_ptr() as u64 + 4095) & !4095;
         let lines = (BYTES / LINE) as u64;
-        let mut rng = XorShift::new(7);
+        let mut rng = SmallRng::seed_from_u64(7);
         let mut touched = BTreeSet::new();
         while touched.len() < lines as usize / 10 {
-            touched.insert(base + rng.below(lines) * 64);
+            touched.insert(base + rng.gen_range(0..lines) * 64);
         }
         let adjacent: BTreeSet<u64> = touched
             .iter()
@@ -510,26 +544,29 @@ mod tests {
             }
             attempt += 1;
             let before = context_switches();
-            flush(&range);
-            for i in (1..order.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                order.swap(i, j);
-            }
-            let mut s = 0u8;
-            for &a in &canaries {
-                s = s.wrapping_add(load_byte(a));
-            }
-            for &a in &order {
-                s = s.wrapping_add(load_byte(a as usize));
-            }
-            std::hint::black_box(s);
-            hits.clear();
-            let n = reload(&range, cal.threshold, 16, attempt, &mut hits);
+            // SAFETY: `range` (and below, `order`) lie inside `buf`, the canaries inside
+            // `canary_buf`: live heap allocations of this function, dropped only at its end.
+            unsafe { flush(&range) };
+            order.shuffle(&mut rng);
+            // SAFETY: as above.
+            let (n, canaries_cached) = unsafe {
+                let mut s = 0u8;
+                for &a in &canaries {
+                    s = s.wrapping_add(load_byte(a));
+                }
+                for &a in &order {
+                    s = s.wrapping_add(load_byte(a as usize));
+                }
+                std::hint::black_box(s);
+                hits.clear();
+                let n = reload(&range, cal.threshold, 16, attempt, &mut hits);
+                let cached = canaries
+                    .iter()
+                    .filter(|&&a| time_load(a) < cal.threshold)
+                    .count();
+                (n, cached)
+            };
             assert_eq!(n, lines);
-            let canaries_cached = canaries
-                .iter()
-                .filter(|&&a| time_load(a) < cal.threshold)
-                .count();
             if context_switches() != before {
                 rejected_switch += 1;
                 continue;
@@ -612,12 +649,12 @@ mod tests {
         let buf = vec![3u8; BYTES + 4096];
         let base = (buf.as_ptr() as u64 + 4095) & !4095;
         let lines = (BYTES / LINE) as u64;
-        let mut rng = XorShift::new(11);
+        let mut rng = SmallRng::seed_from_u64(11);
         // Touched set shaped like code: short runs (mean ~3 lines).
         let mut touched = BTreeSet::new();
         while touched.len() < lines as usize / 12 {
-            let s = rng.below(lines - 8);
-            let len = 1 + rng.below(5);
+            let s = rng.gen_range(0..lines - 8);
+            let len = 1 + rng.gen_range(0..5);
             for i in 0..len {
                 touched.insert(base + (s + i) * 64);
             }
@@ -639,24 +676,25 @@ mod tests {
             for s in 0..samples {
                 for ph in 0..stride {
                     let phase = Phase { stride, phase: ph };
-                    prepare_phase(&range, phase);
                     let mut order: Vec<u64> = touched.iter().copied().collect();
-                    for i in (1..order.len()).rev() {
-                        let j = rng.below(i as u64 + 1) as usize;
-                        order.swap(i, j);
-                    }
-                    for &a in &order {
-                        std::hint::black_box(load_byte(a as usize));
-                    }
+                    order.shuffle(&mut rng);
                     let mut hits = Vec::new();
-                    reload_phase(
-                        &range,
-                        cal.threshold,
-                        16,
-                        (s * 31 + ph) as u64,
-                        phase,
-                        &mut hits,
-                    );
+                    // SAFETY: `range` and `order` lie inside `buf`, a live heap allocation of
+                    // this function, dropped only at its end.
+                    unsafe {
+                        prepare_phase(&range, phase);
+                        for &a in &order {
+                            std::hint::black_box(load_byte(a as usize));
+                        }
+                        reload_phase(
+                            &range,
+                            cal.threshold,
+                            16,
+                            (s * 31 + ph) as u64,
+                            phase,
+                            &mut hits,
+                        );
+                    }
                     for h in hits {
                         *counts.entry(h).or_default() += 1;
                     }
@@ -713,9 +751,12 @@ mod tests {
                 for wp in [1u32, 4, 8, 12, 16, 32, 64] {
                     let mut n = 0;
                     for seed in 0..8 {
-                        flush(&range);
                         hits.clear();
-                        reload(&range, cal.threshold, wp, seed, &mut hits);
+                        // SAFETY: `range` lies inside `buf`, live until the end of the closure.
+                        unsafe {
+                            flush(&range);
+                            reload(&range, cal.threshold, wp, seed, &mut hits);
+                        }
                         n += hits.len();
                     }
                     println!(
@@ -723,20 +764,24 @@ mod tests {
                         n as f64 / (8 * lines) as f64
                     );
                 }
-                let mut rng = XorShift::new(3);
+                let mut rng = SmallRng::seed_from_u64(3);
                 let (mut load_next, mut load_prev, mut pf_next, mut trials) = (0, 0, 0, 0);
                 for _ in 0..1000 {
-                    let page = (base + rng.below(lines / 64) * 4096) as usize;
-                    let x = page + 64 * (8 + rng.below(48) as usize);
-                    flush_range(page, 4096);
-                    std::hint::black_box(load_byte(x));
-                    spin_ns(2000);
-                    load_next += (time_load(x + 64) < cal.threshold) as u32;
-                    load_prev += (time_load(x - 64) < cal.threshold) as u32;
-                    flush_range(page, 4096);
-                    crate::cache::prefetch_line(x);
-                    spin_ns(2000);
-                    pf_next += (time_load(x + 64) < cal.threshold) as u32;
+                    let page = (base + rng.gen_range(0..lines / 64) * 4096) as usize;
+                    let x = page + 64 * (8 + rng.gen_range(0..48usize));
+                    // SAFETY: `page` is one of the whole pages of `buf` (live until the end of
+                    // the closure), and `x - 64 .. x + 64` lies inside it.
+                    unsafe {
+                        flush_range(VirtAddr(page as u64), 4096);
+                        std::hint::black_box(load_byte(x));
+                        spin_ns(2000);
+                        load_next += (time_load(x + 64) < cal.threshold) as u32;
+                        load_prev += (time_load(x - 64) < cal.threshold) as u32;
+                        flush_range(VirtAddr(page as u64), 4096);
+                        crate::cache::prefetch_line(VirtAddr(x as u64));
+                        spin_ns(2000);
+                        pf_next += (time_load(x + 64) < cal.threshold) as u32;
+                    }
                     trials += 1;
                 }
                 let f = |c: u32| c as f64 / trials as f64;
@@ -763,9 +808,10 @@ mod tests {
             }
             let buf = vec![1u8; 1 << 20];
             let base = buf.as_ptr() as usize & !63;
-            let mut rng = XorShift::new(5);
+            let mut rng = SmallRng::seed_from_u64(5);
+            // Lines of `buf` (the first may start up to 63 bytes before it, in the same page).
             let lines: Vec<usize> = (0..2000)
-                .map(|_| base + 64 * rng.below(16000) as usize)
+                .map(|_| base + 64 * rng.gen_range(0..16000usize))
                 .collect();
             let cal = std::thread::spawn(|| {
                 crate::os::pin_current_thread(1).unwrap();
@@ -776,19 +822,23 @@ mod tests {
             std::thread::scope(|s| {
                 s.spawn(|| {
                     crate::os::pin_current_thread(0).unwrap();
-                    for &a in &lines {
-                        flush_line(a);
-                    }
-                    fence();
-                    for &a in &lines {
-                        std::hint::black_box(load_byte(a));
+                    // SAFETY: every address is a line of `buf`, which outlives both scopes.
+                    unsafe {
+                        for &a in &lines {
+                            flush_line(VirtAddr(a as u64));
+                        }
+                        fence();
+                        for &a in &lines {
+                            std::hint::black_box(load_byte(a));
+                        }
                     }
                 });
             });
             std::thread::scope(|s| {
                 s.spawn(|| {
                     crate::os::pin_current_thread(1).unwrap();
-                    let mut v: Vec<u32> = lines.iter().map(|&a| time_load(a)).collect();
+                    // SAFETY: as above, lines of the live `buf`.
+                    let mut v: Vec<u32> = lines.iter().map(|&a| unsafe { time_load(a) }).collect();
                     v.sort_unstable();
                     println!(
                         "{cal:?}\ncross-core reload: p10 {} p50 {} p90 {}; below threshold {:.2}",

@@ -10,11 +10,15 @@
 //! Each advances in units of a few microseconds ([`Workload::step`] returns the work done), so
 //! the process running it can count progress and look at the clock between units.
 //! [`Workload::runs`] gives the workload's working set as cache-line runs, the format the
-//! preheat engine loads ([`crate::preheat::load_runs`]).
+//! preheat engine loads ([`crate::preheat::load_runs`]); [`Workload::warm_set`] gives the same
+//! runs together with a share of the memory they name, so another thread can load them safely
+//! ([`WarmSet::load`]) while the workload runs.
 
+use std::any::Any;
 use std::io;
+use std::sync::Arc;
 
-use preheat_model::AbsRun;
+use preheat_model::{AbsRun, VirtAddr};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -38,7 +42,7 @@ pub fn chase_ring(bytes: usize, seed: u64) -> Vec<u32> {
     // Large rings on huge pages where the system allows it (THP "madvise"), so a random walk
     // measures caches, not TLB misses. The zeroed allocation is still untouched here.
     if bytes >= 4 << 20 {
-        let _ = crate::os::advise_hugepages(ring.as_ptr() as usize, ring.len() * 4);
+        let _ = crate::os::advise_hugepages(VirtAddr::from_ptr(ring.as_ptr()), ring.len() * 4);
     }
     for k in 0..lines {
         let from = order[k] as usize;
@@ -103,17 +107,19 @@ const CHASE_HOPS: usize = 64;
 const STREAM_BYTES: usize = 4096;
 const BRANCHY_SEGMENT: usize = 64;
 
+// The memory is shared (`Arc`) and never mutated after construction, so a [`WarmSet`] can keep
+// it alive, at the same address, after the workload is gone.
 enum Body {
     Chase {
-        ring: Vec<u32>,
+        ring: Arc<Vec<u32>>,
         at: usize,
     },
     Stream {
-        buf: Vec<u64>,
+        buf: Arc<Vec<u64>>,
         at: usize,
     },
     Branchy {
-        chain: CodeChain,
+        chain: Arc<CodeChain>,
         seg: usize,
         state: u64,
     },
@@ -131,18 +137,23 @@ impl Workload {
     pub fn new(kind: Kind, bytes: usize, seed: u64) -> io::Result<Workload> {
         let body = match kind {
             Kind::Chase => Body::Chase {
-                ring: chase_ring(bytes, seed),
+                ring: Arc::new(chase_ring(bytes, seed)),
                 at: 0,
             },
             Kind::Stream => {
                 let words = bytes.max(STREAM_BYTES).div_ceil(STREAM_BYTES) * STREAM_BYTES / 8;
                 Body::Stream {
-                    buf: (0..words as u64).collect(),
+                    buf: Arc::new((0..words as u64).collect()),
                     at: 0,
                 }
             }
             Kind::Branchy => Body::Branchy {
-                chain: CodeChain::new(bytes, BRANCHY_SEGMENT, BlockKind::Branchy, Some(seed))?,
+                chain: Arc::new(CodeChain::new(
+                    bytes,
+                    BRANCHY_SEGMENT,
+                    BlockKind::Branchy,
+                    Some(seed),
+                )?),
                 seg: 0,
                 state: seed | 1,
             },
@@ -180,6 +191,11 @@ impl Workload {
     }
 
     /// The working set as cache-line runs (sorted by address), for the preheat engine.
+    ///
+    /// The runs name this workload's own memory (heap buffers, or the code chain's read+execute
+    /// mapping): they are mapped and readable while the workload lives, and [`Workload::step`]
+    /// never moves or resizes them — what a caller of [`crate::preheat::load_runs`] must know.
+    /// To load them from another thread, use [`Workload::warm_set`] instead.
     pub fn runs(&self) -> Vec<AbsRun> {
         let (addr, bytes, exec) = match &self.body {
             Body::Chase { ring, .. } => (
@@ -192,7 +208,7 @@ impl Workload {
                 std::mem::size_of_val(&buf[..]),
                 false,
             ),
-            Body::Branchy { chain, .. } => (chain.addr(), chain.len(), true),
+            Body::Branchy { chain, .. } => (chain.addr().0 as usize, chain.len(), true),
         };
         let first = addr / LINE * LINE;
         let lines = (addr + bytes).div_ceil(LINE) - first / LINE;
@@ -203,7 +219,7 @@ impl Workload {
         while left > 0 {
             let n = left.min(u64::from(u32::MAX));
             out.push(AbsRun {
-                addr: at,
+                addr: VirtAddr(at),
                 lines: n as u32,
                 exec,
             });
@@ -211,6 +227,46 @@ impl Workload {
             left -= n;
         }
         out
+    }
+}
+
+impl Workload {
+    /// The working set ([`Workload::runs`]) with a share of the memory it names: loading it
+    /// stays safe on any thread for as long as the [`WarmSet`] lives, even after the workload
+    /// itself is dropped.
+    pub fn warm_set(&self) -> WarmSet {
+        let memory: Arc<dyn Any + Send + Sync> = match &self.body {
+            Body::Chase { ring, .. } => ring.clone(),
+            Body::Stream { buf, .. } => buf.clone(),
+            Body::Branchy { chain, .. } => chain.clone(),
+        };
+        WarmSet {
+            runs: self.runs(),
+            _memory: memory,
+        }
+    }
+}
+
+/// A workload's working set as runs, and a share of the memory they name (which it keeps
+/// alive), so that loading it is safe: see [`Workload::warm_set`].
+pub struct WarmSet {
+    runs: Vec<AbsRun>,
+    /// The buffer or code chain the runs lie in; never mutated by anyone.
+    _memory: Arc<dyn Any + Send + Sync>,
+}
+
+impl WarmSet {
+    /// The runs (sorted by address).
+    pub fn runs(&self) -> &[AbsRun] {
+        &self.runs
+    }
+
+    /// Load every line ([`crate::preheat::load_runs`]), stopping at `deadline_ns`.
+    pub fn load(&self, deadline_ns: Option<u64>) -> crate::preheat::PreheatReport {
+        // SAFETY: the runs lie in `_memory` (a heap buffer, or a code chain's read+execute
+        // mapping), which this value keeps alive; nobody mutates, moves or resizes it after the
+        // workload was built, so every line is mapped and readable for the whole call.
+        unsafe { crate::preheat::load_runs(&self.runs, deadline_ns) }
     }
 }
 
@@ -246,8 +302,14 @@ mod tests {
             assert_eq!(work, 1000 * kind.unit().0);
             let lines: u64 = w.runs().iter().map(|r| u64::from(r.lines)).sum();
             assert!(lines >= (256 << 10) / LINE as u64, "{kind:?}: {lines}");
-            let r = crate::preheat::load_runs(&w.runs(), None);
+            // SAFETY: the runs are `w`'s own memory, alive (and not resized) while `w` is.
+            let r = unsafe { crate::preheat::load_runs(&w.runs(), None) };
             assert_eq!(r.lines_done, lines);
+            // The warm set keeps the memory after the workload is gone.
+            let warm = w.warm_set();
+            assert_eq!(warm.runs(), &w.runs()[..]);
+            drop(w);
+            assert_eq!(warm.load(None).lines_done, lines);
         }
     }
 }

@@ -176,6 +176,8 @@ fn merge_sorted(x: &[usize], y: &[usize]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     #[test]
     fn one_task_is_a_single_leaf() {
@@ -215,21 +217,24 @@ mod tests {
     #[test]
     fn five_hundred_twelve_tasks() {
         let n = 512;
-        // Pseudo-random, symmetric, integer counts below 1000.
-        let ce = |i: usize, j: usize| {
-            let mut x = ((i.min(j) * 4099 + i.max(j)) as u64) ^ 0x9e37_79b9_7f4a_7c15;
-            for _ in 0..3 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-            }
-            if i == j {
-                0.0
-            } else {
-                (x % 1000) as f64
-            }
-        };
-        let rows: Vec<Vec<f64>> = (0..n).map(|i| (0..n).map(|j| ce(i, j)).collect()).collect();
+        // Pseudo-random (a fixed seed), symmetric, integer counts below 1000.
+        let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+        let upper: Vec<Vec<f64>> = (0..n)
+            .map(|i| {
+                (0..n)
+                    .map(|j| {
+                        if j > i {
+                            rng.gen_range(0..1000) as f64
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let rows: Vec<Vec<f64>> = (0..n)
+            .map(|i| (0..n).map(|j| upper[i.min(j)][i.max(j)]).collect())
+            .collect();
         let t = Tree::build(&CommMatrix::new(rows).unwrap());
         assert_eq!(t.nodes.len(), 2 * n - 1);
         assert_eq!(t.node(t.root).tasks, (0..n).collect::<Vec<_>>());

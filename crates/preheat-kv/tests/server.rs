@@ -12,6 +12,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 const BIN: &str = env!("CARGO_BIN_EXE_preheat-kv");
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_VALUE: usize = 1024 * 1024;
@@ -77,14 +80,14 @@ impl Server {
         }
     }
 
-    fn pid(&self) -> libc::pid_t {
-        self.child.as_ref().unwrap().id() as libc::pid_t
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
     }
 
     /// Sends SIGTERM and waits (bounded) for the process to exit.
     fn terminate(&mut self) -> ExitStatus {
-        // SAFETY: kill(2) with a pid we spawned and still own (not yet reaped).
-        assert_eq!(unsafe { libc::kill(self.pid(), libc::SIGTERM) }, 0);
+        // A pid we spawned and still own (not yet reaped).
+        preheat_engine::os::send_signal(self.pid(), libc::SIGTERM, false).unwrap();
         let mut child = self.child.take().unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
@@ -494,13 +497,8 @@ fn many_concurrent_connections() {
             thread::spawn(move || {
                 let mut c = client;
                 let mut model: HashMap<String, (u32, Vec<u8>)> = HashMap::new();
-                let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (t as u64 + 1);
-                let mut next = move || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
+                let mut rng = StdRng::seed_from_u64(t as u64 + 1);
+                let mut next = move || rng.gen::<u64>();
                 for op in 0..OPS {
                     let r = next();
                     let key = format!("t{t}:{}", r % 8);

@@ -19,6 +19,20 @@ impl VirtAddr {
     pub fn line_number(self) -> u64 {
         self.0 / LINE_SIZE
     }
+    /// The address `bytes` further on (wrapping: an address is a number here, not a pointer
+    /// into an object).
+    pub const fn offset(self, bytes: u64) -> VirtAddr {
+        VirtAddr(self.0.wrapping_add(bytes))
+    }
+    /// The address a pointer points to. Taking an address is safe; what may be done *at* that
+    /// address is the business of whoever dereferences it (the engine's `unsafe fn`s say so).
+    pub fn from_ptr<T>(p: *const T) -> VirtAddr {
+        VirtAddr(p as usize as u64)
+    }
+    /// This address as a byte pointer (creating one is safe; dereferencing is not).
+    pub fn as_ptr(self) -> *const u8 {
+        self.0 as usize as *const u8
+    }
 }
 
 /// A cache line named relative to a region of a [`crate::region::RegionTable`]: the region's index

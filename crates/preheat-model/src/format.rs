@@ -18,6 +18,21 @@
 //!
 //! The decoder never panics and never allocates more than the input can describe: every count is
 //! checked against the bytes that remain. Writing atomically is the caller's job (no I/O here).
+//! "Never panics" is checked by clippy for this module (no indexing or slicing that could go out
+//! of bounds, no unwrap/expect/panic; tests excepted) and by the fuzzer.
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
 
 use thiserror::Error;
 
@@ -205,7 +220,7 @@ impl<'a> Body<'a> {
 
 /// Parse and verify a `.phws` file.
 pub fn decode_profile(buf: &[u8]) -> Result<Profile, FormatError> {
-    if buf.len() < MAGIC.len() || buf[..MAGIC.len()] != MAGIC {
+    if !buf.starts_with(&MAGIC) {
         return Err(FormatError::BadMagic);
     }
     let mut h = Reader::new(buf);
@@ -238,18 +253,20 @@ pub fn decode_profile(buf: &[u8]) -> Result<Profile, FormatError> {
     if buf.len() > total {
         return Err(FormatError::Trailing(buf.len() - total));
     }
-    let stored = u32::from_le_bytes([
-        buf[total - 4],
-        buf[total - 3],
-        buf[total - 2],
-        buf[total - 1],
-    ]);
-    let computed = crc32fast::hash(&buf[..total - 4]);
+    // `buf.len() == total >= HEADER + 4`, so neither of these fails.
+    let (covered, crc) = buf
+        .split_last_chunk::<4>()
+        .ok_or(FormatError::Truncated { offset: buf.len() })?;
+    let stored = u32::from_le_bytes(*crc);
+    let computed = crc32fast::hash(covered);
     if stored != computed {
         return Err(FormatError::Checksum { stored, computed });
     }
+    let body = covered
+        .get(HEADER..)
+        .ok_or(FormatError::Truncated { offset: buf.len() })?;
     let mut b = Body {
-        r: Reader::new(&buf[HEADER..HEADER + body_len]),
+        r: Reader::new(body),
     };
     let code = b.r.u8().map_err(rd)?;
     let backend = Backend::from_code(code).ok_or_else(|| b.malformed(format!("backend {code}")))?;

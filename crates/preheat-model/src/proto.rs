@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{CommConfig, CommReport};
+use crate::varint::Reader;
 use thiserror::Error;
 
 /// Default directory for agent sockets (overridden by `PREHEAT_RUN_DIR`).
@@ -151,32 +152,40 @@ impl Announcement {
         b
     }
 
-    /// Decode without allocating (usable on the agent's trigger path).
+    /// Decode without allocating (usable on the agent's trigger path). Never panics (checked by
+    /// clippy: no indexing, slicing or unwrapping here).
+    #[deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable
+    )]
     pub fn decode(b: &[u8]) -> Result<Announcement, AnnounceError> {
         if b.len() != ANNOUNCE_LEN {
             return Err(AnnounceError::Length(b.len()));
         }
-        if b[0..4] != ANNOUNCE_MAGIC {
+        // The length is right, so no read below runs out of bytes.
+        let mut r = Reader::new(b);
+        let short = |_| AnnounceError::Length(b.len());
+        if r.array::<4>().map_err(short)? != ANNOUNCE_MAGIC {
             return Err(AnnounceError::Magic);
         }
-        if b[4] != ANNOUNCE_VERSION {
-            return Err(AnnounceError::Version(b[4]));
+        let version = r.u8().map_err(short)?;
+        if version != ANNOUNCE_VERSION {
+            return Err(AnnounceError::Version(version));
         }
-        if b[5] & !Strategies::ALL.0 != 0 {
-            return Err(AnnounceError::Strategy(b[5]));
+        let strategies = r.u8().map_err(short)?;
+        if strategies & !Strategies::ALL.0 != 0 {
+            return Err(AnnounceError::Strategy(strategies));
         }
-        let u64_at = |i: usize| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(a)
-        };
         Ok(Announcement {
-            strategies: Strategies(b[5]),
-            port: u16::from_le_bytes([b[6], b[7]]),
-            seq: u64_at(8),
-            arrival_ns: u64_at(16),
-            sent_ns: u64_at(24),
-            budget_ns: u64_at(32),
+            strategies: Strategies(strategies),
+            port: r.u16_le().map_err(short)?,
+            seq: r.u64_le().map_err(short)?,
+            arrival_ns: r.u64_le().map_err(short)?,
+            sent_ns: r.u64_le().map_err(short)?,
+            budget_ns: r.u64_le().map_err(short)?,
         })
     }
 }

@@ -8,14 +8,15 @@
 
 use thiserror::Error;
 
-use crate::addr::LINE_SIZE;
+use crate::addr::{VirtAddr, LINE_SIZE};
 use crate::profile::Profile;
 use crate::region::{FileIdent, RegionKey, RegionTable};
 
 /// A run of lines at an absolute address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct AbsRun {
-    pub addr: u64,
+    /// First line of the run (line-aligned when it comes from [`resolve_class`]).
+    pub addr: VirtAddr,
     pub lines: u32,
     pub exec: bool,
 }
@@ -154,7 +155,7 @@ pub fn resolve_class(
                 if a < b {
                     covered += b - a;
                     out.runs.push(AbsRun {
-                        addr: m.start + (a - base) * LINE_SIZE,
+                        addr: VirtAddr(m.start + (a - base) * LINE_SIZE),
                         lines: (b - a) as u32,
                         exec: m.exec,
                     });
@@ -171,7 +172,7 @@ pub fn resolve_class(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::addr::{RegionLine, VirtAddr};
+    use crate::addr::RegionLine;
     use crate::profile::{Backend, BinaryIdent, FilterParams, RequestClass};
     use crate::region::Mapping;
     use crate::ws::{LineSet, WorkingSet};
@@ -233,12 +234,12 @@ mod tests {
             r.runs,
             vec![
                 AbsRun {
-                    addr: 0x9000,
+                    addr: VirtAddr(0x9000),
                     lines: 3,
                     exec: true
                 },
                 AbsRun {
-                    addr: 0xa000,
+                    addr: VirtAddr(0xa000),
                     lines: 2,
                     exec: false
                 }

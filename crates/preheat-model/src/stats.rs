@@ -19,21 +19,44 @@ pub struct Summary {
     pub max: f64,
 }
 
+/// The order statistics (1-based ranks into the ascending sample) that estimate the `q`
+/// quantile of `n` values and bound its 95% confidence interval: the binomial distribution of
+/// order statistics, normal approximation. A bound is `None` when the sample is too small to
+/// bracket the quantile on that side (its rank falls outside `1..=n`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantileRanks {
+    pub center: usize,
+    pub lo: Option<usize>,
+    pub hi: Option<usize>,
+}
+
+/// The ranks of [`QuantileRanks`] for the `q` quantile of `n ≥ 1` values. Every quantile with a
+/// confidence interval in the project comes from these ranks, read from a sorted sample
+/// ([`quantile_ci`]) or from a histogram's value at `rank / n`.
+pub fn quantile_ranks(n: usize, q: f64) -> QuantileRanks {
+    let nf = n as f64;
+    let half = 1.96 * (nf * q * (1.0 - q)).sqrt();
+    let rank = |r: f64| (r >= 1.0 && r <= nf).then_some(r as usize);
+    QuantileRanks {
+        center: ((nf * q).ceil().max(1.0) as usize).min(n.max(1)),
+        lo: rank((nf * q - half).floor()),
+        hi: rank((nf * q + half).ceil() + 1.0),
+    }
+}
+
 /// The `q` quantile of an ascending sample and its 95% confidence interval `(value, lo, hi)`
-/// (binomial distribution of order statistics, normal approximation). NaN for an empty sample.
+/// ([`quantile_ranks`]; a bound the sample cannot bracket is its smallest or largest value).
+/// NaN for an empty sample.
 pub fn quantile_ci(sorted: &[f64], q: f64) -> (f64, f64, f64) {
     let n = sorted.len();
     if n == 0 {
         return (f64::NAN, f64::NAN, f64::NAN);
     }
-    let nf = n as f64;
-    let at = |r: f64| sorted[(r.round().max(1.0) as usize).min(n) - 1];
-    let center = at((nf * q).ceil());
-    let half = 1.96 * (nf * q * (1.0 - q)).sqrt();
+    let r = quantile_ranks(n, q);
     (
-        center,
-        at((nf * q - half).floor()),
-        at((nf * q + half).ceil() + 1.0),
+        sorted[r.center - 1],
+        sorted[r.lo.unwrap_or(1) - 1],
+        sorted[r.hi.unwrap_or(n) - 1],
     )
 }
 
@@ -73,6 +96,36 @@ mod tests {
         assert_eq!(s.min, 1.0);
         assert_eq!(s.max, 101.0);
         assert!(s.p99 >= 100.0);
+    }
+
+    #[test]
+    fn ranks_bracket_or_say_they_cannot() {
+        let r = quantile_ranks(10_000, 0.99);
+        assert_eq!(r.center, 9_900);
+        let (lo, hi) = (r.lo.unwrap(), r.hi.unwrap());
+        assert!(lo < 9_900 && 9_900 < hi && hi <= 10_000, "{r:?}");
+        // 100 values cannot bracket p99.9 from above; one value brackets nothing.
+        assert_eq!(quantile_ranks(100, 0.999).hi, None);
+        assert_eq!(
+            quantile_ranks(1, 0.5),
+            QuantileRanks {
+                center: 1,
+                lo: None,
+                hi: None
+            }
+        );
+    }
+
+    #[test]
+    fn ci_matches_the_ranks() {
+        let v: Vec<f64> = (1..=1000).map(|x| x as f64).collect();
+        for q in [0.01, 0.5, 0.9, 0.99, 0.999] {
+            let r = quantile_ranks(v.len(), q);
+            let (c, lo, hi) = quantile_ci(&v, q);
+            assert_eq!(c, r.center as f64);
+            assert_eq!(lo, r.lo.unwrap_or(1) as f64);
+            assert_eq!(hi, r.hi.unwrap_or(1000) as f64);
+        }
     }
 
     #[test]

@@ -1,4 +1,20 @@
 //! LEB128 unsigned varints and a bounds-checked byte reader used by the file format.
+//!
+//! The reader never panics, checked by clippy: no indexing or slicing that could go out of
+//! bounds, no unwrap/expect/panic (tests excepted).
+
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::indexing_slicing,
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented
+    )
+)]
 
 /// Append `v` as an unsigned LEB128 varint.
 pub fn put_u64(out: &mut Vec<u8>, mut v: u64) {
@@ -46,32 +62,40 @@ impl<'a> Reader<'a> {
         self.pos
     }
     pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        // `pos <= buf.len()` always (only `bytes`/`array` advance it, by what they read).
+        self.buf.len().saturating_sub(self.pos)
     }
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], ReadError> {
-        if self.remaining() < n {
-            return Err(ReadError::Truncated { offset: self.pos });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
+        let s = self
+            .pos
+            .checked_add(n)
+            .and_then(|end| self.buf.get(self.pos..end))
+            .ok_or(ReadError::Truncated { offset: self.pos })?;
         self.pos += n;
         Ok(s)
     }
+    /// The next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], ReadError> {
+        let a = self
+            .buf
+            .get(self.pos..)
+            .and_then(|rest| rest.first_chunk::<N>())
+            .ok_or(ReadError::Truncated { offset: self.pos })?;
+        self.pos += N;
+        Ok(*a)
+    }
     pub fn u8(&mut self) -> Result<u8, ReadError> {
-        Ok(self.bytes(1)?[0])
+        let [b] = self.array()?;
+        Ok(b)
     }
     pub fn u16_le(&mut self) -> Result<u16, ReadError> {
-        let b = self.bytes(2)?;
-        Ok(u16::from_le_bytes([b[0], b[1]]))
+        Ok(u16::from_le_bytes(self.array()?))
     }
     pub fn u32_le(&mut self) -> Result<u32, ReadError> {
-        let b = self.bytes(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     pub fn u64_le(&mut self) -> Result<u64, ReadError> {
-        let b = self.bytes(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
+        Ok(u64::from_le_bytes(self.array()?))
     }
     pub fn varint(&mut self) -> Result<u64, ReadError> {
         let start = self.pos;

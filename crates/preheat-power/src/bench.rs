@@ -41,6 +41,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::energy::{Bounds, EnergyReport, PowerProfile};
@@ -237,7 +239,8 @@ pub struct BenchReport {
     pub notes: Vec<String>,
 }
 
-/// Fixed CPU work: `iters` rounds of xorshift.
+/// Fixed CPU work: `iters` rounds of xorshift. The xorshift here is the work itself (a fixed
+/// instruction sequence per round), not a random number generator: keep it, not `rand`.
 pub fn burn(iters: u64) -> u64 {
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
     for i in 0..std::hint::black_box(iters) {
@@ -375,7 +378,7 @@ struct IoState {
     io: Io,
     file: Option<File>,
     slots: u64,
-    rng: u64,
+    rng: StdRng,
     buf: Vec<u8>,
 }
 
@@ -403,7 +406,7 @@ impl IoState {
             io: io.clone(),
             file,
             slots,
-            rng: 0x2545_F491_4F6C_DD1D,
+            rng: StdRng::seed_from_u64(0x2545_F491_4F6C_DD1D),
             buf,
         })
     }
@@ -412,10 +415,7 @@ impl IoState {
         match &self.io {
             Io::Emulated { wait } => std::thread::sleep(*wait),
             Io::File { path, .. } => {
-                self.rng ^= self.rng << 13;
-                self.rng ^= self.rng >> 7;
-                self.rng ^= self.rng << 17;
-                let off = (self.rng % self.slots) * self.buf.len() as u64;
+                let off = self.rng.gen_range(0..self.slots) * self.buf.len() as u64;
                 let f = self.file.as_ref().expect("file mode has a file");
                 f.read_exact_at(&mut self.buf, off)
                     .with_context(|| format!("reading {} at {off}", path.display()))?;

@@ -750,7 +750,7 @@ mod tests {
     fn this_machine_if_present() {
         match snapshot() {
             Ok(s) => assert!(s.cpus.iter().any(|c| !c.states.is_empty())),
-            Err(e) => println!("SKIP: {e}"),
+            Err(e) => preheat_testsupport::skip!("cpuidle", "{e}"),
         }
     }
 }

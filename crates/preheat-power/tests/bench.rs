@@ -74,8 +74,9 @@ fn one_second_bench_produces_every_field() {
             Mode::BackgroundFrozen,
         ]
     } else {
-        println!(
-            "SKIP: quiescence modes: {}",
+        preheat_testsupport::skip!(
+            "cgroup-freezer",
+            "quiescence modes: {}",
             r.quiescence.reason.as_deref().unwrap_or("?")
         );
         assert!(r.quiescence.reason.is_some());

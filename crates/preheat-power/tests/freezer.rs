@@ -1,5 +1,5 @@
-//! Real cgroup freezer tests. They need root and a freezer hierarchy; otherwise they print
-//! `SKIP: reason` and pass. Serialised with a mutex: they share the machine's hierarchies.
+//! Real cgroup freezer tests. They need root and a freezer hierarchy; otherwise they report a
+//! skip (`preheat_testsupport::skip`) and pass. Serialised with a mutex: they share the machine's hierarchies.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -19,10 +19,10 @@ fn lock() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The freezer of `backend` on this machine, or None after printing SKIP.
+/// The freezer of `backend` on this machine, or None after reporting the skip.
 fn freezer(backend: Backend, test: &str) -> Option<Freezer> {
     if effective_uid() != Some(0) {
-        println!("SKIP: {test}: not root");
+        preheat_testsupport::skip!("root", "{test}: not root");
         return None;
     }
     let m = cgroup_mounts();
@@ -30,14 +30,20 @@ fn freezer(backend: Backend, test: &str) -> Option<Freezer> {
         Backend::V1 => match m.v1_freezer {
             Some(r) => Some(Freezer::new(Backend::V1, r)),
             None => {
-                println!("SKIP: {test}: no cgroup v1 freezer mounted");
+                preheat_testsupport::skip!(
+                    "cgroup-v1-freezer",
+                    "{test}: no cgroup v1 freezer mounted"
+                );
                 None
             }
         },
         Backend::V2 => match m.v2 {
             Some(r) if v2_supports_freeze(&r) => Some(Freezer::new(Backend::V2, r)),
             _ => {
-                println!("SKIP: {test}: no cgroup2 hierarchy with cgroup.freeze");
+                preheat_testsupport::skip!(
+                    "cgroup2-freezer",
+                    "{test}: no cgroup2 hierarchy with cgroup.freeze"
+                );
                 None
             }
         },
@@ -189,7 +195,7 @@ fn auto_detection_picks_a_freezer_or_explains() {
         ),
         Err(e) => {
             assert!(e.to_string().starts_with("quiescence unavailable: "), "{e}");
-            println!("SKIP: auto_detection: {e}");
+            preheat_testsupport::skip!("cgroup-freezer", "{e}");
         }
     }
 }

@@ -20,7 +20,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::aio::{
+use crate::anticipatory_read::{
     ensure_test_file, AnticipatoryReader, Device, EmulatedDevice, Feedback, FileDevice, Label,
     Policy, ReadRecord, ReaderConfig, ServiceModel, ALIGN,
 };

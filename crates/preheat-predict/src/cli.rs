@@ -6,7 +6,7 @@ use std::str::FromStr;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use crate::aio::{Feedback, Policy, ServiceModel};
+use crate::anticipatory_read::{Feedback, Policy, ServiceModel};
 use crate::bench::{print_bench, run_bench, BenchConfig, DeviceSpec};
 use crate::kernels::{print_kernels, run_kernels, KernelsConfig, PredictorChoice, WaitMode};
 use crate::linear::{MarginConfig, PredictorConfig};

@@ -38,7 +38,7 @@ use serde::Serialize;
 
 use preheat_engine::time::now_ns;
 
-use crate::aio::{std_normal, Label};
+use crate::anticipatory_read::{std_normal, Label};
 use crate::history::{AccuracyReport, HistoryKind, RuntimeHistory};
 use crate::linear::{MarginConfig, WakeMargin};
 use crate::measure::{add_cpu_ns, on_own_thread, opt};

@@ -13,7 +13,7 @@
 //! | [`linear`] | pure: completion time = a + b·size per operation kind (online least squares, Pearson r, residual safety quantile, censoring-aware early-wake margin) |
 //! | [`history`] | pure: runtime prediction for repeated kernels keyed by kernel id (last, EWMA, median of last k) and the paper's accuracy |
 //! | [`wait`] | how a requester waits for another thread's completion: block, spin, block-until-then-spin; awake time; censoring |
-//! | [`aio`] | the anticipatory synchronous read (`O_DIRECT` file or the emulated SSD) |
+//! | [`anticipatory_read`] | the anticipatory synchronous read (`O_DIRECT` file or the emulated SSD) |
 //! | [`bench`](mod@bench) | `preheat io bench`: the paper's Figure 1 experiment |
 //! | [`kernels`] | `preheat io kernels`: the paper's K-means accelerator experiment |
 //! | [`stats`] | order statistics with confidence intervals |
@@ -22,7 +22,7 @@
 //! `emulated` (the emulated SSD's schedule).
 #![forbid(unsafe_code)]
 
-pub mod aio;
+pub mod anticipatory_read;
 pub mod bench;
 mod cli;
 pub mod history;

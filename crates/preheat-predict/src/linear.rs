@@ -425,6 +425,8 @@ impl CompletionPredictor {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn two_pass_r(xs: &[f64], ys: &[f64]) -> f64 {
         let n = xs.len() as f64;
@@ -488,12 +490,9 @@ mod tests {
         let mut m = WakeMargin::new(MarginConfig::default());
         let mut late = 0;
         let n = 20_000;
-        let mut rng = 12345u64;
+        let mut rng = StdRng::seed_from_u64(12345);
         for _ in 0..n {
-            rng = rng
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let lag = 15_000.0 + ((rng >> 33) % 10_000) as f64;
+            let lag = 15_000.0 + rng.gen_range(0..10_000) as f64;
             if m.margin_ns() < lag {
                 late += 1;
                 m.on_late();

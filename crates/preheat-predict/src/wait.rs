@@ -328,7 +328,7 @@ mod tests {
     #[test]
     fn schedstat_clock_advances() {
         let Ok(clk) = ThreadCpuClock::open() else {
-            eprintln!("SKIP: /proc/thread-self/schedstat unavailable");
+            preheat_testsupport::skip("schedstat", "/proc/thread-self/schedstat unavailable");
             return;
         };
         let a = clk.now().unwrap();

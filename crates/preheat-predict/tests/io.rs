@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use preheat_predict::aio::{
+use preheat_predict::anticipatory_read::{
     AnticipatoryReader, EmulatedDevice, Label, Policy, ReaderConfig, ServiceModel,
 };
 use preheat_predict::bench::{run_bench, BenchConfig, DeviceSpec};
@@ -159,7 +159,7 @@ fn bench_on_small_real_file_fills_every_field() {
     let r = match run_bench(&cfg) {
         Ok(r) => r,
         Err(e) if format!("{e:#}").contains("O_DIRECT") => {
-            eprintln!("SKIP: {e:#}");
+            preheat_testsupport::skip!("o-direct", "{e:#}");
             return;
         }
         Err(e) => panic!("{e:#}"),

@@ -37,7 +37,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 pub use bench::{bench, BenchReport};
-pub use framing::Protocol;
+pub use framing::Framing;
 pub use proxy::{Stage, StageConfig, StageCounters};
 
 /// `preheat stage`: staged bursts (sleep shaping on servers).
@@ -100,7 +100,7 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub backend: String,
     #[arg(long, value_enum)]
-    pub protocol: Protocol,
+    pub protocol: Framing,
     #[command(flatten)]
     pub staging: StagingOpts,
     /// At most this many client connections (each uses three threads).
@@ -128,7 +128,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 10.0)]
     pub duration_s: f64,
     #[arg(long, value_enum, default_value = "memcached")]
-    pub protocol: Protocol,
+    pub protocol: Framing,
     #[command(flatten)]
     pub staging: StagingOpts,
     /// Client connections (requests are spread round-robin and pipelined).
@@ -274,7 +274,7 @@ mod tests {
             panic!("not proxy")
         };
         assert_eq!((p.staging.period_ms, p.staging.bound_ms), (20, 60));
-        assert_eq!(p.protocol, Protocol::Http);
+        assert_eq!(p.protocol, Framing::Http);
 
         let c = Cli::try_parse_from([
             "x",
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(b.backend_cmd.as_deref(), Some("memcached -p {port}"));
         assert_eq!((b.rate, b.duration_s, b.json), (100.0, 2.0, true));
         assert_eq!((b.staging.period_ms, b.staging.bound_ms), (250, 500));
-        assert_eq!(b.protocol, Protocol::Memcached);
+        assert_eq!(b.protocol, Framing::Memcached);
         assert!(Cli::try_parse_from(["x", "proxy", "--listen", "a:1"]).is_err());
     }
 }

@@ -50,7 +50,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use crate::estimate::ServiceEstimator;
-use crate::framing::{self, Event, FrameError, Limits, Protocol, ResponseTracker};
+use crate::framing::{self, Event, FrameError, Framing, Limits, ResponseTracker};
 
 /// Configuration of a [`Stage`].
 #[derive(Debug, Clone)]
@@ -58,7 +58,7 @@ pub struct StageConfig {
     /// Front address clients connect to (port 0: any free port, see [`Stage::local_addr`]).
     pub listen: SocketAddr,
     pub backend: SocketAddr,
-    pub protocol: Protocol,
+    pub protocol: Framing,
     /// Length of a staging phase (paper: 250 ms).
     pub period: Duration,
     /// Latency bound per request (paper: p99.9 under 500 ms).
@@ -76,7 +76,7 @@ pub struct StageConfig {
 
 impl StageConfig {
     /// The paper's parameters (250 ms period, 500 ms bound) and conservative defaults.
-    pub fn new(listen: SocketAddr, backend: SocketAddr, protocol: Protocol) -> StageConfig {
+    pub fn new(listen: SocketAddr, backend: SocketAddr, protocol: Framing) -> StageConfig {
         StageConfig {
             listen,
             backend,
@@ -653,13 +653,13 @@ enum ErrorKind {
 }
 
 /// A proxy-generated error reply answering `count` requests.
-fn error_reply(protocol: Protocol, kind: ErrorKind, count: u64, msg: &str) -> Vec<u8> {
+fn error_reply(protocol: Framing, kind: ErrorKind, count: u64, msg: &str) -> Vec<u8> {
     let msg: String = msg
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     match protocol {
-        Protocol::Memcached => {
+        Framing::Memcached => {
             let word = match kind {
                 ErrorKind::Unavailable => "SERVER_ERROR",
                 ErrorKind::BadRequest | ErrorKind::TooLarge => "CLIENT_ERROR",
@@ -668,7 +668,7 @@ fn error_reply(protocol: Protocol, kind: ErrorKind, count: u64, msg: &str) -> Ve
                 .repeat(count.max(1) as usize)
                 .into_bytes()
         }
-        Protocol::Http => {
+        Framing::Http => {
             let status = match kind {
                 ErrorKind::Unavailable => "502 Bad Gateway",
                 ErrorKind::BadRequest => "400 Bad Request",
@@ -1084,12 +1084,12 @@ mod tests {
 
     #[test]
     fn error_replies() {
-        let r = error_reply(Protocol::Memcached, ErrorKind::Unavailable, 2, "down\r\nx");
+        let r = error_reply(Framing::Memcached, ErrorKind::Unavailable, 2, "down\r\nx");
         assert_eq!(
             r,
             b"SERVER_ERROR proxy: down  x\r\nSERVER_ERROR proxy: down  x\r\n".to_vec()
         );
-        let r = error_reply(Protocol::Http, ErrorKind::TooLarge, 3, "big");
+        let r = error_reply(Framing::Http, ErrorKind::TooLarge, 3, "big");
         let text = String::from_utf8(r).unwrap();
         assert!(
             text.starts_with("HTTP/1.1 413 Content Too Large\r\n"),

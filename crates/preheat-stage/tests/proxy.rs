@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use preheat_stage::framing::{http_request, memcached_response_len, Limits};
-use preheat_stage::{Protocol, Stage, StageConfig, StageCounters};
+use preheat_stage::{Framing, Stage, StageConfig, StageCounters};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -63,7 +65,7 @@ impl Drop for Kv {
     }
 }
 
-fn stage(backend: SocketAddr, proto: Protocol, period_ms: u64, bound_ms: u64) -> Stage {
+fn stage(backend: SocketAddr, proto: Framing, period_ms: u64, bound_ms: u64) -> Stage {
     let mut cfg = StageConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)), backend, proto);
     cfg.period = Duration::from_millis(period_ms);
     cfg.bound = Duration::from_millis(bound_ms);
@@ -135,18 +137,10 @@ fn wait_for(stage: &Stage, what: &str, f: impl Fn(&StageCounters) -> bool) -> St
     }
 }
 
-/// Tiny deterministic PRNG for split points.
-fn lcg(x: &mut u64) -> u64 {
-    *x = x
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    *x >> 33
-}
-
 #[test]
 fn pipelined_requests_are_answered_in_order() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 20, 60);
+    let st = stage(kv.addr, Framing::Memcached, 20, 60);
     let addr = st.local_addr();
     let clients: Vec<_> = (0..3u64)
         .map(|c| {
@@ -154,9 +148,10 @@ fn pipelined_requests_are_answered_in_order() {
                 let mut req = Vec::new();
                 let mut expect = Vec::new();
                 let mut responses = 0;
-                let mut seed = c + 1;
+                // Deterministic keys and split points.
+                let mut rng = StdRng::seed_from_u64(c + 1);
                 for i in 0..150u32 {
-                    let n = (lcg(&mut seed) % 1000) as u32;
+                    let n = rng.gen_range(0..1000u32);
                     match i % 5 {
                         0 | 1 => {
                             req.extend(format!("get key:{n}\r\n").bytes());
@@ -200,11 +195,11 @@ fn pipelined_requests_are_answered_in_order() {
                 // Send in random pieces (partial requests across reads and bursts).
                 let mut off = 0;
                 while off < req.len() {
-                    let k = (1 + lcg(&mut seed) as usize % 200).min(req.len() - off);
+                    let k = rng.gen_range(1..=200usize).min(req.len() - off);
                     s.write_all(&req[off..off + k]).unwrap();
                     off += k;
-                    if lcg(&mut seed) & 7 == 0 {
-                        std::thread::sleep(Duration::from_millis(lcg(&mut seed) % 15));
+                    if rng.gen_ratio(1, 8) {
+                        std::thread::sleep(Duration::from_millis(rng.gen_range(0..15)));
                     }
                 }
                 let got = reader.join().unwrap();
@@ -234,7 +229,7 @@ fn pipelined_requests_are_answered_in_order() {
 #[test]
 fn requests_are_held_until_the_burst() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 400, 10_000);
+    let st = stage(kv.addr, Framing::Memcached, 400, 10_000);
     let mut a = connect(st.local_addr());
     let mut b = connect(st.local_addr());
     let t0 = Instant::now();
@@ -262,7 +257,7 @@ fn requests_are_held_until_the_burst() {
 #[test]
 fn early_release_keeps_the_bound() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 5_000, 150);
+    let st = stage(kv.addr, Framing::Memcached, 5_000, 150);
     let mut a = connect(st.local_addr());
     let t0 = Instant::now();
     a.write_all(b"get key:7\r\n").unwrap();
@@ -287,7 +282,7 @@ fn closed_port() -> SocketAddr {
 #[test]
 fn backend_down_is_an_error_reply_and_counted() {
     let down = closed_port();
-    let st = stage(down, Protocol::Memcached, 20, 60);
+    let st = stage(down, Framing::Memcached, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:1\r\nset x 0 0 1 noreply\r\nx\r\nget key:2\r\n")
         .unwrap();
@@ -309,7 +304,7 @@ fn backend_down_is_an_error_reply_and_counted() {
     assert_eq!(c.requests_failed, 2);
     st.shutdown();
 
-    let st = stage(down, Protocol::Http, 20, 60);
+    let st = stage(down, Framing::Http, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let got = String::from_utf8(read_to_eof(&mut s)).unwrap();
@@ -342,7 +337,7 @@ fn flaky_backend(lines: usize, reply: &'static [u8]) -> SocketAddr {
 #[test]
 fn backend_dying_mid_connection_fails_only_the_outstanding() {
     let backend = flaky_backend(2, b"END\r\n");
-    let st = stage(backend, Protocol::Memcached, 20, 60);
+    let st = stage(backend, Framing::Memcached, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(b"get a\r\nget b\r\n").unwrap();
     let got = String::from_utf8(read_to_eof(&mut s)).unwrap();
@@ -361,7 +356,7 @@ fn backend_dying_mid_connection_fails_only_the_outstanding() {
 #[test]
 fn client_disconnecting_mid_request() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 20, 60);
+    let st = stage(kv.addr, Framing::Memcached, 20, 60);
     // Half-close with a partial request: complete ones are still answered, then EOF.
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:3\r\nget key:").unwrap();
@@ -441,7 +436,7 @@ fn http_backend() -> SocketAddr {
 #[test]
 fn http_pipelining_and_malformed_requests() {
     let backend = http_backend();
-    let st = stage(backend, Protocol::Http, 20, 60);
+    let st = stage(backend, Framing::Http, 20, 60);
     let mut s = connect(st.local_addr());
     s.write_all(
         b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nHEAD /b HTTP/1.1\r\n\r\nPOST /c HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyzGET /chunked HTTP/1.1\r\n\r\nGET /d HTTP/1.1\r\n\r\n",
@@ -469,7 +464,7 @@ fn http_pipelining_and_malformed_requests() {
 #[test]
 fn shutdown_releases_what_is_buffered() {
     let kv = Kv::start();
-    let st = stage(kv.addr, Protocol::Memcached, 10_000, 60_000);
+    let st = stage(kv.addr, Framing::Memcached, 10_000, 60_000);
     let mut s = connect(st.local_addr());
     s.write_all(b"get key:9\r\n").unwrap();
     wait_for(&st, "request staged", |c| c.requests_staged == 1);
@@ -488,7 +483,7 @@ fn bench_smoke() {
         backend_cmd: None,
         rate: 200.0,
         duration_s: 1.0,
-        protocol: Protocol::Memcached,
+        protocol: Framing::Memcached,
         staging: preheat_stage::StagingOpts {
             period_ms: 20,
             bound_ms: 60,

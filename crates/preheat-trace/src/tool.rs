@@ -384,10 +384,7 @@ mod tests {
     fn missing_compiler_or_make_is_reported_when_a_build_is_needed() {
         let real = Env::from_process();
         if real.which("valgrind").is_none() || locate(&real).is_err() {
-            let _ = std::io::Write::write_all(
-                &mut std::io::stderr(),
-                b"SKIP: missing_compiler_or_make_is_reported: valgrind or its tool files are not installed\n",
-            );
+            preheat_testsupport::skip("valgrind", "valgrind or its tool files are not installed");
             return;
         }
         let cache = tempfile::tempdir().unwrap();

@@ -1,7 +1,8 @@
 //! Real-process tests of the trace backend: build phtrace, run it, trace an epoll server.
 //!
-//! Every test prints `SKIP: reason` (straight to stderr, past the test harness's capture) and
-//! returns when Valgrind, its tool-building files or a compiler are missing.
+//! Every test reports a skip (`preheat_testsupport::skip`: on stderr past the test harness's
+//! capture, and in the skip log) and returns when Valgrind, its tool-building files or a
+//! compiler are missing.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -10,32 +11,31 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use preheat_trace::{
-    ensure_tool, jaccard, to_region_lines, BusyPeriod, ToolPaths, TraceOptions, TracedServer,
+    ensure_tool, jaccard, to_region_lines, BusyPeriod, ToolPaths, TraceError, TraceOptions,
+    TracedServer,
 };
 
 fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
-fn tool_or_skip(test: &str) -> Option<ToolPaths> {
+/// What a [`TraceError::is_unavailable`] error says is missing, as a skip component.
+fn missing(e: &TraceError) -> &'static str {
+    match e {
+        TraceError::Missing { package, .. } => package,
+        _ => "x86-64",
+    }
+}
+
+fn tool_or_skip() -> Option<ToolPaths> {
     match ensure_tool() {
         Ok(t) => Some(t),
         Err(e) if e.is_unavailable() => {
-            say(&format!("SKIP: {test}: {e}"));
+            preheat_testsupport::skip(missing(&e), &e.to_string());
             None
         }
         Err(e) => panic!("building phtrace failed: {e}"),
     }
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Run `cmd` with a time limit; returns (success, combined output).
@@ -70,7 +70,7 @@ fn run_bounded(cmd: &mut Command, limit: Duration) -> (bool, String) {
 
 #[test]
 fn tool_builds_and_runs_true() {
-    let Some(tool) = tool_or_skip("tool_builds_and_runs_true") else {
+    let Some(tool) = tool_or_skip() else {
         return;
     };
     assert!(
@@ -149,7 +149,7 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
     let mut server = match TracedServer::spawn(&cmd, &TraceOptions::default()) {
         Ok(s) => s,
         Err(e) if e.is_unavailable() => {
-            say(&format!("SKIP: {name}: {e}"));
+            preheat_testsupport::skip!(missing(&e), "{name}: {e}");
             return;
         }
         Err(e) => panic!("{name}: spawn failed: {e}"),
@@ -302,9 +302,10 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_default();
             if msg.contains("not implemented") {
-                say(&format!(
-                    "SKIP: {name}: region translation: preheat_engine::maps::read_maps is not implemented yet"
-                ));
+                preheat_testsupport::skip!(
+                    "read-maps",
+                    "{name}: region translation: preheat_engine::maps::read_maps is not implemented yet"
+                );
             } else {
                 std::panic::resume_unwind(panic);
             }
@@ -322,7 +323,7 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
 
 #[test]
 fn traces_gets_of_a_c_epoll_server() {
-    if tool_or_skip("traces_gets_of_a_c_epoll_server").is_none() {
+    if tool_or_skip().is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -368,7 +369,7 @@ fn preheat_kv() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("PREHEAT_TRACE_KV_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let krate = workspace_root().join("crates/preheat-kv");
+    let krate = preheat_testsupport::workspace_root().join("crates/preheat-kv");
     if !krate.join("Cargo.toml").is_file() {
         return Err("the preheat-kv crate does not exist yet".into());
     }
@@ -380,15 +381,15 @@ fn preheat_kv() -> Result<PathBuf, String> {
                 _ => false,
             }
     };
-    let main_bin = target_dir().join("debug/preheat-kv");
+    let main_bin = preheat_testsupport::built("preheat-kv");
     if fresh(&main_bin) {
         return Ok(main_bin);
     }
-    let private = target_dir().join("preheat-trace-kv");
+    let private = preheat_testsupport::target_dir().join("preheat-trace-kv");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let (ok, out) = run_bounded(
         Command::new(cargo)
-            .current_dir(workspace_root())
+            .current_dir(preheat_testsupport::workspace_root())
             .args(["build", "-p", "preheat-kv", "--target-dir"])
             .arg(&private),
         Duration::from_secs(540),
@@ -401,13 +402,13 @@ fn preheat_kv() -> Result<PathBuf, String> {
 
 #[test]
 fn traces_gets_of_preheat_kv() {
-    if tool_or_skip("traces_gets_of_preheat_kv").is_none() {
+    if tool_or_skip().is_none() {
         return;
     }
     let exe = match preheat_kv() {
         Ok(p) => p,
         Err(reason) => {
-            say(&format!("SKIP: traces_gets_of_preheat_kv: {reason}"));
+            preheat_testsupport::skip("preheat-kv", &reason);
             return;
         }
     };
@@ -441,10 +442,10 @@ fn traces_gets_of_memcached_if_installed() {
         .map(PathBuf::from)
         .find(|p| p.is_file())
     else {
-        say("SKIP: traces_gets_of_memcached_if_installed: memcached is not installed");
+        preheat_testsupport::skip("memcached", "memcached is not installed");
         return;
     };
-    if tool_or_skip("traces_gets_of_memcached_if_installed").is_none() {
+    if tool_or_skip().is_none() {
         return;
     }
     let port = {

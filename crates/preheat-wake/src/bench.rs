@@ -18,10 +18,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use preheat_engine::{os, time::now_ns};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::daemon::{Config, Daemon};
-use crate::mech::MechChoice;
+use crate::keep_awake::MechChoice;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -206,7 +209,7 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
     let mut cells = Vec::new();
     let mut skipped = Vec::new();
     let mut round = 0u32;
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut rng = StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
     for mech in &a.mechs {
         let choice = match mech.as_str() {
             "none" => None,
@@ -255,13 +258,8 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
                 }
             }
         }
-        // Fisher–Yates with a tiny xorshift: interleave gaps and waiters.
-        for i in (1..plan.len()).rev() {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            plan.swap(i, (rng % (i as u64 + 1)) as usize);
-        }
+        // Interleave gaps and waiters (a fixed seed: the same order every run).
+        plan.shuffle(&mut rng);
         for (gap_us, w) in plan {
             round = round.wrapping_add(1).max(1);
             sh.word.store(0, Ordering::Release);

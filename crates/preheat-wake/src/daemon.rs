@@ -1,5 +1,5 @@
 //! The wake planner daemon: takes anticipatory-wakeup requests over a Unix socket, keeps the
-//! per-CPU sleep plan ([`crate::plan`]) and applies it with the mechanisms of [`crate::mech`].
+//! per-CPU sleep plan ([`crate::plan`]) and applies it with the mechanisms of [`crate::keep_awake`].
 //!
 //! Threads:
 //!
@@ -23,8 +23,8 @@
 //! [`Daemon::shutdown`] (also run by `Drop`, i.e. on errors and panics that unwind) restores
 //! everything it changed. SIGTERM/SIGINT are turned into a shutdown by [`crate::run`].
 
+use crate::keep_awake::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
 use crate::lead::LeadEstimator;
-use crate::mech::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
 use crate::plan::{Limits, Plan, Window};
 use crate::proto::{self, ArmRecord, Command, FinishedWindow, Status};
 use anyhow::{bail, Context, Result};
@@ -269,7 +269,7 @@ impl Daemon {
         let run_lock = lock_run_dir(&cfg.run_dir)?;
         let journal_path = cfg.run_dir.join(Journal::FILE);
         let mut startup = Vec::new();
-        match mech::restore_journal(&cfg.paths, &journal_path) {
+        match keep_awake::restore_journal(&cfg.paths, &journal_path) {
             Ok(outcomes) => {
                 for o in outcomes {
                     startup.push(format!("journal: {o}"));
@@ -447,7 +447,7 @@ fn prepare_run_dir(dir: &Path) -> Result<()> {
             .with_context(|| format!("creating run directory {}", dir.display()))?;
     }
     let md = std::fs::symlink_metadata(dir).with_context(|| format!("{}", dir.display()))?;
-    let euid = mech::effective_uid();
+    let euid = keep_awake::effective_uid();
     if !md.is_dir() || Some(md.uid()) != euid || md.mode() & 0o022 != 0 {
         bail!(
             "run directory {} must be a directory owned by uid {} and writable only by it \

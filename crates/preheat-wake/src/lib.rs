@@ -13,7 +13,7 @@
 //! |---|---|
 //! | [`plan`] | pure: requests, validation, per-CPU union, `awake_at`/`next_edge`, energy attribution |
 //! | [`lead`] | the timer-wake lead, learned online per CPU (start 50 µs) |
-//! | [`mech`] | mechanisms (per-CPU PM QoS `n/a`, `/dev/cpu_dma_latency`, spin), the restore journal |
+//! | [`keep_awake`] | mechanisms (per-CPU PM QoS `n/a`, `/dev/cpu_dma_latency`, spin), the restore journal |
 //! | [`proto`] | the JSON-lines socket protocol |
 //! | [`daemon`] | the daemon: per-CPU workers, end-of-window executor, connections |
 //! | [`client`] | [`WakeClient`] for other crates |
@@ -37,14 +37,14 @@
 pub mod bench;
 pub mod client;
 pub mod daemon;
+pub mod keep_awake;
 pub mod lead;
-pub mod mech;
 pub mod plan;
 pub mod proto;
 
 pub use client::{Accepted, ClientError, WakeClient};
 pub use daemon::{Config, Daemon};
-pub use mech::{MechChoice, Mechanism};
+pub use keep_awake::{MechChoice, Mechanism};
 pub use plan::{Limits, WakeRequest};
 
 use anyhow::{bail, Context, Result};

@@ -12,7 +12,7 @@
 //! connection that asked for them: when it closes, its windows that have not started yet are
 //! cancelled; running windows end on their own at their end time.
 
-use crate::mech::{Armed, Mechanism};
+use crate::keep_awake::{Armed, Mechanism};
 use crate::plan::{Interval, Reject, WakeRequest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

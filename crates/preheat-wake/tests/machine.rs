@@ -2,11 +2,12 @@
 //! after it, after a crash (journal), and on SIGTERM; client death cancels future windows;
 //! bad requests are refused with a clear message.
 //!
-//! Tests that need root or a sysfs file this machine lacks print `SKIP: reason`. Tests that
+//! Tests that need root or a sysfs file this machine lacks report a skip
+//! (`preheat_testsupport::skip`). Tests that
 //! touch the real `pm_qos_resume_latency_us` of a CPU run one at a time (and put back the value
 //! they found, whatever happens).
 
-use preheat_wake::mech::{Journal, JournalEntry, SysPaths};
+use preheat_wake::keep_awake::{Journal, JournalEntry, SysPaths};
 use preheat_wake::proto::Status;
 use preheat_wake::{Config, Daemon, Limits, MechChoice, Mechanism, WakeClient};
 use std::path::{Path, PathBuf};
@@ -24,9 +25,7 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn skip(why: &str) {
-    println!("SKIP: {why}");
-}
+use preheat_testsupport::skip;
 
 /// The CPU the tests use (1 if online, else the highest online CPU).
 fn test_cpu() -> u32 {
@@ -47,13 +46,13 @@ fn write(p: &Path, v: &str) {
 }
 
 /// The real PM QoS file of `cpu`, if we are root and it exists; else why not.
-fn real_pm_qos(cpu: u32) -> Result<PathBuf, String> {
-    if preheat_wake::mech::effective_uid() != Some(0) {
-        return Err("not root: cannot change PM QoS".into());
+fn real_pm_qos(cpu: u32) -> Result<PathBuf, (&'static str, String)> {
+    if preheat_wake::keep_awake::effective_uid() != Some(0) {
+        return Err(("root", "not root: cannot change PM QoS".into()));
     }
     let p = SysPaths::default().pm_qos(cpu);
     if !p.exists() {
-        return Err(format!("{} does not exist", p.display()));
+        return Err(("pm-qos", format!("{} does not exist", p.display())));
     }
     Ok(p)
 }
@@ -80,12 +79,12 @@ impl Drop for PutBack {
 }
 
 /// The real PM QoS file of `cpu` with `original` written to it, and the guard that puts back
-/// what it held before; `None` (after printing SKIP) where it cannot be changed.
+/// what it held before; `None` (after reporting the skip) where it cannot be changed.
 fn set_real_pm_qos(cpu: u32, original: &str) -> Option<(PathBuf, PutBack)> {
     let path = match real_pm_qos(cpu) {
         Ok(p) => p,
-        Err(why) => {
-            skip(&why);
+        Err((component, why)) => {
+            skip(component, &why);
             return None;
         }
     };
@@ -130,7 +129,7 @@ fn pm_qos_window_sets_na_and_restores_the_original() {
     let st = d.status();
     let cs = st.cpus.iter().find(|c| c.cpu == cpu).unwrap();
     if cs.mechanism != Mechanism::PmQos {
-        return skip(&format!("pmqos unavailable here: {:?}", st.notes));
+        return skip("pm-qos", &format!("pmqos unavailable here: {:?}", st.notes));
     }
     let mut c = WakeClient::connect(dir.path()).unwrap();
     let a = c.request_in("t-pmqos", &[cpu], 300 * MS, 600 * MS).unwrap();
@@ -344,11 +343,11 @@ fn bad_requests_are_rejected_with_a_clear_message() {
 #[test]
 fn dma_latency_fd_is_held_only_during_the_window() {
     let _s = serial();
-    if preheat_wake::mech::effective_uid() != Some(0) {
-        return skip("not root: cannot open /dev/cpu_dma_latency");
+    if preheat_wake::keep_awake::effective_uid() != Some(0) {
+        return skip("root", "not root: cannot open /dev/cpu_dma_latency");
     }
     if !Path::new("/dev/cpu_dma_latency").exists() {
-        return skip("/dev/cpu_dma_latency does not exist");
+        return skip("cpu-dma-latency", "/dev/cpu_dma_latency does not exist");
     }
     let holds_dma = || {
         std::fs::read_dir("/proc/self/fd")
@@ -369,7 +368,10 @@ fn dma_latency_fd_is_held_only_during_the_window() {
         .mechanism
         != Mechanism::DmaLatency
     {
-        return skip(&format!("dma unavailable: {:?}", d.status().notes));
+        return skip(
+            "cpu-dma-latency",
+            &format!("dma unavailable: {:?}", d.status().notes),
+        );
     }
     assert!(!holds_dma());
     let mut c = WakeClient::connect(dir.path()).unwrap();
@@ -500,7 +502,10 @@ fn child_with_window(dir: &Path, cpu: u32, path: &Path) -> Option<(ChildDaemon, 
     let mut c = WakeClient::connect(dir).unwrap();
     let st = c.status().unwrap();
     if st.cpus.iter().find(|x| x.cpu == cpu).unwrap().mechanism != Mechanism::PmQos {
-        skip(&format!("pmqos unavailable in the child: {:?}", st.notes));
+        skip(
+            "pm-qos",
+            &format!("pmqos unavailable in the child: {:?}", st.notes),
+        );
         return None;
     }
     let a = c.request_in("t-signal", &[cpu], 0, 8_000 * MS).unwrap();
@@ -637,10 +642,15 @@ fn unprivileged_changes_nothing_and_uses_spin() {
     let cpu = test_cpu();
     let path = match real_pm_qos(cpu) {
         Ok(p) => p,
-        Err(why) => return skip(&format!("{why} (needed to drop to an unprivileged user)")),
+        Err((component, why)) => {
+            return skip(
+                component,
+                &format!("{why} (needed to drop to an unprivileged user)"),
+            )
+        }
     };
     if !Path::new("/usr/bin/setpriv").exists() {
-        return skip("setpriv (util-linux) is not installed");
+        return skip("setpriv", "setpriv (util-linux) is not installed");
     }
     let _put_back = PutBack::new(&path);
     write(&path, "125");

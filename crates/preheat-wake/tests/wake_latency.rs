@@ -14,8 +14,10 @@
 
 use preheat_engine::os;
 use preheat_engine::time::now_ns;
-use preheat_wake::mech::SysPaths;
+use preheat_wake::keep_awake::SysPaths;
 use preheat_wake::{Config, Daemon, MechChoice, Mechanism, WakeClient};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -80,7 +82,7 @@ struct Row {
 fn wake_latency_per_mechanism() {
     let online = SysPaths::default().online_cpus();
     if !(online.contains(&0) && online.contains(&1)) {
-        println!("SKIP: needs CPUs 0 and 1 online (online: {online:?})");
+        preheat_testsupport::skip!("cpus", "needs CPUs 0 and 1 online (online: {online:?})");
         return;
     }
     let rounds = env_u64("PREHEAT_WAKE_BENCH_ROUNDS", 300) as usize;
@@ -108,7 +110,12 @@ fn wake_latency_per_mechanism() {
         let st = d.status();
         let got = st.cpus.iter().find(|c| c.cpu == 1).unwrap().mechanism;
         if got != want {
-            println!("SKIP row {want}: unavailable ({:?})", st.notes);
+            let component = match want {
+                Mechanism::PmQos => "pm-qos",
+                Mechanism::DmaLatency => "cpu-dma-latency",
+                _ => "wake-mechanism",
+            };
+            preheat_testsupport::skip!(component, "row {want}: unavailable ({:?})", st.notes);
             continue;
         }
         rows.push(Row {
@@ -148,14 +155,8 @@ fn wake_latency_per_mechanism() {
         loadavg()
     );
     let mut order: Vec<usize> = (0..rows.len()).collect();
-    let mut seed = now_ns() | 1;
-    let mut next_rand = move || {
-        // xorshift64
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut rng = StdRng::seed_from_u64(now_ns());
+    let mut next_rand = move || rng.gen::<u64>();
     let mut v = 0u32;
     // Quiet gate: rounds run in chunks; before each chunk wait for CPU 1 to be quiet, and keep
     // a chunk only if CPU 1 stayed quiet while it ran (other work there would put its

@@ -26,20 +26,6 @@ const AGENT_ENV: [&str; 4] = [
     "PREHEAT_AGENT_LOG",
 ];
 
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) if !d.is_empty() => {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                d
-            } else {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(d)
-            }
-        }
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"),
-    }
-}
-
 struct Artifacts {
     agent_so: PathBuf,
     kv_bin: PathBuf,
@@ -49,7 +35,7 @@ struct Artifacts {
 fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        let dir = target_dir().join("debug");
+        let dir = preheat_testsupport::debug_dir();
         let a = Artifacts {
             agent_so: dir.join("libpreheat_agent.so"),
             kv_bin: dir.join("preheat-kv"),

@@ -109,7 +109,12 @@ pub(super) fn probe_cycle(
     let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
     let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
     pin(true);
-    probe::prepare_phase(&valid, phase);
+    // SAFETY: `valid` was clipped just above (after the first request on a new connection, with
+    // the host's tracked threads back in their wait calls) to resident pages of readable,
+    // probe-safe mappings; the agent never unmaps host memory (a page the comm detector protects
+    // is restored by its fault handler). A host thread that unmaps them in the microseconds
+    // since breaks the contract (issue 13, bug 1: narrowed, not closed).
+    unsafe { probe::prepare_phase(&valid, phase) };
     pin(false);
     let t_flushed = time::now_ns();
     match (fd, request) {
@@ -141,7 +146,13 @@ pub(super) fn probe_cycle(
     unchanged_since_validation(&valid, port)?;
     pin(true);
     let t_reload = time::now_ns();
-    let probed = probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits);
+    // SAFETY: just above, with the host's tracked threads back in their wait calls, `valid` was
+    // re-validated against /proc/self/maps and mincore (resident pages of readable, probe-safe
+    // mappings) and found unchanged; the agent never unmaps host memory (a page the comm detector
+    // protects is restored by its fault handler). A host thread that unmaps them in the
+    // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
+    let probed =
+        unsafe { probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits) };
     let elapsed_ns = time::now_ns().saturating_sub(t_reload);
     pin(false);
     Ok(Reply::Probed {

@@ -261,7 +261,12 @@ impl Control {
             }
             Request::ProbeFlush { ranges } => {
                 let valid = validate_ranges(&ranges)?;
-                probe::flush(&valid);
+                // SAFETY: `validate_ranges` just clipped `valid` to resident pages of readable,
+                // probe-safe mappings in /proc/self/maps; the agent never unmaps host memory (a
+                // page the comm detector protects is restored by its fault handler). The host is
+                // not paused, though: a host thread that unmaps these pages during the flush
+                // breaks the contract (issue 13, bug 1).
+                unsafe { probe::flush(&valid) };
                 Ok(Reply::Ok)
             }
             Request::ProbeReload {
@@ -275,7 +280,13 @@ impl Control {
                 let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
                 let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
                 let t0 = time::now_ns();
-                let probed = probe::reload(&valid, threshold, window_pages, seed, &mut hits);
+                // SAFETY: `valid` was clipped just now (after `quiesce`: the host's tracked threads
+                // are in their wait calls) to resident pages of readable, probe-safe mappings; the
+                // agent never unmaps host memory (a page the comm detector protects is restored by
+                // its fault handler). Nothing stops a host thread from unmapping them during the
+                // reload (issue 13, bug 1), which would break the contract.
+                let probed =
+                    unsafe { probe::reload(&valid, threshold, window_pages, seed, &mut hits) };
                 let elapsed_ns = time::now_ns().saturating_sub(t0);
                 Ok(Reply::Probed {
                     hits,

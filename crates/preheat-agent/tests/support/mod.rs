@@ -35,26 +35,12 @@ pub struct Artifacts {
     pub kv_bin: PathBuf,
 }
 
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(d) if !d.is_empty() => {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                d
-            } else {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(d)
-            }
-        }
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"),
-    }
-}
-
 /// The built agent and preheat-kv (`target/debug`), built once per test binary with
 /// `cargo build -p preheat-kv -p preheat-agent` (a no-op when they are up to date).
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        let dir = target_dir().join("debug");
+        let dir = preheat_testsupport::debug_dir();
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let st = Command::new(cargo)
@@ -310,10 +296,13 @@ pub fn start_kv_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Server {
 }
 
 /// Compile the test program `tests/<rel>.c` into `dir` with the system C compiler, or None
-/// (SKIP printed) when there is none.
+/// (skip reported) when there is none.
 pub fn compile_c(rel: &str, dir: &Path) -> Option<PathBuf> {
     let Some(cc) = find_program("cc").or_else(|| find_program("gcc")) else {
-        eprintln!("SKIP {rel}: no C compiler (cc/gcc) to build the test program");
+        preheat_testsupport::skip!(
+            "gcc",
+            "{rel}: no C compiler (cc/gcc) to build the test program"
+        );
         return None;
     };
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{rel}.c"));

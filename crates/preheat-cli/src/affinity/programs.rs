@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// A program preset.
 pub struct Preset {
@@ -128,11 +130,9 @@ fn text(bytes: usize) -> String {
         "level",
     ];
     let mut s = String::with_capacity(bytes + 16);
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut rng = StdRng::seed_from_u64(0x2545_F491_4F6C_DD1D);
     while s.len() < bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x: u64 = rng.gen();
         s.push_str(WORDS[(x % WORDS.len() as u64) as usize]);
         s.push(if x.is_multiple_of(11) { '\n' } else { ' ' });
         if x.is_multiple_of(37) {

@@ -691,6 +691,22 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             )
         }
     };
+    // A workload that ran several quanta of CPU without one complete quantum between the
+    // vector's was not interleaved (the two did not alternate on one CPU): the run measured
+    // something else, so it fails, saying what each piece saw.
+    if interleaved.is_some() && main_runs.is_none() && cpu_s * 1e3 > 3.0 * spec.quantum_ms {
+        let (vpauses, vcpu_ms) = vec_out
+            .as_ref()
+            .map_or((0, 0.0), |v| (v.gaps_ms.len(), v.cpu_ns as f64 / 1e6));
+        bail!(
+            "not interleaved: the main workload ran {:.0} ms of CPU in {:.0} ms without a complete \
+             quantum (vector process: {vpauses} pause(s), {vcpu_ms:.0} ms CPU; {} controller \
+             switches): the measurement is void",
+            cpu_s * 1e3,
+            wall_s * 1e3,
+            stats.switches
+        );
+    }
     if let Some(m) = &main_runs {
         if interleaved.is_some() && m.p50_ms > 1.5 * spec.quantum_ms {
             notes.push(format!(

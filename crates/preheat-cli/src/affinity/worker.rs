@@ -310,7 +310,9 @@ fn workload(
     let preheats = Arc::new(AtomicU64::new(0));
     let lines = Arc::new(AtomicU64::new(0));
     let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let runs = w.runs();
+    // The warm thread below may load the workload's lines until the process exits (it lives as
+    // long as stdin is open, past the end of this function): the warm set keeps their memory.
+    let warm_set = w.warm_set();
     {
         let (go, preheat_cpu, preheats, lines) = (
             Arc::clone(&go),
@@ -338,7 +340,7 @@ fn workload(
                     if preheat && buf.contains(&b'p') {
                         let c = thread_cpu_ns();
                         let deadline = now_ns() + budget_us * 1000;
-                        let r = preheat_engine::preheat::load_runs(&runs, Some(deadline));
+                        let r = warm_set.load(Some(deadline));
                         preheat_cpu.fetch_add(thread_cpu_ns() - c, Ordering::Relaxed);
                         preheats.fetch_add(1, Ordering::Relaxed);
                         lines.fetch_add(r.lines_done, Ordering::Relaxed);

@@ -86,7 +86,20 @@ pub fn realtime_or_skip(test: &str) -> bool {
             std::env::var_os("CI").is_none(),
             "{test}: real-time scheduling is not permitted, but CI runs the suite as root"
         );
-        eprintln!("SKIP: {test}: no permission for SCHED_FIFO (run as root)");
+        preheat_testsupport::skip!(
+            "realtime",
+            "{test}: no permission for SCHED_FIFO (run as root)"
+        );
     }
     ok
+}
+
+/// Whether this test runs with effective uid 0 (from /proc/self/status: no unsafe, no libc).
+pub fn euid_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
+            .unwrap_or(false)
+    })
 }

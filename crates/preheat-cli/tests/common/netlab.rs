@@ -1,7 +1,7 @@
 //! Test hosts in network namespaces: one bridge namespace and N host namespaces joined to it by
 //! veth pairs, on a private /24 that exists only inside these namespaces. Everything is removed
 //! on drop (also when a test panics). Needs root and iproute2; [`NetLab::new`] returns the reason
-//! when it cannot build the lab, and the test prints `SKIP: reason`.
+//! when it cannot build the lab, and the test reports the skip (`preheat_testsupport::skip`).
 
 use std::process::{Child, Command, Stdio};
 

@@ -3,6 +3,8 @@
 //! 1. Start the server pinned to one CPU with the agent attached; the client runs on another.
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
 //! 3. Run interleaved, shuffled rounds. Every round measures each mode once, in random order:
+//!    * `hot` — the floor: right after a previous request, with the server's CPU kept out of
+//!      idle (see [`crate::hot`]); skipped, saying why, where no mechanism allows it;
 //!    * `warm` — right after a previous request;
 //!    * `cold-idle` — after an idle gap (real idle: the vCPU halts, other tenants evict);
 //!    * `cold-sweep` — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
@@ -12,7 +14,8 @@
 //!    * `preheat:S` — like `cold-sweep`, but the request is announced `lead` µs ahead and the
 //!      agent applies strategies S (wake, lines, replay, combinations).
 //! 4. Print response-time p50/p99 with 95% CIs and, for preheat rows, the working-set size, runs,
-//!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed.
+//!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed — against the
+//!    hot floor (warm beside it) — split by stage (see [`table`]).
 //!
 //! Response time is measured by the client from the moment it sends (for announced requests:
 //! at the announced arrival time) until the full reply is read. Everything printed is measured
@@ -29,7 +32,10 @@ use serde::Serialize;
 use crate::agentctl::{AgentClient, Announcer};
 use crate::record::{self, RecordParams};
 use crate::servers::{self, ServerKind};
-use crate::stats::{summarize, Summary};
+
+mod table;
+
+use table::{decomposition, print_table, table, Decomposition, Row};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -84,6 +90,7 @@ pub struct DemoArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
+    Hot,
     Warm,
     ColdIdle,
     ColdSweep,
@@ -94,6 +101,7 @@ enum Mode {
 impl Mode {
     fn name(self) -> String {
         match self {
+            Mode::Hot => "hot".into(),
             Mode::Warm => "warm".into(),
             Mode::ColdIdle => "cold-idle".into(),
             Mode::ColdSweep => "cold-sweep".into(),
@@ -118,29 +126,11 @@ struct Sample {
     worker_lead_us: f64,
     /// Arrival time minus the time the agent's trigger thread received the announcement, µs.
     trigger_lead_us: f64,
-    /// When the server thread started on the request, relative to the announced arrival (the
-    /// send time), µs: the announcement's accuracy as the server sees it.
+    /// When the server thread started on the request (returned from its wait with it, as the
+    /// agent saw), relative to the send time (announced modes: the announced arrival), µs.
+    /// Every mode has it: the first stage of the response time (arrival and wake-up).
     server_start_us: f64,
     sweep_us: f64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct Row {
-    mode: String,
-    latency: Summary,
-    /// Share of the cold-sweep p50 overhead (over warm) removed.
-    overhead_removed: Option<f64>,
-    ws_kib: Option<f64>,
-    runs: Option<u64>,
-    encoded_bytes: Option<u64>,
-    preheat_us_p50: Option<f64>,
-    gb_per_s: Option<f64>,
-    completed_share: Option<f64>,
-    worker_lead_us_p50: Option<f64>,
-    trigger_lead_us_p50: Option<f64>,
-    /// Server thread start − announced arrival, µs: p50 and p99.
-    server_start_us_p50: Option<f64>,
-    server_start_us_p99: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -165,6 +155,10 @@ struct Output {
     cpi: Option<f64>,
     /// Modes that were asked for but cannot run on this server, with the reason.
     skipped: Vec<Skipped>,
+    /// How the hot floor kept the server's CPU out of idle (`None`: no hot floor; see skipped).
+    hot_floor: Option<String>,
+    /// The cold overhead split by cause (p50 differences).
+    decomposition: Option<Decomposition>,
     rows: Vec<Row>,
     samples: Vec<Sample>,
 }
@@ -202,7 +196,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
     let client_cpu = if server_cpu == 0 { 1 } else { 0 };
-    let mut wanted = vec![Mode::Warm, Mode::ColdIdle, Mode::ColdSweep, Mode::Control];
+    let mut wanted = vec![
+        Mode::Hot,
+        Mode::Warm,
+        Mode::ColdIdle,
+        Mode::ColdSweep,
+        Mode::Control,
+    ];
     for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
         let st = Strategies::parse(s).map_err(anyhow::Error::msg)?;
         wanted.push(Mode::Preheat(st));
@@ -222,8 +222,19 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut client = w.connect(server.addr())?;
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
+    let keep_awake = match crate::hot::KeepAwake::open(&server.run_dir, server_cpu as u32) {
+        Ok(k) => Some(k),
+        Err(why) => {
+            skipped.push(Skipped {
+                mode: Mode::Hot.name(),
+                reason: format!("{why}: shares removed are against warm instead of the hot floor"),
+            });
+            None
+        }
+    };
     for m in wanted {
         match m {
+            Mode::Hot if keep_awake.is_none() => {}
             Mode::Preheat(st) if st.contains(Strategies::REPLAY) && w.raw.is_none() => {
                 skipped.push(Skipped {
                     mode: m.name(),
@@ -310,11 +321,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
         order.shuffle(&mut rng);
         let kind = client.new_round().unwrap_or("request");
         for mode in order {
+            if let (Mode::Hot, Some(k)) = (mode, &keep_awake) {
+                k.hold();
+            }
             // Priming request: every mode starts from a just-served state.
             client.request_ok()?;
             let mut sweep_us = 0.0;
             match mode {
-                Mode::Warm => {}
+                Mode::Hot | Mode::Warm => {}
                 Mode::ColdIdle => std::thread::sleep(Duration::from_millis(a.idle_ms)),
                 Mode::ColdSweep | Mode::Preheat(_) => {
                     preheat_engine::os::set_affinity(&[server_cpu])?;
@@ -352,6 +366,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
             };
             let ok = client.request()?;
             let t_done = preheat_engine::time::now_ns();
+            if let (Mode::Hot, Some(k)) = (mode, &keep_awake) {
+                k.release();
+            }
             if !ok {
                 bad_replies += 1;
             }
@@ -368,11 +385,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 server_start_us: f64::NAN,
                 sweep_us,
             };
-            if let Some(b) = before {
-                // Give the worker time to finish its bookkeeping before reading it.
-                std::thread::sleep(Duration::from_micros(300));
-                let (after, busy_start) = agent_preheat(&mut agent, port)?;
+            // Give the server thread and the agent's worker time to finish their bookkeeping
+            // (the busy period ends when the server waits again) before reading it.
+            std::thread::sleep(Duration::from_micros(300));
+            let (after, busy_start) = agent_preheat(&mut agent, port)?;
+            if busy_start >= t_send.saturating_sub(a.lead_us * 1000) {
                 s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
+            }
+            if let Some(b) = before {
                 if after.preheats > b.preheats
                     || after.wake_spins > b.wake_spins
                     || after.replays > b.replays
@@ -406,6 +426,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         bail!("{bad_replies} replies were wrong: the server misbehaved under the agent");
     }
 
+    let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
+    drop(keep_awake);
     let rows = table(&modes, &samples, &ws_stats);
     let machine = format!(
         "{} CPUs, cpuidle {}",
@@ -427,6 +449,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         pmu: preheat_engine::topology::has_pmu(),
         cpi: None,
         skipped,
+        hot_floor,
+        decomposition: decomposition(&samples),
         rows,
         samples,
     };
@@ -440,166 +464,4 @@ pub fn run(a: DemoArgs) -> Result<()> {
         print_table(&out, &ws_stats);
     }
     Ok(())
-}
-
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Some(v[v.len() / 2])
-}
-
-fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec<Row> {
-    let lat = |name: &str| -> Vec<f64> {
-        samples
-            .iter()
-            .filter(|s| s.mode == name)
-            .map(|s| s.latency_us)
-            .collect()
-    };
-    let warm = summarize(&lat("warm")).p50;
-    let cold = summarize(&lat("cold-sweep")).p50;
-    modes
-        .iter()
-        .map(|m| {
-            let name = m.name();
-            let mine: Vec<&Sample> = samples.iter().filter(|s| s.mode == name).collect();
-            let latency = summarize(&lat(&name));
-            let removed = match m {
-                Mode::Warm | Mode::ColdSweep => None,
-                _ if cold > warm => Some((cold - latency.p50) / (cold - warm)),
-                _ => None,
-            };
-            let mut row = Row {
-                mode: name.clone(),
-                latency,
-                overhead_removed: removed,
-                ws_kib: None,
-                runs: None,
-                encoded_bytes: None,
-                preheat_us_p50: None,
-                gb_per_s: None,
-                completed_share: None,
-                worker_lead_us_p50: None,
-                trigger_lead_us_p50: None,
-                server_start_us_p50: None,
-                server_start_us_p99: None,
-            };
-            if let Mode::Preheat(st) = m {
-                row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
-                row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
-                let starts: Vec<f64> = mine.iter().map(|s| s.server_start_us).collect();
-                let start = summarize(&starts);
-                if start.n > 0 {
-                    row.server_start_us_p50 = Some(start.p50);
-                    row.server_start_us_p99 = Some(start.p99);
-                }
-                if st.contains(Strategies::LINES) {
-                    row.ws_kib = Some(ws.kib);
-                    row.runs = Some(ws.runs);
-                    row.encoded_bytes = Some(ws.encoded_bytes);
-                    let with_lines: Vec<&&Sample> =
-                        mine.iter().filter(|s| s.lines_total > 0).collect();
-                    row.preheat_us_p50 = median(with_lines.iter().map(|s| s.preheat_us).collect());
-                    let gbps: Vec<f64> = with_lines
-                        .iter()
-                        .filter(|s| s.preheat_us > 0.0)
-                        .map(|s| (s.lines_done * 64) as f64 / (s.preheat_us * 1e3))
-                        .collect();
-                    row.gb_per_s = median(gbps);
-                    if !mine.is_empty() {
-                        row.completed_share = Some(
-                            with_lines
-                                .iter()
-                                .filter(|s| s.lines_done == s.lines_total)
-                                .count() as f64
-                                / mine.len() as f64,
-                        );
-                    }
-                }
-            }
-            row
-        })
-        .collect()
-}
-
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map(|x| format!("{x:.prec$}"))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn print_table(o: &Output, ws: &preheat_model::WsStats) {
-    println!();
-    println!(
-        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs]",
-        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us
-    );
-    if let Some(r) = &o.record {
-        println!(
-            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
-            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
-        );
-    }
-    println!(
-        "{:<22} {:>5} {:>22} {:>8} {:>8} {:>9} {:>8} {:>6} {:>8} {:>9} {:>6} {:>6} {:>9}",
-        "mode",
-        "n",
-        "p50 (95% CI)",
-        "p99",
-        "mean",
-        "removed",
-        "WS KiB",
-        "runs",
-        "enc B",
-        "preheat",
-        "GB/s",
-        "done",
-        "lead µs"
-    );
-    for r in &o.rows {
-        let l = &r.latency;
-        println!(
-            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>7} {:>6} {:>5} {:>5} {:>7} {:>5} {:>5} {:>11}",
-            r.mode,
-            l.n,
-            format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
-            l.p99,
-            l.mean,
-            r.overhead_removed
-                .map(|x| format!("{:.0}%", x * 100.0))
-                .unwrap_or_else(|| "-".into()),
-            opt(r.ws_kib, 1),
-            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-            r.encoded_bytes
-                .map(|x| x.to_string())
-                .unwrap_or_else(|| "-".into()),
-            opt(r.preheat_us_p50, 1),
-            opt(r.gb_per_s, 2),
-            r.completed_share
-                .map(|x| format!("{:.0}%", x * 100.0))
-                .unwrap_or_else(|| "-".into()),
-            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
-                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
-                _ => "-".into(),
-            },
-        );
-    }
-    println!();
-    for s in &o.skipped {
-        println!("{:<26} n/a: {}", s.mode, s.reason);
-    }
-    println!(
-        "CPI: {}",
-        if o.pmu {
-            "a PMU exists, but CPI measurement is not implemented yet (n/a)"
-        } else {
-            "n/a (no hardware PMU on this machine: cycles and instructions cannot be counted)"
-        }
-    );
-    println!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − warm p50); preheat = agent-reported time to issue the lines (p50);");
-    println!("lead µs t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50: what is left of the lead).");
-    println!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
-    println!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
 }

@@ -1,0 +1,170 @@
+//! The hot floor: one CPU kept out of idle while a request with warm caches is served.
+//!
+//! Back-to-back "warm" requests are not the fastest a server can answer: between two of them its
+//! CPU may already halt, and waking a halted vCPU costs 20–90 µs here. The hot floor keeps the
+//! server's CPU polling in the idle loop (a per-CPU PM QoS resume-latency constraint, as the wake
+//! planner arms it; else a `/dev/cpu_dma_latency` request, which holds *every* CPU awake) while
+//! the request is served. It is the physical floor of a preheated request on this machine: caches
+//! warm and no wakeup. The mechanisms are the wake planner's ([`preheat_wake::keep_awake::Machine`]);
+//! nothing else here changes machine state.
+//!
+//! Nothing is left behind: [`KeepAwake`] restores the CPU when dropped and from the CLI's signal
+//! handler; a per-process journal in the run directory records what was changed, and the next
+//! `preheat` command restores the journals of processes that died without restoring (SIGKILL;
+//! [`restore_stale`]).
+//! `/dev/cpu_dma_latency` needs no journal: the kernel drops the request with the process.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use preheat_wake::keep_awake::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
+
+/// The machine state of this process's hot floor (one per process; the signal handler's hook
+/// restores it).
+static MACHINE: Mutex<Option<Machine>> = Mutex::new(None);
+
+const JOURNAL_PREFIX: &str = "hot-floor-";
+
+/// One CPU that can be kept awake on demand.
+pub struct KeepAwake {
+    cpu: u32,
+    /// What the mechanism means for the measurement (said next to the hot numbers).
+    pub note: String,
+}
+
+impl KeepAwake {
+    /// Prepare to keep `cpu` awake (changes nothing yet). `Err` says why the hot floor cannot be
+    /// measured here (unprivileged, or no mechanism other than spinning on the CPU itself, which
+    /// would compete with the server).
+    pub fn open(run_dir: &Path, cpu: u32) -> Result<KeepAwake, String> {
+        let paths = SysPaths::default();
+        restore_stale(run_dir);
+        std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
+        let journal = journal_path(run_dir, std::process::id());
+        let m = Machine::open(paths, journal, MechChoice::Auto, &[cpu]);
+        let note = match m.mechanism(cpu) {
+            Mechanism::PmQos => format!(
+                "cpu{cpu} polls in idle (per-CPU PM QoS resume latency {})",
+                keep_awake::PM_QOS_STRICT
+            ),
+            Mechanism::DmaLatency => "every CPU polls in idle (/dev/cpu_dma_latency = 0; the \
+                                      client's CPU too, so the floor is a little lower than the \
+                                      server alone allows)"
+                .to_string(),
+            Mechanism::Spin => {
+                let why = m.notes().join("; ");
+                return Err(if why.is_empty() {
+                    "no way to keep the server's CPU out of idle (PM QoS and \
+                     /dev/cpu_dma_latency unavailable)"
+                        .into()
+                } else {
+                    why
+                });
+            }
+        };
+        let mut slot = MACHINE
+            .lock()
+            .map_err(|_| "the hot floor's state is poisoned".to_string())?;
+        if slot.is_some() {
+            return Err("the hot floor is already in use in this process".into());
+        }
+        *slot = Some(m);
+        crate::launch::on_signal(restore_now);
+        Ok(KeepAwake { cpu, note })
+    }
+
+    /// Keep the CPU out of idle from now on (until [`KeepAwake::release`]).
+    pub fn hold(&self) {
+        if let Ok(mut g) = MACHINE.lock() {
+            if let Some(m) = g.as_mut() {
+                m.arm(self.cpu, preheat_engine::time::now_ns());
+            }
+        }
+    }
+
+    /// Let the CPU sleep again.
+    pub fn release(&self) {
+        if let Ok(mut g) = MACHINE.lock() {
+            if let Some(m) = g.as_mut() {
+                m.disarm(self.cpu);
+            }
+        }
+    }
+}
+
+impl Drop for KeepAwake {
+    fn drop(&mut self) {
+        restore_now();
+    }
+}
+
+/// Restore everything the hot floor changed and remove its journal (idempotent).
+fn restore_now() {
+    // try_lock: the signal hook must not wait for a holder that the signal interrupted.
+    let Ok(mut g) = MACHINE.try_lock() else {
+        return;
+    };
+    if let Some(mut m) = g.take() {
+        m.disarm_all();
+        if m.journal().entries.is_empty() {
+            let _ = std::fs::remove_file(m.journal_path());
+        }
+    }
+}
+
+fn journal_path(run_dir: &Path, pid: u32) -> PathBuf {
+    run_dir.join(format!("{JOURNAL_PREFIX}{pid}-{}", Journal::FILE))
+}
+
+/// Restore the journals of hot floors whose processes are gone (killed before they could
+/// restore). Every `preheat` command calls this at start; it reads one directory.
+pub fn restore_stale(run_dir: &Path) {
+    let paths = SysPaths::default();
+    let Ok(rd) = std::fs::read_dir(run_dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(JOURNAL_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        match keep_awake::restore_journal(&paths, &e.path()) {
+            Ok(outcomes) => {
+                for o in outcomes {
+                    eprintln!("preheat: hot floor of a killed run (pid {pid}): {o}");
+                }
+                if Journal::load(&e.path()).is_ok_and(|j| j.entries.is_empty()) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+            Err(err) => eprintln!(
+                "preheat: could not restore {} (left in place): {err}",
+                e.path().display()
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_names_carry_the_pid() {
+        let p = journal_path(Path::new("/x"), 42);
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let pid: u32 = name
+            .strip_prefix(JOURNAL_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap();
+        assert_eq!(pid, 42);
+    }
+}

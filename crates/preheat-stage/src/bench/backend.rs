@@ -1,0 +1,207 @@
+//! The backend under test: the bundled preheat-kv or a `--backend-cmd`, started pinned and
+//! wrapped so it dies with us; stopped on drop.
+
+use std::ffi::OsString;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// A backend process we started; stopped on drop.
+pub(super) struct BackendProc {
+    pub(super) child: Child,
+    pub(super) ready_file: Option<PathBuf>,
+}
+
+impl Drop for BackendProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(f) = &self.ready_file {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+pub(super) fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The bundled server: `PREHEAT_KV_BIN`, or next to this executable (`target/<profile>/`, also
+/// from `target/<profile>/deps/`), built with cargo from this checkout when missing.
+pub fn kv_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("PREHEAT_KV_BIN") {
+        let p = PathBuf::from(p);
+        if !p.is_file() {
+            bail!("PREHEAT_KV_BIN={} does not exist", p.display());
+        }
+        return Ok(p);
+    }
+    let exe = std::env::current_exe().context("cannot find the running executable")?;
+    let dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let candidates = [dir.join("preheat-kv"), dir.join("../preheat-kv")];
+    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    if !manifest.is_file() {
+        bail!(
+            "the bundled server preheat-kv is not next to {} and no source checkout is available; set PREHEAT_KV_BIN",
+            exe.display()
+        );
+    }
+    let release = dir.ends_with("release") || dir.parent().is_some_and(|p| p.ends_with("release"));
+    let profile = if release { "release" } else { "dev" };
+    eprintln!("preheat stage: building the bundled server (cargo build --profile {profile} -p preheat-kv) ...");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let st = Command::new(cargo)
+        .args(["build", "--quiet", "--profile", profile, "-p", "preheat-kv"])
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .status()
+        .context("running cargo to build preheat-kv")?;
+    if !st.success() {
+        bail!("building preheat-kv failed ({st})");
+    }
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .with_context(|| format!("preheat-kv still missing next to {}", exe.display()))
+}
+
+/// Wraps a command so it dies with us (`setpriv --pdeathsig KILL`) and runs on `cpu`.
+fn wrapped(program: OsString, args: Vec<OsString>, cpu: Option<usize>) -> Command {
+    let mut argv: Vec<OsString> = Vec::new();
+    if on_path("setpriv").is_some() {
+        argv.extend(["setpriv", "--pdeathsig", "KILL"].map(OsString::from));
+    }
+    if let Some(cpu) = cpu {
+        argv.extend([
+            OsString::from("taskset"),
+            "-c".into(),
+            cpu.to_string().into(),
+        ]);
+    }
+    argv.push(program);
+    argv.extend(args);
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    cmd
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+pub(super) fn resolve(text: &str) -> Result<SocketAddr> {
+    text.to_socket_addrs()
+        .with_context(|| format!("resolving {text}"))?
+        .next()
+        .with_context(|| format!("{text}: no address"))
+}
+
+fn wait_connectable(addr: SocketAddr, child: &mut Child, stop: &AtomicBool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return Ok(());
+        }
+        if let Some(st) = child.try_wait()? {
+            bail!("the backend exited before accepting connections ({st})");
+        }
+        if Instant::now() > deadline || stop.load(Ordering::SeqCst) {
+            bail!("the backend did not accept connections on {addr} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts the bundled preheat-kv on a free port (reported through its ready file).
+pub(super) fn start_kv(cpu: Option<usize>, stop: &AtomicBool) -> Result<(BackendProc, SocketAddr)> {
+    let bin = kv_binary()?;
+    let ready = std::env::temp_dir().join(format!(
+        "preheat-stage-kv-{}-{}.ready",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let args: Vec<OsString> = vec![
+        "--port".into(),
+        "0".into(),
+        "--quiet".into(),
+        "--ready-file".into(),
+        ready.clone().into(),
+    ];
+    let child = wrapped(bin.clone().into(), args, cpu)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut proc = BackendProc {
+        child,
+        ready_file: Some(ready.clone()),
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            if let Some(port) = text
+                .strip_prefix("ready ")
+                .and_then(|p| p.trim().parse::<u16>().ok())
+            {
+                return Ok((proc, SocketAddr::from(([127, 0, 0, 1], port))));
+            }
+        }
+        if let Some(st) = proc.child.try_wait()? {
+            bail!("preheat-kv exited at start ({st})");
+        }
+        if Instant::now() > deadline || stop.load(Ordering::SeqCst) {
+            bail!("preheat-kv did not become ready within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Starts `--backend-cmd` through `sh -c 'exec ...'`, `{port}` replaced by a free port.
+pub(super) fn start_cmd(
+    cmd: &str,
+    backend: Option<&str>,
+    cpu: Option<usize>,
+    stop: &AtomicBool,
+) -> Result<(BackendProc, SocketAddr)> {
+    let (cmd, addr) = if cmd.contains("{port}") {
+        let port = free_port()?;
+        let addr = match backend {
+            Some(b) => resolve(b)?,
+            None => SocketAddr::from(([127, 0, 0, 1], port)),
+        };
+        (cmd.replace("{port}", &port.to_string()), addr)
+    } else {
+        let Some(b) = backend else {
+            bail!("--backend-cmd needs a {{port}} placeholder or --backend ADDR to say where the backend listens");
+        };
+        (cmd.to_string(), resolve(b)?)
+    };
+    let child = wrapped(
+        "sh".into(),
+        vec!["-c".into(), format!("exec {cmd}").into()],
+        cpu,
+    )
+    .spawn()
+    .with_context(|| format!("starting backend command {cmd:?}"))?;
+    let mut proc = BackendProc {
+        child,
+        ready_file: None,
+    };
+    wait_connectable(addr, &mut proc.child, stop)?;
+    Ok((proc, addr))
+}

@@ -1,0 +1,189 @@
+//! Support shared by the workspace's tests; a dev-dependency only, never linked into a program.
+//!
+//! * Where the build puts things: [`target_dir`], [`debug_dir`] and [`built`] (one answer for
+//!   every test crate, `CARGO_TARGET_DIR` included).
+//! * The one way a test says it skipped: [`skip()`] (or the [`skip!`] macro). `cargo test` hides
+//!   the output of passing tests, so a test that merely printed `SKIP` and returned looked like
+//!   a pass; [`skip()`] writes `SKIP <test>: <reason>` straight to the process's stderr (past
+//!   the harness's capture) and, when `PREHEAT_SKIP_LOG` names a file, appends one line
+//!
+//!   ```text
+//!   rust\t<test>\t<component>\t<reason>\n
+//!   ```
+//!
+//!   to it (tab-separated; tabs and line breaks inside a field become spaces). The line goes out
+//!   in one `write` on an `O_APPEND` descriptor, so lines from tests running in parallel threads
+//!   and processes never interleave. `scripts/test.sh` sets the variable and summarizes the file
+//!   (together with the Python tests' skips, which write the same format) at the end of a run.
+//!
+//! `component` is a short key of what was missing: the Debian binary name (`memcached`, `nginx`,
+//! `redis-server`, `mariadbd`, `valgrind`, `gcc`, `wrk`, `memcaslap`, `gzip`, `xz`, `sqlite3`,
+//! `setpriv`, ...) or a capability (`root`, `realtime`, `ptrace`, `netns`, `pmu`, `nightly`,
+//! `quiet-machine`, ...), so the summary can tell a skip the test command should have prevented
+//! (it installs the program) from one this machine cannot help.
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The environment variable naming the skip log.
+pub const SKIP_LOG_ENV: &str = "PREHEAT_SKIP_LOG";
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The build's target directory: `CARGO_TARGET_DIR` (a relative one is relative to the
+/// workspace root, as cargo reads it there), else `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => {
+            let d = PathBuf::from(d);
+            if d.is_absolute() {
+                d
+            } else {
+                workspace_root().join(d)
+            }
+        }
+        _ => workspace_root().join("target"),
+    }
+}
+
+/// Where `cargo build` (the dev profile) puts the workspace's programs and libraries.
+pub fn debug_dir() -> PathBuf {
+    target_dir().join("debug")
+}
+
+/// A program or library of the workspace as `cargo build` leaves it: `debug_dir()/name`
+/// (e.g. `preheat-kv`, `preheatd`, `libpreheat_agent.so`). It may not exist yet.
+pub fn built(name: &str) -> PathBuf {
+    debug_dir().join(name)
+}
+
+/// Report that the running test is skipped because `component` is missing (see the crate
+/// docs): `SKIP <test>: <reason>` on stderr, and a line in `PREHEAT_SKIP_LOG` when set. The
+/// caller returns afterwards, or leaves out just the part that needs `component` (a partial
+/// skip is reported the same way). Never panics: a log that cannot be written is reported on
+/// stderr.
+pub fn skip(component: &str, reason: &str) {
+    let test = test_name();
+    let _ = std::io::stderr().write_all(format!("SKIP {test}: {reason}\n").as_bytes());
+    if let Some(path) = std::env::var_os(SKIP_LOG_ENV).filter(|p| !p.is_empty()) {
+        if let Err(e) = append(Path::new(&path), &log_line(&test, component, reason)) {
+            let _ = std::io::stderr().write_all(
+                format!(
+                    "warning: could not record the skip of {test} in {}: {e}\n",
+                    Path::new(&path).display()
+                )
+                .as_bytes(),
+            );
+        }
+    }
+}
+
+/// [`skip()`] with a formatted reason: `skip!("memcached", "{} is not installed", name)`.
+#[macro_export]
+macro_rules! skip {
+    ($component:expr, $($reason:tt)+) => {
+        $crate::skip($component, &::std::format!($($reason)+))
+    };
+}
+
+/// One line of the skip log.
+pub fn log_line(test: &str, component: &str, reason: &str) -> String {
+    format!(
+        "rust\t{}\t{}\t{}\n",
+        field(test),
+        field(component),
+        field(reason)
+    )
+}
+
+/// A log field: tabs and line breaks become spaces (they separate fields and lines).
+fn field(s: &str) -> String {
+    s.replace(['\t', '\n', '\r'], " ")
+}
+
+/// Append `line` with a single `write` on an `O_APPEND` descriptor (atomic for a short line).
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)?;
+    let n = f.write(line.as_bytes())?;
+    if n < line.len() {
+        // Only on a full disk or a signal; finish the line rather than leave half of it.
+        f.write_all(&line.as_bytes()[n..])?;
+    }
+    Ok(())
+}
+
+/// The running test as `package/target::test` (`package::test` for a library's own unit
+/// tests): the package from cargo's `CARGO_PKG_NAME` (set while `cargo test` runs the test),
+/// the target from the test executable's name, the test from the harness's name of the test's
+/// thread. Parts that are unknown are left out (`?` when nothing is known).
+pub fn test_name() -> String {
+    let thread = std::thread::current();
+    let test = thread.name().filter(|n| *n != "main").unwrap_or("?");
+    let target = std::env::current_exe().ok().and_then(|p| {
+        let stem = p.file_stem()?.to_str()?.to_string();
+        // target/debug/deps/<target>-<16 hex digits>
+        Some(match stem.rsplit_once('-') {
+            Some((t, hash)) if hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                t.to_string()
+            }
+            _ => stem,
+        })
+    });
+    let package = std::env::var("CARGO_PKG_NAME")
+        .ok()
+        .filter(|p| !p.is_empty());
+    let prefix = match (package, target) {
+        (Some(p), Some(t)) if t == p.replace('-', "_") => p,
+        (Some(p), Some(t)) => format!("{p}/{t}"),
+        (Some(p), None) => p,
+        (None, Some(t)) => t,
+        (None, None) => return test.to_string(),
+    };
+    format!("{prefix}::{test}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_lines_have_four_fields_and_one_line_break() {
+        let l = log_line(
+            "a::b",
+            "memcached",
+            "not\tinstalled\r\n(apt-get install memcached)",
+        );
+        assert_eq!(
+            l,
+            "rust\ta::b\tmemcached\tnot installed  (apt-get install memcached)\n"
+        );
+    }
+
+    #[test]
+    fn the_test_name_is_the_harness_thread_name() {
+        let name = test_name();
+        assert!(
+            name.ends_with("::tests::the_test_name_is_the_harness_thread_name"),
+            "{name}"
+        );
+        if std::env::var_os("CARGO_PKG_NAME").is_some() {
+            assert!(name.starts_with("preheat-testsupport::"), "{name}");
+        }
+    }
+
+    #[test]
+    fn target_dir_holds_the_running_test() {
+        // The test binary itself lives under target/<profile>/deps.
+        let exe = std::env::current_exe().unwrap().canonicalize().unwrap();
+        let target = target_dir().canonicalize().unwrap();
+        assert!(exe.starts_with(&target), "{exe:?} not under {target:?}");
+        assert_eq!(built("x"), debug_dir().join("x"));
+    }
+}

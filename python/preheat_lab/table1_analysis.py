@@ -1,0 +1,281 @@
+"""Table 1's analysis of one server's samples: the table rows (mean, median and p99 with CIs, the
+share of the cold overhead each mode removes, working set and preheat time), where cold-start
+time goes (decomposition), the headline beside the paper's Table 1, and the same per request
+kind."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from . import stats
+from .table1_samples import (
+    COLD,
+    CONTROL,
+    DISPLAY,
+    HOT,
+    LINE_BYTES,
+    WARM,
+    floor_mode,
+    loads_lines,
+    mode_order,
+    strategy_modes,
+)
+
+PAPER_LABEL = "paper (Odroid-XU3, ARM Cortex-A15)"
+#: Table 1 of the paper (averages over 100000 requests).
+PAPER = {
+    "nginx": dict(warm=367.6, cold=498.0, preheated=388.5, cpi_warm=3.63, cpi_cold=5.78,
+                  cpi_preheated=4.12, ws_kib=235.8, preheat_us=77.4),
+    "memcached": dict(warm=178.8, cold=238.8, preheated=188.5, cpi_warm=3.81, cpi_cold=5.66,
+                      cpi_preheated=4.30, ws_kib=142.3, preheat_us=53.0),
+    "mariadb": dict(warm=3970.0, cold=4320.0, preheated=4069.0, cpi_warm=2.20, cpi_cold=2.44,
+                    cpi_preheated=2.29, ws_kib=621.8, preheat_us=146.4),
+}
+PAPER_AVERAGE_REMOVED = 0.798  # "on average the overhead is reduced by 79.8%"
+PAPER_NAME = {"nginx": "nginx", "memcached": "memcached", "mariadb": "MariaDB"}
+
+
+def paper_removed(server: str) -> float:
+    p = PAPER[server]
+    return (p["cold"] - p["preheated"]) / (p["cold"] - p["warm"])
+
+
+def cpi_text(meta: dict, topo: dict) -> tuple[str, dict | None]:
+    """CPI column: the CLI's numbers when it has a PMU, else why not."""
+    cpi = meta.get("cpi")
+    pmu = meta.get("pmu", topo.get("pmu"))
+    if cpi:
+        return "measured", cpi
+    if pmu is False:
+        return "n/a (no PMU on this machine)", None
+    if pmu is True:
+        return "n/a (PMU present, but the demo reported no CPI)", None
+    return "n/a (the demo reported no CPI)", None
+
+
+def _cli_row(meta: dict, mode: str) -> dict:
+    for r in meta.get("rows", []) or []:
+        if r.get("mode") == mode:
+            return r
+    return {}
+
+
+def _first(*vals):
+    for v in vals:
+        if v is not None and not (isinstance(v, float) and math.isnan(v)):
+            return v
+    return None
+
+
+def _removed(mat: np.ndarray, modes: list[str], stat: str, boot: int,
+             floor: str = WARM) -> dict[str, stats.Derived]:
+    """Share of the cold overhead (cold − FLOOR) each mode but FLOOR and cold removes, paired
+    bootstrap over rounds; empty without both baselines."""
+    if COLD not in modes or floor not in modes:
+        return {}
+    fns = {m: stats.share_fn(COLD, floor, m) for m in modes if m not in (floor, COLD)}
+    return stats.paired_bootstrap(mat, modes, fns, stat, boot)
+
+
+#: A share outside this range means the floor or the cold baseline is not what it claims.
+SHARE_LIMIT = 1.0
+
+
+def share_flag(mode: str, floor: str, **shares: float) -> str:
+    """'' or why MODE's shares are suspect (outside ±100%): flagged, never printed silently."""
+    bad = [f"{k.replace('_', ' ')} {v:.0%}" for k, v in shares.items()
+           if v is not None and np.isfinite(v) and abs(v) > SHARE_LIMIT]
+    if not bad:
+        return ""
+    return (f"{mode}: {', '.join(bad)} outside ±100%: the {floor} floor or the cold baseline is "
+            "not what it claims for this mode")
+
+
+def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
+                   boot: int = stats.DEFAULT_BOOT) -> dict[str, pd.DataFrame]:
+    """Table 1 rows, decomposition rows and the headline (beside the paper) for one server."""
+    modes = mode_order(df["mode"].unique().tolist(), meta)
+    strategies = strategy_modes(modes)
+    cpi_label, cpi_vals = cpi_text(meta, topo)
+    mat, rounds = stats.round_matrix(df, modes)
+    floor = floor_mode(modes)
+    have_baseline = COLD in modes and floor in modes
+
+    shares = {st: _removed(mat, modes, st, boot, floor) for st in ("mean", "p50")}
+    vs_warm = ({st: _removed(mat, modes, st, boot, WARM) for st in ("mean", "p50")}
+               if floor != WARM else shares)
+
+    rows = []
+    for m in modes:
+        lat = df.loc[df["mode"] == m, "latency_us"]
+        s = stats.summarize(lat, boot)
+        r = {"server": server, "server_name": DISPLAY.get(server, server), "mode": m,
+             "label": meta.get("label", "measured"), "n": s.n,
+             "rounds": int(df.loc[df["mode"] == m, "round"].nunique())}
+        r.update({k: v for k, v in s.to_dict().items() if k != "n"})
+        for st in ("mean", "p50"):
+            d = shares.get(st, {}).get(m)
+            r[f"removed_{st}"] = d.value if d else (np.nan if m != COLD else 0.0)
+            r[f"removed_{st}_lo"] = d.lo if d else np.nan
+            r[f"removed_{st}_hi"] = d.hi if d else np.nan
+            r[f"removed_{st}_undefined_share"] = d.undefined_share if d else np.nan
+        if m == floor:
+            for st in ("mean", "p50"):
+                r[f"removed_{st}"] = 1.0 if have_baseline else np.nan
+        # Beside the floor's share: the same against warm (the paper's baseline).
+        for st in ("mean", "p50"):
+            d = vs_warm.get(st, {}).get(m)
+            r[f"removed_vs_warm_{st}"] = (d.value if d else
+                                          1.0 if m == WARM else 0.0 if m == COLD else np.nan)
+            r[f"removed_vs_warm_{st}_lo"] = d.lo if d else np.nan
+            r[f"removed_vs_warm_{st}_hi"] = d.hi if d else np.nan
+            r[f"removed_vs_warm_{st}_undefined_share"] = d.undefined_share if d else np.nan
+        r["floor"] = floor
+        r["flag"] = "" if m in (floor, COLD, WARM, HOT) else share_flag(
+            m, floor, removed=r["removed_p50"], removed_mean=r["removed_mean"],
+            removed_vs_warm=r["removed_vs_warm_p50"])
+        cr = _cli_row(meta, m)
+        r["cli_overhead_removed"] = cr.get("overhead_removed")
+        # Profile facts (from the CLI's row for strategies that load lines).
+        r["ws_kib"] = cr.get("ws_kib")
+        r["runs"] = cr.get("runs")
+        r["encoded_bytes"] = cr.get("encoded_bytes")
+        sub = df[(df["mode"] == m) & (df["lines_total"].fillna(0) > 0)]
+        if len(sub) and loads_lines(m):
+            pre = stats.summarize(sub["preheat_us"], boot)
+            r.update(preheat_n=pre.n, preheat_us_mean=pre.mean, preheat_us_p50=pre.p50,
+                     preheat_us_p50_lo=pre.p50_lo, preheat_us_p50_hi=pre.p50_hi)
+            done = sub["lines_done"].fillna(0)
+            ok = (sub["preheat_us"] > 0) & (done > 0)
+            gbps = done[ok] * LINE_BYTES / sub.loc[ok, "preheat_us"] / 1e3
+            r["gb_per_s_p50"] = stats.quantile(gbps, 0.5) if len(gbps) else np.nan
+            r["completed_share"] = float((done >= sub["lines_total"]).mean())
+            r["lines_total_p50"] = stats.quantile(sub["lines_total"], 0.5)
+            if r["ws_kib"] is None:
+                r["ws_kib"] = r["lines_total_p50"] * LINE_BYTES / 1024
+        else:
+            r.update(preheat_n=0, preheat_us_mean=np.nan, preheat_us_p50=np.nan,
+                     preheat_us_p50_lo=np.nan, preheat_us_p50_hi=np.nan, gb_per_s_p50=np.nan,
+                     completed_share=cr.get("completed_share"), lines_total_p50=np.nan)
+        r["cli_gb_per_s"] = cr.get("gb_per_s")
+        r["cpi"] = (cpi_vals or {}).get(m) if isinstance(cpi_vals, dict) else None
+        r["cpi_note"] = cpi_label
+        for k in ("server_start_us_p50", "trigger_lead_us_p50", "worker_lead_us_p50"):
+            r[k] = cr.get(k)
+        rows.append(r)
+    table = pd.DataFrame(rows)
+
+    # Decomposition: where cold-start time goes.
+    drows = []
+    if have_baseline:
+        for st in ("mean", "p50"):
+            comps: list[tuple[str, str, str, str]] = [
+                ("cold overhead", f"cold-sweep − {floor}", COLD, floor)]
+            if CONTROL in modes:
+                comps += [("wake-up / idle", f"control − {floor}", CONTROL, floor),
+                          ("cache loss", "cold-sweep − control", COLD, CONTROL)]
+            if floor == HOT and WARM in modes:
+                comps += [("warm above the floor", "warm − hot", WARM, HOT)]
+            if "cold-idle" in modes:
+                comps += [("plain idle gap (no sweep)", f"cold-idle − {floor}", "cold-idle",
+                           floor)]
+            for sm in strategies:
+                comps += [(f"removed by {sm}", f"cold-sweep − {sm}", COLD, sm)]
+            fns = {}
+            for name, _, a, b in comps:
+                fns[name + "|us"] = stats.diff_fn(a, b)
+                fns[name + "|share"] = stats.part_share_fn(a, b, COLD, floor)
+            res = stats.paired_bootstrap(mat, modes, fns, st, boot)
+            for name, formula, a, b in comps:
+                us, sh = res[name + "|us"], res[name + "|share"]
+                na = int(np.isfinite(mat[:, modes.index(a)]).sum())
+                nb = int(np.isfinite(mat[:, modes.index(b)]).sum())
+                drows.append({"server": server, "server_name": DISPLAY.get(server, server),
+                              "stat": st, "component": name, "formula": formula,
+                              "us": us.value, "us_lo": us.lo, "us_hi": us.hi,
+                              "share": sh.value, "share_lo": sh.lo, "share_hi": sh.hi,
+                              "share_undefined": sh.undefined_share,
+                              "n": f"{a}: {na}, {b}: {nb}", "rounds": len(rounds),
+                              "label": "measured"})
+    decomp = pd.DataFrame(drows)
+
+    # Headline beside the paper: warm / cold / preheated (= the paper's method: lines) means.
+    head = []
+    t = table.set_index("mode")
+    if have_baseline:
+        picks = []
+        if "preheat:lines" in t.index:
+            picks.append(("preheat:lines", "the paper's preheating (prefetch the working set)"))
+        if strategies:
+            finite = [m for m in strategies if np.isfinite(t.loc[m, "mean"])]
+            best = min(finite, key=lambda m: t.loc[m, "mean"]) if finite else None
+            if best and best != "preheat:lines":
+                picks.append((best, "best strategy here (lowest mean)"))
+        for sm, what in picks:
+            lines_mode = sm if np.isfinite(t.loc[sm].get("preheat_us_mean", np.nan)) else (
+                "preheat:lines" if "preheat:lines" in t.index else sm)
+            head.append({
+                "server": server, "server_name": DISPLAY.get(server, server),
+                "source": f"measured here ({meta.get('machine', 'this machine')})",
+                "preheated_mode": f"{sm}: {what}",
+                "floor": floor, "hot": t.loc[HOT, "mean"] if HOT in t.index else None,
+                "warm": t.loc[WARM, "mean"] if WARM in t.index else None,
+                "cold": t.loc[COLD, "mean"],
+                "preheated": t.loc[sm, "mean"],
+                "removed": t.loc[sm, "removed_mean"],
+                "removed_lo": t.loc[sm, "removed_mean_lo"],
+                "removed_hi": t.loc[sm, "removed_mean_hi"],
+                "cpi": cpi_label if cpi_vals is None else json.dumps(cpi_vals),
+                "ws_kib": _first(t.loc[lines_mode, "ws_kib"]),
+                "preheat_us": t.loc[lines_mode].get("preheat_us_mean"),
+                "n": f"{floor} {t.loc[floor, 'n']}, cold {t.loc[COLD, 'n']}, {sm} {t.loc[sm, 'n']}",
+                "label": "measured (mean)"})
+    head.append(_paper_row(server))
+    # Request kinds (MariaDB's TPC-C-like transaction types: every mode of a round measures the
+    # same type): the same table per kind, so a mix of fast and slow types does not hide what
+    # happens to each.
+    kinds = []
+    if "kind" in df.columns and df["kind"].nunique(dropna=True) > 1:
+        for kind, dk in df.groupby("kind", sort=True):
+            kmodes = [m for m in modes if m in set(dk["mode"])]
+            kmat, krounds = stats.round_matrix(dk, kmodes)
+            kshare = _removed(kmat, kmodes, "p50", boot, floor_mode(kmodes))
+            for m in kmodes:
+                s_ = stats.summarize(dk.loc[dk["mode"] == m, "latency_us"], boot)
+                d = kshare.get(m)
+                kinds.append({"server": server, "server_name": DISPLAY.get(server, server),
+                              "kind": kind, "mode": m, "n": s_.n, "rounds": len(krounds),
+                              "mean": s_.mean, "mean_lo": s_.mean_lo, "mean_hi": s_.mean_hi,
+                              "p50": s_.p50, "p50_lo": s_.p50_lo, "p50_hi": s_.p50_hi,
+                              "removed_p50": d.value if d else (
+                                  1.0 if m == floor_mode(kmodes) else 0.0 if m == COLD
+                                  else np.nan),
+                              "removed_p50_lo": d.lo if d else np.nan,
+                              "removed_p50_hi": d.hi if d else np.nan,
+                              "removed_p50_undefined_share": d.undefined_share if d else np.nan,
+                              "label": "measured"})
+    return {"table": table, "decomposition": decomp, "headline": pd.DataFrame(head),
+            "by_kind": pd.DataFrame(kinds)}
+
+
+def _paper_row(server: str) -> dict:
+    """The headline row of the paper's Table 1 for SERVER (placeholders when it has none)."""
+    p = PAPER.get(server)
+    return {
+        "server": server, "server_name": DISPLAY.get(server, server), "source": PAPER_LABEL,
+        "preheated_mode": "preheated (paper)" if p else "—",
+        "warm": p["warm"] if p else None, "cold": p["cold"] if p else None,
+        "preheated": p["preheated"] if p else None,
+        "removed": paper_removed(server) if p else None, "removed_lo": None, "removed_hi": None,
+        "cpi": (f"{p['cpi_warm']} / {p['cpi_cold']} / {p['cpi_preheated']}" if p else "—"),
+        "ws_kib": p["ws_kib"] if p else None, "preheat_us": p["preheat_us"] if p else None,
+        "n": "100000 requests" if p else "—",
+        "label": "paper (averages)" if p else "— (no row in the paper)"}
+
+
+def analyze_server_paper_only(server: str) -> pd.DataFrame:
+    return pd.DataFrame([_paper_row(server)])
