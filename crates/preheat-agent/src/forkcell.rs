@@ -15,9 +15,10 @@
 //! and its thread-local block sits at the same address as in the parent, so the child handler
 //! can tell the two cases apart: the cell is held by a thread that does not exist here (free it
 //! and forget the value, which that thread may have been changing), or by the forking thread
-//! itself, further up its own stack (only possible if a host signal handler forked on an agent
-//! thread inside a critical section; that critical section resumes after `fork` returns and
-//! frees the cell itself, so the child leaves it alone).
+//! itself, further up its own stack (only possible if a signal handler forked on an agent thread
+//! inside a critical section — agent threads block asynchronous signals, so only a fault's
+//! handler could; that critical section resumes after `fork` returns and frees the cell itself,
+//! so the child leaves it alone).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -39,7 +39,8 @@
 //! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], [`comm`]'s hooks
 //! and fault handler, the constructor and fork handlers in [`runtime`]); any internal error
 //! disables the agent (hooks become pass-through), is logged ([`log`]), and the host keeps
-//! serving. See [`runtime`] for start-up, fork and exit, [`plan`] for how the control thread
+//! serving; the agent's threads block asynchronous signals, so the host's signals always reach
+//! the host's threads ([`threads`]), and its fork handler never waits ([`forkcell`]). See [`runtime`] for start-up, fork and exit, [`plan`] for how the control thread
 //! publishes profiles to the workers, [`worker`] for the hand-off and the scheduling class of
 //! the workers.
 //!
