@@ -10,6 +10,31 @@
 //! `close`, `close_range` and `closefrom` additionally leave the agent's own fds open when the
 //! host closes them (daemons close "every" fd after fork): closing them would let the host
 //! reuse the numbers while an agent thread still reads or writes them. The host sees success.
+//!
+//! # Abort safety
+//!
+//! The hooks are `extern "C"`: since Rust 1.81 (the workspace requires 1.87) a panic that
+//! reaches such a boundary aborts the process instead of unwinding into C — which would still
+//! kill the host. So nothing on the hooked path may panic, and that is checked, not hoped for:
+//! every file the hooks run code from (this one, [`crate::track`], [`crate::sys`],
+//! [`crate::fdreg`], and the detector's [`crate::comm::hooks`], [`crate::comm::release`],
+//! [`crate::comm::signal`], [`crate::comm::state`]) denies `clippy::panic`, `unwrap_used`,
+//! `expect_used`, `indexing_slicing`, `arithmetic_side_effects` (overflow panics in debug
+//! builds, which the tests preload), `unreachable`, `todo` and `unimplemented`. What the lints
+//! cannot see is kept out by rule: no `assert!`, no `RefCell::borrow_mut` (only `try_*`), no
+//! `thread_local!` `with` (only `try_with`), and calls into other crates only to functions that
+//! cannot panic (`preheat_engine::{os::gettid, os::current_cpu, time::now_ns}`, libc).
+//! A hook therefore needs no `catch_unwind`: there is nothing to catch.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::ptr;
 
@@ -18,28 +43,11 @@ use libc::{
     socklen_t, ssize_t, timespec, timeval,
 };
 
-use crate::sys::{self, errno, set_errno, Real};
+use crate::sys::{self, errno, real, set_errno};
 use crate::track::{self, ThreadSlot};
 
 /// Size of the kernel's signal set (`_NSIG / 8`), as the raw syscalls expect.
 const KERNEL_SIGSET: usize = 8;
-
-/// Reinterpret a resolved slot as a function pointer of type `F`.
-///
-/// # Safety
-/// `F` must be the exact C signature of the function `slot` was resolved for.
-#[inline(always)]
-pub(crate) unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
-    let a = slot.get();
-    if a == 0 {
-        None
-    } else {
-        // SAFETY: `a` is a non-null address returned by dlsym for `slot.name`, and the caller
-        // guarantees `F` is that function's signature (a thin `extern "C"` fn pointer of the
-        // same size as usize).
-        Some(unsafe { std::mem::transmute_copy::<usize, F>(&a) })
-    }
-}
 
 #[inline(always)]
 fn wait_pre() -> Option<&'static ThreadSlot> {
@@ -70,7 +78,7 @@ fn read_post(fd: c_int, ret: ssize_t) {
 fn ms_to_timespec(ms: c_int) -> Option<timespec> {
     (ms >= 0).then(|| timespec {
         tv_sec: (ms / 1000) as libc::time_t,
-        tv_nsec: ((ms % 1000) as libc::c_long) * 1_000_000,
+        tv_nsec: ((ms % 1000) as libc::c_long).saturating_mul(1_000_000),
     })
 }
 
@@ -308,7 +316,7 @@ hook! {
         } else {
             Some(timespec {
                 tv_sec: (*timeout).tv_sec,
-                tv_nsec: ((*timeout).tv_usec as libc::c_long) * 1000,
+                tv_nsec: ((*timeout).tv_usec as libc::c_long).saturating_mul(1000),
             })
         };
         let tsp = match &mut ts {
@@ -541,10 +549,10 @@ fn close_range_around_agent_fds(
 ) -> c_int {
     let mut lo = first;
     while lo <= last {
-        match crate::runtime::next_agent_fd(lo, last) {
+        match crate::fdreg::next_agent_fd(lo, last) {
             Some(fd) => {
                 if fd > lo {
-                    let r = f(lo, fd - 1, flags);
+                    let r = f(lo, fd.saturating_sub(1), flags);
                     if r != 0 {
                         return r;
                     }
@@ -552,7 +560,7 @@ fn close_range_around_agent_fds(
                 if fd == libc::c_uint::MAX {
                     return 0;
                 }
-                lo = fd + 1;
+                lo = fd.saturating_add(1);
             }
             None => return f(lo, last, flags),
         }
@@ -589,7 +597,7 @@ pub unsafe extern "C" fn close_range(
 #[no_mangle]
 pub unsafe extern "C" fn closefrom(lowfd: c_int) {
     let low = lowfd.max(0) as libc::c_uint;
-    if protect_agent_fds() && crate::runtime::next_agent_fd(low, libc::c_uint::MAX).is_some() {
+    if protect_agent_fds() && crate::fdreg::next_agent_fd(low, libc::c_uint::MAX).is_some() {
         let r = close_range_around_agent_fds(low, libc::c_uint::MAX, 0, raw_close_range);
         if r == 0 {
             return;
@@ -606,7 +614,7 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
             65536
         };
         for fd in lowfd.max(0)..max {
-            if !crate::runtime::is_agent_fd(fd) {
+            if !crate::fdreg::is_agent_fd(fd) {
                 // SAFETY: close(2) of an fd number; errors (EBADF) are ignored, as closefrom does.
                 unsafe { libc::syscall(libc::SYS_close, fd) };
             }
@@ -632,7 +640,7 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     // open and report success. Closing it would let the host reuse the number while an agent
     // thread still reads or writes it.
     if track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
-        && crate::runtime::is_agent_fd(fd)
+        && crate::fdreg::is_agent_fd(fd)
         && !track::is_agent_thread()
     {
         return 0;

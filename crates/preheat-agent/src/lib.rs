@@ -34,12 +34,32 @@
 //! no threads, no sockets), `PREHEAT_AGENT_ONLY=name[,name]` (attach only to processes whose
 //! executable's basename matches, so e.g. `sh -c` wrappers stay untouched).
 //!
-//! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno; the
-//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], the constructor
-//! and fork handlers in [`runtime`]); any internal error disables the agent (hooks become
-//! pass-through), is logged, and the host keeps serving. See [`runtime`] for start-up, fork and
-//! exit, [`plan`] for how the control thread publishes profiles to the workers, [`worker`] for
-//! the hand-off and the scheduling class of the workers.
+//! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno (the
+//! files they run code from deny panicking constructs; see [`hooks`] on abort safety); the
+//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], [`comm`]'s hooks
+//! and fault handler, the constructor and fork handlers in [`runtime`]); any internal error
+//! disables the agent (hooks become pass-through), is logged ([`log`]), and the host keeps
+//! serving; the agent's threads block asynchronous signals, so the host's signals always reach
+//! the host's threads ([`threads`]), and its fork handler never waits ([`forkcell`]). See [`runtime`] for start-up, fork and exit, [`plan`] for how the control thread
+//! publishes profiles to the workers, [`worker`] for the hand-off and the scheduling class of
+//! the workers.
+//!
+//! # Layering
+//!
+//! Each module depends only on modules in lower layers (checked by grepping `use crate::`);
+//! nothing depends on `runtime`, which starts everything:
+//!
+//! ```text
+//! 5  runtime                          constructor, fork handler, destructor
+//! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
+//! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
+//! 2  threads                           the agent's own threads (spawn, stacks, tids)
+//! 1  log  fdreg                        log + disable-with-reason; the agent's own fds
+//! 0  config  track  stats  sys  forkcell
+//!                                      configuration; busy periods; counters; FFI; fork-safe cell
+//! ```
+//!
+//! (The crate root's path helpers such as [`socket_paths`] are used from any layer.)
 //!
 //! Built as a `cdylib` (the preload object) and an `rlib`; the rlib exports
 //! [`socket_paths`] so tests and tools agree on socket names. Linking the rlib into an
@@ -47,13 +67,24 @@
 //! shared object and only resolves the real functions, so the (then linked-in) hooks are
 //! pass-through.
 
+// The agent is an FFI boundary: it interposes libc functions, calls the real ones through
+// resolved pointers and raw syscalls, and installs constructors, fork and signal handlers. None
+// of that can be written without `unsafe`; every block says why it is sound (`// SAFETY:`,
+// checked by clippy::undocumented_unsafe_blocks).
+#![allow(unsafe_code)]
+
 pub mod comm;
+pub mod config;
 pub mod control;
+pub mod fdreg;
+pub mod forkcell;
 pub mod hooks;
+pub mod log;
 pub mod plan;
 pub mod runtime;
 pub mod stats;
 pub mod sys;
+pub mod threads;
 pub mod track;
 pub mod wakeplan;
 pub mod worker;

@@ -4,10 +4,11 @@
 //! # Publication
 //!
 //! The control thread builds an immutable [`Plan`] (allocating freely) and swaps an
-//! `Arc<Plan>` into [`PLAN`], a `Mutex` it holds only for that swap. Workers never block on
-//! it: they `try_lock`, clone the `Arc` (an atomic increment) and release the lock at once; if
-//! the lock happens to be held they skip the `lines` strategy for that announcement and count
-//! it (`no_profile`, plus an internal `profile_busy` counter). A replaced plan is not dropped
+//! `Arc<Plan>` into [`PLAN`], a [`ForkCell`] it holds only for that swap (a fork child takes
+//! it back without any fork handler waiting for it). Workers never block on it: they
+//! `try_with`, clone the `Arc` (an atomic increment) and release it at once; if it happens to
+//! be held they skip the `lines` strategy for that announcement and count it (`no_profile`,
+//! plus an internal `profile_busy` counter). A replaced plan is not dropped
 //! by the swap: the control thread keeps it in a *retired* list and drops it only once its
 //! strong count is 1 (no new clones of a retired plan can appear, since clones are made only
 //! from the published slot), so a worker's `Arc` drop is never the last one and never frees
@@ -24,10 +25,13 @@
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, TryLockError};
+use std::sync::Arc;
 
 use preheat_engine::preheat::ParallelPreheater;
 use preheat_model::AbsRun;
+
+use crate::forkcell::ForkCell;
+use crate::sys;
 
 /// Most extra CPUs a `lines` preheat may be split across.
 pub const MAX_SPLIT: usize = 16;
@@ -75,7 +79,7 @@ impl ReplayConn {
         }
         self.match_pos.store(0, Ordering::Relaxed);
         self.outstanding.store(0, Ordering::Relaxed);
-        crate::runtime::close_own_fd(old);
+        crate::fdreg::close_own_fd(old);
         true
     }
 }
@@ -108,7 +112,24 @@ impl Plan {
     }
 }
 
-pub static PLAN: Mutex<Option<Arc<Plan>>> = Mutex::new(None);
+/// The control thread's wake eventfd (-1: none): workers that find a replay connection broken
+/// wake the control thread through it.
+static CONTROL_WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Start-up (and fork child, with -1): the control thread's wake eventfd.
+pub fn set_control_wake_fd(fd: RawFd) {
+    CONTROL_WAKE_FD.store(fd, Ordering::SeqCst);
+}
+
+/// Ask the control thread to look at broken replay connections.
+pub fn wake_control() {
+    let fd = CONTROL_WAKE_FD.load(Ordering::Relaxed);
+    if fd >= 0 {
+        sys::eventfd_signal(fd);
+    }
+}
+
+pub static PLAN: ForkCell<Option<Arc<Plan>>> = ForkCell::new(None);
 
 /// The plan slot is being swapped right now.
 #[derive(Debug)]
@@ -116,15 +137,20 @@ pub struct PlanBusy;
 
 /// Worker side: the current plan without blocking.
 pub fn current() -> Result<Option<Arc<Plan>>, PlanBusy> {
-    match PLAN.try_lock() {
-        Ok(g) => Ok(g.clone()),
-        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner().clone()),
-        Err(TryLockError::WouldBlock) => Err(PlanBusy),
-    }
+    PLAN.try_with(|p| p.clone()).ok_or(PlanBusy)
 }
 
 /// Control side: publish `plan`, returning the previous one (to be retired, never dropped here).
 pub fn publish(plan: Arc<Plan>) -> Option<Arc<Plan>> {
-    let mut g = PLAN.lock().unwrap_or_else(|p| p.into_inner());
-    g.replace(plan)
+    PLAN.with(|p| p.replace(plan))
+}
+
+/// Fork child: forget the parent's plan without dropping it (its split-preheater threads do not
+/// exist here, so dropping it would join threads that never run).
+///
+/// # Safety
+/// Only from the `pthread_atfork` child handler (see [`ForkCell::reclaim_in_fork_child`]).
+pub unsafe fn reset_after_fork() {
+    // SAFETY: the caller is the fork child handler.
+    unsafe { PLAN.reclaim_in_fork_child(None) };
 }

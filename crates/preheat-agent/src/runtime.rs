@@ -1,4 +1,4 @@
-//! Start-up, configuration, logging, fork and exit handling.
+//! Start-up, fork and exit handling (the top layer: it starts every other part).
 //!
 //! # Start-up
 //!
@@ -19,9 +19,12 @@
 //! join threads that never run), and starts fresh sockets named after the child's pid and fresh
 //! threads. Allocating and creating threads in the child handler is sound with glibc: its
 //! `fork` re-initialises the malloc arenas (`__malloc_fork_unlock_child`) and the loader locks
-//! before it runs the child handlers. Our own static lock ([`crate::plan::PLAN`]) is taken in
-//! the prepare handler and released in the parent and child handlers, the classic atfork
-//! protocol, so a fork can never copy it in a locked state. The configuration read from the
+//! before it runs the child handlers. There is no prepare handler: the state another thread may
+//! hold at the moment of the fork (the published plan, the disable reason) lives in
+//! [`crate::forkcell::ForkCell`]s, which the child handler takes back without waiting, so the
+//! agent never makes the host's `fork` wait for a lock (the classic protocol — lock in the
+//! prepare handler — could deadlock against an allocator's own atfork handlers; see
+//! [`crate::forkcell`]). The configuration read from the
 //! environment is cached at start-up, so the child handler does not touch the environment
 //! (whose lock another parent thread might have held).
 //!
@@ -31,257 +34,24 @@
 //! them). Sockets of pids that no longer exist are removed by any agent that starts in the same
 //! run directory.
 
-use std::cell::RefCell;
-use std::os::fd::RawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixDatagram, UnixListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::plan::{Plan, PLAN};
+use crate::config::{self, Config};
+use crate::fdreg::register_fd;
+use crate::log::{log, RUN_DIR_TRUSTED};
+use crate::plan;
 use crate::stats::STATS;
-use crate::{control, socket_paths, sys, track, worker};
+use crate::threads::spawn_agent_thread;
+use crate::{control, fdreg, socket_paths, sys, threads, track, worker};
 
-/// Configuration from the environment, read once by the constructor.
-#[derive(Debug, Clone)]
-pub struct Config {
-    pub run_dir: PathBuf,
-    pub profile: Option<String>,
-    pub log: Option<PathBuf>,
-    /// `PREHEAT_WAKE_PLANNER=1`: the `wake` strategy asks a running wake planner for a window
-    /// instead of spinning (see [`crate::wakeplan`]; off by default: measured slower here).
-    pub wake_planner: bool,
-    /// `PREHEAT_COMM=1`: start communication detection with the agent (see [`crate::comm`]).
-    pub comm: Option<preheat_model::comm::CommConfig>,
-    /// `PREHEAT_COMM_OUT`: write the final communication report there at exit.
-    pub comm_out: Option<String>,
-}
-
-static CONFIG: OnceLock<Config> = OnceLock::new();
-/// Path of the agent's shared object (from `dladdr`).
-static AGENT_SO: OnceLock<String> = OnceLock::new();
 /// Pid whose sockets this process created (0: none).
 static STARTED_PID: AtomicU32 = AtomicU32::new(0);
-static CONTROL_WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 static ATFORK_REGISTERED: AtomicBool = AtomicBool::new(false);
-/// Why the agent disabled itself.
-pub static DISABLED_REASON: Mutex<Option<String>> = Mutex::new(None);
-
-/// fds the agent owns (closed in a fork child).
-static AGENT_FDS: [AtomicI32; 64] = [const { AtomicI32::new(-1) }; 64];
-/// An address inside the stack of every agent thread (to exclude them from probe candidates).
-static AGENT_STACKS: [AtomicU64; 512] = [const { AtomicU64::new(0) }; 512];
-/// The kernel thread ids of the agent's threads.
-static AGENT_TIDS: [AtomicU32; 512] = [const { AtomicU32::new(0) }; 512];
 /// The pid whose environment asked for a communication report at exit (0: none).
 static COMM_OUT_PID: AtomicU32 = AtomicU32::new(0);
-
-pub fn config() -> Option<&'static Config> {
-    CONFIG.get()
-}
-
-pub fn agent_so_path() -> Option<&'static str> {
-    AGENT_SO.get().map(|s| s.as_str())
-}
-
-pub fn register_fd(fd: RawFd) {
-    set_fd_bit(fd, true);
-    for s in AGENT_FDS.iter() {
-        if s.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// Close an fd the agent registered: unregister it first, so the number is never left marked as
-/// the agent's once the host may be handed it again (the hooked `close()` would then refuse to
-/// close the host's fd, and a forked child would close it). The one way to close a registered fd.
-pub fn close_own_fd(fd: RawFd) {
-    if fd < 0 {
-        return;
-    }
-    unregister_fd(fd);
-    sys::close_fd(fd);
-}
-
-pub fn unregister_fd(fd: RawFd) {
-    set_fd_bit(fd, false);
-    for s in AGENT_FDS.iter() {
-        if s.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// One bit per fd below [`track::MAX_FDS`]: the fd belongs to the agent.
-static AGENT_FD_BITS: [AtomicU64; track::MAX_FDS / 64] =
-    [const { AtomicU64::new(0) }; track::MAX_FDS / 64];
-
-fn set_fd_bit(fd: RawFd, on: bool) {
-    let Ok(i) = usize::try_from(fd) else { return };
-    if let Some(w) = AGENT_FD_BITS.get(i / 64) {
-        let bit = 1u64 << (i % 64);
-        if on {
-            w.fetch_or(bit, Ordering::AcqRel);
-        } else {
-            w.fetch_and(!bit, Ordering::AcqRel);
-        }
-    }
-}
-
-/// The first agent fd in `[from, to]`, if any (allocation-free; used by `close_range`).
-pub fn next_agent_fd(from: u32, to: u32) -> Option<u32> {
-    let to = to.min(track::MAX_FDS as u32 - 1);
-    let mut fd = from;
-    while fd <= to {
-        let w = AGENT_FD_BITS.get(fd as usize / 64)?.load(Ordering::Relaxed) >> (fd % 64);
-        if w == 0 {
-            fd = (fd / 64 + 1) * 64;
-            continue;
-        }
-        let hit = fd + w.trailing_zeros();
-        return (hit <= to).then_some(hit);
-    }
-    None
-}
-
-/// Whether `fd` is one of the agent's own (allocation-free; used by the `close` hook).
-#[inline]
-pub fn is_agent_fd(fd: RawFd) -> bool {
-    let Ok(i) = usize::try_from(fd) else {
-        return false;
-    };
-    AGENT_FD_BITS
-        .get(i / 64)
-        .is_some_and(|w| w.load(Ordering::Relaxed) & (1u64 << (i % 64)) != 0)
-}
-
-fn register_stack(addr: u64) {
-    for s in AGENT_STACKS.iter() {
-        if s.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            break;
-        }
-    }
-    let tid = preheat_engine::os::gettid();
-    for t in AGENT_TIDS.iter() {
-        if t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-/// Whether `tid` is one of the agent's own threads.
-pub fn is_agent_tid(tid: u32) -> bool {
-    tid != 0 && AGENT_TIDS.iter().any(|t| t.load(Ordering::Relaxed) == tid)
-}
-
-/// Addresses inside the agent's thread stacks.
-pub fn agent_stack_addresses() -> Vec<u64> {
-    AGENT_STACKS
-        .iter()
-        .map(|s| s.load(Ordering::Relaxed))
-        .filter(|&a| a != 0)
-        .collect()
-}
-
-/// Append a line to the agent log (control, trigger and start-up paths only; never hooks).
-///
-/// The file is opened for every line (logging is rare): a long-lived log fd could be closed
-/// behind the agent's back (`close_range` in a daemonising host) and its number reused for one
-/// of the host's files, which the agent would then write into.
-pub fn log(msg: &str) {
-    let Some(cfg) = CONFIG.get() else { return };
-    let pid = sys::getpid();
-    if cfg.log.is_none() && !RUN_DIR_TRUSTED.load(Ordering::Relaxed) {
-        // Never write into a run directory we did not accept (see `check_run_dir`).
-        eprintln!("preheat-agent[{pid}]: {msg}");
-        return;
-    }
-    let path = cfg
-        .log
-        .clone()
-        .unwrap_or_else(|| socket_paths(&cfg.run_dir, pid).log);
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let line = format!(
-        "{}.{:06} preheat-agent[{pid}]: {msg}\n",
-        t.as_secs(),
-        t.subsec_micros()
-    );
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .mode(0o600)
-        .open(&path)
-    {
-        let _ = std::io::Write::write_all(&mut f, line.as_bytes());
-    }
-}
-
-/// Disable the agent (hooks pass through) and record why.
-pub fn disable(reason: String) {
-    track::ENABLED.store(false, Ordering::SeqCst);
-    log(&format!("agent disabled: {reason}"));
-    if let Ok(mut g) = DISABLED_REASON.try_lock() {
-        *g = Some(reason);
-    }
-}
-
-/// Ask the control thread to look at broken replay connections.
-pub fn wake_control() {
-    let fd = CONTROL_WAKE_FD.load(Ordering::Relaxed);
-    if fd >= 0 {
-        sys::eventfd_signal(fd);
-    }
-}
-
-/// Spawn one of the agent's own threads: marked (hooks pass through), stack registered, body
-/// wrapped in `catch_unwind` (a panic disables the agent instead of taking the host down).
-pub fn spawn_agent_thread<F>(name: String, f: F) -> std::io::Result<()>
-where
-    F: FnOnce() + Send + 'static,
-{
-    let tname = name.clone();
-    std::thread::Builder::new()
-        .name(name)
-        // Explicit, so std never consults RUST_MIN_STACK (the environment) here, which matters
-        // in a fork child.
-        .stack_size(512 * 1024)
-        .spawn(move || {
-            track::mark_agent_thread();
-            let marker = 0u8;
-            register_stack(std::hint::black_box(&marker) as *const u8 as u64);
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            if let Err(p) = r {
-                disable(format!(
-                    "agent thread {tname} panicked: {}",
-                    panic_message(&p)
-                ));
-            }
-        })
-        .map(|_| ())
-}
-
-pub fn panic_message(p: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "unknown panic".to_string()
-    }
-}
 
 // ------------------------------------------------------------------------- constructor
 
@@ -301,12 +71,12 @@ extern "C" fn agent_fini() {
     let _ = std::panic::catch_unwind(|| {
         let pid = STARTED_PID.load(Ordering::SeqCst);
         if COMM_OUT_PID.load(Ordering::SeqCst) == sys::getpid() {
-            if let Some(out) = CONFIG.get().and_then(|c| c.comm_out.as_deref()) {
+            if let Some(out) = config::config().and_then(|c| c.comm_out.as_deref()) {
                 crate::comm::write_report(out);
             }
         }
         if pid != 0 && pid == sys::getpid() {
-            if let Some(c) = CONFIG.get() {
+            if let Some(c) = config::config() {
                 let p = socket_paths(&c.run_dir, pid);
                 let _ = std::fs::remove_file(&p.control);
                 let _ = std::fs::remove_file(&p.trigger);
@@ -335,7 +105,7 @@ fn init() {
     let so_path = std::fs::canonicalize(&so_path)
         .map(|p| p.to_string_lossy().into_owned())
         .unwrap_or(so_path);
-    let _ = AGENT_SO.set(so_path);
+    config::set_agent_so(so_path);
     if env_nonempty("PREHEAT_AGENT_DISABLE").is_some_and(|v| v != "0") {
         // Loaded but pure pass-through: no threads, no sockets.
         return;
@@ -362,20 +132,18 @@ fn init() {
     if cfg.comm_out.is_some() {
         COMM_OUT_PID.store(sys::getpid(), Ordering::SeqCst);
     }
-    let _ = CONFIG.set(cfg);
+    config::set(cfg);
     if let Err(e) = comm {
         log(&format!("communication detection not started: {e}"));
     }
     std::panic::set_hook(Box::new(|info| {
         log(&format!("panic: {info}"));
     }));
-    if !ATFORK_REGISTERED.swap(true, Ordering::SeqCst) {
-        if let Err(e) = sys::register_atfork(atfork_prepare, atfork_parent, atfork_child) {
-            // Without fork handling a forked child simply has no agent threads.
-            log(&format!(
-                "pthread_atfork failed ({e}): forked children will run without an agent"
-            ));
-        }
+    if let Err(e) = register_fork_handler() {
+        // Without fork handling a forked child simply has no agent threads.
+        log(&format!(
+            "pthread_atfork failed ({e}): forked children will run without an agent"
+        ));
     }
     if let Err(e) = start(&missing) {
         log(&format!("agent not started: {e}"));
@@ -385,7 +153,7 @@ fn init() {
 
 /// Bind the sockets and start the threads for the current pid.
 fn start(missing: &[&str]) -> std::io::Result<()> {
-    let Some(cfg) = CONFIG.get() else {
+    let Some(cfg) = config::config() else {
         return Ok(());
     };
     let pid = sys::getpid();
@@ -416,7 +184,7 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     register_fd(std::os::fd::AsRawFd::as_raw_fd(&listener));
     register_fd(std::os::fd::AsRawFd::as_raw_fd(&trig));
     register_fd(wake);
-    CONTROL_WAKE_FD.store(wake, Ordering::SeqCst);
+    plan::set_control_wake_fd(wake);
     STARTED_PID.store(pid, Ordering::SeqCst);
     track::ENABLED.store(true, Ordering::SeqCst);
     track::ACTIVE.store(true, Ordering::SeqCst);
@@ -448,9 +216,6 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     ));
     Ok(())
 }
-
-/// Set once the run directory passed [`check_run_dir`].
-static RUN_DIR_TRUSTED: AtomicBool = AtomicBool::new(false);
 
 /// The run directory must belong to us and not be world-writable: whoever can write there
 /// could replace our sockets or plant a symlink where we write the log. (The sockets themselves
@@ -500,73 +265,31 @@ fn remove_stale_sockets(dir: &Path) {
 
 // ------------------------------------------------------------------------------- fork
 
-type PlanGuard = MutexGuard<'static, Option<std::sync::Arc<Plan>>>;
-type ReasonGuard = MutexGuard<'static, Option<String>>;
-
-thread_local! {
-    static FORK_GUARDS: RefCell<(Option<PlanGuard>, Option<ReasonGuard>)> =
-        const { RefCell::new((None, None)) };
+/// Register the fork child handler (once per process; the constructor, and tests).
+pub(crate) fn register_fork_handler() -> std::io::Result<()> {
+    if ATFORK_REGISTERED.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    sys::register_atfork_child(atfork_child)
 }
 
-unsafe extern "C" fn atfork_prepare() {
-    let _ = std::panic::catch_unwind(|| {
-        let p = PLAN.lock().unwrap_or_else(|e| e.into_inner());
-        let r = DISABLED_REASON.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = FORK_GUARDS.try_with(|g| {
-            if let Ok(mut g) = g.try_borrow_mut() {
-                *g = (Some(p), Some(r));
-            }
-        });
-    });
-}
-
-unsafe extern "C" fn atfork_parent() {
-    let _ = std::panic::catch_unwind(|| {
-        let _ = FORK_GUARDS.try_with(|g| {
-            if let Ok(mut g) = g.try_borrow_mut() {
-                *g = (None, None);
-            }
-        });
-    });
-}
-
+/// The fork child handler. There is deliberately no prepare handler: nothing the agent holds can
+/// make `fork` wait (see [`crate::forkcell`]).
 unsafe extern "C" fn atfork_child() {
     let _ = std::panic::catch_unwind(atfork_child_inner);
 }
 
 fn atfork_child_inner() {
-    let _ = FORK_GUARDS.try_with(|g| {
-        if let Ok(mut g) = g.try_borrow_mut() {
-            let (p, r) = std::mem::take(&mut *g);
-            if let Some(mut p) = p {
-                // The parent's plan references split-preheater threads that do not exist here:
-                // leak it rather than run its destructors.
-                std::mem::forget(p.take());
-            }
-            if let Some(mut r) = r {
-                *r = None;
-            }
-        }
-    });
+    // SAFETY: this is the fork child handler; the child has only the forking thread.
+    unsafe { plan::reset_after_fork() };
+    // SAFETY: this is the fork child handler; the child has only the forking thread.
+    unsafe { crate::log::reset_after_fork() };
     if !track::ACTIVE.swap(false, Ordering::SeqCst) {
         return;
     }
-    for s in AGENT_FDS.iter() {
-        let fd = s.swap(-1, Ordering::SeqCst);
-        if fd >= 0 {
-            sys::close_fd(fd);
-        }
-    }
-    for w in AGENT_FD_BITS.iter() {
-        w.store(0, Ordering::Relaxed);
-    }
-    CONTROL_WAKE_FD.store(-1, Ordering::SeqCst);
-    for s in AGENT_STACKS.iter() {
-        s.store(0, Ordering::Relaxed);
-    }
-    for t in AGENT_TIDS.iter() {
-        t.store(0, Ordering::Relaxed);
-    }
+    fdreg::close_all_after_fork();
+    plan::set_control_wake_fd(-1);
+    threads::reset_after_fork();
     crate::comm::reset_after_fork();
     STARTED_PID.store(0, Ordering::SeqCst);
     track::reset_after_fork();
@@ -580,27 +303,80 @@ fn atfork_child_inner() {
 }
 
 #[cfg(test)]
-mod fd_registry_tests {
+mod fork_tests {
     use super::*;
-    use std::os::fd::IntoRawFd;
+    use crate::log::{disabled_reason, DISABLED_REASON};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Arc};
+    use std::time::{Duration, Instant};
 
-    /// Regression (issue 13): the wake-planner connection was closed without being unregistered,
-    /// so the host's next fd with that number counted as the agent's.
+    /// Issue 13: fork from one thread while another thread holds the published plan and the
+    /// disable reason. The parent's `fork` must not wait for the holder (it returns while the
+    /// holder still holds both), and the child must work: publish and read a plan, set and read
+    /// a reason (with the classic atfork protocol the child would inherit both locked, and with
+    /// a prepare handler that waits, `fork` would wait for the holder, which here waits for
+    /// `fork`: the holder gives up after 10 s and the test fails instead of hanging).
     #[test]
-    fn closing_an_own_fd_unregisters_it_first() {
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let fd = a.into_raw_fd();
-        register_fd(fd);
-        assert!(is_agent_fd(fd));
-        close_own_fd(fd);
-        assert!(!is_agent_fd(fd), "a closed fd stays registered");
+    fn fork_while_another_thread_holds_the_agents_state() {
+        static RELEASED: AtomicBool = AtomicBool::new(false);
+        register_fork_handler().unwrap();
+        let (held_tx, held_rx) = mpsc::channel();
+        let (forked_tx, forked_rx) = mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            plan::PLAN.with(|_| {
+                DISABLED_REASON.with(|_| {
+                    held_tx.send(()).unwrap();
+                    let _ = forked_rx.recv_timeout(Duration::from_secs(10));
+                    RELEASED.store(true, Ordering::SeqCst);
+                })
+            })
+        });
+        held_rx.recv().unwrap();
+        // SAFETY: fork(2); the child only publishes/reads agent state and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // The child: only the forking thread exists; the holder's locks were taken back.
+            plan::publish(Arc::new(plan::Plan::default()));
+            let has_plan = matches!(plan::current(), Ok(Some(_)));
+            DISABLED_REASON.with(|r| *r = Some("child".into()));
+            let ok = has_plan && disabled_reason().as_deref() == Some("child");
+            // SAFETY: _exit ends the child at once (no destructors or atexit handlers of the
+            // test harness run in it).
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let forked_while_held = !RELEASED.load(Ordering::SeqCst);
+        let _ = forked_tx.send(()); // the holder may have given up already
+        holder.join().unwrap();
+        let mut status = 0;
+        let t0 = Instant::now();
+        let done = loop {
+            // SAFETY: waitpid on our own child with a valid status pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break true;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                // SAFETY: kill and reap our own child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, &mut status, 0);
+                }
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
         assert!(
-            !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists(),
-            "the fd is closed"
+            forked_while_held,
+            "fork waited for the thread holding the plan and the reason"
         );
-        // The number, reused by the host, is the host's.
-        let again = b.try_clone().unwrap().into_raw_fd();
-        assert!(!is_agent_fd(again));
-        sys::close_fd(again);
+        assert!(done, "the fork child hung (on state inherited locked)");
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the fork child could not use the plan or the reason (status {status:#x})"
+        );
+        // The parent's state works too.
+        assert!(plan::current().is_ok());
+        assert_eq!(disabled_reason(), None);
     }
 }

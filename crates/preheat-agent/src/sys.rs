@@ -5,6 +5,19 @@
 //! Together with [`crate::hooks`] this is the only place of the agent with `unsafe`; every
 //! block has a `// SAFETY:` comment. Everything else (clocks, flush/prefetch, maps) comes from
 //! `preheat-engine`.
+//!
+//! The slots and helpers the hooks use (`Real`, errno, `local_port`) are on the hooked path, so
+//! the whole file is held to its lints (see the crate docs).
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::ffi::CStr;
 use std::io;
@@ -30,6 +43,23 @@ impl Real {
     #[inline(always)]
     pub fn get(&self) -> usize {
         self.addr.load(Ordering::Relaxed)
+    }
+}
+
+/// Reinterpret a resolved slot as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be the exact C signature of the function `slot` was resolved for.
+#[inline(always)]
+pub(crate) unsafe fn real<F: Copy>(slot: &Real) -> Option<F> {
+    let a = slot.get();
+    if a == 0 {
+        None
+    } else {
+        // SAFETY: `a` is a non-null address returned by dlsym for `slot.name`, and the caller
+        // guarantees `F` is that function's signature (a thin `extern "C"` fn pointer of the
+        // same size as usize).
+        Some(unsafe { std::mem::transmute_copy::<usize, F>(&a) })
     }
 }
 
@@ -292,15 +322,55 @@ pub fn main_executable_base() -> Option<usize> {
     object_of(phdr as usize).map(|(_, base)| base)
 }
 
-/// Register fork handlers (once).
-pub fn register_atfork(
-    prepare: unsafe extern "C" fn(),
-    parent: unsafe extern "C" fn(),
-    child: unsafe extern "C" fn(),
-) -> io::Result<()> {
-    // SAFETY: the handlers are plain `extern "C"` functions that live as long as the process
-    // (the agent is never unloaded).
-    let r = unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+/// Signals the agent's threads keep unblocked: the synchronous fault signals (blocked, a fault
+/// would kill the process instead of reaching a handler).
+const SYNCHRONOUS_SIGNALS: [c_int; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGFPE,
+    libc::SIGILL,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
+type SigmaskFn = unsafe extern "C" fn(c_int, *const libc::sigset_t, *mut libc::sigset_t) -> c_int;
+
+/// Block every asynchronous signal in the calling thread and return the previous mask (None if
+/// libc's `pthread_sigmask` is not resolved, or it failed). Goes through libc's real
+/// `pthread_sigmask`, never the raw system call: glibc keeps its internal signals (SIGCANCEL,
+/// SIGSETXID) deliverable, and `setuid` in a threaded host needs every thread to take SIGSETXID.
+pub fn block_async_signals() -> Option<libc::sigset_t> {
+    // SAFETY: `SigmaskFn` is pthread_sigmask's C signature, the function the slot holds.
+    let f = unsafe { real::<SigmaskFn>(&REAL_PTHREAD_SIGMASK) }?;
+    // SAFETY: an all-zero sigset_t is valid storage for sigfillset to fill.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid local sigset.
+    unsafe { libc::sigfillset(&mut set) };
+    for s in SYNCHRONOUS_SIGNALS {
+        // SAFETY: `set` is a valid local sigset, `s` a valid signal number.
+        unsafe { libc::sigdelset(&mut set, s) };
+    }
+    // SAFETY: an all-zero sigset_t is valid storage for the old mask.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: libc's pthread_sigmask with pointers to valid locals.
+    (unsafe { f(libc::SIG_BLOCK, &set, &mut old) } == 0).then_some(old)
+}
+
+/// Set the calling thread's signal mask back to `old` (from [`block_async_signals`]).
+pub fn restore_signal_mask(old: &libc::sigset_t) {
+    // SAFETY: as in `block_async_signals`.
+    if let Some(f) = unsafe { real::<SigmaskFn>(&REAL_PTHREAD_SIGMASK) } {
+        // SAFETY: libc's pthread_sigmask with a valid mask and a null old-mask pointer.
+        unsafe { f(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+    }
+}
+
+/// Register a fork child handler (no prepare or parent handler: the agent never makes `fork`
+/// wait; see [`crate::forkcell`]).
+pub fn register_atfork_child(child: unsafe extern "C" fn()) -> io::Result<()> {
+    // SAFETY: the handler is a plain `extern "C"` function that lives as long as the process
+    // (the agent is never unloaded); null prepare and parent handlers are allowed.
+    let r = unsafe { libc::pthread_atfork(None, None, Some(child)) };
     if r == 0 {
         Ok(())
     } else {
@@ -349,7 +419,10 @@ pub fn static_tls_bytes() -> u64 {
     let mut total = 0;
     for_each_program_header(|_, ph| {
         if ph.p_type == libc::PT_TLS {
-            total += ph.p_memsz + ph.p_align.max(1);
+            total = ph
+                .p_memsz
+                .saturating_add(ph.p_align.max(1))
+                .saturating_add(total);
         }
     });
     total

@@ -5,6 +5,18 @@
 //! The busy period belongs to the listening port of the first connection it accepted or read
 //! from. Everything here runs on hooked paths of the host: fixed-size static tables of
 //! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
+//!
+//! Hooked path: the lints below (see the crate docs) reject panicking code here.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -145,7 +157,7 @@ fn my_tid() -> u32 {
 fn my_slot(claim: bool) -> Option<&'static ThreadSlot> {
     let cached = SLOT.try_with(|c| c.get()).unwrap_or(0);
     if cached != 0 {
-        return THREADS.get(cached as usize - 1);
+        return THREADS.get((cached as usize).wrapping_sub(1));
     }
     if !claim {
         return None;
@@ -154,7 +166,7 @@ fn my_slot(claim: bool) -> Option<&'static ThreadSlot> {
     // Once per thread: look for an existing slot of this tid first (a reused tid, or a slot
     // behind a hole left by a released one), then claim.
     let i = find_thread_slot(tid, false).or_else(|| find_thread_slot(tid, true))?;
-    let _ = SLOT.try_with(|c| c.set(i as u32 + 1));
+    let _ = SLOT.try_with(|c| c.set((i as u32).saturating_add(1)));
     THREADS.get(i)
 }
 
@@ -165,7 +177,7 @@ pub fn find_thread_slot(tid: u32, claim: bool) -> Option<usize> {
     }
     let h = tid as usize % MAX_THREADS;
     for k in 0..MAX_THREADS {
-        let i = (h + k) % MAX_THREADS;
+        let i = h.wrapping_add(k) % MAX_THREADS;
         let s = THREADS.get(i)?;
         let cur = s.tid.load(Ordering::Acquire);
         if cur == tid {

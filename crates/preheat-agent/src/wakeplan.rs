@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 use preheat_engine::time;
 
-use crate::{runtime, sys};
+use crate::{fdreg, log, sys};
 
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 static NEXT_TRY_NS: AtomicU64 = AtomicU64::new(0);
@@ -44,14 +44,14 @@ pub fn maintain(run_dir: &Path) {
     match UnixStream::connect(&path).and_then(|s| s.set_nonblocking(true).map(|_| s)) {
         Ok(s) => {
             let fd = s.into_raw_fd();
-            runtime::register_fd(fd);
+            fdreg::register_fd(fd);
             WAKE_FD.store(fd, Ordering::Release);
-            runtime::log(&format!(
+            log::log(&format!(
                 "wake planner at {}: the wake strategy uses it",
                 path.display()
             ));
         }
-        Err(e) => runtime::log(&format!(
+        Err(e) => log::log(&format!(
             "wake planner at {}: cannot connect: {e}",
             path.display()
         )),
@@ -64,7 +64,7 @@ fn broken(fd: i32) {
         .compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
     {
-        runtime::close_own_fd(fd);
+        fdreg::close_own_fd(fd);
     }
 }
 
@@ -138,11 +138,11 @@ mod broken_connection_tests {
     fn a_broken_connection_is_unregistered_and_closed() {
         let (a, _b) = UnixStream::pair().unwrap();
         let fd = a.into_raw_fd();
-        runtime::register_fd(fd);
+        fdreg::register_fd(fd);
         WAKE_FD.store(fd, Ordering::Release);
         broken(fd);
         assert_eq!(WAKE_FD.load(Ordering::Acquire), -1);
-        assert!(!runtime::is_agent_fd(fd), "closed but still registered");
+        assert!(!fdreg::is_agent_fd(fd), "closed but still registered");
         assert!(!std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists());
     }
 }

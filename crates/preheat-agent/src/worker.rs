@@ -39,7 +39,7 @@ use preheat_model::AbsRun;
 
 use crate::plan::{self, ReplayConn, MAX_SPLIT};
 use crate::stats::STATS;
-use crate::{runtime, sys, track};
+use crate::{log, sys, threads, track};
 
 pub const MAX_WORKERS: usize = 256;
 /// A `wake` spin ends at most this long after the announced arrival...
@@ -170,7 +170,7 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                runtime::log(&format!("trigger socket failed, announcements stop: {e}"));
+                log::log(&format!("trigger socket failed, announcements stop: {e}"));
                 return;
             }
         };
@@ -185,7 +185,7 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
                 STATS.malformed.fetch_add(1, Ordering::Relaxed);
                 if logged_malformed < 10 {
                     logged_malformed += 1;
-                    runtime::log(&format!("dropped a malformed announcement: {e}"));
+                    log::log(&format!("dropped a malformed announcement: {e}"));
                 }
                 continue;
             }
@@ -195,7 +195,7 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
             STATS.late.fetch_add(1, Ordering::Relaxed);
             if logged_late < 10 {
                 logged_late += 1;
-                runtime::log(&format!(
+                log::log(&format!(
                     "dropped a late announcement for port {} (seq {}): arrival was {} ns ago",
                     a.port,
                     a.seq,
@@ -418,7 +418,7 @@ fn replay(conn: &ReplayConn) {
     } else {
         STATS.replay_errors.fetch_add(1, Ordering::Relaxed);
         if !conn.broken.swap(true, Ordering::AcqRel) {
-            runtime::wake_control();
+            plan::wake_control();
         }
     }
 }
@@ -486,14 +486,14 @@ pub fn start_workers() -> std::io::Result<usize> {
     // Preheat deadlines are checked with the unordered TSC (see preheat_engine::time).
     preheat_engine::time::enable_tsc_deadlines();
     for cpu in 0..n {
-        runtime::spawn_agent_thread(format!("preheat-cpu{cpu}"), move || {
+        threads::spawn_agent_thread(format!("preheat-cpu{cpu}"), move || {
             if let Err(e) = os::pin_current_thread(cpu) {
-                runtime::log(&format!(
+                log::log(&format!(
                     "worker for CPU {cpu}: cannot pin ({e}); it runs unpinned (is the server restricted to other CPUs?)"
                 ));
             }
             if let Err(e) = os::set_sched_idle(true) {
-                runtime::log(&format!(
+                log::log(&format!(
                     "worker for CPU {cpu}: cannot switch to SCHED_IDLE ({e}); it runs as SCHED_OTHER"
                 ));
             }

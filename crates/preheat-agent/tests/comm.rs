@@ -5,6 +5,9 @@
 //! The test programs are C files in `tests/comm/`, compiled with the system C compiler (which
 //! the README's test command installs); without one the tests report a skip.
 
+// Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
+#![allow(unsafe_code)]
+
 mod support;
 
 use std::path::{Path, PathBuf};

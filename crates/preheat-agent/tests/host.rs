@@ -1,5 +1,8 @@
 //! The agent in hosts that fork, exec and close file descriptors they do not own.
 
+// Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
+#![allow(unsafe_code)]
+
 mod support;
 
 use std::io::{BufRead, BufReader};
@@ -95,4 +98,47 @@ fn fork_and_exec_chains_leave_no_sockets_behind() {
     // Every process of the chain had an agent of its own (one log per pid).
     let logs = std::fs::read_dir(&run_dir).unwrap().count();
     assert!(logs >= 4, "{logs} agent logs");
+}
+
+/// A host that blocks a signal in its threads to take it through a signalfd (or `sigwait`) must
+/// get it there: the agent's threads block every asynchronous signal, so the kernel never
+/// delivers the host's signal to one of them (where its default action would kill the process;
+/// it did before the agent's threads blocked signals).
+#[test]
+fn a_signal_the_host_blocks_reaches_its_signalfd() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(prog) = compile_c("host/sigwait", dir.path()) else {
+        return;
+    };
+    let run_dir = dir.path().join("run");
+    let mut cmd = Command::new(&prog);
+    for k in AGENT_ENV {
+        cmd.env_remove(k);
+    }
+    let mut child = cmd
+        .env("LD_PRELOAD", &artifacts().agent_so)
+        .env("PREHEAT_RUN_DIR", &run_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting the test program");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "blocked\n");
+    // The agent is attached (its threads run) before main starts.
+    let sock = preheat_agent::socket_paths(&run_dir, child.id()).control;
+    assert!(sock.exists(), "no agent socket {}", sock.display());
+    // SAFETY: kill(2) of our own child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+    let st = child.wait().unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert!(
+        st.success() && line == "got SIGHUP\n",
+        "{st:?} (signal {:?}), output {line:?}",
+        st.signal()
+    );
 }

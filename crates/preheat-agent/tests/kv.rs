@@ -1,6 +1,9 @@
 //! The agent attached to the bundled `preheat-kv` server: request boundaries, control requests,
 //! announcements, profiles and the probe, with real processes and sockets.
 
+// Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
+#![allow(unsafe_code)]
+
 mod support;
 
 use std::time::Duration;

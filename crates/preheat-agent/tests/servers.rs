@@ -2,6 +2,9 @@
 //! nginx (master + forked workers). Skipped (`preheat_testsupport::skip`) when a server is not installed
 //! (`apt-get install memcached nginx-light`).
 
+// Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
+#![allow(unsafe_code)]
+
 mod support;
 
 use std::process::Command;

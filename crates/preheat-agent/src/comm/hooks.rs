@@ -5,13 +5,24 @@
 //! Like every hook (see [`crate::hooks`]): forward to the real function resolved by the
 //! constructor, or to the raw system call before that; never allocate, log or panic; cost one
 //! atomic load when detection has no page revoked.
+//!
+//! Hooked path: the lints below (see the crate docs) reject panicking code here.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use libc::{c_int, c_void, off_t, size_t};
 
 use super::signal;
 use super::{MapChange, Release};
-use crate::hooks::real;
-use crate::sys;
+use crate::sys::{self, real};
 
 /// # Safety
 /// Same contract as sigaction(2).
@@ -37,8 +48,11 @@ pub unsafe extern "C" fn sigaction(
 pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
     type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
     if sig != libc::SIGSEGV {
-        // SAFETY: forwarded unchanged; before resolution, glibc's BSD semantics by hand.
+        // SAFETY: `SignalFn` is signal(3)'s exact C signature, the type `REAL_SIGNAL` was
+        // resolved for.
         if let Some(f) = unsafe { real::<SignalFn>(&sys::REAL_SIGNAL) } {
+            // SAFETY: the real signal(3), arguments forwarded unchanged under the caller's
+            // contract.
             return unsafe { f(sig, handler) };
         }
     }
@@ -48,7 +62,7 @@ pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc
     act.sa_flags = libc::SA_RESTART;
     // SAFETY: valid local sigset.
     unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
-    // SAFETY: as above.
+    // SAFETY: an all-zero sigaction is valid plain data (overwritten by the call below).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: valid pointers to locals.
     let r = unsafe {
@@ -80,7 +94,7 @@ unsafe fn without_segv(how: c_int, set: *const libc::sigset_t) -> Option<libc::s
     if unsafe { libc::sigismember(&copy, libc::SIGSEGV) } != 1 {
         return None;
     }
-    // SAFETY: as above.
+    // SAFETY: `copy` is a valid local sigset and SIGSEGV a valid signal number.
     unsafe { libc::sigdelset(&mut copy, libc::SIGSEGV) };
     Some(copy)
 }
@@ -107,8 +121,11 @@ unsafe fn mask_via(
     // SAFETY: `set` null or readable (caller).
     let copy = unsafe { without_segv(how, set) };
     let set = copy.as_ref().map_or(set, |c| c as *const libc::sigset_t);
-    // SAFETY: forwarded under the caller's contract.
+    // SAFETY: `slot` is one of the sigprocmask/pthread_sigmask slots, whose C signature is
+    // `MaskFn` (caller).
     match unsafe { real::<MaskFn>(slot) } {
+        // SAFETY: the real function; `set` is the caller's or our local copy, `old` the caller's
+        // (both null or valid under the caller's contract).
         Some(f) => (unsafe { f(how, set, old) }, false),
         None => (raw_sigprocmask(how, set, old), true),
     }

@@ -28,6 +28,7 @@
 //! ([`strip_segv`]); any internal error stops detection ([`disable`]) and restores every page.
 
 pub mod hooks;
+pub mod release;
 pub mod sampler;
 pub mod signal;
 pub mod state;
@@ -39,9 +40,11 @@ use std::time::Duration;
 
 use preheat_model::comm::{CommConfig, CommMechanism, CommReport, CommThread};
 
-use state::{ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
+use state::{ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, PAGE, SLOTS};
 
 pub use preheat_model::comm::CommAccess;
+pub use release::{efault_retry, strip_segv, MapChange, Release};
+pub use state::{altstack_ranges, note_altstack};
 
 /// The mechanism of the running (or last) session: true = userfaultfd, false = mprotect.
 pub static USE_UFFD: AtomicBool = AtomicBool::new(false);
@@ -85,41 +88,6 @@ fn cached_name(tid: u32) -> String {
         .ok()
         .and_then(|g| g.iter().find(|(t, _)| *t == tid).map(|(_, n)| n.clone()))
         .unwrap_or_default()
-}
-
-/// Alternate signal stacks the program registered (never sampled): start and size.
-static ALTSTACKS: [(AtomicU64, AtomicU64); 64] =
-    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 64];
-
-/// Remember an alternate signal stack (from the `sigaltstack` hook; allocation-free).
-pub fn note_altstack(addr: u64, size: u64) {
-    if addr == 0 {
-        return;
-    }
-    for (a, n) in ALTSTACKS.iter() {
-        if a.load(Ordering::Relaxed) == addr {
-            n.store(size, Ordering::Relaxed);
-            return;
-        }
-    }
-    for (a, n) in ALTSTACKS.iter() {
-        if a.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            n.store(size, Ordering::Relaxed);
-            return;
-        }
-    }
-}
-
-/// The registered alternate signal stacks as `[start, end)`.
-pub fn altstack_ranges() -> Vec<(u64, u64)> {
-    ALTSTACKS
-        .iter()
-        .map(|(a, n)| (a.load(Ordering::Relaxed), n.load(Ordering::Relaxed)))
-        .filter(|&(a, _)| a != 0)
-        .map(|(a, n)| (a, a + n.max(4096)))
-        .collect()
 }
 
 /// The main thread's thread pointer (its TLS block and the kernel's rseq area are next to it).
@@ -182,7 +150,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     }
     state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
     let ex = sampler::Exclusions {
-        agent_so: crate::runtime::agent_so_path().map(str::to_string),
+        agent_so: crate::config::agent_so_path().map(str::to_string),
         addresses: {
             let mut a = crate::track::static_addresses().to_vec();
             a.extend(state::static_addresses());
@@ -206,7 +174,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if use_uffd {
         // The fault thread must never touch heap memory (it would wait on itself for a page
         // it protects): no logging there; its priority is logged by the sampler.
-        let r = crate::runtime::spawn_agent_thread("preheat-uffd".into(), || {
+        let r = crate::threads::spawn_agent_thread("preheat-uffd".into(), || {
             uffd::raise_priority();
             uffd::serve();
         });
@@ -217,7 +185,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
             return Err(format!("cannot start the userfaultfd fault thread: {e}"));
         }
     }
-    let r = crate::runtime::spawn_agent_thread("preheat-comm".into(), move || {
+    let r = crate::threads::spawn_agent_thread("preheat-comm".into(), move || {
         sampler::run(cfg, ex);
         if USE_UFFD.load(Ordering::SeqCst) {
             uffd::close();
@@ -230,7 +198,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
         uffd::close();
         return Err(format!("cannot start the sampler thread: {e}"));
     }
-    crate::runtime::log(&format!(
+    crate::log::log(&format!(
         "comm: detection started ({}; {} pages per {} ms, granule {} B, {} faults)",
         MECHANISM.try_lock().map(|g| g.clone()).unwrap_or_default(),
         cfg.pages_per_round(),
@@ -256,7 +224,7 @@ pub fn stop() {
 /// Stop detection because something went wrong, and say why.
 pub fn disable(reason: String) {
     RUN.store(false, Ordering::Release);
-    crate::runtime::log(&format!("comm: detection disabled: {reason}"));
+    crate::log::log(&format!("comm: detection disabled: {reason}"));
     if let Ok(mut g) = CONTROL.try_lock() {
         g.1 = Some(reason);
     }
@@ -312,132 +280,6 @@ pub fn report() -> CommReport {
         },
         disabled_reason: reason,
     }
-}
-
-/// What a hooked map change does with a revoked page in its range.
-#[derive(Clone, Copy)]
-pub enum Release {
-    /// Put the page's original protection back (before the program's call changes it).
-    Restore,
-    /// A new mapping with this protection now lives there: give the page that protection
-    /// (the page may have been revoked after the mapping appeared) and forget it.
-    NewMapping(i32),
-}
-
-/// A hooked call that changes mappings, from before its real call until after it (drop).
-/// While one exists the sampler revokes nothing new (see `sampler::arm`).
-pub struct MapChange {
-    active: bool,
-}
-
-impl MapChange {
-    /// Announce a change and give back every revoked page in `[start, start + len)`.
-    pub fn begin(start: usize, len: usize, how: Release) -> MapChange {
-        if !signal::INSTALLED.load(Ordering::Relaxed) {
-            return MapChange { active: false };
-        }
-        state::MAP_BUSY.fetch_add(1, Ordering::SeqCst);
-        state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
-        release_range(start, len, how);
-        MapChange { active: true }
-    }
-
-    /// Give back revoked pages in a further range (the new mapping, after the real call).
-    pub fn also(&self, start: usize, len: usize, how: Release) {
-        if self.active {
-            release_range(start, len, how);
-        }
-    }
-}
-
-impl Drop for MapChange {
-    fn drop(&mut self) {
-        if self.active {
-            state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
-            state::MAP_BUSY.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Give back every revoked page in `[start, start + len)` (inside a [`MapChange`]).
-fn release_range(start: usize, len: usize, how: Release) {
-    if len == 0 || ARMED_COUNT.load(Ordering::SeqCst) == 0 {
-        return;
-    }
-    let end = start.saturating_add(len);
-    for s in SLOTS.iter() {
-        loop {
-            let page = s.page.load(Ordering::SeqCst);
-            if page == 0 || page.saturating_add(PAGE) <= start || page >= end {
-                break;
-            }
-            let st = s.state.load(Ordering::SeqCst);
-            match st {
-                FREE => break,
-                ARMED | OPEN => {
-                    if s.state
-                        .compare_exchange(st, BUSY, Ordering::SeqCst, Ordering::SeqCst)
-                        .is_err()
-                    {
-                        continue;
-                    }
-                    let prot = match how {
-                        Release::Restore => i32::from(s.prot.load(Ordering::Relaxed)),
-                        Release::NewMapping(p) => p,
-                    };
-                    if st == ARMED || matches!(how, Release::NewMapping(_)) {
-                        signal::raw_mprotect(page, PAGE, prot);
-                    }
-                    if st == ARMED {
-                        COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
-                    }
-                    state::trace(state::ev::HOOK_RELEASE, u64::from(st), page, prot as u64);
-                    s.page.store(0, Ordering::SeqCst);
-                    s.state.store(FREE, Ordering::SeqCst);
-                    break;
-                }
-                _ => {
-                    // BUSY: another thread is changing this page's protection; one syscall.
-                    // SAFETY: sched_yield has no arguments.
-                    unsafe { libc::syscall(libc::SYS_sched_yield) };
-                }
-            }
-        }
-    }
-}
-
-/// After a hooked call failed with EFAULT: if pages are revoked, restore them all (they stay
-/// counted as faulted this round) and say the call should be retried once.
-pub fn efault_retry(failed: bool) -> bool {
-    if !failed || ARMED_COUNT.load(Ordering::Acquire) == 0 {
-        return false;
-    }
-    if crate::sys::errno() != libc::EFAULT {
-        return false;
-    }
-    let mut any = false;
-    for s in SLOTS.iter() {
-        if s.state
-            .compare_exchange(ARMED, BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            let page = s.page.load(Ordering::Relaxed);
-            signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
-            state::trace(state::ev::EFAULT, 0, page, 0);
-            s.state.store(OPEN, Ordering::Release);
-            any = true;
-        }
-    }
-    if any {
-        COUNTERS.efault_retries.fetch_add(1, Ordering::Relaxed);
-    }
-    any
-}
-
-/// Whether signal masks must keep SIGSEGV unblocked (detection installed in this process).
-#[inline]
-pub fn strip_segv() -> bool {
-    signal::INSTALLED.load(Ordering::Relaxed)
 }
 
 /// Fork child: the sampler thread does not exist here; restore every revoked page (the child
@@ -501,7 +343,7 @@ pub fn write_report(path: &str) {
             }
         }
         for (p, v) in per.iter().filter(|(_, v)| !v.is_empty()) {
-            crate::runtime::log(&format!("comm debug: claims {p:x}: {v:?}"));
+            crate::log::log(&format!("comm debug: claims {p:x}: {v:?}"));
         }
     }
     let r = report();

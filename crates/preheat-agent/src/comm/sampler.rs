@@ -426,7 +426,7 @@ pub fn thread_blocking_segv() -> Option<u32> {
             .find_map(|l| l.strip_prefix("SigBlk:"))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0);
-        if blocked & (1 << (libc::SIGSEGV - 1)) != 0 && !crate::runtime::is_agent_tid(tid) {
+        if blocked & (1 << (libc::SIGSEGV - 1)) != 0 && !crate::threads::is_agent_tid(tid) {
             return Some(tid);
         }
     }
@@ -466,14 +466,14 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         let mut extra = ex.clone();
         extra
             .addresses
-            .extend(crate::runtime::agent_stack_addresses());
+            .extend(crate::threads::agent_stack_addresses());
         extra.ranges.extend(super::altstack_ranges());
         extra.ranges.extend(crate::sys::loaded_object_ranges());
         let uffd = super::USE_UFFD.load(Ordering::SeqCst);
         match thread_blocking_segv().filter(|_| !uffd) {
             Some(tid) => {
                 if COUNTERS.rounds.load(Ordering::Relaxed).is_multiple_of(50) {
-                    crate::runtime::log(&format!(
+                    crate::log::log(&format!(
                         "comm: thread {tid} blocks SIGSEGV; no pages revoked this round"
                     ));
                 }
@@ -490,7 +490,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 let pages = choose(ranges, &reuse, n, &mut rng, |p| history.skip(p));
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
                     let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                    crate::runtime::log(&format!(
+                    crate::log::log(&format!(
                         "comm: round {}: {} eligible ranges ({} KiB), {} pages chosen{}",
                         COUNTERS.rounds.load(Ordering::Relaxed),
                         ranges.len(),

@@ -17,6 +17,19 @@
 //!   when ignored): the kernel disposition is reset to `SIG_DFL` and the faulting instruction
 //!   re-executes, so the process dies of the same SIGSEGV with the same core dump. A SIGSEGV
 //!   sent with `kill`/`tgkill` is re-raised under `SIG_DFL`, or dropped under `SIG_IGN`.
+//!
+//! The fault handler runs on the host's threads (hooked path): the lints below (see the crate
+//! docs) reject panicking code in this file.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
@@ -55,6 +68,15 @@ impl Disp {
 /// then flips [`CURRENT`], so the fault handler never waits for a writer (it may interrupt one).
 static DISPS: [Disp; 2] = [Disp::new(), Disp::new()];
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Copy `i` (0 or 1; only the low bit counts) of [`DISPS`].
+fn disp(i: usize) -> &'static Disp {
+    if i & 1 == 0 {
+        &DISPS[0]
+    } else {
+        &DISPS[1]
+    }
+}
 /// Writers (the hooks, the installer) exclude each other with this flag; it is held across one
 /// copy, never across a call that could block.
 static WRITER: AtomicBool = AtomicBool::new(false);
@@ -83,10 +105,12 @@ fn sigset_words(s: &libc::sigset_t) -> [u64; 16] {
             std::mem::size_of::<libc::sigset_t>(),
         )
     };
-    for (i, chunk) in bytes.chunks(8).take(16).enumerate() {
+    for (word, chunk) in w.iter_mut().zip(bytes.chunks(8)) {
         let mut b = [0u8; 8];
-        b[..chunk.len()].copy_from_slice(chunk);
-        w[i] = u64::from_ne_bytes(b);
+        for (d, s) in b.iter_mut().zip(chunk) {
+            *d = *s;
+        }
+        *word = u64::from_ne_bytes(b);
     }
     w
 }
@@ -98,9 +122,10 @@ fn words_sigset(w: &[u64; 16]) -> libc::sigset_t {
     // SAFETY: writes at most size_of::<sigset_t>() bytes into `s`.
     let bytes =
         unsafe { std::slice::from_raw_parts_mut(&mut s as *mut libc::sigset_t as *mut u8, n) };
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        let v = w[i].to_ne_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
+    for (chunk, word) in bytes.chunks_mut(8).zip(w) {
+        for (d, s) in chunk.iter_mut().zip(word.to_ne_bytes()) {
+            *d = s;
+        }
     }
     s
 }
@@ -108,7 +133,7 @@ fn words_sigset(w: &[u64; 16]) -> libc::sigset_t {
 /// Store `act` as the program's disposition (writer lock held by the caller).
 fn store_program(act: &libc::sigaction) {
     let next = CURRENT.load(Ordering::Acquire) ^ 1;
-    let d = &DISPS[next];
+    let d = disp(next);
     d.handler.store(act.sa_sigaction, Ordering::Relaxed);
     d.flags.store(act.sa_flags, Ordering::Relaxed);
     for (slot, w) in d.mask.iter().zip(sigset_words(&act.sa_mask)) {
@@ -119,7 +144,7 @@ fn store_program(act: &libc::sigaction) {
 
 /// The program's current disposition as a `sigaction`.
 fn load_program() -> libc::sigaction {
-    let d = &DISPS[CURRENT.load(Ordering::Acquire)];
+    let d = disp(CURRENT.load(Ordering::Acquire));
     // SAFETY: an all-zero sigaction is valid plain data (SIG_DFL, no flags, empty mask).
     let mut a: libc::sigaction = unsafe { std::mem::zeroed() };
     a.sa_sigaction = d.handler.load(Ordering::Relaxed);
@@ -152,7 +177,7 @@ fn install_locked() -> Result<(), String> {
     let mut ours: libc::sigaction = unsafe { std::mem::zeroed() };
     ours.sa_sigaction = on_segv as *const () as usize;
     ours.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK | libc::SA_NODEFER | libc::SA_RESTART;
-    // SAFETY: as above.
+    // SAFETY: an all-zero sigaction is valid plain data (overwritten by the call below).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     // SAFETY: both pointers are valid locals; `on_segv` has the SA_SIGINFO handler signature
     // and lives as long as the process (the agent is never unloaded).
@@ -278,7 +303,9 @@ fn on_fault(addr: usize) -> Verdict {
             slot.open_faults.store(0, Ordering::Relaxed);
             0
         } else {
-            slot.open_faults.fetch_add(1, Ordering::Relaxed) + 1
+            slot.open_faults
+                .fetch_add(1, Ordering::Relaxed)
+                .saturating_add(1)
         };
         slot.state.store(OPEN, Ordering::Release);
         state::trace(state::ev::CLAIM, tid, page, u64::from(st));
@@ -302,7 +329,8 @@ fn on_fault(addr: usize) -> Verdict {
 }
 
 /// The last fault each thread could not attribute (tid, address), by `tid % len`.
-static UNCLAIMED: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
+const UNCLAIMED_LEN: usize = 256;
+static UNCLAIMED: [AtomicU64; UNCLAIMED_LEN] = [const { AtomicU64::new(0) }; UNCLAIMED_LEN];
 
 /// A fault no slot claims may still be ours: the access faulted on a revoked page, and the
 /// sampler restored and retired that page before this handler looked. Re-executing tells: a
@@ -310,7 +338,9 @@ static UNCLAIMED: [AtomicU64; 256] = [const { AtomicU64::new(0) }; 256];
 /// unclaimed access fault of a thread at an address is retried once; the second goes on.
 fn retry_unclaimed(tid: u32, addr: usize) -> bool {
     let key = (u64::from(tid) << 48) ^ (addr as u64 & 0xffff_ffff_ffff);
-    let slot = &UNCLAIMED[tid as usize % UNCLAIMED.len()];
+    let Some(slot) = UNCLAIMED.get(tid as usize % UNCLAIMED_LEN) else {
+        return false;
+    };
     if slot.load(Ordering::Relaxed) == key {
         slot.store(0, Ordering::Relaxed);
         false
@@ -329,7 +359,9 @@ extern "C" fn on_segv(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         let tid = raw_tid() as u32;
         if matches!(on_fault(addr), Verdict::Retry) {
             // A claimed fault ends any earlier unclaimed one of this thread.
-            UNCLAIMED[tid as usize % UNCLAIMED.len()].store(0, Ordering::Relaxed);
+            if let Some(u) = UNCLAIMED.get(tid as usize % UNCLAIMED_LEN) {
+                u.store(0, Ordering::Relaxed);
+            }
             true
         } else {
             retry_unclaimed(tid, addr)
@@ -428,6 +460,11 @@ fn reset_program_disposition_from_handler() {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 mod tests {
     use super::*;
 
@@ -435,6 +472,7 @@ mod tests {
     fn sigset_roundtrip() {
         // SAFETY: zeroed sigset is empty; sigaddset on a valid local.
         let mut s: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `s` is a valid, initialised local sigset; both signal numbers are in range.
         unsafe {
             libc::sigaddset(&mut s, libc::SIGUSR1);
             libc::sigaddset(&mut s, 40);

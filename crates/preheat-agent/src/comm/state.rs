@@ -10,6 +10,19 @@
 //! * **Threads** – tid → matrix index (first come, first served; [`MAX_COMM_THREADS`]).
 //! * **Granules** – SPCD's "last two sharers" per granule, in an open-addressed hash table.
 //! * **Matrix** – symmetric event counts.
+//!
+//! Touched from the fault handler and the hooks (hooked path): the lints below (see the crate
+//! docs) reject panicking code in this file.
+#![deny(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects,
+    clippy::unreachable,
+    clippy::todo,
+    clippy::unimplemented
+)]
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
@@ -98,13 +111,48 @@ pub static COUNTERS: Counters = Counters {
 /// log2 of the granule size (12 = one page).
 pub static GRANULE_SHIFT: AtomicU32 = AtomicU32::new(12);
 
+/// Alternate signal stacks the program registered (never sampled): start and size.
+static ALTSTACKS: [(AtomicU64, AtomicU64); 64] =
+    [const { (AtomicU64::new(0), AtomicU64::new(0)) }; 64];
+
+/// Remember an alternate signal stack (from the `sigaltstack` hook; allocation-free).
+pub fn note_altstack(addr: u64, size: u64) {
+    if addr == 0 {
+        return;
+    }
+    for (a, n) in ALTSTACKS.iter() {
+        if a.load(Ordering::Relaxed) == addr {
+            n.store(size, Ordering::Relaxed);
+            return;
+        }
+    }
+    for (a, n) in ALTSTACKS.iter() {
+        if a.compare_exchange(0, addr, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            n.store(size, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+/// The registered alternate signal stacks as `[start, end)`.
+pub fn altstack_ranges() -> Vec<(u64, u64)> {
+    ALTSTACKS
+        .iter()
+        .map(|(a, n)| (a.load(Ordering::Relaxed), n.load(Ordering::Relaxed)))
+        .filter(|&(a, _)| a != 0)
+        .map(|(a, n)| (a, a.saturating_add(n.max(4096))))
+        .collect()
+}
+
 /// Addresses inside the detector's tables (the mappings holding them are never sampled: the
 /// fault handler must never fault on its own state).
 pub fn static_addresses() -> [u64; 5] {
     [
         SLOTS.as_ptr() as u64,
         MATRIX.as_ptr() as u64,
-        MATRIX.as_ptr().wrapping_add(MATRIX.len() - 1) as u64,
+        MATRIX.as_ptr().wrapping_add(MATRIX.len().saturating_sub(1)) as u64,
         GRANULE_KEY.as_ptr() as u64,
         GRANULE_SHARERS.as_ptr() as u64,
     ]
@@ -164,8 +212,10 @@ pub fn record_access(thread: usize, addr: usize) {
     let Some(slot) = granule_slot(key) else {
         return;
     };
-    let me = thread as u64 + 1;
-    let sharers = &GRANULE_SHARERS[slot];
+    let me = (thread as u64).saturating_add(1);
+    let Some(sharers) = GRANULE_SHARERS.get(slot) else {
+        return;
+    };
     let mut cur = sharers.load(Ordering::Acquire);
     loop {
         let (a, b) = (cur & 0xffff_ffff, cur >> 32);
@@ -179,7 +229,7 @@ pub fn record_access(thread: usize, addr: usize) {
             Ok(_) => {
                 for other in [a, b] {
                     if other != 0 && other != me {
-                        add_event(thread, (other - 1) as usize);
+                        add_event(thread, other.saturating_sub(1) as usize);
                     }
                 }
                 return;
@@ -192,24 +242,34 @@ pub fn record_access(thread: usize, addr: usize) {
 /// The granule table slot for `key` (claimed if new; the home slot is recycled when the
 /// probe sequence is full, losing that granule's history).
 fn granule_slot(key: u64) -> Option<usize> {
-    let home = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % GRANULES;
-    for i in 0..PROBE {
-        let s = (home + i) % GRANULES;
-        let k = GRANULE_KEY[s].load(Ordering::Acquire);
-        if k == key {
+    let home = granule_home(key);
+    for s in granule_probes(home) {
+        let k = GRANULE_KEY.get(s)?;
+        let cur = k.load(Ordering::Acquire);
+        if cur == key {
             return Some(s);
         }
-        if k == 0 {
-            match GRANULE_KEY[s].compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+        if cur == 0 {
+            match k.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(s),
                 Err(now) if now == key => return Some(s),
                 Err(_) => continue,
             }
         }
     }
-    GRANULE_KEY[home].store(key, Ordering::Release);
-    GRANULE_SHARERS[home].store(0, Ordering::Release);
+    GRANULE_KEY.get(home)?.store(key, Ordering::Release);
+    GRANULE_SHARERS.get(home)?.store(0, Ordering::Release);
     Some(home)
+}
+
+/// Home slot of granule `key` in the granule table.
+fn granule_home(key: u64) -> usize {
+    (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % GRANULES
+}
+
+/// The probe sequence from `home`.
+fn granule_probes(home: usize) -> impl Iterator<Item = usize> {
+    (0..PROBE).map(move |i| home.wrapping_add(i) % GRANULES)
 }
 
 /// Whether two different threads are among the recorded sharers of the granule holding `addr`
@@ -217,19 +277,23 @@ fn granule_slot(key: u64) -> Option<usize> {
 pub fn granule_shared(addr: usize) -> bool {
     let shift = GRANULE_SHIFT.load(Ordering::Relaxed);
     let key = ((addr >> shift) as u64).wrapping_add(1);
-    let home = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 50) as usize % GRANULES;
-    (0..PROBE).map(|i| (home + i) % GRANULES).any(|s| {
-        GRANULE_KEY[s].load(Ordering::Acquire) == key && {
-            let v = GRANULE_SHARERS[s].load(Ordering::Acquire);
-            let (a, b) = (v & 0xffff_ffff, v >> 32);
-            a != 0 && b != 0 && a != b
-        }
+    granule_probes(granule_home(key)).any(|s| {
+        GRANULE_KEY
+            .get(s)
+            .is_some_and(|k| k.load(Ordering::Acquire) == key)
+            && {
+                let v = GRANULE_SHARERS
+                    .get(s)
+                    .map_or(0, |v| v.load(Ordering::Acquire));
+                let (a, b) = (v & 0xffff_ffff, v >> 32);
+                a != 0 && b != 0 && a != b
+            }
     })
 }
 
 fn add_event(a: usize, b: usize) {
     let (i, j) = if a < b { (a, b) } else { (b, a) };
-    if let Some(c) = MATRIX.get(i * MAX_COMM_THREADS + j) {
+    if let Some(c) = MATRIX.get(i.saturating_mul(MAX_COMM_THREADS).saturating_add(j)) {
         c.fetch_add(1, Ordering::Relaxed);
         COUNTERS.events.fetch_add(1, Ordering::Relaxed);
     }
@@ -246,15 +310,20 @@ pub fn threads() -> Vec<u32> {
 
 /// The symmetric matrix of the first `n` threads.
 pub fn matrix(n: usize) -> Vec<Vec<u64>> {
-    let mut m = vec![vec![0u64; n]; n];
-    for i in 0..n {
-        for j in i + 1..n {
-            let v = MATRIX[i * MAX_COMM_THREADS + j].load(Ordering::Relaxed);
-            m[i][j] = v;
-            m[j][i] = v;
-        }
+    (0..n)
+        .map(|i| (0..n).map(|j| pair_events(i, j)).collect())
+        .collect()
+}
+
+/// Events between threads `i` and `j` (0 on the diagonal).
+fn pair_events(i: usize, j: usize) -> u64 {
+    if i == j {
+        return 0;
     }
-    m
+    let (a, b) = if i < j { (i, j) } else { (j, i) };
+    MATRIX
+        .get(a.saturating_mul(MAX_COMM_THREADS).saturating_add(b))
+        .map_or(0, |c| c.load(Ordering::Relaxed))
 }
 
 /// Zero the matrix, the sharer history and the counters (not the slots: revoked pages stay
@@ -290,6 +359,11 @@ pub fn reset_threads() {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::indexing_slicing,
+    clippy::arithmetic_side_effects
+)]
 mod tests {
     use super::*;
 
@@ -345,18 +419,21 @@ pub mod ev {
 }
 
 /// Event words: `kind << 56 | (tid & 0xffffff) << 32 | extra`.
-pub static TRACE: [AtomicU64; 8192] = [const { AtomicU64::new(0) }; 8192];
+const TRACE_LEN: usize = 8192;
+pub static TRACE: [AtomicU64; TRACE_LEN] = [const { AtomicU64::new(0) }; TRACE_LEN];
 /// The page of each event.
-pub static TRACE_PAGE: [AtomicU64; 8192] = [const { AtomicU64::new(0) }; 8192];
+pub static TRACE_PAGE: [AtomicU64; TRACE_LEN] = [const { AtomicU64::new(0) }; TRACE_LEN];
 /// Events recorded so far (the ring index is this modulo the length).
 pub static TRACE_POS: AtomicU64 = AtomicU64::new(0);
 
 /// Record one event (allocation-free, async-signal-safe).
 pub fn trace(kind: u64, tid: u64, page: usize, extra: u64) {
-    let i = TRACE_POS.fetch_add(1, Ordering::Relaxed) as usize % TRACE.len();
-    TRACE[i].store(
-        (kind << 56) | ((tid & 0xff_ffff) << 32) | (extra & 0xffff_ffff),
-        Ordering::Relaxed,
-    );
-    TRACE_PAGE[i].store(page as u64, Ordering::Relaxed);
+    let i = TRACE_POS.fetch_add(1, Ordering::Relaxed) as usize % TRACE_LEN;
+    if let (Some(w), Some(p)) = (TRACE.get(i), TRACE_PAGE.get(i)) {
+        w.store(
+            (kind << 56) | ((tid & 0xff_ffff) << 32) | (extra & 0xffff_ffff),
+            Ordering::Relaxed,
+        );
+        p.store(page as u64, Ordering::Relaxed);
+    }
 }

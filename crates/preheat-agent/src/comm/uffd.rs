@@ -141,7 +141,7 @@ pub fn available() -> Result<(), String> {
 /// Open the session's userfaultfd (kept open until [`close`]).
 pub fn start() -> Result<RawFd, String> {
     let fd = open()?;
-    crate::runtime::register_fd(fd);
+    crate::fdreg::register_fd(fd);
     FD.store(fd, Ordering::SeqCst);
     Ok(fd)
 }
@@ -149,7 +149,7 @@ pub fn start() -> Result<RawFd, String> {
 /// Close the session's userfaultfd: the kernel drops every registration and wakes every thread
 /// still waiting on one of our pages.
 pub fn close() {
-    crate::runtime::close_own_fd(FD.swap(-1, Ordering::SeqCst));
+    crate::fdreg::close_own_fd(FD.swap(-1, Ordering::SeqCst));
 }
 
 /// Fork child: the parent's fd is not ours to use (closed with the other agent fds).
@@ -266,7 +266,7 @@ fn answer(fd: RawFd, m: &UffdMsg) {
             protect(fd, page, false);
             COUNTERS.faults_induced.fetch_add(1, Ordering::Relaxed);
             state::trace(state::ev::CLAIM, u64::from(tid), page as usize, 1);
-            if !crate::runtime::is_agent_tid(tid) {
+            if !crate::threads::is_agent_tid(tid) {
                 match state::thread_index(tid) {
                     Some(t) => state::record_access(t, m.address as usize),
                     None => {

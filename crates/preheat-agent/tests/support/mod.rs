@@ -295,6 +295,29 @@ pub fn start_kv_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Server {
     })
 }
 
+/// Compile the test program `tests/<rel>.c` into `dir` with the system C compiler, or None
+/// (skip reported) when there is none.
+pub fn compile_c(rel: &str, dir: &Path) -> Option<PathBuf> {
+    let Some(cc) = find_program("cc").or_else(|| find_program("gcc")) else {
+        preheat_testsupport::skip!(
+            "gcc",
+            "{rel}: no C compiler (cc/gcc) to build the test program"
+        );
+        return None;
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{rel}.c"));
+    let name = Path::new(rel).file_name().unwrap_or(rel.as_ref());
+    let out = dir.join(name);
+    let st = Command::new(cc)
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .expect("running the C compiler");
+    assert!(st.success(), "compiling {} failed", src.display());
+    Some(out)
+}
+
 /// Wait until something accepts connections on 127.0.0.1:`port`.
 pub fn wait_port(port: u16, child: &mut Child) -> Result<u16, String> {
     let ok = wait_until(Duration::from_secs(20), || {
@@ -348,6 +371,24 @@ impl AgentClient {
 
     pub fn call(&mut self, req: &Request) -> Reply {
         self.call_raw(&serde_json::to_string(req).unwrap())
+    }
+
+    /// As [`AgentClient::call`], but a closed connection (the process died) is an error
+    /// instead of a panic, so the caller can say why.
+    pub fn try_call(&mut self, req: &Request) -> Result<Reply, String> {
+        let mut l = serde_json::to_string(req).map_err(|e| e.to_string())?;
+        l.push('\n');
+        self.stream
+            .get_mut()
+            .write_all(l.as_bytes())
+            .map_err(|e| format!("writing to the agent: {e}"))?;
+        let mut buf = String::new();
+        match self.stream.read_line(&mut buf) {
+            Ok(0) => Err("the agent closed the control connection".into()),
+            Ok(_) => serde_json::from_str(buf.trim_end())
+                .map_err(|e| format!("unreadable reply {buf:?}: {e}")),
+            Err(e) => Err(format!("reading from the agent: {e}")),
+        }
     }
 
     pub fn call_raw(&mut self, line: &str) -> Reply {

@@ -1,0 +1,236 @@
+//! Flush+reload probing inside the server (paper §3.1, our user-space stand-in for an L2 tag
+//! dump): one `ProbeCycle` per chunk and phase, and the waits for the server's threads to be
+//! back in their wait call.
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use preheat_engine::{os, probe, time};
+use preheat_model::proto::{Range, Reply};
+
+use super::ranges::validate_ranges;
+use crate::log::log;
+use crate::{sys, track};
+
+/// `ProbeReload` waits at most this long for the server threads to return to their wait call.
+const QUIESCE_MAX: Duration = Duration::from_millis(50);
+const QUIESCE_POLL: Duration = Duration::from_micros(50);
+
+/// Wait (bounded) until every server thread seen in a wait call is back in it, so the request
+/// that was just served has finished its busy period. Slots of threads that died are freed.
+pub(super) fn quiesce() {
+    let t0 = Instant::now();
+    let mut busy = Vec::new();
+    loop {
+        track::busy_threads(&mut busy);
+        if busy.is_empty() {
+            return;
+        }
+        if t0.elapsed() >= QUIESCE_MAX {
+            for &tid in &busy {
+                if !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() {
+                    track::release_thread(tid);
+                }
+            }
+            return;
+        }
+        std::thread::sleep(QUIESCE_POLL);
+    }
+}
+
+/// `Request::ProbeCycle`. Everything that allocates, reads `/proc` or connects happens before
+/// the flush; between flush and reload the thread only issues raw send/recv syscalls and spins,
+/// so the probed window holds the request and little else.
+///
+/// The preparation (load the unprobed phase, flush the probed one) and the reload run pinned to
+/// the CPU that served the port last: unprobed lines must sit in *that* core's L2 (an L2 miss
+/// there could make its adjacent-line prefetcher fetch a probed line), and lines in another
+/// core's L2 reload too slowly to count as hits. In between, the thread is unpinned so it never
+/// competes with the server for its CPU.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn probe_cycle(
+    conn_slot: &mut Option<(u16, TcpStream)>,
+    ranges: &[Range],
+    threshold: u32,
+    window_pages: u32,
+    seed: u64,
+    port: u16,
+    request: Option<&str>,
+    until: &str,
+    idle_ns: u64,
+    phase: probe::Phase,
+) -> Result<Reply, String> {
+    const REPLY_MAX: usize = 1 << 20;
+    const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
+    let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
+    let mut reply = vec![0u8; REPLY_MAX];
+    if request.is_some() && conn_slot.as_ref().map(|c| c.0) != Some(port) {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let st = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+            .map_err(|e| format!("probe connection to port {port}: {e}"))?;
+        st.set_nodelay(true).map_err(|e| e.to_string())?;
+        st.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let fd = st.as_raw_fd();
+        *conn_slot = Some((port, st));
+        // The first request on a new connection takes other paths (accept, buffers): not
+        // measured.
+        if let Some(req) = request {
+            let r = exchange(
+                fd,
+                req.as_bytes(),
+                until.as_bytes(),
+                &mut reply,
+                REPLY_TIMEOUT_NS,
+            );
+            if r.is_err() {
+                *conn_slot = None;
+            }
+            r?;
+        }
+    }
+    let fd = conn_slot.as_ref().map(|c| c.1.as_raw_fd());
+    let t_quiet = time::now_ns();
+    quiesce_spin(&mut busy, t_quiet + 50_000_000);
+    let saved = os::get_affinity();
+    let server_cpu = track::target_cpu(port).0 as usize;
+    let pin = |on: bool| {
+        let _ = if on {
+            os::set_affinity(&[server_cpu])
+        } else {
+            os::set_affinity(&saved)
+        };
+    };
+    // Validate only now, after the (unmeasured) first request on a new connection and with the
+    // server's threads quiet: the prepare pass below loads and flushes every line, so it must
+    // see the mappings as they are now, not as they were before the server served a request
+    // (issue 13, bug 1).
+    let valid = validate_ranges(ranges)?;
+    let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
+    let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
+    pin(true);
+    // SAFETY: `valid` was clipped just above (after the first request on a new connection, with
+    // the host's tracked threads back in their wait calls) to resident pages of readable,
+    // probe-safe mappings; the agent never unmaps host memory (a page the comm detector protects
+    // is restored by its fault handler). A host thread that unmaps them in the microseconds
+    // since breaks the contract (issue 13, bug 1: narrowed, not closed).
+    unsafe { probe::prepare_phase(&valid, phase) };
+    pin(false);
+    let t_flushed = time::now_ns();
+    match (fd, request) {
+        (Some(fd), Some(req)) => {
+            let r = exchange(
+                fd,
+                req.as_bytes(),
+                until.as_bytes(),
+                &mut reply,
+                REPLY_TIMEOUT_NS,
+            );
+            if r.is_err() {
+                pin(false);
+                *conn_slot = None;
+            }
+            r?
+        }
+        _ => {
+            let end = t_flushed + idle_ns.min(100_000_000);
+            while time::now_ns() < end {
+                std::hint::spin_loop();
+            }
+        }
+    }
+    quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+    // The server may have unmapped (or given back) memory while it served the request: a reload
+    // of a page that is gone would kill it. Look again right before reloading and skip the round
+    // if anything changed (issue 13, bug 1).
+    unchanged_since_validation(&valid, port)?;
+    pin(true);
+    let t_reload = time::now_ns();
+    // SAFETY: just above, with the host's tracked threads back in their wait calls, `valid` was
+    // re-validated against /proc/self/maps and mincore (resident pages of readable, probe-safe
+    // mappings) and found unchanged; the agent never unmaps host memory (a page the comm detector
+    // protects is restored by its fault handler). A host thread that unmaps them in the
+    // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
+    let probed =
+        unsafe { probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits) };
+    let elapsed_ns = time::now_ns().saturating_sub(t_reload);
+    pin(false);
+    Ok(Reply::Probed {
+        hits,
+        probed,
+        elapsed_ns,
+        window_ns: t_reload.saturating_sub(t_flushed),
+    })
+}
+
+/// Err (and a log line) if the mappings under `valid` are not what they were when it was
+/// validated: a page was unmapped, lost its read permission, or is no longer resident.
+///
+/// Called right before a pass that touches `valid` after the server ran: it shrinks the window in
+/// which a mapping change can fault the host to the few microseconds between this look and the
+/// pass, during which the server's threads are back in their wait calls (only a thread the
+/// agent does not track, or the kernel reclaiming a page, could still change them; the issue's
+/// fault-proof alternatives — reading through a mechanism that cannot fault, or catching the
+/// fault — remain open).
+fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> {
+    if validate_ranges(valid)? == valid {
+        return Ok(());
+    }
+    let msg = "the server's mappings changed while it served the request: round skipped";
+    log(&format!("probe cycle on port {port}: {msg}"));
+    Err(msg.into())
+}
+
+/// Send `req` and spin on non-blocking raw receives until the reply ends with `until`.
+fn exchange(
+    fd: RawFd,
+    req: &[u8],
+    until: &[u8],
+    buf: &mut [u8],
+    timeout_ns: u64,
+) -> Result<(), String> {
+    let deadline = time::now_ns() + timeout_ns;
+    let mut sent = 0;
+    while sent < req.len() {
+        match sys::send_nonblocking(fd, &req[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(format!("probe request: {e}")),
+        }
+        if time::now_ns() > deadline {
+            return Err("probe request: send timed out".into());
+        }
+    }
+    let mut got = 0;
+    loop {
+        if got == buf.len() {
+            return Err("probe reply larger than 1 MiB without its terminator".into());
+        }
+        match sys::recv_nonblocking(fd, &mut buf[got..]) {
+            Ok(0) => return Err("server closed the probe connection".into()),
+            Ok(n) => {
+                got += n;
+                if buf[..got].ends_with(until) {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(format!("probe reply: {e}")),
+        }
+        if time::now_ns() > deadline {
+            return Err("probe reply timed out".into());
+        }
+    }
+}
+
+/// Spin (no sleeping, no allocation: `busy` is pre-sized) until no server thread is busy or
+/// `deadline_ns` passes.
+fn quiesce_spin(busy: &mut Vec<u32>, deadline_ns: u64) {
+    loop {
+        track::busy_threads(busy);
+        if busy.is_empty() || time::now_ns() > deadline_ns {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}

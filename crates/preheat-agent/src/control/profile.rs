@@ -1,0 +1,255 @@
+//! The control thread's configuration side: the loaded profile, the per-port configuration
+//! (replay connections, split preheaters), and the [`Plan`] built from both and published to
+//! the workers ([`crate::plan`]); broken replay connections are reconnected here.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{IntoRawFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use preheat_engine::preheat::{split_runs, ParallelPreheater};
+use preheat_engine::{maps, os};
+use preheat_model::proto::{LoadedClass, Reply};
+use preheat_model::resolve::check_binary;
+use preheat_model::{decode_profile, resolve_class, AbsRun, RegionTable};
+
+use super::Control;
+use crate::log::log;
+use crate::plan::{self, Plan, PortPlan, ReplayConn, Split, MAX_SPLIT};
+use crate::{config, fdreg};
+
+pub(super) struct LoadedProfile {
+    pub(super) path: String,
+    pub(super) classes: Vec<LoadedClass>,
+    pub(super) runs: BTreeMap<u16, Vec<AbsRun>>,
+}
+
+#[derive(Default)]
+pub(super) struct PortConfig {
+    replay: Option<Arc<ReplayConn>>,
+    split_cpus: Vec<u32>,
+    par: Option<Arc<ParallelPreheater>>,
+}
+
+impl Control {
+    /// Periodic work: drop retired plans nobody uses, reconnect broken replay connections.
+    pub(super) fn maintain(&mut self) {
+        self.retired.retain(|p| Arc::strong_count(p) > 1);
+        if let Some(cfg) = config::config().filter(|c| c.wake_planner) {
+            crate::wakeplan::maintain(&cfg.run_dir);
+        }
+        let due = match self.next_reconnect {
+            Some(t) => Instant::now() >= t,
+            None => true,
+        };
+        let mut failed = false;
+        for (port, pc) in &self.ports {
+            let Some(conn) = &pc.replay else { continue };
+            if !conn.broken.load(Ordering::Acquire) {
+                continue;
+            }
+            if !due {
+                failed = true;
+                continue;
+            }
+            match connect_replay(*port) {
+                Ok(fd) => {
+                    if !conn.replace_fd(fd) {
+                        log(&format!(
+                            "replay connection of port {port}: a worker held the old one for > 100 ms; leaking its fd"
+                        ));
+                    }
+                    conn.broken.store(false, Ordering::Release);
+                    log(&format!("replay connection of port {port}: reconnected"));
+                }
+                Err(e) => {
+                    failed = true;
+                    log(&format!(
+                        "replay connection of port {port}: reconnect failed: {e}"
+                    ));
+                }
+            }
+        }
+        self.next_reconnect = failed.then(|| Instant::now() + Duration::from_secs(1));
+    }
+
+    pub(super) fn load_profile(&mut self, path: &str) -> Result<Reply, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read profile {path}: {e}"))?;
+        let prof = decode_profile(&bytes).map_err(|e| format!("profile {path}: {e}"))?;
+        let exe = maps::exe_ident(None)
+            .map_err(|e| format!("cannot identify the running executable: {e}"))?;
+        check_binary(&prof, &exe).map_err(|e| format!("profile {path} refused: {e}"))?;
+        let table = RegionTable::build(
+            maps::read_maps(None).map_err(|e| format!("cannot read /proc/self/maps: {e}"))?,
+        );
+        let mut classes = Vec::new();
+        let mut runs = BTreeMap::new();
+        let mut skipped = Vec::new();
+        for class in &prof.classes {
+            if runs.contains_key(&class.port) {
+                skipped.push(format!(
+                    "port {}: duplicate class ignored ({} lines)",
+                    class.port,
+                    class.ws.line_count()
+                ));
+                continue;
+            }
+            let r = resolve_class(&prof, class.port, &exe, &table)
+                .map_err(|e| format!("profile {path} refused: {e}"))?;
+            for s in &r.skipped_regions {
+                skipped.push(format!(
+                    "port {}: {}: {} ({} lines)",
+                    r.port, s.region, s.reason, s.lines
+                ));
+            }
+            classes.push(LoadedClass {
+                port: r.port,
+                lines: r.lines,
+                runs: r.runs.len() as u64,
+                skipped_lines: r.skipped_lines,
+            });
+            runs.insert(r.port, r.runs);
+        }
+        log(&format!(
+            "profile {path} loaded: {} classes, {} lines, {} skipped lines",
+            classes.len(),
+            classes.iter().map(|c| c.lines).sum::<u64>(),
+            classes.iter().map(|c| c.skipped_lines).sum::<u64>()
+        ));
+        self.profile = Some(LoadedProfile {
+            path: path.to_string(),
+            classes: classes.clone(),
+            runs,
+        });
+        self.republish();
+        Ok(Reply::Loaded {
+            path: path.to_string(),
+            classes,
+            skipped_regions: skipped,
+        })
+    }
+
+    pub(super) fn configure(
+        &mut self,
+        port: u16,
+        replay: Option<String>,
+        replay_until: Option<String>,
+        split_cpus: Vec<u32>,
+    ) -> Result<Reply, String> {
+        if port == 0 {
+            return Err("configure: port 0 is not a port".into());
+        }
+        let online = os::online_cpus();
+        if split_cpus.len() > MAX_SPLIT {
+            return Err(format!(
+                "configure: at most {MAX_SPLIT} split CPUs (got {})",
+                split_cpus.len()
+            ));
+        }
+        if let Some(bad) = split_cpus.iter().find(|&&c| c as usize >= online) {
+            return Err(format!(
+                "configure: split CPU {bad} does not exist ({online} CPUs online)"
+            ));
+        }
+        let pc = self.ports.entry(port).or_default();
+        // Split preheater (created here, in the process that uses it).
+        if split_cpus != pc.split_cpus {
+            pc.par = if split_cpus.is_empty() {
+                None
+            } else {
+                let cpus: Vec<usize> = split_cpus.iter().map(|&c| c as usize).collect();
+                Some(Arc::new(ParallelPreheater::new(&cpus).map_err(|e| {
+                    format!("configure: cannot start split preheat workers on {cpus:?}: {e}")
+                })?))
+            };
+            pc.split_cpus = split_cpus;
+        }
+        // Replay connection.
+        let want = replay.filter(|r| !r.is_empty()).map(|r| {
+            (
+                r.into_bytes(),
+                replay_until.unwrap_or_default().into_bytes(),
+            )
+        });
+        let same = match (&want, &pc.replay) {
+            (Some((req, until)), Some(c)) => {
+                c.request == *req && c.until == *until && !c.broken.load(Ordering::Acquire)
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        let mut result = Ok(Reply::Ok);
+        if !same {
+            if let Some(old) = pc.replay.take() {
+                old.replace_fd(-1);
+            }
+            if let Some((req, until)) = want {
+                match connect_replay(port) {
+                    Ok(fd) => {
+                        pc.replay = Some(Arc::new(ReplayConn::new(port, req, until, fd)));
+                        log(&format!("port {port}: replay connection open"));
+                    }
+                    Err(e) => {
+                        result = Err(format!(
+                            "configure: cannot open the replay connection to 127.0.0.1:{port}: {e}"
+                        ))
+                    }
+                }
+            }
+        }
+        self.republish();
+        result
+    }
+
+    /// Build a plan from the profile and port configuration and publish it.
+    pub(super) fn republish(&mut self) {
+        let mut ports: Vec<u16> = self.ports.keys().copied().collect();
+        if let Some(p) = &self.profile {
+            ports.extend(p.runs.keys().copied());
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        let mut plan = Plan::default();
+        for port in ports {
+            let runs = self
+                .profile
+                .as_ref()
+                .and_then(|p| p.runs.get(&port))
+                .cloned()
+                .unwrap_or_default();
+            let pc = self.ports.get(&port);
+            let split = pc.and_then(|pc| pc.par.clone()).map(|par| {
+                let mut pieces = split_runs(&runs, par.workers() + 1).into_iter();
+                let local = pieces.next().unwrap_or_default();
+                Split {
+                    par,
+                    local,
+                    pieces: pieces.collect(),
+                }
+            });
+            plan.ports.push(PortPlan {
+                port,
+                runs,
+                split,
+                replay: pc.and_then(|pc| pc.replay.clone()),
+            });
+        }
+        if let Some(old) = plan::publish(Arc::new(plan)) {
+            self.retired.push(old);
+        }
+        self.retired.retain(|p| Arc::strong_count(p) > 1);
+    }
+}
+
+/// Open the persistent loopback replay connection (non-blocking, no Nagle).
+fn connect_replay(port: u16) -> std::io::Result<RawFd> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_nodelay(true)?;
+    s.set_nonblocking(true)?;
+    let fd = s.into_raw_fd();
+    fdreg::register_fd(fd);
+    Ok(fd)
+}
