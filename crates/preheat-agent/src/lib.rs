@@ -89,65 +89,8 @@ pub mod track;
 pub mod wakeplan;
 pub mod worker;
 
-use preheat_model::proto;
-use std::path::{Path, PathBuf};
-
 pub use preheat_model::proto::DEFAULT_RUN_DIR;
 
-/// The files an agent of `pid` uses in `run_dir`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SocketPaths {
-    /// Control socket (Unix stream, JSON lines).
-    pub control: PathBuf,
-    /// Announcement socket (Unix datagram, 40-byte `Announcement`s).
-    pub trigger: PathBuf,
-    /// Default log file (unless `PREHEAT_AGENT_LOG` is set).
-    pub log: PathBuf,
-}
-
-/// Socket and log paths of the agent of `pid` in `run_dir`.
-pub fn socket_paths(run_dir: &Path, pid: u32) -> SocketPaths {
-    SocketPaths {
-        control: run_dir.join(proto::control_socket_name(pid)),
-        trigger: run_dir.join(proto::trigger_socket_name(pid)),
-        log: run_dir.join(proto::log_name(pid)),
-    }
-}
-
-/// The run directory: `PREHEAT_RUN_DIR` if set and non-empty, else [`DEFAULT_RUN_DIR`].
-pub fn run_dir_from_env() -> PathBuf {
-    match std::env::var_os("PREHEAT_RUN_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(DEFAULT_RUN_DIR),
-    }
-}
-
-/// Pids with an agent control socket in `run_dir` whose process still exists.
-pub fn live_agents(run_dir: &Path) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(run_dir) else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = rd
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let pid = proto::pid_of_control_socket(&name)?;
-            Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-        })
-        .collect();
-    pids.sort_unstable();
-    pids
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn socket_names() {
-        let p = socket_paths(Path::new("/run/x"), 42);
-        assert_eq!(p.control, Path::new("/run/x/agent-42.sock"));
-        assert_eq!(p.trigger, Path::new("/run/x/agent-42.trig"));
-        assert_eq!(p.log, Path::new("/run/x/agent-42.log"));
-    }
-}
+// Where the agent's sockets and log live, and which agents are alive: the one implementation,
+// shared with the CLI and preheatd (a crate of its own, so they need not link the hooks).
+pub use preheat_rundir::{live_agents, run_dir_from_env, socket_paths, SocketPaths};

@@ -61,25 +61,7 @@ impl AgentClient {
 
 /// Pids with a live agent control socket in `run_dir`. Sockets of dead processes are removed.
 pub fn discover(run_dir: &Path) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(run_dir) else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = rd
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().into_string().ok()?;
-            let pid = preheat_model::proto::pid_of_control_socket(&name)?;
-            if Path::new(&format!("/proc/{pid}")).exists() {
-                Some(pid)
-            } else {
-                let _ = std::fs::remove_file(e.path());
-                let _ = std::fs::remove_file(paths::trigger_socket(run_dir, pid));
-                None
-            }
-        })
-        .collect();
-    pids.sort_unstable();
-    pids
+    preheat_rundir::remove_dead(run_dir)
 }
 
 /// Wait until at least one agent among the processes of `tree` answers its control socket.

@@ -11,19 +11,17 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// Directory of agent sockets: `PREHEAT_RUN_DIR` or `/tmp/preheat`.
+/// Directory of agent sockets: `PREHEAT_RUN_DIR` (if set and non-empty) or `/tmp/preheat`.
 pub fn run_dir() -> PathBuf {
-    std::env::var_os("PREHEAT_RUN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(preheat_model::proto::DEFAULT_RUN_DIR))
+    preheat_rundir::run_dir_from_env()
 }
 
 pub fn control_socket(run_dir: &Path, pid: u32) -> PathBuf {
-    run_dir.join(preheat_model::proto::control_socket_name(pid))
+    preheat_rundir::socket_paths(run_dir, pid).control
 }
 
 pub fn trigger_socket(run_dir: &Path, pid: u32) -> PathBuf {
-    run_dir.join(preheat_model::proto::trigger_socket_name(pid))
+    preheat_rundir::socket_paths(run_dir, pid).trigger
 }
 
 fn exe_dir() -> Result<PathBuf> {

@@ -19,8 +19,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use preheat_model::proto::{
-    control_socket_name, pid_of_control_socket, trigger_socket_name, PortStats, PreheatStats,
-    Reply, Request,
+    control_socket_name, trigger_socket_name, PortStats, PreheatStats, Reply, Request,
 };
 
 use crate::log::{log, log_limited};
@@ -100,24 +99,7 @@ pub fn query_status(run_dir: &Path, pid: u32, timeout: Duration) -> io::Result<A
     }
 }
 
-/// Whether process `pid` exists (possibly as a zombie: its control socket then refuses).
-pub fn pid_alive(pid: u32) -> bool {
-    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
-}
-
-/// Pids with a control socket file in `run_dir`, sorted. A missing directory has none.
-pub fn control_socket_pids(run_dir: &Path) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(run_dir) else {
-        return Vec::new();
-    };
-    let mut pids: Vec<u32> = rd
-        .flatten()
-        .filter_map(|e| pid_of_control_socket(e.file_name().to_str()?))
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
-    pids
-}
+pub use preheat_rundir::{control_socket_pids, pid_alive};
 
 /// A `--route PORT=PID` static route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
