@@ -55,7 +55,7 @@
 //! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
 //! 2  threads                           the agent's own threads (spawn, stacks, tids)
 //! 1  log  fdreg                        log + disable-with-reason; the agent's own fds
-//! 0  config  track  stats  sys  forkcell
+//! 0  config  track  counters  sys  forkcell
 //!                                      configuration; busy periods; counters; FFI; fork-safe cell
 //! ```
 //!
@@ -76,13 +76,13 @@
 pub mod comm;
 pub mod config;
 pub mod control;
+pub mod counters;
 pub mod fdreg;
 pub mod forkcell;
 pub mod hooks;
 pub mod log;
 pub mod plan;
 pub mod runtime;
-pub mod stats;
 pub mod sys;
 pub mod threads;
 pub mod track;

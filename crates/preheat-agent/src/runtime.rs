@@ -40,10 +40,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::config::{self, Config};
+use crate::counters::STATS;
 use crate::fdreg::register_fd;
 use crate::log::{log, RUN_DIR_TRUSTED};
 use crate::plan;
-use crate::stats::STATS;
 use crate::threads::spawn_agent_thread;
 use crate::{control, fdreg, socket_paths, sys, threads, track, worker};
 

@@ -37,8 +37,8 @@ use preheat_engine::{os, preheat, time};
 use preheat_model::proto::{Announcement, Strategies};
 use preheat_model::AbsRun;
 
+use crate::counters::STATS;
 use crate::plan::{self, ReplayConn, MAX_SPLIT};
-use crate::stats::STATS;
 use crate::{log, sys, threads, track};
 
 pub const MAX_WORKERS: usize = 256;

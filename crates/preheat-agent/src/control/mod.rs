@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 use preheat_engine::{probe, time};
 use preheat_model::proto::{Reply, Request};
 
+use crate::counters::STATS;
 use crate::log::{self, log};
 use crate::plan::Plan;
-use crate::stats::STATS;
 use crate::{comm, config, fdreg, sys, track};
 use cycle::{probe_cycle, quiesce};
 use profile::{LoadedProfile, PortConfig};
