@@ -120,7 +120,7 @@ fn tight_pair() -> Option<(u64, u64)> {
     (b.saturating_sub(a) <= 1_000).then(|| (a + (b - a) / 2, t))
 }
 
-/// Let [`Deadline`]s use the unordered TSC from now on (once [`MIN_REFERENCE_AGE_NS`] has
+/// Let [`Deadline`]s use the unordered TSC from now on (once 50 ms have
 /// passed), if this CPU's TSC is invariant (constant rate, runs in deep idle, synchronised
 /// across CPUs). Takes the reference pair; not for a hot path. Returns whether it is enabled.
 pub fn enable_tsc_deadlines() -> bool {

@@ -15,7 +15,7 @@
 //!      agent applies strategies S (wake, lines, replay, combinations).
 //! 4. Print response-time p50/p99 with 95% CIs and, for preheat rows, the working-set size, runs,
 //!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed — against the
-//!    hot floor (warm beside it) — split by stage (see [`table`]).
+//!    hot floor (warm beside it) — split by stage (see [`mod@table`]).
 //!
 //! Response time is measured by the client from the moment it sends (for announced requests:
 //! at the announced arrival time) until the full reply is read. Everything printed is measured
