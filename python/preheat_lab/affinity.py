@@ -18,8 +18,9 @@
    / unavailable is skipped (printed `SKIP ...` and in the report); a failing run is recorded
    with its reason and the rest goes on (exit code 1 at the end).
 
-Statistics, tables, figures and the report: affinity_report.py. Every number is labeled
-measured (this machine, with its sample count) or "the paper's".
+Statistics and tables: affinity_analysis.py; figures: affinity_figures.py; the report:
+affinity_report.py. Every number is labeled measured (this machine, with its sample count) or
+"the paper's".
 
 Outputs in --out DIR: raw/ (topology.json, plan.json, one CLI JSON per run, stderr of failed
 runs), runs / table2 / table3 / winback / quanta / refill / paper (.csv, .parquet with pyarrow),
