@@ -263,6 +263,18 @@ def table1_section(rep: Report, out: Path) -> None:
                 "n": g["n"], "label": g["label"]})
             rep.table(d, f"{DISPLAY.get(server, server)}, {'medians' if st == 'p50' else 'means'} "
                          f"({int(g['rounds'].iloc[0])} rounds)")
+    sp = out / "stages.png"
+    if sp.exists():
+        rep.heading("Where each mode's response time goes (stages)")
+        rep.text("Every response splits where the server thread started on the request (it "
+                 "returned from its wait with it, as the agent saw): start = send (announced "
+                 "modes: the announced arrival) → the server thread runs; serve = from then until "
+                 "the client has the reply. Bars are each stage's p50 (so they need not add up "
+                 "to the latency's p50). Measured.")
+        rep.image(sp, "p50 of the start and serve stages per mode (measured)",
+                  out / "stages.svg")
+    for line in (summ.get("tails") or []):
+        rep.note(line)
     png = out / "figure3.png"
     if png.exists():
         rep.heading("Figure 3 equivalent: response-time CDFs")

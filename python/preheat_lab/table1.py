@@ -43,8 +43,11 @@ from .table1_analysis import (
     analyze_server_paper_only,
     cpi_text,
     paper_removed,
+    stages_table,
+    tail_summary,
+    tail_table,
 )
-from .table1_figures import MODE_STYLE, cdf_axes, figure3, mode_style
+from .table1_figures import MODE_STYLE, cdf_axes, figure3, figure_stages, mode_style
 from .table1_run import (
     DemoOptions,
     InterruptedRun,
@@ -89,6 +92,7 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
     topo = read_json(out / "topology.json") or {}
     servers = status.get("servers") or sorted(p.stem for p in raw.glob("*.json"))
     frames, metas, tables, decomps, heads, kinds = [], {}, [], [], [], []
+    stage_frames, tail_frames = [], []
     per_server = {}
     for s in servers:
         meta, df = load_server(raw, s)
@@ -108,6 +112,8 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
         heads.append(a["headline"])
         if len(a["by_kind"]):
             kinds.append(a["by_kind"])
+        stage_frames.append(stages_table(s, df, meta))
+        tail_frames.append(tail_table(s, df))
     with_rows = {h["server"].iloc[0] for h in heads if len(h)}
     for s in SERVERS:  # paper rows for servers without data (failed or not run)
         if s in PAPER and s in servers and s not in with_rows:
@@ -126,6 +132,11 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
     for name, df in (("table1", table), ("decomposition", decomp), ("headline", head)):
         atomic.write_csv(out / f"{name}.csv", df)
     figs = figure3(out, samples, metas) if len(samples) else []
+    stage_t = pd.concat(stage_frames, ignore_index=True) if stage_frames else pd.DataFrame()
+    tails = pd.concat(tail_frames, ignore_index=True) if tail_frames else pd.DataFrame()
+    atomic.write_csv(out / "stages.csv", stage_t)
+    atomic.write_csv(out / "tails.csv", tails)
+    figs += figure_stages(out, stage_t)
     # "On average the overhead is reduced by X%" (the paper averages its three servers).
     avg = {}
     if len(table):
@@ -151,6 +162,8 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
         "decomposition": decomp.to_dict(orient="records"),
         "headline": head.to_dict(orient="records"),
         "by_kind": by_kind.to_dict(orient="records"),
+        "stages": stage_t.to_dict(orient="records"),
+        "tails": tail_summary(tails) if len(tails) else [],
         "figures": [p.name for p in figs],
         "samples": int(len(samples)),
         "parquet": atomic.parquet_available(),

@@ -279,3 +279,95 @@ def _paper_row(server: str) -> dict:
 
 def analyze_server_paper_only(server: str) -> pd.DataFrame:
     return pd.DataFrame([_paper_row(server)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Where each mode's time goes, and what the slowest requests have in common
+
+#: The tail: a mode's slowest (1 − TAIL_Q) share of requests.
+TAIL_Q = 0.95
+
+
+def stages_table(server: str, df: pd.DataFrame, meta: dict | None = None) -> pd.DataFrame:
+    """Per mode: the p50 of the two stages of a response (split where the server thread started
+    on the request, as the agent saw): start = send (announced: the announced arrival) → server
+    thread runs; serve = from then until the client has the reply. Requests without a seen start
+    are left out (their n is said)."""
+    rows = []
+    for m in mode_order(df["mode"].unique().tolist(), meta):
+        d = df[df["mode"] == m]
+        seen = d[np.isfinite(pd.to_numeric(d["server_start_us"], errors="coerce"))]
+        start = seen["server_start_us"].clip(lower=0)
+        rows.append({"server": server, "server_name": DISPLAY.get(server, server), "mode": m,
+                     "n": int(len(d)), "n_stages": int(len(seen)),
+                     "latency_p50": stats.quantile(d["latency_us"], 0.5) if len(d) else np.nan,
+                     "start_p50": stats.quantile(start, 0.5) if len(seen) else np.nan,
+                     "serve_p50": (stats.quantile(seen["latency_us"] - start, 0.5)
+                                   if len(seen) else np.nan),
+                     "label": "measured"})
+    return pd.DataFrame(rows)
+
+
+def _share(mask: pd.Series) -> float:
+    return float(mask.mean()) if len(mask) else np.nan
+
+
+def tail_table(server: str, df: pd.DataFrame) -> pd.DataFrame:
+    """Per preheat mode: the requests at or above the mode's TAIL_Q latency quantile against the
+    rest, feature by feature — announcement acted on late or not at all, lines not all issued in
+    time, when the server thread started, what was left of the lead when the worker started."""
+    rows = []
+    for m in [m for m in df["mode"].unique() if str(m).startswith("preheat:")]:
+        d = df[df["mode"] == m]
+        if len(d) < 20:
+            continue
+        k = max(1, round((1 - TAIL_Q) * len(d)))
+        tail = d.nlargest(k, "latency_us")
+        rest = d.drop(tail.index)
+        lead_t, lead_r = tail["worker_lead_us"], rest["worker_lead_us"]
+        lines = loads_lines(m)
+
+        def incomplete(x: pd.DataFrame) -> pd.Series:
+            return (x["lines_total"].fillna(0) > 0) & (x["lines_done"] < x["lines_total"])
+
+        rows.append({
+            "server": server, "server_name": DISPLAY.get(server, server), "mode": m,
+            "tail_q": TAIL_Q, "n_tail": int(len(tail)), "n_rest": int(len(rest)),
+            "latency_tail_p50": stats.quantile(tail["latency_us"], 0.5),
+            "latency_rest_p50": stats.quantile(rest["latency_us"], 0.5),
+            "not_acted_tail": _share(lead_t.isna()), "not_acted_rest": _share(lead_r.isna()),
+            "late_tail": _share(lead_t < 0), "late_rest": _share(lead_r < 0),
+            "lines_incomplete_tail": _share(incomplete(tail)) if lines else np.nan,
+            "lines_incomplete_rest": _share(incomplete(rest)) if lines else np.nan,
+            "server_start_tail_p50": stats.quantile(stats.clean(tail["server_start_us"]), 0.5),
+            "server_start_rest_p50": stats.quantile(stats.clean(rest["server_start_us"]), 0.5),
+            "worker_lead_tail_p50": stats.quantile(stats.clean(lead_t), 0.5),
+            "worker_lead_rest_p50": stats.quantile(stats.clean(lead_r), 0.5),
+            "label": "measured"})
+    return pd.DataFrame(rows)
+
+
+def tail_summary(t: pd.DataFrame) -> list[str]:
+    """One sentence per mode: what its tail requests have in common (the features where the
+    tail differs most from the rest), or that nothing recorded sets them apart."""
+    out = []
+    for r in t.itertuples():
+        found = []
+        for what, a, b in (("the announcement was not acted on", r.not_acted_tail,
+                            r.not_acted_rest),
+                           ("the worker started after the arrival", r.late_tail, r.late_rest),
+                           ("not all lines were issued in time", r.lines_incomplete_tail,
+                            r.lines_incomplete_rest)):
+            if np.isfinite(a) and np.isfinite(b) and a - b >= 0.2:
+                found.append(f"{what} in {a:.0%} of them (rest {b:.0%})")
+        st, sr = r.server_start_tail_p50, r.server_start_rest_p50
+        if np.isfinite(st) and np.isfinite(sr) and st - sr >= max(10.0, 0.5 * abs(sr)):
+            found.append(f"the server thread started {st:.0f} µs after the arrival (p50; rest "
+                         f"{sr:.0f} µs)")
+        lead = ("; ".join(found) if found else
+                "nothing recorded sets them apart (not the lead, the lines or the start: the "
+                "time went elsewhere — the serve stage)")
+        out.append(f"{DISPLAY.get(r.server, r.server)} {r.mode}: the slowest "
+                   f"{1 - r.tail_q:.0%} ({r.n_tail} requests, p50 {r.latency_tail_p50:.0f} µs "
+                   f"vs {r.latency_rest_p50:.0f}): {lead}. Measured.")
+    return out

@@ -84,3 +84,34 @@ def figure3(out: Path, samples: pd.DataFrame, metas: dict[str, dict]) -> list[Pa
             written.append(atomic.savefig(fig, out / f"figure3.{ext}", dpi=110))
         plt.close(fig)
     return written
+
+
+def figure_stages(out: Path, stages: pd.DataFrame) -> list[Path]:
+    """Per server, a stacked bar per mode: the p50 of the start stage (send → server thread runs)
+    and of the serve stage (→ reply read); the hot floor's and cold-sweep's bars frame the rest."""
+    if stages.empty:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = list(stages["server"].unique())
+    fig, axes = plt.subplots(len(servers), 1, figsize=(9, 3.2 * len(servers)), squeeze=False)
+    for ax, s in zip(axes.flat, servers):
+        g = stages[(stages["server"] == s) & stages["start_p50"].notna()]
+        y = np.arange(len(g))
+        ax.barh(y, g["start_p50"], color="#d7191c", label="start: send → server thread runs")
+        ax.barh(y, g["serve_p50"], left=g["start_p50"], color="#2c7bb6",
+                label="serve: server thread → reply read")
+        ax.set_yticks(y, [f"{m} (n={n})" for m, n in zip(g["mode"], g["n_stages"])],
+                      fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("µs (p50 of each stage; measured)")
+        ax.set_title(f"{DISPLAY.get(s, s)}: where the response time goes, per mode", fontsize=10)
+        ax.grid(True, axis="x", alpha=0.25)
+        ax.legend(fontsize=7, loc="lower right", frameon=False)
+    fig.tight_layout()
+    written = [atomic.savefig(fig, out / f"stages.{ext}", dpi=110) for ext in ("png", "svg")]
+    plt.close(fig)
+    return written

@@ -189,6 +189,10 @@ def test_table1_quick_on_kv(tmp_path):
     for ext in ("png", "svg"):
         assert (out / f"figure3.{ext}").stat().st_size > 1000
         assert (out / f"figure3-kv.{ext}").stat().st_size > 1000
+        assert (out / f"stages.{ext}").stat().st_size > 1000
+    st = pd.read_csv(out / "stages.csv")
+    # The agent saw when the server thread started on (almost) every request of every mode.
+    assert (st["n_stages"] >= st["n"] - 1).all() and st["start_p50"].notna().all(), st
     html = (out / "report.html").read_text()
     for needle in ("Table 1 equivalent", "paper (Odroid-XU3, ARM Cortex-A15)", "Method.",
                    "Where cold-start time goes", "n/a (no PMU on this machine)", "data:image/png",
@@ -274,3 +278,39 @@ def test_csv_only_with_a_note_when_pyarrow_is_missing(tmp_path, monkeypatch, cap
     atomic.write_table(tmp_path / "samples", pd.DataFrame({"a": [1, 2]}))
     assert (tmp_path / "samples.csv").exists() and not (tmp_path / "samples.parquet").exists()
     assert "pyarrow is not installed" in capsys.readouterr().out
+
+
+def _tail_frame(n=100):
+    """A preheat mode whose slowest 5% were never acted on, and one whose tail has nothing
+    recorded in common."""
+    rows = []
+    for i in range(n):
+        slow = i >= n - 5
+        rows.append({"mode": "preheat:lines", "latency_us": 200.0 if slow else 50.0 + i % 7,
+                     "worker_lead_us": np.nan if slow else 20.0, "lines_total": 10,
+                     "lines_done": 10, "server_start_us": 30.0})
+        rows.append({"mode": "preheat:wake", "latency_us": 200.0 if slow else 50.0 + i % 7,
+                     "worker_lead_us": 20.0, "lines_total": 0, "lines_done": 0,
+                     "server_start_us": 30.0})
+    return pd.DataFrame(rows).assign(server="kv", round=0)
+
+
+def test_tail_requests_are_described_by_what_sets_them_apart():
+    from preheat_lab import table1_analysis as ta
+    t = ta.tail_table("kv", _tail_frame())
+    lines = t.set_index("mode").loc["preheat:lines"]
+    assert lines["n_tail"] == 5 and lines["not_acted_tail"] == 1.0 and lines["not_acted_rest"] == 0
+    text = ta.tail_summary(t)
+    assert any("preheat:lines" in x and "not acted on in 100%" in x for x in text), text
+    assert any("preheat:wake" in x and "nothing recorded sets them apart" in x for x in text), text
+    assert all(x.endswith("Measured.") for x in text)
+
+
+def test_stages_split_at_the_server_start():
+    from preheat_lab import table1_analysis as ta
+    df = pd.DataFrame({"mode": ["warm"] * 3 + ["hot"] * 2, "latency_us": [20, 22, 24, 10, 12],
+                       "server_start_us": [15, 16, np.nan, 5, 6]})
+    st = ta.stages_table("kv", df).set_index("mode")
+    assert list(st.index) == ["hot", "warm"]
+    assert st.loc["warm", "n"] == 3 and st.loc["warm", "n_stages"] == 2
+    assert st.loc["hot", "start_p50"] in (5, 6) and st.loc["hot", "serve_p50"] == 5
