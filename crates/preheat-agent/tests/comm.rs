@@ -17,23 +17,7 @@ use preheat_model::comm::CommReport;
 
 /// Compile `tests/comm/<name>.c` into `dir`, or None (skip reported) without a C compiler.
 fn compile(name: &str, dir: &Path) -> Option<PathBuf> {
-    let Some(cc) = support::find_program("cc").or_else(|| support::find_program("gcc")) else {
-        preheat_testsupport::skip!(
-            "gcc",
-            "comm::{name}: no C compiler (cc/gcc) to build the test program"
-        );
-        return None;
-    };
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/comm/{name}.c"));
-    let out = dir.join(name);
-    let st = Command::new(cc)
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("running the C compiler");
-    assert!(st.success(), "compiling {} failed", src.display());
-    Some(out)
+    support::compile_c(&format!("comm/{name}"), dir)
 }
 
 /// Both mechanisms: `mprotect` with a SIGSEGV handler, and userfaultfd write-protect (skipped,

@@ -41,16 +41,7 @@ fn start_unmapper(prog: &Path, dir: tempfile::TempDir) -> (Server, std::path::Pa
     let mut cmd = Command::new(prog);
     cmd.arg(&ready).arg(&state);
     let server = start_with_agent("unmapper", cmd, dir, &[], |_, child| {
-        let mut port = None;
-        wait_until(Duration::from_secs(20), || {
-            if let Ok(s) = std::fs::read_to_string(&ready) {
-                port = s
-                    .strip_prefix("ready ")
-                    .and_then(|p| p.trim().parse::<u16>().ok());
-            }
-            port.is_some() || !matches!(child.try_wait(), Ok(None))
-        });
-        port.ok_or_else(|| format!("no ready file {}", ready.display()))
+        support::port_from_ready_file(&ready, child)
     });
     (server, state)
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,13 +41,7 @@ impl Drop for Servers {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use preheat_testsupport::free_port;
 
 fn wait_port(port: u16, servers: &mut Servers) {
     let t0 = Instant::now();

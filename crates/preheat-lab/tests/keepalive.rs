@@ -49,14 +49,7 @@ fn load(addr: SocketAddr, path: &str, wait: Wait, requests: u64) -> LoadSummary 
     run(&c, &connector, None, None, &stop, &|_| {}).expect("the load run")
 }
 
-/// A free loopback port (bound and released: good enough for a test server started at once).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use preheat_testsupport::free_port;
 
 /// The server process and its directory (removed after the process is gone).
 struct Lighttpd(Child, #[allow(dead_code)] tempfile::TempDir);

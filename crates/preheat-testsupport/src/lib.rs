@@ -149,6 +149,15 @@ pub fn test_name() -> String {
     format!("{prefix}::{test}")
 }
 
+/// A free loopback TCP port: bound and released at once (good enough for a test server that
+/// is started right after; it retries or fails clearly if the port was taken meanwhile).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a loopback port")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -282,17 +282,23 @@ pub fn start_kv_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Server {
     .arg("--ready-file")
     .arg(&ready);
     start_with_agent("preheat-kv", cmd, dir, env, |_, child| {
-        let mut port = None;
-        wait_until(Duration::from_secs(20), || {
-            if let Ok(s) = std::fs::read_to_string(&ready) {
-                port = s
-                    .strip_prefix("ready ")
-                    .and_then(|p| p.trim().parse::<u16>().ok());
-            }
-            port.is_some() || !matches!(child.try_wait(), Ok(None))
-        });
-        port.ok_or_else(|| format!("no ready file {}", ready.display()))
+        port_from_ready_file(&ready, child)
     })
+}
+
+/// The port a test server wrote to its ready file as `ready PORT` (waiting up to 20 s, or until
+/// the server exits).
+pub fn port_from_ready_file(ready: &Path, child: &mut std::process::Child) -> Result<u16, String> {
+    let mut port = None;
+    wait_until(Duration::from_secs(20), || {
+        if let Ok(s) = std::fs::read_to_string(ready) {
+            port = s
+                .strip_prefix("ready ")
+                .and_then(|p| p.trim().parse::<u16>().ok());
+        }
+        port.is_some() || !matches!(child.try_wait(), Ok(None))
+    });
+    port.ok_or_else(|| format!("no ready file {}", ready.display()))
 }
 
 /// Compile the test program `tests/<rel>.c` into `dir` with the system C compiler, or None
