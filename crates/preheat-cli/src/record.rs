@@ -594,9 +594,12 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
         let sender = std::thread::spawn(move || -> Result<Client> {
             std::thread::sleep(Duration::from_millis(5));
-            c.request(&req, &until)?;
+            let sent = c.request(&req, &until).map(|_| ());
+            // Also on failure (e.g. the reply timed out while the server was single-stepped):
+            // the tracer then stops at the server's next wait instead of stepping into an
+            // event wait no request will end (seen: a recording hung in waitpid).
             answered2.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(c)
+            sent.map(|_| c)
         });
         let trace = tracer.trace_until_wait(2_000_000, &|| {
             answered.load(std::sync::atomic::Ordering::SeqCst)
