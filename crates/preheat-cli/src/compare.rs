@@ -46,6 +46,36 @@ impl Score {
 
 type Key = (String, Vec<u8>, u64);
 
+/// Which lines of files are code: those in an executable ELF load segment of the file (the
+/// segments are read once per path). One classification for `ws compare` and the hybrid
+/// backend's merge: a file line mapped twice (the page a read-only and an executable segment
+/// share) counts as code.
+#[derive(Default)]
+pub struct CodeLines {
+    segs: std::collections::BTreeMap<String, Vec<preheat_engine::maps::ElfSegment>>,
+}
+
+impl CodeLines {
+    /// Whether line `line` (file offset / 64) of the file at `path` is code; `None` when the
+    /// file has no readable ELF load segments.
+    pub fn classify(&mut self, path: &str, line: u64) -> Option<bool> {
+        let v = self
+            .segs
+            .entry(path.to_string())
+            .or_insert_with(|| preheat_engine::maps::elf_load_segments(path).unwrap_or_default());
+        let off = line * 64;
+        (!v.is_empty()).then(|| {
+            v.iter()
+                .any(|s| s.exec && off >= s.offset & !63 && off < s.offset + s.filesz)
+        })
+    }
+
+    /// [`Self::classify`], a file without ELF segments having no code.
+    pub fn is_code(&mut self, path: &str, line: u64) -> bool {
+        self.classify(path, line).unwrap_or(false)
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
     pub port: u16,
@@ -100,17 +130,8 @@ fn file_lines(p: &Profile, port: Option<u16>) -> Result<(BTreeSet<Key>, u64)> {
 pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<Comparison> {
     let (t, ta) = file_lines(tested, port).context("tested profile")?;
     let (g, ga) = file_lines(truth, port).context("ground-truth profile")?;
-    // Classify by the ELF segments of each file (cached per path).
-    let mut segs: std::collections::BTreeMap<String, Vec<preheat_engine::maps::ElfSegment>> =
-        Default::default();
-    let mut is_code = |k: &Key| {
-        let v = segs
-            .entry(k.0.clone())
-            .or_insert_with(|| preheat_engine::maps::elf_load_segments(&k.0).unwrap_or_default());
-        let off = k.2 * 64;
-        v.iter()
-            .any(|s| s.exec && off >= s.offset & !63 && off < s.offset + s.filesz)
-    };
+    let mut code = CodeLines::default();
+    let mut is_code = |k: &Key| code.is_code(&k.0, k.2);
     let (tc, td): (BTreeSet<Key>, BTreeSet<Key>) = t.iter().cloned().partition(|k| is_code(k));
     let (gc, gd): (BTreeSet<Key>, BTreeSet<Key>) = g.iter().cloned().partition(|k| is_code(k));
     Ok(Comparison {

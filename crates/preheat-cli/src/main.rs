@@ -17,6 +17,7 @@ mod cosched;
 mod demo;
 mod groups;
 mod hot;
+mod hybrid;
 mod launch;
 mod load;
 mod paths;
@@ -258,6 +259,10 @@ struct RecordArgs {
     /// CPU to pin the server to (default: the last CPU).
     #[arg(long)]
     server_cpu: Option<usize>,
+    /// Hybrid backend: also write the two profiles it merged, DIR/step.phws (code) and
+    /// DIR/probe.phws (everything the probe saw), e.g. to score them with `preheat ws compare`.
+    #[arg(long, value_name = "DIR")]
+    parts: Option<PathBuf>,
     /// The server command (after --).
     #[arg(last = true)]
     command: Vec<String>,
@@ -406,9 +411,23 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
     let backend = match a.backend {
         record::BackendChoice::Auto => {
             if preheat_engine::topology::has_pmu() {
-                eprintln!("preheat: a PMU is present, but the pmu backend is not implemented yet; using probe");
+                eprintln!("preheat: a PMU is present, but the pmu backend is not implemented yet");
             }
-            record::BackendChoice::Probe
+            if let Some(why) = hybrid::ptrace_denied() {
+                eprintln!("preheat: note: recording with probe only, not hybrid: {why}; code lines will be over-reported");
+                record::BackendChoice::Probe
+            } else if workload.raw.is_none() {
+                eprintln!("preheat: note: recording with probe only, not hybrid: this workload has no fixed byte request for the step backend");
+                record::BackendChoice::Probe
+            } else {
+                record::BackendChoice::Auto // hybrid, falling back to the probe's profile
+            }
+        }
+        record::BackendChoice::Hybrid => {
+            if let Some(why) = hybrid::ptrace_denied() {
+                bail!("backend hybrid needs ptrace of the server (its code lines come from the step backend), but {why}; use --backend probe");
+            }
+            record::BackendChoice::Hybrid
         }
         record::BackendChoice::Pmu => {
             if !preheat_engine::topology::has_pmu() {
@@ -419,26 +438,6 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         b => b,
     };
     let rec = match backend {
-        record::BackendChoice::Probe | record::BackendChoice::Step => {
-            let timeout = plan
-                .as_ref()
-                .map(|p| p.start_timeout)
-                .unwrap_or(Duration::from_secs(20));
-            let server = launch::start(spec, &paths::run_dir(), &dir, timeout)?;
-            if let Some(plan) = &plan {
-                servers::prepare(plan, server.addr())?;
-            }
-            let pid = record::serving_agent(&server, &workload)?;
-            eprintln!(
-                "preheat: recording port {} of {} (pid {pid}) with the {:?} backend: {} samples, keep >= {}",
-                server.spec.port, server.spec.name, backend, filter.n, filter.k
-            );
-            if backend == record::BackendChoice::Step {
-                record::record_step(&server, pid, &workload, &params)?
-            } else {
-                record::record_probe(&server, pid, &workload, &params)?
-            }
-        }
         record::BackendChoice::Trace => {
             let mut spec = spec;
             spec.agent = false;
@@ -448,7 +447,44 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
             );
             record::record_trace(&spec.argv, spec.port, plan.as_ref(), &workload, &params)?
         }
-        _ => unreachable!(),
+        _ => {
+            let timeout = plan
+                .as_ref()
+                .map(|p| p.start_timeout)
+                .unwrap_or(Duration::from_secs(20));
+            let server = launch::start(spec, &paths::run_dir(), &dir, timeout)?;
+            if let Some(plan) = &plan {
+                servers::prepare(plan, server.addr())?;
+            }
+            let pid = record::serving_agent(&server, &workload)?;
+            let name = match backend {
+                record::BackendChoice::Auto => "hybrid (auto)",
+                record::BackendChoice::Step => "step",
+                record::BackendChoice::Hybrid => "hybrid",
+                _ => "probe",
+            };
+            eprintln!(
+                "preheat: recording port {} of {} (pid {pid}) with the {name} backend: {} samples, keep >= {}",
+                server.spec.port, server.spec.name, filter.n, filter.k
+            );
+            match backend {
+                record::BackendChoice::Step => {
+                    record::record_step(&server, pid, &workload, &params)?
+                }
+                record::BackendChoice::Hybrid | record::BackendChoice::Auto => {
+                    let required = backend == record::BackendChoice::Hybrid;
+                    hybrid::record_hybrid(
+                        &server,
+                        pid,
+                        &workload,
+                        &params,
+                        required,
+                        a.parts.as_deref(),
+                    )?
+                }
+                _ => record::record_probe(&server, pid, &workload, &params)?,
+            }
+        }
     };
     record::write_profile(&a.out, &rec.profile)?;
     let st = rec.profile.classes[0].ws.stats();
@@ -464,6 +500,12 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         rec.stats.samples,
         rec.stats.threshold_ticks
     );
+    if let Some(h) = rec.stats.hybrid {
+        println!(
+            "hybrid [measured]: {} code lines from step, {} data lines from probe; dropped {} probe code lines, {} non-executable step lines, {} unmapped",
+            h.code_lines, h.data_lines, h.probe_code_lines_dropped, h.step_non_exec_dropped, h.unmapped_dropped
+        );
+    }
     Ok(())
 }
 

@@ -8,6 +8,8 @@
 //!   because the probe itself evicts what it measures in larger passes. Optionally subtracts
 //!   "noise" samples taken with no request (the agent's own control thread touches libc lines).
 //! * `trace` — exact user-space lines of each busy period from our Valgrind tool (ground truth).
+//! * `step` — exact native code lines by single-stepping the serving thread (ptrace); no data.
+//! * `hybrid` — step's code lines plus the probe's data lines (see `crate::hybrid`).
 //! * `pmu` — hardware sampling of data addresses; detected at run time (absent on KVM guests
 //!   without a virtual PMU, as on our development machines).
 
@@ -30,13 +32,16 @@ use crate::servers::Workload;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 pub enum BackendChoice {
-    /// Best available: pmu if the CPU exposes one, else probe.
+    /// Best available: hybrid where ptrace is permitted and the workload is a fixed byte
+    /// request, else probe (with a one-line note saying why).
     Auto,
     Probe,
     Trace,
     Pmu,
     /// Exact native code lines: single-step the serving thread with ptrace (slow; no data).
     Step,
+    /// Code lines from step, data lines from probe, recorded on the same server and merged.
+    Hybrid,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +95,8 @@ pub struct RecordStats {
     /// Probed hits outside any region (e.g. the mapping went away mid-run).
     pub unmapped_hits: u64,
     pub seconds: f64,
+    /// The hybrid backend's merge.
+    pub hybrid: Option<crate::hybrid::HybridStats>,
 }
 
 pub struct Recording {
@@ -587,9 +594,12 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
         let sender = std::thread::spawn(move || -> Result<Client> {
             std::thread::sleep(Duration::from_millis(5));
-            c.request(&req, &until)?;
+            let sent = c.request(&req, &until).map(|_| ());
+            // Also on failure (e.g. the reply timed out while the server was single-stepped):
+            // the tracer then stops at the server's next wait instead of stepping into an
+            // event wait no request will end (seen: a recording hung in waitpid).
             answered2.store(true, std::sync::atomic::Ordering::SeqCst);
-            Ok(c)
+            sent.map(|_| c)
         });
         let trace = tracer.trace_until_wait(2_000_000, &|| {
             answered.load(std::sync::atomic::Ordering::SeqCst)

@@ -75,6 +75,20 @@ pub fn print(json: bool) -> Result<()> {
             },
         ),
         (
+            "step".to_string(),
+            match crate::hybrid::ptrace_denied() {
+                None => "ptrace permitted by policy (native code lines)".to_string(),
+                Some(why) => format!("unavailable: {why}"),
+            },
+        ),
+        (
+            "hybrid".to_string(),
+            match crate::hybrid::ptrace_denied() {
+                None => "step code lines + probe data lines (the auto default)".to_string(),
+                Some(why) => format!("unavailable ({why}); auto uses probe"),
+            },
+        ),
+        (
             "trace".to_string(),
             "Valgrind tool (built on first use; needs valgrind, gcc, make)".to_string(),
         ),

@@ -32,6 +32,8 @@ fn record_show_and_bad_files() {
             "4",
             "--keep",
             "3",
+            "--backend",
+            "probe",
         ],
         &rd,
     );

@@ -17,6 +17,9 @@ pub enum Backend {
     Pmu,
     /// Exact native code lines by single-stepping the serving thread (ptrace); no data lines.
     Step,
+    /// Code lines from `Step`, data lines (everything outside executable mappings) from `Probe`,
+    /// recorded on the same server process and merged.
+    Hybrid,
 }
 
 impl Backend {
@@ -26,6 +29,7 @@ impl Backend {
             Backend::Trace => 2,
             Backend::Pmu => 3,
             Backend::Step => 4,
+            Backend::Hybrid => 5,
         }
     }
     pub fn from_code(c: u8) -> Option<Backend> {
@@ -34,6 +38,7 @@ impl Backend {
             2 => Some(Backend::Trace),
             3 => Some(Backend::Pmu),
             4 => Some(Backend::Step),
+            5 => Some(Backend::Hybrid),
             _ => None,
         }
     }
@@ -43,6 +48,7 @@ impl Backend {
             Backend::Trace => "trace",
             Backend::Pmu => "pmu",
             Backend::Step => "step",
+            Backend::Hybrid => "hybrid",
         }
     }
 }

@@ -260,7 +260,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     // Estimation phase.
     let (profile_path, rec_stats) = match &a.profile {
-        Some(p) => (p.clone(), None),
+        Some(p) => (relabel_port(p, port, &dir)?, None),
         None => {
             let params = RecordParams {
                 filter: preheat_model::FilterParams {
@@ -464,4 +464,31 @@ pub fn run(a: DemoArgs) -> Result<()> {
         print_table(&out, &ws_stats);
     }
     Ok(())
+}
+
+/// A recorded profile for a catalog server names the port it was recorded on, which is a fresh
+/// one each run: a profile whose only class is for another port is used for `port` (a copy in
+/// `dir`, with a note). Several classes and none for `port`: an error naming them.
+fn relabel_port(path: &std::path::Path, port: u16, dir: &std::path::Path) -> Result<PathBuf> {
+    let mut p = record::read_profile(path)?;
+    if p.class(port).is_some() {
+        return Ok(path.to_path_buf());
+    }
+    if p.classes.len() != 1 {
+        anyhow::bail!(
+            "{} has no working set for port {port} and {} classes (ports {:?}): cannot tell which to use",
+            path.display(),
+            p.classes.len(),
+            p.classes.iter().map(|c| c.port).collect::<Vec<_>>()
+        );
+    }
+    eprintln!(
+        "demo: using the working set {} recorded for port {} on this run's port {port}",
+        path.display(),
+        p.classes[0].port
+    );
+    p.classes[0].port = port;
+    let out = dir.join("profile-this-port.phws");
+    record::write_profile(&out, &p)?;
+    Ok(out)
 }
