@@ -123,14 +123,40 @@ impl StepTracer {
         max_steps: u64,
         done: &dyn Fn() -> bool,
     ) -> io::Result<StepTrace> {
+        // A step into a blocking call returns only when the call does; a request that never
+        // reaches the server would leave the wait below blocked for ever. A watchdog stops the
+        // tracee with SIGSTOP when one step takes longer than STEP_LIMIT: the wait returns, the
+        // trace ends with an error, and the detach (signal 0) discards the SIGSTOP.
+        let watch = Watchdog::start(self.tid);
+        let r = self.steps(max_steps, done, &watch);
+        watch.finish();
+        r
+    }
+
+    fn steps(
+        &mut self,
+        max_steps: u64,
+        done: &dyn Fn() -> bool,
+        watch: &Watchdog,
+    ) -> io::Result<StepTrace> {
         let mut out = StepTrace::default();
         let mut prev: Option<u64> = None;
         for _ in 0..max_steps {
+            watch.step_started();
             // SAFETY: single-step the stopped tracee; no memory passed.
             if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.tid, 0usize, 0usize) } != 0 {
                 return Err(errno_err("PTRACE_SINGLESTEP"));
             }
             let st = self.wait_stop()?;
+            if watch.fired() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the traced thread did not stop within {STEP_LIMIT:?} (blocked in a call \
+                         nothing answered: did the request reach the server?)"
+                    ),
+                ));
+            }
             if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
                 self.attached = false;
                 return Err(io::Error::other("the traced thread exited"));
@@ -159,6 +185,75 @@ impl StepTracer {
             }
         }
         Ok(out)
+    }
+}
+
+/// The longest one single step may take: a step into a blocking call returns when the call does
+/// (the request under trace arrives within milliseconds; nothing legitimate waits this long).
+const STEP_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Stops a tracee whose current step has taken longer than [`STEP_LIMIT`] (see
+/// [`StepTracer::trace_until_wait`]). One thread per trace, parked between checks.
+struct Watchdog {
+    shared: std::sync::Arc<WatchState>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct WatchState {
+    /// CLOCK_MONOTONIC ns when the current step started (0: none).
+    step_ns: std::sync::atomic::AtomicU64,
+    fired: std::sync::atomic::AtomicBool,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl Watchdog {
+    fn start(tid: i32) -> Watchdog {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let shared = std::sync::Arc::new(WatchState {
+            step_ns: AtomicU64::new(0),
+            fired: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let st = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("step-watchdog".into())
+            .spawn(move || {
+                let limit = STEP_LIMIT.as_nanos() as u64;
+                while !st.stop.load(Ordering::Acquire) {
+                    std::thread::park_timeout(std::time::Duration::from_millis(100));
+                    let t = st.step_ns.load(Ordering::Acquire);
+                    if t != 0 && crate::time::now_ns().saturating_sub(t) > limit {
+                        st.fired.store(true, Ordering::Release);
+                        // SAFETY: tkill sends SIGSTOP to one thread id; no memory involved. A
+                        // stale tid (the tracee exited) at worst fails with ESRCH.
+                        unsafe { libc::syscall(libc::SYS_tkill, tid, libc::SIGSTOP) };
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Watchdog { shared, thread }
+    }
+
+    #[inline]
+    fn step_started(&self) {
+        self.shared
+            .step_ns
+            .store(crate::time::now_ns(), std::sync::atomic::Ordering::Release);
+    }
+
+    fn fired(&self) -> bool {
+        self.shared.fired.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn finish(mut self) {
+        self.shared
+            .stop
+            .store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
     }
 }
 
