@@ -47,9 +47,14 @@ impl Workload {
 
     /// The catalog workload of a plan.
     pub fn of(plan: &Plan) -> Workload {
+        Workload::of_spec(plan.workload.clone())
+    }
+
+    /// The workload of a protocol driver's request (and the raw exchange it allows).
+    pub fn of_spec(spec: WorkloadSpec) -> Workload {
         Workload {
-            raw: plan.workload.raw_exchange(),
-            spec: Some(plan.workload.clone()),
+            raw: spec.raw_exchange(),
+            spec: Some(spec),
         }
     }
 

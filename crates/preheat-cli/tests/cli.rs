@@ -269,3 +269,95 @@ fn a_killed_hot_floor_is_restored_by_the_next_command() {
     assert_eq!(std::fs::read_to_string(&knob).unwrap().trim(), original);
     assert!(!journal.exists(), "the restored journal was not removed");
 }
+
+/// Any server, not only the catalog: lighttpd (a Debian package outside the catalog) given by
+/// its command, its port and the request; the HTTP reply is learned once and framed by length.
+#[test]
+fn demo_on_any_server_given_by_its_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    // Bad input first: a command without its port or request is refused clearly.
+    fails_with(
+        &["demo", "--request", "/x", "--", "/bin/true"],
+        &rd,
+        &["--port"],
+    );
+    fails_with(
+        &["demo", "--port", "1", "--", "/bin/true"],
+        &rd,
+        &["--request"],
+    );
+    let Some(exe) = ["/usr/sbin/lighttpd", "/usr/bin/lighttpd"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+    else {
+        return preheat_testsupport::skip("lighttpd", "lighttpd is not installed");
+    };
+    let www = tmp.path().join("www");
+    std::fs::create_dir(&www).unwrap();
+    let body = format!("<html>{}</html>\n", "any server ".repeat(300));
+    std::fs::write(www.join("index.html"), &body).unwrap();
+    let port = preheat_testsupport::free_port();
+    let conf = tmp.path().join("lighttpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server.document-root = \"{}\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
+             server.errorlog = \"{}\"\nserver.pid-file = \"{}\"\n",
+            www.display(),
+            tmp.path().join("error.log").display(),
+            tmp.path().join("lighttpd.pid").display()
+        ),
+    )
+    .unwrap();
+    let port_s = port.to_string();
+    let out = ok(
+        &[
+            "demo",
+            "--rounds",
+            "3",
+            "--samples",
+            "4",
+            "--keep",
+            "3",
+            "--idle-ms",
+            "2",
+            "--sweep-mib",
+            "32",
+            "--strategies",
+            "lines,replay",
+            "--port",
+            &port_s,
+            "--protocol",
+            "http",
+            "--request",
+            "/index.html",
+            "--json",
+            "--",
+            exe,
+            "-D",
+            "-f",
+            conf.to_str().unwrap(),
+        ],
+        &rd,
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["server"], "lighttpd");
+    let rows = v["rows"].as_array().unwrap();
+    for m in ["warm", "cold-sweep", "preheat:lines", "preheat:replay"] {
+        let r = rows
+            .iter()
+            .find(|r| r["mode"] == m)
+            .unwrap_or_else(|| panic!("mode {m} missing: {v}"));
+        assert_eq!(r["latency"]["n"], 3, "{r}");
+    }
+    let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
+    assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
+    // No server or agent outlives the command.
+    let left: Vec<_> = std::fs::read_dir(&rd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+}

@@ -33,15 +33,38 @@ use crate::agentctl::{AgentClient, Announcer};
 use crate::record::{self, RecordParams};
 use crate::servers::{self, ServerKind};
 
+mod custom;
 mod table;
+
+pub use custom::CustomProtocol;
 
 use table::{decomposition, print_table, table, Decomposition, Row};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
-    /// Server to run the demo on.
+    /// Server to run the demo on (a catalog server); or give any server's command after `--`
+    /// with --port, --protocol and --request.
     #[arg(long, value_enum, default_value = "kv")]
     pub server: ServerKind,
+    /// Any server: the port it listens on (it must listen there itself, e.g. from its own
+    /// configuration).
+    #[arg(long, requires = "command")]
+    pub port: Option<u16>,
+    /// Any server: its protocol.
+    #[arg(long, value_enum, default_value = "http", requires = "command")]
+    pub protocol: CustomProtocol,
+    /// Any server: the request to measure — an HTTP path, a memcached or redis key, or raw
+    /// request bytes (\r \n escapes) with --protocol raw. HTTP and redis replies are learned from
+    /// one real exchange first and framed by their length.
+    #[arg(long, requires = "command")]
+    pub request: Option<String>,
+    /// Any server, --protocol raw: the bytes its reply ends with (\r \n escapes).
+    #[arg(long, default_value = "\\r\\n")]
+    pub until: String,
+    /// Any server: its command line (after --), started pinned to the server CPU with the agent
+    /// attached.
+    #[arg(last = true)]
+    pub command: Vec<String>,
     /// Rounds (each measures every mode once, in shuffled order).
     #[arg(long, default_value_t = 150)]
     pub rounds: usize,
@@ -211,14 +234,31 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let scratch = crate::scratch_dir("demo")?;
     let dir = scratch.path().to_path_buf();
+    let shown = if a.command.is_empty() {
+        a.server.name().to_string()
+    } else {
+        a.command.join(" ")
+    };
     eprintln!(
-        "demo: starting {} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}",
-        a.server.name()
+        "demo: starting {shown} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}"
     );
-    let started = servers::start(a.server, None, &dir, vec![server_cpu], true)?;
-    let server = &started.server;
+    let (server, w, prepared) = if a.command.is_empty() {
+        let started = servers::start(a.server, None, &dir, vec![server_cpu], true)?;
+        (started.server, started.workload, started.prepared)
+    } else {
+        let custom = custom::CustomServer {
+            command: &a.command,
+            port: a.port,
+            protocol: a.protocol,
+            request: a.request.as_deref(),
+            until: &a.until,
+        };
+        let (server, w) = custom.start(&dir, vec![server_cpu])?;
+        (server, w, Default::default())
+    };
+    let server = &server;
     let port = server.spec.port;
-    let w = &started.workload;
+    let w = &w;
     let mut client = w.connect(server.addr())?;
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
@@ -240,7 +280,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                     mode: m.name(),
                     reason: format!(
                         "replay needs a fixed request the agent can send itself; {} has none (a MySQL session needs a handshake)",
-                        a.server.name()
+                        server.spec.name
                     ),
                 })
             }
@@ -445,7 +485,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         server_cpu,
         client_cpu,
         record: rec_stats,
-        prepared: started.prepared.clone(),
+        prepared,
         pmu: preheat_engine::topology::has_pmu(),
         cpi: None,
         skipped,
