@@ -464,6 +464,10 @@ def _unavailable_workload(cond: dict, stderr: str) -> str:
     return cond["workload"]
 
 
+#: A run the CLI declared void (the controller did not interleave as asked): repeated once.
+VOID = "not interleaved"
+
+
 def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> tuple[str | None, str]:
     """One `preheat affinity run --json`: raw/RUN_ID.json (+ .stderr.txt when it failed).
     Returns (unavailable workload or None, failure reason or '')."""
@@ -520,6 +524,16 @@ def measure(plan: list[dict], conds: dict[str, dict], b: str, raw: Path, o: Opti
                 prog.update(i)
                 continue
             missing, why = run_one(rec, cond, b, raw, o.cpu_ms)
+            if not missing and VOID in why:
+                # The instrument failed, not the workload (e.g. the hypervisor did not run the
+                # controller's vCPU): the attempt is kept (its stderr and reason, in runs.csv and
+                # the report) and the run is repeated once.
+                rec["void_attempt"] = why
+                err = raw / f"{rec['run_id']}.stderr.txt"
+                if err.exists():
+                    err.rename(raw / f"{rec['run_id']}.void.stderr.txt")
+                prog.log(f"VOID {rec['run_id']}: {why}; repeating it once")
+                missing, why = run_one(rec, cond, b, raw, o.cpu_ms)
             done += 1
             if missing:
                 unavailable[missing] = why

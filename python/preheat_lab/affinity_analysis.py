@@ -53,7 +53,7 @@ def runs_table(plan: Sequence[dict], conds: dict[str, dict]) -> pd.DataFrame:
         q = d.get("quanta") or {}
         w = c.get("workload")
         r = {k: rec.get(k) for k in ("run_id", "round", "order", "cond", "status", "reason",
-                                     "seconds", "command")}
+                                     "seconds", "command", "void_attempt")}
         r.update({k: c.get(k) for k in ("experiment", "purpose", "workload", "interfering",
                                         "cell_id", "interleaved", "concurrent", "concurrent_cpu",
                                         "affinity", "retention", "quantum_ms", "preheat")})

@@ -341,6 +341,11 @@ def render(out: Path, topo: dict, conds: dict[str, dict], plan: Sequence[dict],
         ids = list(g["run_id"])
         more = " …" if len(ids) > 3 else ""
         body.note(f"FAILED {len(ids)} run(s) ({', '.join(ids[:3])}{more}): {why}", "fail")
+    void = (runs[runs["void_attempt"].fillna("").astype(str) != ""]
+            if len(runs) and "void_attempt" in runs else runs.iloc[0:0])
+    for r in void.itertuples():
+        body.note(f"REPEATED {r.run_id}: its first attempt was void ({r.void_attempt}); the "
+                  f"repetition is {r.status}, and only it counts", "warn")
     bad = (runs[(runs["interleaving"] != "") & (runs["interleaving"] != "ok")]
            if len(runs) and "interleaving" in runs else runs.iloc[0:0])
     for why, g in (bad.groupby(bad["interleaving"].str.split(":").str[0], sort=False)

@@ -26,7 +26,7 @@ from preheat_lab.skips import needs
 FIX = Path(__file__).resolve().parent / "fixtures" / "affinity"
 FAKE = FIX / "fake_preheat.py"
 FAKE_ENV = ("FAKE_MISSING", "FAKE_FAIL", "FAKE_TOPOLOGY_FAIL", "FAKE_NO_AFFINITY", "FAKE_LOG",
-            "FAKE_COUNTER")
+            "FAKE_COUNTER", "FAKE_VOID_ONCE")
 
 
 def _fake(monkeypatch, tmp_path: Path, **env) -> Path:
@@ -401,6 +401,23 @@ def test_a_failing_run_is_recorded_and_the_rest_goes_on(tmp_path: Path, monkeypa
     t2 = pd.read_csv(out / "table2.csv").set_index(["workload", "cell_id"])
     assert t2.loc[("chase", "BV_L1I.low.q2"), "n"] == 0
     assert t2.loc[("chase", "BV_L1D.low.q2"), "n"] == 2
+
+
+def test_a_void_run_is_repeated_once_and_reported(tmp_path: Path, monkeypatch):
+    # The controller failed to interleave one run (the CLI says "not interleaved"): the lab
+    # keeps the void attempt (reason and stderr) and repeats the run once; only the repetition
+    # counts. A second void attempt would be a failure like any other.
+    _fake(monkeypatch, tmp_path, FAKE_VOID_ONCE="--workload chase --interleave BV_L1D")
+    out = tmp_path / "lab"
+    assert lab.main(["affinity", "--out", str(out), "--quick", "--quanta", "2"]) == 0
+    runs = pd.read_csv(out / "runs.csv")
+    assert (runs["status"].isin(["ok", "skipped"])).all()
+    rep = runs[runs["void_attempt"].fillna("").astype(str) != ""]
+    assert len(rep) == 1 and rep["void_attempt"].str.contains("not interleaved").all()
+    rid = rep["run_id"].iloc[0]
+    assert (out / "raw" / f"{rid}.void.stderr.txt").exists()
+    html = unescape((out / "report.html").read_text())
+    assert f"REPEATED {rid}" in html and "only it counts" in html
 
 
 def test_clear_errors(tmp_path: Path, monkeypatch, capsys):

@@ -123,6 +123,33 @@ pub fn online_cpus() -> usize {
     }
 }
 
+/// Time each CPU's vCPU was runnable but not run by the hypervisor ("steal"), ms, from
+/// `/proc/stat` (indexed by CPU number; `None` where the kernel does not report it). Not for a
+/// hot path: reads a file.
+pub fn steal_ms_per_cpu() -> Option<Vec<u64>> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as u64 } else { 100 };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let Some(cpu) = f.next().and_then(|n| n.strip_prefix("cpu")) else {
+            continue;
+        };
+        let Ok(i) = cpu.parse::<usize>() else {
+            continue; // the "cpu" total line
+        };
+        // user nice system idle iowait irq softirq steal
+        let steal = f.nth(7)?.parse::<u64>().ok()?;
+        if out.len() <= i {
+            out.resize(i + 1, 0);
+        }
+        out[i] = steal.saturating_mul(1000) / hz;
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 /// Current scheduling policy of the calling thread (`libc::SCHED_*`).
 pub fn sched_policy() -> i32 {
     // SAFETY: no memory-safety preconditions; pid 0 = calling thread.
@@ -299,6 +326,15 @@ impl Drop for Epoll {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn steal_is_reported_per_cpu() {
+        // Every Linux since 2.6.11 reports the column; it only grows.
+        let a = super::steal_ms_per_cpu().expect("/proc/stat has a steal column");
+        assert_eq!(a.len(), super::online_cpus().max(a.len()));
+        let b = super::steal_ms_per_cpu().unwrap();
+        assert!(a.iter().zip(&b).all(|(x, y)| y >= x));
+    }
+
     use super::*;
 
     #[test]

@@ -526,6 +526,8 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         .or_else(|| plan.cpus.iter().copied().find(|&c| c != spec.cpu))
         .unwrap_or(spec.cpu) as usize;
     let saved = control::become_controller(ctl_cpu, fifo)?;
+    // What the hypervisor took from each vCPU during the run (evidence for a void run).
+    let steal0 = preheat_engine::os::steal_ms_per_cpu();
     let t0 = Instant::now();
     let mut counters = None;
     let result = (|| -> Result<(Option<Outcome>, Option<f64>, control::ControllerStats)> {
@@ -698,10 +700,26 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         let (vpauses, vcpu_ms) = vec_out
             .as_ref()
             .map_or((0, 0.0), |v| (v.gaps_ms.len(), v.cpu_ns as f64 / 1e6));
+        let steal = match (steal0, preheat_engine::os::steal_ms_per_cpu()) {
+            (Some(a), Some(b)) => {
+                let d = |c: usize| {
+                    b.get(c)
+                        .zip(a.get(c))
+                        .map_or(0, |(y, x)| y.saturating_sub(*x))
+                };
+                format!(
+                    "; the hypervisor withheld {} ms from the controller's CPU {ctl_cpu} and {} ms \
+                     from the workload's CPU {main_cpu} (steal)",
+                    d(ctl_cpu),
+                    d(main_cpu)
+                )
+            }
+            _ => String::new(),
+        };
         bail!(
             "not interleaved: the main workload ran {:.0} ms of CPU in {:.0} ms without a complete \
              quantum (vector process: {vpauses} pause(s), {vcpu_ms:.0} ms CPU; {} controller \
-             switches): the measurement is void",
+             switches{steal}): the measurement is void",
             cpu_s * 1e3,
             wall_s * 1e3,
             stats.switches
