@@ -233,19 +233,34 @@ fn synthetic_ws(heap: &[u8], lines_wanted: u64, seed: u64) -> Vec<AbsRun> {
     runs
 }
 
+/// What every repetition of `bench preheat` measures on.
+struct PreheatSetup<'a> {
+    methods: Vec<&'static str>,
+    trials: usize,
+    runs: &'a [AbsRun],
+    addrs: &'a preheat_engine::preheat::AddrsIn<'a>,
+    /// `runs` split in two for `preheat-2`.
+    pieces: Vec<Vec<AbsRun>>,
+    sweep: &'a preheat_engine::sweep::EvictionBuffer,
+    parallel: Option<&'a preheat_engine::preheat::ParallelPreheater>,
+}
+
 /// Times one repetition's trials (µs per method), methods interleaved in shuffled order, each
 /// after an eviction sweep.
-#[allow(clippy::too_many_arguments)]
 fn preheat_trials(
-    methods: &[&'static str],
-    trials: usize,
-    runs: &[AbsRun],
-    addrs: &preheat_engine::preheat::AddrsIn<'_>,
-    pieces: &[Vec<AbsRun>],
-    sweep: &preheat_engine::sweep::EvictionBuffer,
-    parallel: Option<&preheat_engine::preheat::ParallelPreheater>,
+    set: &PreheatSetup<'_>,
     rng: &mut impl Rng,
 ) -> std::collections::BTreeMap<&'static str, Vec<f64>> {
+    let PreheatSetup {
+        methods,
+        trials,
+        runs,
+        addrs,
+        pieces,
+        sweep,
+        parallel,
+    } = set;
+    let (trials, parallel) = (*trials, *parallel);
     let mut times: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
     let mut sink = 0u64;
     for _ in 0..trials {
@@ -340,17 +355,17 @@ fn bench_preheat(ws_kib: u64, trials: usize, reps: usize, json: bool) -> Result<
     let pb = crate::progress::bar(reps as u64, "repetitions", json);
     let mut pooled: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
     let mut per_rep: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let set = PreheatSetup {
+        methods,
+        trials,
+        runs: &runs,
+        addrs: &addrs,
+        pieces,
+        sweep: &sweep,
+        parallel: parallel.as_ref(),
+    };
     for _ in 0..reps {
-        let t = preheat_trials(
-            &methods,
-            trials,
-            &runs,
-            &addrs,
-            &pieces,
-            &sweep,
-            parallel.as_ref(),
-            &mut rng,
-        );
+        let t = preheat_trials(&set, &mut rng);
         for (m, v) in t {
             per_rep.entry(m).or_default().push(gbps(&v));
             pooled.entry(m).or_default().extend(v);
@@ -358,6 +373,7 @@ fn bench_preheat(ws_kib: u64, trials: usize, reps: usize, json: bool) -> Result<
         pb.inc(1);
     }
     pb.finish_and_clear();
+    let methods = set.methods;
     let res: Vec<MethodResult> = methods
         .iter()
         .map(|m| MethodResult {

@@ -37,8 +37,9 @@ impl KeepAwake {
     /// measured here (unprivileged, or no mechanism other than spinning on the CPU itself, which
     /// would compete with the server).
     pub fn open(run_dir: &Path, cpu: u32) -> Result<KeepAwake, String> {
+        // (A killed run's journal was restored when this command started: main calls
+        // `restore_stale` for every command.)
         let paths = SysPaths::default();
-        restore_stale(run_dir);
         std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
         let journal = journal_path(run_dir, std::process::id());
         let m = Machine::open(paths, journal, MechChoice::Auto, &[cpu]);

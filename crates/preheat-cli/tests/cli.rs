@@ -6,6 +6,16 @@ use common::{ok, preheat, run_dir};
 use std::path::Path;
 use std::process::Command;
 
+/// No agent control socket is left in the run directory (its server was stopped).
+fn assert_no_agent_sockets(rd: &Path) {
+    let left: Vec<_> = std::fs::read_dir(rd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+}
+
 fn fails_with(args: &[&str], run_dir: &Path, needles: &[&str]) {
     let o = preheat(args, run_dir);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
@@ -220,12 +230,7 @@ fn demo_measures_every_mode() {
     assert!(acted > 0, "the agent never preheated lines");
     assert!(json.exists());
     // No server or agent outlives the command.
-    let left: Vec<_> = std::fs::read_dir(&rd)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
-        .collect();
-    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+    assert_no_agent_sockets(&rd);
 }
 
 /// A hot floor killed by SIGKILL leaves its CPU held out of idle and a journal: the next
@@ -287,29 +292,16 @@ fn demo_on_any_server_given_by_its_command() {
         &rd,
         &["--request"],
     );
-    let Some(exe) = ["/usr/sbin/lighttpd", "/usr/bin/lighttpd"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-    else {
+    let body = format!("<html>{}</html>\n", "any server ".repeat(300));
+    let port = preheat_testsupport::free_port();
+    let Some((exe, conf)) = preheat_testsupport::lighttpd_site(
+        tmp.path(),
+        port,
+        &[("index.html", body.as_bytes())],
+        "",
+    ) else {
         return preheat_testsupport::skip("lighttpd", "lighttpd is not installed");
     };
-    let www = tmp.path().join("www");
-    std::fs::create_dir(&www).unwrap();
-    let body = format!("<html>{}</html>\n", "any server ".repeat(300));
-    std::fs::write(www.join("index.html"), &body).unwrap();
-    let port = preheat_testsupport::free_port();
-    let conf = tmp.path().join("lighttpd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "server.document-root = \"{}\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
-             server.errorlog = \"{}\"\nserver.pid-file = \"{}\"\n",
-            www.display(),
-            tmp.path().join("error.log").display(),
-            tmp.path().join("lighttpd.pid").display()
-        ),
-    )
-    .unwrap();
     let port_s = port.to_string();
     let out = ok(
         &[
@@ -334,7 +326,7 @@ fn demo_on_any_server_given_by_its_command() {
             "/index.html",
             "--json",
             "--",
-            exe,
+            exe.to_str().unwrap(),
             "-D",
             "-f",
             conf.to_str().unwrap(),
@@ -354,10 +346,5 @@ fn demo_on_any_server_given_by_its_command() {
     let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
     assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
     // No server or agent outlives the command.
-    let left: Vec<_> = std::fs::read_dir(&rd)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
-        .collect();
-    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+    assert_no_agent_sockets(&rd);
 }

@@ -62,27 +62,16 @@ impl Drop for Lighttpd {
 }
 
 fn lighttpd(max_requests: u32) -> Option<(Lighttpd, SocketAddr)> {
-    let exe = ["/usr/sbin/lighttpd", "/usr/bin/lighttpd"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())?;
     let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("www");
-    std::fs::create_dir(&root).unwrap();
-    std::fs::write(root.join("index.txt"), BODY).unwrap();
     let port = free_port();
-    let conf = dir.path().join("lighttpd.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "server.document-root = \"{}\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
-             server.max-keep-alive-requests = {max_requests}\nserver.max-keep-alive-idle = 30\n\
-             server.errorlog = \"{}\"\nserver.pid-file = \"{}\"\n",
-            root.display(),
-            dir.path().join("error.log").display(),
-            dir.path().join("lighttpd.pid").display()
+    let (exe, conf) = preheat_testsupport::lighttpd_site(
+        dir.path(),
+        port,
+        &[("index.txt", BODY)],
+        &format!(
+            "server.max-keep-alive-requests = {max_requests}\nserver.max-keep-alive-idle = 30\n"
         ),
-    )
-    .unwrap();
+    )?;
     let child = Command::new(exe)
         .args(["-D", "-f"])
         .arg(&conf)

@@ -158,6 +158,40 @@ pub fn free_port() -> u16 {
         .expect("binding a loopback port")
 }
 
+/// A lighttpd site for a test: `dir/www` holds `files` (name, content), `dir/lighttpd.conf`
+/// serves it on 127.0.0.1:`port` with `extra` configuration lines appended. Returns the
+/// lighttpd executable and the configuration file, or `None` when lighttpd is not installed
+/// (the caller reports the skip). Starting it (`lighttpd -D -f CONF`) is the caller's.
+pub fn lighttpd_site(
+    dir: &Path,
+    port: u16,
+    files: &[(&str, &[u8])],
+    extra: &str,
+) -> Option<(PathBuf, PathBuf)> {
+    let exe = ["/usr/sbin/lighttpd", "/usr/bin/lighttpd"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())?;
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("creating the site directory");
+    for (name, content) in files {
+        std::fs::write(www.join(name), content).expect("writing a site file");
+    }
+    let conf = dir.join("lighttpd.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "server.document-root = \"{}\"\nserver.bind = \"127.0.0.1\"\nserver.port = {port}\n\
+             server.errorlog = \"{}\"\nserver.pid-file = \"{}\"\n{extra}",
+            www.display(),
+            dir.join("error.log").display(),
+            dir.join("lighttpd.pid").display()
+        ),
+    )
+    .expect("writing lighttpd.conf");
+    Some((exe, conf))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use preheat_lab::driver::{Protocol, WorkloadSpec};
+use preheat_lab::driver::{http_path, Protocol, WorkloadSpec};
 
 use crate::launch::{self, Server, ServerSpec};
 use crate::servers::Workload;
@@ -89,11 +89,7 @@ impl CustomServer<'_> {
                 Workload::of_spec(spec(Protocol::Redis, request.into(), Some(value)))
             }
             CustomProtocol::Http => {
-                let path = if request.starts_with('/') {
-                    request.to_string()
-                } else {
-                    format!("/{request}")
-                };
+                let path = http_path(request);
                 let body = fetch_http(addr, &path)?;
                 if body.is_empty() {
                     bail!(

@@ -34,7 +34,7 @@ pub(super) fn connect(addr: SocketAddr, w: &WorkloadSpec, wait: Wait) -> Result<
 const MAX_HEAD: usize = 64 * 1024;
 
 /// The HTTP path of a workload key ("" → "/", "index.html" → "/index.html").
-pub(super) fn http_path(key: &str) -> String {
+pub fn http_path(key: &str) -> String {
     if key.starts_with('/') {
         key.to_string()
     } else {

@@ -50,6 +50,7 @@
 
 mod conn;
 mod http;
+pub use http::http_path;
 mod memcached;
 mod mysql;
 mod redis;
