@@ -118,7 +118,7 @@ fn walk<F: FnMut(VirtAddr)>(
                 // line (a repeated touch of a line in flight costs an issue slot, no traffic), so
                 // no branch depends on the run's length (a loop exit at the run's length is
                 // mispredicted about once per run). Measured on the benchmark's short runs:
-                // preheat-1 / limit 0.89–0.91 without, 0.92–0.93 with (2 × 3 repetitions each).
+                // preheat-1 / limit 0.89–0.91 without (2 runs), 0.92–0.93 with (3 runs), 3 repetitions each.
                 let last = (left - 1) as usize;
                 for i in 0..SHORT_RUN as usize {
                     touch(addr.offset((LINE * i.min(last)) as u64));
