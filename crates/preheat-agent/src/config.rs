@@ -14,6 +14,9 @@ pub struct Config {
     /// `PREHEAT_WAKE_PLANNER=1`: the `wake` strategy asks a running wake planner for a window
     /// instead of spinning (see [`crate::wakeplan`]; off by default: measured slower here).
     pub wake_planner: bool,
+    /// The `wake` strategy keeps the CPUs polling in idle where it may (see
+    /// [`crate::idlepoll`]); `PREHEAT_NO_IDLE_POLL=1` makes it spin instead.
+    pub idle_poll: bool,
     /// `PREHEAT_COMM=1`: start communication detection with the agent (see [`crate::comm`]).
     pub comm: Option<preheat_model::comm::CommConfig>,
     /// `PREHEAT_COMM_OUT`: write the final communication report there at exit.

@@ -27,6 +27,8 @@ pub struct Stats {
     pub local_handoffs: AtomicU64,
     /// `wake` handled by asking the wake planner for a window instead of spinning.
     pub wake_planned: AtomicU64,
+    /// `wake` handled by keeping the CPUs polling in idle (see `crate::idlepoll`).
+    pub wake_polled: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -58,6 +60,7 @@ impl Stats {
             last_trigger_lead_ns: AtomicI64::new(0),
             local_handoffs: AtomicU64::new(0),
             wake_planned: AtomicU64::new(0),
+            wake_polled: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -84,6 +87,7 @@ impl Stats {
             last_trigger_lead_ns: self.last_trigger_lead_ns.load(Relaxed),
             local_handoffs: self.local_handoffs.load(Relaxed),
             wake_planned: self.wake_planned.load(Relaxed),
+            wake_polled: self.wake_polled.load(Relaxed),
         }
     }
 
@@ -108,6 +112,7 @@ impl Stats {
             &self.superseded,
             &self.local_handoffs,
             &self.wake_planned,
+            &self.wake_polled,
         ] {
             c.store(0, Relaxed);
         }

@@ -53,7 +53,7 @@
 //! 5  runtime                          constructor, fork handler, destructor
 //! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
 //! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
-//! 2  threads                           the agent's own threads (spawn, stacks, tids)
+//! 2  threads  idlepoll                 the agent's own threads; a thread's idle-polling window
 //! 1  log  fdreg                        log + disable-with-reason; the agent's own fds
 //! 0  config  track  counters  sys  forkcell
 //!                                      configuration; busy periods; counters; FFI; fork-safe cell
@@ -80,6 +80,7 @@ pub mod counters;
 pub mod fdreg;
 pub mod forkcell;
 pub mod hooks;
+pub mod idlepoll;
 pub mod log;
 pub mod plan;
 pub mod runtime;

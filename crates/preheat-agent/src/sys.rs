@@ -275,6 +275,14 @@ pub fn recv_nonblocking(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     }
 }
 
+/// `write(fd, buf)` through the raw syscall, all of it at once (a device write): false on an
+/// error or a short write.
+pub fn write_all_raw(fd: RawFd, buf: &[u8]) -> bool {
+    // SAFETY: `buf` is a valid readable slice of the given length; `fd` is the caller's own.
+    let r = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
+    r >= 0 && r as usize == buf.len()
+}
+
 /// `sched_yield()`: let any other runnable task on this CPU run first.
 pub fn sched_yield() {
     // SAFETY: no arguments, no memory access; always succeeds on Linux.

@@ -27,9 +27,11 @@
 //! # Strategies, in order
 //!
 //! `replay` (send the configured warm-up request on the persistent loopback connection),
-//! `lines` (prefetch the port's resolved runs until the deadline), `wake` (spin until the served
-//! thread becomes busy with the announced request, at most arrival + 200 µs, never more than
-//! 1 ms).
+//! `lines` (prefetch the port's resolved runs until the deadline), `wake` (keep the CPUs polling
+//! in idle until arrival + 200 µs through the handling thread's own PM QoS request
+//! ([`crate::idlepoll`]) and go back to waiting; where that is not permitted, or with the
+//! `spin` bit, spin until the served thread becomes busy with the announced request, at most
+//! arrival + 200 µs, never more than 1 ms).
 
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -38,6 +40,7 @@ use preheat_model::proto::{Announcement, Strategies};
 use preheat_model::AbsRun;
 
 use crate::counters::STATS;
+use crate::idlepoll::IdlePoll;
 use crate::plan::{self, ReplayConn, MAX_SPLIT};
 use crate::{log, sys, threads, track};
 
@@ -46,6 +49,9 @@ pub const MAX_WORKERS: usize = 256;
 pub const WAKE_AFTER_ARRIVAL_NS: u64 = 200_000;
 /// ...and never lasts longer than this in total.
 pub const WAKE_MAX_NS: u64 = 1_000_000;
+/// An idle-polling `wake` window lasts at most this long (it occupies no CPU, so longer leads
+/// than a spin's are worth it; the bound only stops absurd announcements).
+pub const POLL_MAX_NS: u64 = 10_000_000;
 /// A busy period that starts this little before the announced arrival counts as the announced
 /// request (clocks of sender and arrival differ by a few µs).
 pub const EARLY_SLACK_NS: u64 = 10_000;
@@ -165,10 +171,30 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
     let mut pinned: Option<usize> = None;
     let mut logged_malformed = 0u32;
     let mut logged_late = 0u32;
+    let mut idle_poll = IdlePoll::open(true);
+    // The receive timeout currently set on the socket (the armed window's end), if any.
+    let mut timeout_set = false;
     loop {
+        // An armed idle-polling window ends on time even when no announcement follows.
+        let remaining = idle_poll.remaining_ns(time::now_ns());
+        if remaining.is_some() || timeout_set {
+            let t = remaining.map(std::time::Duration::from_nanos);
+            if sock.set_read_timeout(t).is_ok() {
+                timeout_set = t.is_some();
+            }
+        }
         let n = match sock.recv(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                idle_poll.expire(time::now_ns());
+                continue;
+            }
             Err(e) => {
                 log::log(&format!("trigger socket failed, announcements stop: {e}"));
                 return;
@@ -231,6 +257,7 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
                 &Job { a, served_tid: tid },
                 w.gen.load(Ordering::Acquire),
                 true,
+                &mut idle_poll,
             );
         } else {
             w.hand_off(&a, tid);
@@ -249,11 +276,14 @@ pub fn worker_main(cpu: usize) {
         return;
     };
     let mut last = w.gen.load(Ordering::Acquire);
+    let mut idle_poll = IdlePoll::open(false);
     w.running.store(true, Ordering::Release);
     loop {
         let g = w.gen.load(Ordering::Acquire);
         if g == last {
-            sys::futex_wait(&w.gen, g, None);
+            let now = time::now_ns();
+            idle_poll.expire(now);
+            sys::futex_wait(&w.gen, g, idle_poll.remaining_ns(now));
             continue;
         }
         if g.wrapping_sub(last) > 1 {
@@ -263,14 +293,16 @@ pub fn worker_main(cpu: usize) {
         }
         last = g;
         if let Some(job) = w.read() {
-            handle(w, &job, last, false);
+            handle(w, &job, last, false, &mut idle_poll);
         }
     }
 }
 
 /// Apply the announced strategies. `polite`: the caller is a SCHED_OTHER thread (the trigger
-/// thread working inline), so the `wake` spin yields the CPU each turn.
-fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool) {
+/// thread working inline), so the `wake` spin yields the CPU each turn. `idle_poll`: the
+/// calling thread's PM QoS request (the `wake` window is armed there and ended by the caller's
+/// wait loop).
+fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut IdlePoll) {
     let a = &job.a;
     let start = time::now_ns();
     let lead = (a.arrival_ns as i128 - start as i128).clamp(i64::MIN as i128, i64::MAX as i128);
@@ -313,9 +345,17 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool) {
     }
     // Dropping our clone is never the last reference (see `plan`).
     drop(plan);
-    if a.strategies.contains(Strategies::WAKE) {
-        let until = a.arrival_ns.saturating_add(WAKE_AFTER_ARRIVAL_NS);
-        if crate::wakeplan::request(sys::getpid(), os::current_cpu(), start, until) {
+    let spin = a.strategies.contains(Strategies::SPIN);
+    if spin || a.strategies.contains(Strategies::WAKE) {
+        // Bounded like the spin (whatever the announcement claims), but longer: see POLL_MAX_NS.
+        let until = a
+            .arrival_ns
+            .saturating_add(WAKE_AFTER_ARRIVAL_NS)
+            .min(start.saturating_add(POLL_MAX_NS));
+        if !spin && idle_poll.arm(until) {
+            STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
+        } else if !spin && crate::wakeplan::request(sys::getpid(), os::current_cpu(), start, until)
+        {
             STATS.wake_planned.fetch_add(1, Ordering::Relaxed);
         } else {
             wake(w, job, gen, start, polite);

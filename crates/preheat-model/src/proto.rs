@@ -49,14 +49,21 @@ pub fn pid_of_control_socket(name: &str) -> Option<u32> {
 pub struct Strategies(pub u8);
 
 impl Strategies {
-    /// Occupy the server's core from announcement to arrival so it does not halt (anticipatory
-    /// wakeup, Zhu et al.).
+    /// Keep the server's core from announcement to arrival out of halt (anticipatory wakeup,
+    /// Zhu et al.) by the best mechanism the agent has: idle polling through the PM QoS device
+    /// where it may open it (root), else spinning on the core.
     pub const WAKE: Strategies = Strategies(1);
     /// Prefetch the recorded working set (the paper's preheating).
     pub const LINES: Strategies = Strategies(2);
     /// Send a configured idempotent warm-up request through the real kernel path.
     pub const REPLAY: Strategies = Strategies(4);
+    /// Keep the core awake by spinning on it, whatever else the agent could do (the mechanism
+    /// `wake` falls back to; named on its own to compare the two in one run).
+    pub const SPIN: Strategies = Strategies(8);
+    /// `wake+lines+replay`.
     pub const ALL: Strategies = Strategies(7);
+    /// Every bit an announcement may carry.
+    pub const KNOWN: Strategies = Strategies(15);
     pub const NONE: Strategies = Strategies(0);
 
     pub fn contains(self, o: Strategies) -> bool {
@@ -76,11 +83,12 @@ impl Strategies {
                 "wake" => Strategies::WAKE,
                 "lines" => Strategies::LINES,
                 "replay" => Strategies::REPLAY,
+                "spin" => Strategies::SPIN,
                 "all" => Strategies::ALL,
                 "none" | "" => Strategies::NONE,
                 other => {
                     return Err(format!(
-                    "unknown strategy '{other}' (use wake, lines, replay, all, none; join with +)"
+                    "unknown strategy '{other}' (use wake, spin, lines, replay, all, none; join with +)"
                 ))
                 }
             });
@@ -90,7 +98,9 @@ impl Strategies {
     /// `wake+lines` etc.
     pub fn name(self) -> String {
         let mut v = Vec::new();
-        if self.contains(Strategies::WAKE) {
+        if self.contains(Strategies::SPIN) {
+            v.push("spin");
+        } else if self.contains(Strategies::WAKE) {
             v.push("wake");
         }
         if self.contains(Strategies::LINES) {
@@ -176,7 +186,7 @@ impl Announcement {
             return Err(AnnounceError::Version(version));
         }
         let strategies = r.u8().map_err(short)?;
-        if strategies & !Strategies::ALL.0 != 0 {
+        if strategies & !Strategies::KNOWN.0 != 0 {
             return Err(AnnounceError::Strategy(strategies));
         }
         Ok(Announcement {
@@ -325,6 +335,10 @@ pub struct PreheatStats {
     /// `wake` requests handed to the wake planner (a PM QoS window) instead of a spin.
     #[serde(default)]
     pub wake_planned: u64,
+    /// `wake` handled by keeping the CPUs polling in idle for the window (the agent's PM QoS
+    /// request) instead of a spin.
+    #[serde(default)]
+    pub wake_polled: u64,
 }
 
 /// Summary of a loaded profile class.

@@ -288,7 +288,7 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
         );
     }
     type Field = fn(&PreheatStats) -> u64;
-    let per_agent: [(&str, &str, Field); 5] = [
+    let per_agent: [(&str, &str, Field); 6] = [
         (
             "preheat_agent_announcements_total",
             "Announcements the agent's trigger socket received (from any sender).",
@@ -308,6 +308,11 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
             "preheat_agent_wake_spins_total",
             "Wake spins (wake strategy) the agent ran.",
             |p| p.wake_spins,
+        ),
+        (
+            "preheat_agent_wake_polled_total",
+            "Wake windows (wake strategy) the agent ran by keeping the CPUs polling in idle.",
+            |p| p.wake_polled,
         ),
         (
             "preheat_agent_late_total",

@@ -435,6 +435,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             if let Some(b) = before {
                 if after.preheats > b.preheats
                     || after.wake_spins > b.wake_spins
+                    || after.wake_polled > b.wake_polled
                     || after.replays > b.replays
                 {
                     // The lines counters are the agent's *last* lines preheat: only this
