@@ -163,7 +163,11 @@ mod tests {
         // The kernel's aggregate CPU latency constraint (a 4-byte read) is now 0: CPUs poll.
         let mut v = [0u8; 4];
         std::io::Read::read_exact(&mut std::fs::File::open(DEVICE).unwrap(), &mut v).unwrap();
-        assert_eq!(i32::from_ne_bytes(v), 0, "armed, but the constraint is not 0 µs");
+        assert_eq!(
+            i32::from_ne_bytes(v),
+            0,
+            "armed, but the constraint is not 0 µs"
+        );
         assert!(p.arm(500_000), "an armed window stays armed");
         assert_eq!(p.remaining_ns(400_000), Some(600_000));
         p.expire(999_999);
