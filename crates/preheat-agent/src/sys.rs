@@ -209,6 +209,23 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: c_int) -> io::Result<usize> {
     }
 }
 
+/// Wait until `fd` is readable or `timeout_ns` passed (`ppoll`: an hrtimer, not the jiffies of
+/// `SO_RCVTIMEO`). True if readable (or on an error: the caller's read reports it).
+pub fn wait_readable(fd: RawFd, timeout_ns: u64) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `p` and `ts` are valid locals for the call; a null signal mask is allowed.
+    let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+    r != 0
+}
+
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<RawFd> {
     // SAFETY: no pointers involved.

@@ -28,11 +28,12 @@
 //!
 //! `replay` (send the configured warm-up request on the persistent loopback connection),
 //! `lines` (prefetch the port's resolved runs until the deadline), `wake` (keep the CPUs polling
-//! in idle until arrival + 200 µs through the handling thread's own PM QoS request
+//! in idle until arrival + 2 ms through the handling thread's own PM QoS request
 //! ([`crate::idlepoll`]) and go back to waiting; where that is not permitted, or with the
 //! `spin` bit, spin until the served thread becomes busy with the announced request, at most
 //! arrival + 200 µs, never more than 1 ms).
 
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use preheat_engine::{os, preheat, time};
@@ -49,9 +50,9 @@ pub const MAX_WORKERS: usize = 256;
 pub const WAKE_AFTER_ARRIVAL_NS: u64 = 200_000;
 /// ...and never lasts longer than this in total.
 pub const WAKE_MAX_NS: u64 = 1_000_000;
-/// An idle-polling `wake` window lasts at most this long (it occupies no CPU, so longer leads
-/// than a spin's are worth it; the bound only stops absurd announcements).
-pub const POLL_MAX_NS: u64 = 10_000_000;
+/// An idle-polling `wake` window lasts at most this long (it occupies no CPU — its cost is
+/// power — so leads far beyond a spin's are fine; the bound only stops absurd announcements).
+pub const POLL_MAX_NS: u64 = 1_000_000_000;
 /// A busy period that starts this little before the announced arrival counts as the announced
 /// request (clocks of sender and arrival differ by a few µs).
 pub const EARLY_SLACK_NS: u64 = 10_000;
@@ -172,29 +173,17 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
     let mut logged_malformed = 0u32;
     let mut logged_late = 0u32;
     let mut idle_poll = IdlePoll::open(true);
-    // The receive timeout currently set on the socket (the armed window's end), if any.
-    let mut timeout_set = false;
     loop {
         // An armed idle-polling window ends on time even when no announcement follows.
-        let remaining = idle_poll.remaining_ns(time::now_ns());
-        if remaining.is_some() || timeout_set {
-            let t = remaining.map(std::time::Duration::from_nanos);
-            if sock.set_read_timeout(t).is_ok() {
-                timeout_set = t.is_some();
+        if let Some(t) = idle_poll.remaining_ns(time::now_ns()) {
+            if !sys::wait_readable(sock.as_raw_fd(), t) {
+                idle_poll.expire(time::now_ns());
+                continue;
             }
         }
         let n = match sock.recv(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                idle_poll.expire(time::now_ns());
-                continue;
-            }
             Err(e) => {
                 log::log(&format!("trigger socket failed, announcements stop: {e}"));
                 return;
@@ -348,13 +337,20 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
     let spin = a.strategies.contains(Strategies::SPIN);
     if spin || a.strategies.contains(Strategies::WAKE) {
         // Bounded like the spin (whatever the announcement claims), but longer: see POLL_MAX_NS.
-        let until = a
+        let until = a.arrival_ns.saturating_add(WAKE_AFTER_ARRIVAL_NS);
+        let poll_until = a
             .arrival_ns
-            .saturating_add(WAKE_AFTER_ARRIVAL_NS)
+            .saturating_add(crate::idlepoll::HOLD_AFTER_ARRIVAL_NS)
             .min(start.saturating_add(POLL_MAX_NS));
-        if !spin && idle_poll.arm(until) {
+        if !spin && idle_poll.arm(poll_until) {
             STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
-        } else if !spin && crate::wakeplan::request(sys::getpid(), os::current_cpu(), start, until)
+        } else if !spin
+            && crate::wakeplan::request(
+                sys::getpid(),
+                os::current_cpu(),
+                start,
+                until.min(start.saturating_add(WAKE_MAX_NS)),
+            )
         {
             STATS.wake_planned.fetch_add(1, Ordering::Relaxed);
         } else {

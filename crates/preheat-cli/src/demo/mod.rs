@@ -182,6 +182,8 @@ struct Output {
     hot_floor: Option<String>,
     /// The cold overhead split by cause (p50 differences).
     decomposition: Option<Decomposition>,
+    /// The agent's preheat counters at the end of the run (all announced modes together).
+    agent_counters: preheat_model::proto::PreheatStats,
     rows: Vec<Row>,
     samples: Vec<Sample>,
 }
@@ -262,7 +264,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut client = w.connect(server.addr())?;
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
-    let keep_awake = match crate::hot::KeepAwake::open(&server.run_dir, server_cpu as u32) {
+    let keep_awake = match crate::hot::KeepAwake::open(&server.run_dir) {
         Ok(k) => Some(k),
         Err(why) => {
             skipped.push(Skipped {
@@ -469,6 +471,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     drop(keep_awake);
+    let agent_counters = agent_preheat(&mut agent, port)?.0;
     let rows = table(&modes, &samples, &ws_stats);
     let machine = format!(
         "{} CPUs, cpuidle {}",
@@ -492,6 +495,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         skipped,
         hot_floor,
         decomposition: decomposition(&samples),
+        agent_counters,
         rows,
         samples,
     };

@@ -381,7 +381,7 @@ pub(super) fn print_table(o: &Output, ws: &preheat_model::WsStats) {
         );
     }
     if let Some(h) = &o.hot_floor {
-        println!("hot = warm caches with the server CPU kept out of idle: {h}.");
+        println!("hot = warm caches with no CPU halting: {h}.");
     }
     println!(
         "CPI: {}",
