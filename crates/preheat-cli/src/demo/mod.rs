@@ -156,6 +156,25 @@ struct Sample {
     sweep_us: f64,
 }
 
+impl Sample {
+    /// A measured request; the agent's fields are filled in by the caller when it has them.
+    fn new(mode: String, round: usize, kind: String, latency_us: f64, sweep_us: f64) -> Sample {
+        Sample {
+            mode,
+            round,
+            kind,
+            latency_us,
+            lines_done: 0,
+            lines_total: 0,
+            preheat_us: 0.0,
+            worker_lead_us: 0.0,
+            trigger_lead_us: 0.0,
+            server_start_us: f64::NAN,
+            sweep_us,
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Skipped {
     mode: String,
@@ -414,19 +433,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
             if !ok {
                 bad_replies += 1;
             }
-            let mut s = Sample {
-                mode: mode.name(),
+            let mut s = Sample::new(
+                mode.name(),
                 round,
-                kind: kind.to_string(),
-                latency_us: (t_done - t_send) as f64 / 1e3,
-                lines_done: 0,
-                lines_total: 0,
-                preheat_us: 0.0,
-                worker_lead_us: 0.0,
-                trigger_lead_us: 0.0,
-                server_start_us: f64::NAN,
+                kind.to_string(),
+                (t_done - t_send) as f64 / 1e3,
                 sweep_us,
-            };
+            );
             // Give the server thread and the agent's worker time to finish their bookkeeping
             // (the busy period ends when the server waits again) before reading it.
             std::thread::sleep(Duration::from_micros(300));

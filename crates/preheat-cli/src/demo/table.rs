@@ -408,19 +408,7 @@ mod tests {
     use super::*;
 
     fn sample(mode: &str, round: usize, kind: &str, latency_us: f64) -> Sample {
-        Sample {
-            mode: mode.into(),
-            round,
-            kind: kind.into(),
-            latency_us,
-            lines_done: 0,
-            lines_total: 0,
-            preheat_us: 0.0,
-            worker_lead_us: 0.0,
-            trigger_lead_us: 0.0,
-            server_start_us: f64::NAN,
-            sweep_us: 0.0,
-        }
+        Sample::new(mode.into(), round, kind.into(), latency_us, 0.0)
     }
 
     /// Five rounds of a cheap kind, four of a costly one (1 ms dearer); within every round but
