@@ -223,6 +223,11 @@ def table1_section(rep: Report, out: Path) -> None:
                f"({srv.get('samples')} in all, source: {srv.get('source')}); "
                f"lead {meta.get('lead_us', '?')} µs; {meta.get('machine', '')}; measured")
         rep.heading(DISPLAY.get(server, server), 3)
+        if "removed_p50_method" in g and (g["removed_p50_method"] == "within rounds").any():
+            rep.note("The request kinds differ between rounds (every mode of a round runs the "
+                     "same kind): \"removed, p50-based\" is the median over rounds of "
+                     "(cold − mode) over the median of (cold − floor), so p50s falling in "
+                     "different kinds' clusters cannot mislead it.")
         for f in (g["flag"].dropna() if "flag" in g else []):
             if str(f):
                 rep.note(f"FLAG {f}", "warn")

@@ -81,6 +81,29 @@ def _removed(mat: np.ndarray, modes: list[str], stat: str, boot: int,
     return stats.paired_bootstrap(mat, modes, fns, stat, boot)
 
 
+def _removed_within_rounds(mat: np.ndarray, modes: list[str], boot: int,
+                           floor: str = WARM) -> dict[str, stats.Derived]:
+    """Like `_removed` with the p50, but on per-round differences: median over rounds of
+    (cold − mode) over the median of (cold − FLOOR), paired bootstrap over rounds. For mixed
+    request kinds (every mode of a round runs the round's kind), where the p50s of two modes can
+    fall in different kinds' clusters."""
+    if COLD not in modes or floor not in modes:
+        return {}
+    cold = mat[:, modes.index(COLD)]
+    diff = cold[:, None] - mat  # column j: cold − mode j, per round
+    others = [m for m in modes if m not in (floor, COLD)]
+
+    def share(m: str):
+        def f(s: dict[str, np.ndarray]) -> np.ndarray:
+            d = s[floor]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                r = s[m] / d
+            return np.where(d > 0, r, np.nan)
+        return f
+
+    return stats.paired_bootstrap(diff, modes, {m: share(m) for m in others}, "p50", boot)
+
+
 #: A share outside this range means the floor or the cold baseline is not what it claims.
 SHARE_LIMIT = 1.0
 
@@ -105,9 +128,14 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     floor = floor_mode(modes)
     have_baseline = COLD in modes and floor in modes
 
+    # Mixed request kinds: the p50 share on per-round differences (as `preheat demo` does).
+    mixed = "kind" in df.columns and df["kind"].nunique(dropna=True) > 1
     shares = {st: _removed(mat, modes, st, boot, floor) for st in ("mean", "p50")}
     vs_warm = ({st: _removed(mat, modes, st, boot, WARM) for st in ("mean", "p50")}
                if floor != WARM else shares)
+    if mixed:
+        shares = {**shares, "p50": _removed_within_rounds(mat, modes, boot, floor)}
+        vs_warm = {**vs_warm, "p50": _removed_within_rounds(mat, modes, boot, WARM)}
 
     rows = []
     for m in modes:
@@ -135,6 +163,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
             r[f"removed_vs_warm_{st}_hi"] = d.hi if d else np.nan
             r[f"removed_vs_warm_{st}_undefined_share"] = d.undefined_share if d else np.nan
         r["floor"] = floor
+        r["removed_p50_method"] = "within rounds" if mixed else "p50s"
         r["flag"] = "" if m in (floor, COLD, WARM, HOT) else share_flag(
             m, floor, removed=r["removed_p50"], removed_mean=r["removed_mean"],
             removed_vs_warm=r["removed_vs_warm_p50"])

@@ -59,6 +59,10 @@ def test_skipped_modes_and_request_kinds_survive():
     bk = table1.analyze_server("mariadb", df, meta, {}, boot=50)["by_kind"]
     assert set(bk["kind"]) == set(df["kind"])
     assert bk["n"].sum() == len(df)  # every sample in exactly one kind
+    # Mixed kinds: shares on per-round differences (the CLI's rows agree: the test above).
+    assert set(t["removed_p50_method"]) == {"within rounds"}
+    kv = table1.analyze_server("kv", _fixture("kv-5rounds.json")[1], {}, {}, boot=50)["table"]
+    assert set(kv["removed_p50_method"]) == {"p50s"}
     head = table1.analyze_server("mariadb", df, meta, {}, boot=50)["headline"]
     paper = head[head["source"] == table1.PAPER_LABEL].iloc[0]
     assert (paper["warm"], paper["cold"], paper["preheated"]) == (3970, 4320, 4069)
