@@ -3,7 +3,9 @@
 //! Each hook forwards to the real function resolved once by the constructor
 //! ([`crate::sys::resolve_real_functions`]); if a hook runs before that (another library's
 //! constructor) or `dlsym` failed, it issues the raw system call instead. Hooks never call
-//! `dlsym`, never allocate, lock, log or panic, and preserve errno across their own work. When
+//! `dlsym`, never allocate, lock, log or panic, and preserve errno across their own work (the
+//! wait and read paths by calling nothing that writes it on their fast path: see
+//! [`crate::track`]). When
 //! the agent is inactive or disabled, or the caller is one of the agent's own threads, they are
 //! pure pass-through ([`track::tracking`]).
 //!
@@ -23,7 +25,8 @@
 //! builds, which the tests preload), `unreachable`, `todo` and `unimplemented`. What the lints
 //! cannot see is kept out by rule: no `assert!`, no `RefCell::borrow_mut` (only `try_*`), no
 //! `thread_local!` `with` (only `try_with`), and calls into other crates only to functions that
-//! cannot panic (`preheat_engine::{os::gettid, os::current_cpu, time::now_ns}`, libc).
+//! cannot panic (`preheat_engine::{os::gettid, os::current_cpu, time::now_ns, time::stamp,
+//! time::stamp_cpu, time::stamps_are_tsc}`, libc).
 //! A hook therefore needs no `catch_unwind`: there is nothing to catch.
 #![deny(
     clippy::panic,
@@ -49,30 +52,24 @@ use crate::track::{self, ThreadSlot};
 /// Size of the kernel's signal set (`_NSIG / 8`), as the raw syscalls expect.
 const KERNEL_SIGSET: usize = 8;
 
+// The wait and read paths of `track` preserve errno themselves: their fast path calls nothing
+// that writes it, their slow paths save and restore it (see the `track` module docs).
+
 #[inline(always)]
 fn wait_pre() -> Option<&'static ThreadSlot> {
-    let e = errno();
-    let s = track::wait_enter();
-    set_errno(e);
-    s
+    track::wait_enter()
 }
 
 #[inline(always)]
 fn wait_post(s: Option<&'static ThreadSlot>, ret: c_int) {
     if let Some(s) = s {
-        let e = errno();
         track::wait_exit(s, ret > 0);
-        set_errno(e);
     }
 }
 
 #[inline(always)]
 fn read_post(fd: c_int, ret: ssize_t) {
-    if ret > 0 {
-        let e = errno();
-        track::on_read(fd, ret);
-        set_errno(e);
-    }
+    track::on_read(fd, ret);
 }
 
 fn ms_to_timespec(ms: c_int) -> Option<timespec> {

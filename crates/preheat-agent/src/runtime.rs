@@ -187,6 +187,8 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     register_fd(wake);
     plan::set_control_wake_fd(wake);
     STARTED_PID.store(pid, Ordering::SeqCst);
+    // Before the hooks track: busy periods are stamped in one unit for the process's life.
+    preheat_engine::time::enable_tsc_stamps();
     track::ENABLED.store(true, Ordering::SeqCst);
     track::ACTIVE.store(true, Ordering::SeqCst);
     let n = worker::start_workers()?;

@@ -6,6 +6,17 @@
 //! from. Everything here runs on hooked paths of the host: fixed-size static tables of
 //! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
 //!
+//! Cost per request (measured by `examples/hook_cost.rs`): the fields of a thread's slot have one
+//! writer, the thread itself (plain loads and stores, no read-modify-write; the control thread
+//! only clears slots of threads that no longer exist, or busy periods in flight after
+//! re-enabling, where losing a race costs one busy period's attribution at most); the calling
+//! thread's tid, slot, agent flag and last port slot live in one thread-local (one
+//! `__tls_get_addr` per hook in the cdylib); times are [`time::stamp`]s (the raw TSC, and the CPU
+//! from `rdpid` or `rdtscp`, where the engine enabled them: no vDSO clock read, no
+//! `sched_getcpu`), converted to CLOCK_MONOTONIC ns on the read side ([`port_stats`]). The fast
+//! path calls nothing that writes errno (TSC stamps, memory operations); the paths that can
+//! (claiming a slot, clock reads where stamps are ns) save and restore it themselves.
+//!
 //! Hooked path: the lints below (see the crate docs) reject panicking code here.
 #![deny(
     clippy::panic,
@@ -23,6 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use preheat_engine::{os, time};
 use preheat_model::proto::PortStats;
+
+use crate::sys;
 
 /// Thread slots (server threads seen in a wait call).
 pub const MAX_THREADS: usize = 1024;
@@ -42,8 +55,8 @@ pub struct ThreadSlot {
     /// The thread has entered a wait call at least once (it is a server event-loop thread).
     pub seen_wait: AtomicBool,
     pub in_wait: AtomicBool,
-    /// Start of the current busy period (CLOCK_MONOTONIC ns), 0 = not busy.
-    pub busy_start_ns: AtomicU64,
+    /// Start of the current busy period (a [`time::stamp`]), 0 = not busy.
+    pub busy_start: AtomicU64,
     /// Port of the current busy period, 0 = not attributed yet.
     pub port: AtomicU16,
     /// CPU at the start of the current busy period.
@@ -56,7 +69,7 @@ impl ThreadSlot {
             tid: AtomicU32::new(0),
             seen_wait: AtomicBool::new(false),
             in_wait: AtomicBool::new(false),
-            busy_start_ns: AtomicU64::new(0),
+            busy_start: AtomicU64::new(0),
             port: AtomicU16::new(0),
             cpu: AtomicU32::new(0),
         }
@@ -64,7 +77,7 @@ impl ThreadSlot {
     fn clear(&self) {
         self.seen_wait.store(false, Ordering::Relaxed);
         self.in_wait.store(false, Ordering::Relaxed);
-        self.busy_start_ns.store(0, Ordering::Relaxed);
+        self.busy_start.store(0, Ordering::Relaxed);
         self.port.store(0, Ordering::Relaxed);
         self.cpu.store(0, Ordering::Relaxed);
         self.tid.store(0, Ordering::Release);
@@ -75,11 +88,12 @@ pub struct PortSlot {
     /// Port number, 0 = free.
     pub port: AtomicU16,
     pub busy_periods: AtomicU64,
-    pub busy_ns: AtomicU64,
+    /// Total length of the busy periods, in [`time::stamp`] units ([`port_stats`] converts).
+    pub busy_span: AtomicU64,
     pub last_cpu: AtomicU32,
     pub last_tid: AtomicU32,
-    /// When the most recent busy period of this port started (CLOCK_MONOTONIC ns).
-    pub last_start_ns: AtomicU64,
+    /// When the most recent busy period of this port started (a [`time::stamp`]).
+    pub last_start: AtomicU64,
 }
 
 impl PortSlot {
@@ -87,10 +101,10 @@ impl PortSlot {
         PortSlot {
             port: AtomicU16::new(0),
             busy_periods: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
+            busy_span: AtomicU64::new(0),
             last_cpu: AtomicU32::new(0),
             last_tid: AtomicU32::new(0),
-            last_start_ns: AtomicU64::new(0),
+            last_start: AtomicU64::new(0),
         }
     }
 }
@@ -104,69 +118,120 @@ pub static LISTEN_PORT: [AtomicU32; MAX_FDS] = [const { AtomicU32::new(0) }; MAX
 const KNOWN: u32 = 1 << 16;
 const NOT_INET: u32 = 1 << 17;
 
+/// What a thread knows about itself, in one thread-local (one lookup per hook).
+struct ThreadCache {
+    tid: Cell<u32>,
+    /// Thread slot index + 1, 0 = none yet.
+    slot: Cell<u32>,
+    /// This thread belongs to the agent (control, trigger, worker): hooks pass through.
+    agent: Cell<bool>,
+    /// The port of this thread's most recent busy period and its port slot index + 1 (0: none;
+    /// port slots are only freed in a fork child, which resets this cache).
+    port: Cell<u16>,
+    port_slot: Cell<u32>,
+}
+
 thread_local! {
-    // `const` initialisers of types without Drop: plain `#[thread_local]` statics, no lazy
+    // A `const` initialiser of a type without Drop: a plain `#[thread_local]` static, no lazy
     // registration, no allocation (the agent is in the initial TLS block as an LD_PRELOAD
     // object, so `__tls_get_addr` does not allocate either).
-    static TID: Cell<u32> = const { Cell::new(0) };
-    /// Thread slot index + 1, 0 = none yet.
-    static SLOT: Cell<u32> = const { Cell::new(0) };
-    /// This thread belongs to the agent (control, trigger, worker): hooks pass through.
-    static AGENT_THREAD: Cell<bool> = const { Cell::new(false) };
+    static CACHE: ThreadCache = const {
+        ThreadCache {
+            tid: Cell::new(0),
+            slot: Cell::new(0),
+            agent: Cell::new(false),
+            port: Cell::new(0),
+            port_slot: Cell::new(0),
+        }
+    };
 }
 
 /// Mark the calling thread as one of the agent's own.
 pub fn mark_agent_thread() {
-    let _ = AGENT_THREAD.try_with(|c| c.set(true));
+    let _ = CACHE.try_with(|c| c.agent.set(true));
 }
 
 /// Whether the calling thread is one of the agent's own.
 #[inline]
 pub fn is_agent_thread() -> bool {
-    AGENT_THREAD.try_with(|c| c.get()).unwrap_or(false)
+    CACHE.try_with(|c| c.agent.get()).unwrap_or(false)
 }
 
-/// Forget the cached tid and slot of the calling thread (fork child: the tid changed).
+/// Forget the cached tid, slot and port slot of the calling thread (fork child: the tid
+/// changed and the tables start over).
 pub fn reset_thread_cache() {
-    let _ = TID.try_with(|c| c.set(0));
-    let _ = SLOT.try_with(|c| c.set(0));
+    let _ = CACHE.try_with(|c| {
+        c.tid.set(0);
+        c.slot.set(0);
+        c.port.set(0);
+        c.port_slot.set(0);
+    });
+}
+
+/// The agent is attached and tracking (the process-wide part of [`tracking`]).
+#[inline(always)]
+fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed) && ENABLED.load(Ordering::Relaxed)
 }
 
 /// Whether hooks on this thread should track.
 #[inline(always)]
 pub fn tracking() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
-        && ENABLED.load(Ordering::Relaxed)
-        && !AGENT_THREAD.try_with(|c| c.get()).unwrap_or(true)
+    active() && !CACHE.try_with(|c| c.agent.get()).unwrap_or(true)
 }
 
-#[inline]
-fn my_tid() -> u32 {
-    match TID.try_with(|c| c.get()) {
-        Ok(0) => {
-            let t = os::gettid();
-            let _ = TID.try_with(|c| c.set(t));
-            t
-        }
-        Ok(t) => t,
-        Err(_) => os::gettid(),
+/// Run `f`, which may call into libc, with errno preserved.
+#[inline(always)]
+fn keeping_errno<R>(f: impl FnOnce() -> R) -> R {
+    let e = sys::errno();
+    let r = f();
+    sys::set_errno(e);
+    r
+}
+
+/// A stamp (see [`time::stamp`]); errno preserved.
+#[inline(always)]
+fn stamp() -> u64 {
+    if time::stamps_are_tsc() {
+        time::stamp()
+    } else {
+        keeping_errno(time::stamp)
     }
 }
 
-/// The calling thread's slot, claimed on first use (`None` if the table is full).
-fn my_slot(claim: bool) -> Option<&'static ThreadSlot> {
-    let cached = SLOT.try_with(|c| c.get()).unwrap_or(0);
+/// A stamp and the current CPU; errno preserved (`sched_getcpu` can set it).
+#[inline(always)]
+fn stamp_cpu() -> (u64, u32) {
+    if time::stamps_are_tsc() {
+        time::stamp_cpu()
+    } else {
+        keeping_errno(time::stamp_cpu)
+    }
+}
+
+/// The slot of the thread `c` belongs to, claimed on first use (`None` if the table is full).
+#[inline(always)]
+fn slot_of(c: &ThreadCache) -> Option<&'static ThreadSlot> {
+    let cached = c.slot.get();
     if cached != 0 {
         return THREADS.get((cached as usize).wrapping_sub(1));
     }
-    if !claim {
-        return None;
+    claim_slot(c)
+}
+
+/// Once per thread: find or claim the calling thread's slot (errno preserved: `gettid`).
+#[cold]
+#[inline(never)]
+fn claim_slot(c: &ThreadCache) -> Option<&'static ThreadSlot> {
+    let mut tid = c.tid.get();
+    if tid == 0 {
+        tid = keeping_errno(os::gettid);
+        c.tid.set(tid);
     }
-    let tid = my_tid();
-    // Once per thread: look for an existing slot of this tid first (a reused tid, or a slot
-    // behind a hole left by a released one), then claim.
+    // Look for an existing slot of this tid first (a reused tid, or a slot behind a hole left
+    // by a released one), then claim.
     let i = find_thread_slot(tid, false).or_else(|| find_thread_slot(tid, true))?;
-    let _ = SLOT.try_with(|c| c.set((i as u32).saturating_add(1)));
+    c.slot.set((i as u32).saturating_add(1));
     THREADS.get(i)
 }
 
@@ -201,23 +266,23 @@ pub fn find_thread_slot(tid: u32, claim: bool) -> Option<usize> {
     None
 }
 
-/// The slot of `port` (claiming a free one if `claim`).
-pub fn port_slot(port: u16, claim: bool) -> Option<&'static PortSlot> {
+/// Slot index of `port` (claiming a free one if `claim`).
+fn port_slot_index(port: u16, claim: bool) -> Option<usize> {
     if port == 0 {
         return None;
     }
-    for p in PORTS.iter() {
+    for (i, p) in PORTS.iter().enumerate() {
         let cur = p.port.load(Ordering::Acquire);
         if cur == port {
-            return Some(p);
+            return Some(i);
         }
         if cur == 0 && claim {
             match p
                 .port
                 .compare_exchange(0, port, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return Some(p),
-                Err(actual) if actual == port => return Some(p),
+                Ok(_) => return Some(i),
+                Err(actual) if actual == port => return Some(i),
                 Err(_) => continue,
             }
         }
@@ -225,21 +290,54 @@ pub fn port_slot(port: u16, claim: bool) -> Option<&'static PortSlot> {
     None
 }
 
-/// End the busy period of `s` (if any) and account it to its port.
-fn end_busy(s: &ThreadSlot) {
-    let start = s.busy_start_ns.swap(0, Ordering::AcqRel);
+/// The slot of `port` (claiming a free one if `claim`).
+pub fn port_slot(port: u16, claim: bool) -> Option<&'static PortSlot> {
+    port_slot_index(port, claim).and_then(|i| PORTS.get(i))
+}
+
+/// The (claimed) slot of `port`, through the thread's cache of its last port.
+#[inline(always)]
+fn cached_port_slot(c: &ThreadCache, port: u16) -> Option<&'static PortSlot> {
+    if c.port.get() == port {
+        if let Some(p) = PORTS.get((c.port_slot.get() as usize).wrapping_sub(1)) {
+            return Some(p);
+        }
+    }
+    port_slot_miss(c, port)
+}
+
+/// [`cached_port_slot`] for a port other than the thread's last: look it up (claim) and cache it.
+#[cold]
+#[inline(never)]
+fn port_slot_miss(c: &ThreadCache, port: u16) -> Option<&'static PortSlot> {
+    let i = port_slot_index(port, true)?;
+    c.port.set(port);
+    c.port_slot.set((i as u32).saturating_add(1));
+    PORTS.get(i)
+}
+
+/// End the busy period of `s` (if any) and account it to its port. `s` is the calling
+/// thread's slot: its fields are written by their owner only (see the module docs).
+#[inline(always)]
+fn end_busy(s: &ThreadSlot, c: &ThreadCache) {
+    let start = s.busy_start.load(Ordering::Relaxed);
     if start == 0 {
         return;
     }
-    let port = s.port.swap(0, Ordering::AcqRel);
-    if let Some(p) = port_slot(port, true) {
-        let dur = time::now_ns().saturating_sub(start);
-        p.busy_ns.fetch_add(dur, Ordering::Relaxed);
+    s.busy_start.store(0, Ordering::Relaxed);
+    let port = s.port.load(Ordering::Relaxed);
+    if port == 0 {
+        return;
+    }
+    if let Some(p) = cached_port_slot(c, port) {
+        let span = stamp().saturating_sub(start);
+        // Shared by every thread serving the port: read-modify-writes.
+        p.busy_span.fetch_add(span, Ordering::Relaxed);
         p.last_cpu
             .store(s.cpu.load(Ordering::Relaxed), Ordering::Relaxed);
         p.last_tid
             .store(s.tid.load(Ordering::Relaxed), Ordering::Relaxed);
-        p.last_start_ns.store(start, Ordering::Relaxed);
+        p.last_start.store(start, Ordering::Relaxed);
         p.busy_periods.fetch_add(1, Ordering::Release);
     }
 }
@@ -247,24 +345,32 @@ fn end_busy(s: &ThreadSlot) {
 /// A thread enters a wait call. Returns its slot for [`wait_exit`], `None` if not tracking.
 #[inline]
 pub fn wait_enter() -> Option<&'static ThreadSlot> {
-    if !tracking() {
+    if !active() {
         return None;
     }
-    let s = my_slot(true)?;
-    end_busy(s);
-    s.seen_wait.store(true, Ordering::Relaxed);
-    s.in_wait.store(true, Ordering::Release);
-    Some(s)
+    CACHE
+        .try_with(|c| {
+            if c.agent.get() {
+                return None;
+            }
+            let s = slot_of(c)?;
+            end_busy(s, c);
+            s.seen_wait.store(true, Ordering::Relaxed);
+            s.in_wait.store(true, Ordering::Release);
+            Some(s)
+        })
+        .ok()
+        .flatten()
 }
 
 /// The wait call returned `events` (> 0: a busy period starts).
 #[inline]
 pub fn wait_exit(s: &ThreadSlot, events: bool) {
     if events {
+        let (start, cpu) = stamp_cpu();
         s.port.store(0, Ordering::Relaxed);
-        s.cpu.store(os::current_cpu(), Ordering::Relaxed);
-        s.busy_start_ns
-            .store(time::now_ns().max(1), Ordering::Release);
+        s.cpu.store(cpu, Ordering::Relaxed);
+        s.busy_start.store(start, Ordering::Release);
     }
     s.in_wait.store(false, Ordering::Release);
 }
@@ -275,19 +381,25 @@ fn attribute(port: u16) {
     if port == 0 {
         return;
     }
-    if let Some(s) = my_slot(false) {
-        if s.busy_start_ns.load(Ordering::Acquire) != 0 {
-            let _ = s
-                .port
-                .compare_exchange(0, port, Ordering::AcqRel, Ordering::Relaxed);
+    let _ = CACHE.try_with(|c| {
+        if c.agent.get() {
+            return;
         }
-    }
+        let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) else {
+            return;
+        };
+        // Owner-only fields: a plain check and store.
+        if s.busy_start.load(Ordering::Relaxed) != 0 && s.port.load(Ordering::Relaxed) == 0 {
+            s.port.store(port, Ordering::Relaxed);
+        }
+    });
 }
 
 /// A read-like call on `fd` returned `ret` bytes.
 #[inline]
 pub fn on_read(fd: libc::c_int, ret: isize) {
-    if ret <= 0 || !tracking() {
+    // The fd's port first: reads of fds that are no connection skip the thread-local.
+    if ret <= 0 || !active() {
         return;
     }
     if let Some(p) = usize::try_from(fd).ok().and_then(|i| FD_PORT.get(i)) {
@@ -360,10 +472,10 @@ pub fn port_stats() -> Vec<PortStats> {
             (port != 0).then(|| PortStats {
                 port,
                 busy_periods: p.busy_periods.load(Ordering::Acquire),
-                busy_ns: p.busy_ns.load(Ordering::Relaxed),
+                busy_ns: time::stamp_span_ns(p.busy_span.load(Ordering::Relaxed)),
                 last_cpu: p.last_cpu.load(Ordering::Relaxed),
                 last_tid: p.last_tid.load(Ordering::Relaxed),
-                last_start_ns: p.last_start_ns.load(Ordering::Relaxed),
+                last_start_ns: time::stamp_to_ns(p.last_start.load(Ordering::Relaxed)),
             })
         })
         .collect()
@@ -419,7 +531,7 @@ pub fn release_thread(tid: u32) {
 /// Forget busy periods in flight (after re-enabling: they straddle a pass-through interval).
 pub fn forget_busy_periods() {
     for s in THREADS.iter() {
-        s.busy_start_ns.store(0, Ordering::Relaxed);
+        s.busy_start.store(0, Ordering::Relaxed);
         s.port.store(0, Ordering::Relaxed);
     }
 }
@@ -432,10 +544,10 @@ pub fn reset_after_fork() {
     }
     for p in PORTS.iter() {
         p.busy_periods.store(0, Ordering::Relaxed);
-        p.busy_ns.store(0, Ordering::Relaxed);
+        p.busy_span.store(0, Ordering::Relaxed);
         p.last_cpu.store(0, Ordering::Relaxed);
         p.last_tid.store(0, Ordering::Relaxed);
-        p.last_start_ns.store(0, Ordering::Relaxed);
+        p.last_start.store(0, Ordering::Relaxed);
         p.port.store(0, Ordering::Relaxed);
     }
     reset_thread_cache();

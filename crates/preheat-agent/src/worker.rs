@@ -422,7 +422,8 @@ fn wake(w: &WorkerSlot, job: &Job, gen: u32, start: u64, polite: bool) {
         .saturating_add(WAKE_AFTER_ARRIVAL_NS)
         .min(start.saturating_add(WAKE_MAX_NS));
     let served = track::find_thread_slot(job.served_tid, false).and_then(|i| track::THREADS.get(i));
-    let busy_from = a.arrival_ns.saturating_sub(EARLY_SLACK_NS).max(start);
+    // Busy-period starts are stamps (TSC ticks where enabled): convert the bound once.
+    let busy_from = time::ns_to_stamp(a.arrival_ns.saturating_sub(EARLY_SLACK_NS).max(start));
     let mut i = 0u32;
     loop {
         if polite {
@@ -438,7 +439,7 @@ fn wake(w: &WorkerSlot, job: &Job, gen: u32, start: u64, polite: bool) {
             return;
         }
         if let Some(s) = served {
-            if s.busy_start_ns.load(Ordering::Acquire) >= busy_from {
+            if s.busy_start.load(Ordering::Acquire) >= busy_from {
                 return;
             }
         }

@@ -23,6 +23,8 @@ pub struct CpuFeatures {
     pub clflush: bool,
     pub clflushopt: bool,
     pub rdtscp: bool,
+    /// `rdpid` (leaf 7 ECX bit 22): `TSC_AUX` alone, without reading the TSC.
+    pub rdpid: bool,
     pub invariant_tsc: bool,
     /// Line size reported by CPUID (64 on every supported CPU).
     pub line_size: u32,
@@ -130,11 +132,13 @@ mod imp {
         let line = ((l1.ebx >> 8) & 0xff) * 8;
         let clflushopt = max >= 7 && cpuid(7).ebx & (1 << 23) != 0;
         let rdtscp = max_ext >= 0x8000_0001 && cpuid(0x8000_0001).edx & (1 << 27) != 0;
+        let rdpid = max >= 7 && cpuid(7).ecx & (1 << 22) != 0;
         let invariant_tsc = max_ext >= 0x8000_0007 && cpuid(0x8000_0007).edx & (1 << 8) != 0;
         CpuFeatures {
             clflush,
             clflushopt,
             rdtscp,
+            rdpid,
             invariant_tsc,
             line_size: if line == 0 { 64 } else { line },
         }
@@ -204,6 +208,7 @@ mod imp {
             clflush: false,
             clflushopt: false,
             rdtscp: false,
+            rdpid: false,
             invariant_tsc: false,
             line_size: 64,
         }

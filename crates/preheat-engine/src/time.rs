@@ -19,7 +19,15 @@
 //!   [`enable_tsc_deadlines`] (outside any hot path) and the pair the deadline is created with;
 //!   without one (or without an invariant TSC) deadlines fall back to clock reads.
 //!
-//! All but the calibration are hot-path functions (see the crate docs): no allocation, no locks,
+//! * [`stamp`] / [`stamp_cpu`]: hot-path timestamps ("stamps") for code that must cost as little
+//!   as possible per call (the agent's hooks on every request of the host). Once
+//!   [`enable_tsc_stamps`] found an invariant TSC and `rdtscp` with the CPU number in `TSC_AUX`,
+//!   a stamp is the raw TSC, and [`stamp_cpu`] takes the TSC and the CPU in one `rdtscp` instead
+//!   of a vDSO clock read and `sched_getcpu`; otherwise a stamp is CLOCK_MONOTONIC ns. The read
+//!   side converts with [`stamp_to_ns`], [`ns_to_stamp`] and [`stamp_span_ns`] at the rate of
+//!   the same reference pair the deadlines use.
+//!
+//! All but the calibration and the conversions are hot-path functions (see the crate docs): no allocation, no locks,
 //! no logging.
 
 /// CLOCK_MONOTONIC in nanoseconds (the time base of announcements).
@@ -120,6 +128,19 @@ fn tight_pair() -> Option<(u64, u64)> {
     (b.saturating_sub(a) <= 1_000).then(|| (a + (b - a) / 2, t))
 }
 
+/// TSC ticks per ns between the reference pair and (`ns`, `tsc`), if there is a reference at
+/// least `min_age_ns` old and the rate is positive.
+#[inline]
+fn reference_rate(ns: u64, tsc: u64, min_age_ns: u64) -> Option<f64> {
+    use std::sync::atomic::Ordering;
+    let r_ns = REF_NS.load(Ordering::Acquire);
+    if r_ns == 0 || ns < r_ns.saturating_add(min_age_ns) || ns == r_ns {
+        return None;
+    }
+    let rate = tsc.wrapping_sub(REF_TSC.load(Ordering::Relaxed)) as f64 / (ns - r_ns) as f64;
+    (rate > 0.0).then_some(rate)
+}
+
 /// Let [`Deadline`]s use the unordered TSC from now on (once 50 ms have
 /// passed), if this CPU's TSC is invariant (constant rate, runs in deep idle, synchronised
 /// across CPUs). Takes the reference pair; not for a hot path. Returns whether it is enabled.
@@ -153,19 +174,12 @@ impl Deadline {
     /// A deadline at `deadline_ns` (CLOCK_MONOTONIC). Two clock reads and one TSC read.
     #[inline]
     pub fn at(deadline_ns: u64) -> Deadline {
-        use std::sync::atomic::Ordering;
-        let r_ns = REF_NS.load(Ordering::Acquire);
-        let tsc = match (r_ns, tight_pair()) {
-            (0, _) | (_, None) => None,
-            (_, Some((ns, tsc))) if ns >= r_ns + MIN_REFERENCE_AGE_NS => {
-                let rate =
-                    tsc.wrapping_sub(REF_TSC.load(Ordering::Relaxed)) as f64 / (ns - r_ns) as f64;
-                // Whole ticks to go (0 when already passed); saturating float-to-int cast.
-                let ticks = (deadline_ns.saturating_sub(ns) as f64 * rate) as u64;
-                (rate > 0.0).then(|| tsc.saturating_add(ticks))
-            }
-            _ => None,
-        };
+        let tsc = tight_pair().and_then(|(ns, tsc)| {
+            let rate = reference_rate(ns, tsc, MIN_REFERENCE_AGE_NS)?;
+            // Whole ticks to go (0 when already passed); saturating float-to-int cast.
+            let ticks = (deadline_ns.saturating_sub(ns) as f64 * rate) as u64;
+            Some(tsc.saturating_add(ticks))
+        });
         Deadline {
             ns: deadline_ns,
             tsc,
@@ -189,6 +203,148 @@ impl Deadline {
             Some(t) => imp::rdtsc() >= t,
             None => now_ns() >= self.ns,
         }
+    }
+}
+
+// ---- hot-path stamps
+
+/// Stamps are TSC ticks (set once by [`enable_tsc_stamps`]); else CLOCK_MONOTONIC ns.
+static STAMP_TSC: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// With TSC stamps: `rdpid` reads the CPU (else `rdtscp` does, with the stamp).
+static STAMP_RDPID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A reference pair must be at least this old before stamps are converted with its rate (the
+/// conversion error is then ≤ ~3e-5 of a stamp's age; after 50 ms, ~1e-6).
+const MIN_CONVERSION_AGE_NS: u64 = 1_000_000;
+
+/// Let [`stamp`] and [`stamp_cpu`] read the TSC (and the CPU number from `TSC_AUX`, which Linux
+/// sets to `node << 12 | cpu`) instead of CLOCK_MONOTONIC and `sched_getcpu`, if the TSC is
+/// invariant, the kernel's clocksource is the TSC (so the kernel found the CPUs' TSCs in sync: a
+/// busy period may start on one CPU and end on another), `rdtscp` exists and `TSC_AUX` agrees
+/// with `sched_getcpu`. Takes the reference pair of [`enable_tsc_deadlines`]. Call it before the first stamp is taken (stamps taken before
+/// are ns and would be misread); not for a hot path. Returns whether stamps are TSC ticks.
+pub fn enable_tsc_stamps() -> bool {
+    use std::sync::atomic::Ordering;
+    if STAMP_TSC.load(Ordering::Acquire) {
+        return true;
+    }
+    if !crate::cache::features().rdtscp || !enable_tsc_deadlines() {
+        return false;
+    }
+    let clocksource =
+        std::fs::read_to_string("/sys/devices/system/clocksource/clocksource0/current_clocksource")
+            .unwrap_or_default();
+    if clocksource.trim() != "tsc" {
+        return false;
+    }
+    let aux_is_cpu = (0..16).any(|_| {
+        let (_, a) = imp::rdtscp_aux();
+        let cpu = crate::os::current_cpu();
+        let (_, b) = imp::rdtscp_aux();
+        a == b && a & 0xfff == cpu
+    });
+    if aux_is_cpu {
+        STAMP_RDPID.store(crate::cache::features().rdpid, Ordering::Relaxed);
+        STAMP_TSC.store(true, Ordering::Release);
+    }
+    aux_is_cpu
+}
+
+/// Whether stamps are TSC ticks.
+pub fn stamps_are_tsc() -> bool {
+    STAMP_TSC.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A stamp (TSC ticks or CLOCK_MONOTONIC ns, see the module docs); never 0.
+///
+/// Hot path: one unordered `rdtsc`, or a vDSO clock read; touches no memory but one flag.
+#[inline(always)]
+pub fn stamp() -> u64 {
+    if stamps_are_tsc() {
+        imp::rdtsc().max(1)
+    } else {
+        now_ns().max(1)
+    }
+}
+
+/// A stamp (never 0) and the CPU the calling thread runs on.
+///
+/// Hot path: `rdtsc` and `rdpid` (measured here: ~10 ns together against ~19 ns for one
+/// `rdtscp` and ~26 ns for a vDSO clock read and `sched_getcpu`), or one `rdtscp` where `rdpid`
+/// is missing, or a vDSO clock read and `sched_getcpu` (which may set errno where
+/// the kernel lacks getcpu: callers that must preserve errno save it when
+/// [`stamps_are_tsc`] is false).
+#[inline(always)]
+pub fn stamp_cpu() -> (u64, u32) {
+    if stamps_are_tsc() {
+        let (t, aux) = if STAMP_RDPID.load(std::sync::atomic::Ordering::Relaxed) {
+            (imp::rdtsc(), imp::rdpid())
+        } else {
+            imp::rdtscp_aux()
+        };
+        (t.max(1), aux & 0xfff)
+    } else {
+        (now_ns().max(1), crate::os::current_cpu())
+    }
+}
+
+/// The TSC rate against the reference and a (ns, tsc) pair of now; waits (once, right after
+/// [`enable_tsc_stamps`]) until the reference is old enough to convert with.
+fn conversion_now() -> Option<(u64, u64, f64)> {
+    for _ in 0..1000 {
+        if let Some((ns, tsc)) = tight_pair() {
+            match reference_rate(ns, tsc, MIN_CONVERSION_AGE_NS) {
+                Some(rate) => return Some((ns, tsc, rate)),
+                None => std::thread::sleep(std::time::Duration::from_micros(100)),
+            }
+        }
+    }
+    None
+}
+
+/// The CLOCK_MONOTONIC ns of `stamp`. Read side (two clock reads and a TSC read; may sleep up to
+/// 1 ms right after [`enable_tsc_stamps`]). 0 stays 0.
+pub fn stamp_to_ns(stamp: u64) -> u64 {
+    if stamp == 0 || !stamps_are_tsc() {
+        return stamp;
+    }
+    match conversion_now() {
+        Some((ns, tsc, rate)) => {
+            if stamp <= tsc {
+                ns.saturating_sub((tsc.wrapping_sub(stamp) as f64 / rate) as u64)
+            } else {
+                ns.saturating_add((stamp.wrapping_sub(tsc) as f64 / rate) as u64)
+            }
+        }
+        None => stamp,
+    }
+}
+
+/// The stamp of CLOCK_MONOTONIC `ns` (the inverse of [`stamp_to_ns`]). Read side.
+pub fn ns_to_stamp(ns_at: u64) -> u64 {
+    if !stamps_are_tsc() {
+        return ns_at;
+    }
+    match conversion_now() {
+        Some((ns, tsc, rate)) => {
+            if ns_at <= ns {
+                tsc.saturating_sub(((ns - ns_at) as f64 * rate) as u64)
+            } else {
+                tsc.saturating_add(((ns_at - ns) as f64 * rate) as u64)
+            }
+        }
+        None => ns_at,
+    }
+}
+
+/// The length in ns of a span of `stamps` (a difference of two stamps). Read side.
+pub fn stamp_span_ns(stamps: u64) -> u64 {
+    if !stamps_are_tsc() {
+        return stamps;
+    }
+    match conversion_now() {
+        Some((_, _, rate)) => (stamps as f64 / rate) as u64,
+        None => stamps,
     }
 }
 
@@ -216,6 +372,30 @@ mod imp {
         unsafe {
             __cpuid(0x8000_0000).eax >= 0x8000_0007 && (__cpuid(0x8000_0007).edx >> 8) & 1 == 1
         }
+    }
+
+    /// `rdtscp` alone: the TSC (ordered after older instructions, later ones may start) and
+    /// `TSC_AUX`. Only where `rdtscp` exists.
+    #[inline(always)]
+    pub fn rdtscp_aux() -> (u64, u32) {
+        let mut aux = 0u32;
+        // SAFETY: callers checked `rdtscp` via CPUID (`enable_tsc_stamps`); `aux` is a valid,
+        // writable u32 on our stack.
+        #[allow(unused_unsafe)]
+        let t = unsafe { __rdtscp(&mut aux) };
+        (t, aux)
+    }
+
+    /// `rdpid`: `TSC_AUX`. Only where `rdpid` exists.
+    #[inline(always)]
+    pub fn rdpid() -> u32 {
+        let aux: u64;
+        // SAFETY: callers checked `rdpid` via CPUID (`enable_tsc_stamps`); it only writes the
+        // output register.
+        unsafe {
+            core::arch::asm!("rdpid {}", out(reg) aux, options(nomem, nostack, preserves_flags));
+        }
+        aux as u32
     }
 
     #[inline(always)]
@@ -246,6 +426,14 @@ mod imp {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod imp {
+    pub fn rdtscp_aux() -> (u64, u32) {
+        (super::now_ns(), 0)
+    }
+
+    pub fn rdpid() -> u32 {
+        0
+    }
+
     #[inline(always)]
     pub fn rdtscp() -> u64 {
         super::now_ns()
@@ -314,6 +502,37 @@ mod tests {
             tsc: None,
         };
         assert!(!c.passed());
+    }
+
+    #[test]
+    fn stamps_convert_to_the_clock() {
+        let _shared = crate::test_lock::shared();
+        let tsc = enable_tsc_stamps();
+        if !tsc {
+            preheat_testsupport::skip("invariant-tsc", "no invariant TSC with rdtscp");
+        }
+        let (s0, cpu) = stamp_cpu();
+        let n0 = now_ns();
+        assert!(cpu < 4096 && s0 > 0);
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        let s1 = stamp();
+        let n1 = now_ns();
+        // Converted stamps land within 100 µs of the clock reads next to them (the rate's error
+        // over a few ms is far below that; preemption between the reads is not).
+        for (s, n) in [(s0, n0), (s1, n1)] {
+            let c = stamp_to_ns(s);
+            assert!(c.abs_diff(n) < 100_000, "stamp {s} -> {c} ns, clock {n}");
+            assert!(
+                stamp_to_ns(ns_to_stamp(c)).abs_diff(c) < 2_000,
+                "round trip"
+            );
+        }
+        let span = stamp_span_ns(s1 - s0);
+        assert!(
+            span.abs_diff(n1 - n0) < 200_000,
+            "span {span} vs {}",
+            n1 - n0
+        );
     }
 
     #[test]
