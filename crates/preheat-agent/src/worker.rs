@@ -53,8 +53,8 @@ pub const WAKE_MAX_NS: u64 = 1_000_000;
 /// An idle-polling `wake` window lasts at most this long (it occupies no CPU — its cost is
 /// power — so leads far beyond a spin's are fine; the bound only stops absurd announcements).
 pub const POLL_MAX_NS: u64 = 1_000_000_000;
-/// `wake` polls only with at least this much lead left when the announcement is handled (see
-/// `handle`): arming costs ~10 µs here (measured: 9–12 µs per `/dev/cpu_dma_latency` write of
+/// `wake` polls from the start only with at least this much lead left when the announcement is
+/// handled; with less it spins through the arrival and polls after (see `handle`): arming costs ~10 µs here (measured: 9–12 µs per `/dev/cpu_dma_latency` write of
 /// 0, 200 writes × 5), and at a 65 µs announcement lead (~20 µs left on arrival at the agent)
 /// `wake+lines+replay` measured 61 µs p50 polling against 52 µs spinning (kv, 200 rounds).
 pub const POLL_MIN_LEAD_NS: u64 = 50_000;
@@ -324,7 +324,8 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
     // `wake` by idle polling first: one system call, and the CPUs then poll through whatever
     // the other strategies leave idle (the replay's server thread blocking, the wait after).
     // That call costs ~10 µs here (the kernel kicks every idle CPU to re-select its state):
-    // with less than POLL_MIN_LEAD_NS left, `wake` spins instead.
+    // with less than POLL_MIN_LEAD_NS left, `wake` spins through the arrival first and arms
+    // the window after (below).
     let spin = a.strategies.contains(Strategies::SPIN);
     let polled = !spin
         && a.strategies.contains(Strategies::WAKE)
@@ -368,6 +369,20 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
             STATS.wake_planned.fetch_add(1, Ordering::Relaxed);
         } else {
             wake(w, job, gen, start, polite);
+            // Too little lead to poll first: the spin covered the arrival; now that the
+            // request runs (or the spin timed out), the CPUs poll for the rest of the window, so
+            // a request of several round trips (a MySQL transaction) does not halt between
+            // them. The arming system call happens after the request started, off its path
+            // for a single-round-trip server.
+            if !spin
+                && idle_poll.arm(
+                    a.arrival_ns
+                        .saturating_add(crate::idlepoll::HOLD_AFTER_ARRIVAL_NS)
+                        .min(start.saturating_add(POLL_MAX_NS)),
+                )
+            {
+                STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
