@@ -237,6 +237,9 @@ impl Drop for Server {
         if let Ok(mut v) = STARTED.lock() {
             v.retain(|p| *p != pid);
         }
+        // A server that dies of the signal (Python's default SIGTERM) never runs its agents'
+        // exit handlers, which remove their sockets: remove those of every process now gone.
+        agentctl::discover(&self.run_dir);
     }
 }
 
@@ -332,6 +335,9 @@ pub fn start(
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }
+    // Its own process group: a server that signals its group (lighttpd's master stops its
+    // workers with kill(0, SIGTERM)) must not signal us and whoever started us.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     if spec.agent {
         cmd.env("LD_PRELOAD", paths::agent_so()?);
         if let Some(only) = &spec.agent_only {
