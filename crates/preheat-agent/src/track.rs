@@ -3,7 +3,14 @@
 //! A thread that enters an event-wait call (epoll/poll/select family) is *idle*; a wait that
 //! returns events starts a *busy period*, which ends when the thread next enters a wait call.
 //! The busy period belongs to the listening port of the first connection it accepted or read
-//! from. Everything here runs on hooked paths of the host: fixed-size static tables of
+//! from.
+//!
+//! Threads that never enter a wait call but block in `read`/`recv` on an accepted connection
+//! (thread-per-connection servers: Python's `ThreadingHTTPServer`, a preforked worker reading
+//! its connection) are *blocking readers* (see the section of that name at the end): for them a
+//! read that returns data on a tracked connection starts the busy period, and entering the next
+//! read on a tracked connection (or closing it) ends it. Event-loop threads pay one
+//! thread-local load per read for this. Everything here runs on hooked paths of the host: fixed-size static tables of
 //! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
 //!
 //! Hooked path: the lints below (see the crate docs) reject panicking code here.
@@ -48,6 +55,8 @@ pub struct ThreadSlot {
     pub port: AtomicU16,
     /// CPU at the start of the current busy period.
     pub cpu: AtomicU32,
+    /// The thread is a blocking reader (see the module docs): its busy periods start on reads.
+    pub blocking: AtomicBool,
 }
 
 impl ThreadSlot {
@@ -59,9 +68,11 @@ impl ThreadSlot {
             busy_start_ns: AtomicU64::new(0),
             port: AtomicU16::new(0),
             cpu: AtomicU32::new(0),
+            blocking: AtomicBool::new(false),
         }
     }
     fn clear(&self) {
+        self.blocking.store(false, Ordering::Relaxed);
         self.seen_wait.store(false, Ordering::Relaxed);
         self.in_wait.store(false, Ordering::Relaxed);
         self.busy_start_ns.store(0, Ordering::Relaxed);
@@ -113,6 +124,9 @@ thread_local! {
     static SLOT: Cell<u32> = const { Cell::new(0) };
     /// This thread belongs to the agent (control, trigger, worker): hooks pass through.
     static AGENT_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// This thread is a blocking reader (its slot's `blocking`); read and close hooks of other
+    /// threads stop at this flag.
+    static BLOCKING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Mark the calling thread as one of the agent's own.
@@ -130,6 +144,7 @@ pub fn is_agent_thread() -> bool {
 pub fn reset_thread_cache() {
     let _ = TID.try_with(|c| c.set(0));
     let _ = SLOT.try_with(|c| c.set(0));
+    let _ = BLOCKING.try_with(|c| c.set(false));
 }
 
 /// Whether hooks on this thread should track.
@@ -290,8 +305,21 @@ pub fn on_read(fd: libc::c_int, ret: isize) {
     if ret <= 0 || !tracking() {
         return;
     }
-    if let Some(p) = usize::try_from(fd).ok().and_then(|i| FD_PORT.get(i)) {
-        attribute(p.load(Ordering::Relaxed));
+    let Some(port) = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .map(|p| p.load(Ordering::Relaxed))
+        .filter(|p| *p != 0)
+    else {
+        return;
+    };
+    match my_slot(false) {
+        Some(s) if s.busy_start_ns.load(Ordering::Acquire) != 0 => {
+            let _ = s
+                .port
+                .compare_exchange(0, port, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        s => blocking_read_returned(s, port),
     }
 }
 
@@ -338,6 +366,9 @@ pub fn on_accept(lfd: libc::c_int, newfd: libc::c_int) {
 pub fn on_close(fd: libc::c_int) {
     if !ACTIVE.load(Ordering::Relaxed) {
         return;
+    }
+    if BLOCKING.try_with(|c| c.get()).unwrap_or(false) {
+        blocking_close(fd);
     }
     if let Ok(i) = usize::try_from(fd) {
         if let Some(e) = FD_PORT.get(i) {
@@ -396,12 +427,14 @@ pub fn target_cpu(port: u16) -> (u32, u32) {
     (0, 0)
 }
 
-/// Tids of server threads that are not in a wait call now.
+/// Tids of server threads that are not in a wait call (or, blocking readers, a read on a
+/// tracked connection) now.
 pub fn busy_threads(out: &mut Vec<u32>) {
     out.clear();
     for s in THREADS.iter() {
         let tid = s.tid.load(Ordering::Acquire);
-        if tid != 0 && s.seen_wait.load(Ordering::Relaxed) && !s.in_wait.load(Ordering::Acquire) {
+        let server = s.seen_wait.load(Ordering::Relaxed) || s.blocking.load(Ordering::Relaxed);
+        if tid != 0 && server && !s.in_wait.load(Ordering::Acquire) {
             out.push(tid);
         }
     }
@@ -449,4 +482,95 @@ pub fn static_addresses() -> [u64; 4] {
         FD_PORT.as_ptr() as u64,
         LISTEN_PORT.as_ptr() as u64,
     ]
+}
+
+/// This process's busy periods of `port` so far (0 if it never served it).
+pub fn port_busy_periods(port: u16) -> u64 {
+    port_slot(port, false).map_or(0, |p| p.busy_periods.load(Ordering::Acquire))
+}
+
+// ---- blocking readers (thread-per-connection servers; see the module docs) ----
+
+/// A read on tracked connection `port` returned data outside a busy period: a thread that never
+/// entered a wait call becomes a blocking reader and starts a busy period now. (An event-loop
+/// thread reading outside its busy periods is left alone, as before.)
+#[cold]
+fn blocking_read_returned(s: Option<&'static ThreadSlot>, port: u16) {
+    let Some(s) = s.or_else(|| my_slot(true)) else {
+        return;
+    };
+    if s.seen_wait.load(Ordering::Relaxed) {
+        return;
+    }
+    let _ = BLOCKING.try_with(|c| c.set(true));
+    s.blocking.store(true, Ordering::Relaxed);
+    s.port.store(port, Ordering::Relaxed);
+    s.cpu.store(os::current_cpu(), Ordering::Relaxed);
+    s.busy_start_ns
+        .store(time::now_ns().max(1), Ordering::Release);
+    s.in_wait.store(false, Ordering::Release);
+}
+
+/// Before a read on `fd`: a blocking reader about to block on a tracked connection is idle (its
+/// busy period ends). Returns whether the thread was marked idle, for [`read_exit`]. Other
+/// threads return at the thread-local flag.
+#[inline(always)]
+pub fn read_enter(fd: libc::c_int) -> bool {
+    if !BLOCKING.try_with(|c| c.get()).unwrap_or(false) {
+        return false;
+    }
+    blocking_read_enter(fd)
+}
+
+#[cold]
+fn blocking_read_enter(fd: libc::c_int) -> bool {
+    if !tracking() {
+        return false;
+    }
+    let tracked = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    let Some(s) = my_slot(false).filter(|_| tracked) else {
+        return false;
+    };
+    if s.seen_wait.load(Ordering::Relaxed) {
+        // It turned out to run an event loop after all.
+        let _ = BLOCKING.try_with(|c| c.set(false));
+        s.blocking.store(false, Ordering::Relaxed);
+        return false;
+    }
+    end_busy(s);
+    s.in_wait.store(true, Ordering::Release);
+    true
+}
+
+/// After a read that [`read_enter`] marked idle (whatever it returned).
+#[inline(always)]
+pub fn read_exit(idle: bool) {
+    if idle {
+        if let Some(s) = my_slot(false) {
+            s.in_wait.store(false, Ordering::Release);
+        }
+    }
+}
+
+/// A blocking reader closes `fd`: if it is a tracked connection, the request on it is over — end
+/// the busy period and free the thread's slot (thread-per-connection servers start a thread per
+/// connection; a later read claims a slot again).
+#[cold]
+fn blocking_close(fd: libc::c_int) {
+    let tracked = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    if !tracked || !tracking() {
+        return;
+    }
+    if let Some(s) = my_slot(false) {
+        end_busy(s);
+        s.clear();
+    }
+    let _ = SLOT.try_with(|c| c.set(0));
+    let _ = BLOCKING.try_with(|c| c.set(false));
 }
