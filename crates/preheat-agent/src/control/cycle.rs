@@ -2,7 +2,7 @@
 //! dump): one `ProbeCycle` per chunk and phase, and the waits for the server's threads to be
 //! back in their wait call.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,37 @@ use preheat_engine::{os, probe, time};
 use preheat_model::proto::{Range, Reply};
 
 use super::ranges::validate_ranges;
+use super::served::{connect_served_here, fresh_exchange};
 use crate::log::log;
 use crate::{sys, track};
+
+/// The probe's loopback connection to a port, served by this process (see [`super::served`]).
+pub(super) struct ProbeConn {
+    port: u16,
+    /// `None`: the server closes every connection; each measured request opens its own.
+    stream: Option<TcpStream>,
+}
+
+/// `Request::ProbeConnect`: make `conn_slot` a connection to `port` this process serves (kept if
+/// it already is one). The first request on a new connection takes other paths (accept,
+/// buffers): it is never measured; it also shows whether this process serves the connection.
+pub(super) fn probe_connect(
+    conn_slot: &mut Option<ProbeConn>,
+    port: u16,
+    request: &str,
+    until: &str,
+) -> Result<(), String> {
+    if conn_slot.as_ref().map(|c| c.port) == Some(port) {
+        return Ok(());
+    }
+    *conn_slot = None;
+    let s = connect_served_here(port, request.as_bytes(), until.as_bytes())?;
+    *conn_slot = Some(ProbeConn {
+        port,
+        stream: s.stream,
+    });
+    Ok(())
+}
 
 /// `ProbeReload` waits at most this long for the server threads to return to their wait call.
 const QUIESCE_MAX: Duration = Duration::from_millis(50);
@@ -50,7 +79,7 @@ pub(super) fn quiesce() {
 /// competes with the server for its CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn probe_cycle(
-    conn_slot: &mut Option<(u16, TcpStream)>,
+    conn_slot: &mut Option<ProbeConn>,
     ranges: &[Range],
     threshold: u32,
     window_pages: u32,
@@ -65,31 +94,13 @@ pub(super) fn probe_cycle(
     const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
-    if request.is_some() && conn_slot.as_ref().map(|c| c.0) != Some(port) {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let st = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-            .map_err(|e| format!("probe connection to port {port}: {e}"))?;
-        st.set_nodelay(true).map_err(|e| e.to_string())?;
-        st.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let fd = st.as_raw_fd();
-        *conn_slot = Some((port, st));
-        // The first request on a new connection takes other paths (accept, buffers): not
-        // measured.
-        if let Some(req) = request {
-            let r = exchange(
-                fd,
-                req.as_bytes(),
-                until.as_bytes(),
-                &mut reply,
-                REPLY_TIMEOUT_NS,
-            );
-            if r.is_err() {
-                *conn_slot = None;
-            }
-            r?;
-        }
+    if let Some(req) = request {
+        probe_connect(conn_slot, port, req, until)?;
     }
-    let fd = conn_slot.as_ref().map(|c| c.1.as_raw_fd());
+    let conn = conn_slot.as_ref();
+    let fd = conn.and_then(|c| c.stream.as_ref()).map(|s| s.as_raw_fd());
+    // A server that closes every connection: the measured request opens its own.
+    let fresh = conn.is_some_and(|c| c.stream.is_none());
     let t_quiet = time::now_ns();
     quiesce_spin(&mut busy, t_quiet + 50_000_000);
     let saved = os::get_affinity();
@@ -118,6 +129,14 @@ pub(super) fn probe_cycle(
     pin(false);
     let t_flushed = time::now_ns();
     match (fd, request) {
+        (None, Some(req)) if fresh => {
+            let r = fresh_exchange(port, req.as_bytes(), until.as_bytes(), &mut reply);
+            if r.is_err() {
+                pin(false);
+                *conn_slot = None;
+            }
+            r?
+        }
         (Some(fd), Some(req)) => {
             let r = exchange(
                 fd,
@@ -182,7 +201,7 @@ fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> 
 }
 
 /// Send `req` and spin on non-blocking raw receives until the reply ends with `until`.
-fn exchange(
+pub(super) fn exchange(
     fd: RawFd,
     req: &[u8],
     until: &[u8],
@@ -213,6 +232,9 @@ fn exchange(
                 if buf[..got].ends_with(until) {
                     return Ok(());
                 }
+                // Part of the reply is here: acknowledge it at once, so a server that writes
+                // its reply in pieces with Nagle on is not held until our delayed ACK (40 ms).
+                let _ = preheat_engine::os::tcp_quickack(fd);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
             Err(e) => return Err(format!("probe reply: {e}")),

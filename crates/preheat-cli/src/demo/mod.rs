@@ -132,6 +132,11 @@ impl Mode {
             Mode::Preheat(s) => format!("preheat:{}", s.name()),
         }
     }
+
+    /// A preheat mode whose strategies include `replay`.
+    fn replays(self) -> bool {
+        matches!(self, Mode::Preheat(s) if s.contains(Strategies::REPLAY))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -296,7 +301,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         )),
         None => None,
     };
-    let pid = record::serving_agent(server, w)?;
+    // The agent of the process that serves *this* client's connection (prefork servers have one
+    // per worker).
+    let pid = record::serving_agent(server, &mut client)?;
 
     // Estimation phase.
     let (profile_path, rec_stats) = match &a.profile {
@@ -314,7 +321,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "demo: recording the working set (probe backend, {} samples, keep >= {})",
                 a.samples, a.keep
             );
-            let rec = record::record_probe(server, pid, w, &params)?;
+            let rec = record::record_probe(server, pid, w, &params, &mut client)?;
             let path = dir.join(format!("{}.phws", server.spec.name));
             record::write_profile(&path, &rec.profile)?;
             (path, Some(rec.stats))
@@ -341,12 +348,35 @@ pub fn run(a: DemoArgs) -> Result<()> {
             )
         })
         .unzip();
-    agent.call(&Request::Configure {
+    let wants_replay = replay.is_some();
+    if let Err(e) = agent.call(&Request::Configure {
         port,
         replay,
         replay_until,
         split_cpus: vec![],
-    })?;
+    }) {
+        // The agent could not open a replay connection its process serves (e.g. the server
+        // closes every connection after its reply): the replay modes are skipped, saying why;
+        // anything else still fails the demo.
+        if !wants_replay {
+            return Err(e);
+        }
+        agent.call(&Request::Configure {
+            port,
+            replay: None,
+            replay_until: None,
+            split_cpus: vec![],
+        })?;
+        let reason = format!("{e:#}");
+        for m in modes.iter().filter(|m| m.replays()) {
+            eprintln!("demo: skipping {}: {reason}", m.name());
+            skipped.push(Skipped {
+                mode: m.name(),
+                reason: reason.clone(),
+            });
+        }
+        modes.retain(|m| !m.replays());
+    }
     let mut announcer = Announcer::new(&server.run_dir, &[pid])?;
     let sweep = preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20);
 
