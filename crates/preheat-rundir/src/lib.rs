@@ -145,7 +145,10 @@ mod tests {
         while pid_alive(pid) && t0.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert!(Path::new(&format!("/proc/{pid}")).exists(), "reaped too early");
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "reaped too early"
+        );
         assert!(!pid_alive(pid));
         child.wait().unwrap();
         assert!(pid_alive(std::process::id()));

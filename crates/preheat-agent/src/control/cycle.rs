@@ -42,6 +42,9 @@ pub(super) fn probe_connect(
     Ok(())
 }
 
+/// Samples taken again when a fresh connection's request was served by another process.
+const FRESH_ATTEMPTS: u32 = 16;
+
 /// `ProbeReload` waits at most this long for the server threads to return to their wait call.
 const QUIESCE_MAX: Duration = Duration::from_millis(50);
 const QUIESCE_POLL: Duration = Duration::from_micros(50);
@@ -119,45 +122,68 @@ pub(super) fn probe_cycle(
     let valid = validate_ranges(ranges)?;
     let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
     let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
-    pin(true);
-    // SAFETY: `valid` was clipped just above (after the first request on a new connection, with
-    // the host's tracked threads back in their wait calls) to resident pages of readable,
-    // probe-safe mappings; the agent never unmaps host memory (a page the comm detector protects
-    // is restored by its fault handler). A host thread that unmaps them in the microseconds
-    // since breaks the contract (issue 13, bug 1: narrowed, not closed).
-    unsafe { probe::prepare_phase(&valid, phase) };
-    pin(false);
-    let t_flushed = time::now_ns();
-    match (fd, request) {
-        (None, Some(req)) if fresh => {
-            let r = fresh_exchange(port, req.as_bytes(), until.as_bytes(), &mut reply);
-            if r.is_err() {
-                pin(false);
-                *conn_slot = None;
+    // A server that closes every connection: the measured request opens a fresh one, which
+    // another worker of a prefork server may accept; then the sample is taken again (flush
+    // again), up to `FRESH_ATTEMPTS` times.
+    let mut attempts = 0;
+    let t_flushed = loop {
+        pin(true);
+        // SAFETY: `valid` was clipped just above (after the first request on a new connection,
+        // with the host's tracked threads back in their wait calls) to resident pages of
+        // readable, probe-safe mappings — on a repeated attempt re-checked unchanged right
+        // before this pass; the agent never unmaps host memory (a page the comm detector
+        // protects is restored by its fault handler). A host thread that unmaps them in the
+        // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
+        unsafe { probe::prepare_phase(&valid, phase) };
+        pin(false);
+        let t_flushed = time::now_ns();
+        match (fd, request) {
+            (None, Some(req)) if fresh => {
+                match fresh_exchange(port, req.as_bytes(), until.as_bytes(), &mut reply) {
+                    Ok(true) => {}
+                    Ok(false) if attempts + 1 < FRESH_ATTEMPTS => {
+                        attempts += 1;
+                        quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+                        unchanged_since_validation(&valid, port)?;
+                        continue;
+                    }
+                    Ok(false) => {
+                        *conn_slot = None;
+                        return Err(format!(
+                            "{FRESH_ATTEMPTS} requests on fresh connections to port {port} were \
+                             all served by another process (a server that closes every \
+                             connection and has several worker processes: the probe cannot \
+                             choose the worker; record with keep-alive enabled, or one worker)"
+                        ));
+                    }
+                    Err(e) => {
+                        *conn_slot = None;
+                        return Err(e);
+                    }
+                }
             }
-            r?
-        }
-        (Some(fd), Some(req)) => {
-            let r = exchange(
-                fd,
-                req.as_bytes(),
-                until.as_bytes(),
-                &mut reply,
-                REPLY_TIMEOUT_NS,
-            );
-            if r.is_err() {
-                pin(false);
-                *conn_slot = None;
+            (Some(fd), Some(req)) => {
+                let r = exchange(
+                    fd,
+                    req.as_bytes(),
+                    until.as_bytes(),
+                    &mut reply,
+                    REPLY_TIMEOUT_NS,
+                );
+                if r.is_err() {
+                    *conn_slot = None;
+                }
+                r?
             }
-            r?
-        }
-        _ => {
-            let end = t_flushed + idle_ns.min(100_000_000);
-            while time::now_ns() < end {
-                std::hint::spin_loop();
+            _ => {
+                let end = t_flushed + idle_ns.min(100_000_000);
+                while time::now_ns() < end {
+                    std::hint::spin_loop();
+                }
             }
         }
-    }
+        break t_flushed;
+    };
     quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
     // The server may have unmapped (or given back) memory while it served the request: a reload
     // of a page that is gone would kill it. Look again right before reloading and skip the round

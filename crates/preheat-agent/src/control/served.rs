@@ -82,26 +82,18 @@ pub(super) fn connect_served_here(
 }
 
 /// One exchange on a fresh connection (servers that close every connection): connect, send,
-/// read the reply; `Err` if another process served it.
+/// read the reply. `Ok(false)`: it was answered, but by another process.
 pub(super) fn fresh_exchange(
     port: u16,
     request: &[u8],
     until: &[u8],
     reply: &mut [u8],
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let before = track::port_busy_periods(port);
     let st = open(port)?;
     super::cycle::exchange(st.as_raw_fd(), request, until, reply, REPLY_TIMEOUT_NS)?;
     drop(st);
-    if served_since(port, before) {
-        Ok(())
-    } else {
-        Err(format!(
-            "the request on a fresh connection to port {port} was served by another process \
-             (a server that closes every connection and has several worker processes: the \
-             probe cannot choose the worker)"
-        ))
-    }
+    Ok(served_since(port, before))
 }
 
 fn open(port: u16) -> Result<TcpStream, String> {

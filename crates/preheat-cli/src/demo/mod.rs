@@ -159,6 +159,11 @@ struct Sample {
     /// Every mode has it: the first stage of the response time (arrival and wake-up).
     server_start_us: f64,
     sweep_us: f64,
+    /// Preheat modes: the preheated process's busy periods of the port grew by at least the
+    /// requests of this sample (the warm-up, the measured request), so they reached the process
+    /// that was preheated — false where another process (a prefork server's other worker) may
+    /// have answered; `None` for the other modes.
+    served_by_preheated: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -191,19 +196,25 @@ struct Output {
     samples: Vec<Sample>,
 }
 
-/// The agent's preheat counters and the start of the port's most recent busy period.
-fn agent_preheat(
-    c: &mut AgentClient,
-    port: u16,
-) -> Result<(preheat_model::proto::PreheatStats, u64)> {
+/// What the agent says after (or before) a sample.
+struct AgentView {
+    preheat: preheat_model::proto::PreheatStats,
+    /// Start of the port's most recent busy period.
+    last_start_ns: u64,
+    /// The port's busy periods in the agent's process.
+    busy_periods: u64,
+}
+
+/// The agent's preheat counters and the port's busy periods.
+fn agent_preheat(c: &mut AgentClient, port: u16) -> Result<AgentView> {
     match c.call(&Request::Status)? {
         Reply::Status { preheat, ports, .. } => {
-            let start = ports
-                .iter()
-                .find(|p| p.port == port)
-                .map(|p| p.last_start_ns)
-                .unwrap_or(0);
-            Ok((preheat, start))
+            let p = ports.iter().find(|p| p.port == port);
+            Ok(AgentView {
+                preheat,
+                last_start_ns: p.map_or(0, |p| p.last_start_ns),
+                busy_periods: p.map_or(0, |p| p.busy_periods),
+            })
         }
         other => bail!("unexpected status reply {other:?}"),
     }
@@ -414,7 +425,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 }
             }
             let before = if let Mode::Preheat(_) = mode {
-                Some(agent_preheat(&mut agent, port)?.0)
+                Some(agent_preheat(&mut agent, port)?)
             } else {
                 None
             };
@@ -454,15 +465,23 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 trigger_lead_us: 0.0,
                 server_start_us: f64::NAN,
                 sweep_us,
+                served_by_preheated: None,
             };
             // Give the server thread and the agent's worker time to finish their bookkeeping
             // (the busy period ends when the server waits again) before reading it.
             std::thread::sleep(Duration::from_micros(300));
-            let (after, busy_start) = agent_preheat(&mut agent, port)?;
+            let view = agent_preheat(&mut agent, port)?;
+            let (after, busy_start) = (&view.preheat, view.last_start_ns);
             if busy_start >= t_send.saturating_sub(a.lead_us * 1000) {
                 s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
             }
-            if let Some(b) = before {
+            if let Some(b) = &before {
+                // The measured request, and the warm-up if the agent sent one.
+                let expected = 1 + after.replays.saturating_sub(b.preheat.replays);
+                s.served_by_preheated =
+                    Some(view.busy_periods.saturating_sub(b.busy_periods) >= expected);
+            }
+            if let Some(b) = before.map(|b| b.preheat) {
                 if after.preheats > b.preheats
                     || after.wake_spins > b.wake_spins
                     || after.replays > b.replays
@@ -498,7 +517,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     drop(keep_awake);
-    let rows = table(&modes, &samples, &ws_stats);
+    let mut rows = table(&modes, &samples, &ws_stats);
+    flag_served_elsewhere(&mut rows, &samples, pid);
     let machine = format!(
         "{} CPUs, cpuidle {}",
         ncpu,
@@ -534,6 +554,24 @@ pub fn run(a: DemoArgs) -> Result<()> {
         print_table(&out, &ws_stats);
     }
     Ok(())
+}
+
+/// Flag preheat modes whose requests did not all reach the preheated process (the agent of `pid`
+/// saw fewer busy periods than requests): their numbers are not about a preheated server.
+fn flag_served_elsewhere(rows: &mut [Row], samples: &[Sample], pid: u32) {
+    for r in rows.iter_mut() {
+        let of_mode = samples.iter().filter(|s| s.mode == r.mode);
+        let judged: Vec<bool> = of_mode.filter_map(|s| s.served_by_preheated).collect();
+        let missed = judged.iter().filter(|ok| !**ok).count();
+        if missed > 0 {
+            r.flags.push(format!(
+                "{missed} of {} requests [measured] did not all reach the preheated process (pid \
+                 {pid}: fewer busy periods than requests): another process may have answered \
+                 (a prefork server that closes its connections picks any worker)",
+                judged.len()
+            ));
+        }
+    }
 }
 
 /// A recorded profile for a catalog server names the port it was recorded on, which is a fresh
