@@ -10,8 +10,10 @@
 //! its connection) are *blocking readers* (see the section of that name at the end): for them a
 //! read that returns data on a tracked connection starts the busy period, and entering the next
 //! read on a tracked connection (or closing it) ends it. Event-loop threads pay one
-//! thread-local load per read for this. Everything here runs on hooked paths of the host: fixed-size static tables of
-//! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
+//! thread-local load per read and close for this.
+//!
+//! Everything here runs on hooked paths of the host: fixed-size static tables of atomics, no
+//! allocation, no locks, no panics (only `get`, never indexing), no logging.
 //!
 //! Hooked path: the lints below (see the crate docs) reject panicking code here.
 #![deny(

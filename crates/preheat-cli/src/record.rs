@@ -167,38 +167,45 @@ pub fn serving_agent(server: &Server, via: &mut crate::servers::Requester) -> Re
     }
     let count = |pid: u32| -> u64 {
         AgentClient::connect(&server.run_dir, pid)
-            .and_then(|mut c| c.call(&Request::Status))
-            .ok()
-            .and_then(|r| match r {
-                Reply::Status { ports, .. } => ports
-                    .iter()
-                    .find(|p| p.port == server.spec.port)
-                    .map(|p| p.busy_periods),
-                _ => None,
-            })
+            .and_then(|mut c| port_busy_periods(&mut c, server.spec.port))
             .unwrap_or(0)
     };
-    let before: Vec<u64> = pids.iter().map(|p| count(*p)).collect();
     const REQUESTS: u64 = 4;
-    for _ in 0..REQUESTS {
-        via.request_ok()?;
+    // A prefork server's workers start their agents after the master's (which `launch` waited
+    // for): an agent that appears while we look counts from zero, and a round in which no agent
+    // saw all the requests (they went to a worker whose agent was not up yet) is repeated.
+    const ROUNDS: usize = 10;
+    let mut seen = pids;
+    for _ in 0..ROUNDS {
+        let before: Vec<(u32, u64)> = seen.iter().map(|p| (*p, count(*p))).collect();
+        for _ in 0..REQUESTS {
+            via.request_ok()?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        seen = server.agent_pids();
+        let best = seen
+            .iter()
+            .map(|p| {
+                let b = before.iter().find(|(q, _)| q == p).map_or(0, |(_, b)| *b);
+                (*p, count(*p).saturating_sub(b))
+            })
+            .max_by_key(|(_, g)| *g);
+        // Every request of the round (sent one after the other, each a busy period of its
+        // own): one stray earlier request counted by an agent that just appeared is not enough.
+        if let Some((pid, g)) = best {
+            if g >= REQUESTS {
+                return Ok(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(20));
-    let grown: Vec<(u32, u64)> = pids
-        .iter()
-        .zip(before)
-        .map(|(p, b)| (*p, count(*p).saturating_sub(b)))
-        .collect();
-    match grown.iter().max_by_key(|(_, g)| *g) {
-        Some((pid, g)) if *g > 0 => Ok(*pid),
-        _ => bail!(
-            "none of the server's {} agents ({pids:?}) saw the {REQUESTS} requests sent to port {}: \
-             its serving threads are not tracked (they neither wait in epoll/poll/select nor \
-             block reading an accepted connection)",
-            pids.len(),
-            server.spec.port
-        ),
-    }
+    bail!(
+        "none of the server's {} agents ({seen:?}) saw the requests sent to port {} ({ROUNDS} \
+         rounds of {REQUESTS}): its serving threads are not tracked (they neither wait in \
+         epoll/poll/select nor block reading an accepted connection)",
+        seen.len(),
+        server.spec.port
+    )
 }
 
 /// The busy periods of `port` the agent behind `agent` has seen.

@@ -95,10 +95,14 @@ fn assert_rows(v: &Value, modes: &[&str], n: u64) {
     }
     let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
     assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
-    // Every preheated request (and replay's warm-up) reached the preheated process.
+    // Every preheated request reached the preheated process.
     for r in rows {
         let flags = r["flags"].to_string();
-        assert!(!flags.contains("preheated process"), "{}: {flags}", r["mode"]);
+        assert!(
+            !flags.contains("preheated process"),
+            "{}: {flags}",
+            r["mode"]
+        );
     }
 }
 

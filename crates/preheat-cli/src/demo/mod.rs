@@ -159,10 +159,9 @@ struct Sample {
     /// Every mode has it: the first stage of the response time (arrival and wake-up).
     server_start_us: f64,
     sweep_us: f64,
-    /// Preheat modes: the preheated process's busy periods of the port grew by at least the
-    /// requests of this sample (the warm-up, the measured request), so they reached the process
-    /// that was preheated — false where another process (a prefork server's other worker) may
-    /// have answered; `None` for the other modes.
+    /// Preheat modes: the preheated process's busy periods of the port grew while this sample
+    /// was measured — false where no request of it reached that process (another process, a
+    /// prefork server's other worker, answered); `None` for the other modes.
     served_by_preheated: Option<bool>,
 }
 
@@ -476,10 +475,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
             }
             if let Some(b) = &before {
-                // The measured request, and the warm-up if the agent sent one.
-                let expected = 1 + after.replays.saturating_sub(b.preheat.replays);
-                s.served_by_preheated =
-                    Some(view.busy_periods.saturating_sub(b.busy_periods) >= expected);
+                // At least one busy period: a warm-up and the measured request may share one
+                // (the server picks both up in one wake-up), so more cannot be required.
+                s.served_by_preheated = Some(view.busy_periods > b.busy_periods);
             }
             if let Some(b) = before.map(|b| b.preheat) {
                 if after.preheats > b.preheats
@@ -556,8 +554,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Flag preheat modes whose requests did not all reach the preheated process (the agent of `pid`
-/// saw fewer busy periods than requests): their numbers are not about a preheated server.
+/// Flag preheat modes with samples none of whose requests reached the preheated process (the
+/// agent of `pid` saw no busy period): their numbers are not about a preheated server.
 fn flag_served_elsewhere(rows: &mut [Row], samples: &[Sample], pid: u32) {
     for r in rows.iter_mut() {
         let of_mode = samples.iter().filter(|s| s.mode == r.mode);
@@ -565,9 +563,9 @@ fn flag_served_elsewhere(rows: &mut [Row], samples: &[Sample], pid: u32) {
         let missed = judged.iter().filter(|ok| !**ok).count();
         if missed > 0 {
             r.flags.push(format!(
-                "{missed} of {} requests [measured] did not all reach the preheated process (pid \
-                 {pid}: fewer busy periods than requests): another process may have answered \
-                 (a prefork server that closes its connections picks any worker)",
+                "{missed} of {} requests [measured] did not reach the preheated process (pid \
+                 {pid} saw no busy period): another process answered (a prefork server that \
+                 closes its connections picks any worker)",
                 judged.len()
             ));
         }
