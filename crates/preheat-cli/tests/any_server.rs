@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_no_agent_sockets, find_program, ok, run_dir};
+use common::{assert_no_agent_sockets, find_program, ok, run_dir, serial};
 use serde_json::Value;
 
 /// The preforking Python server (blocking workers, keep-alive), a fixture file beside the tests.
@@ -139,6 +139,8 @@ fn skip_reason(v: &Value, mode: &str) -> Option<String> {
 /// demo's connection (replay through a connection that worker's agent verified it serves).
 #[test]
 fn demo_on_a_prefork_lighttpd() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
     let tmp = tmpdir();
     let rd = run_dir(&tmp);
     let port = preheat_testsupport::free_port();
@@ -181,6 +183,8 @@ fn demo_on_a_prefork_lighttpd() {
 /// so the probe's requests go on the demo's connection and `replay` is skipped, saying why.
 #[test]
 fn demo_on_a_preforking_python_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
     let Some(python) = find_program("python3") else {
         return preheat_testsupport::skip("python3", "python3 is not installed");
     };
@@ -225,6 +229,8 @@ fn demo_on_a_preforking_python_server() {
 /// connection").
 #[test]
 fn record_on_a_preforking_python_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
     let Some(python) = find_program("python3") else {
         return preheat_testsupport::skip("python3", "python3 is not installed");
     };
@@ -280,6 +286,8 @@ fn record_on_a_preforking_python_server() {
 /// connection inside the measurement; `replay` cannot apply and is skipped, saying why.
 #[test]
 fn demo_on_python_http_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
     let Some(python) = find_program("python3") else {
         return preheat_testsupport::skip("python3", "python3 is not installed");
     };
@@ -322,6 +330,8 @@ fn demo_on_python_http_server() {
 /// client's delayed-ACK timer (40 ms).
 #[test]
 fn demo_on_python_threaded_keepalive_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
     let Some(python) = find_program("python3") else {
         return preheat_testsupport::skip("python3", "python3 is not installed");
     };
