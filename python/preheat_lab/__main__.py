@@ -70,6 +70,26 @@ def _boot(a) -> int:
     return 500 if a.quick else DEFAULT_BOOT
 
 
+def _custom_server(parser: argparse.ArgumentParser, a):
+    """The server given by its command after `--` (None: catalog servers); usage errors exit."""
+    from .table1 import CustomServer
+
+    command = list(a.command or [])
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        if a.port is not None or a.request is not None or a.name is not None:
+            parser.error("--port/--request/--name describe a server given by its command: "
+                         "add -- CMD ARGS...")
+        return None
+    if a.servers is not None:
+        parser.error("give either --servers (catalog servers) or a server's command after --")
+    if a.port is None or a.request is None:
+        parser.error("a server given by its command needs --port and --request")
+    return CustomServer(command=command, port=a.port, request=a.request, protocol=a.protocol,
+                        name=a.name or "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m preheat_lab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -88,8 +108,18 @@ def main(argv=None) -> int:
                     "cold-start time goes), figure3*.png/svg (CDFs), summary.json, report.html.")
     t1.add_argument("--out", type=Path, required=True,
                     help="output directory (raw/, tables, figures, report.html)")
-    t1.add_argument("--servers", type=lambda s: _servers(s, SERVERS), default=list(SERVERS),
+    t1.add_argument("--servers", type=lambda s: _servers(s, SERVERS), default=None,
                     help=f"comma list (default: {','.join(SERVERS)})")
+    g = t1.add_argument_group(
+        "any server", "instead of catalog servers, one server given by its command after --, as "
+                      "`preheat demo --port P --protocol X --request R -- CMD` takes it")
+    g.add_argument("--port", type=int, help="the port the server listens on")
+    g.add_argument("--protocol", choices=["http", "memcached", "redis", "raw"], default="http",
+                   help="its protocol (default http)")
+    g.add_argument("--request", help="the request to measure: an HTTP path, a key, raw bytes")
+    g.add_argument("--name", help="the name of its rows (default: the command's program name)")
+    g.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- CMD ARGS...: the server's command line")
     _demo_args(t1, 200)
 
     from .peer import PEER_SERVERS
@@ -268,7 +298,9 @@ def main(argv=None) -> int:
         if a.cmd == "table1":
             from . import table1
 
-            return table1.run(a.out, a.servers, _demo_options(a, 200), boot=_boot(a))
+            custom = _custom_server(t1, a)
+            servers = a.servers if a.servers is not None else list(table1.SERVERS)
+            return table1.run(a.out, servers, _demo_options(a, 200), boot=_boot(a), custom=custom)
         if a.cmd == "peer":
             from . import peer
 

@@ -49,6 +49,7 @@ from .table1_analysis import (
 )
 from .table1_figures import MODE_STYLE, cdf_axes, figure3, figure_stages, mode_style
 from .table1_run import (
+    CustomServer,
     DemoOptions,
     InterruptedRun,
     ServerRun,
@@ -77,7 +78,8 @@ __all__ = [
     "BASE_MODES", "COLD", "CONTROL", "DISPLAY", "LINE_BYTES", "MODE_STYLE", "PAPER",
     "PAPER_AVERAGE_REMOVED", "PAPER_LABEL", "PAPER_NAME", "SAMPLE_COLUMNS", "SERVERS", "WARM",
     "DemoOptions", "ServerRun", "analyze", "analyze_server", "analyze_server_paper_only",
-    "cdf_axes", "check_flags", "count_lines", "cpi_text", "demo_argv", "demo_command",
+    "CustomServer", "cdf_axes", "check_flags", "count_lines", "cpi_text", "demo_argv",
+    "demo_command",
     "failure_reason", "figure3", "load_server", "loads_lines", "mode_order", "mode_style",
     "paper_removed",
     "run", "run_demo", "strategy_modes",
@@ -173,9 +175,12 @@ def analyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> dict:
 
 
 def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.DEFAULT_BOOT,
-        report: bool = True) -> int:
-    """Measure every server, analyze, write the report. Exit code: 0 all fine, 1 some server
-    failed, 130/143 interrupted (the report is still written, marked partial)."""
+        report: bool = True, custom: CustomServer | None = None) -> int:
+    """Measure every server (or only `custom`, any server given by its command), analyze, write
+    the report. Exit code: 0 all fine, 1 some server failed, 130/143 interrupted (the report is
+    still written, marked partial)."""
+    if custom is not None:
+        servers = [custom.name]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     raw = out / "raw"
@@ -186,6 +191,7 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
                          "rebuild it (cargo build --release --bin preheat) or leave them out")
     atomic.write_json(out / "topology.json", cli.topology())
     status: dict[str, Any] = {"state": "running", "servers": list(servers), "options": asdict(opts),
+              "custom": asdict(custom) if custom else None,
               "runs": {s: asdict(ServerRun(s, "not run")) for s in servers},
               "preheat_bin": cli.preheat_bin()}
     atomic.write_json(out / "runs.json", status)
@@ -195,7 +201,7 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
         try:
             for s in servers:
                 try:
-                    r = run_demo(s, opts, raw, prog)
+                    r = run_demo(s, opts, raw, prog, custom)
                 except InterruptedRun as e:
                     status["runs"][s] = asdict(e.run)
                     raise proc.Interrupted(e.run.reason) from e

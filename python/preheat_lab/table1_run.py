@@ -59,17 +59,43 @@ class DemoOptions:
         return len(BASE_MODES) + len([s for s in strategies.split(",") if s])
 
 
+@dataclass
+class CustomServer:
+    """Any server given by its command, as `preheat demo --port P --protocol X --request R --
+    CMD` takes it; `name` labels its rows (default: the command's program name)."""
+
+    command: list[str]
+    port: int
+    request: str
+    protocol: str = "http"
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.command:
+            raise ValueError("a custom server needs its command")
+        if not self.name:
+            self.name = Path(self.command[0]).name
+
+    def demo_args(self) -> list[str]:
+        return ["--port", str(self.port), "--protocol", self.protocol, "--request", self.request]
+
+
 def demo_argv(binary: str, server: str, args: Sequence[str], out_json: Path,
-              records: Path | None) -> list[str]:
-    """`BINARY demo --server S ARGS --json --out OUT_JSON [--records RECORDS]`."""
-    cmd = [binary, "demo", "--server", server, *args, "--json", "--out", str(out_json)]
+              records: Path | None, custom: CustomServer | None = None) -> list[str]:
+    """`BINARY demo --server S ARGS --json --out OUT_JSON [--records RECORDS]`; for a custom
+    server `BINARY demo --port P --protocol X --request R ARGS ... -- CMD`."""
+    which = custom.demo_args() if custom else ["--server", server]
+    cmd = [binary, "demo", *which, *args, "--json", "--out", str(out_json)]
     if records is not None:
         cmd += ["--records", str(records)]
+    if custom:
+        cmd += ["--", *custom.command]
     return cmd
 
 
-def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Path | None) -> list[str]:
-    return demo_argv(cli.preheat_bin(), server, opts.args(), out_json, records)
+def demo_command(server: str, opts: DemoOptions, out_json: Path, records: Path | None,
+                 custom: CustomServer | None = None) -> list[str]:
+    return demo_argv(cli.preheat_bin(), server, opts.args(), out_json, records, custom)
 
 
 def check_flags(opts: DemoOptions) -> list[str]:
@@ -98,15 +124,17 @@ class ServerRun:
     command: list[str] = field(default_factory=list)
 
 
-def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Progress | None = None) -> ServerRun:
-    """Run one demo; raises `InterruptedRun` (after stopping the child) when interrupted."""
+def run_demo(server: str, opts: DemoOptions, raw: Path, prog: Progress | None = None,
+             custom: CustomServer | None = None) -> ServerRun:
+    """Run one demo (of `custom` when given: `server` is then its name); raises
+    `InterruptedRun` (after stopping the child) when interrupted."""
     raw.mkdir(parents=True, exist_ok=True)
     out_json = raw / f"{server}.json"
     records = raw / f"{server}.jsonl" if cli.supports("demo", "--records") else None
     for stale in (out_json, raw / f"{server}.jsonl"):
         if stale.exists():  # --records appends: never mix an earlier run's samples in
             stale.unlink()
-    cmd = demo_command(server, opts, out_json, records)
+    cmd = demo_command(server, opts, out_json, records, custom)
     expected = opts.rounds * opts.modes_per_round()
     if prog:
         prog.task(DISPLAY.get(server, server), expected)

@@ -318,3 +318,61 @@ def test_stages_split_at_the_server_start():
     assert list(st.index) == ["hot", "warm"]
     assert st.loc["warm", "n"] == 3 and st.loc["warm", "n_stages"] == 2
     assert st.loc["hot", "start_p50"] in (5, 6) and st.loc["hot", "serve_p50"] == 5
+
+
+def _recording_cli(tmp_path):
+    """A fake `preheat` that records the argv of its demo and answers with a captured demo JSON
+    (no server is started)."""
+    p = tmp_path / "preheat"
+    argv = tmp_path / "demo-argv.json"
+    p.write_text(
+        f"#!{sys.executable}\n"
+        "import json, shutil, sys\n"
+        "a = sys.argv[1:]\n"
+        "if a[:1] == ['topology']:\n"
+        "    print('{}'); sys.exit(0)\n"
+        "if a[:1] == ['demo'] and '--help' in a:\n"
+        "    print('  --records <RECORDS>\\n  --out <OUT>'); sys.exit(0)\n"
+        "if a[:1] == ['demo']:\n"
+        f"    open({str(argv)!r}, 'w').write(json.dumps(a))\n"
+        f"    shutil.copy({str(FIX / 'kv-5rounds.json')!r}, a[a.index('--out') + 1])\n"
+        "    sys.exit(0)\n"
+        "sys.exit(2)\n")
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return p, argv
+
+
+def test_table1_takes_any_server_like_the_demo(tmp_path, monkeypatch):
+    fake, argv = _recording_cli(tmp_path)
+    monkeypatch.setenv("PREHEAT_BIN", str(fake))
+    cli._help_cache.clear()
+    out = tmp_path / "t1"
+    cmd = ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1"]
+    code = lab.main(["table1", "--out", str(out), "--quick", "--bootstrap", "100",
+                     "--port", "8080", "--request", "/index.html", "--name", "web", "--", *cmd])
+    assert code == 0
+    a = json.loads(argv.read_text())
+    # The demo gets the server the way it takes any server: no catalog name, the command last.
+    assert "--server" not in a
+    i = a.index("--port")
+    assert a[i:i + 6] == ["--port", "8080", "--protocol", "http", "--request", "/index.html"]
+    assert a[a.index("--") + 1:] == cmd
+    assert a[a.index("--rounds") + 1] == "5"
+    summ = json.loads((out / "summary.json").read_text())
+    assert list(summ["servers"]) == ["web"] and summ["servers"]["web"]["status"] == "ok"
+    assert set(pd.read_csv(out / "table1.csv")["server"]) == {"web"}
+    runs = json.loads((out / "runs.json").read_text())
+    assert runs["custom"]["command"] == cmd
+
+
+def test_table1_any_server_usage_errors(tmp_path, capsys):
+    base = ["table1", "--out", str(tmp_path / "t1")]
+    for args, needle in [
+        (["--port", "80", "--", "srv"], "--port and --request"),
+        (["--request", "/x"], "-- CMD"),
+        (["--servers", "kv", "--port", "80", "--request", "/x", "--", "srv"], "either --servers"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            lab.main(base + args)
+        assert e.value.code == 2
+        assert needle in capsys.readouterr().err

@@ -92,7 +92,8 @@ fn opt_ptr<T>(o: &Option<T>) -> *const T {
 /// (resolved by the constructor into `sys::$slot`), or, before that or if `dlsym` failed, run
 /// `$fallback`, the raw system call with the same meaning. `wait` hooks mark the calling thread
 /// idle around the call (the end and start of busy periods); `read` hooks attribute bytes read
-/// from `fd` to its listening port. The function-pointer type is derived from the parameter
+/// from `fd` to its listening port, and mark a blocking reader (see [`crate::track`]) idle while
+/// it blocks on a tracked connection. The function-pointer type is derived from the parameter
 /// list, so it cannot disagree with the exported signature.
 ///
 /// Every invocation states, in a `// SAFETY:` comment above it, why its fallback is sound.
@@ -110,7 +111,7 @@ macro_rules! hook {
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             type RealFn = unsafe extern "C" fn($($ty),*) -> $ret;
-            let pre = hook!(@pre $kind);
+            let pre = hook!(@pre $kind, $($arg),*);
             // SAFETY: `RealFn` is the exact C signature of the resolved function (built from this
             // function's own parameter list); the arguments are passed on unchanged under the
             // caller's contract; the fallback's soundness is argued at the invocation.
@@ -130,11 +131,11 @@ macro_rules! hook {
             ret
         }
     };
-    (@pre wait) => { wait_pre() };
-    (@pre read) => { () };
+    (@pre wait, $($arg:ident),*) => { wait_pre() };
+    (@pre read, $fd:ident $(, $rest:ident)*) => { track::read_enter($fd) };
     (@post wait, $pre:ident, $ret:ident, $($arg:ident),*) => { wait_post($pre, $ret) };
     (@post read, $pre:ident, $ret:ident, $fd:ident $(, $rest:ident)*) => {{
-        let () = $pre;
+        track::read_exit($pre);
         read_post($fd, $ret)
     }};
 }

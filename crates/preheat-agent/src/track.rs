@@ -3,8 +3,17 @@
 //! A thread that enters an event-wait call (epoll/poll/select family) is *idle*; a wait that
 //! returns events starts a *busy period*, which ends when the thread next enters a wait call.
 //! The busy period belongs to the listening port of the first connection it accepted or read
-//! from. Everything here runs on hooked paths of the host: fixed-size static tables of
-//! atomics, no allocation, no locks, no panics (only `get`, never indexing), no logging.
+//! from.
+//!
+//! Threads that never enter a wait call but block in `read`/`recv` on an accepted connection
+//! (thread-per-connection servers: Python's `ThreadingHTTPServer`, a preforked worker reading
+//! its connection) are *blocking readers* (see the section of that name at the end): for them a
+//! read that returns data on a tracked connection starts the busy period, and entering the next
+//! read on a tracked connection (or closing it) ends it. Event-loop threads pay one
+//! thread-local load per read and close for this.
+//!
+//! Everything here runs on hooked paths of the host: fixed-size static tables of atomics, no
+//! allocation, no locks, no panics (only `get`, never indexing), no logging.
 //!
 //! Cost per request (measured by `examples/hook_cost.rs`): the fields of a thread's slot have one
 //! writer, the thread itself (plain loads and stores, no read-modify-write; the control thread
@@ -61,6 +70,8 @@ pub struct ThreadSlot {
     pub port: AtomicU16,
     /// CPU at the start of the current busy period.
     pub cpu: AtomicU32,
+    /// The thread is a blocking reader (see the module docs): its busy periods start on reads.
+    pub blocking: AtomicBool,
 }
 
 impl ThreadSlot {
@@ -72,9 +83,11 @@ impl ThreadSlot {
             busy_start: AtomicU64::new(0),
             port: AtomicU16::new(0),
             cpu: AtomicU32::new(0),
+            blocking: AtomicBool::new(false),
         }
     }
     fn clear(&self) {
+        self.blocking.store(false, Ordering::Relaxed);
         self.seen_wait.store(false, Ordering::Relaxed);
         self.in_wait.store(false, Ordering::Relaxed);
         self.busy_start.store(0, Ordering::Relaxed);
@@ -129,6 +142,9 @@ struct ThreadCache {
     /// port slots are only freed in a fork child, which resets this cache).
     port: Cell<u16>,
     port_slot: Cell<u32>,
+    /// This thread is a blocking reader (its slot's `blocking`); read and close hooks of other
+    /// threads stop at this flag.
+    blocking: Cell<bool>,
 }
 
 thread_local! {
@@ -142,6 +158,7 @@ thread_local! {
             agent: Cell::new(false),
             port: Cell::new(0),
             port_slot: Cell::new(0),
+            blocking: Cell::new(false),
         }
     };
 }
@@ -165,6 +182,7 @@ pub fn reset_thread_cache() {
         c.slot.set(0);
         c.port.set(0);
         c.port_slot.set(0);
+        c.blocking.set(false);
     });
 }
 
@@ -402,9 +420,28 @@ pub fn on_read(fd: libc::c_int, ret: isize) {
     if ret <= 0 || !active() {
         return;
     }
-    if let Some(p) = usize::try_from(fd).ok().and_then(|i| FD_PORT.get(i)) {
-        attribute(p.load(Ordering::Relaxed));
-    }
+    let Some(port) = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .map(|p| p.load(Ordering::Relaxed))
+        .filter(|p| *p != 0)
+    else {
+        return;
+    };
+    let _ = CACHE.try_with(|c| {
+        if c.agent.get() {
+            return;
+        }
+        match THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
+            // Owner-only fields: a plain check and store (first attribution wins).
+            Some(s) if s.busy_start.load(Ordering::Relaxed) != 0 => {
+                if s.port.load(Ordering::Relaxed) == 0 {
+                    s.port.store(port, Ordering::Relaxed);
+                }
+            }
+            s => blocking_read_returned(c, s, port),
+        }
+    });
 }
 
 /// Local port of listening fd `lfd` (cached per fd).
@@ -450,6 +487,9 @@ pub fn on_accept(lfd: libc::c_int, newfd: libc::c_int) {
 pub fn on_close(fd: libc::c_int) {
     if !ACTIVE.load(Ordering::Relaxed) {
         return;
+    }
+    if CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
+        blocking_close(fd);
     }
     if let Ok(i) = usize::try_from(fd) {
         if let Some(e) = FD_PORT.get(i) {
@@ -508,12 +548,14 @@ pub fn target_cpu(port: u16) -> (u32, u32) {
     (0, 0)
 }
 
-/// Tids of server threads that are not in a wait call now.
+/// Tids of server threads that are not in a wait call (or, blocking readers, a read on a
+/// tracked connection) now.
 pub fn busy_threads(out: &mut Vec<u32>) {
     out.clear();
     for s in THREADS.iter() {
         let tid = s.tid.load(Ordering::Acquire);
-        if tid != 0 && s.seen_wait.load(Ordering::Relaxed) && !s.in_wait.load(Ordering::Acquire) {
+        let server = s.seen_wait.load(Ordering::Relaxed) || s.blocking.load(Ordering::Relaxed);
+        if tid != 0 && server && !s.in_wait.load(Ordering::Acquire) {
             out.push(tid);
         }
     }
@@ -561,4 +603,109 @@ pub fn static_addresses() -> [u64; 4] {
         FD_PORT.as_ptr() as u64,
         LISTEN_PORT.as_ptr() as u64,
     ]
+}
+
+/// This process's busy periods of `port` so far (0 if it never served it).
+pub fn port_busy_periods(port: u16) -> u64 {
+    port_slot(port, false).map_or(0, |p| p.busy_periods.load(Ordering::Acquire))
+}
+
+// ---- blocking readers (thread-per-connection servers; see the module docs) ----
+
+/// A read on tracked connection `port` returned data outside a busy period: a thread that never
+/// entered a wait call becomes a blocking reader and starts a busy period now. (An event-loop
+/// thread reading outside its busy periods is left alone, as before.)
+#[cold]
+#[inline(never)]
+fn blocking_read_returned(c: &ThreadCache, s: Option<&'static ThreadSlot>, port: u16) {
+    let Some(s) = s.or_else(|| slot_of(c)) else {
+        return;
+    };
+    if s.seen_wait.load(Ordering::Relaxed) {
+        return;
+    }
+    c.blocking.set(true);
+    s.blocking.store(true, Ordering::Relaxed);
+    s.port.store(port, Ordering::Relaxed);
+    let (start, cpu) = stamp_cpu();
+    s.cpu.store(cpu, Ordering::Relaxed);
+    s.busy_start.store(start.max(1), Ordering::Release);
+    s.in_wait.store(false, Ordering::Release);
+}
+
+/// Before a read on `fd`: a blocking reader about to block on a tracked connection is idle (its
+/// busy period ends). Returns whether the thread was marked idle, for [`read_exit`]. Other
+/// threads return at the thread-local flag.
+#[inline(always)]
+pub fn read_enter(fd: libc::c_int) -> bool {
+    if !CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
+        return false;
+    }
+    blocking_read_enter(fd)
+}
+
+#[cold]
+#[inline(never)]
+fn blocking_read_enter(fd: libc::c_int) -> bool {
+    if !tracking() {
+        return false;
+    }
+    let tracked = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    CACHE
+        .try_with(|c| {
+            let Some(s) = THREADS
+                .get((c.slot.get() as usize).wrapping_sub(1))
+                .filter(|_| tracked)
+            else {
+                return false;
+            };
+            if s.seen_wait.load(Ordering::Relaxed) {
+                // It turned out to run an event loop after all.
+                c.blocking.set(false);
+                s.blocking.store(false, Ordering::Relaxed);
+                return false;
+            }
+            end_busy(s, c);
+            s.in_wait.store(true, Ordering::Release);
+            true
+        })
+        .unwrap_or(false)
+}
+
+/// After a read that [`read_enter`] marked idle (whatever it returned).
+#[inline(always)]
+pub fn read_exit(idle: bool) {
+    if idle {
+        let _ = CACHE.try_with(|c| {
+            if let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
+                s.in_wait.store(false, Ordering::Release);
+            }
+        });
+    }
+}
+
+/// A blocking reader closes `fd`: if it is a tracked connection, the request on it is over — end
+/// the busy period and free the thread's slot (thread-per-connection servers start a thread per
+/// connection; a later read claims a slot again).
+#[cold]
+#[inline(never)]
+fn blocking_close(fd: libc::c_int) {
+    let tracked = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    if !tracked || !tracking() {
+        return;
+    }
+    let _ = CACHE.try_with(|c| {
+        if let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
+            end_busy(s, c);
+            s.clear();
+        }
+        c.slot.set(0);
+        c.blocking.set(false);
+    });
 }

@@ -89,7 +89,15 @@ pub fn record_hybrid(
     required: bool,
     parts: Option<&std::path::Path>,
 ) -> Result<Recording> {
-    let probe = record_probe(server, pid, w, p)?;
+    // The probe's connection is closed before `step` opens its own (a prefork worker that
+    // serves one connection at a time could not take the second).
+    let probe = record_probe(
+        server,
+        pid,
+        w,
+        p,
+        &mut crate::record::connect_served_by(server, pid, w)?,
+    )?;
     let write_part = |name: &str, prof: &Profile| -> Result<()> {
         if let Some(dir) = parts {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

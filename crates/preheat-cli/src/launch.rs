@@ -174,6 +174,43 @@ pub fn stop_tree(pid: u32, grace: Duration) {
     }
 }
 
+/// Live (not zombie) processes whose process group is `pgid`, from /proc.
+fn group_members(pgid: u32) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                // pid (comm) state ppid pgrp ...: comm may contain spaces, so split after ')'.
+                let mut f = stat.rsplit_once(')').map_or("", |x| x.1).split_whitespace();
+                let state = f.next();
+                let pgrp = f.nth(1).and_then(|s| s.parse::<u32>().ok());
+                state != Some("Z") && pgrp == Some(pgid)
+            })
+        })
+        .collect()
+}
+
+/// After [`stop_tree`] of a server started in its own process group: SIGKILL what is left of
+/// the group — a prefork master may have forked a replacement worker while its workers were
+/// being stopped, which no list of descendants taken before held — and wait (bounded) until
+/// none is left.
+fn stop_group(pgid: u32, grace: Duration) {
+    let t0 = Instant::now();
+    loop {
+        let left = group_members(pgid);
+        if left.is_empty() || t0.elapsed() > grace {
+            return;
+        }
+        for p in left {
+            signal(p, "KILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// How to start a server and talk to it.
 #[derive(Debug, Clone)]
 pub struct ServerSpec {
@@ -233,10 +270,16 @@ impl Drop for Server {
     fn drop(&mut self) {
         let pid = self.pid();
         stop_tree(pid, Duration::from_secs(3));
+        // Before reaping the server: while it is an unreaped zombie its pid (the group's id)
+        // cannot be reused by an unrelated process.
+        stop_group(pid, Duration::from_secs(3));
         let _ = self.child.wait();
         if let Ok(mut v) = STARTED.lock() {
             v.retain(|p| *p != pid);
         }
+        // A server that dies of the signal (Python's default SIGTERM) never runs its agents'
+        // exit handlers, which remove their sockets: remove those of every process now gone.
+        agentctl::discover(&self.run_dir);
     }
 }
 
@@ -332,6 +375,9 @@ pub fn start(
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }
+    // Its own process group: a server that signals its group (lighttpd's master stops its
+    // workers with kill(0, SIGTERM)) must not signal us and whoever started us.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     if spec.agent {
         cmd.env("LD_PRELOAD", paths::agent_so()?);
         if let Some(only) = &spec.agent_only {

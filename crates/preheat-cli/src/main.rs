@@ -456,7 +456,8 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
             if let Some(plan) = &plan {
                 servers::prepare(plan, server.addr())?;
             }
-            let pid = record::serving_agent(&server, &workload)?;
+            let mut via = workload.connect(server.addr())?;
+            let pid = record::serving_agent(&server, &mut via)?;
             let name = match backend {
                 record::BackendChoice::Auto => "hybrid (auto)",
                 record::BackendChoice::Step => "step",
@@ -468,10 +469,14 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
                 server.spec.port, server.spec.name, filter.n, filter.k
             );
             match backend {
+                // step and hybrid open their own connections: `via` is closed first (a prefork
+                // worker that serves one connection at a time could not take theirs).
                 record::BackendChoice::Step => {
+                    drop(via);
                     record::record_step(&server, pid, &workload, &params)?
                 }
                 record::BackendChoice::Hybrid | record::BackendChoice::Auto => {
+                    drop(via);
                     let required = backend == record::BackendChoice::Hybrid;
                     hybrid::record_hybrid(
                         &server,
@@ -482,7 +487,7 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
                         a.parts.as_deref(),
                     )?
                 }
-                _ => record::record_probe(&server, pid, &workload, &params)?,
+                _ => record::record_probe(&server, pid, &workload, &params, &mut via)?,
             }
         }
     };
@@ -539,7 +544,9 @@ fn cmd_run(a: RunArgs) -> Result<()> {
     };
     let dir = tempdir("run")?;
     let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
-    for pid in server.agent_pids() {
+    let pids = server.agent_pids();
+    let mut configured = 0;
+    for &pid in &pids {
         let mut c = agentctl::AgentClient::connect(&server.run_dir, pid)?;
         if let Some(p) = &a.profile {
             let r = c.call(&Request::LoadProfile {
@@ -547,12 +554,24 @@ fn cmd_run(a: RunArgs) -> Result<()> {
             })?;
             println!("pid {pid}: {}", serde_json::to_string(&r)?);
         }
-        c.call(&Request::Configure {
+        // A prefork server's master (and any process that does not serve the port) cannot open
+        // a replay connection it serves itself: said per process, an error only if none could.
+        match c.call(&Request::Configure {
             port: a.port,
             replay: a.replay.as_deref().map(launch::unescape),
             replay_until: Some(launch::unescape(&a.replay_until)),
             split_cpus: vec![],
-        })?;
+        }) {
+            Ok(_) => configured += 1,
+            Err(e) if pids.len() > 1 => eprintln!("preheat: pid {pid} not configured: {e:#}"),
+            Err(e) => return Err(e),
+        }
+    }
+    if configured == 0 && !pids.is_empty() {
+        bail!(
+            "no agent of the server could be configured for port {} (see above)",
+            a.port
+        );
     }
     println!(
         "server pid {} on port {} with agents {:?}; log {}; Ctrl-C stops it",

@@ -97,6 +97,9 @@ pub struct RecordStats {
     pub seconds: f64,
     /// The hybrid backend's merge.
     pub hybrid: Option<crate::hybrid::HybridStats>,
+    /// The probe's requests were sent by the CLI inside request-less windows because the agent
+    /// could not open a connection its process serves (a prefork worker busy with ours).
+    pub external: bool,
 }
 
 pub struct Recording {
@@ -151,45 +154,128 @@ pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
     chunks
 }
 
-/// Find the agent (process) that serves `port`: the one whose busy periods for the port grow
-/// when we send a request.
-pub fn serving_agent(server: &Server, w: &Workload) -> Result<u32> {
+/// Find the agent (process) that serves the connection `via`: the one whose busy periods for the
+/// port grow when we send requests on it. In a prefork server (worker processes sharing one
+/// listening socket, each with its own agent) that is the worker that accepted `via`; the agents
+/// then open their own loopback connections only where this process serves them (the agent's
+/// `control/served.rs`). Callers pass the connection they measure on, so the agent they preheat
+/// through is the one whose worker answers their requests.
+pub fn serving_agent(server: &Server, via: &mut crate::servers::Requester) -> Result<u32> {
     let pids = server.agent_pids();
     if pids.len() == 1 {
         return Ok(pids[0]);
     }
     let count = |pid: u32| -> u64 {
         AgentClient::connect(&server.run_dir, pid)
-            .and_then(|mut c| c.call(&Request::Status))
-            .ok()
-            .and_then(|r| match r {
-                Reply::Status { ports, .. } => ports
-                    .iter()
-                    .find(|p| p.port == server.spec.port)
-                    .map(|p| p.busy_periods),
-                _ => None,
-            })
+            .and_then(|mut c| port_busy_periods(&mut c, server.spec.port))
             .unwrap_or(0)
     };
-    let before: Vec<u64> = pids.iter().map(|p| count(*p)).collect();
-    let mut c = w.connect(server.addr())?;
-    for _ in 0..4 {
-        c.request_ok()?;
+    const REQUESTS: u64 = 4;
+    // A prefork server's workers start their agents after the master's (which `launch` waited
+    // for): an agent that appears while we look counts from zero, and a round in which no agent
+    // saw all the requests (they went to a worker whose agent was not up yet) is repeated.
+    const ROUNDS: usize = 10;
+    let mut seen = pids;
+    for _ in 0..ROUNDS {
+        let before: Vec<(u32, u64)> = seen.iter().map(|p| (*p, count(*p))).collect();
+        for _ in 0..REQUESTS {
+            via.request_ok()?;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        seen = server.agent_pids();
+        let best = seen
+            .iter()
+            .map(|p| {
+                let b = before.iter().find(|(q, _)| q == p).map_or(0, |(_, b)| *b);
+                (*p, count(*p).saturating_sub(b))
+            })
+            .max_by_key(|(_, g)| *g);
+        // Every request of the round (sent one after the other, each a busy period of its
+        // own): one stray earlier request counted by an agent that just appeared is not enough.
+        if let Some((pid, g)) = best {
+            if g >= REQUESTS {
+                return Ok(pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_millis(20));
-    pids.iter()
-        .zip(before)
-        .max_by_key(|(p, b)| count(**p).saturating_sub(*b))
-        .map(|(p, _)| *p)
-        .context("no agent in the server's processes")
+    bail!(
+        "none of the server's {} agents ({seen:?}) saw the requests sent to port {} ({ROUNDS} \
+         rounds of {REQUESTS}): its serving threads are not tracked (they neither wait in \
+         epoll/poll/select nor block reading an accepted connection)",
+        seen.len(),
+        server.spec.port
+    )
 }
 
-/// Estimate with the flush+reload probe through the agent of `pid`.
+/// The busy periods of `port` the agent behind `agent` has seen.
+fn port_busy_periods(agent: &mut AgentClient, port: u16) -> Result<u64> {
+    Ok(match agent.call(&Request::Status)? {
+        Reply::Status { ports, .. } => ports
+            .iter()
+            .find(|p| p.port == port)
+            .map_or(0, |p| p.busy_periods),
+        _ => 0,
+    })
+}
+
+/// Open connections with `open` (which sends one request on each) until one is served by the
+/// agent's process: a prefork server's worker that accepts from the shared listening socket may
+/// be another one. Such connections are closed and another is opened, up to a bound.
+fn served_by<T>(
+    server: &Server,
+    agent: &mut AgentClient,
+    mut open: impl FnMut() -> Result<T>,
+) -> Result<T> {
+    const ATTEMPTS: usize = 24;
+    for _ in 0..ATTEMPTS {
+        let before = port_busy_periods(agent, server.spec.port)?;
+        let c = open()?;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(50) {
+            if port_busy_periods(agent, server.spec.port)? > before {
+                return Ok(c);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    bail!(
+        "none of {ATTEMPTS} connections to port {} was served by pid {}",
+        server.spec.port,
+        agent.pid
+    )
+}
+
+/// A connection of workload `w` that the process of the agent `pid` serves (see [`served_by`]).
+pub fn connect_served_by(
+    server: &Server,
+    pid: u32,
+    w: &Workload,
+) -> Result<crate::servers::Requester> {
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    served_by(server, &mut agent, || {
+        let mut c = w.connect(server.addr())?;
+        c.request_ok()?;
+        Ok(c)
+    })
+}
+
+/// Estimate with the flush+reload probe through the agent of `pid`; `client` is a connection
+/// that `pid`'s process serves (the one [`serving_agent`] found it with, or
+/// [`connect_served_by`]).
+///
+/// The probe's request goes on the agent's own loopback connection, which the agent keeps only if
+/// its process serves it (`ProbeConnect`; a prefork server's other workers may accept it). Where
+/// it cannot get one — a worker that serves one connection at a time (Apache prefork, a blocking
+/// Python worker) is busy with `client` and takes no second connection — the CLI sends the
+/// request on `client`, inside a request-less probe window (as for workloads without a fixed
+/// byte exchange), and says so.
 pub fn record_probe(
     server: &Server,
     pid: u32,
     w: &Workload,
     p: &RecordParams,
+    client: &mut crate::servers::Requester,
 ) -> Result<Recording> {
     let t0 = Instant::now();
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
@@ -229,14 +315,33 @@ pub fn record_probe(
         preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
     );
     let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    let mut client = w.connect(server.addr())?;
     for _ in 0..8 {
         client.request_ok()?; // warm path, settle lazy initialisation
     }
-    // Without a fixed byte exchange (MySQL), the request is sent by us, from another thread,
-    // inside a request-less probe window long enough to hold it (see `external_request`): 2 ms
-    // lead-in plus twice the request's usual duration plus 2 ms.
-    let external = w.raw.is_none();
+    // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
+    // process serves (see above), the request is sent by us, from another thread, inside a
+    // request-less probe window long enough to hold it (see `external_request`): 2 ms lead-in
+    // plus twice the request's usual duration plus 2 ms.
+    let external = match &w.raw {
+        None => true,
+        Some(r) => match agent.call(&Request::ProbeConnect {
+            port: server.spec.port,
+            request: String::from_utf8_lossy(&r.request).into_owned(),
+            until: String::from_utf8_lossy(&r.until).into_owned(),
+        }) {
+            Ok(_) => false,
+            Err(e) => {
+                if !p.quiet {
+                    eprintln!(
+                        "preheat: note: the probe's requests go on our own connection, inside \
+                         request-less probe windows: {e:#}"
+                    );
+                }
+                stats.external = true;
+                true
+            }
+        },
+    };
     let external_window_ns = if external {
         let mut t = Vec::new();
         for _ in 0..5 {
@@ -302,7 +407,7 @@ pub fn record_probe(
                     phase,
                 };
                 let reply = if external && with_request {
-                    external_request(&mut agent, &cycle, &mut client)?
+                    external_request(&mut agent, &cycle, client)?
                 } else {
                     agent.call(&cycle)?
                 };
@@ -550,7 +655,11 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         "the step backend sends a fixed byte request; this workload has none (use --backend probe)",
     )?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    let mut client = Client::connect(server.addr())?;
+    let mut client = served_by(server, &mut agent, || {
+        let mut c = Client::connect(server.addr())?;
+        c.request(&raw.request, &raw.until)?;
+        Ok(c)
+    })?;
     for _ in 0..8 {
         client.request(&raw.request, &raw.until)?;
     }

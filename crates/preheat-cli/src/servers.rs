@@ -69,7 +69,11 @@ impl Workload {
                     draws: Box::new(StdRng::seed_from_u64(0x853c_49e6_748f_ea9b)),
                 })
             }
-            (Some(s), _) => Ok(Requester::Lab(driver::connect(addr, s, Wait::Spin)?)),
+            (Some(s), _) => Ok(Requester::Lab {
+                driver: driver::connect(addr, s, Wait::Spin)?,
+                addr,
+                spec: s.clone(),
+            }),
             (None, Some(r)) => Ok(Requester::Raw {
                 client: Client::connect(addr)?,
                 request: r.request.clone(),
@@ -82,7 +86,17 @@ impl Workload {
 
 /// One connection that sends the workload's request.
 pub enum Requester {
-    Lab(Box<dyn Driver>),
+    /// A protocol driver's connection. A server that closes the connection after its reply
+    /// (HTTP/1.0 like Python's `http.server`, `Connection: close`) gets a fresh connection
+    /// opened *inside* the next request, as such a server's clients do: the connect, the
+    /// server's accept and whatever it does per connection are part of the measured request. A
+    /// keep-alive connection the server ended before answering (a request limit) is reopened and
+    /// the request repeated once.
+    Lab {
+        driver: Box<dyn Driver>,
+        addr: SocketAddr,
+        spec: WorkloadSpec,
+    },
     Raw {
         client: Client,
         request: Vec<u8>,
@@ -102,7 +116,19 @@ impl Requester {
     /// workload knows the right one).
     pub fn request(&mut self) -> Result<bool> {
         match self {
-            Requester::Lab(d) => Ok(d.request()?.ok),
+            Requester::Lab { driver, addr, spec } => {
+                if driver.closing() {
+                    *driver = driver::connect(*addr, spec, Wait::Spin)?;
+                }
+                match driver.request() {
+                    Ok(o) => Ok(o.ok),
+                    Err(e) if driver::is_stale(&e) => {
+                        *driver = driver::connect(*addr, spec, Wait::Spin)?;
+                        Ok(driver.request()?.ok)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
             Requester::Tpcc { client, pinned, .. } => Ok(match pinned {
                 Some(k) => client.run(*k)?.ok,
                 None => client.transaction()?.ok,

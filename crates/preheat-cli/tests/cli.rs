@@ -2,19 +2,9 @@
 
 mod common;
 
-use common::{ok, preheat, run_dir};
+use common::{assert_no_agent_sockets, ok, preheat, run_dir};
 use std::path::Path;
 use std::process::Command;
-
-/// No agent control socket is left in the run directory (its server was stopped).
-fn assert_no_agent_sockets(rd: &Path) {
-    let left: Vec<_> = std::fs::read_dir(rd)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
-        .collect();
-    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
-}
 
 fn fails_with(args: &[&str], run_dir: &Path, needles: &[&str]) {
     let o = preheat(args, run_dir);

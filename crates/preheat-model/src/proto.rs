@@ -252,6 +252,16 @@ pub enum Request {
         #[serde(default)]
         phase: u32,
     },
+    /// Open (or keep) the `ProbeCycle` loopback connection to `port` and check that this
+    /// process serves it: `request` is answered on it once (reply ending with `until`) and this
+    /// process's busy periods of the port grow. An error says why not (another worker of a
+    /// prefork server accepted it, or every worker is busy with another connection); the CLI
+    /// then sends the probe's requests itself.
+    ProbeConnect {
+        port: u16,
+        request: String,
+        until: String,
+    },
     /// Load and resolve a `.phws` profile (replaces the current one).
     LoadProfile { path: String },
     /// Drop the loaded profile.

@@ -44,9 +44,20 @@ pub fn socket_paths(run_dir: &Path, pid: u32) -> SocketPaths {
     }
 }
 
-/// Whether process `pid` exists (pid 0 never does).
+/// Whether process `pid` exists and is not a zombie (pid 0 never does). A zombie's agent is gone
+/// (it exited, or died of a signal without removing its sockets) even while nobody has reaped
+/// it yet — e.g. a prefork worker orphaned when its master exited first.
 pub fn pid_alive(pid: u32) -> bool {
-    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+    if pid == 0 {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and may contain any byte.
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+        Err(_) => false,
+    }
 }
 
 /// Pids with a control socket file in `run_dir`, alive or not, sorted. A missing directory has
@@ -123,5 +134,23 @@ mod tests {
         assert!(!socket_paths(d.path(), dead).trigger.exists());
         assert!(socket_paths(d.path(), me).trigger.exists());
         assert!(live_agents(Path::new("/nonexistent/dir")).is_empty());
+    }
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped yet: a zombie, whose /proc entry still exists.
+        let t0 = std::time::Instant::now();
+        while pid_alive(pid) && t0.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "reaped too early"
+        );
+        assert!(!pid_alive(pid));
+        child.wait().unwrap();
+        assert!(pid_alive(std::process::id()));
     }
 }

@@ -2,7 +2,7 @@
 //! dump): one `ProbeCycle` per chunk and phase, and the waits for the server's threads to be
 //! back in their wait call.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -10,8 +10,40 @@ use preheat_engine::{os, probe, time};
 use preheat_model::proto::{Range, Reply};
 
 use super::ranges::validate_ranges;
+use super::served::{connect_served_here, fresh_exchange};
 use crate::log::log;
 use crate::{sys, track};
+
+/// The probe's loopback connection to a port, served by this process (see [`super::served`]).
+pub(super) struct ProbeConn {
+    port: u16,
+    /// `None`: the server closes every connection; each measured request opens its own.
+    stream: Option<TcpStream>,
+}
+
+/// `Request::ProbeConnect`: make `conn_slot` a connection to `port` this process serves (kept if
+/// it already is one). The first request on a new connection takes other paths (accept,
+/// buffers): it is never measured; it also shows whether this process serves the connection.
+pub(super) fn probe_connect(
+    conn_slot: &mut Option<ProbeConn>,
+    port: u16,
+    request: &str,
+    until: &str,
+) -> Result<(), String> {
+    if conn_slot.as_ref().map(|c| c.port) == Some(port) {
+        return Ok(());
+    }
+    *conn_slot = None;
+    let s = connect_served_here(port, request.as_bytes(), until.as_bytes())?;
+    *conn_slot = Some(ProbeConn {
+        port,
+        stream: s.stream,
+    });
+    Ok(())
+}
+
+/// Samples taken again when a fresh connection's request was served by another process.
+const FRESH_ATTEMPTS: u32 = 16;
 
 /// `ProbeReload` waits at most this long for the server threads to return to their wait call.
 const QUIESCE_MAX: Duration = Duration::from_millis(50);
@@ -50,7 +82,7 @@ pub(super) fn quiesce() {
 /// competes with the server for its CPU.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn probe_cycle(
-    conn_slot: &mut Option<(u16, TcpStream)>,
+    conn_slot: &mut Option<ProbeConn>,
     ranges: &[Range],
     threshold: u32,
     window_pages: u32,
@@ -65,31 +97,13 @@ pub(super) fn probe_cycle(
     const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
-    if request.is_some() && conn_slot.as_ref().map(|c| c.0) != Some(port) {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let st = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-            .map_err(|e| format!("probe connection to port {port}: {e}"))?;
-        st.set_nodelay(true).map_err(|e| e.to_string())?;
-        st.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let fd = st.as_raw_fd();
-        *conn_slot = Some((port, st));
-        // The first request on a new connection takes other paths (accept, buffers): not
-        // measured.
-        if let Some(req) = request {
-            let r = exchange(
-                fd,
-                req.as_bytes(),
-                until.as_bytes(),
-                &mut reply,
-                REPLY_TIMEOUT_NS,
-            );
-            if r.is_err() {
-                *conn_slot = None;
-            }
-            r?;
-        }
+    if let Some(req) = request {
+        probe_connect(conn_slot, port, req, until)?;
     }
-    let fd = conn_slot.as_ref().map(|c| c.1.as_raw_fd());
+    let conn = conn_slot.as_ref();
+    let fd = conn.and_then(|c| c.stream.as_ref()).map(|s| s.as_raw_fd());
+    // A server that closes every connection: the measured request opens its own.
+    let fresh = conn.is_some_and(|c| c.stream.is_none());
     let t_quiet = time::now_ns();
     quiesce_spin(&mut busy, t_quiet + 50_000_000);
     let saved = os::get_affinity();
@@ -108,37 +122,68 @@ pub(super) fn probe_cycle(
     let valid = validate_ranges(ranges)?;
     let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
     let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
-    pin(true);
-    // SAFETY: `valid` was clipped just above (after the first request on a new connection, with
-    // the host's tracked threads back in their wait calls) to resident pages of readable,
-    // probe-safe mappings; the agent never unmaps host memory (a page the comm detector protects
-    // is restored by its fault handler). A host thread that unmaps them in the microseconds
-    // since breaks the contract (issue 13, bug 1: narrowed, not closed).
-    unsafe { probe::prepare_phase(&valid, phase) };
-    pin(false);
-    let t_flushed = time::now_ns();
-    match (fd, request) {
-        (Some(fd), Some(req)) => {
-            let r = exchange(
-                fd,
-                req.as_bytes(),
-                until.as_bytes(),
-                &mut reply,
-                REPLY_TIMEOUT_NS,
-            );
-            if r.is_err() {
-                pin(false);
-                *conn_slot = None;
+    // A server that closes every connection: the measured request opens a fresh one, which
+    // another worker of a prefork server may accept; then the sample is taken again (flush
+    // again), up to `FRESH_ATTEMPTS` times.
+    let mut attempts = 0;
+    let t_flushed = loop {
+        pin(true);
+        // SAFETY: `valid` was clipped just above (after the first request on a new connection,
+        // with the host's tracked threads back in their wait calls) to resident pages of
+        // readable, probe-safe mappings — on a repeated attempt re-checked unchanged right
+        // before this pass; the agent never unmaps host memory (a page the comm detector
+        // protects is restored by its fault handler). A host thread that unmaps them in the
+        // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
+        unsafe { probe::prepare_phase(&valid, phase) };
+        pin(false);
+        let t_flushed = time::now_ns();
+        match (fd, request) {
+            (None, Some(req)) if fresh => {
+                match fresh_exchange(port, req.as_bytes(), until.as_bytes(), &mut reply) {
+                    Ok(true) => {}
+                    Ok(false) if attempts + 1 < FRESH_ATTEMPTS => {
+                        attempts += 1;
+                        quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+                        unchanged_since_validation(&valid, port)?;
+                        continue;
+                    }
+                    Ok(false) => {
+                        *conn_slot = None;
+                        return Err(format!(
+                            "{FRESH_ATTEMPTS} requests on fresh connections to port {port} were \
+                             all served by another process (a server that closes every \
+                             connection and has several worker processes: the probe cannot \
+                             choose the worker; record with keep-alive enabled, or one worker)"
+                        ));
+                    }
+                    Err(e) => {
+                        *conn_slot = None;
+                        return Err(e);
+                    }
+                }
             }
-            r?
-        }
-        _ => {
-            let end = t_flushed + idle_ns.min(100_000_000);
-            while time::now_ns() < end {
-                std::hint::spin_loop();
+            (Some(fd), Some(req)) => {
+                let r = exchange(
+                    fd,
+                    req.as_bytes(),
+                    until.as_bytes(),
+                    &mut reply,
+                    REPLY_TIMEOUT_NS,
+                );
+                if r.is_err() {
+                    *conn_slot = None;
+                }
+                r?
+            }
+            _ => {
+                let end = t_flushed + idle_ns.min(100_000_000);
+                while time::now_ns() < end {
+                    std::hint::spin_loop();
+                }
             }
         }
-    }
+        break t_flushed;
+    };
     quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
     // The server may have unmapped (or given back) memory while it served the request: a reload
     // of a page that is gone would kill it. Look again right before reloading and skip the round
@@ -182,7 +227,7 @@ fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> 
 }
 
 /// Send `req` and spin on non-blocking raw receives until the reply ends with `until`.
-fn exchange(
+pub(super) fn exchange(
     fd: RawFd,
     req: &[u8],
     until: &[u8],
@@ -213,6 +258,9 @@ fn exchange(
                 if buf[..got].ends_with(until) {
                     return Ok(());
                 }
+                // Part of the reply is here: acknowledge it at once, so a server that writes
+                // its reply in pieces with Nagle on is not held until our delayed ACK (40 ms).
+                let _ = preheat_engine::os::tcp_quickack(fd);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
             Err(e) => return Err(format!("probe reply: {e}")),

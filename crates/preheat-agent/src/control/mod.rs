@@ -8,15 +8,17 @@
 //!
 //! This file is the thread and the request dispatch; the concepts behind the requests live
 //! beside it: `cycle.rs` (flush+reload probe cycles), `ranges.rs` (probe candidates and range
-//! validation), `profile.rs` (profile, per-port configuration, the published plan).
+//! validation), `profile.rs` (profile, per-port configuration, the published plan), `served.rs`
+//! (loopback connections this process serves: prefork servers and servers that close every
+//! connection).
 
 mod cycle;
 mod profile;
 mod ranges;
+mod served;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
@@ -48,7 +50,7 @@ struct Client {
 struct Control {
     /// The `ProbeCycle` connection (port, stream), kept open across cycles: closing it after
     /// every cycle makes the server handle the FIN during the next cycle's window.
-    probe_conn: Option<(u16, TcpStream)>,
+    probe_conn: Option<cycle::ProbeConn>,
     profile: Option<LoadedProfile>,
     ports: BTreeMap<u16, PortConfig>,
     retired: Vec<Arc<Plan>>,
@@ -295,6 +297,12 @@ impl Control {
                     window_ns: 0,
                 })
             }
+            Request::ProbeConnect {
+                port,
+                request,
+                until,
+            } => cycle::probe_connect(&mut self.probe_conn, port, &request, &until)
+                .map(|()| Reply::Ok),
             Request::ProbeCycle {
                 ranges,
                 threshold,
@@ -390,6 +398,7 @@ fn request_name(r: &Request) -> &'static str {
         Request::ProbeFlush { .. } => "probe_flush",
         Request::ProbeReload { .. } => "probe_reload",
         Request::ProbeCycle { .. } => "probe_cycle",
+        Request::ProbeConnect { .. } => "probe_connect",
         Request::LoadProfile { .. } => "load_profile",
         Request::UnloadProfile => "unload_profile",
         Request::Configure { .. } => "configure",

@@ -3,7 +3,6 @@
 //! the workers ([`crate::plan`]); broken replay connections are reconnected here.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{IntoRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -54,7 +53,7 @@ impl Control {
                 failed = true;
                 continue;
             }
-            match connect_replay(*port) {
+            match connect_replay(*port, &conn.request, &conn.until) {
                 Ok(fd) => {
                     if !conn.replace_fd(fd) {
                         log(&format!(
@@ -186,7 +185,7 @@ impl Control {
                 old.replace_fd(-1);
             }
             if let Some((req, until)) = want {
-                match connect_replay(port) {
+                match connect_replay(port, &req, &until) {
                     Ok(fd) => {
                         pc.replay = Some(Arc::new(ReplayConn::new(port, req, until, fd)));
                         log(&format!("port {port}: replay connection open"));
@@ -243,13 +242,17 @@ impl Control {
     }
 }
 
-/// Open the persistent loopback replay connection (non-blocking, no Nagle).
-fn connect_replay(port: u16) -> std::io::Result<RawFd> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
-    s.set_nodelay(true)?;
-    s.set_nonblocking(true)?;
-    let fd = s.into_raw_fd();
+/// Open the persistent loopback replay connection (non-blocking, no Nagle): one this process
+/// serves (prefork servers), on which `request` was answered once (see [`super::served`]).
+fn connect_replay(port: u16, request: &[u8], until: &[u8]) -> Result<RawFd, String> {
+    let s = super::served::connect_served_here(port, request, until)?;
+    let Some(st) = s.stream else {
+        return Err(format!(
+            "port {port} closes the connection after every reply (HTTP/1.0 or Connection: \
+             close): a warm-up on a persistent connection cannot apply to this server"
+        ));
+    };
+    let fd = st.into_raw_fd();
     fdreg::register_fd(fd);
     Ok(fd)
 }

@@ -97,7 +97,15 @@ impl CustomServer<'_> {
                          can check (choose a path with content)"
                     );
                 }
-                Workload::of_spec(spec(Protocol::Http, path, Some(body)))
+                let mut w = Workload::of_spec(spec(Protocol::Http, path, Some(body)));
+                // The catalog's warm-up path exists only on the catalog's site: on any other
+                // server the warm-up is the measured GET itself (idempotent), so the agent's
+                // replay reply is one it can frame.
+                if let Some(r) = w.raw.as_mut() {
+                    r.replay = r.request.clone();
+                    r.replay_until = r.until.clone();
+                }
+                w
             }
         })
     }

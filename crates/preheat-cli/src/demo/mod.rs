@@ -132,6 +132,11 @@ impl Mode {
             Mode::Preheat(s) => format!("preheat:{}", s.name()),
         }
     }
+
+    /// A preheat mode whose strategies include `replay`.
+    fn replays(self) -> bool {
+        matches!(self, Mode::Preheat(s) if s.contains(Strategies::REPLAY))
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -154,6 +159,10 @@ struct Sample {
     /// Every mode has it: the first stage of the response time (arrival and wake-up).
     server_start_us: f64,
     sweep_us: f64,
+    /// Preheat modes: the preheated process's busy periods of the port grew while this sample
+    /// was measured — false where no request of it reached that process (another process, a
+    /// prefork server's other worker, answered); `None` for the other modes.
+    served_by_preheated: Option<bool>,
 }
 
 impl Sample {
@@ -171,6 +180,7 @@ impl Sample {
             trigger_lead_us: 0.0,
             server_start_us: f64::NAN,
             sweep_us,
+            served_by_preheated: None,
         }
     }
 }
@@ -207,19 +217,25 @@ struct Output {
     samples: Vec<Sample>,
 }
 
-/// The agent's preheat counters and the start of the port's most recent busy period.
-fn agent_preheat(
-    c: &mut AgentClient,
-    port: u16,
-) -> Result<(preheat_model::proto::PreheatStats, u64)> {
+/// What the agent says after (or before) a sample.
+struct AgentView {
+    preheat: preheat_model::proto::PreheatStats,
+    /// Start of the port's most recent busy period.
+    last_start_ns: u64,
+    /// The port's busy periods in the agent's process.
+    busy_periods: u64,
+}
+
+/// The agent's preheat counters and the port's busy periods.
+fn agent_preheat(c: &mut AgentClient, port: u16) -> Result<AgentView> {
     match c.call(&Request::Status)? {
         Reply::Status { preheat, ports, .. } => {
-            let start = ports
-                .iter()
-                .find(|p| p.port == port)
-                .map(|p| p.last_start_ns)
-                .unwrap_or(0);
-            Ok((preheat, start))
+            let p = ports.iter().find(|p| p.port == port);
+            Ok(AgentView {
+                preheat,
+                last_start_ns: p.map_or(0, |p| p.last_start_ns),
+                busy_periods: p.map_or(0, |p| p.busy_periods),
+            })
         }
         other => bail!("unexpected status reply {other:?}"),
     }
@@ -317,7 +333,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         )),
         None => None,
     };
-    let pid = record::serving_agent(server, w)?;
+    // The agent of the process that serves *this* client's connection (prefork servers have one
+    // per worker).
+    let pid = record::serving_agent(server, &mut client)?;
 
     // Estimation phase.
     let (profile_path, rec_stats) = match &a.profile {
@@ -335,7 +353,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 "demo: recording the working set (probe backend, {} samples, keep >= {})",
                 a.samples, a.keep
             );
-            let rec = record::record_probe(server, pid, w, &params)?;
+            let rec = record::record_probe(server, pid, w, &params, &mut client)?;
             let path = dir.join(format!("{}.phws", server.spec.name));
             record::write_profile(&path, &rec.profile)?;
             (path, Some(rec.stats))
@@ -362,12 +380,35 @@ pub fn run(a: DemoArgs) -> Result<()> {
             )
         })
         .unzip();
-    agent.call(&Request::Configure {
+    let wants_replay = replay.is_some();
+    if let Err(e) = agent.call(&Request::Configure {
         port,
         replay,
         replay_until,
         split_cpus: vec![],
-    })?;
+    }) {
+        // The agent could not open a replay connection its process serves (e.g. the server
+        // closes every connection after its reply): the replay modes are skipped, saying why;
+        // anything else still fails the demo.
+        if !wants_replay {
+            return Err(e);
+        }
+        agent.call(&Request::Configure {
+            port,
+            replay: None,
+            replay_until: None,
+            split_cpus: vec![],
+        })?;
+        let reason = format!("{e:#}");
+        for m in modes.iter().filter(|m| m.replays()) {
+            eprintln!("demo: skipping {}: {reason}", m.name());
+            skipped.push(Skipped {
+                mode: m.name(),
+                reason: reason.clone(),
+            });
+        }
+        modes.retain(|m| !m.replays());
+    }
     let mut announcer = Announcer::new(&server.run_dir, &[pid])?;
     let sweep = preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20);
 
@@ -405,7 +446,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 }
             }
             let before = if let Mode::Preheat(_) = mode {
-                Some(agent_preheat(&mut agent, port)?.0)
+                Some(agent_preheat(&mut agent, port)?)
             } else {
                 None
             };
@@ -443,11 +484,17 @@ pub fn run(a: DemoArgs) -> Result<()> {
             // Give the server thread and the agent's worker time to finish their bookkeeping
             // (the busy period ends when the server waits again) before reading it.
             std::thread::sleep(Duration::from_micros(300));
-            let (after, busy_start) = agent_preheat(&mut agent, port)?;
+            let view = agent_preheat(&mut agent, port)?;
+            let (after, busy_start) = (&view.preheat, view.last_start_ns);
             if busy_start >= t_send.saturating_sub(a.lead_us * 1000) {
                 s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
             }
-            if let Some(b) = before {
+            if let Some(b) = &before {
+                // At least one busy period: a warm-up and the measured request may share one
+                // (the server picks both up in one wake-up), so more cannot be required.
+                s.served_by_preheated = Some(view.busy_periods > b.busy_periods);
+            }
+            if let Some(b) = before.map(|b| b.preheat) {
                 if after.preheats > b.preheats
                     || after.wake_spins > b.wake_spins
                     || after.wake_polled > b.wake_polled
@@ -484,8 +531,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     drop(keep_awake);
-    let agent_counters = agent_preheat(&mut agent, port)?.0;
-    let rows = table(&modes, &samples, &ws_stats);
+    let agent_counters = agent_preheat(&mut agent, port)?.preheat;
+    let mut rows = table(&modes, &samples, &ws_stats);
+    flag_served_elsewhere(&mut rows, &samples, pid);
     let machine = format!(
         "{} CPUs, cpuidle {}",
         ncpu,
@@ -522,6 +570,24 @@ pub fn run(a: DemoArgs) -> Result<()> {
         print_table(&out, &ws_stats);
     }
     Ok(())
+}
+
+/// Flag preheat modes with samples none of whose requests reached the preheated process (the
+/// agent of `pid` saw no busy period): their numbers are not about a preheated server.
+fn flag_served_elsewhere(rows: &mut [Row], samples: &[Sample], pid: u32) {
+    for r in rows.iter_mut() {
+        let of_mode = samples.iter().filter(|s| s.mode == r.mode);
+        let judged: Vec<bool> = of_mode.filter_map(|s| s.served_by_preheated).collect();
+        let missed = judged.iter().filter(|ok| !**ok).count();
+        if missed > 0 {
+            r.flags.push(format!(
+                "{missed} of {} requests [measured] did not reach the preheated process (pid \
+                 {pid} saw no busy period): another process answered (a prefork server that \
+                 closes its connections picks any worker)",
+                judged.len()
+            ));
+        }
+    }
 }
 
 /// A recorded profile for a catalog server names the port it was recorded on, which is a fresh

@@ -103,3 +103,13 @@ pub fn euid_is_root() -> bool {
             .unwrap_or(false)
     })
 }
+
+/// No agent control socket is left in the run directory (its server was stopped).
+pub fn assert_no_agent_sockets(rd: &Path) {
+    let left: Vec<_> = std::fs::read_dir(rd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "agent sockets left behind: {left:?}");
+}

@@ -5,6 +5,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -103,6 +104,11 @@ pub(super) struct Conn {
     /// Requests sent on this connection (a failure before any byte of the reply to any but the
     /// first is [`Stale`]).
     requests: u64,
+    /// Part of the current reply has arrived: before reading more, acknowledge it at once
+    /// ([`preheat_engine::os::tcp_quickack`]). A server that writes a reply in pieces with Nagle
+    /// on (Python's `http.server` writes head and body separately) otherwise holds the rest
+    /// until our kernel's delayed ACK (40 ms), and every reply would measure that timer.
+    partial: bool,
 }
 
 impl Conn {
@@ -133,6 +139,7 @@ impl Conn {
             deadline: Instant::now() + REPLY_TIMEOUT,
             nonblocking: wait == Wait::Spin,
             polling: false,
+            partial: false,
             requests: 0,
         })
     }
@@ -205,6 +212,7 @@ impl Conn {
         self.pos = 0;
         self.deadline = Instant::now() + REPLY_TIMEOUT;
         self.requests += 1;
+        self.partial = false;
         self.send_all(data).map_err(|e| self.failure(e))
     }
 
@@ -236,10 +244,15 @@ impl Conn {
     /// connection in order.
     fn read_more(&mut self) -> Result<bool> {
         let mut spinner = Spinner::new();
+        if self.partial {
+            // Best effort: a socket that refuses only keeps delayed ACKs.
+            let _ = preheat_engine::os::tcp_quickack(self.stream.as_raw_fd());
+        }
         loop {
             match self.stream.read(&mut self.scratch) {
                 Ok(0) => return Ok(false),
                 Ok(n) => {
+                    self.partial = true;
                     self.buf.extend_from_slice(&self.scratch[..n]);
                     if !self.spin && !self.polling && Instant::now() > self.deadline {
                         bail!(

@@ -1,0 +1,139 @@
+//! Connections this process serves: the probe's and `replay`'s loopback connections must reach
+//! the server thread of *this* process.
+//!
+//! A prefork server (lighttpd with `server.max-worker`, Apache prefork, a Python preforking
+//! server) has several worker processes accepting from one listening socket; each has its own
+//! agent (the fork child handler starts one, with sockets named after the child's pid). A
+//! connection the agent of worker A opens may be accepted by worker B: A's probe would then time
+//! reloads in A while B serves the request, and A's warm-up would warm B. So a connection is
+//! kept only once a request sent on it was *served here*: this process's busy periods of the
+//! port grew while it was answered (the same evidence the CLI uses to find the serving process;
+//! nothing else sends requests while the CLI records or configures). Otherwise it is closed and
+//! another one opened — a kernel hands new connections to waiting workers in turn (blocking
+//! `accept` waiters are woken first-in first-out; epoll waiters race), so a few attempts reach
+//! this process if it accepts at all. The master process of a prefork server never does: there
+//! every attempt fails and the error says so.
+//!
+//! A server that closes the connection after every reply (HTTP/1.0 like Python's
+//! `http.server`, `Connection: close`) has no persistent connection: [`Served::stream`] is `None`,
+//! and the probe then opens a fresh connection for each measured request ([`fresh_exchange`]);
+//! `replay` refuses such a port (a warm-up on a connection the server closed cannot reach it).
+
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use crate::{sys, track};
+
+/// Connections tried before concluding this process does not serve the port.
+const ATTEMPTS: u32 = 24;
+/// How long a served request's busy period gets to end (the serving thread waits again).
+const SERVED_WAIT: Duration = Duration::from_millis(50);
+/// How long after a reply a closing server gets to close the connection.
+const CLOSE_WAIT_MS: i32 = 20;
+/// Reply buffer of the verifying exchange.
+const REPLY_MAX: usize = 1 << 20;
+const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
+
+/// A connection whose first request this process served.
+pub(super) struct Served {
+    /// Non-blocking, no Nagle; `None` if the server closed it after the reply (it closes every
+    /// connection after its reply).
+    pub stream: Option<TcpStream>,
+}
+
+/// Open a loopback connection to `port`, exchange `request` (reply ending with `until`) on it,
+/// and keep it only if this process served that request (see the module docs).
+pub(super) fn connect_served_here(
+    port: u16,
+    request: &[u8],
+    until: &[u8],
+) -> Result<Served, String> {
+    let mut reply = vec![0u8; REPLY_MAX];
+    let mut elsewhere = 0;
+    for _ in 0..ATTEMPTS {
+        let before = track::port_busy_periods(port);
+        let st = open(port)?;
+        super::cycle::exchange(st.as_raw_fd(), request, until, &mut reply, REPLY_TIMEOUT_NS)
+            .map_err(|e| {
+                format!(
+                    "a new connection to 127.0.0.1:{port} was not answered as configured ({e}): \
+                 the reply does not end with the configured bytes, or the server closed the \
+                 connection instead of answering, or every worker is busy serving another \
+                 connection (workers that serve one connection at a time)"
+                )
+            })?;
+        if !served_since(port, before) {
+            elsewhere += 1;
+            continue;
+        }
+        let closes = peer_closes(st.as_raw_fd());
+        return Ok(Served {
+            stream: (!closes).then_some(st),
+        });
+    }
+    Err(format!(
+        "none of {ATTEMPTS} connections to 127.0.0.1:{port} was served by this process (pid {}; \
+         {elsewhere} answered by another one): it does not accept the port's connections (a \
+         prefork master), or not while it serves another one (a worker that serves one \
+         connection at a time)",
+        sys::getpid()
+    ))
+}
+
+/// One exchange on a fresh connection (servers that close every connection): connect, send,
+/// read the reply. `Ok(false)`: it was answered, but by another process.
+pub(super) fn fresh_exchange(
+    port: u16,
+    request: &[u8],
+    until: &[u8],
+    reply: &mut [u8],
+) -> Result<bool, String> {
+    let before = track::port_busy_periods(port);
+    let st = open(port)?;
+    super::cycle::exchange(st.as_raw_fd(), request, until, reply, REPLY_TIMEOUT_NS)?;
+    drop(st);
+    Ok(served_since(port, before))
+}
+
+fn open(port: u16) -> Result<TcpStream, String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let st = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
+        .map_err(|e| format!("connection to port {port}: {e}"))?;
+    st.set_nodelay(true).map_err(|e| e.to_string())?;
+    st.set_nonblocking(true).map_err(|e| e.to_string())?;
+    Ok(st)
+}
+
+/// Whether this process's busy periods of `port` grew past `before` (waiting up to
+/// [`SERVED_WAIT`] for the serving thread to finish its busy period).
+fn served_since(port: u16, before: u64) -> bool {
+    let t0 = Instant::now();
+    loop {
+        if track::port_busy_periods(port) > before {
+            return true;
+        }
+        if t0.elapsed() >= SERVED_WAIT {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Whether the peer closes `fd` (nothing more to read) within [`CLOSE_WAIT_MS`] of its reply.
+fn peer_closes(fd: std::os::fd::RawFd) -> bool {
+    let mut p = [libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    }];
+    if !matches!(sys::poll(&mut p, CLOSE_WAIT_MS), Ok(n) if n > 0) {
+        return false;
+    }
+    let r = p[0].revents;
+    if r & (libc::POLLRDHUP | libc::POLLHUP) != 0 {
+        return true;
+    }
+    let mut b = [0u8; 1];
+    matches!(sys::recv_nonblocking(fd, &mut b), Ok(0))
+}

@@ -1,0 +1,386 @@
+//! Any server, not only the catalog (issue 12, point 2): prefork servers, whose worker processes
+//! share one listening socket and each carry an agent of their own while the process that loaded
+//! the agent first never serves, and Python's threaded `http.server`, whose handler threads block
+//! in `recv` instead of waiting in epoll/poll/select. Real servers on loopback, the real demo and
+//! recorder.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{assert_no_agent_sockets, find_program, ok, run_dir, serial};
+use serde_json::Value;
+
+/// The preforking Python server (blocking workers, keep-alive), a fixture file beside the tests.
+fn prefork_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prefork_http.py")
+}
+
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("preheat-any-")
+        .tempdir()
+        .unwrap()
+}
+
+fn page() -> String {
+    format!("<html>{}</html>\n", "any server ".repeat(300))
+}
+
+/// Pids whose agent attached to a program whose path contains `program` (agent logs stay in the
+/// run directory after the processes are gone).
+fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
+    let mut pids: Vec<String> = std::fs::read_dir(rd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .filter_map(|e| {
+            let log = std::fs::read_to_string(e.path()).ok()?;
+            log.lines()
+                .filter_map(|l| l.split_once("attached to ").map(|(_, r)| r))
+                .find(|r| r.split(' ').next().is_some_and(|exe| exe.contains(program)))
+                .and_then(|r| r.split("(pid ").nth(1))
+                .and_then(|r| r.split(')').next())
+                .map(str::to_string)
+        })
+        .collect();
+    pids.sort();
+    pids.dedup();
+    pids
+}
+
+/// `preheat demo` on a server given by its command; the parsed JSON.
+fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
+    let port = port.to_string();
+    let mut args = vec![
+        "demo",
+        "--rounds",
+        "3",
+        "--samples",
+        "4",
+        "--keep",
+        "3",
+        "--idle-ms",
+        "2",
+        "--sweep-mib",
+        "32",
+        // A lead this shared 2-vCPU machine meets reliably: the test is about reaching the
+        // right process, not about the shortest lead.
+        "--lead-us",
+        "300",
+        "--strategies",
+        strategies,
+        "--port",
+        &port,
+        "--protocol",
+        "http",
+        "--request",
+        "/index.html",
+        "--json",
+        "--",
+    ];
+    args.extend_from_slice(command);
+    serde_json::from_str(&ok(&args, rd)).unwrap()
+}
+
+/// Every mode in `modes` measured `n` times.
+fn assert_rows(v: &Value, modes: &[&str], n: u64) {
+    let rows = v["rows"].as_array().unwrap();
+    for m in modes {
+        let r = rows
+            .iter()
+            .find(|r| r["mode"] == *m)
+            .unwrap_or_else(|| panic!("mode {m} missing: {}", v["skipped"]));
+        assert_eq!(r["latency"]["n"], n, "{r}");
+    }
+    let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
+    assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
+    // Every preheated request reached the preheated process.
+    for r in rows {
+        let flags = r["flags"].to_string();
+        assert!(
+            !flags.contains("preheated process"),
+            "{}: {flags}",
+            r["mode"]
+        );
+    }
+}
+
+/// The samples of `mode`.
+fn samples<'a>(v: &'a Value, mode: &str) -> Vec<&'a Value> {
+    v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["mode"] == mode)
+        .collect()
+}
+
+/// The agent acted on at least one announcement of `mode` (a late or unrouted one has no lead).
+fn assert_acted(v: &Value, mode: &str) {
+    let s = samples(v, mode);
+    assert!(
+        s.iter().any(|s| s["worker_lead_us"].as_f64().is_some()),
+        "the agent acted on no announcement of {mode}: {s:?}"
+    );
+}
+
+/// The reason a mode was skipped, if it was.
+fn skip_reason(v: &Value, mode: &str) -> Option<String> {
+    v["skipped"]
+        .as_array()?
+        .iter()
+        .find(|s| s["mode"] == mode)
+        .map(|s| s["reason"].as_str().unwrap_or_default().to_string())
+}
+
+/// lighttpd with two worker processes (`server.max-worker = 2`): the master loads the agent
+/// first and never serves. Recording, `lines` and `replay` must reach the worker that serves the
+/// demo's connection (replay through a connection that worker's agent verified it serves).
+#[test]
+fn demo_on_a_prefork_lighttpd() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let port = preheat_testsupport::free_port();
+    let body = page();
+    let Some((exe, conf)) = preheat_testsupport::lighttpd_site(
+        tmp.path(),
+        port,
+        &[("index.html", body.as_bytes())],
+        "server.max-worker = 2\n",
+    ) else {
+        return preheat_testsupport::skip("lighttpd", "lighttpd is not installed");
+    };
+    let v = demo(
+        &rd,
+        port,
+        "lines,replay",
+        &[exe.to_str().unwrap(), "-D", "-f", conf.to_str().unwrap()],
+    );
+    // It really forked: the master and two workers each started an agent.
+    let pids = agent_pids_of(&rd, "lighttpd");
+    assert!(
+        pids.len() >= 3,
+        "lighttpd did not fork workers: agents {pids:?}"
+    );
+    // The serving worker's agent opened the probe's connection itself (one it serves).
+    assert_eq!(v["record"]["external"], false, "{}", v["record"]);
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:lines", "preheat:replay"],
+        3,
+    );
+    assert_acted(&v, "preheat:lines");
+    assert_acted(&v, "preheat:replay");
+    assert_no_agent_sockets(&rd);
+}
+
+/// A preforking server whose workers block in accept and recv and serve one connection at a
+/// time: the worker that serves the demo's connection cannot take a connection of its agent's,
+/// so the probe's requests go on the demo's connection and `replay` is skipped, saying why.
+#[test]
+fn demo_on_a_preforking_python_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let Some(python) = find_program("python3") else {
+        return preheat_testsupport::skip("python3", "python3 is not installed");
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let fixture = prefork_fixture();
+    let v = demo(
+        &rd,
+        port,
+        "lines,replay",
+        &[
+            python.to_str().unwrap(),
+            fixture.to_str().unwrap(),
+            &port_s,
+            www.to_str().unwrap(),
+            "2",
+        ],
+    );
+    let pids = agent_pids_of(&rd, "python");
+    assert!(pids.len() >= 3, "the fixture did not fork: agents {pids:?}");
+    assert_eq!(v["record"]["external"], true, "{}", v["record"]);
+    assert_rows(&v, &["warm", "cold-sweep", "preheat:lines"], 3);
+    assert_acted(&v, "preheat:lines");
+    let why = skip_reason(&v, "preheat:replay").expect("replay should be skipped");
+    assert!(why.contains("served by this process"), "{why}");
+    // Busy periods of blocking workers are tracked: the server thread's start is measured.
+    assert!(
+        samples(&v, "warm")
+            .iter()
+            .any(|s| s["server_start_us"].as_f64().is_some()),
+        "no server start measured for a blocking worker"
+    );
+    assert_no_agent_sockets(&rd);
+}
+
+/// `preheat record` on the preforking server (the issue's failing case: "server closed the probe
+/// connection").
+#[test]
+fn record_on_a_preforking_python_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let Some(python) = find_program("python3") else {
+        return preheat_testsupport::skip("python3", "python3 is not installed");
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    let port = preheat_testsupport::free_port().to_string();
+    let out = tmp.path().join("prefork.phws");
+    let fixture = prefork_fixture();
+    ok(
+        &[
+            "record",
+            "--backend",
+            "probe",
+            "--samples",
+            "4",
+            "--keep",
+            "3",
+            "--out",
+            out.to_str().unwrap(),
+            "--port",
+            &port,
+            "--request",
+            "GET /index.html HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n",
+            "--until",
+            "</html>\\n",
+            "--",
+            python.to_str().unwrap(),
+            fixture.to_str().unwrap(),
+            &port,
+            www.to_str().unwrap(),
+            "2",
+        ],
+        &rd,
+    );
+    let shown = ok(&["ws", "show", out.to_str().unwrap(), "--json"], &rd);
+    let v: Value = serde_json::from_str(&shown).unwrap();
+    assert!(
+        v["classes"][0]["lines"].as_u64().unwrap_or(0) > 0,
+        "an empty working set: {v}"
+    );
+    assert!(
+        agent_pids_of(&rd, "python").len() >= 3,
+        "the fixture did not fork"
+    );
+    assert_no_agent_sockets(&rd);
+}
+
+/// `python3 -m http.server` as a user runs it: a thread per connection blocking in recv, and
+/// HTTP/1.0, so the server closes every connection after its reply. Every request opens its
+/// connection inside the measurement; `replay` cannot apply and is skipped, saying why.
+#[test]
+fn demo_on_python_http_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let Some(python) = find_program("python3") else {
+        return preheat_testsupport::skip("python3", "python3 is not installed");
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let v = demo(
+        &rd,
+        port,
+        "lines,replay",
+        &[
+            python.to_str().unwrap(),
+            "-m",
+            "http.server",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            www.to_str().unwrap(),
+        ],
+    );
+    assert_rows(&v, &["warm", "cold-sweep", "preheat:lines"], 3);
+    assert_acted(&v, "preheat:lines");
+    let why = skip_reason(&v, "preheat:replay").expect("replay should be skipped");
+    assert!(
+        why.contains("closes the connection after every reply"),
+        "{why}"
+    );
+    assert_no_agent_sockets(&rd);
+}
+
+/// The threaded server with keep-alive (`-p HTTP/1.1`): the handler thread serves every request
+/// of the connection with blocking reads and never waits in epoll/poll/select, so its busy
+/// periods (the server start, `replay`'s target) come only from blocking-reader tracking; it
+/// writes head and body separately with Nagle on, which must not stall replies for the
+/// client's delayed-ACK timer (40 ms).
+#[test]
+fn demo_on_python_threaded_keepalive_server() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let Some(python) = find_program("python3") else {
+        return preheat_testsupport::skip("python3", "python3 is not installed");
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let v = demo(
+        &rd,
+        port,
+        "lines,replay",
+        &[
+            python.to_str().unwrap(),
+            "-m",
+            "http.server",
+            &port_s,
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            www.to_str().unwrap(),
+            "-p",
+            "HTTP/1.1",
+        ],
+    );
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:lines", "preheat:replay"],
+        3,
+    );
+    assert_acted(&v, "preheat:replay");
+    let warm = samples(&v, "warm");
+    assert!(
+        warm.iter().all(|s| s["server_start_us"].as_f64().is_some()),
+        "the handler thread's busy periods were not tracked: {warm:?}"
+    );
+    let p50 = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["mode"] == "warm")
+        .and_then(|r| r["latency"]["p50"].as_f64())
+        .unwrap();
+    assert!(
+        p50 < 20_000.0,
+        "warm p50 {p50} µs: replies stalled by Nagle and delayed ACKs"
+    );
+    assert_no_agent_sockets(&rd);
+}
