@@ -288,31 +288,9 @@ fn record_on_a_preforking_python_server() {
 fn demo_on_python_http_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    let Some(python) = find_program("python3") else {
-        return preheat_testsupport::skip("python3", "python3 is not installed");
+    let Some((_tmp, rd, v)) = demo_on_python_http(&[]) else {
+        return;
     };
-    let tmp = tmpdir();
-    let rd = run_dir(&tmp);
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), page()).unwrap();
-    let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let v = demo(
-        &rd,
-        port,
-        "lines,replay",
-        &[
-            python.to_str().unwrap(),
-            "-m",
-            "http.server",
-            &port_s,
-            "--bind",
-            "127.0.0.1",
-            "--directory",
-            www.to_str().unwrap(),
-        ],
-    );
     assert_rows(&v, &["warm", "cold-sweep", "preheat:lines"], 3);
     assert_acted(&v, "preheat:lines");
     let why = skip_reason(&v, "preheat:replay").expect("replay should be skipped");
@@ -321,6 +299,36 @@ fn demo_on_python_http_server() {
         "{why}"
     );
     assert_no_agent_sockets(&rd);
+}
+
+/// `preheat demo --strategies lines,replay` on `python3 -m http.server` serving a one-page site
+/// (with `extra` arguments): the temp dir (keep it alive), the run dir and the demo's JSON; `None`
+/// (skipped, saying why) without python3.
+fn demo_on_python_http(extra: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
+    let Some(python) = find_program("python3") else {
+        preheat_testsupport::skip("python3", "python3 is not installed");
+        return None;
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let mut command = vec![
+        python.to_str().unwrap(),
+        "-m",
+        "http.server",
+        &port_s,
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        www.to_str().unwrap(),
+    ];
+    command.extend_from_slice(extra);
+    let v = demo(&rd, port, "lines,replay", &command);
+    Some((tmp, rd, v))
 }
 
 /// The threaded server with keep-alive (`-p HTTP/1.1`): the handler thread serves every request
@@ -332,33 +340,9 @@ fn demo_on_python_http_server() {
 fn demo_on_python_threaded_keepalive_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    let Some(python) = find_program("python3") else {
-        return preheat_testsupport::skip("python3", "python3 is not installed");
+    let Some((_tmp, rd, v)) = demo_on_python_http(&["-p", "HTTP/1.1"]) else {
+        return;
     };
-    let tmp = tmpdir();
-    let rd = run_dir(&tmp);
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), page()).unwrap();
-    let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let v = demo(
-        &rd,
-        port,
-        "lines,replay",
-        &[
-            python.to_str().unwrap(),
-            "-m",
-            "http.server",
-            &port_s,
-            "--bind",
-            "127.0.0.1",
-            "--directory",
-            www.to_str().unwrap(),
-            "-p",
-            "HTTP/1.1",
-        ],
-    );
     assert_eq!(skip_reason(&v, "preheat:replay"), None);
     assert_rows(
         &v,
