@@ -505,6 +505,12 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         rec.stats.samples,
         rec.stats.threshold_ticks
     );
+    if rec.stats.cycles_repeated > 0 {
+        println!(
+            "probe: {} cycle(s) repeated because the server's mappings changed while it served the request",
+            rec.stats.cycles_repeated
+        );
+    }
     if let Some(h) = rec.stats.hybrid {
         println!(
             "hybrid [measured]: {} code lines from step, {} data lines from probe; dropped {} probe code lines, {} non-executable step lines, {} unmapped",

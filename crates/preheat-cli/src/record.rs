@@ -100,7 +100,13 @@ pub struct RecordStats {
     /// The probe's requests were sent by the CLI inside request-less windows because the agent
     /// could not open a connection its process serves (a prefork worker busy with ours).
     pub external: bool,
+    /// Probe cycles repeated because the agent skipped them: the server's mappings changed
+    /// while it served the request (its allocator returned memory, say).
+    pub cycles_repeated: u64,
 }
+
+/// How often in a row a probe cycle the agent skipped is repeated before the recording fails.
+const MAX_CYCLE_REPEATS: u32 = 3;
 
 pub struct Recording {
     pub profile: Profile,
@@ -406,10 +412,26 @@ pub fn record_probe(
                     stride,
                     phase,
                 };
-                let reply = if external && with_request {
-                    external_request(&mut agent, &cycle, client)?
-                } else {
-                    agent.call(&cycle)?
+                // A cycle the agent skipped (the mappings changed under it) is repeated, at most
+                // MAX_CYCLE_REPEATS times in a row; anything else fails the recording.
+                let mut attempt = 0;
+                let reply = loop {
+                    let r = if external && with_request {
+                        external_request(&mut agent, &cycle, client)
+                    } else {
+                        agent.call(&cycle)
+                    };
+                    match r {
+                        Err(e)
+                            if attempt < MAX_CYCLE_REPEATS
+                                && format!("{e:#}")
+                                    .ends_with(preheat_model::proto::ROUND_SKIPPED) =>
+                        {
+                            attempt += 1;
+                            stats.cycles_repeated += 1;
+                        }
+                        r => break r?,
+                    }
                 };
                 match reply {
                     Reply::Probed {

@@ -15,6 +15,52 @@ fn fails_with(args: &[&str], run_dir: &Path, needles: &[&str]) {
     }
 }
 
+/// A server whose mappings change under the probe: every request maps or unmaps a 256 KiB
+/// region (`preheat-agent/tests/probe/unmapper.c`). The agent skips a cycle whose ranges changed
+/// while the server served its request (touching them could fault the server); `preheat
+/// record` repeats such a cycle and still writes a profile, saying how many it repeated. Before
+/// the repeat it failed with "round skipped" on every try.
+#[test]
+fn record_repeats_the_cycles_the_agent_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../preheat-agent/tests/probe/unmapper.c");
+    let Some(prog) = preheat_testsupport::compile_c(&src, tmp.path()) else {
+        return;
+    };
+    let port = preheat_testsupport::free_port().to_string();
+    let out = tmp.path().join("unmapper.phws");
+    let (ready, state) = (tmp.path().join("ready"), tmp.path().join("state"));
+    let said = ok(
+        &[
+            "record",
+            "--backend",
+            "probe",
+            "--out",
+            out.to_str().unwrap(),
+            "--port",
+            &port,
+            "--request",
+            "x\\n",
+            "--until",
+            "\\n",
+            "--samples",
+            "4",
+            "--keep",
+            "2",
+            "--",
+            prog.to_str().unwrap(),
+            ready.to_str().unwrap(),
+            state.to_str().unwrap(),
+            &port,
+        ],
+        &rd,
+    );
+    assert!(said.contains("cycle(s) repeated"), "{said}");
+    assert!(out.is_file(), "no profile written: {said}");
+    assert_no_agent_sockets(&rd);
+}
+
 #[test]
 fn record_show_and_bad_files() {
     let tmp = tempfile::tempdir().unwrap();

@@ -117,6 +117,10 @@ impl Strategies {
     }
 }
 
+/// The end of the agent's error message for a probe cycle it skipped because the server's
+/// mappings changed while it served the request (the CLI repeats such a cycle).
+pub const ROUND_SKIPPED: &str = "round skipped";
+
 pub const ANNOUNCE_MAGIC: [u8; 4] = *b"PHAN";
 pub const ANNOUNCE_VERSION: u8 = 1;
 pub const ANNOUNCE_LEN: usize = 40;

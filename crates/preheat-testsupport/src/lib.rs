@@ -149,6 +149,40 @@ pub fn test_name() -> String {
     format!("{prefix}::{test}")
 }
 
+/// `name` in a `PATH` directory or in the sbin directories (where Debian puts its servers), if
+/// it is a file there.
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin"].map(PathBuf::from))
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Compile the C test program `src` into `dir` (same file stem) with the system C compiler, or
+/// `None` when there is none (the skip is reported as `gcc`).
+pub fn compile_c(src: &Path, dir: &Path) -> Option<PathBuf> {
+    let Some(cc) = find_program("cc").or_else(|| find_program("gcc")) else {
+        skip(
+            "gcc",
+            &format!(
+                "{}: no C compiler (cc/gcc) to build the test program",
+                src.display()
+            ),
+        );
+        return None;
+    };
+    let out = dir.join(src.file_stem().unwrap_or(src.as_os_str()));
+    let st = std::process::Command::new(cc)
+        .args(["-O1", "-pthread", "-o"])
+        .arg(&out)
+        .arg(src)
+        .status()
+        .expect("running the C compiler");
+    assert!(st.success(), "compiling {} failed", src.display());
+    Some(out)
+}
+
 /// A free loopback TCP port: bound and released at once (good enough for a test server that
 /// is started right after; it retries or fails clearly if the port was taken meanwhile).
 pub fn free_port() -> u16 {

@@ -221,9 +221,12 @@ fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> 
     if validate_ranges(valid)? == valid {
         return Ok(());
     }
-    let msg = "the server's mappings changed while it served the request: round skipped";
+    let msg = format!(
+        "the server's mappings changed while it served the request: {}",
+        preheat_model::proto::ROUND_SKIPPED
+    );
     log(&format!("probe cycle on port {port}: {msg}"));
-    Err(msg.into())
+    Err(msg)
 }
 
 /// Send `req` and spin on non-blocking raw receives until the reply ends with `until`.

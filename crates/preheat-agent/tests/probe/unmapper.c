@@ -1,6 +1,7 @@
 /* A server that unmaps memory while it serves (issue 13, bug 1). Used by tests/probe.rs.
 
-   Listens on 127.0.0.1 (port 0), writes "ready <port>" to argv[1] once serving. It owns one
+   Listens on 127.0.0.1 (port argv[3] if given, else any free one), writes "ready <port>" to
+   argv[1] once serving. It owns one
    anonymous region of REGION bytes. Every request ("x\n") toggles it: a mapped region is
    touched (every page written, as a request handler would) and then unmapped; an unmapped one
    is mapped again (at the same address if that is still free, else anywhere) and touched.
@@ -73,6 +74,7 @@ int main(int argc, char **argv) {
     int one = 1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (argc > 3) a.sin_port = htons((unsigned short)atoi(argv[3])); /* else any free port */
     socklen_t alen = sizeof a;
     if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 16) != 0) return 6;
     getsockname(l, (struct sockaddr *)&a, &alen);

@@ -90,13 +90,7 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    dirs.extend(["/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin"].map(PathBuf::from));
-    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
-}
+pub use preheat_testsupport::find_program;
 
 /// A server process started with the agent; stopped (SIGTERM, then SIGKILL) on drop.
 pub struct Server {
@@ -304,24 +298,8 @@ pub fn port_from_ready_file(ready: &Path, child: &mut std::process::Child) -> Re
 /// Compile the test program `tests/<rel>.c` into `dir` with the system C compiler, or None
 /// (skip reported) when there is none.
 pub fn compile_c(rel: &str, dir: &Path) -> Option<PathBuf> {
-    let Some(cc) = find_program("cc").or_else(|| find_program("gcc")) else {
-        preheat_testsupport::skip!(
-            "gcc",
-            "{rel}: no C compiler (cc/gcc) to build the test program"
-        );
-        return None;
-    };
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/{rel}.c"));
-    let name = Path::new(rel).file_name().unwrap_or(rel.as_ref());
-    let out = dir.join(name);
-    let st = Command::new(cc)
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .status()
-        .expect("running the C compiler");
-    assert!(st.success(), "compiling {} failed", src.display());
-    Some(out)
+    preheat_testsupport::compile_c(&src, dir)
 }
 
 /// Wait until something accepts connections on 127.0.0.1:`port`.

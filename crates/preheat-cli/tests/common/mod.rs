@@ -34,15 +34,7 @@ pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
     d
 }
 
-/// An installed program on PATH or in the sbin directories Debian uses for daemons (as the CLI's
-/// `paths::find_program` looks for it).
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
+pub use preheat_testsupport::find_program;
 
 /// The bundled kernels, next to the `preheat` binary (built on demand like the agent).
 pub fn npb() -> PathBuf {
