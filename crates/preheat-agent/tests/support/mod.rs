@@ -90,6 +90,7 @@ pub fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
+#[allow(unused_imports)] // not every test file that includes this module looks for programs
 pub use preheat_testsupport::find_program;
 
 /// A server process started with the agent; stopped (SIGTERM, then SIGKILL) on drop.

@@ -34,6 +34,7 @@ pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
     d
 }
 
+#[allow(unused_imports)] // not every test file that includes this module looks for programs
 pub use preheat_testsupport::find_program;
 
 /// The bundled kernels, next to the `preheat` binary (built on demand like the agent).
