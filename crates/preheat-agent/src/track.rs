@@ -9,8 +9,9 @@
 //! (thread-per-connection servers: Python's `ThreadingHTTPServer`, a preforked worker reading
 //! its connection) are *blocking readers* (see the section of that name at the end): for them a
 //! read that returns data on a tracked connection starts the busy period, and entering the next
-//! read on a tracked connection (or closing it) ends it. Event-loop threads pay one
-//! thread-local load per read and close for this.
+//! read on a tracked connection (or closing it) ends it. In a process without blocking readers
+//! this costs one relaxed load of a process-wide flag ([`ANY_BLOCKING`]) per read and close; in
+//! one with them, event-loop threads pay a thread-local load more.
 //!
 //! Everything here runs on hooked paths of the host: fixed-size static tables of atomics, no
 //! allocation, no locks, no panics (only `get`, never indexing), no logging.
@@ -52,6 +53,10 @@ pub const MAX_THREADS: usize = 1024;
 pub const MAX_PORTS: usize = 64;
 /// fds at or above this are not tracked.
 pub const MAX_FDS: usize = 65536;
+
+/// Some thread of this process has become a blocking reader (never cleared: a process that
+/// has them keeps paying the thread-local check on reads and closes).
+pub static ANY_BLOCKING: AtomicBool = AtomicBool::new(false);
 
 /// The agent is attached and running in this process (set by the constructor / fork child).
 pub static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -488,7 +493,8 @@ pub fn on_close(fd: libc::c_int) {
     if !ACTIVE.load(Ordering::Relaxed) {
         return;
     }
-    if CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
+    if ANY_BLOCKING.load(Ordering::Relaxed) && CACHE.try_with(|c| c.blocking.get()).unwrap_or(false)
+    {
         blocking_close(fd);
     }
     if let Ok(i) = usize::try_from(fd) {
@@ -581,6 +587,7 @@ pub fn forget_busy_periods() {
 /// Fork child: a new process with one thread; counters and the thread table start over. The
 /// fd tables stay valid (the child inherits the fds).
 pub fn reset_after_fork() {
+    ANY_BLOCKING.store(false, Ordering::Relaxed);
     for s in THREADS.iter() {
         s.clear();
     }
@@ -625,6 +632,7 @@ fn blocking_read_returned(c: &ThreadCache, s: Option<&'static ThreadSlot>, port:
         return;
     }
     c.blocking.set(true);
+    ANY_BLOCKING.store(true, Ordering::Relaxed);
     s.blocking.store(true, Ordering::Relaxed);
     s.port.store(port, Ordering::Relaxed);
     let (start, cpu) = stamp_cpu();
@@ -638,7 +646,9 @@ fn blocking_read_returned(c: &ThreadCache, s: Option<&'static ThreadSlot>, port:
 /// threads return at the thread-local flag.
 #[inline(always)]
 pub fn read_enter(fd: libc::c_int) -> bool {
-    if !CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
+    if !ANY_BLOCKING.load(Ordering::Relaxed)
+        || !CACHE.try_with(|c| c.blocking.get()).unwrap_or(false)
+    {
         return false;
     }
     blocking_read_enter(fd)
