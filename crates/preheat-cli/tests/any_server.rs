@@ -178,6 +178,34 @@ fn demo_on_a_prefork_lighttpd() {
     assert_no_agent_sockets(&rd);
 }
 
+/// What the Python servers' tests share: python3, a temp dir (keep it alive), its run dir, and
+/// `www/index.html` to serve.
+struct PythonSite {
+    python: std::path::PathBuf,
+    tmp: tempfile::TempDir,
+    rd: std::path::PathBuf,
+    www: std::path::PathBuf,
+}
+
+/// A [`PythonSite`], or `None` (skipped, saying why) without python3.
+fn python_site() -> Option<PythonSite> {
+    let Some(python) = find_program("python3") else {
+        preheat_testsupport::skip("python3", "python3 is not installed");
+        return None;
+    };
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let www = tmp.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), page()).unwrap();
+    Some(PythonSite {
+        python,
+        tmp,
+        rd,
+        www,
+    })
+}
+
 /// A preforking server whose workers block in accept and recv and serve one connection at a
 /// time: the worker that serves the demo's connection cannot take a connection of its agent's,
 /// so the probe's requests go on the demo's connection and `replay` is skipped, saying why.
@@ -185,14 +213,16 @@ fn demo_on_a_prefork_lighttpd() {
 fn demo_on_a_preforking_python_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    let Some(python) = find_program("python3") else {
-        return preheat_testsupport::skip("python3", "python3 is not installed");
+    // `_tmp` keeps the directory alive to the end of the test.
+    let Some(PythonSite {
+        python,
+        tmp: _tmp,
+        rd,
+        www,
+    }) = python_site()
+    else {
+        return;
     };
-    let tmp = tmpdir();
-    let rd = run_dir(&tmp);
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), page()).unwrap();
     let port = preheat_testsupport::free_port();
     let port_s = port.to_string();
     let fixture = prefork_fixture();
@@ -231,14 +261,15 @@ fn demo_on_a_preforking_python_server() {
 fn record_on_a_preforking_python_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    let Some(python) = find_program("python3") else {
-        return preheat_testsupport::skip("python3", "python3 is not installed");
+    let Some(PythonSite {
+        python,
+        tmp,
+        rd,
+        www,
+    }) = python_site()
+    else {
+        return;
     };
-    let tmp = tmpdir();
-    let rd = run_dir(&tmp);
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), page()).unwrap();
     let port = preheat_testsupport::free_port().to_string();
     let out = tmp.path().join("prefork.phws");
     let fixture = prefork_fixture();
@@ -305,15 +336,12 @@ fn demo_on_python_http_server() {
 /// (with `extra` arguments): the temp dir (keep it alive), the run dir and the demo's JSON; `None`
 /// (skipped, saying why) without python3.
 fn demo_on_python_http(extra: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
-    let Some(python) = find_program("python3") else {
-        preheat_testsupport::skip("python3", "python3 is not installed");
-        return None;
-    };
-    let tmp = tmpdir();
-    let rd = run_dir(&tmp);
-    let www = tmp.path().join("www");
-    std::fs::create_dir_all(&www).unwrap();
-    std::fs::write(www.join("index.html"), page()).unwrap();
+    let PythonSite {
+        python,
+        tmp,
+        rd,
+        www,
+    } = python_site()?;
     let port = preheat_testsupport::free_port();
     let port_s = port.to_string();
     let mut command = vec![
