@@ -54,9 +54,10 @@ pub const WAKE_MAX_NS: u64 = 1_000_000;
 /// power — so leads far beyond a spin's are fine; the bound only stops absurd announcements).
 pub const POLL_MAX_NS: u64 = 1_000_000_000;
 /// `wake` polls from the start only with at least this much lead left when the announcement is
-/// handled; with less it spins through the arrival and polls after (see `handle`): arming costs ~10 µs here (measured: 9–12 µs per `/dev/cpu_dma_latency` write of
-/// 0, 200 writes × 5), and at a 65 µs announcement lead (~20 µs left on arrival at the agent)
-/// `wake+lines+replay` measured 61 µs p50 polling against 52 µs spinning (kv, 200 rounds).
+/// handled; with less it spins through the arrival and polls after (see `handle`): arming
+/// costs ~10 µs here (measured: 9–12 µs per `/dev/cpu_dma_latency` write of 0, 200 writes × 5),
+/// and at a 65 µs announcement lead (~20 µs left on arrival at the agent) `wake+lines+replay`
+/// measured 61 µs p50 polling against 52 µs spinning (kv, 200 rounds).
 pub const POLL_MIN_LEAD_NS: u64 = 50_000;
 /// A busy period that starts this little before the announced arrival counts as the announced
 /// request (clocks of sender and arrival differ by a few µs).
@@ -327,17 +328,21 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
     // with less than POLL_MIN_LEAD_NS left, `wake` spins through the arrival first and arms
     // the window after (below).
     let spin = a.strategies.contains(Strategies::SPIN);
+    let poll_until = a
+        .arrival_ns
+        .saturating_add(crate::idlepoll::HOLD_AFTER_ARRIVAL_NS)
+        .min(start.saturating_add(POLL_MAX_NS));
+    let mut arm_poll = || {
+        let armed = idle_poll.arm(poll_until);
+        if armed {
+            STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
+        }
+        armed
+    };
     let polled = !spin
         && a.strategies.contains(Strategies::WAKE)
         && a.arrival_ns.saturating_sub(start) >= POLL_MIN_LEAD_NS
-        && idle_poll.arm(
-            a.arrival_ns
-                .saturating_add(crate::idlepoll::HOLD_AFTER_ARRIVAL_NS)
-                .min(start.saturating_add(POLL_MAX_NS)),
-        );
-    if polled {
-        STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
-    }
+        && arm_poll();
     if want_replay {
         match pp.and_then(|p| p.replay.as_deref()) {
             Some(conn) => replay(conn),
@@ -374,14 +379,8 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
             // a request of several round trips (a MySQL transaction) does not halt between
             // them. The arming system call happens after the request started, off its path
             // for a single-round-trip server.
-            if !spin
-                && idle_poll.arm(
-                    a.arrival_ns
-                        .saturating_add(crate::idlepoll::HOLD_AFTER_ARRIVAL_NS)
-                        .min(start.saturating_add(POLL_MAX_NS)),
-                )
-            {
-                STATS.wake_polled.fetch_add(1, Ordering::Relaxed);
+            if !spin {
+                arm_poll();
             }
         }
     }

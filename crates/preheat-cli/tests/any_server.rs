@@ -52,18 +52,9 @@ fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
 /// `preheat demo` on a server given by its command; the parsed JSON.
 fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
     let port = port.to_string();
-    let mut args = vec![
-        "demo",
-        "--rounds",
-        "3",
-        "--samples",
-        "4",
-        "--keep",
-        "3",
-        "--idle-ms",
-        "2",
-        "--sweep-mib",
-        "32",
+    let mut args = vec!["demo", "--rounds", "3"];
+    args.extend(common::QUICK_DEMO);
+    args.extend([
         // A lead this shared 2-vCPU machine meets reliably: the test is about reaching the
         // right process, not about the shortest lead.
         "--lead-us",
@@ -78,7 +69,7 @@ fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
         "/index.html",
         "--json",
         "--",
-    ];
+    ]);
     args.extend_from_slice(command);
     serde_json::from_str(&ok(&args, rd)).unwrap()
 }

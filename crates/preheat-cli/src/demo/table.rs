@@ -93,16 +93,19 @@ pub(super) fn mixed_kinds(samples: &[Sample]) -> bool {
 /// The share removed on per-round differences: `median_r(cold_r − mode_r) / median_r(cold_r −
 /// floor_r)` over the rounds where cold-sweep, the floor and the mode were all measured.
 fn paired_share(samples: &[Sample], floor: &str, mode: &str) -> Option<f64> {
-    let of = |name: &str, round: usize| {
-        samples
-            .iter()
-            .find(|s| s.mode == name && s.round == round)
-            .map(|s| s.latency_us)
+    // round → latency of one mode (a round measures each mode once; the first sample counts).
+    let by_round = |name: &str| {
+        let mut m = std::collections::BTreeMap::new();
+        for s in samples.iter().filter(|s| s.mode == name) {
+            m.entry(s.round).or_insert(s.latency_us);
+        }
+        m
     };
+    let (floors, modes) = (by_round(floor), by_round(mode));
     let mut d_mode = Vec::new();
     let mut d_floor = Vec::new();
     for c in samples.iter().filter(|s| s.mode == "cold-sweep") {
-        if let (Some(f), Some(m)) = (of(floor, c.round), of(mode, c.round)) {
+        if let (Some(f), Some(m)) = (floors.get(&c.round), modes.get(&c.round)) {
             d_mode.push(c.latency_us - m);
             d_floor.push(c.latency_us - f);
         }

@@ -34,6 +34,20 @@ pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
     d
 }
 
+/// The demo's options for a short test run: few probe samples, a short idle gap, a small sweep
+/// (the tests add `--rounds` and what they measure).
+#[allow(dead_code)] // not every test file that includes this module runs the demo
+pub const QUICK_DEMO: [&str; 8] = [
+    "--samples",
+    "4",
+    "--keep",
+    "3",
+    "--idle-ms",
+    "2",
+    "--sweep-mib",
+    "32",
+];
+
 #[allow(unused_imports)] // not every test file that includes this module looks for programs
 pub use preheat_testsupport::find_program;
 
