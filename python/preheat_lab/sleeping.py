@@ -212,10 +212,9 @@ def staged(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     return df
 
 
-def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
-    d = run_json(["power", "quiesce-bench", "--duration-s", str(s.quiesce_s),
-                  "--rounds", str(s.quiesce_rounds)])
-    _save(out, "quiesce", d)
+def quiesce_rows(d: dict) -> pd.DataFrame:
+    """One row per mode of a `power quiesce-bench --json` report. Without per-state idle time
+    (no cpuidle driver) the energy columns are empty and `energy_unavailable` says why."""
     rows = []
     for m in d["modes"]:
         e = m.get("energy") or {}
@@ -226,12 +225,23 @@ def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
                      **_residency(m.get("residency")),
                      "energy_label": e.get("label"),
                      "energy_J": joules,
-                     "energy_per_request_J": joules / m["requests"] if joules and m.get("requests") else None})
-    df = pd.DataFrame(rows)
+                     "energy_per_request_J": joules / m["requests"] if joules and m.get("requests") else None,
+                     "energy_unavailable": m.get("energy_unavailable")})
+    return pd.DataFrame(rows)
+
+
+def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
+    d = run_json(["power", "quiesce-bench", "--duration-s", str(s.quiesce_s),
+                  "--rounds", str(s.quiesce_rounds)])
+    _save(out, "quiesce", d)
+    df = quiesce_rows(d)
     atomic.write_csv(out / "quiesce.csv", df)
     rep.heading("Slack-enabled quiescence")
     rep.text("; ".join(d.get("notes", [])[:3]))
-    rep.table(df.round(4))
+    missing = {m.get("energy_unavailable") for m in d["modes"]} - {None}
+    if missing:
+        rep.text("Not available on this machine: " + "; ".join(sorted(missing)))
+    rep.table(df.drop(columns=["energy_unavailable"]).round(4))
     return df
 
 

@@ -12,7 +12,7 @@ from preheat_lab.skips import needs
 # The one residency object every command emits (stage bench, power residency, quiesce-bench).
 RESIDENCY_KEYS = {"label", "source", "definitions", "interval", "windows", "cpus_measured",
                   "deep_idle_share", "poll_share", "busy_share", "wakeups", "wakeups_per_s",
-                  "per_cpu", "notes"}
+                  "unavailable", "per_cpu", "notes"}
 
 
 def _q(value, unit="share"):
@@ -26,8 +26,49 @@ def test_residency_columns_from_the_one_shape():
     assert sleeping._residency(res) == {
         "residency_label": "measured", "residency_cpus": 2, "residency_windows": 3,
         "deep_idle_share": 0.75, "busy_share": 0.25, "wakeups_per_s": 12.5}
-    # Residency unavailable (no cpuidle): the columns are there, empty.
+    # Residency unavailable: the columns are there, empty.
     assert set(sleeping._residency(None).values()) == {None}
+    # Without a cpuidle driver: shares from /proc/stat, wakeups null.
+    res["wakeups_per_s"] = None
+    assert sleeping._residency(res)["wakeups_per_s"] is None
+
+
+def _fake_machine(root, cpuidle: bool):
+    """A fake /sys and /proc tree of two CPUs, with or without cpuidle states."""
+    cpu = root / "sys/devices/system/cpu"
+    for n in (0, 1):
+        (cpu / f"cpu{n}/topology").mkdir(parents=True)
+        for k, name in enumerate(["POLL", "haltpoll idle"] if cpuidle else []):
+            d = cpu / f"cpu{n}/cpuidle/state{k}"
+            d.mkdir(parents=True)
+            for f, v in (("name", name), ("time", "0"), ("usage", "0")):
+                (d / f).write_text(v + "\n")
+    (cpu / "online").write_text("0-1\n")
+    (cpu / "cpuidle").mkdir(exist_ok=True)
+    (cpu / "cpuidle/current_driver").write_text("haltpoll\n" if cpuidle else "none\n")
+    (root / "proc").mkdir()
+    (root / "proc/stat").write_text("cpu 0 0 0 0 0 0 0 0\ncpu0 0 0 0 0 0 0 0 0\n"
+                                    "cpu1 0 0 0 0 0 0 0 0\n")
+
+
+@pytest.mark.parametrize("cpuidle", [True, False], ids=["haltpoll", "none"])
+def test_quiescence_on_both_machine_variants(tmp_path, cpuidle):
+    """The quiescence experiment's request loop runs on either variant; without cpuidle the
+    energy columns are empty and say why (a fake machine tree, so both run on any machine)."""
+    try:
+        preheat_bin()
+    except ToolError as e:
+        needs("preheat", str(e))
+    _fake_machine(tmp_path, cpuidle)
+    d = run_json(["power", "quiesce-bench", "--duration-s", "0.6", "--rounds", "1",
+                  "--machine-root", str(tmp_path), "--json"])
+    df = sleeping.quiesce_rows(d)
+    assert (df.n > 0).all() and set(df.residency_label) == {"measured"}
+    if cpuidle:
+        assert df.energy_J.notna().all() and df.energy_unavailable.isna().all()
+    else:
+        assert df.energy_J.isna().all() and df.wakeups_per_s.isna().all()
+        assert df.energy_unavailable.str.contains("no cpuidle driver").all()
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,9 @@
 //! | [`preheat`] | §3.3 preheating: sorted RLE runs loaded in priority order, stopped at a deadline, optionally split across cores |
 //! | [`sweep`] | an eviction sweep that emulates the cache loss of a deep sleep state |
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
+//! | [`idle`] | idle counters per CPU: cpuidle states, or `/proc/stat` where the kernel has none |
+//! | [`machine`] | where `/sys` and `/proc` are read from (the real machine, or a fake tree of a variant) |
+//! | [`procstat`] | `/proc/stat`: per-CPU ticks and boot time |
 //! | [`codegen`] | generated code of a chosen instruction footprint (W^X mapping, x86-64) |
 //! | [`basevec`] | cache-affinity base vectors (`BV_0`, data, code) and their eviction check |
 //! | [`perf`] | counting events of a thread or process (`perf_event_open`): IPC and misses per instruction where a PMU exists |
@@ -77,11 +80,13 @@ pub mod basevec;
 pub mod cache;
 pub mod codegen;
 pub mod idle;
+pub mod machine;
 pub mod maps;
 pub mod os;
 pub mod perf;
 pub mod preheat;
 pub mod probe;
+pub mod procstat;
 pub mod sched;
 pub mod steptrace;
 pub mod sweep;

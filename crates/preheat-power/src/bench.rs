@@ -47,7 +47,7 @@ use serde::Serialize;
 
 use crate::energy::{Bounds, EnergyReport, PowerProfile};
 use crate::quiesce::{self, Backend, BackgroundGroup, FreezeState, Freezer, Preference};
-use crate::residency::{Residency, ResidencyDiff, Snapshot};
+use crate::residency::{is_poll, CounterKind, MachineRoot, Residency, ResidencyDiff, Snapshot};
 use crate::stats::{summarize, Summary};
 use crate::{Label, Quantity};
 
@@ -86,8 +86,8 @@ pub struct BenchConfig {
     pub pin: bool,
     pub freezer: Preference,
     pub profile: PowerProfile,
-    /// cpuidle sysfs root (normally `/sys/devices/system/cpu`).
-    pub sysfs_root: PathBuf,
+    /// The machine whose idle counters are read (normally the real one).
+    pub machine: MachineRoot,
     /// Set to stop early (signal handler); the run then fails with "interrupted".
     pub stop: Arc<AtomicBool>,
 }
@@ -106,7 +106,7 @@ impl Default for BenchConfig {
             pin: true,
             freezer: Preference::Auto,
             profile: PowerProfile::default(),
-            sysfs_root: PathBuf::from(crate::residency::SYSFS_CPU_ROOT),
+            machine: MachineRoot::from_env(),
             stop: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -204,8 +204,8 @@ pub struct ModeReport {
     pub deep_idle_share: Quantity,
     /// Mean share of CPU time busy (POLL counts as busy) (measured).
     pub busy_share: Quantity,
-    /// Idle-state entries per second, all CPUs (measured).
-    pub idle_transitions_per_s: Quantity,
+    /// Idle-state entries per second, all CPUs (measured; null without entry counts).
+    pub idle_transitions_per_s: Option<Quantity>,
     /// CPU time the background hogs got (measured).
     pub background_cpu: Quantity,
     /// background_cpu / (CPUs × wall) (measured).
@@ -213,10 +213,13 @@ pub struct ModeReport {
     /// Busy CPU time not accounted to this process or the hogs, / (CPUs × wall): other tenants
     /// and the idle task's POLL (measured, approximate).
     pub other_cpu_share: Quantity,
-    /// Modeled energy over the mode's blocks (all values labeled modeled).
-    pub energy: EnergyReport,
+    /// Modeled energy over the mode's blocks (all values labeled modeled); null where the
+    /// model declines (no per-state idle time: see `energy_unavailable`).
+    pub energy: Option<EnergyReport>,
+    /// Why there is no modeled energy on this machine.
+    pub energy_unavailable: Option<String>,
     /// Modeled energy per critical request, J (labeled modeled).
-    pub energy_per_request: Bounds,
+    pub energy_per_request: Option<Bounds>,
     pub freeze: Option<FreezeStats>,
     /// Modeled energy per CPU-second of background work, above the `background-frozen`
     /// reference: (P̄_mode − P̄_ref) / (background CPU-s per s), J per CPU-second, with the same
@@ -430,7 +433,7 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     if cfg.rounds == 0 || cfg.duration.is_zero() {
         bail!("duration and rounds must be > 0");
     }
-    let first = Snapshot::read(&cfg.sysfs_root).context("reading cpuidle residency")?;
+    let first = Snapshot::read(&cfg.machine).context("reading cpuidle residency")?;
     let ncpu = first.cpus.len();
     let idle_states: Vec<String> = first
         .cpus
@@ -585,10 +588,19 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
         "residency is machine-wide: other tenants' load is included (see other_cpu_share)".into(),
         "energy is modeled from residency and the power profile, not measured (no RAPL here)"
             .into(),
+    ];
+    if first.kind != CounterKind::Cpuidle {
+        notes.push(format!(
+            "{}: residency shares come from /proc/stat; modeled energy and idle-state entries \
+             are unavailable",
+            crate::residency::NO_CPUIDLE_REASON
+        ));
+    }
+    notes.extend([
         "in quiesce-during-io the background only runs while the critical request computes, so \
          it gets less CPU (background_cpu): compare energy together with the background work done"
             .into(),
-    ];
+    ]);
     if matches!(cfg.io, Io::File { .. }) {
         notes
             .push("file reads are plain pread (no O_DIRECT): the page cache may serve them".into());
@@ -641,7 +653,7 @@ fn run_block(
             .context("reference mode without a group")?
             .hold()?;
     }
-    let snap0 = Snapshot::read(&cfg.sysfs_root)?;
+    let snap0 = Snapshot::read(&cfg.machine)?;
     let hog0 = hogs.cpu_ns();
     let self0 = self_cpu_ns();
     let end = Instant::now() + block;
@@ -686,7 +698,7 @@ fn run_block(
             std::thread::sleep(cfg.think);
         }
     }
-    let snap1 = Snapshot::read(&cfg.sysfs_root);
+    let snap1 = Snapshot::read(&cfg.machine);
     let hog1 = hogs.cpu_ns();
     let self1 = self_cpu_ns();
     if freeze_all {
@@ -707,7 +719,8 @@ fn add_background_energy(reports: &mut [ModeReport]) {
     let Some(reference) = reports
         .iter()
         .find(|m| m.mode == Mode::BackgroundFrozen)
-        .map(|m| m.energy.average_power.clone())
+        .and_then(|m| m.energy.as_ref())
+        .map(|e| e.average_power.clone())
     else {
         return;
     };
@@ -720,7 +733,9 @@ fn add_background_energy(reports: &mut [ModeReport]) {
         if m.mode == Mode::BackgroundFrozen || m.background_cpu.value < 1e-3 || bg_rate <= 0.0 {
             continue;
         }
-        let p = &m.energy.average_power;
+        let Some(p) = m.energy.as_ref().map(|e| &e.average_power) else {
+            continue;
+        };
         let f = |a: &Quantity, r: &Quantity| {
             Quantity::modeled((a.value - r.value) / bg_rate, "J/CPU-s")
         };
@@ -740,18 +755,26 @@ fn mode_report(cfg: &BenchConfig, mode: Mode, acc: Acc, ncpu: usize) -> anyhow::
     let profile = &cfg.profile;
     let wall_s = res.wall_us as f64 / 1e6;
     let cpu_s = wall_s * ncpu as f64;
-    let busy_us: u64 = res
-        .busy(|n| !profile.is_active(n))
-        .iter()
-        .map(|b| b.busy_us)
-        .sum();
+    // The profile classifies cpuidle states; an undivided /proc/stat idle time is idle as a whole.
+    let per_state = res.kind == CounterKind::Cpuidle;
+    let busy = if per_state {
+        res.busy(|n| !profile.is_active(n))
+    } else {
+        res.busy_default()
+    };
+    let busy_us: u64 = busy.iter().map(|b| b.busy_us).sum();
     let busy_s = busy_us as f64 / 1e6;
     let hog_s = acc.hog_ns as f64 / 1e9;
     let self_s = acc.self_ns as f64 / 1e9;
     let share = |x: f64| if cpu_s > 0.0 { x / cpu_s } else { 0.0 };
-    let energy = profile.model(&res);
+    let (energy, energy_unavailable) = match profile.model(&res) {
+        Ok(e) => (Some(e), None),
+        Err(why) => (None, Some(why)),
+    };
     let requests = acc.latency_us.len();
-    let energy_per_request = energy.energy.per(requests as f64, "J/request");
+    let energy_per_request = energy
+        .as_ref()
+        .map(|e| e.energy.per(requests as f64, "J/request"));
     let io_label = match cfg.io {
         Io::Emulated { .. } => Label::Emulated,
         Io::File { .. } => Label::Measured,
@@ -771,20 +794,22 @@ fn mode_report(cfg: &BenchConfig, mode: Mode, acc: Acc, ncpu: usize) -> anyhow::
         latency: summarize(&acc.latency_us, "us", Label::Measured),
         io_wait: summarize(&acc.io_us, "us", io_label),
         residency: res.report(),
-        deep_idle_share: Quantity::measured(res.share_of_states(|n| profile.is_deep(n)), "share"),
-        busy_share: Quantity::measured(share(busy_s).clamp(0.0, 1.0), "share"),
-        idle_transitions_per_s: Quantity::measured(
-            if wall_s > 0.0 {
-                res.transitions() as f64 / wall_s
+        deep_idle_share: Quantity::measured(
+            if per_state {
+                res.share_of_states(|n| profile.is_deep(n))
             } else {
-                0.0
+                res.share_of_states(|n| !is_poll(n))
             },
-            "1/s",
+            "share",
         ),
+        busy_share: Quantity::measured(share(busy_s).clamp(0.0, 1.0), "share"),
+        idle_transitions_per_s: (per_state && wall_s > 0.0)
+            .then(|| Quantity::measured(res.transitions() as f64 / wall_s, "1/s")),
         background_cpu: Quantity::measured(hog_s, "s"),
         background_cpu_share: Quantity::measured(share(hog_s), "share"),
         other_cpu_share: Quantity::measured(share((busy_s - hog_s - self_s).max(0.0)), "share"),
         energy,
+        energy_unavailable,
         energy_per_request,
         freeze,
         background_energy: None,

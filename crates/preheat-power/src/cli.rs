@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 use crate::bench::{self, BenchConfig, BenchReport, Io};
 use crate::energy::{EnergyReport, PowerProfile};
 use crate::quiesce::{self, Preference};
-use crate::residency::{Residency, Snapshot, SYSFS_CPU_ROOT};
+use crate::residency::{MachineRoot, Residency, Snapshot};
 use crate::stats::Summary;
 
 /// Sleep shaping: idle-state residency, modeled energy, slack-enabled quiescence.
@@ -50,9 +50,27 @@ pub struct ResidencyArgs {
     /// Power profile JSON file (default: the paper's Haswell figures).
     #[arg(long, value_name = "FILE")]
     pub profile: Option<PathBuf>,
-    /// cpuidle sysfs root.
-    #[arg(long, default_value = SYSFS_CPU_ROOT, value_name = "DIR")]
-    pub sysfs_root: PathBuf,
+    #[command(flatten)]
+    pub machine: MachineArg,
+}
+
+/// `--machine-root DIR`: where `/sys` and `/proc` are read from.
+#[derive(Debug, Clone, Args)]
+pub struct MachineArg {
+    /// Read the machine's idle counters under DIR instead of / (DIR/sys/devices/system/cpu,
+    /// DIR/proc/stat): a fake tree of another machine variant, for tests. Default:
+    /// $PREHEAT_MACHINE_ROOT, else /.
+    #[arg(long = "machine-root", value_name = "DIR")]
+    pub machine_root: Option<PathBuf>,
+}
+
+impl MachineArg {
+    /// The machine to read.
+    pub fn root(&self) -> MachineRoot {
+        self.machine_root
+            .as_ref()
+            .map_or_else(MachineRoot::from_env, MachineRoot::at)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -93,6 +111,8 @@ pub struct QuiesceBenchArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub machine: MachineArg,
 }
 
 #[derive(Debug, Args)]
@@ -176,7 +196,9 @@ pub fn run(args: PowerArgs) -> anyhow::Result<()> {
 #[derive(Debug, serde::Serialize)]
 pub struct ResidencyOutput {
     pub residency: Residency,
-    pub energy: EnergyReport,
+    /// Null where the model declines (see `energy_unavailable`).
+    pub energy: Option<EnergyReport>,
+    pub energy_unavailable: Option<String>,
 }
 
 fn residency(a: ResidencyArgs, stop: &AtomicBool) -> anyhow::Result<()> {
@@ -184,7 +206,8 @@ fn residency(a: ResidencyArgs, stop: &AtomicBool) -> anyhow::Result<()> {
         bail!("--for-s must be a positive number of seconds");
     }
     let profile = load_profile(a.profile.as_deref())?;
-    let before = Snapshot::read(&a.sysfs_root).context("reading cpuidle residency")?;
+    let machine = a.machine.root();
+    let before = Snapshot::read(&machine).context("reading idle residency")?;
     let end = Instant::now() + Duration::from_secs_f64(a.for_s);
     while let Some(left) = end.checked_duration_since(Instant::now()) {
         if stop.load(Ordering::Relaxed) {
@@ -195,18 +218,29 @@ fn residency(a: ResidencyArgs, stop: &AtomicBool) -> anyhow::Result<()> {
         }
         std::thread::sleep(left.min(Duration::from_millis(100)));
     }
-    let after = Snapshot::read(&a.sysfs_root).context("reading cpuidle residency")?;
+    let after = Snapshot::read(&machine).context("reading idle residency")?;
     let diff = before.diff(&after)?;
+    let (energy, energy_unavailable) = match profile.model(&diff) {
+        Ok(e) => (Some(e), None),
+        Err(why) => (None, Some(why)),
+    };
     let out = ResidencyOutput {
         residency: diff.report(),
-        energy: profile.model(&diff),
+        energy,
+        energy_unavailable,
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     print!("{}", out.residency.render());
-    print_energy(&out.energy);
+    match (&out.energy, &out.energy_unavailable) {
+        (Some(e), _) => print_energy(e),
+        (None, why) => println!(
+            "  {}",
+            why.as_deref().unwrap_or("modeled energy unavailable")
+        ),
+    }
     Ok(())
 }
 
@@ -259,7 +293,7 @@ fn quiesce_bench(a: QuiesceBenchArgs, stop: &Arc<AtomicBool>) -> anyhow::Result<
         pin: !a.no_pin,
         freezer: a.freezer,
         profile: load_profile(a.profile.as_deref())?,
-        sysfs_root: PathBuf::from(SYSFS_CPU_ROOT),
+        machine: a.machine.root(),
         stop: stop.clone(),
     };
     let report = bench::run_bench(&cfg)?;
@@ -330,9 +364,17 @@ pub fn print_bench(r: &BenchReport) {
         "J/request [bounds]"
     );
     for m in &r.modes {
-        let e = &m.energy_per_request;
+        let energy = m.energy_per_request.as_ref().map_or_else(
+            || "unavailable".to_string(),
+            |e| {
+                format!(
+                    "{:.4} [{:.4}–{:.4}]",
+                    e.independent.value, e.max_overlap.value, e.min_overlap.value
+                )
+            },
+        );
         println!(
-            "  {:<20} {:>6} {:>28} {:>8.1}% {:>6.1}% {:>7.3}s {:>7.1}% {:>9.4} [{:.4}–{:.4}]",
+            "  {:<20} {:>6} {:>28} {:>8.1}% {:>6.1}% {:>7.3}s {:>7.1}% {:>24}",
             m.mode_name(),
             m.requests,
             fmt_summary(&m.latency),
@@ -340,20 +382,25 @@ pub fn print_bench(r: &BenchReport) {
             100.0 * m.busy_share.value,
             m.background_cpu.value,
             100.0 * m.other_cpu_share.value,
-            e.independent.value,
-            e.max_overlap.value,
-            e.min_overlap.value
+            energy
         );
     }
     println!();
     for m in &r.modes {
+        let power = m.energy.as_ref().map_or_else(
+            || "modeled energy unavailable".to_string(),
+            |e| {
+                let p = &e.average_power;
+                format!(
+                    "modeled average power {:.2} W [{:.2}–{:.2}]",
+                    p.independent.value, p.max_overlap.value, p.min_overlap.value
+                )
+            },
+        );
         println!(
-            "  {}: {}; modeled average power {:.2} W [{:.2}–{:.2}] over {:.2} s",
+            "  {}: {}; {power} over {:.2} s",
             m.mode_name(),
             m.description,
-            m.energy.average_power.independent.value,
-            m.energy.average_power.max_overlap.value,
-            m.energy.average_power.min_overlap.value,
             m.duration.value
         );
         if let Some(b) = &m.background_energy {

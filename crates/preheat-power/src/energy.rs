@@ -67,7 +67,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::residency::ResidencyDiff;
+use crate::residency::{CounterKind, ResidencyDiff, NO_CPUIDLE_REASON};
 use crate::{Label, Quantity};
 
 /// The `format` string of profile files this version reads and writes.
@@ -272,8 +272,14 @@ impl PowerProfile {
         !active && deep
     }
 
-    /// Modeled energy and average power over the interval of `diff`.
-    pub fn model(&self, diff: &ResidencyDiff) -> EnergyReport {
+    /// Modeled energy and average power over the interval of `diff`. Declines, with the reason,
+    /// where the counters have no per-state time (no cpuidle driver): the profile prices idle
+    /// states one by one, and an undivided idle time would price every sleep as the profile's
+    /// unlisted state, a number that looks modeled from data but is not.
+    pub fn model(&self, diff: &ResidencyDiff) -> Result<EnergyReport, String> {
+        if diff.kind != CounterKind::Cpuidle {
+            return Err(format!("modeled energy unavailable: {NO_CPUIDLE_REASON}"));
+        }
         let wall_s = diff.wall_us as f64 / 1e6;
         let busy = diff.busy(|name| !self.is_active(name));
         let shares: Vec<f64> = busy.iter().map(|b| b.share).collect();
@@ -316,7 +322,7 @@ impl PowerProfile {
             power(any_max_overlap),
             power(any_min_overlap),
         );
-        EnergyReport {
+        Ok(EnergyReport {
             label: Label::Modeled,
             profile: self.name.clone(),
             assumption: "co-activity of CPUs estimated as independent (per-CPU residency has no \
@@ -350,7 +356,7 @@ impl PowerProfile {
                 max_overlap: j(plo),
                 min_overlap: j(phi),
             },
-        }
+        })
     }
 }
 

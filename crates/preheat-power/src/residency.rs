@@ -5,8 +5,17 @@
 //! For every online CPU `N`, `ROOT/cpuN/cpuidle/stateK/` holds `name` (e.g. `POLL`, `C1`,
 //! `haltpoll idle`), `time` (total µs spent in the state), `usage` (entries) and, on newer
 //! kernels, `above`/`below` (entries where the state turned out too deep / too shallow). `ROOT` is
-//! normally [`SYSFS_CPU_ROOT`]; every reader takes it as a parameter so tests run on a synthetic
-//! tree. The counters are read by the one reader, [`preheat_engine::idle::read_counters`].
+//! under a [`MachineRoot`] (normally the real machine); every reader takes it as a parameter so
+//! tests run on a synthetic tree of either machine variant. The counters are read by the one
+//! reader, [`preheat_engine::idle::read_counters`].
+//!
+//! **Without a cpuidle driver** (no `stateK` directories) the reader falls back to `/proc/stat`:
+//! each CPU's idle + iowait time as one undivided state named `idle` ([`CounterKind::ProcStat`]),
+//! in 10 ms ticks and without entry counts. Residency then still gives the deep-idle (= halted:
+//! without a driver the kernel's default idle halts) and busy shares, but per-state time,
+//! transitions and wakeups are reported as unavailable with the reason
+//! ([`Residency::unavailable`]), and the energy model, which needs per-state time, declines
+//! ([`crate::energy::PowerProfile::model`]).
 //!
 //! A [`Snapshot`] is all counters plus a monotonic wall time; [`Snapshot::diff`] turns two of them
 //! into a [`ResidencyDiff`] (raw µs and entry counts per CPU and state; windows add up with
@@ -28,13 +37,14 @@
 //!   as busy for the whole window; offline CPUs (`online` = 0) are skipped. A CPU that appears,
 //!   disappears or changes its idle states during a window is left out of it, with a note.
 
-use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 pub use preheat_engine::idle::IdleError;
+use preheat_engine::idle::IdleSource;
+pub use preheat_engine::machine::MachineRoot;
 
 use crate::{Label, Quantity};
 
@@ -62,6 +72,31 @@ pub enum ResidencyError {
     #[error("snapshots are not comparable: {0}")]
     Mismatch(String),
 }
+
+/// Where a snapshot's counters come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CounterKind {
+    /// Per-state time and entries from the cpuidle driver.
+    #[default]
+    Cpuidle,
+    /// No cpuidle states: one undivided `idle` state per CPU from `/proc/stat` (10 ms ticks,
+    /// entries unknown).
+    ProcStat,
+}
+
+impl CounterKind {
+    /// Whether idle-state entries (transitions, wakeups) are counted.
+    pub fn counts_entries(self) -> bool {
+        self == CounterKind::Cpuidle
+    }
+}
+
+/// Why per-state numbers are missing under [`CounterKind::ProcStat`] (printed and serialised).
+pub const NO_CPUIDLE_REASON: &str = "the kernel has no cpuidle driver (no cpu*/cpuidle/state*): \
+                                     idle time is one undivided state from /proc/stat (idle + \
+                                     iowait, 10 ms ticks); per-state time, idle-state entries and \
+                                     wakeups are not counted";
 
 /// Counters of one idle state at one instant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +134,9 @@ pub struct Snapshot {
     pub driver: Option<String>,
     #[serde(default)]
     pub governor: Option<String>,
+    /// Where the counters come from.
+    #[serde(default)]
+    pub kind: CounterKind,
 }
 
 /// Monotonic nanoseconds since a process-local epoch (the first call).
@@ -108,9 +146,9 @@ pub fn wall_ns() -> u64 {
 }
 
 impl Snapshot {
-    /// Read every online CPU's counters under `root` (normally [`SYSFS_CPU_ROOT`]); the wall time
-    /// is the midpoint of the reads.
-    pub fn read(root: &Path) -> Result<Snapshot, ResidencyError> {
+    /// Read every online CPU's counters on the machine at `root`; the wall time is the midpoint
+    /// of the reads.
+    pub fn read(root: &MachineRoot) -> Result<Snapshot, ResidencyError> {
         let t0 = wall_ns();
         let mut snap = Snapshot::read_with_wall(root, 0)?;
         let t1 = wall_ns();
@@ -120,7 +158,7 @@ impl Snapshot {
 
     /// Read the counters under `root` and stamp them with the given wall time (for tests and
     /// for callers with their own clock).
-    pub fn read_with_wall(root: &Path, wall_ns: u64) -> Result<Snapshot, ResidencyError> {
+    pub fn read_with_wall(root: &MachineRoot, wall_ns: u64) -> Result<Snapshot, ResidencyError> {
         let c = preheat_engine::idle::read_counters(root)?;
         Ok(Snapshot {
             wall_ns,
@@ -145,11 +183,21 @@ impl Snapshot {
                 .collect(),
             driver: c.driver,
             governor: c.governor,
+            kind: match c.source {
+                IdleSource::Cpuidle => CounterKind::Cpuidle,
+                IdleSource::ProcStat => CounterKind::ProcStat,
+            },
         })
     }
 
     /// Where the numbers come from, e.g. `cpuidle counters (driver haltpoll, governor haltpoll)`.
     pub fn source(&self) -> String {
+        if self.kind == CounterKind::ProcStat {
+            return format!(
+                "/proc/stat idle time (cpuidle driver {})",
+                self.driver.as_deref().unwrap_or("absent")
+            );
+        }
         match (&self.driver, &self.governor) {
             (Some(d), Some(g)) => format!("cpuidle counters (driver {d}, governor {g})"),
             (Some(d), None) => format!("cpuidle counters (driver {d})"),
@@ -162,6 +210,11 @@ impl Snapshot {
     /// their idle states in between are left out with a note; a later snapshot with an earlier
     /// wall time, or counters that went backwards, are errors.
     pub fn diff(&self, later: &Snapshot) -> Result<ResidencyDiff, ResidencyError> {
+        if self.kind != later.kind {
+            return Err(ResidencyError::Mismatch(
+                "the counters changed source (cpuidle vs /proc/stat) during the window".into(),
+            ));
+        }
         let wall_ns = later.wall_ns.checked_sub(self.wall_ns).ok_or_else(|| {
             ResidencyError::Mismatch("the later snapshot has an earlier wall time".into())
         })?;
@@ -218,6 +271,7 @@ impl Snapshot {
             wall_us: wall_ns / 1000,
             cpus,
             source: later.source(),
+            kind: later.kind,
             windows: 1,
             notes,
         })
@@ -267,6 +321,9 @@ pub struct ResidencyDiff {
     pub cpus: Vec<CpuDiff>,
     /// Where the counters come from ([`Snapshot::source`]).
     pub source: String,
+    /// Which kind of counters.
+    #[serde(default)]
+    pub kind: CounterKind,
     /// Snapshot differences summed into this one (0 for an empty diff).
     pub windows: usize,
     /// CPUs left out of a window, and why.
@@ -340,7 +397,8 @@ impl ResidencyDiff {
             *self = other.clone();
             return Ok(());
         }
-        let same_shape = self.cpus.len() == other.cpus.len()
+        let same_shape = self.kind == other.kind
+            && self.cpus.len() == other.cpus.len()
             && self.cpus.iter().zip(&other.cpus).all(|(a, b)| {
                 a.cpu == b.cpu
                     && a.states.len() == b.states.len()
@@ -385,6 +443,7 @@ impl ResidencyDiff {
         let rate =
             |n: u64| Quantity::measured(if wall_s > 0.0 { n as f64 / wall_s } else { 0.0 }, "1/s");
         let count = |n: u64| Quantity::measured(n as f64, "count");
+        let entries = self.kind.counts_entries();
         let mut notes = self.notes.clone();
         let mut per_cpu = Vec::with_capacity(self.cpus.len());
         for c in &self.cpus {
@@ -404,8 +463,8 @@ impl ResidencyDiff {
                     poll,
                     time: Quantity::measured(s.time_us as f64 / 1e6, "s"),
                     share: share(s.time_us),
-                    transitions: count(s.transitions),
-                    transitions_per_s: rate(s.transitions),
+                    transitions: entries.then(|| count(s.transitions)),
+                    transitions_per_s: entries.then(|| rate(s.transitions)),
                     above: s.above.map(count),
                     below: s.below.map(count),
                 });
@@ -432,9 +491,9 @@ impl ResidencyDiff {
                 busy_share: share(busy_us),
                 busy: Quantity::measured(busy_us as f64 / 1e6, "s"),
                 clamped,
-                wakeups: count(wakeups),
-                wakeups_per_s: rate(wakeups),
-                mean_sleep: (wakeups > 0)
+                wakeups: entries.then(|| count(wakeups)),
+                wakeups_per_s: entries.then(|| rate(wakeups)),
+                mean_sleep: (entries && wakeups > 0)
                     .then(|| Quantity::measured(deep_us as f64 / wakeups as f64, "us")),
                 states,
             });
@@ -448,7 +507,18 @@ impl ResidencyDiff {
             };
             Quantity::measured(v, "share")
         };
-        let wakeups: u64 = per_cpu.iter().map(|c| c.wakeups.value as u64).sum();
+        let wakeups: u64 = per_cpu
+            .iter()
+            .filter_map(|c| c.wakeups.as_ref())
+            .map(|w| w.value as u64)
+            .sum();
+        if self.kind == CounterKind::ProcStat {
+            notes.push(
+                "idle time from /proc/stat in 10 ms ticks: each CPU's share is uncertain by \
+                 ±10 ms per snapshot difference"
+                    .into(),
+            );
+        }
         Residency {
             label: Label::Measured,
             source: self.source.clone(),
@@ -459,8 +529,9 @@ impl ResidencyDiff {
             deep_idle_share: mean(|c| c.deep_idle_share.value),
             poll_share: mean(|c| c.poll_share.value),
             busy_share: mean(|c| c.busy_share.value),
-            wakeups: count(wakeups),
-            wakeups_per_s: rate(wakeups),
+            wakeups: entries.then(|| count(wakeups)),
+            wakeups_per_s: entries.then(|| rate(wakeups)),
+            unavailable: (!entries).then(|| NO_CPUIDLE_REASON.to_string()),
             per_cpu,
             notes,
         }
@@ -479,9 +550,9 @@ pub struct StateResidency {
     pub time: Quantity,
     /// time / window.
     pub share: Quantity,
-    /// Entries into the state.
-    pub transitions: Quantity,
-    pub transitions_per_s: Quantity,
+    /// Entries into the state (null where the counters have none: [`CounterKind::ProcStat`]).
+    pub transitions: Option<Quantity>,
+    pub transitions_per_s: Option<Quantity>,
     /// Too-deep / too-shallow entries, when the kernel reports them.
     pub above: Option<Quantity>,
     pub below: Option<Quantity>,
@@ -501,9 +572,9 @@ pub struct CpuResidency {
     pub busy: Quantity,
     /// Deep idle exceeded the window and busy was clamped to 0.
     pub clamped: bool,
-    /// Entries into non-POLL states (each ends in a wakeup).
-    pub wakeups: Quantity,
-    pub wakeups_per_s: Quantity,
+    /// Entries into non-POLL states (each ends in a wakeup); null without entry counts.
+    pub wakeups: Option<Quantity>,
+    pub wakeups_per_s: Option<Quantity>,
     /// Mean length of a non-POLL sleep, µs, when there was one.
     pub mean_sleep: Option<Quantity>,
     pub states: Vec<StateResidency>,
@@ -530,9 +601,11 @@ pub struct Residency {
     pub poll_share: Quantity,
     /// Mean over CPUs of the busy share.
     pub busy_share: Quantity,
-    /// Sum over CPUs.
-    pub wakeups: Quantity,
-    pub wakeups_per_s: Quantity,
+    /// Sum over CPUs; null without entry counts (see `unavailable`).
+    pub wakeups: Option<Quantity>,
+    pub wakeups_per_s: Option<Quantity>,
+    /// What these counters cannot give on this machine, and why (null where nothing is missing).
+    pub unavailable: Option<String>,
     pub per_cpu: Vec<CpuResidency>,
     pub notes: Vec<String>,
 }
@@ -544,34 +617,37 @@ impl Residency {
             "idle residency (measured, {}, {:.3} s, {} window(s), {} CPUs; POLL counted as busy)\n",
             self.source, self.interval.value, self.windows, self.cpus_measured
         );
+        let wakeups = |n: &Option<Quantity>, r: &Option<Quantity>| match (n, r) {
+            (Some(n), Some(r)) => format!("{} wakeups ({:.0}/s)", n.value, r.value),
+            _ => "wakeups not counted".to_string(),
+        };
         out.push_str(&format!(
-            "  mean over CPUs: deep idle {:.1}%, poll {:.1}%, busy {:.1}%; {} wakeups ({:.0}/s)\n",
+            "  mean over CPUs: deep idle {:.1}%, poll {:.1}%, busy {:.1}%; {}\n",
             100.0 * self.deep_idle_share.value,
             100.0 * self.poll_share.value,
             100.0 * self.busy_share.value,
-            self.wakeups.value,
-            self.wakeups_per_s.value
+            wakeups(&self.wakeups, &self.wakeups_per_s)
         ));
         for c in &self.per_cpu {
             out.push_str(&format!(
-                "  cpu{}: deep idle {:.1}%, poll {:.1}%, busy {:.1}%{}, {} wakeups ({:.0}/s)",
+                "  cpu{}: deep idle {:.1}%, poll {:.1}%, busy {:.1}%{}, {}",
                 c.cpu,
                 100.0 * c.deep_idle_share.value,
                 100.0 * c.poll_share.value,
                 100.0 * c.busy_share.value,
                 if c.clamped { " (clamped)" } else { "" },
-                c.wakeups.value,
-                c.wakeups_per_s.value
+                wakeups(&c.wakeups, &c.wakeups_per_s)
             ));
             for s in &c.states {
-                out.push_str(&format!(
-                    "; {} {:.1}% ×{}",
-                    s.name,
-                    100.0 * s.share.value,
-                    s.transitions.value
-                ));
+                out.push_str(&format!("; {} {:.1}%", s.name, 100.0 * s.share.value));
+                if let Some(t) = &s.transitions {
+                    out.push_str(&format!(" ×{}", t.value));
+                }
             }
             out.push('\n');
+        }
+        if let Some(u) = &self.unavailable {
+            out.push_str(&format!("  unavailable here: {u}\n"));
         }
         for n in &self.notes {
             out.push_str(&format!("  note: {n}\n"));
@@ -582,12 +658,25 @@ impl Residency {
 
 /// Read a snapshot of the real machine.
 pub fn snapshot() -> Result<Snapshot, ResidencyError> {
-    Snapshot::read(Path::new(SYSFS_CPU_ROOT))
+    Snapshot::read(&MachineRoot::real())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::{Path, PathBuf};
+
+    /// A machine root in `t` and its CPU sysfs directory.
+    fn machine(t: &tempfile::TempDir) -> (MachineRoot, PathBuf) {
+        let m = MachineRoot::at(t.path());
+        let sys = m.sys_cpu();
+        std::fs::create_dir_all(&sys).unwrap();
+        (m, sys)
+    }
+
+    fn val(q: &Option<Quantity>) -> f64 {
+        q.as_ref().expect("counted").value
+    }
 
     const S: u64 = 1_000_000_000; // 1 s in ns
 
@@ -606,7 +695,8 @@ mod tests {
     #[test]
     fn synthetic_sysfs_tree() {
         let t = tempfile::tempdir().unwrap();
-        let root = t.path();
+        let (m, sys) = machine(&t);
+        let root = sys.as_path();
         // Noise the reader must ignore.
         std::fs::create_dir_all(root.join("cpufreq")).unwrap();
         std::fs::create_dir_all(root.join("cpuidle")).unwrap();
@@ -621,7 +711,7 @@ mod tests {
         write_state(root, 10, 0, "POLL", 0, 0);
         write_state(root, 10, 1, "C1", 0, 0);
         std::fs::write(root.join("cpu0/cpuidle/state1/above"), "3\n").unwrap();
-        let before = Snapshot::read_with_wall(root, 0).unwrap();
+        let before = Snapshot::read_with_wall(&m, 0).unwrap();
         assert_eq!(
             before.cpus.iter().map(|c| c.cpu).collect::<Vec<_>>(),
             [0, 1, 10]
@@ -637,7 +727,7 @@ mod tests {
         std::fs::write(root.join("cpu0/cpuidle/state1/above"), "5\n").unwrap();
         write_state(root, 1, 1, "haltpoll", 905_000, 110);
         write_state(root, 10, 1, "C1", 1_000_000, 1);
-        let after = Snapshot::read_with_wall(root, S).unwrap();
+        let after = Snapshot::read_with_wall(&m, S).unwrap();
         let d = before.diff(&after).unwrap();
         assert_eq!(d.windows, 1);
         let r = d.report();
@@ -648,8 +738,8 @@ mod tests {
         assert!(close(c0.deep_idle_share.value, 0.6));
         assert!(close(c0.poll_share.value, 0.1));
         assert!(close(c0.busy_share.value, 0.4), "POLL counts as busy");
-        assert_eq!(c0.wakeups.value, 60.0, "POLL entries are not wakeups");
-        assert_eq!(c0.states[0].transitions.value, 20.0);
+        assert_eq!(val(&c0.wakeups), 60.0, "POLL entries are not wakeups");
+        assert_eq!(val(&c0.states[0].transitions), 20.0);
         assert!(c0.states[0].poll && !c0.states[1].poll);
         assert_eq!(c0.states[1].above.as_ref().map(|q| q.value), Some(2.0));
         assert_eq!(c0.states[1].below, None);
@@ -657,12 +747,12 @@ mod tests {
         assert!(!c0.clamped);
         let c1 = &r.per_cpu[1];
         assert!(close(c1.deep_idle_share.value, 0.9));
-        assert_eq!(c1.wakeups.value, 10.0);
+        assert_eq!(val(&c1.wakeups), 10.0);
         assert!(close(r.per_cpu[2].deep_idle_share.value, 1.0));
         assert!(close(r.deep_idle_share.value, (0.6 + 0.9 + 1.0) / 3.0));
         assert!(close(r.busy_share.value, (0.4 + 0.1 + 0.0) / 3.0));
-        assert_eq!(r.wakeups.value, 71.0);
-        assert!(close(r.wakeups_per_s.value, 71.0));
+        assert_eq!(val(&r.wakeups), 71.0);
+        assert!(close(val(&r.wakeups_per_s), 71.0));
         assert!(r.source.contains("haltpoll"));
         assert!(r.render().contains("cpu0: deep idle 60.0%"));
 
@@ -683,9 +773,9 @@ mod tests {
         let m = m.report();
         assert_eq!(m.windows, 2);
         assert!(close(m.deep_idle_share.value, r.deep_idle_share.value));
-        assert_eq!(m.wakeups.value, 142.0);
-        assert!(close(m.wakeups_per_s.value, 71.0));
-        assert_eq!(m.per_cpu[0].states[1].transitions.value, 120.0);
+        assert_eq!(val(&m.wakeups), 142.0);
+        assert!(close(val(&m.wakeups_per_s), 71.0));
+        assert_eq!(val(&m.per_cpu[0].states[1].transitions), 120.0);
         assert_eq!(
             m.per_cpu[0].states[1].above.as_ref().map(|q| q.value),
             Some(4.0)
@@ -698,10 +788,11 @@ mod tests {
     #[test]
     fn a_sleep_ending_in_the_window_is_clamped_and_noted() {
         let t = tempfile::tempdir().unwrap();
-        write_state(t.path(), 0, 0, "C1", 0, 0);
-        let a = Snapshot::read_with_wall(t.path(), 0).unwrap();
-        write_state(t.path(), 0, 0, "C1", 1_200_000, 1);
-        let b = Snapshot::read_with_wall(t.path(), S).unwrap();
+        let (m, sys) = machine(&t);
+        write_state(&sys, 0, 0, "C1", 0, 0);
+        let a = Snapshot::read_with_wall(&m, 0).unwrap();
+        write_state(&sys, 0, 0, "C1", 1_200_000, 1);
+        let b = Snapshot::read_with_wall(&m, S).unwrap();
         let r = a.diff(&b).unwrap().report();
         assert!(close(r.per_cpu[0].deep_idle_share.value, 1.2));
         assert_eq!(r.per_cpu[0].busy_share.value, 0.0);
@@ -710,28 +801,79 @@ mod tests {
     }
 
     #[test]
-    fn absent_cpuidle_is_reported() {
+    fn absent_cpuidle_falls_back_to_proc_stat_or_says_why() {
         let t = tempfile::tempdir().unwrap();
-        let e = Snapshot::read(t.path()).unwrap_err().to_string();
+        let m = MachineRoot::at(t.path());
+        let e = Snapshot::read(&m).unwrap_err().to_string();
         assert!(e.contains("unavailable"), "{e}");
-        std::fs::create_dir_all(t.path().join("cpu0/cpufreq")).unwrap();
-        let e = Snapshot::read(t.path()).unwrap_err().to_string();
-        assert!(e.contains("cpuidle is absent"), "{e}");
-        // Unreadable counters are an error, not zeros.
-        write_state(t.path(), 0, 0, "POLL", 1, 1);
-        std::fs::write(t.path().join("cpu0/cpuidle/state0/time"), "x\n").unwrap();
-        let e = Snapshot::read(t.path()).unwrap_err().to_string();
+        let sys = m.sys_cpu();
+        std::fs::create_dir_all(sys.join("cpu0/cpufreq")).unwrap();
+        std::fs::create_dir_all(sys.join("cpu1/cpufreq")).unwrap();
+        let e = Snapshot::read(&m).unwrap_err().to_string();
+        assert!(
+            e.contains("no cpuidle states") && e.contains("proc/stat"),
+            "{e}"
+        );
+        // With /proc/stat: one undivided idle state per CPU, no entry counts.
+        std::fs::create_dir_all(t.path().join("proc")).unwrap();
+        let stat = |i0: u64, i1: u64| {
+            std::fs::write(
+                m.proc_stat(),
+                format!(
+                    "cpu 0 0 0 {} 0 0 0 0\ncpu0 0 0 0 {i0} 0 0 0 0\ncpu1 0 0 0 {i1} 0 0 0 0\n",
+                    i0 + i1
+                ),
+            )
+            .unwrap()
+        };
+        stat(100, 200);
+        let a = Snapshot::read_with_wall(&m, 0).unwrap();
+        assert_eq!(a.kind, CounterKind::ProcStat);
+        assert!(a.source().contains("/proc/stat"), "{}", a.source());
+        // One second: cpu0 idles 250 ms, cpu1 900 ms.
+        stat(125, 290);
+        let b = Snapshot::read_with_wall(&m, S).unwrap();
+        let r = a.diff(&b).unwrap().report();
+        assert!(close(r.per_cpu[0].deep_idle_share.value, 0.25));
+        assert!(close(r.per_cpu[1].busy_share.value, 0.1));
+        assert_eq!(r.per_cpu[1].states[0].name, "idle");
+        assert!(r.per_cpu[1].states[0].transitions.is_none());
+        assert!(r.wakeups.is_none() && r.per_cpu[0].wakeups.is_none());
+        assert!(r.per_cpu[0].mean_sleep.is_none());
+        assert!(r
+            .unavailable
+            .as_deref()
+            .unwrap()
+            .contains("no cpuidle driver"));
+        assert!(r.notes.iter().any(|n| n.contains("10 ms")), "{:?}", r.notes);
+        let text = r.render();
+        assert!(
+            text.contains("wakeups not counted") && text.contains("unavailable here"),
+            "{text}"
+        );
+        let j = serde_json::to_value(&r).unwrap();
+        assert!(j["wakeups"].is_null());
+        assert_eq!(j["per_cpu"][0]["deep_idle_share"]["label"], "measured");
+        // Unreadable cpuidle counters are an error, not zeros, and not a fallback.
+        write_state(&sys, 0, 0, "POLL", 1, 1);
+        std::fs::write(sys.join("cpu0/cpuidle/state0/time"), "x\n").unwrap();
+        let e = Snapshot::read(&m).unwrap_err().to_string();
         assert!(e.contains("unreadable"), "{e}");
+        // Snapshots of two sources do not compare.
+        std::fs::write(sys.join("cpu0/cpuidle/state0/time"), "1\n").unwrap();
+        let c = Snapshot::read_with_wall(&m, 2 * S).unwrap();
+        assert!(matches!(b.diff(&c), Err(ResidencyError::Mismatch(_))));
     }
 
     #[test]
     fn states_changing_mid_window_are_left_out() {
         let t = tempfile::tempdir().unwrap();
-        write_state(t.path(), 0, 0, "POLL", 0, 0);
-        let before = Snapshot::read_with_wall(t.path(), 0).unwrap();
-        write_state(t.path(), 0, 1, "C1", 10, 1);
-        write_state(t.path(), 1, 0, "POLL", 0, 0);
-        let after = Snapshot::read_with_wall(t.path(), S).unwrap();
+        let (m, sys) = machine(&t);
+        write_state(&sys, 0, 0, "POLL", 0, 0);
+        let before = Snapshot::read_with_wall(&m, 0).unwrap();
+        write_state(&sys, 0, 1, "C1", 10, 1);
+        write_state(&sys, 1, 0, "POLL", 0, 0);
+        let after = Snapshot::read_with_wall(&m, S).unwrap();
         let r = before.diff(&after).unwrap().report();
         assert_eq!(r.cpus_measured, 0);
         assert!(
@@ -749,7 +891,8 @@ mod tests {
     #[test]
     fn this_machine_if_present() {
         match snapshot() {
-            Ok(s) => assert!(s.cpus.iter().any(|c| !c.states.is_empty())),
+            // With or without a cpuidle driver, every online CPU has at least one state.
+            Ok(s) => assert!(s.cpus.iter().all(|c| !c.states.is_empty()), "{s:?}"),
             Err(e) => preheat_testsupport::skip!("cpuidle", "{e}"),
         }
     }

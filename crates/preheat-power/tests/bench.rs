@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use preheat_engine::machine::{self, MachineRoot};
 use preheat_power::bench::{run_bench, BenchConfig, Io, Mode};
 use preheat_power::quiesce::{cgroup_mounts, Backend, Freezer};
 
@@ -54,13 +55,37 @@ fn check_labels(v: &serde_json::Value, path: &str) {
 #[test]
 fn one_second_bench_produces_every_field() {
     let _g = lock();
+    // This machine, whichever variant it is.
+    bench_fields(MachineRoot::real(), None);
+}
+
+#[test]
+fn the_bench_degrades_without_cpuidle_and_models_energy_with_it() {
+    let _g = lock();
+    // Both variants on any machine: the request loop, latency and CPU times are this machine's;
+    // the idle counters are a fake tree's (they do not move: every CPU counts busy).
+    for (variant, per_state) in [(machine::NO_CPUIDLE, false), (machine::HALTPOLL, true)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = machine::write_fake(tmp.path(), &variant).unwrap();
+        bench_fields(root, Some(per_state));
+    }
+}
+
+/// Run a one-second bench reading idle counters at `root` and check every field; `per_state`:
+/// whether the counters must have per-state time (None: whatever this machine has).
+fn bench_fields(root: MachineRoot, per_state: Option<bool>) {
     let cfg = BenchConfig {
         duration: Duration::from_secs(1),
         rounds: 1,
+        machine: root,
         ..BenchConfig::default()
     };
     let r = run_bench(&cfg).unwrap();
     let v = serde_json::to_value(&r).unwrap();
+    let has_states = r.modes[0].residency.unavailable.is_none();
+    if let Some(want) = per_state {
+        assert_eq!(has_states, want, "{:?}", r.modes[0].residency);
+    }
     check_labels(&v, "report");
     assert_eq!(v["config"]["io_kind"], "emulated");
     assert_eq!(v["config"]["io_emulated_wait"]["label"], "emulated");
@@ -93,10 +118,24 @@ fn one_second_bench_produces_every_field() {
         assert_eq!(mv["residency"]["label"], "measured");
         assert_eq!(m.residency.windows, 1);
         assert_eq!(m.residency.cpus_measured, r.cpus);
+        if has_states {
+            assert_eq!(mv["idle_transitions_per_s"]["label"], "measured");
+        } else {
+            // Without a cpuidle driver: entries and energy unavailable, with the reason.
+            assert!(mv["idle_transitions_per_s"].is_null());
+            assert!(mv["energy"].is_null() && mv["energy_per_request"].is_null());
+            let why = m.energy_unavailable.as_deref().unwrap();
+            assert!(why.contains("no cpuidle driver"), "{why}");
+            assert!(
+                r.notes.iter().any(|n| n.contains("/proc/stat")),
+                "{:?}",
+                r.notes
+            );
+            assert!(m.background_energy.is_none());
+        }
         for key in [
             "deep_idle_share",
             "busy_share",
-            "idle_transitions_per_s",
             "background_cpu",
             "background_cpu_share",
             "other_cpu_share",
@@ -105,15 +144,21 @@ fn one_second_bench_produces_every_field() {
             assert_eq!(mv[key]["label"], "measured", "{key}");
             assert!(mv[key]["value"].as_f64().unwrap() >= 0.0, "{key}");
         }
-        for b in ["independent", "max_overlap", "min_overlap"] {
+        let bounds: &[&str] = if has_states {
+            &["independent", "max_overlap", "min_overlap"]
+        } else {
+            &[]
+        };
+        for b in bounds {
             assert_eq!(mv["energy_per_request"][b]["label"], "modeled");
             assert_eq!(mv["energy_per_request"][b]["unit"], "J/request");
             assert!(mv["energy_per_request"][b]["value"].as_f64().unwrap() > 0.0);
             assert_eq!(mv["energy"]["energy"][b]["label"], "modeled");
         }
-        let e = &m.energy_per_request;
-        assert!(e.max_overlap.value <= e.independent.value + 1e-12);
-        assert!(e.independent.value <= e.min_overlap.value + 1e-12);
+        if let Some(e) = &m.energy_per_request {
+            assert!(e.max_overlap.value <= e.independent.value + 1e-12);
+            assert!(e.independent.value <= e.min_overlap.value + 1e-12);
+        }
         match (&m.background_energy, m.mode) {
             (None, _) => {}
             (Some(b), Mode::NoQuiescence | Mode::QuiesceDuringIo) => {
@@ -122,7 +167,7 @@ fn one_second_bench_produces_every_field() {
             }
             (Some(_), Mode::BackgroundFrozen) => panic!("reference has no background energy"),
         }
-        if r.quiescence.available && m.mode == Mode::NoQuiescence {
+        if has_states && r.quiescence.available && m.mode == Mode::NoQuiescence {
             assert!(m.background_energy.is_some(), "hog ran all block long");
         }
         match m.mode {

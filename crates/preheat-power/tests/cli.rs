@@ -1,6 +1,7 @@
 //! `PowerArgs` parses as the lead will wire it (`preheat power …`) and its commands run.
 
 use clap::{CommandFactory, Parser};
+use preheat_engine::machine;
 use preheat_power::cli::PowerCommand;
 use preheat_power::PowerArgs;
 
@@ -51,27 +52,26 @@ fn subcommands_parse() {
 
 #[test]
 fn residency_runs_on_a_synthetic_tree_and_profile_prints() {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = tmp.path().join("cpu0/cpuidle/state0");
-    std::fs::create_dir_all(&d).unwrap();
-    for (f, v) in [("name", "C1"), ("time", "0"), ("usage", "0")] {
-        std::fs::write(d.join(f), v).unwrap();
-    }
-    let root = tmp.path().to_str().unwrap();
-    for json in [true, false] {
-        let mut args = vec![
-            "preheat",
-            "power",
-            "residency",
-            "--for-s",
-            "0.05",
-            "--sysfs-root",
-            root,
-        ];
-        if json {
-            args.push("--json");
+    // Both machine variants: with cpuidle states (haltpoll) and without a driver (none).
+    for variant in [machine::HALTPOLL, machine::NO_CPUIDLE] {
+        let tmp = tempfile::tempdir().unwrap();
+        machine::write_fake(tmp.path(), &variant).unwrap();
+        let root = tmp.path().to_str().unwrap();
+        for json in [true, false] {
+            let mut args = vec![
+                "preheat",
+                "power",
+                "residency",
+                "--for-s",
+                "0.05",
+                "--machine-root",
+                root,
+            ];
+            if json {
+                args.push("--json");
+            }
+            preheat_power::run(parse(&args)).unwrap();
         }
-        preheat_power::run(parse(&args)).unwrap();
     }
     preheat_power::run(parse(&["preheat", "power", "profile"])).unwrap();
     let e = preheat_power::run(parse(&["preheat", "power", "residency", "--for-s=0"])).unwrap_err();

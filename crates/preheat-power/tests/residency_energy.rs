@@ -4,7 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use preheat_power::energy::{PowerProfile, StatePower, PROFILE_FORMAT};
-use preheat_power::residency::{IdleError, ResidencyError, Snapshot};
+use preheat_power::residency::{IdleError, MachineRoot, ResidencyError, Snapshot};
 
 /// (name, time µs, usage) of one idle state.
 type State<'a> = (&'a str, u64, u64);
@@ -27,7 +27,8 @@ const S: u64 = 1_000_000_000; // 1 s in ns
 /// Two CPUs over exactly 1 s:
 /// cpu0: POLL +100 ms (busy), C6 +500 ms → busy 500 ms (share 0.5)
 /// cpu1: POLL +0, C6 +750 ms → busy 250 ms (share 0.25)
-fn two_cpu_interval(root: &Path) -> (Snapshot, Snapshot) {
+fn two_cpu_interval(m: &MachineRoot) -> (Snapshot, Snapshot) {
+    let root = &m.sys_cpu();
     write_tree(
         root,
         &[
@@ -39,7 +40,7 @@ fn two_cpu_interval(root: &Path) -> (Snapshot, Snapshot) {
     fs::create_dir_all(root.join("cpufreq")).unwrap();
     fs::create_dir_all(root.join("cpuidle")).unwrap();
     fs::write(root.join("online"), "0-1\n").unwrap();
-    let a = Snapshot::read_with_wall(root, 5 * S).unwrap();
+    let a = Snapshot::read_with_wall(m, 5 * S).unwrap();
     write_tree(
         root,
         &[
@@ -47,7 +48,7 @@ fn two_cpu_interval(root: &Path) -> (Snapshot, Snapshot) {
             (1, &[("POLL", 0, 0), ("C6", 3_750_000, 260)]),
         ],
     );
-    let b = Snapshot::read_with_wall(root, 6 * S).unwrap();
+    let b = Snapshot::read_with_wall(m, 6 * S).unwrap();
     (a, b)
 }
 
@@ -58,7 +59,7 @@ fn close(a: f64, b: f64) -> bool {
 #[test]
 fn residency_diff_is_exact() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = two_cpu_interval(tmp.path());
+    let (a, b) = two_cpu_interval(&MachineRoot::at(tmp.path()));
     assert_eq!(a.cpus.len(), 2);
     assert_eq!(a.cpus[0].states[0].name, "POLL");
     let d = a.diff(&b).unwrap();
@@ -85,13 +86,13 @@ fn residency_diff_is_exact() {
 #[test]
 fn energy_model_is_exact_with_bounds() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = two_cpu_interval(tmp.path());
+    let (a, b) = two_cpu_interval(&MachineRoot::at(tmp.path()));
     let d = a.diff(&b).unwrap();
     let p = PowerProfile::default();
     assert_eq!(p.first_active_w, 37.0);
     assert_eq!(p.additional_active_w, 8.0);
     assert_eq!(p.package_idle_w, 5.0);
-    let e = p.model(&d);
+    let e = p.model(&d).unwrap();
     // b = (0.5, 0.25); E[k] = 0.75.
     // independent: A = 1 − 0.5·0.75 = 0.625 → 5 + 0.625·37 + 0.125·8 = 29.125 W
     // max overlap: A = 0.5 → 5 + 18.5 + 0.25·8 = 25.5 W
@@ -120,7 +121,7 @@ fn energy_model_is_exact_with_bounds() {
 #[test]
 fn per_state_idle_power_and_active_states_are_honoured() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = two_cpu_interval(tmp.path());
+    let (a, b) = two_cpu_interval(&MachineRoot::at(tmp.path()));
     let d = a.diff(&b).unwrap();
     let mut p = PowerProfile::default();
     p.states.push(StatePower {
@@ -129,7 +130,7 @@ fn per_state_idle_power_and_active_states_are_honoured() {
         idle_extra_w: 2.0,
         deep: true,
     });
-    let e = p.model(&d);
+    let e = p.model(&d).unwrap();
     // C6 residency 0.5 s + 0.75 s at 2 W = 2.5 J over 1 s = +2.5 W.
     assert!(close(e.idle_state_power.value, 2.5));
     assert!(close(e.average_power.independent.value, 29.125 + 2.5));
@@ -138,15 +139,15 @@ fn per_state_idle_power_and_active_states_are_honoured() {
     // → 5 + 0.55·37 + 0.10·8 = 26.15 W.
     let mut p = PowerProfile::default();
     p.states[0].active = false;
-    let e = p.model(&d);
+    let e = p.model(&d).unwrap();
     assert!(close(e.average_power.independent.value, 26.15));
 }
 
 #[test]
 fn every_energy_value_is_labeled_modeled() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = two_cpu_interval(tmp.path());
-    let e = PowerProfile::default().model(&a.diff(&b).unwrap());
+    let (a, b) = two_cpu_interval(&MachineRoot::at(tmp.path()));
+    let e = PowerProfile::default().model(&a.diff(&b).unwrap()).unwrap();
     let v = serde_json::to_value(&e).unwrap();
     assert_eq!(v["label"], "modeled");
     let mut values = 0;
@@ -170,15 +171,16 @@ fn every_energy_value_is_labeled_modeled() {
 #[test]
 fn offline_cpus_are_skipped_and_cpus_without_cpuidle_are_busy() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
+    let m = MachineRoot::at(tmp.path());
+    let root = &m.sys_cpu();
     write_tree(root, &[(0, &[("POLL", 0, 0), ("C1", 0, 0)])]);
     write_tree(root, &[(2, &[("POLL", 0, 0), ("C1", 0, 0)])]);
     fs::write(root.join("cpu2/online"), "0\n").unwrap();
     fs::create_dir_all(root.join("cpu1")).unwrap(); // online, no cpuidle driver
-    let a = Snapshot::read_with_wall(root, 0).unwrap();
+    let a = Snapshot::read_with_wall(&m, 0).unwrap();
     assert_eq!(a.cpus.iter().map(|c| c.cpu).collect::<Vec<_>>(), vec![0, 1]);
     write_tree(root, &[(0, &[("POLL", 0, 0), ("C1", 400_000, 4)])]);
-    let b = Snapshot::read_with_wall(root, S).unwrap();
+    let b = Snapshot::read_with_wall(&m, S).unwrap();
     let busy = a.diff(&b).unwrap().busy_default();
     assert_eq!(busy[0].busy_us, 600_000);
     assert_eq!(busy[1].busy_us, 1_000_000);
@@ -197,11 +199,12 @@ fn offline_cpus_are_skipped_and_cpus_without_cpuidle_are_busy() {
 #[test]
 fn idle_beyond_wall_is_clamped() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
+    let m = MachineRoot::at(tmp.path());
+    let root = &m.sys_cpu();
     write_tree(root, &[(0, &[("C1", 0, 0)])]);
-    let a = Snapshot::read_with_wall(root, 0).unwrap();
+    let a = Snapshot::read_with_wall(&m, 0).unwrap();
     write_tree(root, &[(0, &[("C1", 1_200_000, 1)])]);
-    let b = Snapshot::read_with_wall(root, S).unwrap();
+    let b = Snapshot::read_with_wall(&m, S).unwrap();
     let busy = a.diff(&b).unwrap().busy_default();
     assert_eq!(busy[0].busy_us, 0);
     assert!(busy[0].clamped);
@@ -210,22 +213,23 @@ fn idle_beyond_wall_is_clamped() {
 #[test]
 fn bad_trees_and_incomparable_snapshots_are_errors() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path();
+    let m = MachineRoot::at(tmp.path());
+    let root = &m.sys_cpu();
     fs::create_dir_all(root.join("cpu0")).unwrap();
     assert!(matches!(
-        Snapshot::read_with_wall(root, 0),
-        Err(ResidencyError::Unavailable(IdleError::NoCpuidle(_)))
+        Snapshot::read_with_wall(&m, 0),
+        Err(ResidencyError::Unavailable(IdleError::NoProcStat(_)))
     ));
     write_tree(root, &[(0, &[("C1", 500, 1)])]);
-    let a = Snapshot::read_with_wall(root, S).unwrap();
+    let a = Snapshot::read_with_wall(&m, S).unwrap();
     write_tree(root, &[(0, &[("C1", 400, 1)])]);
-    let b = Snapshot::read_with_wall(root, 2 * S).unwrap();
+    let b = Snapshot::read_with_wall(&m, 2 * S).unwrap();
     assert!(matches!(a.diff(&b), Err(ResidencyError::Mismatch(_))));
     // Earlier wall time.
     assert!(matches!(b.diff(&a), Err(ResidencyError::Mismatch(_))));
     fs::write(root.join("cpu0/cpuidle/state0/time"), "garbage\n").unwrap();
     assert!(matches!(
-        Snapshot::read_with_wall(root, 0),
+        Snapshot::read_with_wall(&m, 0),
         Err(ResidencyError::Unavailable(IdleError::Unreadable(_)))
     ));
 }
@@ -233,7 +237,7 @@ fn bad_trees_and_incomparable_snapshots_are_errors() {
 #[test]
 fn accumulated_intervals_add_up() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = two_cpu_interval(tmp.path());
+    let (a, b) = two_cpu_interval(&MachineRoot::at(tmp.path()));
     let d = a.diff(&b).unwrap();
     let mut acc = d.clone();
     acc.accumulate(&d).unwrap();
@@ -242,7 +246,7 @@ fn accumulated_intervals_add_up() {
     assert_eq!(acc.transitions(), 226);
     // Same shares → same average power, twice the energy.
     let p = PowerProfile::default();
-    let (e1, e2) = (p.model(&d), p.model(&acc));
+    let (e1, e2) = (p.model(&d).unwrap(), p.model(&acc).unwrap());
     assert!(close(
         e1.average_power.independent.value,
         e2.average_power.independent.value

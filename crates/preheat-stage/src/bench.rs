@@ -141,6 +141,7 @@ fn bench_pinned(args: &BenchArgs, stop: &AtomicBool) -> Result<BenchReport> {
     };
     let bound = Duration::from_millis(args.staging.bound_ms);
     let own_pids: Vec<u32> = backend_proc.iter().map(|p| p.child.id()).collect();
+    let machine = args.machine.root();
     let opts = LoadOpts {
         rate: args.rate,
         duration: Duration::from_secs_f64(args.duration_s),
@@ -149,7 +150,7 @@ fn bench_pinned(args: &BenchArgs, stop: &AtomicBool) -> Result<BenchReport> {
         bound,
         settle: Duration::from_millis(args.settle_ms),
         seed: args.seed,
-        sysfs: &args.sysfs_cpu,
+        machine: &machine,
         quiet_gate: args.quiet_gate_pct / 100.0,
         own_pids: &own_pids,
     };

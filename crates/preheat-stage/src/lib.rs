@@ -31,7 +31,6 @@ pub mod framing;
 pub mod proxy;
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -165,9 +164,8 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Root of the CPU sysfs tree (for tests).
-    #[arg(long, default_value = preheat_power::residency::SYSFS_CPU_ROOT, hide = true)]
-    pub sysfs_cpu: PathBuf,
+    #[command(flatten)]
+    pub machine: preheat_power::cli::MachineArg,
 }
 
 fn resolve(text: &str, what: &str) -> Result<SocketAddr> {

@@ -500,7 +500,7 @@ fn bench_smoke() {
         no_pin: false,
         seed: 3,
         json: true,
-        sysfs_cpu: preheat_power::residency::SYSFS_CPU_ROOT.into(),
+        machine: preheat_power::cli::MachineArg { machine_root: None },
     };
     let r = preheat_stage::bench(&args).unwrap();
     assert_eq!(r.modes.len(), 3);

@@ -6,7 +6,6 @@
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -195,7 +194,7 @@ pub(super) struct LoadOpts<'a> {
     pub(super) bound: Duration,
     pub(super) settle: Duration,
     pub(super) seed: u64,
-    pub(super) sysfs: &'a Path,
+    pub(super) machine: &'a preheat_power::residency::MachineRoot,
     /// Our other processes (the backend we started), for [`CpuUse`].
     pub(super) own_pids: &'a [u32],
     /// Wait (≤ 60 s) until every CPU was deep idle at least this share over 0.5 s (0: off).

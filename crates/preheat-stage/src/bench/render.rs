@@ -97,9 +97,9 @@ impl BenchReport {
                     .and_then(|r| r.per_cpu.iter().find(|c| c.cpu == cpu))
                     .map_or("–".into(), |c| {
                         format!(
-                            "{:.1}% / {:.0}",
+                            "{:.1}% / {}",
                             100.0 * c.deep_idle_share.value,
-                            c.wakeups_per_s.value
+                            per_s(&c.wakeups_per_s)
                         )
                     })
             });
@@ -163,9 +163,7 @@ impl BenchReport {
                     .clone()
                     .map(|c| format!("{:.1}%", 100.0 * c.deep_idle_share.value))
                     .collect();
-                let wk: Vec<String> = per_cpu
-                    .map(|c| format!("{:.0}", c.wakeups_per_s.value))
-                    .collect();
+                let wk: Vec<String> = per_cpu.map(|c| per_s(&c.wakeups_per_s)).collect();
                 out.push_str(&format!(
                     "  {} r{}: {}; {}; {}; {}; {}\n",
                     m.mode,
@@ -194,4 +192,10 @@ impl BenchReport {
         }
         out
     }
+}
+
+/// A rate that the counters may not have (no cpuidle driver: wakeups are not counted).
+fn per_s(q: &Option<preheat_power::Quantity>) -> String {
+    q.as_ref()
+        .map_or_else(|| "not counted".to_string(), |q| format!("{:.0}", q.value))
 }

@@ -1,11 +1,10 @@
 //! One measured window: the quiet gate before it, and the machine's counters around it (CPU
 //! use, the backend's wakeups, cpuidle residency).
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use preheat_power::residency::Snapshot;
+use preheat_power::residency::{MachineRoot, Snapshot};
 
 use super::client::{Answers, LoadOpts, LoadRun};
 use crate::cpu_use;
@@ -18,14 +17,15 @@ pub(super) fn quiet_gate(o: &LoadOpts<'_>, stop: &AtomicBool) -> bool {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
-        let Ok(a) = Snapshot::read(o.sysfs) else {
+        let Ok(a) = Snapshot::read(o.machine) else {
             return false;
         };
         std::thread::sleep(Duration::from_millis(500));
-        let Ok(Ok(r)) = Snapshot::read(o.sysfs).map(|b| a.diff(&b)) else {
+        let Ok(Ok(r)) = Snapshot::read(o.machine).map(|b| a.diff(&b)) else {
             return false;
         };
-        // CPUs without cpuidle states never sleep in the counters' eyes: not gated on.
+        // CPUs without idle counters never sleep in the counters' eyes: not gated on (without a
+        // cpuidle driver the counters are /proc/stat's undivided idle time, one state per CPU).
         let r = r.report();
         let mut sleeping = r.per_cpu.iter().filter(|c| !c.states.is_empty()).peekable();
         if sleeping.peek().is_some() && sleeping.all(|c| c.deep_idle_share.value >= o.quiet_gate) {
@@ -64,14 +64,14 @@ impl WindowStart {
         WindowStart {
             cpu_use: cpu_use::cpu_use_mark(o.own_pids),
             backend_wakeups: backend_wakeups(o.own_pids),
-            residency: snapshot(o.sysfs),
+            residency: snapshot(o.machine),
         }
     }
 
     /// Reads the counters again (the window ends now): the window as a run with no requests
     /// counted yet.
     pub(super) fn finish(self, o: &LoadOpts<'_>, send_window: Duration, gate_met: bool) -> LoadRun {
-        let after = snapshot(o.sysfs);
+        let after = snapshot(o.machine);
         let backend_wakeups = self
             .backend_wakeups
             .zip(backend_wakeups(o.own_pids))
@@ -100,8 +100,8 @@ impl WindowStart {
 }
 
 /// The machine's cpuidle counters now; an error says why residency is unavailable.
-fn snapshot(sysfs: &Path) -> Result<Snapshot, String> {
-    Snapshot::read(sysfs).map_err(|e| e.to_string())
+fn snapshot(machine: &MachineRoot) -> Result<Snapshot, String> {
+    Snapshot::read(machine).map_err(|e| e.to_string())
 }
 
 fn backend_wakeups(pids: &[u32]) -> Option<u64> {

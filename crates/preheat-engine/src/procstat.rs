@@ -1,0 +1,155 @@
+//! `/proc/stat`: per-CPU time in ticks (user, nice, system, idle, iowait, irq, softirq, steal)
+//! and the boot time — the one parser of this file in the workspace. Pure parsing over a text
+//! ([`parse`]) plus one reader ([`read`]) that takes the path, so tests use synthetic files.
+
+use std::path::Path;
+
+/// Ticks per second of `/proc/stat` (`USER_HZ`): 100 on every Linux architecture we run on
+/// (the kernel exports it as `sysconf(_SC_CLK_TCK)`, which [`user_hz`] asks).
+pub const USER_HZ: u64 = 100;
+
+/// The kernel's tick rate for `/proc/stat`, as `sysconf(_SC_CLK_TCK)` reports it.
+pub fn user_hz() -> u64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as u64
+    } else {
+        USER_HZ
+    }
+}
+
+/// One `cpu`/`cpuN` line, in ticks. Columns a kernel does not report are 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuTicks {
+    pub user: u64,
+    pub nice: u64,
+    pub system: u64,
+    pub idle: u64,
+    pub iowait: u64,
+    pub irq: u64,
+    pub softirq: u64,
+    pub steal: u64,
+}
+
+impl CpuTicks {
+    /// Time the CPU had nothing to run: idle + iowait (iowait is idle time with I/O pending).
+    pub fn idle_all(&self) -> u64 {
+        self.idle + self.iowait
+    }
+
+    /// Every accounted tick (guest time is already inside user and nice).
+    pub fn total(&self) -> u64 {
+        self.user
+            + self.nice
+            + self.system
+            + self.idle
+            + self.iowait
+            + self.irq
+            + self.softirq
+            + self.steal
+    }
+
+    /// Ticks the CPU ran something: [`total`](Self::total) − [`idle_all`](Self::idle_all).
+    pub fn busy(&self) -> u64 {
+        self.total().saturating_sub(self.idle_all())
+    }
+}
+
+/// What [`parse`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProcStat {
+    /// The `cpu` line (all CPUs summed).
+    pub all: CpuTicks,
+    /// The `cpuN` lines, as `(N, ticks)`, in file order (online CPUs only: the kernel leaves
+    /// offline ones out).
+    pub cpus: Vec<(u32, CpuTicks)>,
+    /// Boot time, seconds since the Unix epoch (`btime`).
+    pub btime: Option<u64>,
+}
+
+impl ProcStat {
+    /// The ticks of CPU `n`, when the file lists it.
+    pub fn cpu(&self, n: u32) -> Option<&CpuTicks> {
+        self.cpus.iter().find(|(c, _)| *c == n).map(|(_, t)| t)
+    }
+}
+
+/// Parse the text of `/proc/stat`. Lines it does not know are ignored; a `cpu` line with
+/// unparsable fields counts as missing.
+pub fn parse(text: &str) -> ProcStat {
+    let mut out = ProcStat::default();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let Some(key) = f.next() else { continue };
+        if key == "btime" {
+            out.btime = f.next().and_then(|v| v.parse().ok());
+            continue;
+        }
+        let Some(num) = key.strip_prefix("cpu") else {
+            continue;
+        };
+        let v: Vec<u64> = f.map_while(|x| x.parse().ok()).collect();
+        if v.len() < 4 {
+            continue;
+        }
+        let at = |i: usize| v.get(i).copied().unwrap_or(0);
+        let t = CpuTicks {
+            user: at(0),
+            nice: at(1),
+            system: at(2),
+            idle: at(3),
+            iowait: at(4),
+            irq: at(5),
+            softirq: at(6),
+            steal: at(7),
+        };
+        if num.is_empty() {
+            out.all = t;
+        } else if let Ok(n) = num.parse() {
+            out.cpus.push((n, t));
+        }
+    }
+    out
+}
+
+/// Read and parse `path` (normally `/proc/stat`, see [`crate::machine::MachineRoot`]).
+pub fn read(path: &Path) -> std::io::Result<ProcStat> {
+    Ok(parse(&std::fs::read_to_string(path)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = "cpu  2114 0 1555 9583 450 0 40 15 0 0\n\
+                        cpu0 598 0 492 5772 22 0 5 3 0 0\n\
+                        cpu1 1515 0 1063 3810 428 0 35 11 0 0\n\
+                        intr 1 2 3\nctxt 99\nbtime 1764200000\n";
+
+    #[test]
+    fn parses_every_column_cpu_and_btime() {
+        let s = parse(TEXT);
+        assert_eq!(s.all.user, 2114);
+        assert_eq!(s.all.steal, 15);
+        assert_eq!(s.cpus.len(), 2);
+        let c1 = s.cpu(1).unwrap();
+        assert_eq!((c1.idle, c1.iowait, c1.softirq), (3810, 428, 35));
+        assert_eq!(c1.idle_all(), 4238);
+        assert_eq!(c1.total(), 1515 + 1063 + 3810 + 428 + 35 + 11);
+        assert_eq!(c1.busy(), c1.total() - 4238);
+        assert_eq!(s.btime, Some(1_764_200_000));
+        assert!(s.cpu(2).is_none());
+    }
+
+    #[test]
+    fn old_kernels_and_garbage() {
+        // A 2.4-era line with four columns; a line cut short; a non-numeric CPU name.
+        let s = parse("cpu 1 2 3 4\ncpu0 1 2 3 4\ncpu1 1 2\ncpux 1 2 3 4 5\n");
+        assert_eq!(s.all.idle, 4);
+        assert_eq!(s.all.iowait, 0);
+        assert_eq!(s.cpus.len(), 1);
+        assert_eq!(s.btime, None);
+        assert_eq!(parse(""), ProcStat::default());
+    }
+}
