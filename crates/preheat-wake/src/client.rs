@@ -166,7 +166,13 @@ impl WakeClient {
         self.request(&WakeRequest {
             requester: requester.to_string(),
             cpus: cpus.to_vec(),
-            start_ns: now_ns().saturating_add(in_ns),
+            // A window from now counts from when the daemon gets it: a request that waits for
+            // the daemon must not lose (or, for a short hold, be refused for) the wait.
+            start_ns: if in_ns == 0 {
+                crate::plan::START_ON_RECEIPT
+            } else {
+                now_ns().saturating_add(in_ns)
+            },
             duration_ns,
         })
     }

@@ -748,9 +748,12 @@ fn handle(sh: &Shared, conn: u64, line: &str) -> serde_json::Value {
                 )}),
             }
         }
-        Command::Request(req) => {
+        Command::Request(mut req) => {
             let mut g = sh.lock();
             let now = now_ns();
+            if req.start_ns == crate::plan::START_ON_RECEIPT {
+                req.start_ns = now;
+            }
             let online = g.online.clone();
             match g.plan.add(&req, now, &online, conn) {
                 Ok(w) => {

@@ -25,7 +25,12 @@ use std::collections::{BTreeMap, BTreeSet};
 /// One second in nanoseconds.
 pub const NS_PER_S: u64 = 1_000_000_000;
 
-/// "Keep these CPUs out of deep idle from `start_ns` for `duration_ns`" (CLOCK_MONOTONIC ns).
+/// A `start_ns` of 0 means "from when the daemon receives the request" (a hold: the whole
+/// duration counts from then, however late the request arrives).
+pub const START_ON_RECEIPT: u64 = 0;
+
+/// "Keep these CPUs out of deep idle from `start_ns` for `duration_ns`" (CLOCK_MONOTONIC ns;
+/// [`START_ON_RECEIPT`] for "from receipt").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakeRequest {
     /// Who asks (the resource principal charged for the awake time).
