@@ -10,16 +10,10 @@ use std::path::Path;
 /// Busy share of all CPUs over `ms` milliseconds, from /proc/stat.
 fn busy_share(ms: u64) -> f64 {
     let read = || -> Option<(u64, u64)> {
-        let s = std::fs::read_to_string("/proc/stat").ok()?;
-        let v: Vec<u64> = s
-            .lines()
-            .next()?
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        let idle = v.get(3)? + v.get(4).unwrap_or(&0);
-        Some((v.iter().sum(), idle))
+        let all = preheat_engine::procstat::read(Path::new("/proc/stat"))
+            .ok()?
+            .all;
+        Some((all.total(), all.idle_all()))
     };
     let (Some((t0, i0)), Some((t1, i1))) = (read(), {
         std::thread::sleep(std::time::Duration::from_millis(ms));

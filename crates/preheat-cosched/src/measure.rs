@@ -83,24 +83,13 @@ pub fn cpu_times(cpus: &[usize]) -> CpuTimes {
 }
 
 fn parse_cpu_times(text: &str, cpus: &[usize]) -> CpuTimes {
+    let stat = preheat_engine::procstat::parse(text);
     let mut t = CpuTimes::default();
-    for line in text.lines() {
-        let mut f = line.split_whitespace();
-        let Some(name) = f.next() else { continue };
-        let Some(n) = name
-            .strip_prefix("cpu")
-            .and_then(|s| s.parse::<usize>().ok())
-        else {
-            continue;
-        };
-        if !cpus.contains(&n) {
-            continue;
+    for (n, c) in &stat.cpus {
+        if cpus.contains(&(*n as usize)) {
+            t.idle += c.idle_all();
+            t.total += c.total();
         }
-        let v: Vec<u64> = f.filter_map(|x| x.parse().ok()).collect();
-        // user nice system idle iowait irq softirq steal (guest counted inside user).
-        let total: u64 = v.iter().take(8).sum();
-        t.idle += v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-        t.total += total;
     }
     t
 }

@@ -127,25 +127,15 @@ pub fn online_cpus() -> usize {
 /// `/proc/stat` (indexed by CPU number; `None` where the kernel does not report it). Not for a
 /// hot path: reads a file.
 pub fn steal_ms_per_cpu() -> Option<Vec<u64>> {
-    let text = std::fs::read_to_string("/proc/stat").ok()?;
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as u64 } else { 100 };
+    let stat = crate::procstat::read(std::path::Path::new("/proc/stat")).ok()?;
+    let hz = crate::procstat::user_hz();
     let mut out = Vec::new();
-    for line in text.lines() {
-        let mut f = line.split_whitespace();
-        let Some(cpu) = f.next().and_then(|n| n.strip_prefix("cpu")) else {
-            continue;
-        };
-        let Ok(i) = cpu.parse::<usize>() else {
-            continue; // the "cpu" total line
-        };
-        // user nice system idle iowait irq softirq steal
-        let steal = f.nth(7)?.parse::<u64>().ok()?;
+    for (cpu, t) in &stat.cpus {
+        let i = *cpu as usize;
         if out.len() <= i {
             out.resize(i + 1, 0);
         }
-        out[i] = steal.saturating_mul(1000) / hz;
+        out[i] = t.steal.saturating_mul(1000) / hz;
     }
     (!out.is_empty()).then_some(out)
 }

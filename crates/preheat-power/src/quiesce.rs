@@ -579,14 +579,10 @@ fn process_start_unix(pid: u32) -> Option<f64> {
     // Fields after the parenthesised comm; starttime is field 22 overall, 20th after ")".
     let after = &stat[stat.rfind(')')? + 1..];
     let start_ticks: f64 = after.split_whitespace().nth(19)?.parse().ok()?;
-    let pstat = fs::read_to_string("/proc/stat").ok()?;
-    let btime: f64 = pstat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(btime + start_ticks / 100.0)
+    let btime = preheat_engine::procstat::read(Path::new("/proc/stat"))
+        .ok()?
+        .btime? as f64;
+    Some(btime + start_ticks / preheat_engine::procstat::USER_HZ as f64)
 }
 
 /// Is the owner of the group at `dir` still alive? A pid that does not exist or is a zombie is

@@ -12,24 +12,6 @@ use serde::Serialize;
 /// everywhere we run, read without libc).
 pub const USER_HZ: f64 = 100.0;
 
-/// CPU time of the whole machine, in ticks: (busy, total) summed over CPUs from the `cpu` line
-/// of `/proc/stat` (busy = user + nice + system + irq + softirq + steal; idle and iowait are
-/// not busy).
-pub fn machine_ticks(proc_stat: &str) -> Option<(u64, u64)> {
-    let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse().ok())
-        .collect::<Option<_>>()?;
-    if v.len() < 8 {
-        return None;
-    }
-    let busy = v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
-    // guest time is already included in user.
-    Some((busy, v[..8].iter().sum()))
-}
-
 /// CPU time (user + system, ticks) of a process, all its threads, from `/proc/PID/stat`.
 pub fn process_ticks(stat: &str) -> Option<u64> {
     // pid (comm) state ...: comm may contain spaces and parentheses; fields after the last ')'.
@@ -80,7 +62,10 @@ fn own_ticks(pids: &[u32]) -> u64 {
 /// Reads the machine's and our processes' CPU time now (`pids`: other processes of ours, e.g.
 /// the backend we started). `None` without `/proc`.
 pub fn cpu_use_mark(pids: &[u32]) -> Option<CpuUseMark> {
-    let machine = machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
+    let all = preheat_engine::procstat::read(std::path::Path::new("/proc/stat"))
+        .ok()?
+        .all;
+    let machine = (all.busy(), all.total());
     Some(CpuUseMark {
         at: Instant::now(),
         machine,
@@ -160,14 +145,13 @@ mod tests {
     #[test]
     fn proc_stat_parsing() {
         let stat = "cpu  239906 5 74942 387825 1974 3 1188 159 7 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n";
+        let all = preheat_engine::procstat::parse(stat).all;
+        // Busy = every column but idle and iowait (guest time is inside user).
+        assert_eq!(all.busy(), 239906 + 5 + 74942 + 3 + 1188 + 159);
         assert_eq!(
-            machine_ticks(stat),
-            Some((
-                239906 + 5 + 74942 + 3 + 1188 + 159,
-                239906 + 5 + 74942 + 387825 + 1974 + 3 + 1188 + 159
-            ))
+            all.total(),
+            239906 + 5 + 74942 + 387825 + 1974 + 3 + 1188 + 159
         );
-        assert_eq!(machine_ticks("intr 1 2\n"), None);
         let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0";
         assert_eq!(process_ticks(p), Some(48));
         assert_eq!(process_ticks("garbage"), None);

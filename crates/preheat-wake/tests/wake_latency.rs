@@ -37,19 +37,9 @@ fn pct(v: &mut [u64], p: f64) -> f64 {
 
 /// (busy, total) jiffies of `cpuN` from /proc/stat.
 fn cpu_jiffies(cpu: u32) -> (u64, u64) {
-    let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let tag = format!("cpu{cpu} ");
-    let Some(line) = s.lines().find(|l| l.starts_with(&tag)) else {
-        return (0, 0);
-    };
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let total: u64 = v.iter().take(8).sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+    let stat =
+        preheat_engine::procstat::read(std::path::Path::new("/proc/stat")).unwrap_or_default();
+    stat.cpu(cpu).map_or((0, 0), |t| (t.busy(), t.total()))
 }
 
 fn busy_pct(a: (u64, u64), b: (u64, u64)) -> f64 {
