@@ -22,6 +22,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import affinity_plan, cosched_plan
+from .cli import ToolError
+from .npb import KERNELS
+from .peer_clients import PEER_SERVERS
+from .sleeping_plan import EXPERIMENT_NAMES
+from .sweep_grid import COSIM_PARAMS, PARAMS, TARGETS, grid, parse_param
+from .table1_run import SERVERS, CustomServer, DemoOptions
+
 QUICK_ROUNDS = 5
 
 
@@ -53,8 +61,6 @@ def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
 
 
 def _demo_options(a, rounds_default: int):
-    from .table1 import DemoOptions
-
     rounds = a.rounds if a.rounds else (QUICK_ROUNDS if a.quick else rounds_default)
     return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
                        post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
@@ -62,18 +68,16 @@ def _demo_options(a, rounds_default: int):
                        timeout_s=a.timeout_s)
 
 
-def _boot(a) -> int:
-    from .stats import DEFAULT_BOOT
-
+def _boot(a, default: int) -> int:
+    """--bootstrap, else 500 with --quick, else DEFAULT (stats.DEFAULT_BOOT: passed in, since
+    stats needs numpy and this runs before the experiment's modules are imported)."""
     if a.bootstrap is not None:
         return a.bootstrap
-    return 500 if a.quick else DEFAULT_BOOT
+    return 500 if a.quick else default
 
 
 def _custom_server(parser: argparse.ArgumentParser, a):
     """The server given by its command after `--` (None: catalog servers); usage errors exit."""
-    from .table1 import CustomServer
-
     command = list(a.command or [])
     if command and command[0] == "--":
         command = command[1:]
@@ -90,12 +94,11 @@ def _custom_server(parser: argparse.ArgumentParser, a):
                         name=a.name or "")
 
 
-def main(argv=None) -> int:
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line (standard library only) and each command's parser by name."""
     ap = argparse.ArgumentParser(prog="python -m preheat_lab", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-
-    from .table1 import SERVERS
 
     t1 = sub.add_parser(
         "table1", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -122,8 +125,6 @@ def main(argv=None) -> int:
                    help="-- CMD ARGS...: the server's command line")
     _demo_args(t1, 200)
 
-    from .peer import PEER_SERVERS
-
     pe = sub.add_parser(
         "peer", help="our load generator vs an established client on the same server",
         description="preheat serve --server S --json, then closed loop with the same threads and "
@@ -147,8 +148,6 @@ def main(argv=None) -> int:
                     help="do not pin the server and the clients (default: pinned, recorded in the report)")
     pe.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 0.05)")
     pe.add_argument("--quick", action="store_true", help="2-second runs")
-
-    from .sweep import COSIM_PARAMS, PARAMS, TARGETS
 
     sw = sub.add_parser(
         "sweep", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,8 +181,6 @@ def main(argv=None) -> int:
     rp.add_argument("--bootstrap", type=int, default=None, help="bootstrap resamples (default 2000)")
     rp.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
-    from . import sleeping
-
     cm = sub.add_parser(
         "comm", help="communication detection: heatmaps and coscheduling sets",
         description="For each bundled kernel: preheat comm (reset after start-up, report while "
@@ -191,7 +188,7 @@ def main(argv=None) -> int:
                     "beside them, comm.csv/.parquet, *.groups.json, report.html in --out. "
                     "--from renders existing `preheat comm --out` files of any program.")
     cm.add_argument("--out", type=Path, required=True, help="output directory")
-    cm.add_argument("--kernels", default=",".join(("mg", "cg", "is", "ep")),
+    cm.add_argument("--kernels", default=",".join(KERNELS),
                     help="comma list of mg,cg,is,ep (empty: none)")
     cm.add_argument("--from", dest="from_files", type=Path, nargs="*", default=[],
                     help="existing preheat comm reports to render")
@@ -250,84 +247,85 @@ def main(argv=None) -> int:
     sp = sub.add_parser("sleeping", help="the sleeping-CPUs experiments (plots + HTML report)")
     sp.add_argument("--out", type=Path, default=Path("results/sleeping"))
     sp.add_argument("--quick", action="store_true", help="tiny runs (for tests)")
-    sp.add_argument("--only", default="", help=f"comma list of {','.join(sleeping.EXPERIMENTS)}")
+    sp.add_argument("--only", default="", help=f"comma list of {','.join(EXPERIMENT_NAMES)}")
 
+    return ap, sub.choices
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap, commands = build_parser()
     a = ap.parse_args(argv)
+    return _run(ap, commands["table1"], a)
 
+
+def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """Check the arguments, then run the command. The command line is checked with the
+    standard library only; the experiment modules (and with them numpy, pandas, matplotlib)
+    are imported here, and only here."""
     if a.cmd == "comm":
-        from . import comm
-
         kernels = [k for k in a.kernels.split(",") if k]
-        bad = [k for k in kernels if k not in comm.KERNELS]
+        bad = [k for k in kernels if k not in KERNELS]
         if bad:
-            ap.error(f"unknown kernel(s) {', '.join(bad)} (known: {', '.join(comm.KERNELS)})")
+            ap.error(f"unknown kernel(s) {', '.join(bad)} (known: {', '.join(KERNELS)})")
         if a.quick:
             kernels, a.seconds = ["mg"], 2.5
+        from . import comm
         return comm.run(a.out, kernels, a.from_files, seconds=a.seconds)
     if a.cmd == "cosched":
-        from . import cosched
-
         try:
-            o = cosched.Options.make(a.quick, a.kernels, a.reps, a.seconds, a.sim_seeds,
-                                     not a.no_measure, a.from_file)
+            o = cosched_plan.Options.make(a.quick, a.kernels, a.reps, a.seconds, a.sim_seeds,
+                                          not a.no_measure, a.from_file)
         except ValueError as e:
             ap.error(str(e))
+        from . import cosched
         return cosched.run(a.out, o)
     if a.cmd == "affinity":
-        from . import affinity
-
         try:
-            ao = affinity.Options.make(a.quick, a.workloads, a.quanta, a.reps, a.cpu_ms, a.seed,
-                                       a.from_dir)
+            ao = affinity_plan.Options.make(a.quick, a.workloads, a.quanta, a.reps, a.cpu_ms,
+                                            a.seed, a.from_dir)
         except ValueError as e:
             ap.error(str(e))
         if a.out is None and ao.from_dir is None:
             ap.error("affinity: --out DIR is required (unless --from DIR/raw)")
+        from . import affinity
         return affinity.run(a.out, ao)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
+        from . import sleeping
         res = sleeping.run_all(a.out, quick=a.quick, only=only)
         failed = [p.stem for p in a.out.glob("*.error.txt")]
         print(f"wrote {a.out / 'report.html'} ({len(res)} experiments"
               + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
         return 1 if failed else 0
 
-    from .cli import ToolError
-
     try:
         if a.cmd == "table1":
-            from . import table1
-
             custom = _custom_server(t1, a)
-            servers = a.servers if a.servers is not None else list(table1.SERVERS)
-            return table1.run(a.out, servers, _demo_options(a, 200), boot=_boot(a), custom=custom)
+            servers = a.servers if a.servers is not None else list(SERVERS)
+            from . import stats, table1
+            return table1.run(a.out, servers, _demo_options(a, 200),
+                              boot=_boot(a, stats.DEFAULT_BOOT), custom=custom)
         if a.cmd == "peer":
             from . import peer
-
             opts = peer.PeerOptions(connections=a.connections,
                                     seconds=2.0 if a.quick and a.seconds == 10.0 else a.seconds,
                                     repeats=a.repeats, server_cpu=a.server_cpu,
                                     tolerance=a.tolerance, threads=a.threads, pin=not a.no_pin)
             return peer.run(a.out, a.servers, opts)
         if a.cmd == "sweep":
-            from . import sweep
-
             try:
-                params = [sweep.parse_param(p, a.target) for p in a.param]
-                sweep.grid(params)
+                params = [parse_param(p, a.target) for p in a.param]
+                grid(params)
             except ValueError as e:
                 ap.error(str(e))
+            from . import stats, sweep
             if a.target == "cosim":
                 return sweep.run_cosim(a.out, params, a.executor, a.jobs, a.ray_address)
             return sweep.run(a.out, params, a.server, _demo_options(a, 100), a.executor, a.jobs,
-                             a.ray_address, boot=_boot(a))
+                             a.ray_address, boot=_boot(a, stats.DEFAULT_BOOT))
         if a.cmd == "report":
-            from . import labreport, sweep, table1
-            from .stats import DEFAULT_BOOT
-
-            boot = a.bootstrap if a.bootstrap is not None else DEFAULT_BOOT
-            from . import affinity
-
+            from . import affinity, labreport, stats, sweep, table1
+            boot = a.bootstrap if a.bootstrap is not None else stats.DEFAULT_BOOT
             if affinity.is_affinity_dir(a.out):  # its raw/ is not Table 1's
                 return affinity.rerender(a.out / "raw", a.out)
             if (a.out / "raw").is_dir():

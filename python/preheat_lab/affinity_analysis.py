@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 
 from . import stats
-from .affinity import (
+from .affinity_figures import _num
+from .affinity_plan import (
     BUNDLED,
     MIN_N,
     STANDS_FOR,
@@ -34,7 +35,6 @@ from .affinity import (
     t2_cond_id,
     t3_cond_id,
 )
-from .affinity_figures import _num
 
 LABEL = "measured"
 

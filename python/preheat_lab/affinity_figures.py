@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from . import labreport, stats
-from .affinity import AFFINITY_NAME, AFFINITY_ORDER, MIN_N, STANDS_FOR, WORKLOADS
+from .affinity_plan import AFFINITY_NAME, AFFINITY_ORDER, MIN_N, STANDS_FOR, WORKLOADS
 
 COLORS = {"high": "#222222", "low-d": "#ffffff", "low-i": "#ffffff", "low-d-l2": "#ffffff",
           "low": "#ffffff", "preheat": "#9ecae1", "cost": "#deebf7", "high_pre": "#3182bd"}

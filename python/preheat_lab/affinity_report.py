@@ -19,15 +19,6 @@ from typing import Any, Callable
 import pandas as pd
 
 from . import atomic
-from .affinity import (
-    BUNDLED,
-    MIN_N,
-    STANDS_FOR,
-    WHAT,
-    WORKLOADS,
-    matrix_rows,
-    substitutions,
-)
 from .affinity_analysis import (
     LABEL,
     QUANTUM_TOLERANCE,
@@ -58,6 +49,15 @@ from .affinity_figures import (
     fig_table2_grid,
     t3_groups,
     winback_groups,
+)
+from .affinity_plan import (
+    BUNDLED,
+    MIN_N,
+    STANDS_FOR,
+    WHAT,
+    WORKLOADS,
+    matrix_rows,
+    substitutions,
 )
 from .report import Report
 

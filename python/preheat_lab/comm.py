@@ -20,32 +20,8 @@ import pandas as pd
 
 from . import atomic
 from .cli import ToolError, preheat_bin, run_json
+from .npb import KERNELS, STANDS_IN_FOR, npb_bin, truth_of
 from .report import Report
-
-KERNELS = ("mg", "cg", "is", "ep")
-#: NPB kernels the bundled ones stand in for (the sharing pattern, not the computation).
-STANDS_IN_FOR = {"mg": "MG/LU (nearest neighbour)", "cg": "CG (irregular, sparse)",
-                 "is": "IS (all-to-all)", "ep": "EP (no sharing)"}
-
-
-def npb_bin() -> str:
-    """The bundled kernels, next to the `preheat` binary."""
-    p = Path(preheat_bin()).with_name("preheat-npb")
-    if not p.exists():
-        raise ToolError(f"{p} is missing: build the workspace (cargo build --release)")
-    return str(p)
-
-
-def truth_of(kernel: str, names: Sequence[str]) -> list[list[str]]:
-    """True sets by thread name (`npb-K-iI-rR`): one per instance; every thread alone for ep."""
-    if kernel == "ep":
-        sets = [[n] for n in names]
-    else:
-        by: dict = {}
-        for n in names:
-            by.setdefault(n.split("-")[2] if n.count("-") >= 3 else n, []).append(n)
-        sets = list(by.values())
-    return sorted(sorted(s) for s in sets)
 
 
 def run_kernel(kernel: str, raw: Path, seconds: float, threads: int, instances: int,

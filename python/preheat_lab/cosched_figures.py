@@ -14,6 +14,7 @@ from . import atomic, cli, comm, labreport, stats
 from .cli import ToolError
 from .cosched_plan import KERNELS, PARTIAL, POLICIES, SCENARIOS
 from .cosched_tables import _num, _regroup_events
+from .npb import STANDS_IN_FOR
 
 COLORS = {"partial-static": "#1f77b4", "partial-auto": "#ff7f0e", "none": "#7f7f7f",
           "full": "#2ca02c"}
@@ -77,7 +78,7 @@ def fig_improvement(df: pd.DataFrame, base: Path, title: str, whisker: str,
                             label=lab("simulated, same configuration"))
         ax.axhline(0, color="#999", lw=0.8)
         ax.set_xticks(range(len(ks)))
-        ax.set_xticklabels([f"{k}\n({(comm.STANDS_IN_FOR.get(k) or k).split(' (')[0]})" for k in ks],
+        ax.set_xticklabels([f"{k}\n({(STANDS_IN_FOR.get(k) or k).split(' (')[0]})" for k in ks],
                            fontsize=8)
         ax.set_title(s, fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)

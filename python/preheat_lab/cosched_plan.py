@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import cli, comm, sweep
+from . import cli
 from .cli import ToolError
+from .npb import KERNELS
+from .sweep_grid import cosim_args
 
-KERNELS = comm.KERNELS
 SCENARIOS = ("single", "double", "quad")
 POLICIES = ("none", "full", "partial-static", "partial-auto")
 PARTIAL = ("partial-static", "partial-auto")
@@ -209,7 +210,7 @@ def sim_plan(o: Options, alone: dict[str, float], no_sync: bool, scale: float = 
                              "detect_s": round(dur * SIM_DETECT_SHARE, 4)}
                     if phase:
                         point["phase_us"] = round(phase, 3)
-                    args = sweep.cosim_args(point) + ["--policy", ",".join(SIM_POLICIES)]
+                    args = cosim_args(point) + ["--policy", ",".join(SIM_POLICIES)]
                     if not sync and no_sync:
                         args.append("--no-sync")
                     plan.append({

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import cli, proc, sweep
+from . import cli, proc
 from .cli import ToolError
 from .cosched_plan import (
     POLICIES,
@@ -18,6 +18,7 @@ from .cosched_plan import (
 )
 from .cosched_tables import load_experiment
 from .progress import Progress
+from .sweep_grid import cosim_argv
 
 
 def experiment_argv(o: Options) -> list[str]:
@@ -61,7 +62,7 @@ def run_simulations(plan: list[dict], raw: Path, prog: Progress, failures: list[
     t_all = time.monotonic()
     for i, rec in enumerate(plan):
         prog.task(f"simulate {rec['id']}", 1)
-        cmd = sweep.cosim_argv(binary, rec["args"])
+        cmd = cosim_argv(binary, rec["args"])
         rec["command"] = " ".join(cmd)
         out, err = raw / f"{rec['id']}.json", raw / f"{rec['id']}.stderr.txt"
         t0 = time.monotonic()

@@ -13,7 +13,9 @@ import pandas as pd
 from . import atomic
 from .cli import read_json as _read_json
 from .report import Report
-from .table1 import DISPLAY, PAPER_AVERAGE_REMOVED, PAPER_LABEL
+from .sweep_grid import COSIM_DIR
+from .table1_analysis import PAPER_AVERAGE_REMOVED, PAPER_LABEL
+from .table1_run import DISPLAY
 
 METHOD = (
     "Method. For each server, `preheat demo` starts it pinned to one CPU with the preheat agent "
@@ -366,6 +368,39 @@ def sweep_section(rep: Report, out: Path) -> None:
                       out / "sweep" / f"sweep-{name}.svg")
 
 
+def cosim_section(rep, out: Path) -> None:
+    """The cosim sweep in DIR/sweep-cosim/ as a report section (nothing if absent)."""
+    sdir = Path(out) / COSIM_DIR
+    sj = _read_json(sdir / "sweep.json")
+    if not sj:
+        return
+    rep.heading("Sweep of the partial-coscheduling simulator (SIMULATED)")
+    if sj.get("state") != "complete":
+        rep.note(f"sweep: {str(sj.get('state')).upper()} — the rows below are the points that "
+                 "completed.", "warn")
+    for p in sj.get("points", []):
+        if p.get("status") == "failed":
+            rep.note(f"sweep: {p['id']} {p['params']} FAILED: {p.get('reason')}", "fail")
+    rep.text(f"Parameters: {sj.get('params')}; executor {sj.get('executor')} with "
+             f"{sj.get('jobs')} point(s) at a time; each point is one `preheat cosched simulate` "
+             "(every number simulated; predicted = the setup's closed form, modeled).")
+    pts = pd.DataFrame([{"point": p["id"], **p["params"], "status": p["status"],
+                         "host": p.get("host"), "seconds": p.get("seconds")}
+                        for p in sj.get("points", [])])
+    if len(pts):
+        rep.table(pts, "points (simulator runs)")
+    try:
+        res = pd.read_csv(sdir / "sweep.csv")
+    except (OSError, ValueError, pd.errors.EmptyDataError):
+        res = pd.DataFrame()
+    if len(res):
+        rep.table(res, "per point and policy (SIMULATED; predicted_improvement: modeled)")
+    for name in sj.get("params", {}):
+        png = sdir / f"sweep-{name}.png"
+        if png.exists():
+            rep.image(png, f"SIMULATED improvement over full vs {name}", sdir / f"sweep-{name}.svg")
+
+
 def build(out: Path) -> Path:
     out = Path(out)
     rep = Report("preheat lab: response time with preheated caches on this machine")
@@ -376,7 +411,6 @@ def build(out: Path) -> Path:
     table1_section(rep, out)
     peer_section(rep, out)
     sweep_section(rep, out)
-    from .sweep import cosim_section
     cosim_section(rep, out)
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "report.html"

@@ -38,12 +38,13 @@ from typing import Any
 
 import pandas as pd
 
-from . import atomic, proc
+from . import atomic, labreport, proc
 from .peer_clients import (
     EXPLAIN,
     EXTRA_WAITS,
     MAIN_WAIT,
     PARSERS,
+    PEER_SERVERS,
     PEER_TOOLS,
     Served,
     ServeError,
@@ -76,8 +77,6 @@ __all__ = [
     "parse_redis_benchmark", "parse_wrk", "peer_command", "peer_threads", "peer_tool", "pinned",
     "ratio", "row_kind", "run", "run_ours", "run_peer", "value_length", "verdict",
 ]
-
-PEER_SERVERS = ["memcached", "redis", "nginx"]
 
 
 @dataclass
@@ -201,7 +200,5 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     for s, v in state["verdicts"].items():
         print(f"peer: {s}: {v}")
     if report:
-        from . import labreport
-
         labreport.publish(out)
     return code

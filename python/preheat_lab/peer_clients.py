@@ -123,6 +123,8 @@ def value_length(protocol: str, port: int, key: str, timeout: float = 5.0) -> in
     return None
 
 
+#: The servers of the peer check and the established client each is measured with.
+PEER_SERVERS = ["memcached", "redis", "nginx"]
 PEER_TOOLS = {"memcached": "memcaslap", "redis": "redis-benchmark", "nginx": "wrk"}
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -32,30 +31,7 @@ import pandas as pd
 from . import atomic
 from .cli import run_json
 from .report import Report
-
-POLICIES = ["default", "awake", "anticipatory"]
-
-
-@dataclass
-class Scale:
-    """How much to measure: `quick` for tests, `full` for the report."""
-
-    io_requests: int
-    io_gaps: str
-    kernels: int
-    wake_rounds: int
-    wake_gaps: str
-    stage_rate: int
-    stage_s: int
-    stage_rounds: int
-    quiesce_s: int
-    quiesce_rounds: int
-
-    @staticmethod
-    def of(quick: bool) -> Scale:
-        if quick:
-            return Scale(20, "0,1000", 12, 5, "100,1000", 200, 1, 1, 2, 2)
-        return Scale(400, "0,100,1000,10000", 200, 60, "10,100,1000,10000", 100, 10, 3, 9, 6)
+from .sleeping_plan import EXPERIMENT_NAMES, POLICIES, Scale
 
 
 def _save(out: Path, name: str, data) -> None:
@@ -245,8 +221,8 @@ def quiescence(out: Path, s: Scale, rep: Report) -> pd.DataFrame:
     return df
 
 
-EXPERIMENTS = {"figure1": figure1, "kernels": kernels, "wakeups": wakeups,
-               "stage": staged, "quiesce": quiescence}
+#: The experiments (named in sleeping_plan.EXPERIMENT_NAMES, in this order) and their functions.
+EXPERIMENTS = dict(zip(EXPERIMENT_NAMES, (figure1, kernels, wakeups, staged, quiescence)))
 
 
 def run_all(out: Path, quick: bool = False, only: list[str] | None = None) -> dict[str, pd.DataFrame]:

@@ -36,127 +36,46 @@ interfere with no measurement, so `--jobs 2` is fine locally when the CPUs are f
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from . import atomic, cli, proc, stats, table1
+from . import atomic, cli, labreport, proc, stats, table1
+from .cosched_tables import sim_policy_rows
+from .labreport import cosim_section
 from .progress import Progress
+from .report import Report
+from .sweep_grid import (
+    COSIM_DEFAULT_VMS,
+    COSIM_DIR,
+    COSIM_PARAMS,
+    PARAMS,
+    TARGET_PARAMS,
+    TARGETS,
+    ParamTable,
+    cosim_args,
+    cosim_argv,
+    grid,
+    parse_param,
+    vm_sizes,
+)
 
-#: A target's parameters: name → (CLI flag, value type).
-ParamTable = dict[str, tuple[str, Callable[[str], Any]]]
-
-PARAMS: ParamTable = {
-    "lead_us": ("--lead-us", float),
-    "keep": ("--keep", int),
-    "samples": ("--samples", int),
-    "gap_merge": ("--gap-merge", int),
-    "idle_ms": ("--idle-ms", float),
-    "strategies": ("--strategies", str),
-    "sweep_mib": ("--sweep-mib", int),
-    "post_gap_us": ("--post-gap-us", float),
-}
-
-
-def vm_sizes(v: str) -> str:
-    """`8+4` (VM sizes, vCPUs): checked and normalised."""
-    parts = [x.strip() for x in str(v).split("+")]
-    if not parts or not all(x.isdigit() and int(x) > 0 for x in parts):
-        raise ValueError(f"{v!r}: expected VM sizes joined by + (8+4)")
-    return "+".join(str(int(x)) for x in parts)
-
-
-#: `preheat cosched simulate` flags (the `cosim` target).
-COSIM_PARAMS: ParamTable = {
-    "slice_ms": ("--slice-ms", float),
-    "switch_us": ("--switch-us", float),
-    "phase_us": ("--phase-us", float),
-    "phase_cv": ("--phase-cv", float),
-    "detect_s": ("--detect-s", float),
-    "duration_s": ("--duration-s", float),
-    "cpus": ("--cpus", int),
-    "vm": ("--vm", vm_sizes),
-    "scenario": ("--scenario", str),
-    "seed": ("--seed", int),
-    "barrier_us": ("--barrier-us", float),
-    "job_phases": ("--job-phases", int),
-    "auto_overhead": ("--auto-overhead", float),
-    "cfs_slice_ms": ("--cfs-slice-ms", float),
-}
-#: The paper's host, for points that do not give the VMs.
-COSIM_DEFAULT_VMS = "8+4"
-#: Per target: parameter name → (CLI flag, value type).
-TARGET_PARAMS: dict[str, ParamTable] = {"demo": PARAMS, "cosim": COSIM_PARAMS}
-TARGETS = tuple(TARGET_PARAMS)
-
-
-def cosim_args(point: dict) -> list[str]:
-    """`preheat cosched simulate` arguments for one point: `vm=8+4` → `--vm 8 --vm 4`; the
-    paper's VMs when `vm` is absent, as many CPUs as the largest VM when `cpus` is."""
-    p = dict(point)
-    p.setdefault("vm", COSIM_DEFAULT_VMS)
-    sizes = [int(x) for x in vm_sizes(p["vm"]).split("+")]
-    p.setdefault("cpus", max(sizes))
-    args: list[str] = []
-    for name, v in p.items():
-        flag = COSIM_PARAMS[name][0]
-        if name == "vm":
-            for n in sizes:
-                args += [flag, str(n)]
-        else:
-            args += [flag, f"{v:g}" if isinstance(v, float) else str(v)]
-    return args
-
-
-def cosim_argv(binary: str, args: Sequence[str]) -> list[str]:
-    """The full `preheat cosched simulate ... --json` command (its JSON goes to stdout)."""
-    return [binary, "cosched", "simulate", *args, "--json"]
-
-
-def parse_param(spec: str, target: str = "demo") -> tuple[str, list]:
-    """`lead_us=20,65,200` → ("lead_us", [20.0, 65.0, 200.0]); the names of TARGET's table."""
-    table = TARGET_PARAMS[target]
-    if "=" not in spec:
-        raise ValueError(f"--param {spec!r}: expected NAME=V1,V2,... (names: {', '.join(table)})")
-    name, vals = spec.split("=", 1)
-    name = name.strip().replace("-", "_")
-    if name not in table:
-        raise ValueError(f"--param {name}: unknown {target} parameter (known: {', '.join(table)})")
-    sep = ";" if ";" in vals else ","
-    raw = [v.strip() for v in vals.split(sep) if v.strip()]
-    if not raw:
-        raise ValueError(f"--param {name}: no values")
-    conv = table[name][1]
-    out = []
-    for v in raw:
-        try:
-            x = conv(v)
-        except ValueError:
-            raise ValueError(f"--param {name}: {v!r} is not a valid {conv.__name__}") from None
-        if conv is float and float(x).is_integer():
-            x = int(x)
-        out.append(x)
-    if len(set(map(str, out))) != len(out):
-        raise ValueError(f"--param {name}: repeated values")
-    return name, out
-
-
-def grid(params: Sequence[tuple[str, list]]) -> list[dict]:
-    names = [n for n, _ in params]
-    if len(set(names)) != len(names):
-        raise ValueError("a parameter is given twice")
-    return [dict(zip(names, combo)) for combo in itertools.product(*[v for _, v in params])]
-
+__all__ = [
+    "COSIM_DEFAULT_VMS", "COSIM_DIR", "COSIM_PARAMS", "COSIM_TIMEOUT_S", "PARAMS",
+    "TARGET_PARAMS", "TARGETS", "LocalExecutor", "ParamTable", "RayExecutor", "analyze_points",
+    "cosim_args", "cosim_argv", "cosim_results", "cosim_section", "grid", "parse_param",
+    "plots", "plots_cosim", "point_options", "reanalyze", "run", "run_cosim", "run_point_task",
+    "vm_sizes",
+]
 
 def point_options(base: table1.DemoOptions, point: dict) -> table1.DemoOptions:
     d = asdict(base)
@@ -467,8 +386,6 @@ def run(out: Path, params: Sequence[tuple[str, list]], server: str, base: table1
     code = _execute(sdir, state, specs, executor, jobs, ray_address)
     _tabulate(sdir, state, topo, boot, empty_csv=True)
     if report:
-        from . import labreport
-
         labreport.publish(out)
     return code
 
@@ -559,7 +476,6 @@ def reanalyze(out: Path, boot: int = stats.DEFAULT_BOOT) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Target cosim: `preheat cosched simulate` (SIMULATED)
 
-COSIM_DIR = "sweep-cosim"
 COSIM_TIMEOUT_S = 600.0
 
 
@@ -586,8 +502,6 @@ def run_cosim(out: Path, params: Sequence[tuple[str, list]], executor: str = "lo
     code = _execute(sdir, state, specs, executor, jobs, ray_address)
     _tabulate_cosim(sdir, state)
     if report:
-        from .report import Report
-
         rep = Report("preheat lab sweep: the partial-coscheduling simulator (SIMULATED)")
         cosim_section(rep, out)
         print(f"wrote {rep.write(out / 'report.html')}")
@@ -597,14 +511,12 @@ def run_cosim(out: Path, params: Sequence[tuple[str, list]], executor: str = "lo
 def cosim_results(sdir: Path, points: list[dict]) -> pd.DataFrame:
     """One row per point and policy from sdir/raw/ID.json (what `preheat cosched simulate
     --json` printed)."""
-    from . import cosched
-
     rows = []
     for pt in points:
         if pt.get("status") != "ok":
             continue
         data = cli.read_json(sdir / "raw" / f"{pt['id']}.json")
-        for r in cosched.sim_policy_rows(data or {}):
+        for r in sim_policy_rows(data or {}):
             rows.append({"point": pt["id"], **pt["params"], **r})
     return pd.DataFrame(rows)
 
@@ -670,36 +582,3 @@ def _tabulate_cosim(sdir: Path, state: dict) -> None:
     state["figures"] = [p.name for p in plots_cosim(sdir, res, params)]
     state["rows"] = len(res)
     atomic.write_json(sdir / "sweep.json", state)
-
-
-def cosim_section(rep, out: Path) -> None:
-    """The cosim sweep in DIR/sweep-cosim/ as a report section (nothing if absent)."""
-    sdir = Path(out) / COSIM_DIR
-    sj = cli.read_json(sdir / "sweep.json")
-    if not sj:
-        return
-    rep.heading("Sweep of the partial-coscheduling simulator (SIMULATED)")
-    if sj.get("state") != "complete":
-        rep.note(f"sweep: {str(sj.get('state')).upper()} — the rows below are the points that "
-                 "completed.", "warn")
-    for p in sj.get("points", []):
-        if p.get("status") == "failed":
-            rep.note(f"sweep: {p['id']} {p['params']} FAILED: {p.get('reason')}", "fail")
-    rep.text(f"Parameters: {sj.get('params')}; executor {sj.get('executor')} with "
-             f"{sj.get('jobs')} point(s) at a time; each point is one `preheat cosched simulate` "
-             "(every number simulated; predicted = the setup's closed form, modeled).")
-    pts = pd.DataFrame([{"point": p["id"], **p["params"], "status": p["status"],
-                         "host": p.get("host"), "seconds": p.get("seconds")}
-                        for p in sj.get("points", [])])
-    if len(pts):
-        rep.table(pts, "points (simulator runs)")
-    try:
-        res = pd.read_csv(sdir / "sweep.csv")
-    except (OSError, ValueError, pd.errors.EmptyDataError):
-        res = pd.DataFrame()
-    if len(res):
-        rep.table(res, "per point and policy (SIMULATED; predicted_improvement: modeled)")
-    for name in sj.get("params", {}):
-        png = sdir / f"sweep-{name}.png"
-        if png.exists():
-            rep.image(png, f"SIMULATED improvement over full vs {name}", sdir / f"sweep-{name}.svg")

@@ -16,7 +16,7 @@ preheat strategy). This module turns the samples into
 * `figure3*.png/.svg`: response-time CDFs per server, one line per mode, log x;
 * `summary.json`: all of it, plus the run's status (complete / interrupted, failed servers).
 
-The parts: `table1_samples` (servers, modes, loading samples), `table1_run` (running the demo),
+The parts: `table1_run` (servers, modes, running the demo), `table1_samples` (loading samples),
 `table1_analysis` (the statistics), `table1_figures` (Figure 3); this module runs a whole
 experiment and (re)builds its artifacts, and keeps the parts' public names importable as
 `table1.NAME`.
@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import atomic, cli, proc, stats
+from . import atomic, cli, labreport, proc, stats
 from .cli import failure_reason, read_json
 from .progress import Progress
 from .table1_analysis import (
@@ -222,7 +222,5 @@ def run(out: Path, servers: Sequence[str], opts: DemoOptions, boot: int = stats.
     for s, why in summary["failed"].items():
         print(f"table1: {s} FAILED: {why}")
     if report:
-        from . import labreport
-
         labreport.publish(out)
     return code

@@ -1,5 +1,8 @@
-"""Running `preheat demo` for one server of Table 1: its options, its command line, and one run
-with its outcome (ok, failed with the reason, interrupted)."""
+"""Running `preheat demo` for one server of Table 1: the servers and modes, its options, its
+command line, and one run with its outcome (ok, failed with the reason, interrupted).
+
+Standard library only: the command line's choices come from here, and `--help` runs without
+the lab's third-party packages."""
 
 from __future__ import annotations
 
@@ -12,7 +15,18 @@ from pathlib import Path
 from . import atomic, cli, proc
 from .cli import failure_reason
 from .progress import Progress
-from .table1_samples import BASE_MODES, DISPLAY
+
+SERVERS = ["kv", "memcached", "nginx", "redis", "mariadb"]
+BASE_MODES = ["hot", "warm", "cold-sweep", "cold-idle", "control"]
+COLD = "cold-sweep"  # the paper's "cold": caches flushed before the request
+WARM = "warm"
+#: The physical floor: warm caches and the server's CPU kept out of idle (`preheat demo`'s hot
+#: mode). Shares removed are against it when it was measured, else against warm.
+HOT = "hot"
+CONTROL = "control"
+
+DISPLAY = {"kv": "preheat-kv", "memcached": "memcached", "nginx": "nginx", "redis": "redis",
+           "mariadb": "MariaDB"}
 
 
 @dataclass

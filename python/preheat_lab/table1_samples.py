@@ -1,5 +1,5 @@
-"""Table 1's samples: the servers and modes of the experiment, and the per-request samples of
-`preheat demo` loaded from a run's raw/ directory (the JSON of a complete run, or the records of
+"""Table 1's samples: the per-request samples of `preheat demo` loaded from a run's raw/
+directory (the JSON of a complete run, or the records of
 an interrupted one)."""
 
 from __future__ import annotations
@@ -11,19 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SERVERS = ["kv", "memcached", "nginx", "redis", "mariadb"]
-BASE_MODES = ["hot", "warm", "cold-sweep", "cold-idle", "control"]
-COLD = "cold-sweep"  # the paper's "cold": caches flushed before the request
-WARM = "warm"
-#: The physical floor: warm caches and the server's CPU kept out of idle (`preheat demo`'s hot
-#: mode). Shares removed are against it when it was measured, else against warm.
-HOT = "hot"
-CONTROL = "control"
+from .table1_run import BASE_MODES, COLD, CONTROL, DISPLAY, HOT, SERVERS, WARM
+
+__all__ = ["BASE_MODES", "COLD", "CONTROL", "DISPLAY", "HOT", "LINE_BYTES", "SAMPLE_COLUMNS",
+           "SERVERS", "WARM", "floor_mode", "load_server", "loads_lines", "mode_order",
+           "strategy_modes"]
+
 LINE_BYTES = 64
-
-DISPLAY = {"kv": "preheat-kv", "memcached": "memcached", "nginx": "nginx", "redis": "redis",
-           "mariadb": "MariaDB"}
-
 
 SAMPLE_COLUMNS = ["server", "server_name", "mode", "round", "kind", "latency_us", "lines_done",
                   "lines_total", "preheat_us", "worker_lead_us", "trigger_lead_us",
