@@ -24,6 +24,7 @@ from pathlib import Path
 
 from . import affinity_plan, cosched_plan
 from .cli import ToolError
+from .deps import needed_for
 from .npb import KERNELS
 from .peer_clients import PEER_SERVERS
 from .sleeping_plan import EXPERIMENT_NAMES
@@ -261,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """Check the arguments, then run the command. The command line is checked with the
     standard library only; the experiment modules (and with them numpy, pandas, matplotlib)
-    are imported here, and only here."""
+    are imported here, and only here, each inside `needed_for`, which ends the run with one
+    line saying how to install a missing package."""
     if a.cmd == "comm":
         kernels = [k for k in a.kernels.split(",") if k]
         bad = [k for k in kernels if k not in KERNELS]
@@ -269,7 +271,8 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
             ap.error(f"unknown kernel(s) {', '.join(bad)} (known: {', '.join(KERNELS)})")
         if a.quick:
             kernels, a.seconds = ["mg"], 2.5
-        from . import comm
+        with needed_for(a.cmd):
+            from . import comm
         return comm.run(a.out, kernels, a.from_files, seconds=a.seconds)
     if a.cmd == "cosched":
         try:
@@ -277,7 +280,8 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
                                           not a.no_measure, a.from_file)
         except ValueError as e:
             ap.error(str(e))
-        from . import cosched
+        with needed_for(a.cmd):
+            from . import cosched
         return cosched.run(a.out, o)
     if a.cmd == "affinity":
         try:
@@ -287,11 +291,13 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
             ap.error(str(e))
         if a.out is None and ao.from_dir is None:
             ap.error("affinity: --out DIR is required (unless --from DIR/raw)")
-        from . import affinity
+        with needed_for(a.cmd):
+            from . import affinity
         return affinity.run(a.out, ao)
     if a.cmd == "sleeping":
         only = [x for x in a.only.split(",") if x] or None
-        from . import sleeping
+        with needed_for(a.cmd):
+            from . import sleeping
         res = sleeping.run_all(a.out, quick=a.quick, only=only)
         failed = [p.stem for p in a.out.glob("*.error.txt")]
         print(f"wrote {a.out / 'report.html'} ({len(res)} experiments"
@@ -302,11 +308,13 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
         if a.cmd == "table1":
             custom = _custom_server(t1, a)
             servers = a.servers if a.servers is not None else list(SERVERS)
-            from . import stats, table1
+            with needed_for(a.cmd):
+                from . import stats, table1
             return table1.run(a.out, servers, _demo_options(a, 200),
                               boot=_boot(a, stats.DEFAULT_BOOT), custom=custom)
         if a.cmd == "peer":
-            from . import peer
+            with needed_for(a.cmd):
+                from . import peer
             opts = peer.PeerOptions(connections=a.connections,
                                     seconds=2.0 if a.quick and a.seconds == 10.0 else a.seconds,
                                     repeats=a.repeats, server_cpu=a.server_cpu,
@@ -318,13 +326,15 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
                 grid(params)
             except ValueError as e:
                 ap.error(str(e))
-            from . import stats, sweep
+            with needed_for(a.cmd, ray=a.executor == "ray"):
+                from . import stats, sweep
             if a.target == "cosim":
                 return sweep.run_cosim(a.out, params, a.executor, a.jobs, a.ray_address)
             return sweep.run(a.out, params, a.server, _demo_options(a, 100), a.executor, a.jobs,
                              a.ray_address, boot=_boot(a, stats.DEFAULT_BOOT))
         if a.cmd == "report":
-            from . import affinity, labreport, stats, sweep, table1
+            with needed_for(a.cmd):
+                from . import affinity, labreport, stats, sweep, table1
             boot = a.bootstrap if a.bootstrap is not None else stats.DEFAULT_BOOT
             if affinity.is_affinity_dir(a.out):  # its raw/ is not Table 1's
                 return affinity.rerender(a.out / "raw", a.out)

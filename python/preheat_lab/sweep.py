@@ -49,7 +49,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import atomic, cli, labreport, proc, stats, table1
+from . import atomic, cli, deps, labreport, proc, stats, table1
 from .cosched_tables import sim_policy_rows
 from .labreport import cosim_section
 from .progress import Progress
@@ -181,8 +181,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise SystemExit("the ray executor needs Ray: pip install ray") from None
-        import ray
+            deps.exit_missing(["ray"], "sweep --executor ray", extras=("ray",))
 
         env = {"PYTHONPATH": os.pathsep.join([_python_root()] + ([os.environ["PYTHONPATH"]]
                                                                    if os.environ.get("PYTHONPATH") else []))}
