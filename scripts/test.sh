@@ -112,12 +112,13 @@ if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuz
     || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
 fi
 echo "test.sh: the Python lab package (experiments, plots, reports)"
-python3 -c "import matplotlib, pandas, pytest, pyarrow, rich" 2>/dev/null \
-  || python3 -m pip install -q matplotlib pandas pytest pyarrow rich >/dev/null 2>&1 \
-  || echo "test.sh: could not install matplotlib/pandas/pytest/pyarrow/rich"
+# Its packages as python/pyproject.toml declares them (the one list: dependencies, the lab and
+# test extras), installed the way scripts/setup-lab.sh installs them for the lab.
+python3 -m pip install -q -e "python[lab,test]" >/dev/null 2>&1 \
+  || echo "test.sh: could not install the lab's Python packages (pip install -e 'python[lab,test]')"
 # Ray runs the lab's sweeps on a cluster (--executor ray); its test skips, saying so, without it.
 python3 -c "import ray" 2>/dev/null \
-  || python3 -m pip install -q "ray==2.*" >/dev/null 2>&1 \
+  || python3 -m pip install -q -e "python[ray]" >/dev/null 2>&1 \
   || echo "test.sh: could not install ray: the ray-executor test will SKIP"
 # Lint and type checks of the lab package (configured in python/pyproject.toml).
 for tool in ruff mypy; do
