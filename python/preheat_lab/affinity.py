@@ -31,14 +31,13 @@ measuring.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import affinity_report, atomic, cli, proc
+from . import affinity_report, atomic, cli
 from .affinity_plan import (
     AFFINITY_NAME,
     AFFINITY_ORDER,
@@ -67,7 +66,6 @@ from .affinity_plan import (
     WINBACK_QUANTUM_MS,
     WORKLOADS,
     Options,
-    _minutes,
     _t2_cond,
     _t3_cond,
     build_conditions,
@@ -87,14 +85,14 @@ from .affinity_plan import (
     winback_cell,
 )
 from .cli import ToolError
-from .progress import Progress
+from .progress import Progress, minutes, time_left
 
 __all__ = [
     "AFFINITY_NAME", "AFFINITY_ORDER", "BUDGET_S", "BUNDLED", "DEFAULT_CPU_MS", "DEFAULT_QUANTA",
     "DEFAULT_REPS", "MIN_CPU_MS", "MIN_N", "MIN_QUANTA", "PROGRAM_CPU_S", "QUICK_CPU_MS",
     "QUICK_QUANTA", "QUICK_REPS", "QUICK_WORKLOADS", "RUN_OVERHEAD_S", "STANDS_FOR",
     "T3_OVERHEAD_S", "T3_WALL_PER_CPU_S", "TABLE3_QUANTUM_MS", "TOPOLOGY_S", "UNAVAILABLE", "VOID",
-    "WALL_PER_CPU_S", "WHAT", "WINBACK_QUANTUM_MS", "WORKLOADS", "binary", "build_conditions",
+    "WALL_PER_CPU_S", "WHAT", "WINBACK_QUANTUM_MS", "WORKLOADS", "build_conditions",
     "build_plan", "cell_cpu_ms", "estimate_s", "fit_cpu_ms", "high_cell_id", "is_affinity_dir",
     "load_raw", "matrix_rows", "measure", "Options", "plan_json", "rerender", "run",
     "run_estimate_s", "run_one", "substitutions", "_t2_cond", "t2_cond_id", "t3_cond_id",
@@ -105,34 +103,19 @@ __all__ = [
 # Talking to the CLI
 
 
-def binary() -> str:
-    """The preheat binary, or ToolError saying how to get one."""
-    b = cli.preheat_bin()
-    if not (Path(b).exists() or shutil.which(b)):
-        raise ToolError(f"the preheat binary {b} does not exist (PREHEAT_BIN="
-                        f"{os.environ.get('PREHEAT_BIN', '')!r}; build: cargo build --release)")
-    if not cli.help_text("affinity", "run") or not cli.help_text("affinity", "topology"):
-        raise ToolError(f"{b} has no `preheat affinity run|topology` (not built yet or too old: "
-                        "cargo build --release)")
-    return b
+#: What `preheat lab affinity` runs of the binary.
+COMMANDS = (("affinity", "run"), ("affinity", "topology"))
 
 
-def topology(o: Options, raw: Path) -> dict:
+def topology(o: Options, raw: Path, b: str) -> dict:
     """`preheat affinity topology --json --verify [--quanta ...]` → raw/topology.json."""
-    b = binary()
     cmd = [b, "affinity", "topology", "--json", "--verify"]
     if cli.supports(("affinity", "topology"), "--quanta"):
         cmd += ["--quanta", ",".join(map(str, o.quanta))]
-    out, err = raw / "topology.json", raw / "topology.stderr.txt"
-    rc = proc.run_child(cmd, out, err, timeout=600)
-    if rc != 0:
-        raise ToolError(f"{' '.join(cmd)} failed: " + cli.failure_reason(
-            err.read_text(errors="replace") if err.exists() else "", rc))
-    data = cli.read_json(out)
-    if not isinstance(data, dict) or not isinstance(data.get("table2"), dict):
-        raise ToolError(f"{' '.join(cmd)} printed no topology JSON with table2 (see {out})")
-    if err.exists() and not err.read_text(errors="replace").strip():
-        err.unlink()
+    out = raw / "topology.json"
+    data = cli.run_to_files(cmd, out, raw / "topology.stderr.txt", timeout=600,
+                            expect=f"table2 (see {out})", tidy=True,
+                            valid=lambda d: isinstance(d.get("table2"), dict)).check()
     data.setdefault("command", " ".join(cmd[1:]))
     return data
 
@@ -153,30 +136,18 @@ VOID = "not interleaved"
 def run_one(rec: dict, cond: dict, b: str, raw: Path, cpu_ms: int) -> tuple[str | None, str]:
     """One `preheat affinity run --json`: raw/RUN_ID.json (+ .stderr.txt when it failed).
     Returns (unavailable workload or None, failure reason or '')."""
-    cmd = [b, *cond["args"]]
     rec["command"] = " ".join(["preheat", *cond["args"]])
-    out, err = raw / f"{rec['run_id']}.json", raw / f"{rec['run_id']}.stderr.txt"
-    timeout = max(120.0, 20 * run_estimate_s(cond, cpu_ms))
-    t0 = time.monotonic()
-    try:
-        rc = proc.run_child(cmd, out, err, timeout=timeout)
-    except proc.ChildTimeout as e:
-        rc, text = -1, str(e)
-    else:
-        text = err.read_text(errors="replace") if err.exists() else ""
-    rec["seconds"] = round(time.monotonic() - t0, 3)
-    if rc != 0:
-        if out.exists() and out.stat().st_size == 0:
-            out.unlink()
-        if rc > 0 and any(k in text.lower() for k in UNAVAILABLE):
-            return _unavailable_workload(cond, text), cli.failure_reason(text, rc)
-        return None, text if rc == -1 else cli.failure_reason(text, rc)
-    if err.exists() and not text.strip():
-        err.unlink()
-    data = cli.read_json(out)
-    if not isinstance(data, dict) or not isinstance(data.get("rate"), (int, float)):
-        return None, "printed no JSON with a numeric \"rate\""
-    rec["data"] = data
+    run = cli.run_to_files([b, *cond["args"]], raw / f"{rec['run_id']}.json",
+                           raw / f"{rec['run_id']}.stderr.txt",
+                           timeout=max(120.0, 20 * run_estimate_s(cond, cpu_ms)),
+                           expect='a numeric "rate"', tidy=True,
+                           valid=lambda d: isinstance(d.get("rate"), (int, float)))
+    rec["seconds"] = round(run.seconds, 3)
+    if run.rc > 0 and any(k in run.stderr.lower() for k in UNAVAILABLE):
+        return _unavailable_workload(cond, run.stderr), run.reason
+    if not run.ok:
+        return None, run.reason
+    rec["data"] = run.data
     return None, ""
 
 
@@ -231,9 +202,8 @@ def measure(plan: list[dict], conds: dict[str, dict], b: str, raw: Path, o: Opti
             prog.update(i)
         atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
         left = sum(x["status"] == "pending" for x in plan)
-        eta = (time.monotonic() - t_all) / max(done, 1) * left
         prog.advance(f"{sum(x['status'] == 'ok' for x in recs)}/{len(recs)} ok"
-                     + (f"; ~{_minutes(eta)} left" if left else ""))
+                     + time_left(t_all, done, left))
 
 
 def plan_json(plan: Sequence[dict], conds: dict[str, dict], o: Options, state: dict) -> dict:
@@ -329,11 +299,11 @@ def run(out: Path | None, o: Options) -> int:
     state: dict = {"kind": "affinity", "state": "running", "options": o.to_dict(),
                    "failures": [], "notes": [], "unavailable": {}}
     try:
-        b = binary()
+        b = cli.require(*COMMANDS)
         print("preheat lab affinity: asking the CLI for the plan (preheat affinity topology "
               "--json --verify) ...", flush=True)
-        topo = topology(o, raw)
-    except (ToolError, proc.ChildTimeout, OSError) as e:
+        topo = topology(o, raw, b)
+    except (ToolError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(topology_text(topo, o.quanta), flush=True)
@@ -342,7 +312,7 @@ def run(out: Path | None, o: Options) -> int:
     fitted = fit_cpu_ms(conds_list, o)
     if fitted != o.cpu_ms:
         notes.append(f"--cpu-ms {fitted} instead of {o.cpu_ms} to stay within "
-                     f"{_minutes(BUDGET_S)} (give --cpu-ms to override)")
+                     f"{minutes(BUDGET_S)} (give --cpu-ms to override)")
         o.cpu_ms = fitted
         conds_list = build_conditions(topo, o, [])
     state["options"] = o.to_dict()
@@ -355,35 +325,27 @@ def run(out: Path | None, o: Options) -> int:
           f"~{o.cpu_ms / 1000 * WALL_PER_CPU_S + RUN_OVERHEAD_S:.2f} s "
           f"each in Table 2; {len(plan) - n_b} of programs, ~"
           f"{RUN_OVERHEAD_S + WALL_PER_CPU_S * PROGRAM_CPU_S:.1f} s each); expected duration "
-          f"~{_minutes(est)}", flush=True)
+          f"~{minutes(est)}", flush=True)
     if est > BUDGET_S:
-        notes.append(f"the estimate ~{_minutes(est)} exceeds {_minutes(BUDGET_S)}: fewer "
+        notes.append(f"the estimate ~{minutes(est)} exceeds {minutes(BUDGET_S)}: fewer "
                      "--workloads, --quanta or --reps (or --quick) would shorten it")
     for n in notes:
         print(f"note: {n}")
     state["estimate_s"] = round(est, 1)
     atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
-    code = 0
     t0 = time.monotonic()
-    proc.reset_interrupt_state()
-    with proc.interruptible(), Progress("affinity rounds", o.reps) as prog:
-        try:
-            measure(plan, conds, b, raw, o, state, prog)
-            state["state"] = "complete"
-        except KeyboardInterrupt:  # proc.Interrupted
-            code = proc.mark_interrupted(state)
-            prog.log(f"affinity: interrupted by {proc.interrupted_by()}: writing what finished")
-    for rec in plan:
-        if rec["status"] == "pending":
-            rec["status"] = "not run"
+    with cli.measuring("affinity", "affinity rounds", o.reps, state) as m:
+        measure(plan, conds, b, raw, o, state, m.prog)
+    code = m.code
+    cli.not_run(plan)
     state["seconds"] = round(time.monotonic() - t0, 1)
     atomic.write_json(raw / "plan.json", plan_json(plan, conds, o, state))
     for w, why in state["unavailable"].items():
         n = sum(r["status"] == "skipped" and r.get("reason", "").startswith(f"{w} ") for r in plan)
         print(f"SKIP {w}: {why} ({n} runs skipped)")
     affinity_report.render(out, topo, conds, plan, state)
-    print(f"wrote {out / 'report.html'} (took {_minutes(state['seconds'])}, estimated "
-          f"{_minutes(est)})")
+    print(f"wrote {out / 'report.html'} (took {minutes(state['seconds'])}, estimated "
+          f"{minutes(est)})")
     failed = [r for r in plan if r["status"] == "failed"]
     if failed:
         print(f"failed: {len(failed)} run(s); the first: {failed[0]['run_id']}: "

@@ -57,10 +57,6 @@ UNAVAILABLE = ("not installed", "unavailable")
 MIN_N = 3
 
 
-def _minutes(s: float) -> str:
-    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
-
-
 # ---------------------------------------------------------------------------------------------
 # Options
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import atomic, cli, proc
+from . import atomic, cli
 from .cli import ToolError
 from .cosched_figures import (
     COLORS,
@@ -70,7 +70,6 @@ from .cosched_plan import (
     SIM_TIMEOUT_S,
     Options,
     SimHost,
-    _minutes,
     _release_build,
     estimate_experiment_s,
     estimate_sims_s,
@@ -95,7 +94,7 @@ from .cosched_tables import (
     validation_sentence,
     validation_table,
 )
-from .progress import Progress
+from .progress import minutes
 
 __all__ = [
     "ALONE_S", "BARRIERS", "CELL_OVERHEAD_S", "COLORS", "INTRO", "KERNELS", "PAPER",
@@ -125,79 +124,72 @@ def run(out: Path, o: Options) -> int:
     guess = sim_plan(o, {}, True)
     budget = SIM_BUDGET_S[o.quick]
     n_sim, est_sim = len(guess), min(estimate_sims_s(guess), budget)
-    print(f"preheat lab cosched: expected duration ~{_minutes(est_exp + est_sim)}: "
-          + (f"measured experiment ~{_minutes(est_exp)} ({measured_cells(o)} runs of "
+    print(f"preheat lab cosched: expected duration ~{minutes(est_exp + est_sim)}: "
+          + (f"measured experiment ~{minutes(est_exp)} ({measured_cells(o)} runs of "
              f"{o.seconds:g} s + ~{0.5 + CELL_OVERHEAD_S:g} s each, calibration "
              f"~{len(o.kernels) * ALONE_S:.0f} s)"
              if measuring else "no measurement" + (f" (rendering {o.from_file})" if o.from_file else ""))
-          + f"; {n_sim} simulator runs ≤ {_minutes(est_sim)} ("
+          + f"; {n_sim} simulator runs ≤ {minutes(est_sim)} ("
             + ("release" if _release_build() else "debug") + " build)", flush=True)
-    code = 0
     plan: list[dict] = []
-    proc.reset_interrupt_state()
-    with proc.interruptible(), Progress("cosched", int(measuring) + n_sim) as prog:
-        try:
-            if o.from_file is not None:
-                try:
-                    exp = load_experiment(o.from_file)
-                    atomic.write_json(raw / "experiment.json", exp)
-                except ToolError as e:
-                    failures.append(f"--from: {e}")
-            elif measuring:
-                try:
-                    exp = run_experiment(o, raw, prog)
-                except (ToolError, proc.ChildTimeout, OSError) as e:
-                    failures.append(f"measured experiment: {e}")
-                    state["experiment_status"] = "FAILED (see above)"
-                    prog.advance("failed")
+    with cli.measuring("cosched", "cosched", int(measuring) + n_sim, state) as m:
+        prog = m.prog
+        if o.from_file is not None:
+            try:
+                exp = load_experiment(o.from_file)
+                atomic.write_json(raw / "experiment.json", exp)
+            except ToolError as e:
+                failures.append(f"--from: {e}")
+        elif measuring:
+            try:
+                exp = run_experiment(o, raw, prog)
+            except (ToolError, OSError) as e:
+                failures.append(f"measured experiment: {e}")
+                state["experiment_status"] = "FAILED (see above)"
+                prog.advance("failed")
+        else:
+            state["experiment_status"] = "not run (--no-measure)"
+        if n_sim:
+            try:
+                h = cli.help_text("cosched", "simulate")
+            except ToolError as e:
+                h = ""
+                failures.append(f"simulate: {e}")
+            sim = ("cosched", "simulate")
+            missing = [f for f in ("--cpus", "--vm", "--scenario", "--policy", "--json")
+                       if not cli.supports(sim, f)]
+            no_sync = cli.supports(sim, "--no-sync")
+            if h and not no_sync:
+                state["notes"].append("the simulator has no option for instances without "
+                                      "barriers (--no-sync): ep is simulated with barriers")
+            alone = alone_us(exp)
+            scale, seeds = fit_budget(o, alone, no_sync, budget)
+            plan = sim_plan(o, alone, no_sync, scale, seeds)
+            if seeds < o.sim_seeds:
+                state["notes"].append(f"{seeds} simulator seed(s) instead of {o.sim_seeds} "
+                                      f"to stay within {minutes(budget)}")
+            if scale < 1.0 and plan:
+                was = {h.key: h.duration(o.quick) for h in o.sim_hosts}
+                now = {r["host"]: (r["duration_s"], r["detect_s"]) for r in plan}
+                state["notes"].append(
+                    "simulated time shortened to keep the simulations within "
+                    f"{minutes(budget)}: " + "; ".join(
+                        f"{k}: {d:g} s, first regroup at {t:g} s (instead of {was[k]:g} s)"
+                        for k, (d, t) in now.items())
+                    + ("" if _release_build() else " — a debug build: a release build "
+                       "simulates ~12× faster"))
+            if plan and not missing:
+                prog.log(f"simulations: {len(plan)} runs, ~{minutes(estimate_sims_s(plan))}")
+            if missing:
+                why = (f"this preheat build's `cosched simulate` does not accept "
+                       f"{', '.join(missing)} (not built yet? rebuild the workspace)")
+                failures.append(f"simulate: {why}")
+                for rec in plan:
+                    rec["status"], rec["reason"] = "not run", why
             else:
-                state["experiment_status"] = "not run (--no-measure)"
-            if n_sim:
-                try:
-                    h = cli.help_text("cosched", "simulate")
-                except ToolError as e:
-                    h = ""
-                    failures.append(f"simulate: {e}")
-                sim = ("cosched", "simulate")
-                missing = [f for f in ("--cpus", "--vm", "--scenario", "--policy", "--json")
-                           if not cli.supports(sim, f)]
-                no_sync = cli.supports(sim, "--no-sync")
-                if h and not no_sync:
-                    state["notes"].append("the simulator has no option for instances without "
-                                          "barriers (--no-sync): ep is simulated with barriers")
-                alone = alone_us(exp)
-                scale, seeds = fit_budget(o, alone, no_sync, budget)
-                plan = sim_plan(o, alone, no_sync, scale, seeds)
-                if seeds < o.sim_seeds:
-                    state["notes"].append(f"{seeds} simulator seed(s) instead of {o.sim_seeds} "
-                                          f"to stay within {_minutes(budget)}")
-                if scale < 1.0 and plan:
-                    was = {h.key: h.duration(o.quick) for h in o.sim_hosts}
-                    now = {r["host"]: (r["duration_s"], r["detect_s"]) for r in plan}
-                    state["notes"].append(
-                        "simulated time shortened to keep the simulations within "
-                        f"{_minutes(budget)}: " + "; ".join(
-                            f"{k}: {d:g} s, first regroup at {t:g} s (instead of {was[k]:g} s)"
-                            for k, (d, t) in now.items())
-                        + ("" if _release_build() else " — a debug build: a release build "
-                           "simulates ~12× faster"))
-                if plan and not missing:
-                    prog.log(f"simulations: {len(plan)} runs, ~{_minutes(estimate_sims_s(plan))}")
-                if missing:
-                    why = (f"this preheat build's `cosched simulate` does not accept "
-                           f"{', '.join(missing)} (not built yet? rebuild the workspace)")
-                    failures.append(f"simulate: {why}")
-                    for rec in plan:
-                        rec["status"], rec["reason"] = "not run", why
-                else:
-                    run_simulations(plan, raw / "sim", prog, failures)
-            state["state"] = "complete"
-        except KeyboardInterrupt:  # proc.Interrupted
-            code = proc.mark_interrupted(state)
-            prog.log(f"cosched: interrupted by {proc.interrupted_by()}: writing what finished")
-    for rec in plan:
-        if rec["status"] == "pending":
-            rec["status"] = "not run"
+                run_simulations(plan, raw / "sim", prog, failures)
+    code = m.code
+    cli.not_run(plan)
     state["simulations"] = [{k: v for k, v in r.items() if k not in ("data", "args")} for r in plan]
     for n in state["notes"]:
         print(f"note: {n}")

@@ -185,10 +185,6 @@ def fit_budget(o: Options, alone: dict[str, float], no_sync: bool, budget: float
     return scale, seeds
 
 
-def _minutes(s: float) -> str:
-    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
-
-
 def sim_plan(o: Options, alone: dict[str, float], no_sync: bool, scale: float = 1.0,
              seeds: int | None = None) -> list[dict]:
     """One simulator run per host × kernel × scenario × seed (SCALE, SEEDS: see fit_budget;

@@ -6,18 +6,16 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from . import cli, proc
-from .cli import ToolError
+from . import cli
 from .cosched_plan import (
     POLICIES,
     SIM_TIMEOUT_S,
     Options,
-    _minutes,
     estimate_experiment_s,
     measured_cells,
 )
 from .cosched_tables import load_experiment
-from .progress import Progress
+from .progress import Progress, minutes, time_left
 from .sweep_grid import cosim_argv
 
 
@@ -32,23 +30,17 @@ def experiment_argv(o: Options) -> list[str]:
 def run_experiment(o: Options, raw: Path, prog: Progress) -> dict:
     """`preheat cosched experiment --json` (stdout → raw/experiment.json); progress = elapsed
     time against the estimate."""
-    if not cli.help_text("cosched", "experiment"):
-        raise ToolError(f"{cli.preheat_bin()} has no `cosched experiment` (build the workspace: "
-                        "cargo build --release)")
+    cli.require(("cosched", "experiment"))
     est = estimate_experiment_s(o)
-    prog.task(f"measured experiment ({measured_cells(o)} runs, ~{_minutes(est)})", int(est))
-    cmd = experiment_argv(o)
-    out_json, err = raw / "experiment.json", raw / "experiment.stderr.txt"
+    prog.task(f"measured experiment ({measured_cells(o)} runs, ~{minutes(est)})", int(est))
     t0 = time.monotonic()
-    rc = proc.run_child(cmd, out_json, err, timeout=2 * est + 300,
-                        on_tick=lambda: prog.update(int(time.monotonic() - t0)))
-    took = time.monotonic() - t0
-    if rc != 0:
-        raise ToolError(f"{' '.join(cmd)}: " + cli.failure_reason(
-            err.read_text(errors="replace") if err.exists() else "", rc))
-    data = load_experiment(out_json)
+    run = cli.run_to_files(experiment_argv(o), raw / "experiment.json",
+                           raw / "experiment.stderr.txt", timeout=2 * est + 300,
+                           on_tick=lambda: prog.update(int(time.monotonic() - t0)))
+    run.check()
+    data = load_experiment(raw / "experiment.json")
     data.setdefault("regroup_s", o.regroup_s)
-    prog.advance(f"{took:.0f} s (estimated {est:.0f} s)")
+    prog.advance(f"{run.seconds:.0f} s (estimated {est:.0f} s)")
     return data
 
 
@@ -64,28 +56,17 @@ def run_simulations(plan: list[dict], raw: Path, prog: Progress, failures: list[
         prog.task(f"simulate {rec['id']}", 1)
         cmd = cosim_argv(binary, rec["args"])
         rec["command"] = " ".join(cmd)
-        out, err = raw / f"{rec['id']}.json", raw / f"{rec['id']}.stderr.txt"
-        t0 = time.monotonic()
-        try:
-            rc = proc.run_child(cmd, out, err, timeout=SIM_TIMEOUT_S)
-        except proc.ChildTimeout as e:
-            rc, why = -1, str(e)
+        run = cli.run_to_files(cmd, raw / f"{rec['id']}.json", raw / f"{rec['id']}.stderr.txt",
+                               timeout=SIM_TIMEOUT_S, expect='"policies"',
+                               valid=lambda d: d.get("policies"))
+        rec["seconds"] = round(run.seconds, 3)
+        if run.ok:
+            rec["status"], rec["data"] = "ok", run.data
         else:
-            why = "" if rc == 0 else cli.failure_reason(
-                err.read_text(errors="replace") if err.exists() else "", rc)
-        rec["seconds"] = round(time.monotonic() - t0, 3)
-        data = cli.read_json(out) if rc == 0 else None
-        if rc == 0 and not (isinstance(data, dict) and data.get("policies")):
-            why = "printed no JSON with \"policies\""
-        if why:
-            rec["status"], rec["reason"] = "failed", why
-            reasons.setdefault(why, []).append(rec["id"])
-        else:
-            rec["status"], rec["data"] = "ok", data
-        left = len(plan) - i - 1
-        eta = (time.monotonic() - t_all) / (i + 1) * left
-        prog.advance(rec["status"] + (f" ({why})" if why else "")
-                     + (f"; ~{_minutes(eta)} left" if left else ""))
+            rec["status"], rec["reason"] = "failed", run.reason
+            reasons.setdefault(run.reason, []).append(rec["id"])
+        prog.advance(rec["status"] + (f" ({run.reason})" if run.reason else "")
+                     + time_left(t_all, i + 1, len(plan) - i - 1))
     for why, ids in reasons.items():
         more = f" and {len(ids) - 3} more" if len(ids) > 3 else ""
         failures.append(f"simulate: {len(ids)} run(s) failed ({', '.join(ids[:3])}{more}): {why}")

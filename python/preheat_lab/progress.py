@@ -9,6 +9,19 @@ from typing import Any
 from .proc import isatty
 
 
+def minutes(s: float) -> str:
+    """A duration for people: "45 s", "2.5 min" (from 90 s on)."""
+    return f"{s / 60:.1f} min" if s >= 90 else f"{s:.0f} s"
+
+
+def time_left(t0: float, done: int, left: int) -> str:
+    """"; ~X left" for LEFT more items at the pace of DONE since T0 (time.monotonic()), or ""
+    when none is left."""
+    if not left:
+        return ""
+    return f"; ~{minutes((time.monotonic() - t0) / max(done, 1) * left)} left"
+
+
 class Progress:
     """`with Progress("table1", total) as p: p.task(name, total); p.update(done); p.advance()`.
 

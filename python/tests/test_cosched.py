@@ -241,7 +241,7 @@ def test_a_failing_part_is_reported_and_the_rest_renders(tmp_path: Path, monkeyp
     out2 = tmp_path / "lab2"
     assert lab.main(["cosched", "--out", str(out2), "--quick", "--sim-seeds", "1"]) == 1
     html = (out2 / "report.html").read_text()
-    assert "has no `cosched experiment`" in html
+    assert "has no `preheat cosched experiment`" in html
     assert (out2 / "improvement-simulated-8cpu.png").exists()
 
 
