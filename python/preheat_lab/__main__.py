@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import affinity_plan, cosched_plan
@@ -34,7 +35,7 @@ from .table1_run import SERVERS, CustomServer, DemoOptions
 QUICK_ROUNDS = 5
 
 
-def _servers(text: str, allowed) -> list:
+def _servers(text: str, allowed: Sequence[str]) -> list[str]:
     out = [s.strip().lower() for s in text.split(",") if s.strip()]
     bad = [s for s in out if s not in allowed]
     if bad:
@@ -61,7 +62,7 @@ def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
                    help="bootstrap resamples for CIs (default 2000)")
 
 
-def _demo_options(a, rounds_default: int):
+def _demo_options(a: argparse.Namespace, rounds_default: int) -> DemoOptions:
     rounds = a.rounds if a.rounds else (QUICK_ROUNDS if a.quick else rounds_default)
     return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
                        post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
@@ -69,7 +70,7 @@ def _demo_options(a, rounds_default: int):
                        timeout_s=a.timeout_s)
 
 
-def _boot(a, default: int) -> int:
+def _boot(a: argparse.Namespace, default: int) -> int:
     """--bootstrap, else 500 with --quick, else DEFAULT (stats.DEFAULT_BOOT: passed in, since
     stats needs numpy and this runs before the experiment's modules are imported)."""
     if a.bootstrap is not None:
@@ -77,7 +78,8 @@ def _boot(a, default: int) -> int:
     return 500 if a.quick else default
 
 
-def _custom_server(parser: argparse.ArgumentParser, a):
+def _custom_server(parser: argparse.ArgumentParser,
+                   a: argparse.Namespace) -> CustomServer | None:
     """The server given by its command after `--` (None: catalog servers); usage errors exit."""
     command = list(a.command or [])
     if command and command[0] == "--":

@@ -39,7 +39,7 @@ from .affinity_plan import (
 LABEL = "measured"
 
 
-def _g(v) -> str:
+def _g(v: object) -> str:
     f = _num(v)
     return "–" if f is None else f"{f:.4g}"
 
@@ -103,7 +103,7 @@ def runs_table(plan: Sequence[dict], conds: dict[str, dict]) -> pd.DataFrame:
 QUANTUM_TOLERANCE = 0.2
 
 
-def interleaving_check(requested_ms, p50_ms, n) -> str:
+def interleaving_check(requested_ms: object, p50_ms: object, n: object) -> str:
     """'ok' when a Table 2 run's main workload ran quanta (p50) within QUANTUM_TOLERANCE of the
     requested one, else what went wrong (no quanta: it was never interleaved, e.g. a workload
     shorter than one quantum)."""

@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 WORKLOADS = ("chase", "stream", "branchy", "gzip", "xz", "sqlite3", "cc")
 BUNDLED = ("chase", "stream", "branchy")
@@ -303,7 +304,7 @@ def fit_cpu_ms(conds: Sequence[dict], o: Options) -> int:
     return int(max(MIN_CPU_MS, min(o.cpu_ms, room / per_ms)))
 
 
-def _kib(b) -> str:
+def _kib(b: Any) -> str:
     try:
         b = int(b)
     except (TypeError, ValueError):

@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
@@ -83,16 +83,17 @@ NO_PMU = ("no PMU here: the metric is work per CPU-second for the bundled kernel
           "available)")
 
 
-def _mean_ci(v, lo, hi) -> str:
+def _mean_ci(v: object, lo: object, hi: object) -> str:
     return "–" if _num(v) is None else f"{_g(v)} [{_g(lo)}, {_g(hi)}]"
 
 
-def _cis(df: pd.DataFrame, v: str, lo: str, hi: str, fmt: Callable = _pct_ci, **kw) -> list:
+def _cis(df: pd.DataFrame, v: str, lo: str, hi: str, fmt: Callable[..., str] = _pct_ci,
+         **kw: Any) -> list:
     """A column's values with their intervals, formatted per row."""
     return [fmt(a, b, c, **kw) for a, b, c in zip(df[v], df[lo], df[hi])]
 
 
-def _share(v, lo, hi, d: int = 0) -> str:
+def _share(v: object, lo: object, hi: object, d: int = 0) -> str:
     return _pct_ci(v, lo, hi, d).replace("+", "")
 
 
@@ -194,7 +195,10 @@ def paper_table(t2: pd.DataFrame, t3: pd.DataFrame, runs: pd.DataFrame, n_conds:
 # The report
 
 
-def _guard(failures: list[str], what: str, fn: Callable, *a, **kw):
+T = TypeVar("T")
+
+
+def _guard(failures: list[str], what: str, fn: Callable[..., T], *a: Any, **kw: Any) -> T | None:
     try:
         return fn(*a, **kw)
     except Exception as e:  # one part failing must not lose the others
@@ -259,13 +263,14 @@ def render(out: Path, topo: dict, conds: dict[str, dict], plan: Sequence[dict],
     body = Report("")
     runs = runs_table(plan, conds)
 
-    def table(name: str, df: pd.DataFrame, caption: str, display: pd.DataFrame | None = None):
+    def table(name: str, df: pd.DataFrame, caption: str,
+              display: pd.DataFrame | None = None) -> None:
         atomic.write_table(out / name, df)
         tables.append((f"{name}.csv", caption))
         if display is not None or len(df):
             body.table(display if display is not None else df, caption)
 
-    def figure(png: Path | None, title: str):
+    def figure(png: Path | None, title: str) -> None:
         if png is not None:
             figures.append((png, title))
             body.image(png, title, png.with_suffix(".svg"))

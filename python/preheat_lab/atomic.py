@@ -7,7 +7,11 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # annotations only: this module imports neither at run time
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 _warned_parquet = False
 
@@ -47,7 +51,7 @@ def write_text(path: Path, text: str) -> Path:
     return _atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
-def _jsonable(o: Any):
+def _jsonable(o: Any) -> Any:
     try:
         import numpy as np
 
@@ -66,7 +70,7 @@ def _jsonable(o: Any):
     raise TypeError(f"not JSON serializable: {type(o)}")
 
 
-def _nan_to_none(o: Any):
+def _nan_to_none(o: Any) -> Any:
     if isinstance(o, float) and o != o:
         return None
     if isinstance(o, dict):
@@ -82,7 +86,7 @@ def write_json(path: Path, data: Any) -> Path:
     return write_text(path, text + "\n")
 
 
-def write_csv(path: Path, df) -> Path:
+def write_csv(path: Path, df: pd.DataFrame) -> Path:
     return _atomic(path, lambda p: df.to_csv(p, index=False))
 
 
@@ -95,7 +99,7 @@ def parquet_available() -> bool:
         return False
 
 
-def write_parquet(path: Path, df) -> bool:
+def write_parquet(path: Path, df: pd.DataFrame) -> bool:
     """Parquet through pyarrow; False (and one printed note) when pyarrow is missing."""
     global _warned_parquet
     if not parquet_available():
@@ -108,13 +112,13 @@ def write_parquet(path: Path, df) -> bool:
     return True
 
 
-def write_table(base: Path, df) -> Path:
+def write_table(base: Path, df: pd.DataFrame) -> Path:
     """`base.csv` always, `base.parquet` when pyarrow is there."""
     write_csv(base.with_suffix(".csv"), df)
     write_parquet(base.with_suffix(".parquet"), df)
     return base.with_suffix(".csv")
 
 
-def savefig(fig, path: Path, **kw) -> Path:
+def savefig(fig: Figure, path: Path, **kw: Any) -> Path:
     fmt = Path(path).suffix.lstrip(".")
     return _atomic(path, lambda p: fig.savefig(p, format=fmt, **kw))

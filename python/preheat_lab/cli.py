@@ -85,7 +85,7 @@ def run_json(args: Sequence[str], timeout: float = 900) -> Any:
         raise ToolError(f"{' '.join(cmd)} printed no JSON:\n{p.stdout[:500]}") from e
 
 
-def failure_reason(stderr: str, rc: int) -> str:
+def failure_reason(stderr: str, rc: int | None) -> str:
     """The line that explains a failed CLI run: the one naming scripts/setup-lab.sh or the
     Debian package, else the last `Error:` / panic line, else the tail of stderr."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]

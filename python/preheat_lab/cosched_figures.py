@@ -38,7 +38,7 @@ def fig_improvement(df: pd.DataFrame, base: Path, title: str, whisker: str,
     width = 0.8 / max(1, len(pols))
     labeled = set()
 
-    def lab(name):
+    def lab(name: str) -> str | None:
         if name in labeled:
             return None
         labeled.add(name)

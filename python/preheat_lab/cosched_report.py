@@ -9,7 +9,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import pandas as pd
 
@@ -62,15 +62,18 @@ PAPER_OVERALL = ("the paper's overall result (§7): up to +100% with static part
                  "Lynnfield machine (SMT on) less predictable than Gainestown")
 
 
-def _pct(v, signed: bool = True, d: int = 0) -> str:
+def _pct(v: object, signed: bool = True, d: int = 0) -> str:
     return labreport.signed_pct(v, d=d, signed=signed)
 
 
-def _pct_ci(v, lo, hi, d: int = 0) -> str:
+def _pct_ci(v: object, lo: object, hi: object, d: int = 0) -> str:
     return labreport.signed_pct_ci(v, lo, hi, d=d)
 
 
-def _guard(failures: list[str], what: str, fn: Callable, *a, **kw):
+T = TypeVar("T")
+
+
+def _guard(failures: list[str], what: str, fn: Callable[..., T], *a: Any, **kw: Any) -> T | None:
     """Run one rendering part; a failure is reported (HTML, exit code 1), the rest renders."""
     try:
         return fn(*a, **kw)
@@ -183,12 +186,13 @@ def render(out: Path, exp: dict | None, records: Sequence[dict], state: dict,
         rep.note(f"note: {n}")
     body = Report("")  # sections after the failure notes (failures found while rendering)
 
-    def table(name: str, df: pd.DataFrame, caption: str, display: pd.DataFrame | None = None):
+    def table(name: str, df: pd.DataFrame, caption: str,
+              display: pd.DataFrame | None = None) -> None:
         atomic.write_table(out / name, df)
         tables.append((f"{name}.csv", caption))
         body.table(display if display is not None else df, caption)
 
-    def figure(png: Path | None, title: str):
+    def figure(png: Path | None, title: str) -> None:
         if png is not None:
             figures.append((png, title))
             body.image(png, title, png.with_suffix(".svg"))

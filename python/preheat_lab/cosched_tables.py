@@ -5,7 +5,7 @@ summary over seeds, partial-auto's detected sets beside partial-static's."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -16,11 +16,11 @@ from .cli import ToolError
 _num = labreport._num  # the one finite-float parser of the lab's reports
 
 
-def _sets_text(sets) -> str:
+def _sets_text(sets: Iterable[Iterable[object]] | None) -> str:
     return " ".join("{" + ",".join(map(str, s)) + "}" for s in sets or [])
 
 
-def _regroup_events(regroups) -> list[tuple[float | None, list]]:
+def _regroup_events(regroups: Sequence[object] | None) -> list[tuple[float | None, list]]:
     """(time s or None, sets) per regroup: entries are lists of sets, or {"at_s", "sets"}."""
     out = []
     for g in regroups or []:
@@ -31,7 +31,7 @@ def _regroup_events(regroups) -> list[tuple[float | None, list]]:
     return out
 
 
-def regroups_text(regroups) -> str:
+def regroups_text(regroups: Sequence[object] | None) -> str:
     """`#1 @1.5 s: {0} {1} {2} → #2 @3.0 s: ...` (the time only when the CLI gives it: a regroup
     that kept the sets is not recorded, so the period × the number would be wrong)."""
     parts = []

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -16,6 +18,9 @@ from .report import Report
 from .sweep_grid import COSIM_DIR
 from .table1_analysis import PAPER_AVERAGE_REMOVED, PAPER_LABEL
 from .table1_run import DISPLAY
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 METHOD = (
     "Method. For each server, `preheat demo` starts it pinned to one CPU with the preheat agent "
@@ -44,7 +49,7 @@ METHOD = (
 )
 
 
-def _num(v) -> float | None:
+def _num(v: Any) -> float | None:
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -52,7 +57,7 @@ def _num(v) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def signed_pct(v, d: int = 1, signed: bool = True) -> str:
+def signed_pct(v: object, d: int = 1, signed: bool = True) -> str:
     """A difference as a percentage ("+12.3%"), "–" when not a finite number."""
     f = _num(v)
     if f is None:
@@ -60,7 +65,7 @@ def signed_pct(v, d: int = 1, signed: bool = True) -> str:
     return f"{100 * f:+.{d}f}%" if signed else f"{100 * f:.{d}f}%"
 
 
-def signed_pct_ci(v, lo, hi, d: int = 1) -> str:
+def signed_pct_ci(v: object, lo: object, hi: object, d: int = 1) -> str:
     """A difference as a percentage with its interval: "+12.3% [+1.0%, +20.0%]"."""
     s = signed_pct(v, d=d)
     if s != "–" and _num(lo) is not None and _num(hi) is not None:
@@ -68,7 +73,7 @@ def signed_pct_ci(v, lo, hi, d: int = 1) -> str:
     return s
 
 
-def plt():
+def plt() -> ModuleType:
     """matplotlib.pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
@@ -78,7 +83,7 @@ def plt():
     return pyplot
 
 
-def save_figure(fig, base: Path) -> Path:
+def save_figure(fig: Figure, base: Path) -> Path:
     """base.png and base.svg (atomically), the figure closed; returns the PNG."""
     for ext in ("svg", "png"):
         atomic.savefig(fig, base.with_suffix(f".{ext}"), dpi=110)
@@ -86,7 +91,7 @@ def save_figure(fig, base: Path) -> Path:
     return base.with_suffix(".png")
 
 
-def fmt(v, d: int = 1) -> str:
+def fmt(v: object, d: int = 1) -> str:
     f = _num(v)
     if f is None:
         return "–" if v is None or (isinstance(v, float)) else str(v)
@@ -95,7 +100,7 @@ def fmt(v, d: int = 1) -> str:
     return f"{f:.{d}f}"
 
 
-def ci(v, lo, hi, d: int = 1) -> str:
+def ci(v: object, lo: object, hi: object, d: int = 1) -> str:
     if _num(v) is None:
         return "–"
     if _num(lo) is None or _num(hi) is None:
@@ -103,7 +108,7 @@ def ci(v, lo, hi, d: int = 1) -> str:
     return f"{fmt(v, d)} ({fmt(lo, d)}–{fmt(hi, d)})"
 
 
-def pct(v, lo=None, hi=None, und=None) -> str:
+def pct(v: Any, lo: Any = None, hi: Any = None, und: Any = None) -> str:
     f = _num(v)
     if f is None:
         return "–"
@@ -368,7 +373,7 @@ def sweep_section(rep: Report, out: Path) -> None:
                       out / "sweep" / f"sweep-{name}.svg")
 
 
-def cosim_section(rep, out: Path) -> None:
+def cosim_section(rep: Report, out: Path) -> None:
     """The cosim sweep in DIR/sweep-cosim/ as a report section (nothing if absent)."""
     sdir = Path(out) / COSIM_DIR
     sj = _read_json(sdir / "sweep.json")

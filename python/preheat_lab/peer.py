@@ -109,7 +109,7 @@ def run(out: Path, servers: Sequence[str], opts: PeerOptions, report: bool = Tru
     code = 0
     proc.reset_interrupt_state()
 
-    def save():
+    def save() -> None:
         atomic.write_json(pdir / "peer.json", state)
         atomic.write_csv(pdir / "peer.csv", pd.DataFrame(state["measurements"]))
         atomic.write_csv(pdir / "comparison.csv", pd.DataFrame(state["comparisons"]))

@@ -37,6 +37,8 @@ class Served:
         self._err = open(self.stderr_path, "wb")
         self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._err,
                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        assert self.p.stdout is not None  # stdout=PIPE
+        self._stdout = self.p.stdout
         self.info = self._ready(timeout)
         self._drain = threading.Thread(target=self._copy_rest, daemon=True)
         self._drain.start()
@@ -44,8 +46,8 @@ class Served:
     def _ready(self, timeout: float) -> dict:
         box: dict = {}
 
-        def read():
-            box["line"] = self.p.stdout.readline()
+        def read() -> None:
+            box["line"] = self._stdout.readline()
 
         t = threading.Thread(target=read, daemon=True)
         t.start()
@@ -72,10 +74,10 @@ class Served:
         atomic.write_bytes(self.stdout_path, line)
         return info
 
-    def _copy_rest(self):
+    def _copy_rest(self) -> None:
         try:
             with open(self.stdout_path, "ab") as f:
-                for chunk in iter(lambda: self.p.stdout.read(4096), b""):
+                for chunk in iter(lambda: self._stdout.read(4096), b""):
                     f.write(chunk)
         except (OSError, ValueError):
             pass
@@ -91,10 +93,10 @@ class Served:
         except OSError:
             pass
 
-    def __enter__(self):
+    def __enter__(self) -> Served:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

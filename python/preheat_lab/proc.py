@@ -16,10 +16,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Callable, Union
+from types import FrameType
+from typing import IO, Callable, NoReturn, Union
 
 
 class Interrupted(KeyboardInterrupt):
@@ -31,7 +32,7 @@ class ChildTimeout(RuntimeError):
     pass
 
 
-_state = {"signal": None}
+_state: dict[str, str | None] = {"signal": None}
 
 
 def interrupted_by() -> str | None:
@@ -41,14 +42,14 @@ def interrupted_by() -> str | None:
 
 
 @contextmanager
-def interruptible():
+def interruptible() -> Iterator[None]:
     """Within the block, SIGINT and SIGTERM raise `Interrupted` once (later signals during the
     clean-up are only recorded). Outside the main thread this is a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> None:
         first = _state["signal"] is None
         _state["signal"] = signal.Signals(signum).name
         if first:
@@ -114,7 +115,7 @@ def terminate_group(p: subprocess.Popen, grace: float = 15.0) -> None:
 FileLike = Union[str, Path, IO]
 
 
-def _open(x: FileLike | None):
+def _open(x: FileLike | None) -> tuple[int | IO, IO | None]:
     if x is None:
         return subprocess.DEVNULL, None
     if isinstance(x, (str, Path)):
@@ -158,7 +159,7 @@ def worker_signal_setup() -> None:
     """For pool worker processes: SIGTERM and SIGINT raise KeyboardInterrupt, so `run_child`
     terminates the child's group before the worker exits."""
 
-    def h(signum, frame):
+    def h(signum: int, frame: FrameType | None) -> NoReturn:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     signal.signal(signal.SIGTERM, h)

@@ -64,7 +64,7 @@ class Progress:
             self._overall = self._rich.add_task(self.title, total=self.total)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._rich:
             self._rich.stop()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -34,7 +35,7 @@ from .report import Report
 from .sleeping_plan import EXPERIMENT_NAMES, POLICIES, Scale
 
 
-def _save(out: Path, name: str, data) -> None:
+def _save(out: Path, name: str, data: Any) -> None:
     atomic.write_text(out / f"{name}.json", json.dumps(data, indent=1))
 
 
@@ -155,7 +156,7 @@ def _residency(res: dict | None) -> dict:
     `cpus_measured` CPUs, summed over `windows` windows). Missing residency gives Nones."""
     res = res or {}
 
-    def value(key):
+    def value(key: str) -> Any:
         q = res.get(key)
         return q["value"] if q else None
 

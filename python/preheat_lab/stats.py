@@ -30,9 +30,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
+
+if TYPE_CHECKING:  # pandas is imported where it is used: stats works without it
+    import pandas as pd
 
 #: What the statistics take: a sequence of numbers or a NumPy array of them.
 Floats = Union[Sequence[float], np.ndarray]
@@ -40,6 +43,8 @@ Floats = Union[Sequence[float], np.ndarray]
 Z95 = 1.96
 DEFAULT_BOOT = 2000
 DEFAULT_SEED = 20161121  # fixed: the same data always gives the same intervals
+#: A derived quantity of per-mode statistics (mode → one value per resample), vectorized.
+StatFn = Callable[[dict[str, np.ndarray]], np.ndarray]
 
 
 def _rank_value(sorted_vals: Floats, r: float) -> float:
@@ -260,7 +265,7 @@ class TInterval:
         return asdict(self)
 
 
-def _mv(values) -> tuple[int, float, float]:
+def _mv(values: Iterable[float | None]) -> tuple[int, float, float]:
     a = clean(values)
     n = len(a)
     return (n, float(a.mean()) if n else math.nan,
@@ -397,7 +402,7 @@ class Derived:
         return asdict(self)
 
 
-def round_matrix(samples, modes: Sequence[str],
+def round_matrix(samples: pd.DataFrame, modes: Sequence[str],
                  value: str = "latency_us") -> tuple[np.ndarray, list]:
     """A rounds × modes matrix of one value (NaN where a round lacks a mode; a round with
     several samples of one mode contributes their mean) from a DataFrame with columns
@@ -413,7 +418,7 @@ def round_matrix(samples, modes: Sequence[str],
 
 
 def paired_bootstrap(mat: np.ndarray, modes: Sequence[str],
-                     fns: dict[str, Callable[[dict[str, np.ndarray]], np.ndarray]],
+                     fns: dict[str, StatFn],
                      stat: str = "mean", boot: int = DEFAULT_BOOT,
                      seed: int = DEFAULT_SEED) -> dict[str, Derived]:
     """Evaluate each derived quantity `fns[name](per_mode_stat)` on the full data (point
@@ -450,16 +455,16 @@ def paired_bootstrap(mat: np.ndarray, modes: Sequence[str],
     return out
 
 
-def share_fn(cold: str, warm: str, mode: str):
+def share_fn(cold: str, warm: str, mode: str) -> StatFn:
     """Vectorized (cold − mode)/(cold − warm) over per-mode statistics; NaN where cold ≤ warm."""
     return part_share_fn(cold, mode, cold, warm)
 
 
-def diff_fn(a: str, b: str):
+def diff_fn(a: str, b: str) -> StatFn:
     return lambda s: s[a] - s[b]
 
 
-def part_share_fn(a: str, b: str, cold: str, warm: str):
+def part_share_fn(a: str, b: str, cold: str, warm: str) -> StatFn:
     """(a − b)/(cold − warm): the share of the cold overhead that the step b → a accounts for."""
 
     def f(s: dict[str, np.ndarray]) -> np.ndarray:

@@ -42,7 +42,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -128,7 +128,7 @@ class LocalExecutor:
         self.ex = ProcessPoolExecutor(max_workers=jobs, initializer=proc.worker_signal_setup)
         self.futs: dict[Any, dict] = {}
 
-    def run(self, specs: list[dict]):
+    def run(self, specs: list[dict]) -> Iterator[dict]:
         """Yield results as points finish."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
@@ -148,7 +148,7 @@ class LocalExecutor:
     def running_ids(self) -> list[str]:
         return [s["id"] for f, s in self.futs.items() if not f.done() and f.running()]
 
-    def stop(self):
+    def stop(self) -> None:
         """Interrupted: cancel queued points, SIGTERM the workers (each terminates its demo's
         process group before exiting)."""
         workers = list((getattr(self.ex, "_processes", None) or {}).values())
@@ -166,7 +166,7 @@ class LocalExecutor:
         except Exception:
             pass
 
-    def close(self):
+    def close(self) -> None:
         self.ex.shutdown(wait=True)
 
 
@@ -203,7 +203,7 @@ class RayExecutor:
         self.remote = ray.remote(run_point_task)
         self.inflight: dict[Any, tuple[dict, dict]] = {}
 
-    def _submit(self, node, spec):
+    def _submit(self, node: dict, spec: dict) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ref = self.remote.options(
@@ -212,7 +212,7 @@ class RayExecutor:
         ).remote(spec)
         self.inflight[ref] = (node, spec)
 
-    def run(self, specs: list[dict]):
+    def run(self, specs: list[dict]) -> Iterator[dict]:
         ray = self.ray
         pending = list(specs)
         free = list(self.nodes[: self.jobs])
@@ -236,7 +236,7 @@ class RayExecutor:
     def running_ids(self) -> list[str]:
         return [spec["id"] for _, spec in self.inflight.values()]
 
-    def stop(self):
+    def stop(self) -> None:
         for ref in list(self.inflight):
             try:
                 self.ray.cancel(ref, force=False)  # KeyboardInterrupt in the task: it stops its demo
@@ -249,7 +249,7 @@ class RayExecutor:
                 pass
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         if self.started and self.ray.is_initialized():
             self.ray.shutdown()
 
@@ -276,7 +276,7 @@ def analyze_points(sdir: Path, points: list[dict], topo: dict, boot: int) -> pd.
     return pd.concat(rows, ignore_index=True) if rows else pd.DataFrame()
 
 
-def _is_num(vals) -> bool:
+def _is_num(vals: Iterable[object]) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
 
 
@@ -398,7 +398,7 @@ def _execute(sdir: Path, state: dict, specs: list[dict], executor: str, jobs: in
     raw = sdir / "raw"
     points = state["points"]
 
-    def save():
+    def save() -> None:
         atomic.write_json(sdir / "sweep.json", state)
 
     save()

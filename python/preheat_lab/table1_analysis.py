@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -64,7 +65,7 @@ def _cli_row(meta: dict, mode: str) -> dict:
     return {}
 
 
-def _first(*vals):
+def _first(*vals: Any) -> Any:
     for v in vals:
         if v is not None and not (isinstance(v, float) and math.isnan(v)):
             return v
@@ -93,7 +94,7 @@ def _removed_within_rounds(mat: np.ndarray, modes: list[str], boot: int,
     diff = cold[:, None] - mat  # column j: cold − mode j, per round
     others = [m for m in modes if m not in (floor, COLD)]
 
-    def share(m: str):
+    def share(m: str) -> stats.StatFn:
         def f(s: dict[str, np.ndarray]) -> np.ndarray:
             d = s[floor]
             with np.errstate(invalid="ignore", divide="ignore"):

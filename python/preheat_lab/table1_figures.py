@@ -5,12 +5,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from . import atomic, stats
 from .table1_samples import COLD, DISPLAY, WARM, mode_order
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 MODE_STYLE = {"warm": ("#2c7bb6", "-"), "cold-sweep": ("#d7191c", "-"),
               "cold-idle": ("#fdae61", "--"), "control": ("#888888", "--"),
@@ -19,7 +23,7 @@ MODE_STYLE = {"warm": ("#2c7bb6", "-"), "cold-sweep": ("#d7191c", "-"),
               "preheat:wake+lines+replay": ("#762a83", "-"), "preheat:all": ("#762a83", "-")}
 
 
-def mode_style(mode: str):
+def mode_style(mode: str) -> tuple[str, str]:
     """The same colour for a mode in every plot (strategies outside the usual set: by name)."""
     if mode in MODE_STYLE:
         return MODE_STYLE[mode]
@@ -27,7 +31,7 @@ def mode_style(mode: str):
     return palette[sum(map(ord, mode)) % len(palette)], "-."
 
 
-def cdf_axes(ax, df: pd.DataFrame, modes: Sequence[str], title: str) -> None:
+def cdf_axes(ax: Axes, df: pd.DataFrame, modes: Sequence[str], title: str) -> None:
     for m in modes:
         v = np.sort(stats.clean(df.loc[df["mode"] == m, "latency_us"]))
         if len(v) == 0:
