@@ -2,10 +2,13 @@
 //!
 //! Back-to-back "warm" requests are not the fastest a server can answer: between two of them its
 //! CPU may already halt, and waking a halted vCPU costs 20–90 µs here. The hot floor keeps the
-//! CPUs polling in the idle loop (a per-CPU PM QoS resume-latency constraint on each, as the wake
-//! planner arms it; else a `/dev/cpu_dma_latency` request, which does the same for all) while the
-//! request is served. It is the physical floor of a preheated request on this machine: caches
-//! warm and no wakeup anywhere.
+//! CPUs awake with the mechanism this boot's calibration measured best
+//! ([`preheat_wake::calibrate`]): idle polling through a per-CPU PM QoS resume-latency constraint
+//! (as the wake planner arms it) or a `/dev/cpu_dma_latency` request, where the cpuidle driver
+//! honours them; a `SCHED_IDLE` spinner per CPU ([`preheat_wake::spinners`]) where it does not.
+//! Where no mechanism woke threads faster than plain idle, there is no hot floor, and the demo
+//! says so. Whether the floor is one is checked on the measurements themselves (hot below warm:
+//! the demo's table).
 //!
 //! Every CPU, not only the server's: a request's path can wake threads and take interrupts on
 //! other CPUs (MariaDB's commits complete I/O there), and the agent's `wake` strategy, which
@@ -24,7 +27,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use preheat_wake::keep_awake::{self, Journal, Machine, MechChoice, Mechanism, SysPaths};
+use keep_awake::{Journal, Machine, Mechanism, SysPaths};
+use preheat_wake::calibrate::Calibration;
+use preheat_wake::keep_awake;
+use preheat_wake::spinners::Spinners;
 
 /// The machine state of this process's hot floor (one per process; the signal handler's hook
 /// restores it).
@@ -35,43 +41,42 @@ const JOURNAL_PREFIX: &str = "hot-floor-";
 /// CPUs that can be kept awake on demand.
 pub struct KeepAwake {
     cpus: Vec<u32>,
-    /// What the mechanism means for the measurement (said next to the hot numbers).
+    /// The `spin` mechanism's threads (the others need none).
+    spinners: Option<Spinners>,
+    /// The mechanism and the calibration it comes from (said next to the hot numbers).
     pub note: String,
 }
 
 impl KeepAwake {
-    /// Prepare to keep every online CPU awake (changes nothing yet). `Err` says why the hot floor
-    /// cannot be measured here (unprivileged, or no mechanism other than spinning on the CPUs
-    /// themselves, which would compete with the server).
-    pub fn open(run_dir: &Path) -> Result<KeepAwake, String> {
+    /// Prepare to keep every online CPU awake with the calibrated mechanism (changes nothing
+    /// yet). `Err` says why the hot floor cannot be measured here: no mechanism measured faster
+    /// wake-ups than plain idle, or the chosen one is unavailable to this process.
+    pub fn open(run_dir: &Path, calibration: &Calibration) -> Result<KeepAwake, String> {
+        let Some(best) = calibration.best else {
+            return Err(format!(
+                "no way to keep the CPUs awake here: {}",
+                calibration.summary()
+            ));
+        };
         let cpus: Vec<u32> = (0..preheat_engine::os::online_cpus() as u32).collect();
-        let cpu = cpus.first().copied().unwrap_or(0);
         // (A killed run's journal was restored when this command started: main calls
         // `restore_stale` for every command.)
         let paths = SysPaths::default();
         std::fs::create_dir_all(run_dir).map_err(|e| format!("{}: {e}", run_dir.display()))?;
         let journal = journal_path(run_dir, std::process::id());
-        let m = Machine::open(paths, journal, MechChoice::Auto, &cpus);
-        let note = match m.mechanism(cpu) {
-            Mechanism::PmQos => format!(
-                "every CPU polls in idle (per-CPU PM QoS resume latency {} on cpu0–{})",
-                keep_awake::PM_QOS_STRICT,
-                cpus.len().saturating_sub(1)
-            ),
-            Mechanism::DmaLatency => {
-                "every CPU polls in idle (/dev/cpu_dma_latency = 0)".to_string()
-            }
-            Mechanism::Spin => {
-                let why = m.notes().join("; ");
-                return Err(if why.is_empty() {
-                    "no way to keep the server's CPU out of idle (PM QoS and \
-                     /dev/cpu_dma_latency unavailable)"
-                        .into()
-                } else {
-                    why
-                });
-            }
+        let m = Machine::open(paths, journal, calibration.choice(), &cpus);
+        if let Some(c) = cpus.iter().find(|&&c| m.mechanism(c) != best) {
+            return Err(format!(
+                "the calibrated mechanism {best} is unavailable on cpu{c} to this process ({})",
+                m.notes().join("; ")
+            ));
+        }
+        let spinners = if best == Mechanism::Spin {
+            Some(Spinners::start(&cpus).map_err(|e| format!("starting spinners: {e}"))?)
+        } else {
+            None
         };
+        let note = format!("every CPU kept awake by {best} ({})", calibration.summary());
         let mut slot = MACHINE
             .lock()
             .map_err(|_| "the hot floor's state is poisoned".to_string())?;
@@ -80,11 +85,18 @@ impl KeepAwake {
         }
         *slot = Some(m);
         crate::launch::on_signal(restore_now);
-        Ok(KeepAwake { cpus, note })
+        Ok(KeepAwake {
+            cpus,
+            spinners,
+            note,
+        })
     }
 
     /// Keep the CPUs out of idle from now on (until [`KeepAwake::release`]).
     pub fn hold(&self) {
+        if let Some(s) = &self.spinners {
+            s.hold();
+        }
         if let Ok(mut g) = MACHINE.lock() {
             if let Some(m) = g.as_mut() {
                 let now = preheat_engine::time::now_ns();
@@ -97,6 +109,9 @@ impl KeepAwake {
 
     /// Let the CPUs sleep again.
     pub fn release(&self) {
+        if let Some(s) = &self.spinners {
+            s.release();
+        }
         if let Ok(mut g) = MACHINE.lock() {
             if let Some(m) = g.as_mut() {
                 for &cpu in &self.cpus {

@@ -18,18 +18,8 @@ struct Report {
     idle_states: Vec<String>,
     caches: Vec<String>,
     backends: Vec<(String, String)>,
-}
-
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|x| x.1.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
+    /// The keep-awake calibration of this boot (`preheat wake calibrate`), if one was measured.
+    keep_awake: Option<preheat_wake::calibrate::Calibration>,
 }
 
 fn is_root() -> bool {
@@ -103,7 +93,7 @@ pub fn print(json: bool) -> Result<()> {
     ];
     let r = Report {
         cpus: t.cpus.len(),
-        cpu_model: cpu_model(),
+        cpu_model: preheat_engine::topology::cpu_model(),
         clflush: f.clflush,
         clflushopt: f.clflushopt,
         rdtscp: f.rdtscp,
@@ -119,6 +109,7 @@ pub fn print(json: bool) -> Result<()> {
             .unwrap_or_default(),
         caches,
         backends,
+        keep_awake: preheat_wake::calibrate::cached(&preheat_rundir::run_dir_from_env()),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -140,6 +131,12 @@ pub fn print(json: bool) -> Result<()> {
     }
     for (b, s) in &r.backends {
         println!("backend {b}: {s}");
+    }
+    match &r.keep_awake {
+        Some(c) => println!("keep-awake: {}", c.summary()),
+        None => println!(
+            "keep-awake: not calibrated on this boot (preheat wake calibrate; the demo calibrates on first use)"
+        ),
     }
     Ok(())
 }

@@ -118,6 +118,35 @@ pub fn read(path: &Path) -> std::io::Result<ProcStat> {
     Ok(parse(&std::fs::read_to_string(path)?))
 }
 
+/// CPU time (user + system, ticks) of a process, all its threads, from the text of
+/// `/proc/PID/stat` (fields after the last `)`: the command name may hold spaces and
+/// parentheses).
+pub fn process_ticks(pid_stat: &str) -> Option<u64> {
+    let rest = pid_stat.rsplit_once(')')?.1;
+    let mut f = rest.split_whitespace();
+    // After ')': state is field 3 of the full line, utime 14, stime 15.
+    let utime: u64 = f.nth(11)?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The CPU time of the calling process, ticks (`/proc/self/stat`).
+pub fn own_ticks() -> Option<u64> {
+    process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// The share of the machine's CPU time that processes other than this one used between two
+/// readings of ([`ProcStat`] of `/proc/stat`, [`own_ticks`]); `None` if no tick passed.
+pub fn others_share(before: (&CpuTicks, u64), after: (&CpuTicks, u64)) -> Option<f64> {
+    let total = after.0.total().checked_sub(before.0.total())?;
+    if total == 0 {
+        return None;
+    }
+    let busy = after.0.busy().saturating_sub(before.0.busy());
+    let own = after.1.saturating_sub(before.1);
+    Some(busy.saturating_sub(own) as f64 / total as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +180,26 @@ mod tests {
         assert_eq!(s.cpus.len(), 1);
         assert_eq!(s.btime, None);
         assert_eq!(parse(""), ProcStat::default());
+    }
+
+    #[test]
+    fn process_ticks_and_others_share() {
+        let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0";
+        assert_eq!(process_ticks(p), Some(48));
+        assert_eq!(process_ticks("garbage"), None);
+        assert!(own_ticks().is_some());
+        let a = CpuTicks {
+            user: 100,
+            idle: 100,
+            ..CpuTicks::default()
+        };
+        // 200 ticks pass: 80 busy, of which 30 ours.
+        let b = CpuTicks {
+            user: 180,
+            idle: 220,
+            ..CpuTicks::default()
+        };
+        assert_eq!(others_share((&a, 10), (&b, 40)), Some(0.25));
+        assert_eq!(others_share((&a, 0), (&a, 0)), None);
     }
 }

@@ -55,6 +55,19 @@ impl CpuInfo {
 
 const SYS_CPU: &str = "/sys/devices/system/cpu";
 
+/// The CPU's model name (`model name` in `/proc/cpuinfo`), or `unknown`.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|x| x.1.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Read the topology of the online CPUs from `/sys/devices/system/cpu`.
 pub fn read() -> Topology {
     read_from(Path::new(SYS_CPU))

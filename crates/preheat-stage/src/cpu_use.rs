@@ -12,16 +12,7 @@ use serde::Serialize;
 /// everywhere we run, read without libc).
 pub const USER_HZ: f64 = 100.0;
 
-/// CPU time (user + system, ticks) of a process, all its threads, from `/proc/PID/stat`.
-pub fn process_ticks(stat: &str) -> Option<u64> {
-    // pid (comm) state ...: comm may contain spaces and parentheses; fields after the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After ')': state is field 3 of the full line, utime 14, stime 15.
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
+pub use preheat_engine::procstat::process_ticks;
 
 /// Who used the CPUs during a window: this process (and the processes in `pids`) vs everyone
 /// else. A high `others_share` means the residency of that window says little about us.

@@ -38,6 +38,18 @@ pub struct BenchArgs {
     /// skipped with the reason).
     #[arg(long, value_delimiter = ',', default_value = "none,pmqos,dma,spin")]
     pub mechs: Vec<String>,
+    /// How the sleeper blocks: futex, socket (blocking read), epoll, sleep (timed).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "futex,socket,epoll,sleep"
+    )]
+    pub waiters: Vec<String>,
+    /// Keep the mechanism in effect through the whole gap (a window from the gap's start)
+    /// instead of a planned window around the wakeup: what the mechanism can do at best, as a
+    /// hot floor holds it.
+    #[arg(long)]
+    pub held: bool,
     /// CPU of the sleeping thread.
     #[arg(long, default_value_t = 1)]
     pub sleeper_cpu: usize,
@@ -60,14 +72,16 @@ enum Waiter {
 
 const WAITERS: [Waiter; 4] = [Waiter::Futex, Waiter::Socket, Waiter::Epoll, Waiter::Sleep];
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Cell {
-    pub label: &'static str,
+    pub label: String,
     pub mech: String,
     pub waiter: String,
     pub gap_us: u64,
     pub n: usize,
     pub p50_us: f64,
+    /// 95% confidence interval of the p50 (order statistics).
+    pub p50_ci_us: [f64; 2],
     pub p99_us: f64,
     pub mean_us: f64,
 }
@@ -161,11 +175,6 @@ fn sleeper(sh: Arc<Shared>, sock: UnixDatagram, cpu: usize) {
     }
 }
 
-fn pct(v: &mut [f64], q: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() as f64 - 1.0) * q).round() as usize]
-}
-
 pub fn run(a: BenchArgs) -> Result<()> {
     if os::online_cpus() < 2 {
         bail!("the wake bench needs two CPUs (sleeper and waker)");
@@ -176,13 +185,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "wake latency of a blocked thread on CPU {} woken from CPU {} [measured; p50 / p99 µs]",
+        "wake latency of a blocked thread on CPU {} woken from CPU {} [measured; p50 (95% CI) / p99 µs]",
         report.sleeper_cpu, report.waker_cpu
     );
     for c in &report.cells {
         println!(
-            "  {:<6} {:<6} gap {:>6} µs: {:>7.1} / {:>7.1}  (n={})",
-            c.mech, c.waiter, c.gap_us, c.p50_us, c.p99_us, c.n
+            "  {:<6} {:<6} gap {:>6} µs: {:>7.1} ({:.1}–{:.1}) / {:>7.1}  (n={})",
+            c.mech, c.waiter, c.gap_us, c.p50_us, c.p50_ci_us[0], c.p50_ci_us[1], c.p99_us, c.n
         );
     }
     for s in &report.skipped {
@@ -210,6 +219,19 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
     let mut skipped = Vec::new();
     let mut round = 0u32;
     let mut rng = StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
+    let waiters: Vec<usize> = a
+        .waiters
+        .iter()
+        .map(|w| {
+            WAITERS
+                .iter()
+                .position(|x| format!("{x:?}").eq_ignore_ascii_case(w))
+                .with_context(|| format!("unknown waiter {w} (futex, socket, epoll, sleep)"))
+        })
+        .collect::<Result<_>>()?;
+    if waiters.is_empty() || a.gaps_us.is_empty() || a.rounds == 0 {
+        bail!("the bench needs at least one waiter, one gap and one round");
+    }
     for mech in &a.mechs {
         let choice = match mech.as_str() {
             "none" => None,
@@ -253,7 +275,7 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
         let mut plan: Vec<(u64, usize)> = Vec::new();
         for _ in 0..a.rounds {
             for &g in &a.gaps_us {
-                for w in 0..WAITERS.len() {
+                for &w in &waiters {
                     plan.push((g, w));
                 }
             }
@@ -270,14 +292,20 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
             sh.go.store(round, Ordering::Release);
             os::futex_wake(&sh.go, 1);
             if let Some(c) = client.as_mut() {
-                // A window from a little before the wake instant until well after it.
-                let lead = 30_000u64.min(gap_us * 1000 / 2);
-                let _ = c.request_in(
-                    "bench",
-                    &[a.sleeper_cpu as u32],
-                    due - lead - now_ns().min(due - lead),
-                    lead + 300_000,
-                );
+                if a.held {
+                    // From now (as the planner receives it) until well after the wake instant.
+                    let _ =
+                        c.request_in("bench", &[a.sleeper_cpu as u32], 0, gap_us * 1000 + 300_000);
+                } else {
+                    // A window from a little before the wake instant until well after it.
+                    let lead = 30_000u64.min(gap_us * 1000 / 2);
+                    let _ = c.request_in(
+                        "bench",
+                        &[a.sleeper_cpu as u32],
+                        due - lead - now_ns().min(due - lead),
+                        lead + 300_000,
+                    );
+                }
             }
             // Wait (spin at the end) until the wake instant.
             loop {
@@ -322,17 +350,18 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
         if let Some(d) = daemon {
             d.shutdown();
         }
-        for ((gap_us, w), mut v) in samples {
-            let mean = v.iter().sum::<f64>() / v.len() as f64;
+        for ((gap_us, w), v) in samples {
+            let s = preheat_model::stats::summarize(&v);
             cells.push(Cell {
-                label: "measured",
+                label: "measured".into(),
                 mech: mech.clone(),
                 waiter: format!("{:?}", WAITERS[w]).to_lowercase(),
                 gap_us,
-                n: v.len(),
-                p50_us: pct(&mut v, 0.5),
-                p99_us: pct(&mut v, 0.99),
-                mean_us: mean,
+                n: s.n,
+                p50_us: s.p50,
+                p50_ci_us: [s.p50_lo, s.p50_hi],
+                p99_us: s.p99,
+                mean_us: s.mean,
             });
         }
     }

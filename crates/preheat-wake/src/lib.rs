@@ -35,12 +35,14 @@
 #![forbid(unsafe_code)]
 
 pub mod bench;
+pub mod calibrate;
 pub mod client;
 pub mod daemon;
 pub mod keep_awake;
 pub mod lead;
 pub mod plan;
 pub mod proto;
+pub mod spinners;
 
 pub use client::{Accepted, ClientError, WakeClient};
 pub use daemon::{Config, Daemon};
@@ -93,6 +95,21 @@ pub enum WakeCmd {
     },
     /// Measure wake latency of blocked threads vs idle gap, without and with planned windows.
     Bench(crate::bench::BenchArgs),
+    /// Measure which keep-awake mechanism works here (wake-up latency of a blocked thread after
+    /// 10 ms idle, per mechanism and without one) and cache the best for this boot in the run
+    /// directory; the demo's hot floor, its `wake` strategy and `serve --mech auto` use it.
+    Calibrate {
+        /// Samples per mechanism.
+        #[arg(long, default_value_t = calibrate::DEFAULT_ROUNDS)]
+        rounds: usize,
+        /// Show the cached calibration of this boot without measuring (an error if there is
+        /// none).
+        #[arg(long, conflicts_with = "rounds")]
+        show: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Keep CPUs awake from now for N ms (stays connected until the end).
     Hold {
         #[arg(long, value_parser = parse_cpus)]
@@ -106,7 +123,8 @@ pub enum WakeCmd {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Mechanism: auto = per CPU pmqos if available, else dma, else spin.
+    /// Mechanism: auto = the calibrated best (`preheat wake calibrate`) where this boot has a
+    /// calibration, else per CPU pmqos if available, else dma, else spin.
     #[arg(long, value_enum, default_value_t = MechChoice::Auto)]
     pub mech: MechChoice,
     /// Windows not yet ended, per requester.
@@ -159,6 +177,43 @@ pub fn run(args: WakeArgs) -> Result<()> {
     match args.cmd {
         WakeCmd::Serve(s) => serve(run_dir, s),
         WakeCmd::Bench(b) => crate::bench::run(b),
+        WakeCmd::Calibrate { rounds, show, json } => {
+            let c = if show {
+                calibrate::cached(&run_dir).with_context(|| {
+                    format!(
+                        "no calibration of this boot in {} (run: preheat wake calibrate)",
+                        run_dir.display()
+                    )
+                })?
+            } else {
+                anyhow::ensure!(rounds >= 5, "--rounds must be at least 5");
+                eprintln!(
+                    "preheat wake: measuring wake-up latency after {} ms idle, {rounds} samples per mechanism",
+                    calibrate::GAP_US / 1000
+                );
+                let c = calibrate::calibrate(rounds)?;
+                calibrate::store(&run_dir, &c)?;
+                if c.disturbed() {
+                    eprintln!(
+                        "preheat wake: other processes loaded the CPUs during the calibration: repeat it on a quiet machine"
+                    );
+                }
+                c
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&c)?);
+            } else {
+                println!("{}", c.summary());
+                for s in &c.skipped {
+                    println!("  not measured: {s}");
+                }
+                println!(
+                    "  cached for this boot in {}",
+                    calibrate::cache_path(&run_dir).display()
+                );
+            }
+            Ok(())
+        }
         WakeCmd::Status { json } => {
             let st = WakeClient::connect(&run_dir)?.status()?;
             if json {
@@ -230,6 +285,19 @@ fn serve(run_dir: PathBuf, s: ServeArgs) -> Result<()> {
     }
     let mut cfg = Config::new(&run_dir);
     cfg.mech = s.mech;
+    if s.mech == MechChoice::Auto {
+        // The calibrated best where this boot has a calibration; the fixed order otherwise.
+        match calibrate::cached(&run_dir) {
+            Some(c) if c.best.is_some() => {
+                cfg.mech = c.choice();
+                eprintln!("preheat wake: mechanism from the calibration: {}", c.summary());
+            }
+            Some(c) => eprintln!("preheat wake: {}; using pmqos, else dma, else spin", c.summary()),
+            None => eprintln!(
+                "preheat wake: not calibrated on this boot (preheat wake calibrate): using pmqos, else dma, else spin"
+            ),
+        }
+    }
     cfg.socket_mode = s.socket_mode;
     cfg.limits.max_pending_per_requester = s.max_pending_per_requester;
     cfg.limits.max_pending_total = s.max_pending_total;

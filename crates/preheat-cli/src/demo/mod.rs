@@ -38,7 +38,7 @@ mod table;
 
 pub use custom::CustomProtocol;
 
-use table::{decomposition, print_table, table, Decomposition, Row};
+use table::{decomposition, floor_check, print_table, table, Decomposition, FloorCheck, Row};
 
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
@@ -207,8 +207,14 @@ struct Output {
     cpi: Option<f64>,
     /// Modes that were asked for but cannot run on this server, with the reason.
     skipped: Vec<Skipped>,
-    /// How the hot floor kept the server's CPU out of idle (`None`: no hot floor; see skipped).
+    /// How the hot floor kept the CPUs out of idle (`None`: no hot floor; see skipped).
     hot_floor: Option<String>,
+    /// Whether the hot floor measured below warm in this run (the shares use it only then).
+    floor_check: Option<FloorCheck>,
+    /// What the `wake` strategy ran as (the calibrated mechanism).
+    wake_mechanism: String,
+    /// This boot's keep-awake calibration (`None`: it failed; see skipped).
+    calibration: Option<preheat_wake::calibrate::Calibration>,
     /// The cold overhead split by cause (p50 differences).
     decomposition: Option<Decomposition>,
     /// The agent's preheat counters at the end of the run (all announced modes together).
@@ -238,6 +244,43 @@ fn agent_preheat(c: &mut AgentClient, port: u16) -> Result<AgentView> {
             })
         }
         other => bail!("unexpected status reply {other:?}"),
+    }
+}
+
+/// What the `wake` strategy runs as on this machine: the agent's idle polling
+/// (`/dev/cpu_dma_latency`, every CPU) where the calibration measured polling mechanisms best
+/// (or had no verdict), its spin on the server's core where spinning measured best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WakeAs {
+    Poll { calibrated: bool },
+    Spin,
+}
+
+impl WakeAs {
+    fn from_calibration(c: Option<&preheat_wake::calibrate::Calibration>) -> WakeAs {
+        use preheat_wake::Mechanism;
+        match c.and_then(|c| c.best) {
+            Some(Mechanism::Spin) => WakeAs::Spin,
+            Some(Mechanism::PmQos | Mechanism::DmaLatency) => WakeAs::Poll { calibrated: true },
+            None => WakeAs::Poll { calibrated: false },
+        }
+    }
+
+    /// The strategies to announce for `st`: `wake` replaced by `spin` where spinning is best.
+    fn apply(self, st: Strategies) -> Strategies {
+        if self == WakeAs::Spin && st.contains(Strategies::WAKE) {
+            Strategies(st.0 & !Strategies::WAKE.0).union(Strategies::SPIN)
+        } else {
+            st
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            WakeAs::Spin => "spin: the agent spins on the server's core through the arrival (the calibration measured spinning best here)".into(),
+            WakeAs::Poll { calibrated: true } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (the calibration measured idle polling best here)".into(),
+            WakeAs::Poll { calibrated: false } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (not shown by the calibration to beat plain idle here)".into(),
+        }
     }
 }
 
@@ -299,7 +342,18 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut client = w.connect(server.addr())?;
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
-    let keep_awake = match crate::hot::KeepAwake::open(&server.run_dir) {
+    // Which keep-awake mechanism works here: measured once per boot, cached in the run directory.
+    let calibration =
+        preheat_wake::calibrate::load_or_calibrate(&preheat_rundir::run_dir_from_env(), |m| {
+            eprintln!("demo: {m}")
+        })
+        .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
+    let wake = WakeAs::from_calibration(calibration.as_ref().ok());
+    let keep_awake = match calibration
+        .as_ref()
+        .map_err(String::clone)
+        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c))
+    {
         Ok(k) => Some(k),
         Err(why) => {
             skipped.push(Skipped {
@@ -454,7 +508,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
                 let now = preheat_engine::time::now_ns();
                 let arrival = now + a.lead_us * 1000;
                 announcer.send(Announcement {
-                    strategies: st,
+                    strategies: wake.apply(st),
                     port,
                     seq: 0,
                     arrival_ns: arrival,
@@ -530,6 +584,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
+    let calibration = calibration.ok();
     drop(keep_awake);
     let agent_counters = agent_preheat(&mut agent, port)?.preheat;
     let mut rows = table(&modes, &samples, &ws_stats);
@@ -555,6 +610,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
         cpi: None,
         skipped,
         hot_floor,
+        floor_check: floor_check(&samples),
+        wake_mechanism: wake.describe(),
+        calibration,
         decomposition: decomposition(&samples),
         agent_counters,
         rows,

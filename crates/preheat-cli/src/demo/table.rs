@@ -1,8 +1,11 @@
 //! The demo's table: response-time rows, the share of the cold overhead each mode removes, and
 //! the split of that overhead by stage.
 //!
-//! * **Floor.** Shares are against the hot floor (`hot`: caches warm, server CPU polling) when it
-//!   was measured, else against `warm` (said in the output). `removed = (cold − mode) / (cold −
+//! * **Floor.** Shares are against the hot floor (`hot`: caches warm, every CPU kept awake) when
+//!   it was measured **and shown to be one**: warm − hot per round, its median's 95% CI above 0
+//!   ([`floor_check`]). Otherwise (no hot floor, or hot no faster than warm — e.g. a machine
+//!   whose idle loop halts whatever PM QoS says) against `warm`, and the output says which and
+//!   why. `removed = (cold − mode) / (cold −
 //!   floor)` on p50s, with cold = cold-sweep. A share outside [−100%, 100%] means the floor or the
 //!   baseline is not what it claims (e.g. a mode faster than the floor): it is flagged, never
 //!   printed silently.
@@ -66,13 +69,61 @@ pub(super) struct Decomposition {
     pub cache_us: Option<f64>,
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return None;
+/// The median (the model's order statistic: the lower middle of an even sample, as the lab's),
+/// `None` for no finite value.
+fn median(v: Vec<f64>) -> Option<f64> {
+    let s = summarize(&v);
+    (s.n > 0).then_some(s.p50)
+}
+
+/// Whether the hot floor is one in this run: warm − hot per round (the rounds that measured
+/// both), its median with the 95% CI. Verified when the CI lies above 0.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct FloorCheck {
+    pub verified: bool,
+    pub warm_minus_hot_us_p50: f64,
+    pub ci_us: [f64; 2],
+    pub rounds: usize,
+}
+
+impl FloorCheck {
+    /// One sentence for the output.
+    pub fn describe(&self) -> String {
+        format!(
+            "hot floor {}: warm − hot per round p50 {:.1} µs (95% CI {:.1}–{:.1}, {} rounds, measured){}",
+            if self.verified { "verified" } else { "NOT verified" },
+            self.warm_minus_hot_us_p50,
+            self.ci_us[0],
+            self.ci_us[1],
+            self.rounds,
+            if self.verified {
+                ""
+            } else {
+                ": hot is not shown faster than warm here, so shares are against warm"
+            }
+        )
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Some(v[v.len() / 2])
+}
+
+/// The floor check of `samples` (`None` without hot or warm samples in a common round).
+pub(super) fn floor_check(samples: &[Sample]) -> Option<FloorCheck> {
+    let hot: std::collections::BTreeMap<usize, f64> = samples
+        .iter()
+        .filter(|s| s.mode == "hot")
+        .map(|s| (s.round, s.latency_us))
+        .collect();
+    let d: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.mode == "warm")
+        .filter_map(|w| hot.get(&w.round).map(|h| w.latency_us - h))
+        .collect();
+    let s = summarize(&d);
+    (s.n > 0).then_some(FloorCheck {
+        verified: s.p50_lo > 0.0,
+        warm_minus_hot_us_p50: s.p50,
+        ci_us: [s.p50_lo, s.p50_hi],
+        rounds: s.n,
+    })
 }
 
 /// (cold − mode) / (cold − floor), when the overhead is positive.
@@ -146,11 +197,10 @@ fn stages(samples: &[Sample], name: &str) -> Stages {
     }
 }
 
-/// The floor's name and stage p50s: hot when measured, else warm.
+/// The floor's name and stage p50s: hot when measured and verified ([`floor_check`]), else warm.
 fn floor(samples: &[Sample]) -> (&'static str, Stages) {
-    let hot = stages(samples, "hot");
-    if hot.total.is_some() {
-        ("hot", hot)
+    if floor_check(samples).is_some_and(|c| c.verified) {
+        ("hot", stages(samples, "hot"))
     } else {
         ("warm", stages(samples, "warm"))
     }
@@ -384,8 +434,12 @@ pub(super) fn print_table(o: &Output, ws: &preheat_model::WsStats) {
         );
     }
     if let Some(h) = &o.hot_floor {
-        println!("hot = warm caches with no CPU halting: {h}.");
+        println!("hot = warm caches, {h}.");
     }
+    if let Some(c) = &o.floor_check {
+        println!("{}.", c.describe());
+    }
+    println!("wake ran as {}.", o.wake_mechanism);
     println!(
         "CPI: {}",
         if o.pmu {

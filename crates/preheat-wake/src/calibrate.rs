@@ -1,0 +1,353 @@
+//! Which keep-awake mechanism works on the machine at hand, measured rather than assumed.
+//!
+//! Machines of our kind differ in ways that decide this: with the `haltpoll` cpuidle driver a
+//! per-CPU PM QoS constraint (or `/dev/cpu_dma_latency`) makes idle CPUs poll and a blocked
+//! thread runs 2–6 µs after its wakeup instead of 20–90 µs; without a cpuidle driver the idle
+//! loop halts whatever PM QoS says, and a `SCHED_IDLE` spinner on the CPU may do better. So
+//! [`calibrate`] measures, for each mechanism the planner offers (`pmqos`, `dma`, `spin`) and for
+//! plain idle (`none`), how long a thread blocked on a futex for ≥ 10 ms idle takes to run after
+//! it is woken from another CPU, with the mechanism held through the whole idle gap (the
+//! [`crate::bench`] measurement with `--held`, `rounds` samples each), and names the best: the mechanism with the lowest p50 **whose 95% CI lies below that
+//! of plain idle**. Where none beats idle, there is no best, and callers say so instead of
+//! claiming the CPUs are kept awake.
+//!
+//! The result is cached per boot in the run directory ([`FILE`]), keyed by the boot id, the
+//! kernel release, the cpuidle driver and the CPU model ([`MachineKey`]): a cached calibration of
+//! another boot or machine is never used. It is a measurement of a moment (other tenants' load
+//! moves it); [`Calibration::measured_unix_s`] says when.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::bench::{BenchArgs, Cell};
+use crate::keep_awake::{MechChoice, Mechanism};
+
+/// The cache file in the run directory.
+pub const FILE: &str = "calibration.json";
+
+/// Idle gap before each measured wakeup (µs): long enough for the deepest idle state.
+pub const GAP_US: u64 = 10_000;
+
+/// Other processes' CPU use above which a calibration is not cached (it measured them too).
+pub const MAX_OTHERS_SHARE: f64 = 0.15;
+
+/// Samples per mechanism by default.
+pub const DEFAULT_ROUNDS: usize = 25;
+
+/// What identifies the machine a calibration is valid for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineKey {
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+    /// `/proc/sys/kernel/osrelease`.
+    pub kernel: String,
+    /// `cpuidle/current_driver` (`none` without a driver, `absent` where the file is missing).
+    pub cpuidle_driver: String,
+    pub cpu_model: String,
+}
+
+fn read_trim(p: &str) -> String {
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl MachineKey {
+    /// The machine this process runs on.
+    pub fn current() -> MachineKey {
+        let driver = read_trim("/sys/devices/system/cpu/cpuidle/current_driver");
+        MachineKey {
+            boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
+            kernel: read_trim("/proc/sys/kernel/osrelease"),
+            cpuidle_driver: if driver.is_empty() {
+                "absent".into()
+            } else {
+                driver
+            },
+            cpu_model: preheat_engine::topology::cpu_model(),
+        }
+    }
+}
+
+/// One mechanism's measured wake-up latency.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MechResult {
+    /// `none`, `pmqos`, `dma` or `spin`.
+    pub mech: String,
+    /// Samples.
+    pub n: usize,
+    pub p50_us: f64,
+    /// 95% confidence interval of the p50.
+    pub p50_ci_us: [f64; 2],
+    pub p99_us: f64,
+}
+
+impl From<&Cell> for MechResult {
+    fn from(c: &Cell) -> MechResult {
+        MechResult {
+            mech: c.mech.clone(),
+            n: c.n,
+            p50_us: c.p50_us,
+            p50_ci_us: c.p50_ci_us,
+            p99_us: c.p99_us,
+        }
+    }
+}
+
+/// A calibration: every mechanism's wake-up latency after [`GAP_US`] idle, and the best one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Always `measured`.
+    pub label: String,
+    pub machine: MachineKey,
+    /// When it was measured (seconds since the Unix epoch).
+    pub measured_unix_s: u64,
+    pub gap_us: u64,
+    pub sleeper_cpu: usize,
+    pub waker_cpu: usize,
+    pub results: Vec<MechResult>,
+    /// Mechanisms that could not be measured, and why.
+    pub skipped: Vec<String>,
+    /// Share of the machine's CPU time other processes used while it was measured (`None`:
+    /// unknown). Above [`MAX_OTHERS_SHARE`] the calibration is reported but not cached.
+    #[serde(default)]
+    pub others_cpu_share: Option<f64>,
+    /// The mechanism with the lowest p50 among those whose p50 CI lies entirely below plain
+    /// idle's; `None` when no mechanism measured faster than idle.
+    pub best: Option<Mechanism>,
+}
+
+/// The mechanism of a result's name (`None` for plain idle).
+fn mechanism(name: &str) -> Option<Mechanism> {
+    match name {
+        "pmqos" => Some(Mechanism::PmQos),
+        "dma" => Some(Mechanism::DmaLatency),
+        "spin" => Some(Mechanism::Spin),
+        _ => None,
+    }
+}
+
+/// The best mechanism of `results`: lowest p50 among those whose CI lies below `none`'s.
+pub fn choose(results: &[MechResult]) -> Option<Mechanism> {
+    let none = results.iter().find(|r| r.mech == "none")?;
+    results
+        .iter()
+        .filter_map(|r| Some((mechanism(&r.mech)?, r)))
+        .filter(|(_, r)| r.n > 0 && r.p50_ci_us[1] < none.p50_ci_us[0])
+        .min_by(|a, b| a.1.p50_us.total_cmp(&b.1.p50_us))
+        .map(|(m, _)| m)
+}
+
+impl Calibration {
+    /// The result of `mech` (`none`, `pmqos`, `dma`, `spin`).
+    pub fn result(&self, mech: &str) -> Option<&MechResult> {
+        self.results.iter().find(|r| r.mech == mech)
+    }
+
+    /// The planner's choice that applies the best mechanism (`Auto` when there is none).
+    pub fn choice(&self) -> MechChoice {
+        match self.best {
+            Some(Mechanism::PmQos) => MechChoice::PmQos,
+            Some(Mechanism::DmaLatency) => MechChoice::Dma,
+            Some(Mechanism::Spin) => MechChoice::Spin,
+            None => MechChoice::Auto,
+        }
+    }
+
+    /// Whether other processes loaded the machine while it was measured.
+    pub fn disturbed(&self) -> bool {
+        self.others_cpu_share.is_some_and(|s| s > MAX_OTHERS_SHARE)
+    }
+
+    /// Whether it was measured on the machine and boot this process runs on.
+    pub fn is_current(&self) -> bool {
+        self.machine == MachineKey::current()
+    }
+
+    /// One line: the best mechanism and its measured effect, with sample counts.
+    pub fn summary(&self) -> String {
+        let fmt = |r: &MechResult| {
+            format!(
+                "{} {:.1} µs ({:.1}–{:.1}, n={})",
+                r.mech, r.p50_us, r.p50_ci_us[0], r.p50_ci_us[1], r.n
+            )
+        };
+        let all: Vec<String> = self.results.iter().map(fmt).collect();
+        let verdict = match self.best {
+            Some(m) => format!("best: {m}"),
+            None => "no mechanism woke threads faster than plain idle".into(),
+        };
+        let load = match self.others_cpu_share {
+            Some(s) if self.disturbed() => format!(
+                "; other processes used {:.0}% of the CPUs meanwhile: a disturbed measurement",
+                s * 100.0
+            ),
+            Some(s) => format!("; other processes {:.0}% of the CPUs", s * 100.0),
+            None => String::new(),
+        };
+        format!(
+            "{verdict} (measured: futex wake-up p50 after {} ms idle: {}; cpuidle driver {}{load})",
+            self.gap_us / 1000,
+            all.join(", "),
+            self.machine.cpuidle_driver
+        )
+    }
+}
+
+/// The cache file of `run_dir`.
+pub fn cache_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(FILE)
+}
+
+/// The cached calibration of this machine and boot, if there is one.
+pub fn cached(run_dir: &Path) -> Option<Calibration> {
+    let text = std::fs::read_to_string(cache_path(run_dir)).ok()?;
+    let c: Calibration = serde_json::from_str(&text).ok()?;
+    c.is_current().then_some(c)
+}
+
+/// Measure every mechanism now (about `rounds` × 4 × 11 ms, plus starting a planner per
+/// mechanism; needs two CPUs). Unprivileged, only `none` and `spin` are measured.
+pub fn calibrate(rounds: usize) -> Result<Calibration> {
+    let online = preheat_engine::os::online_cpus();
+    anyhow::ensure!(
+        online >= 2,
+        "calibration needs two CPUs (a sleeper and a waker)"
+    );
+    let args = BenchArgs {
+        gaps_us: vec![GAP_US],
+        rounds,
+        mechs: ["none", "pmqos", "dma", "spin"].map(String::from).to_vec(),
+        waiters: vec!["futex".into()],
+        held: true,
+        sleeper_cpu: 1,
+        waker_cpu: 0,
+        json: true,
+    };
+    let stat = || {
+        let all = preheat_engine::procstat::read(Path::new("/proc/stat"))
+            .ok()?
+            .all;
+        Some((all, preheat_engine::procstat::own_ticks()?))
+    };
+    let before = stat();
+    let report = crate::bench::bench(&args).context("measuring wake-up latency")?;
+    let others_cpu_share = before
+        .zip(stat())
+        .and_then(|(b, a)| preheat_engine::procstat::others_share((&b.0, b.1), (&a.0, a.1)));
+    let results: Vec<MechResult> = report.cells.iter().map(MechResult::from).collect();
+    Ok(Calibration {
+        label: "measured".into(),
+        machine: MachineKey::current(),
+        measured_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        gap_us: GAP_US,
+        sleeper_cpu: args.sleeper_cpu,
+        waker_cpu: args.waker_cpu,
+        best: choose(&results),
+        results,
+        skipped: report.skipped,
+        others_cpu_share,
+    })
+}
+
+/// Write `c` to the cache of `run_dir` (atomically: a temporary file renamed over it).
+pub fn store(run_dir: &Path, c: &Calibration) -> Result<()> {
+    std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let path = cache_path(run_dir);
+    let tmp = run_dir.join(format!(".{FILE}.{}", std::process::id()));
+    std::fs::write(&tmp, serde_json::to_string_pretty(c)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The cached calibration of this boot, or a new one (measured, then cached unless other
+/// processes loaded the machine meanwhile or no mechanism beat idle — both are worth measuring
+/// again next time). `progress` is told before a measurement starts.
+pub fn load_or_calibrate(run_dir: &Path, progress: impl FnOnce(&str)) -> Result<Calibration> {
+    if let Some(c) = cached(run_dir) {
+        return Ok(c);
+    }
+    progress(&format!(
+        "calibrating the keep-awake mechanisms (once per boot, ~{} s; cached in {})",
+        (DEFAULT_ROUNDS * 4 * 12).div_ceil(1000) + 1,
+        cache_path(run_dir).display()
+    ));
+    let c = calibrate(DEFAULT_ROUNDS)?;
+    if !c.disturbed() && c.best.is_some() {
+        store(run_dir, &c)?;
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(mech: &str, p50: f64, lo: f64, hi: f64) -> MechResult {
+        MechResult {
+            mech: mech.into(),
+            n: 25,
+            p50_us: p50,
+            p50_ci_us: [lo, hi],
+            p99_us: hi * 2.0,
+        }
+    }
+
+    #[test]
+    fn the_best_must_beat_idle_by_its_interval() {
+        // A haltpoll-like machine: polling wins by far.
+        let haltpoll = [
+            r("none", 70.0, 60.0, 80.0),
+            r("pmqos", 4.0, 3.0, 5.0),
+            r("dma", 3.0, 2.5, 4.0),
+            r("spin", 20.0, 18.0, 25.0),
+        ];
+        assert_eq!(choose(&haltpoll), Some(Mechanism::DmaLatency));
+        // No cpuidle driver: spinning wins, polling idle only halves the latency.
+        let none = [
+            r("none", 68.0, 60.0, 75.0),
+            r("pmqos", 33.0, 30.0, 36.0),
+            r("dma", 31.0, 28.0, 34.0),
+            r("spin", 24.0, 22.0, 26.0),
+        ];
+        assert_eq!(choose(&none), Some(Mechanism::Spin));
+        // Overlapping intervals: nothing is shown to be better than idle.
+        let flat = [r("none", 30.0, 20.0, 40.0), r("spin", 25.0, 15.0, 35.0)];
+        assert_eq!(choose(&flat), None);
+        // Without a measurement of idle there is nothing to compare with.
+        assert_eq!(choose(&[r("spin", 1.0, 1.0, 1.0)]), None);
+    }
+
+    #[test]
+    fn a_cache_of_another_boot_is_not_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Calibration {
+            label: "measured".into(),
+            machine: MachineKey::current(),
+            measured_unix_s: 1,
+            gap_us: GAP_US,
+            sleeper_cpu: 1,
+            waker_cpu: 0,
+            results: vec![r("none", 70.0, 60.0, 80.0), r("dma", 3.0, 2.5, 4.0)],
+            skipped: vec![],
+            best: Some(Mechanism::DmaLatency),
+            others_cpu_share: Some(0.5),
+        };
+        assert!(c.disturbed());
+        assert!(c.summary().contains("disturbed"), "{}", c.summary());
+        store(dir.path(), &c).unwrap();
+        assert_eq!(cached(dir.path()), Some(c.clone()));
+        assert_eq!(c.choice(), MechChoice::Dma);
+        assert!(c.summary().contains("best: dma"), "{}", c.summary());
+        c.machine.boot_id = "another boot".into();
+        store(dir.path(), &c).unwrap();
+        assert_eq!(cached(dir.path()), None);
+        // Garbage in the cache is no calibration either.
+        std::fs::write(cache_path(dir.path()), "{").unwrap();
+        assert_eq!(cached(dir.path()), None);
+    }
+}
