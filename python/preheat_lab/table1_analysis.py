@@ -126,7 +126,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
     strategies = strategy_modes(modes)
     cpi_label, cpi_vals = cpi_text(meta, topo)
     mat, rounds = stats.round_matrix(df, modes)
-    floor = floor_mode(modes)
+    floor = floor_mode(modes, meta)
     have_baseline = COLD in modes and floor in modes
 
     # Mixed request kinds: the p50 share on per-round differences (as `preheat demo` does).
@@ -273,7 +273,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
         for kind, dk in df.groupby("kind", sort=True):
             kmodes = [m for m in modes if m in set(dk["mode"])]
             kmat, krounds = stats.round_matrix(dk, kmodes)
-            kshare = _removed(kmat, kmodes, "p50", boot, floor_mode(kmodes))
+            kshare = _removed(kmat, kmodes, "p50", boot, floor_mode(kmodes, meta))
             for m in kmodes:
                 s_ = stats.summarize(dk.loc[dk["mode"] == m, "latency_us"], boot)
                 d = kshare.get(m)
@@ -282,7 +282,7 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                               "mean": s_.mean, "mean_lo": s_.mean_lo, "mean_hi": s_.mean_hi,
                               "p50": s_.p50, "p50_lo": s_.p50_lo, "p50_hi": s_.p50_hi,
                               "removed_p50": d.value if d else (
-                                  1.0 if m == floor_mode(kmodes) else 0.0 if m == COLD
+                                  1.0 if m == floor_mode(kmodes, meta) else 0.0 if m == COLD
                                   else np.nan),
                               "removed_p50_lo": d.lo if d else np.nan,
                               "removed_p50_hi": d.hi if d else np.nan,

@@ -67,9 +67,14 @@ def load_server(raw: Path, server: str) -> tuple[dict, pd.DataFrame]:
     return meta, df[SAMPLE_COLUMNS + extra]
 
 
-def floor_mode(modes: Sequence[str]) -> str:
-    """The floor shares are computed against: hot when measured, else warm."""
-    return HOT if HOT in modes else WARM
+def floor_mode(modes: Sequence[str], meta: dict | None = None) -> str:
+    """The floor shares are computed against: hot when measured and, where the CLI checked it
+    (`floor_check` in its JSON: warm − hot per round above 0), shown to be below warm; else warm.
+    The check is the CLI's, read here, not computed a second time."""
+    check = (meta or {}).get("floor_check")
+    if HOT in modes and (check is None or check.get("verified", False)):
+        return HOT
+    return WARM
 
 
 def mode_order(modes: Sequence[str], meta: dict | None = None) -> list[str]:

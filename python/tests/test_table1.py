@@ -376,3 +376,13 @@ def test_table1_any_server_usage_errors(tmp_path, capsys):
             lab.main(base + args)
         assert e.value.code == 2
         assert needle in capsys.readouterr().err
+
+
+def test_the_floor_is_hot_only_where_the_cli_verified_it():
+    """The floor follows the CLI's check (warm − hot per round above 0), read from its JSON."""
+    from preheat_lab.table1_samples import HOT, WARM, floor_mode
+    modes = [HOT, WARM, "cold-sweep"]
+    assert floor_mode(modes) == HOT  # an older CLI without the check
+    assert floor_mode(modes, {"floor_check": {"verified": True}}) == HOT
+    assert floor_mode(modes, {"floor_check": {"verified": False}}) == WARM
+    assert floor_mode([WARM, "cold-sweep"], {"floor_check": None}) == WARM
