@@ -134,8 +134,9 @@ pub(super) fn probe_cycle(
         // before this pass; the agent never unmaps host memory (a page the comm detector
         // protects is restored by its fault handler). A host thread that unmaps them in the
         // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
-        unsafe { probe::prepare_phase(&valid, phase) };
+        let prepared = unsafe { probe::prepare_phase(&valid, phase) };
         pin(false);
+        prepared.map_err(faulted)?;
         let t_flushed = time::now_ns();
         match (fd, request) {
             (None, Some(req)) if fresh => {
@@ -200,12 +201,19 @@ pub(super) fn probe_cycle(
         unsafe { probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits) };
     let elapsed_ns = time::now_ns().saturating_sub(t_reload);
     pin(false);
+    let probed = probed.map_err(faulted)?;
     Ok(Reply::Probed {
         hits,
         probed,
         elapsed_ns,
         window_ns: t_reload.saturating_sub(t_flushed),
     })
+}
+
+/// A pass that reports a fault: only where a handler resumes the engine's guarded routines,
+/// which the agent does not install (yet), so the process would have died first.
+pub(super) fn faulted(_: probe::Faulted) -> String {
+    "a probe line faulted".into()
 }
 
 /// Err (and a log line) if the mappings under `valid` are not what they were when it was

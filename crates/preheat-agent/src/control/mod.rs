@@ -32,7 +32,7 @@ use crate::counters::STATS;
 use crate::log::{self, log};
 use crate::plan::Plan;
 use crate::{comm, config, fdreg, sys, track};
-use cycle::{probe_cycle, quiesce};
+use cycle::{faulted, probe_cycle, quiesce};
 use profile::{LoadedProfile, PortConfig};
 use ranges::{candidates, validate_ranges};
 
@@ -268,7 +268,7 @@ impl Control {
                 // page the comm detector protects is restored by its fault handler). The host is
                 // not paused, though: a host thread that unmaps these pages during the flush
                 // breaks the contract (issue 13, bug 1).
-                unsafe { probe::flush(&valid) };
+                unsafe { probe::flush(&valid) }.map_err(faulted)?;
                 Ok(Reply::Ok)
             }
             Request::ProbeReload {
@@ -288,7 +288,8 @@ impl Control {
                 // its fault handler). Nothing stops a host thread from unmapping them during the
                 // reload (issue 13, bug 1), which would break the contract.
                 let probed =
-                    unsafe { probe::reload(&valid, threshold, window_pages, seed, &mut hits) };
+                    unsafe { probe::reload(&valid, threshold, window_pages, seed, &mut hits) }
+                        .map_err(faulted)?;
                 let elapsed_ns = time::now_ns().saturating_sub(t0);
                 Ok(Reply::Probed {
                     hits,
