@@ -48,7 +48,10 @@
 //!
 //! Flushing and reloading fault on an address that is not mapped readable, so [`flush`],
 //! [`prepare_phase`], [`reload`] and [`reload_phase`] are `unsafe fn`s; [`calibrate`] works on
-//! a buffer of its own and is safe.
+//! a buffer of its own and is safe. They touch the caller's lines only through the guarded
+//! routines of [`crate::guard`]: where the calling thread has a handler that resumes faults
+//! there, a line that faults ends the pass with `Err(Faulted)` instead of killing the process
+//! (the agent probes a live server, whose threads may unmap memory at any time).
 
 use preheat_model::proto::Range;
 use preheat_model::VirtAddr;
@@ -56,8 +59,12 @@ use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
-use crate::cache::{fence, flush_line, flush_range, LINE};
-use crate::time::rdtscp;
+pub use crate::guard::Faulted;
+
+#[cfg(test)]
+use crate::cache::flush_range;
+use crate::cache::{fence, flush_line, LINE};
+use crate::guard;
 
 /// Page size the probe windows are measured in (spatial prefetchers work within 4 KiB pages).
 const PAGE: u64 = 4096;
@@ -164,20 +171,24 @@ pub fn calibrate_stats(samples: u32) -> CalibrationStats {
     }
 }
 
-/// Flush every line of `ranges`. Contents are never changed.
+/// Flush every line of `ranges`, then fence. Contents are never changed.
+///
+/// Returns `Err(Faulted)` at the first line that faulted (see the `# Safety` section), with the
+/// lines before it flushed.
 ///
 /// # Safety
 /// Every page of every range must be mapped and readable in this process, backed by memory
 /// (not past the end of a mapped file), and stay so for the duration of the call; otherwise the
-/// flush raises SIGSEGV (SIGBUS) and kills the process (see [`crate::cache::flush_line`]).
-/// Take ranges from resident, readable mappings (e.g. [`crate::maps::resident_ranges`]) and
-/// make sure nothing unmaps them meanwhile.
-pub unsafe fn flush(ranges: &[Range]) {
-    for r in ranges {
-        // SAFETY: the caller guarantees every page of `r` mapped and readable for the call.
-        unsafe { flush_range(VirtAddr(r.start), r.len as usize) };
-    }
+/// flush raises SIGSEGV (SIGBUS) and kills the process (see [`crate::cache::flush_line`]) —
+/// unless the calling thread has a handler in place that resumes faults of the guarded routines
+/// ([`crate::guard`]): then the pass ends with `Err(Faulted)`. Take ranges from resident,
+/// readable mappings (e.g. [`crate::maps::resident_ranges`]) and make sure nothing unmaps them
+/// meanwhile, or guard the call.
+pub unsafe fn flush(ranges: &[Range]) -> Result<(), Faulted> {
+    // SAFETY: the caller's contract; `Phase::ALL` selects every line.
+    let r = unsafe { each_line(ranges, Phase::ALL, true, guard::flush) };
     fence();
+    r
 }
 
 /// Time a one-byte load of every line of `ranges` in random order within windows of
@@ -194,11 +205,16 @@ pub unsafe fn flush(ranges: &[Range]) {
 /// over many calls with different seeds: a single pass also reports lines that the hardware
 /// prefetcher pulled in after an earlier probe.
 ///
+/// A line that faulted (see below) ends the pass: `Err(Faulted)`, with the hits found before it
+/// in `hits` (the caller decides whether a pass cut short counts).
+///
 /// # Safety
 /// Every line of `ranges` must be mapped and readable in this process, backed by memory (not
 /// past the end of a mapped file), and stay so for the duration of the call (nothing in this or
 /// another thread may unmap it or revoke read access meanwhile); an unmapped line raises
-/// SIGSEGV and kills the process. Take ranges from resident, readable mappings (e.g.
+/// SIGSEGV and kills the process — unless the calling thread has a handler in place that
+/// resumes faults of the guarded routines ([`crate::guard`]), which turns it into
+/// `Err(Faulted)`. Take ranges from resident, readable mappings (e.g.
 /// [`crate::maps::resident_ranges`]). The loaded values are discarded, so concurrent *writers*
 /// are harmless.
 pub unsafe fn reload(
@@ -207,7 +223,7 @@ pub unsafe fn reload(
     window_pages: u32,
     seed: u64,
     hits: &mut Vec<u64>,
-) -> u64 {
+) -> Result<u64, Faulted> {
     // SAFETY: the caller's contract is this function's, and `Phase::ALL` probes a subset of
     // `ranges`.
     unsafe { reload_phase(ranges, threshold, window_pages, seed, Phase::ALL, hits) }
@@ -244,44 +260,53 @@ impl Phase {
 /// prefetcher-induced lines mostly land outside the measured phase, and `stride` passes with
 /// `phase = 0 .. stride` cover every line.
 ///
+/// Returns `Err(Faulted)` at the first line that faulted (see [`flush`]).
+///
 /// # Safety
 /// As [`flush`] and [`reload`]: every page of every range must be mapped and readable, backed
-/// by memory, and stay so for the duration of the call.
-pub unsafe fn prepare_phase(ranges: &[Range], phase: Phase) {
+/// by memory, and stay so for the duration of the call, or the call guarded ([`crate::guard`]).
+pub unsafe fn prepare_phase(ranges: &[Range], phase: Phase) -> Result<(), Faulted> {
+    // SAFETY: the caller's contract, for the unprobed lines.
+    let r = unsafe { each_line(ranges, phase, false, guard::load) };
+    // SAFETY: the caller's contract, for the probed lines.
+    let r = r.and_then(|()| unsafe { each_line(ranges, phase, true, guard::flush) });
+    fence();
+    r
+}
+
+/// Apply `op` to every line of `ranges` that `phase` selects (`selected`) or does not select
+/// (`!selected`), in address order; stop at the first `Err`.
+///
+/// # Safety
+/// `op` is [`guard::load`] or [`guard::flush`], and the ranges meet their contract.
+#[inline(always)]
+unsafe fn each_line(
+    ranges: &[Range],
+    phase: Phase,
+    selected: bool,
+    op: unsafe fn(VirtAddr) -> Result<(), Faulted>,
+) -> Result<(), Faulted> {
     let line = LINE as u64;
     for r in ranges {
-        let start = r.start & !(line - 1);
         let end = r.start.saturating_add(r.len);
-        let mut a = start;
+        let mut a = r.start & !(line - 1);
         while a < end {
-            if !phase.selects(a) {
-                // SAFETY: `a` is a line of a page of `r` (the first line may begin before
-                // `r.start`, in the same page), which the caller guarantees mapped readable.
-                std::hint::black_box(unsafe { load_byte(a as usize) });
+            if phase.selects(a) == selected {
+                // SAFETY: `a` is a line of a page of `r` (the first may begin before `r.start`,
+                // in the same page): mapped readable or guarded (the caller's contract).
+                unsafe { op(VirtAddr(a)) }?;
             }
             a += line;
         }
     }
-    for r in ranges {
-        let start = r.start & !(line - 1);
-        let end = r.start.saturating_add(r.len);
-        let mut a = start;
-        while a < end {
-            if phase.selects(a) {
-                // SAFETY: as the load above: a line of a page the caller guarantees mapped.
-                unsafe { flush_line(VirtAddr(a)) };
-            }
-            a += line;
-        }
-    }
-    fence();
+    Ok(())
 }
 
 /// [`reload`] restricted to the lines of `phase` (see [`prepare_phase`]); returns lines probed.
 ///
 /// # Safety
 /// As [`reload`]: every page of every range must be mapped and readable, backed by memory, and
-/// stay so for the duration of the call.
+/// stay so for the duration of the call, or the call guarded ([`crate::guard`]).
 pub unsafe fn reload_phase(
     ranges: &[Range],
     threshold: u32,
@@ -289,7 +314,7 @@ pub unsafe fn reload_phase(
     seed: u64,
     phase: Phase,
     hits: &mut Vec<u64>,
-) -> u64 {
+) -> Result<u64, Faulted> {
     let wbytes = window_pages.max(1) as u64 * PAGE;
     let line = LINE as u64;
     let mut idx: Vec<u32> = Vec::with_capacity((wbytes / line) as usize);
@@ -317,14 +342,18 @@ pub unsafe fn reload_phase(
             idx.shuffle(&mut rng);
             for &i in &idx {
                 let a = (w + i as u64 * line) as usize;
+                let v = VirtAddr(a as u64);
                 // SAFETY: `a` is a line of a page of `r` (`w` starts at `r`'s first line, `a` ends
-                // before `r`'s last line ends), which the caller guarantees mapped and readable.
-                let t = unsafe {
-                    let t = time_load(a);
-                    flush_line(VirtAddr(a as u64));
-                    t
+                // before `r`'s last line ends), which the caller guarantees mapped and readable
+                // or guards.
+                let t = unsafe { guard::timed_load(v) };
+                // SAFETY: as the timed load, the same line.
+                let t = t.and_then(|t| unsafe { guard::flush(v) }.map(|()| t));
+                let Ok(t) = t else {
+                    fence();
+                    return Err(Faulted);
                 };
-                if t < threshold {
+                if t < threshold as u64 {
                     hits.push(a as u64);
                 }
             }
@@ -333,22 +362,22 @@ pub unsafe fn reload_phase(
         }
     }
     fence();
-    probed
+    Ok(probed)
 }
 
-/// Ticks for a one-byte load of `addr` (`rdtscp; lfence; load; rdtscp; lfence`): `rdtscp` waits
-/// for the load to complete before reading the counter.
+/// Ticks for a one-byte load of `addr` (`rdtscp; lfence; load; rdtscp; lfence`, through
+/// [`guard::timed_load`], the same sequence the probe's reloads time): `rdtscp` waits for the
+/// load to complete before reading the counter.
 ///
 /// # Safety
 /// As [`load_byte`].
 #[inline(always)]
 unsafe fn time_load(addr: usize) -> u32 {
-    let t0 = rdtscp();
     // SAFETY: the caller guarantees `addr` mapped and readable for the call.
-    let v = unsafe { load_byte(addr) };
-    let t1 = rdtscp();
-    std::hint::black_box(v);
-    t1.wrapping_sub(t0).min(u32::MAX as u64) as u32
+    match unsafe { guard::timed_load(VirtAddr(addr as u64)) } {
+        Ok(t) => t.min(u32::MAX as u64) as u32,
+        Err(Faulted) => u32::MAX,
+    }
 }
 
 /// One volatile byte load of `addr`.
@@ -399,7 +428,7 @@ mod tests {
         // Threshold u32::MAX: every probed line is a "hit", so `hits` lists the probed lines.
         // SAFETY: the ranges lie inside `buf`, a live heap allocation of this test (mapped,
         // readable), dropped only at its end.
-        let n = unsafe { reload(&ranges, u32::MAX, 1, 42, &mut hits) };
+        let n = unsafe { reload(&ranges, u32::MAX, 1, 42, &mut hits) }.unwrap();
         let expect: Vec<u64> = (((base + 10) & !63)..base + 10 + 3 * 4096)
             .step_by(64)
             .collect();
@@ -411,10 +440,70 @@ mod tests {
         // Threshold 0: nothing is a hit.
         hits.clear();
         // SAFETY: as above.
-        assert_eq!(unsafe { reload(&ranges, 0, 16, 1, &mut hits) }, n);
+        assert_eq!(unsafe { reload(&ranges, 0, 16, 1, &mut hits) }, Ok(n));
         assert!(hits.is_empty());
         // SAFETY: as above.
-        unsafe { flush(&ranges) };
+        unsafe { flush(&ranges) }.unwrap();
+    }
+
+    /// A pass over memory that is gone ends at the first line there with `Err(Faulted)` (where
+    /// a handler resumes the guarded routines' faults, as the agent's does), with the lines
+    /// before it done.
+    #[test]
+    fn a_pass_over_unmapped_memory_ends_faulted() {
+        let _shared = crate::test_lock::shared();
+        if !crate::guard::SUPPORTED {
+            return;
+        }
+        const PAGE: usize = 4096;
+        // SAFETY: an anonymous mapping owned by this test; its third page is unmapped at once,
+        // the rest at the end.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            std::ptr::write_bytes(p as *mut u8, 1, 4 * PAGE);
+            assert_eq!(
+                libc::munmap((p as usize + 2 * PAGE) as *mut libc::c_void, PAGE),
+                0
+            );
+            p as u64
+        };
+        let ranges = [Range {
+            start: base,
+            len: 4 * PAGE as u64,
+        }];
+        let mut hits = Vec::new();
+        crate::guard::tests::with_resume_handler(|| {
+            // SAFETY: the handler resumes the faults on the unmapped page; the other pages are
+            // mapped until the end of the test.
+            unsafe {
+                assert_eq!(flush(&ranges), Err(Faulted));
+                assert_eq!(
+                    prepare_phase(
+                        &ranges,
+                        Phase {
+                            stride: 2,
+                            phase: 1
+                        }
+                    ),
+                    Err(Faulted)
+                );
+                // One-page windows in address order, every line a "hit": the first two pages
+                // are probed, the third ends the pass.
+                assert_eq!(reload(&ranges, u32::MAX, 1, 3, &mut hits), Err(Faulted));
+            }
+        });
+        assert_eq!(hits.len(), 2 * PAGE / LINE);
+        assert!(hits.iter().all(|&a| a < base + 2 * PAGE as u64));
+        // SAFETY: unmaps what is left of this test's mapping.
+        unsafe { libc::munmap(base as *mut libc::c_void, 4 * PAGE) };
     }
 
     /// The probe order is a function of the seed, and over seeds every line of a window is
@@ -432,7 +521,7 @@ mod tests {
         let order = |seed: u64| {
             let mut hits = Vec::new();
             // SAFETY: one page inside `buf`, a live heap allocation of this test.
-            unsafe { reload(&ranges, u32::MAX, 1, seed, &mut hits) };
+            unsafe { reload(&ranges, u32::MAX, 1, seed, &mut hits) }.unwrap();
             hits
         };
         assert_eq!(order(5), order(5));
@@ -545,7 +634,7 @@ mod tests {
             let before = context_switches();
             // SAFETY: `range` (and below, `order`) lie inside `buf`, the canaries inside
             // `canary_buf`: live heap allocations of this function, dropped only at its end.
-            unsafe { flush(&range) };
+            unsafe { flush(&range) }.unwrap();
             order.shuffle(&mut rng);
             // SAFETY: as above.
             let (n, canaries_cached) = unsafe {
@@ -558,7 +647,7 @@ mod tests {
                 }
                 std::hint::black_box(s);
                 hits.clear();
-                let n = reload(&range, cal.threshold, 16, attempt, &mut hits);
+                let n = reload(&range, cal.threshold, 16, attempt, &mut hits).unwrap();
                 let cached = canaries
                     .iter()
                     .filter(|&&a| time_load(a) < cal.threshold)
@@ -681,7 +770,7 @@ mod tests {
                     // SAFETY: `range` and `order` lie inside `buf`, a live heap allocation of
                     // this function, dropped only at its end.
                     unsafe {
-                        prepare_phase(&range, phase);
+                        prepare_phase(&range, phase).unwrap();
                         for &a in &order {
                             std::hint::black_box(load_byte(a as usize));
                         }
@@ -692,7 +781,8 @@ mod tests {
                             (s * 31 + ph) as u64,
                             phase,
                             &mut hits,
-                        );
+                        )
+                        .unwrap();
                     }
                     for h in hits {
                         *counts.entry(h).or_default() += 1;
@@ -728,6 +818,62 @@ mod tests {
             }
         }
 
+        /// What a pass costs per line and what the timed load reads, pinned to one CPU: the
+        /// calibration's hit and miss ticks, and ns per line of `prepare_phase` and
+        /// `reload_phase` (stride 2) over a 512 KiB buffer, 200 passes each, p10/p50/p90 over
+        /// passes (the guarded routines of [`crate::guard`] against the inline sequence they
+        /// replaced: run on both).
+        #[test]
+        #[ignore]
+        fn pass_cost() {
+            let _shared = crate::test_lock::shared();
+            std::thread::spawn(|| {
+                crate::os::pin_current_thread(crate::os::current_cpu() as usize).unwrap();
+                for _ in 0..3 {
+                    println!("{:?}", calibrate_stats(2000));
+                }
+                const BYTES: usize = 512 * 1024;
+                const PASSES: usize = 200;
+                let buf = vec![3u8; BYTES + 4096];
+                let base = (buf.as_ptr() as u64 + 4095) & !4095;
+                let range = [Range {
+                    start: base,
+                    len: BYTES as u64,
+                }];
+                let lines = (BYTES / LINE / 2) as f64;
+                let (mut prep, mut rel) = (Vec::new(), Vec::new());
+                let mut hits = Vec::with_capacity(BYTES / LINE);
+                for p in 0..PASSES {
+                    let phase = Phase {
+                        stride: 2,
+                        phase: (p % 2) as u32,
+                    };
+                    hits.clear();
+                    let t0 = crate::time::now_ns();
+                    // SAFETY: `range` lies inside `buf`, live until the end of the closure.
+                    unsafe { prepare_phase(&range, phase) }.unwrap();
+                    let t1 = crate::time::now_ns();
+                    // SAFETY: as above.
+                    unsafe { reload_phase(&range, 250, 16, p as u64, phase, &mut hits) }.unwrap();
+                    let t2 = crate::time::now_ns();
+                    prep.push((t1 - t0) as f64 / lines);
+                    rel.push((t2 - t1) as f64 / lines);
+                }
+                for (name, v) in [("prepare", &mut prep), ("reload", &mut rel)] {
+                    v.sort_by(f64::total_cmp);
+                    println!(
+                        "{name}_phase ns per probed line over {PASSES} passes of {BYTES} B: \
+                         p10 {:.1} p50 {:.1} p90 {:.1}",
+                        v[PASSES / 10],
+                        v[PASSES / 2],
+                        v[PASSES * 9 / 10]
+                    );
+                }
+            })
+            .join()
+            .unwrap();
+        }
+
         /// Per-pass false-hit rate of `reload` on a flushed, untouched 256 KiB buffer, by window
         /// size, and what one access to a line of a cold page brings in besides that line.
         #[test]
@@ -753,8 +899,8 @@ mod tests {
                         hits.clear();
                         // SAFETY: `range` lies inside `buf`, live until the end of the closure.
                         unsafe {
-                            flush(&range);
-                            reload(&range, cal.threshold, wp, seed, &mut hits);
+                            flush(&range).unwrap();
+                            reload(&range, cal.threshold, wp, seed, &mut hits).unwrap();
                         }
                         n += hits.len();
                     }
