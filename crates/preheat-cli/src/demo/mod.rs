@@ -343,11 +343,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
     // Which keep-awake mechanism works here: measured once per boot, cached in the run directory.
-    let calibration =
-        preheat_wake::calibrate::load_or_calibrate(&preheat_rundir::run_dir_from_env(), |m| {
-            eprintln!("demo: {m}")
-        })
-        .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
+    let calibration = preheat_wake::calibrate::load_or_calibrate(&crate::paths::run_dir(), |m| {
+        eprintln!("demo: {m}")
+    })
+    .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
     let wake = WakeAs::from_calibration(calibration.as_ref().ok());
     let keep_awake = match calibration
         .as_ref()
