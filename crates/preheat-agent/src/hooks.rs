@@ -19,14 +19,15 @@
 //! reaches such a boundary aborts the process instead of unwinding into C — which would still
 //! kill the host. So nothing on the hooked path may panic, and that is checked, not hoped for:
 //! every file the hooks run code from (this one, [`crate::track`], [`crate::sys`],
-//! [`crate::fdreg`], and the detector's [`crate::comm::hooks`], [`crate::comm::release`],
-//! [`crate::comm::signal`], [`crate::comm::state`]) denies `clippy::panic`, `unwrap_used`,
+//! [`crate::fdreg`], the fault handler's [`crate::faults`], and the detector's
+//! [`crate::comm::hooks`], [`crate::comm::release`], [`crate::comm::signal`],
+//! [`crate::comm::state`]) denies `clippy::panic`, `unwrap_used`,
 //! `expect_used`, `indexing_slicing`, `arithmetic_side_effects` (overflow panics in debug
 //! builds, which the tests preload), `unreachable`, `todo` and `unimplemented`. What the lints
 //! cannot see is kept out by rule: no `assert!`, no `RefCell::borrow_mut` (only `try_*`), no
 //! `thread_local!` `with` (only `try_with`), and calls into other crates only to functions that
 //! cannot panic (`preheat_engine::{os::gettid, os::current_cpu, time::now_ns, time::stamp,
-//! time::stamp_cpu, time::stamps_are_tsc}`, libc).
+//! time::stamp_cpu, time::stamps_are_tsc, guard::fixup}`, libc).
 //! A hook therefore needs no `catch_unwind`: there is nothing to catch.
 #![deny(
     clippy::panic,

@@ -19,6 +19,10 @@
 //! * **Control** ([`control`]): a Unix stream socket `<run-dir>/agent-<pid>.sock` speaking the
 //!   JSON-lines protocol of `preheat_model::proto` — status, flush+reload probing for the
 //!   working-set estimation (§3.1), loading a `.phws` profile, configuring per-port strategies.
+//!   The probe's loads and flushes of the host's memory cannot crash it ([`faults`]): during
+//!   each pass the agent's SIGSEGV/SIGBUS handler resumes the probing thread's own faults at
+//!   the engine's recovery points (the round is skipped), and sends every other fault where it
+//!   would have gone without the agent.
 //! * **Preheating** ([`worker`]): a Unix datagram socket `<run-dir>/agent-<pid>.trig` receives
 //!   40-byte announcements ("a request for port P arrives at T", §3.2); the CPU that served P
 //!   last gets the announcement and applies the requested strategies before T (§3.3):
@@ -36,8 +40,9 @@
 //!
 //! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno (the
 //! files they run code from deny panicking constructs; see [`hooks`] on abort safety); the
-//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], [`comm`]'s hooks
-//! and fault handler, the constructor and fork handlers in [`runtime`]); any internal error
+//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], [`faults`] (the
+//! fault handler and the `sigaction`/`signal` hooks), [`comm`]'s hooks and fault claims, the
+//! probe's passes in [`control`], the constructor and fork handlers in [`runtime`]); any internal error
 //! disables the agent (hooks become pass-through), is logged ([`log`]), and the host keeps
 //! serving; the agent's threads block asynchronous signals, so the host's signals always reach
 //! the host's threads ([`threads`]), and its fork handler never waits ([`forkcell`]). See [`runtime`] for start-up, fork and exit, [`plan`] for how the control thread
@@ -54,7 +59,8 @@
 //! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
 //! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
 //! 2  threads  idlepoll                 the agent's own threads; a thread's idle-polling window
-//! 1  log  fdreg                        log + disable-with-reason; the agent's own fds
+//! 1  log  fdreg  faults                log + disable-with-reason; the agent's own fds;
+//!                                      SIGSEGV/SIGBUS handler, the program's dispositions
 //! 0  config  track  counters  sys  forkcell
 //!                                      configuration; busy periods; counters; FFI; fork-safe cell
 //! ```
@@ -77,6 +83,7 @@ pub mod comm;
 pub mod config;
 pub mod control;
 pub mod counters;
+pub mod faults;
 pub mod fdreg;
 pub mod forkcell;
 pub mod hooks;

@@ -287,6 +287,9 @@ fn atfork_child_inner() {
     unsafe { plan::reset_after_fork() };
     // SAFETY: this is the fork child handler; the child has only the forking thread.
     unsafe { crate::log::reset_after_fork() };
+    // A fork while the control thread was inside a probe pass: the child gets the program's
+    // fault dispositions back.
+    crate::faults::reset_after_fork();
     if !track::ACTIVE.swap(false, Ordering::SeqCst) {
         return;
     }

@@ -10,6 +10,7 @@
 //! | [`time`] | timestamps (TSC, CLOCK_MONOTONIC) for deadlines and probe timing |
 //! | [`cache`] | line flush (clflush/clflushopt) and prefetch (prefetcht0) primitives |
 //! | [`probe`] | flush+reload working-set estimation: our stand-in for §3.1's RAMINDEX tag dump |
+//! | [`guard`] | the probe's loads and flushes as routines whose faults a handler can resume (an exception table) |
 //! | [`preheat`] | §3.3 preheating: sorted RLE runs loaded in priority order, stopped at a deadline, optionally split across cores |
 //! | [`sweep`] | an eviction sweep that emulates the cache loss of a deep sleep state |
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
@@ -50,12 +51,20 @@
 //! * **`unsafe fn`:** functions that really *load* or *flush* an address the caller names —
 //!   [`cache::flush_line`], [`cache::flush_range`], [`probe::flush`], [`probe::prepare_phase`],
 //!   [`probe::reload`], [`probe::reload_phase`], [`preheat::load_runs`],
-//!   [`preheat::plain_load`], [`preheat::independent_loads`] — fault (SIGSEGV, or SIGBUS past the
-//!   end of a mapped file) and kill the process on an address that is not mapped readable. Their
-//!   `# Safety` sections say what the caller guarantees: every line mapped, readable and backed
-//!   by memory, staying so for the duration of the call (no thread may unmap it meanwhile).
-//!   They never write memory and discard what they read. Obtain ranges from
-//!   [`maps::read_maps`] / [`maps::resident_ranges`], and keep whoever could unmap them quiet.
+//!   [`preheat::plain_load`], [`preheat::independent_loads`], [`guard::load`], [`guard::flush`],
+//!   [`guard::timed_load`] — fault (SIGSEGV, or SIGBUS past the end of a mapped file) and kill
+//!   the process on an address that is not mapped readable. Their `# Safety` sections say what
+//!   the caller guarantees: every line mapped, readable and backed by memory, staying so for the
+//!   duration of the call (no thread may unmap it meanwhile). They never write memory and
+//!   discard what they read. Obtain ranges from [`maps::read_maps`] /
+//!   [`maps::resident_ranges`], and keep whoever could unmap them quiet.
+//! * **Recoverable, still `unsafe fn`:** the probe's passes ([`probe::flush`],
+//!   [`probe::prepare_phase`], [`probe::reload`], [`probe::reload_phase`]) touch the caller's
+//!   lines only through [`guard`]'s routines, whose faulting instructions [`guard::fixup`]
+//!   maps to recovery points. A caller that cannot keep the owner of the memory quiet (the agent
+//!   probing a live server) installs a SIGSEGV/SIGBUS handler that resumes its own thread's
+//!   faults there; the pass then returns `Err(Faulted)` instead of the process dying. Without
+//!   such a handler the contract above holds unchanged.
 //!
 //! Functions that touch only memory the engine owns ([`probe::calibrate`],
 //! [`basevec::Probe::flush`], [`sweep::EvictionBuffer::sweep`]) are safe.
@@ -79,6 +88,7 @@
 pub mod basevec;
 pub mod cache;
 pub mod codegen;
+pub mod guard;
 pub mod idle;
 pub mod machine;
 pub mod maps;

@@ -1,6 +1,7 @@
 //! The interposed calls that keep communication detection invisible to the host program:
-//! signal dispositions and masks for SIGSEGV, alternate signal stacks, and the calls that
-//! change mappings (which first give back any page the detector revoked).
+//! signal masks for SIGSEGV, alternate signal stacks, and the calls that change mappings (which
+//! first give back any page the detector revoked). The dispositions (`sigaction`, `signal`)
+//! are [`crate::faults`]'s, which the probe shares.
 //!
 //! Like every hook (see [`crate::hooks`]): forward to the real function resolved by the
 //! constructor, or to the raw system call before that; never allocate, log or panic; cost one
@@ -20,64 +21,8 @@
 
 use libc::{c_int, c_void, off_t, size_t};
 
-use super::signal;
 use super::{MapChange, Release};
 use crate::sys::{self, real};
-
-/// # Safety
-/// Same contract as sigaction(2).
-#[no_mangle]
-pub unsafe extern "C" fn sigaction(
-    sig: c_int,
-    act: *const libc::sigaction,
-    old: *mut libc::sigaction,
-) -> c_int {
-    // SAFETY: pointers forwarded under the caller's contract.
-    unsafe {
-        if sig == libc::SIGSEGV {
-            signal::program_sigaction(act, old)
-        } else {
-            signal::real_sigaction(sig, act, old)
-        }
-    }
-}
-
-/// # Safety
-/// Same contract as signal(3) (BSD semantics, as glibc's).
-#[no_mangle]
-pub unsafe extern "C" fn signal(sig: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
-    type SignalFn = unsafe extern "C" fn(c_int, libc::sighandler_t) -> libc::sighandler_t;
-    if sig != libc::SIGSEGV {
-        // SAFETY: `SignalFn` is signal(3)'s exact C signature, the type `REAL_SIGNAL` was
-        // resolved for.
-        if let Some(f) = unsafe { real::<SignalFn>(&sys::REAL_SIGNAL) } {
-            // SAFETY: the real signal(3), arguments forwarded unchanged under the caller's
-            // contract.
-            return unsafe { f(sig, handler) };
-        }
-    }
-    // SAFETY: an all-zero sigaction is valid plain data.
-    let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
-    act.sa_sigaction = handler;
-    act.sa_flags = libc::SA_RESTART;
-    // SAFETY: valid local sigset.
-    unsafe { libc::sigaddset(&mut act.sa_mask, sig) };
-    // SAFETY: an all-zero sigaction is valid plain data (overwritten by the call below).
-    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to locals.
-    let r = unsafe {
-        if sig == libc::SIGSEGV {
-            signal::program_sigaction(&act, &mut old)
-        } else {
-            signal::real_sigaction(sig, &act, &mut old)
-        }
-    };
-    if r != 0 {
-        libc::SIG_ERR
-    } else {
-        old.sa_sigaction
-    }
-}
 
 /// A copy of `set` without SIGSEGV when it would block SIGSEGV while detection is installed
 /// (a blocked synchronous SIGSEGV makes the kernel kill the process).

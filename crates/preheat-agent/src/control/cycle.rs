@@ -11,6 +11,7 @@ use preheat_model::proto::{Range, Reply};
 
 use super::ranges::validate_ranges;
 use super::served::{connect_served_here, fresh_exchange};
+use crate::faults::{self, ProbePass, PROBE_FAULTS};
 use crate::log::log;
 use crate::{sys, track};
 
@@ -133,9 +134,11 @@ pub(super) fn probe_cycle(
         // readable, probe-safe mappings — on a repeated attempt re-checked unchanged right
         // before this pass; the agent never unmaps host memory (a page the comm detector
         // protects is restored by its fault handler). A host thread that unmaps them in the
-        // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
-        unsafe { probe::prepare_phase(&valid, phase) };
+        // microseconds since (issue 13, bug 1) makes a line fault: `guarded` runs the pass
+        // with the thread's faults resumed at the engine's recovery points.
+        let prepared = guarded("prepare", || unsafe { probe::prepare_phase(&valid, phase) });
         pin(false);
+        prepared?;
         let t_flushed = time::now_ns();
         match (fd, request) {
             (None, Some(req)) if fresh => {
@@ -190,21 +193,56 @@ pub(super) fn probe_cycle(
     // if anything changed (issue 13, bug 1).
     unchanged_since_validation(&valid, port)?;
     pin(true);
-    let t_reload = time::now_ns();
+    let mut t_reload = 0;
     // SAFETY: just above, with the host's tracked threads back in their wait calls, `valid` was
     // re-validated against /proc/self/maps and mincore (resident pages of readable, probe-safe
     // mappings) and found unchanged; the agent never unmaps host memory (a page the comm detector
     // protects is restored by its fault handler). A host thread that unmaps them in the
-    // microseconds since breaks the contract (issue 13, bug 1: narrowed, not closed).
-    let probed =
-        unsafe { probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits) };
+    // microseconds since (issue 13, bug 1) makes a line fault, which `guarded` resumes.
+    let probed = guarded("reload", || unsafe {
+        t_reload = time::now_ns();
+        probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits)
+    });
     let elapsed_ns = time::now_ns().saturating_sub(t_reload);
     pin(false);
+    let probed = probed?;
     Ok(Reply::Probed {
         hits,
         probed,
         elapsed_ns,
         window_ns: t_reload.saturating_sub(t_flushed),
+    })
+}
+
+/// Run one pass that touches the host's memory (`pass`: a probe call) with the calling thread's
+/// faults made recoverable ([`ProbePass`]): a line the host unmapped, truncated or protected
+/// since the ranges were validated ends the pass instead of killing the host. Err (and a log
+/// line): the pass could not be guarded and did not run, or it faulted (the round is skipped,
+/// like a round whose mappings changed before it; `preheat record` repeats it).
+pub(super) fn guarded<T>(
+    what: &str,
+    pass: impl FnOnce() -> Result<T, probe::Faulted>,
+) -> Result<T, String> {
+    let guard = ProbePass::begin().map_err(|e| {
+        let msg = format!("probe {what} pass not run: {e}");
+        log(&msg);
+        msg
+    })?;
+    let r = pass();
+    for note in guard.end() {
+        log(&format!("probe {what} pass: {note}"));
+    }
+    r.map_err(|probe::Faulted| {
+        let msg = format!(
+            "a line faulted during the {what} pass ({}): the server unmapped, truncated or \
+             protected memory under it (the agent recovered; {} probe faults in this process so \
+             far): {}",
+            faults::last_probe_fault(),
+            PROBE_FAULTS.load(std::sync::atomic::Ordering::Relaxed),
+            preheat_model::proto::ROUND_SKIPPED
+        );
+        log(&format!("probe: {msg}"));
+        msg
     })
 }
 
@@ -214,9 +252,8 @@ pub(super) fn probe_cycle(
 /// Called right before a pass that touches `valid` after the server ran: it shrinks the window in
 /// which a mapping change can fault the host to the few microseconds between this look and the
 /// pass, during which the server's threads are back in their wait calls (only a thread the
-/// agent does not track, or the kernel reclaiming a page, could still change them; the issue's
-/// fault-proof alternatives — reading through a mechanism that cannot fault, or catching the
-/// fault — remain open).
+/// agent does not track, or the kernel reclaiming a page, could still change them: the pass is
+/// guarded against that, see [`guarded`]).
 fn unchanged_since_validation(valid: &[Range], port: u16) -> Result<(), String> {
     if validate_ranges(valid)? == valid {
         return Ok(());

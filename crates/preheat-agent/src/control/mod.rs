@@ -32,7 +32,7 @@ use crate::counters::STATS;
 use crate::log::{self, log};
 use crate::plan::Plan;
 use crate::{comm, config, fdreg, sys, track};
-use cycle::{probe_cycle, quiesce};
+use cycle::{guarded, probe_cycle, quiesce};
 use profile::{LoadedProfile, PortConfig};
 use ranges::{candidates, validate_ranges};
 
@@ -266,9 +266,9 @@ impl Control {
                 // SAFETY: `validate_ranges` just clipped `valid` to resident pages of readable,
                 // probe-safe mappings in /proc/self/maps; the agent never unmaps host memory (a
                 // page the comm detector protects is restored by its fault handler). The host is
-                // not paused, though: a host thread that unmaps these pages during the flush
-                // breaks the contract (issue 13, bug 1).
-                unsafe { probe::flush(&valid) };
+                // not paused, though: a host thread may unmap these pages during the flush
+                // (issue 13, bug 1), and `guarded` resumes the fault that makes.
+                guarded("flush", || unsafe { probe::flush(&valid) })?;
                 Ok(Reply::Ok)
             }
             Request::ProbeReload {
@@ -281,14 +281,16 @@ impl Control {
                 let valid = validate_ranges(&ranges)?;
                 let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
                 let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
-                let t0 = time::now_ns();
+                let mut t0 = 0;
                 // SAFETY: `valid` was clipped just now (after `quiesce`: the host's tracked threads
                 // are in their wait calls) to resident pages of readable, probe-safe mappings; the
                 // agent never unmaps host memory (a page the comm detector protects is restored by
-                // its fault handler). Nothing stops a host thread from unmapping them during the
-                // reload (issue 13, bug 1), which would break the contract.
-                let probed =
-                    unsafe { probe::reload(&valid, threshold, window_pages, seed, &mut hits) };
+                // its fault handler). A host thread may still unmap them during the reload (issue
+                // 13, bug 1), and `guarded` resumes the fault that makes.
+                let probed = guarded("reload", || unsafe {
+                    t0 = time::now_ns();
+                    probe::reload(&valid, threshold, window_pages, seed, &mut hits)
+                })?;
                 let elapsed_ns = time::now_ns().saturating_sub(t0);
                 Ok(Reply::Probed {
                     hits,

@@ -284,16 +284,30 @@ pub fn start_kv_in(dir: tempfile::TempDir, env: &[(&str, &str)]) -> Server {
 /// The port a test server wrote to its ready file as `ready PORT` (waiting up to 20 s, or until
 /// the server exits).
 pub fn port_from_ready_file(ready: &Path, child: &mut std::process::Child) -> Result<u16, String> {
-    let mut port = None;
+    match ready_fields(ready, child)?.as_slice() {
+        [port] if *port <= u16::MAX as u64 => Ok(*port as u16),
+        other => Err(format!("{}: not `ready PORT`: {other:?}", ready.display())),
+    }
+}
+
+/// The numbers a test server wrote to its ready file after `ready ` (waiting up to 20 s, or
+/// until the server exits).
+pub fn ready_fields(ready: &Path, child: &mut std::process::Child) -> Result<Vec<u64>, String> {
+    let mut fields = None;
     wait_until(Duration::from_secs(20), || {
         if let Ok(s) = std::fs::read_to_string(ready) {
-            port = s
+            fields = s
                 .strip_prefix("ready ")
-                .and_then(|p| p.trim().parse::<u16>().ok());
+                .filter(|r| r.ends_with('\n'))
+                .and_then(|r| {
+                    r.split_whitespace()
+                        .map(|f| f.parse::<u64>().ok())
+                        .collect()
+                });
         }
-        port.is_some() || !matches!(child.try_wait(), Ok(None))
+        fields.is_some() || !matches!(child.try_wait(), Ok(None))
     });
-    port.ok_or_else(|| format!("no ready file {}", ready.display()))
+    fields.ok_or_else(|| format!("no ready file {}", ready.display()))
 }
 
 /// Compile the test program `tests/<rel>.c` into `dir` with the system C compiler, or None
