@@ -291,7 +291,15 @@ mod timing {
                 // A lead long enough for the agent to act on every announcement even when the
                 // server's vCPU halted (at the default 65 µs the trigger thread can run after
                 // the deadline: 1 run in 4 had no lines issued at all).
-                &["demo", "--rounds", "6", "--lead-us", "1000"][..],
+                &[
+                    "demo",
+                    "--rounds",
+                    "6",
+                    "--lead-us",
+                    "1000",
+                    "--pilot-rounds",
+                    "8",
+                ][..],
                 &common::QUICK_DEMO,
                 &["--json", "--out", json.to_str().unwrap()],
             ]
@@ -384,6 +392,25 @@ mod timing {
             "preheat:wake+lines+replay",
         ] {
             assert!(modes.contains(&m), "mode {m} missing: {modes:?}");
+        }
+        // auto: a pilot of every combination of wake, lines and replay against none, and a
+        // choice among those measured to help (or nothing), measured again as its own row.
+        assert!(modes.contains(&"preheat:auto"), "{modes:?}");
+        let auto = &v["auto"];
+        let cands = auto["candidates"].as_array().unwrap();
+        assert_eq!(cands.len(), 7, "{auto}");
+        let helped: Vec<&str> = cands
+            .iter()
+            .filter(|c| c["verdict"] == "helps")
+            .map(|c| c["strategies"].as_str().unwrap())
+            .collect();
+        let chosen = auto["chosen"].as_str().unwrap();
+        assert!(
+            helped.contains(&chosen) || (helped.is_empty() && chosen == "none"),
+            "auto chose {chosen}, measured to help: {helped:?}"
+        );
+        for c in cands {
+            assert_eq!(c["gain_us"]["n"], 8, "{c}");
         }
         for r in rows {
             assert_eq!(r["latency"]["n"], 6, "{r}");

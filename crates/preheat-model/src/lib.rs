@@ -16,12 +16,15 @@
 //! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
 //! * [`comm`]: communication detection (SPCD) configuration and reports.
 //! * [`stats`]: order statistics with confidence intervals, shared by every report.
+//! * [`auto`]: the `auto` strategy's choice from a pilot, and the judgement (per-round gain over
+//!   announcing nothing) behind every "this strategy hurts" flag.
 //!
 //! Invariants: no I/O, no `unsafe`, no global state. Everything here is deterministic and can be
 //! property-tested and fuzzed.
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod auto;
 pub mod comm;
 pub mod format;
 pub mod profile;

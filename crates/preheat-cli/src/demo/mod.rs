@@ -12,20 +12,23 @@
 //!    * `control` — the same gap as `cold-sweep` without the sweep (separates wakeup cost from
 //!      cache loss);
 //!    * `preheat:S` — like `cold-sweep`, but the request is announced `lead` µs ahead and the
-//!      agent applies strategies S (wake, lines, replay, combinations).
+//!      agent applies strategies S (wake, lines, replay, combinations);
+//!    * `preheat:auto` — the strategies a pilot before the rounds measured to help most
+//!      ([`pilot`], [`preheat_model::auto`]), or nothing.
 //! 4. Print response-time p50/p99 with 95% CIs and, for preheat rows, the working-set size, runs,
 //!    encoded bytes, preheat time, GB/s and the share of the cold overhead removed — against the
-//!    hot floor (warm beside it) — split by stage (see [`mod@table`]).
+//!    hot floor (warm beside it) — split by stage (see [`mod@table`]); flag every preheat mode
+//!    measured slower than none (cold-sweep, per round) and every replay whose warm-up was still
+//!    being served at the arrival.
 //!
 //! Response time is measured by the client from the moment it sends (for announced requests:
 //! at the announced arrival time) until the full reply is read. Everything printed is measured
 //! on this machine unless labeled otherwise; the paper's numbers are printed as the paper's.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use preheat_model::proto::{Announcement, Reply, Request, Strategies};
+use preheat_model::proto::{Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
@@ -34,10 +37,13 @@ use crate::record::{self, RecordParams};
 use crate::servers::{self, ServerKind};
 
 mod custom;
+mod measure;
+mod pilot;
 mod table;
 
 pub use custom::CustomProtocol;
 
+use measure::Bench;
 use table::{decomposition, floor_check, print_table, table, Decomposition, FloorCheck, Row};
 
 #[derive(clap::Args, Debug)]
@@ -80,9 +86,15 @@ pub struct DemoArgs {
     /// Gap after the sweep before the request, µs (the server CPU goes idle meanwhile).
     #[arg(long, default_value_t = 1000)]
     pub post_gap_us: u64,
-    /// Preheat strategies to compare, comma separated (each may combine with +).
-    #[arg(long, default_value = "wake,lines,replay,wake+lines,all")]
+    /// Preheat strategies to compare, comma separated (each may combine with +). `auto` runs a
+    /// pilot first (--pilot-rounds rounds of every combination of wake, lines and replay that
+    /// can run here, against announcing nothing) and announces the combination measured to help
+    /// most — nothing, if none was measured to help; the table measures it again.
+    #[arg(long, default_value = "auto,wake,lines,replay,wake+lines,all")]
     pub strategies: String,
+    /// Rounds of `auto`'s pilot (each measures none and every candidate once).
+    #[arg(long, default_value_t = 15)]
+    pub pilot_rounds: usize,
     /// Use this working-set file instead of recording one.
     #[arg(long)]
     pub profile: Option<PathBuf>,
@@ -119,6 +131,8 @@ enum Mode {
     ColdSweep,
     Control,
     Preheat(Strategies),
+    /// `auto`: what its pilot chose (`NONE` until then, or when nothing was measured to help).
+    Auto(Strategies),
 }
 
 impl Mode {
@@ -130,6 +144,16 @@ impl Mode {
             Mode::ColdSweep => "cold-sweep".into(),
             Mode::Control => "control".into(),
             Mode::Preheat(s) => format!("preheat:{}", s.name()),
+            Mode::Auto(_) => "preheat:auto".into(),
+        }
+    }
+
+    /// What the mode announces (`None`: no announcement).
+    fn announced(self) -> Option<Strategies> {
+        match self {
+            Mode::Preheat(s) => Some(s),
+            Mode::Auto(s) if !s.is_empty() => Some(s),
+            _ => None,
         }
     }
 
@@ -183,6 +207,32 @@ impl Sample {
             served_by_preheated: None,
         }
     }
+
+    /// What the agent did for this sample's announcement, from its counters before and after.
+    fn fill_agent(
+        &mut self,
+        b: &preheat_model::proto::PreheatStats,
+        after: &preheat_model::proto::PreheatStats,
+    ) {
+        let acted = after.preheats > b.preheats
+            || after.wake_spins > b.wake_spins
+            || after.wake_polled > b.wake_polled
+            || after.replays > b.replays;
+        if !acted {
+            self.worker_lead_us = f64::NAN; // announcement not acted on (late/dropped)
+            self.trigger_lead_us = f64::NAN;
+            return;
+        }
+        // The lines counters are the agent's *last* lines preheat: only this announcement's if
+        // it ran one (wake/replay alone leave them stale).
+        if after.preheats > b.preheats {
+            self.lines_done = after.last_lines_done;
+            self.lines_total = after.last_lines_total;
+            self.preheat_us = after.last_preheat_ns as f64 / 1e3;
+        }
+        self.worker_lead_us = after.last_lead_ns as f64 / 1e3;
+        self.trigger_lead_us = after.last_trigger_lead_ns as f64 / 1e3;
+    }
 }
 
 #[derive(Serialize)]
@@ -215,6 +265,8 @@ struct Output {
     wake_mechanism: String,
     /// This boot's keep-awake calibration (`None`: it failed; see skipped).
     calibration: Option<preheat_wake::calibrate::Calibration>,
+    /// What `auto` chose, from which pilot (`None`: auto was not asked for).
+    auto: Option<preheat_model::auto::AutoChoice>,
     /// The cold overhead split by cause (p50 differences).
     decomposition: Option<Decomposition>,
     /// The agent's preheat counters at the end of the run (all announced modes together).
@@ -284,9 +336,235 @@ impl WakeAs {
     }
 }
 
-fn spin_until(t_ns: u64) {
-    while preheat_engine::time::now_ns() < t_ns {
-        std::hint::spin_loop();
+/// The modes `a.strategies` asks for, after the baselines.
+fn wanted_modes(a: &DemoArgs) -> Result<Vec<Mode>> {
+    let mut wanted = vec![
+        Mode::Hot,
+        Mode::Warm,
+        Mode::ColdIdle,
+        Mode::ColdSweep,
+        Mode::Control,
+    ];
+    for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
+        let m = if s.trim() == "auto" {
+            Mode::Auto(Strategies::NONE)
+        } else {
+            Mode::Preheat(Strategies::parse(s).map_err(anyhow::Error::msg)?)
+        };
+        if !wanted.contains(&m) {
+            wanted.push(m);
+        }
+    }
+    Ok(wanted)
+}
+
+/// Start the catalog server or the command after `--`, pinned to `server_cpu` with the agent.
+fn start_server(
+    a: &DemoArgs,
+    dir: &std::path::Path,
+    server_cpu: usize,
+) -> Result<(
+    crate::launch::Server,
+    servers::Workload,
+    preheat_lab::servers::Prepared,
+)> {
+    if a.command.is_empty() {
+        let started = servers::start(a.server, None, dir, vec![server_cpu], true)?;
+        return Ok((started.server, started.workload, started.prepared));
+    }
+    let custom = custom::CustomServer {
+        command: &a.command,
+        port: a.port,
+        protocol: a.protocol,
+        request: a.request.as_deref(),
+        until: &a.until,
+    };
+    let (server, w) = custom.start(dir, vec![server_cpu])?;
+    Ok((server, w, Default::default()))
+}
+
+/// Record the working set (or take `--profile`), and load it into the agent of `pid`.
+fn estimate(
+    a: &DemoArgs,
+    server: &crate::launch::Server,
+    pid: u32,
+    w: &servers::Workload,
+    client: &mut servers::Requester,
+    dir: &std::path::Path,
+) -> Result<(PathBuf, Option<record::RecordStats>)> {
+    let port = server.spec.port;
+    let (path, stats) = match &a.profile {
+        Some(p) => (relabel_port(p, port, dir)?, None),
+        None => {
+            let params = RecordParams {
+                filter: preheat_model::FilterParams {
+                    k: a.keep,
+                    n: a.samples,
+                    gap: a.gap_merge,
+                },
+                ..Default::default()
+            };
+            eprintln!(
+                "demo: recording the working set (probe backend, {} samples, keep >= {})",
+                a.samples, a.keep
+            );
+            let rec = record::record_probe(server, pid, w, &params, client)?;
+            let path = dir.join(format!("{}.phws", server.spec.name));
+            record::write_profile(&path, &rec.profile)?;
+            (path, Some(rec.stats))
+        }
+    };
+    AgentClient::connect(&server.run_dir, pid)?.call(&Request::LoadProfile {
+        path: path.to_string_lossy().into_owned(),
+    })?;
+    Ok((path, stats))
+}
+
+/// Configure `port`'s warm-up request in the agent. Where the agent cannot open a replay
+/// connection its process serves (e.g. the server closes every connection after its reply),
+/// the replay modes are dropped into `skipped`, saying why; anything else fails the demo.
+fn configure_replay(
+    agent: &mut AgentClient,
+    w: &servers::Workload,
+    port: u16,
+    modes: &mut Vec<Mode>,
+    skipped: &mut Vec<Skipped>,
+) -> Result<bool> {
+    let (replay, replay_until) = w
+        .raw
+        .as_ref()
+        .map(|r| {
+            (
+                String::from_utf8_lossy(&r.replay).into_owned(),
+                String::from_utf8_lossy(&r.replay_until).into_owned(),
+            )
+        })
+        .unzip();
+    let wants_replay = replay.is_some();
+    let Err(e) = agent.call(&Request::Configure {
+        port,
+        replay,
+        replay_until,
+        split_cpus: vec![],
+    }) else {
+        return Ok(wants_replay);
+    };
+    if !wants_replay {
+        return Err(e);
+    }
+    agent.call(&Request::Configure {
+        port,
+        replay: None,
+        replay_until: None,
+        split_cpus: vec![],
+    })?;
+    let reason = format!("{e:#}");
+    for m in modes.iter().filter(|m| m.replays()) {
+        eprintln!("demo: skipping {}: {reason}", m.name());
+        skipped.push(Skipped {
+            mode: m.name(),
+            reason: reason.clone(),
+        });
+    }
+    modes.retain(|m| !m.replays());
+    Ok(false)
+}
+
+/// Run `auto`'s pilot over what can run here and put its choice into `modes`.
+fn choose_auto(
+    bench: &mut Bench<'_>,
+    modes: &mut [Mode],
+    can_replay: bool,
+    rounds: usize,
+    quiet: bool,
+) -> Result<Option<preheat_model::auto::AutoChoice>> {
+    let Some(slot) = modes.iter_mut().find(|m| matches!(m, Mode::Auto(_))) else {
+        return Ok(None);
+    };
+    let mut available = Strategies::WAKE.union(Strategies::LINES);
+    if can_replay {
+        available = available.union(Strategies::REPLAY);
+    }
+    let cands = pilot::candidates(available);
+    eprintln!(
+        "demo: auto: piloting {} candidates against none, {rounds} rounds",
+        cands.len()
+    );
+    let choice = pilot::run(bench, &cands, rounds, quiet)?;
+    eprintln!("demo: auto chose {}: {}", choice.chosen, choice.why);
+    *slot = Mode::Auto(choice.bits);
+    Ok(Some(choice))
+}
+
+/// The table's rounds: every mode once per round, in shuffled order.
+fn measure_rounds(
+    bench: &mut Bench<'_>,
+    modes: &[Mode],
+    rounds: usize,
+    records: Option<&PathBuf>,
+    quiet: bool,
+) -> Result<Vec<Sample>> {
+    let mut records = match records {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
+        )),
+        None => None,
+    };
+    let pb = crate::progress::bar((rounds * modes.len()) as u64, "measuring", quiet);
+    let mut rng = rand::thread_rng();
+    let mut samples: Vec<Sample> = Vec::new();
+    for round in 0..rounds {
+        let mut order = modes.to_vec();
+        order.shuffle(&mut rng);
+        let kind = bench.client.new_round().unwrap_or("request");
+        for mode in order {
+            let s = bench.sample(mode, round, kind)?;
+            if let Some(f) = records.as_mut() {
+                use std::io::Write;
+                serde_json::to_writer(&mut *f, &s)?;
+                f.write_all(b"\n")?;
+                f.flush()?;
+            }
+            samples.push(s);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    if bench.bad_replies > 0 {
+        bail!(
+            "{} replies were wrong: the server misbehaved under the agent",
+            bench.bad_replies
+        );
+    }
+    Ok(samples)
+}
+
+/// The keep-awake calibration (measured once per boot, cached in the run directory) and the hot
+/// floor's mechanism from it, or why there is none (into `skipped`).
+fn keep_awake(
+    server: &crate::launch::Server,
+    skipped: &mut Vec<Skipped>,
+) -> (
+    Option<preheat_wake::calibrate::Calibration>,
+    Option<crate::hot::KeepAwake>,
+) {
+    let calibration = preheat_wake::calibrate::load_or_calibrate(&crate::paths::run_dir(), |m| {
+        eprintln!("demo: {m}")
+    })
+    .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
+    let keep = calibration
+        .as_ref()
+        .map_err(String::clone)
+        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c));
+    match keep {
+        Ok(k) => (calibration.ok(), Some(k)),
+        Err(why) => {
+            skipped.push(Skipped {
+                mode: Mode::Hot.name(),
+                reason: format!("{why}: shares removed are against warm instead of the hot floor"),
+            });
+            (calibration.ok(), None)
+        }
     }
 }
 
@@ -299,17 +577,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
     let client_cpu = if server_cpu == 0 { 1 } else { 0 };
-    let mut wanted = vec![
-        Mode::Hot,
-        Mode::Warm,
-        Mode::ColdIdle,
-        Mode::ColdSweep,
-        Mode::Control,
-    ];
-    for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
-        let st = Strategies::parse(s).map_err(anyhow::Error::msg)?;
-        wanted.push(Mode::Preheat(st));
-    }
+    let wanted = wanted_modes(&a)?;
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
     let scratch = crate::scratch_dir("demo")?;
@@ -322,46 +590,13 @@ pub fn run(a: DemoArgs) -> Result<()> {
     eprintln!(
         "demo: starting {shown} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}"
     );
-    let (server, w, prepared) = if a.command.is_empty() {
-        let started = servers::start(a.server, None, &dir, vec![server_cpu], true)?;
-        (started.server, started.workload, started.prepared)
-    } else {
-        let custom = custom::CustomServer {
-            command: &a.command,
-            port: a.port,
-            protocol: a.protocol,
-            request: a.request.as_deref(),
-            until: &a.until,
-        };
-        let (server, w) = custom.start(&dir, vec![server_cpu])?;
-        (server, w, Default::default())
-    };
-    let server = &server;
+    let (server, w, prepared) = start_server(&a, &dir, server_cpu)?;
     let port = server.spec.port;
-    let w = &w;
     let mut client = w.connect(server.addr())?;
-    let mut modes = Vec::new();
     let mut skipped = Vec::new();
-    // Which keep-awake mechanism works here: measured once per boot, cached in the run directory.
-    let calibration = preheat_wake::calibrate::load_or_calibrate(&crate::paths::run_dir(), |m| {
-        eprintln!("demo: {m}")
-    })
-    .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
-    let wake = WakeAs::from_calibration(calibration.as_ref().ok());
-    let keep_awake = match calibration
-        .as_ref()
-        .map_err(String::clone)
-        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c))
-    {
-        Ok(k) => Some(k),
-        Err(why) => {
-            skipped.push(Skipped {
-                mode: Mode::Hot.name(),
-                reason: format!("{why}: shares removed are against warm instead of the hot floor"),
-            });
-            None
-        }
-    };
+    let (calibration, keep_awake) = keep_awake(&server, &mut skipped);
+    let wake = WakeAs::from_calibration(calibration.as_ref());
+    let mut modes = Vec::new();
     for m in wanted {
         match m {
             Mode::Hot if keep_awake.is_none() => {}
@@ -380,38 +615,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     for s in &skipped {
         eprintln!("demo: skipping {}: {}", s.mode, s.reason);
     }
-    let mut records = match &a.records {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?,
-        )),
-        None => None,
-    };
     // The agent of the process that serves *this* client's connection (prefork servers have one
     // per worker).
-    let pid = record::serving_agent(server, &mut client)?;
-
-    // Estimation phase.
-    let (profile_path, rec_stats) = match &a.profile {
-        Some(p) => (relabel_port(p, port, &dir)?, None),
-        None => {
-            let params = RecordParams {
-                filter: preheat_model::FilterParams {
-                    k: a.keep,
-                    n: a.samples,
-                    gap: a.gap_merge,
-                },
-                ..Default::default()
-            };
-            eprintln!(
-                "demo: recording the working set (probe backend, {} samples, keep >= {})",
-                a.samples, a.keep
-            );
-            let rec = record::record_probe(server, pid, w, &params, &mut client)?;
-            let path = dir.join(format!("{}.phws", server.spec.name));
-            record::write_profile(&path, &rec.profile)?;
-            (path, Some(rec.stats))
-        }
-    };
+    let pid = record::serving_agent(&server, &mut client)?;
+    let (profile_path, rec_stats) = estimate(&a, &server, pid, &w, &mut client, &dir)?;
     let profile = record::read_profile(&profile_path)?;
     let ws_stats = profile.class(port).map(|c| c.ws.stats()).with_context(|| {
         format!(
@@ -420,172 +627,30 @@ pub fn run(a: DemoArgs) -> Result<()> {
         )
     })?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    agent.call(&Request::LoadProfile {
-        path: profile_path.to_string_lossy().into_owned(),
-    })?;
-    let (replay, replay_until) = w
-        .raw
-        .as_ref()
-        .map(|r| {
-            (
-                String::from_utf8_lossy(&r.replay).into_owned(),
-                String::from_utf8_lossy(&r.replay_until).into_owned(),
-            )
-        })
-        .unzip();
-    let wants_replay = replay.is_some();
-    if let Err(e) = agent.call(&Request::Configure {
+    let can_replay = configure_replay(&mut agent, &w, port, &mut modes, &mut skipped)?;
+    let mut bench = Bench {
+        client,
+        agent,
+        announcer: Announcer::new(&server.run_dir, &[pid])?,
+        sweep: preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
+        keep_awake: keep_awake.as_ref(),
+        wake,
         port,
-        replay,
-        replay_until,
-        split_cpus: vec![],
-    }) {
-        // The agent could not open a replay connection its process serves (e.g. the server
-        // closes every connection after its reply): the replay modes are skipped, saying why;
-        // anything else still fails the demo.
-        if !wants_replay {
-            return Err(e);
-        }
-        agent.call(&Request::Configure {
-            port,
-            replay: None,
-            replay_until: None,
-            split_cpus: vec![],
-        })?;
-        let reason = format!("{e:#}");
-        for m in modes.iter().filter(|m| m.replays()) {
-            eprintln!("demo: skipping {}: {reason}", m.name());
-            skipped.push(Skipped {
-                mode: m.name(),
-                reason: reason.clone(),
-            });
-        }
-        modes.retain(|m| !m.replays());
-    }
-    let mut announcer = Announcer::new(&server.run_dir, &[pid])?;
-    let sweep = preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20);
-
-    // Measurement phase.
-    let pb = crate::progress::bar((a.rounds * modes.len()) as u64, "measuring", a.json);
-    let mut rng = rand::thread_rng();
-    let mut samples: Vec<Sample> = Vec::new();
-    let mut sweep_ns_recent: u64 = 5_000_000;
-    let mut bad_replies = 0usize;
-    for round in 0..a.rounds {
-        let mut order = modes.clone();
-        order.shuffle(&mut rng);
-        let kind = client.new_round().unwrap_or("request");
-        for mode in order {
-            if let (Mode::Hot, Some(k)) = (mode, &keep_awake) {
-                k.hold();
-            }
-            // Priming request: every mode starts from a just-served state.
-            client.request_ok()?;
-            let mut sweep_us = 0.0;
-            match mode {
-                Mode::Hot | Mode::Warm => {}
-                Mode::ColdIdle => std::thread::sleep(Duration::from_millis(a.idle_ms)),
-                Mode::ColdSweep | Mode::Preheat(_) => {
-                    preheat_engine::os::set_affinity(&[server_cpu])?;
-                    let ns = sweep.sweep();
-                    preheat_engine::os::set_affinity(&[client_cpu])?;
-                    sweep_ns_recent = ns;
-                    sweep_us = ns as f64 / 1e3;
-                    std::thread::sleep(Duration::from_micros(a.post_gap_us));
-                }
-                Mode::Control => {
-                    std::thread::sleep(Duration::from_nanos(sweep_ns_recent));
-                    std::thread::sleep(Duration::from_micros(a.post_gap_us));
-                }
-            }
-            let before = if let Mode::Preheat(_) = mode {
-                Some(agent_preheat(&mut agent, port)?)
-            } else {
-                None
-            };
-            let t_send = if let Mode::Preheat(st) = mode {
-                let now = preheat_engine::time::now_ns();
-                let arrival = now + a.lead_us * 1000;
-                announcer.send(Announcement {
-                    strategies: wake.apply(st),
-                    port,
-                    seq: 0,
-                    arrival_ns: arrival,
-                    sent_ns: now,
-                    budget_ns: 0,
-                });
-                spin_until(arrival);
-                arrival
-            } else {
-                preheat_engine::time::now_ns()
-            };
-            let ok = client.request()?;
-            let t_done = preheat_engine::time::now_ns();
-            if let (Mode::Hot, Some(k)) = (mode, &keep_awake) {
-                k.release();
-            }
-            if !ok {
-                bad_replies += 1;
-            }
-            let mut s = Sample::new(
-                mode.name(),
-                round,
-                kind.to_string(),
-                (t_done - t_send) as f64 / 1e3,
-                sweep_us,
-            );
-            // Give the server thread and the agent's worker time to finish their bookkeeping
-            // (the busy period ends when the server waits again) before reading it.
-            std::thread::sleep(Duration::from_micros(300));
-            let view = agent_preheat(&mut agent, port)?;
-            let (after, busy_start) = (&view.preheat, view.last_start_ns);
-            if busy_start >= t_send.saturating_sub(a.lead_us * 1000) {
-                s.server_start_us = (busy_start as f64 - t_send as f64) / 1e3;
-            }
-            if let Some(b) = &before {
-                // At least one busy period: a warm-up and the measured request may share one
-                // (the server picks both up in one wake-up), so more cannot be required.
-                s.served_by_preheated = Some(view.busy_periods > b.busy_periods);
-            }
-            if let Some(b) = before.map(|b| b.preheat) {
-                if after.preheats > b.preheats
-                    || after.wake_spins > b.wake_spins
-                    || after.wake_polled > b.wake_polled
-                    || after.replays > b.replays
-                {
-                    // The lines counters are the agent's *last* lines preheat: only this
-                    // announcement's if it ran one (wake/replay alone leave them stale).
-                    if after.preheats > b.preheats {
-                        s.lines_done = after.last_lines_done;
-                        s.lines_total = after.last_lines_total;
-                        s.preheat_us = after.last_preheat_ns as f64 / 1e3;
-                    }
-                    s.worker_lead_us = after.last_lead_ns as f64 / 1e3;
-                    s.trigger_lead_us = after.last_trigger_lead_ns as f64 / 1e3;
-                } else {
-                    s.worker_lead_us = f64::NAN; // announcement not acted on (late/dropped)
-                    s.trigger_lead_us = f64::NAN;
-                }
-            }
-            if let Some(f) = records.as_mut() {
-                use std::io::Write;
-                serde_json::to_writer(&mut *f, &s)?;
-                f.write_all(b"\n")?;
-                f.flush()?;
-            }
-            samples.push(s);
-            pb.inc(1);
-        }
-    }
-    pb.finish_and_clear();
-    if bad_replies > 0 {
-        bail!("{bad_replies} replies were wrong: the server misbehaved under the agent");
-    }
+        server_cpu,
+        client_cpu,
+        lead_us: a.lead_us,
+        idle_ms: a.idle_ms,
+        post_gap_us: a.post_gap_us,
+        sweep_ns_recent: 5_000_000,
+        bad_replies: 0,
+    };
+    let auto = choose_auto(&mut bench, &mut modes, can_replay, a.pilot_rounds, a.json)?;
+    let samples = measure_rounds(&mut bench, &modes, a.rounds, a.records.as_ref(), a.json)?;
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
-    let calibration = calibration.ok();
+    let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
+    drop(bench);
     drop(keep_awake);
-    let agent_counters = agent_preheat(&mut agent, port)?.preheat;
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
     let machine = format!(
@@ -612,6 +677,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         floor_check: floor_check(&samples),
         wake_mechanism: wake.describe(),
         calibration,
+        auto,
         decomposition: decomposition(&samples),
         agent_counters,
         rows,

@@ -287,7 +287,9 @@ pub(super) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
                 server_start_us_p50: None,
                 server_start_us_p99: None,
             };
-            if let Mode::Preheat(st) = m {
+            if let Mode::Preheat(st) | Mode::Auto(st) = m {
+                row.flags
+                    .extend(harm_flags(samples, &name, st.contains(Strategies::REPLAY)));
                 row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
                 row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
                 let starts: Vec<f64> = mine.iter().map(|s| s.server_start_us).collect();
@@ -323,6 +325,49 @@ pub(super) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
             row
         })
         .collect()
+}
+
+/// The latencies of `mode`, indexed by round (NaN where a round has none).
+fn by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
+    let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
+    let mut v = vec![f64::NAN; rounds];
+    for s in samples.iter().filter(|s| s.mode == mode) {
+        v[s.round] = s.latency_us;
+    }
+    v
+}
+
+/// A preheat mode measured slower than announcing nothing (cold-sweep, per round: the judgement
+/// `auto` chooses by), and a replay mode whose warm-up was still being served at the arrival
+/// (the request's busy period began before it), said as flags.
+fn harm_flags(samples: &[Sample], mode: &str, replays: bool) -> Vec<String> {
+    use preheat_model::auto::{judge, Verdict};
+    let mut flags = Vec::new();
+    let (g, v) = judge(&by_round(samples, "cold-sweep"), &by_round(samples, mode));
+    if v == Verdict::Hurts {
+        flags.push(format!(
+            "slower than announcing nothing: cold-sweep − this mode per round is {:.1} µs \
+             median [{:.1}–{:.1}], {} rounds [measured]: this strategy hurts here",
+            g.p50, g.p50_lo, g.p50_hi, g.n
+        ));
+    }
+    if replays {
+        let starts: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.mode == mode && s.server_start_us.is_finite())
+            .map(|s| s.server_start_us)
+            .collect();
+        let early = starts.iter().filter(|x| **x < 0.0).count();
+        if early > 0 {
+            flags.push(format!(
+                "the warm-up was still being served when the request arrived in {early} of {} \
+                 rounds [measured: the request's busy period began before its arrival]: the \
+                 request waited behind it; a longer lead, or no replay, avoids that",
+                starts.len()
+            ));
+        }
+    }
+    flags
 }
 
 fn opt(v: Option<f64>, prec: usize) -> String {
@@ -440,6 +485,15 @@ pub(super) fn print_table(o: &Output, ws: &preheat_model::WsStats) {
         println!("{}.", c.describe());
     }
     println!("wake ran as {}.", o.wake_mechanism);
+    if let Some(c) = &o.auto {
+        println!(
+            "auto announced {} [chosen from a pilot measured before the table, not from its rows]: {}.",
+            c.chosen, c.why
+        );
+        for cand in &c.candidates {
+            println!("  pilot [measured] {}", cand.describe());
+        }
+    }
     println!(
         "CPI: {}",
         if o.pmu {
@@ -499,5 +553,27 @@ mod tests {
         let one: Vec<Sample> = s.iter().filter(|x| x.kind == "cheap").cloned().collect();
         assert!(!mixed_kinds(&one));
         assert!(!mixed_kinds(&[]));
+    }
+
+    /// A replay mode slower than cold-sweep in every round, whose warm-up was still being served
+    /// at the arrival in 3 rounds, gets both flags; a faster one gets neither.
+    #[test]
+    fn strategies_that_hurt_are_flagged() {
+        let mut s = Vec::new();
+        for r in 0..12 {
+            let jitter = (r % 3) as f64;
+            s.push(sample("cold-sweep", r, "request", 200.0 + jitter));
+            let mut slow = sample("preheat:replay", r, "request", 260.0 - jitter);
+            slow.server_start_us = if r < 3 { -20.0 } else { 30.0 };
+            s.push(slow);
+            let mut fast = sample("preheat:wake", r, "request", 120.0 + jitter);
+            fast.server_start_us = 10.0;
+            s.push(fast);
+        }
+        let f = harm_flags(&s, "preheat:replay", true);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(f[0].contains("this strategy hurts here"), "{}", f[0]);
+        assert!(f[1].contains("in 3 of 12 rounds"), "{}", f[1]);
+        assert!(harm_flags(&s, "preheat:wake", true).is_empty());
     }
 }

@@ -1,0 +1,137 @@
+//! One measured request of one mode, from the same starting point every time: a priming request
+//! (every mode starts from a just-served state), the mode's way to go cold, the announcement for
+//! preheat modes, the request, and what the agent saw of it. The table's rounds and `auto`'s
+//! pilot both measure through [`Bench::sample`].
+
+use std::time::Duration;
+
+use anyhow::Result;
+use preheat_model::proto::{Announcement, Strategies};
+
+use super::{agent_preheat, Mode, Sample, WakeAs};
+use crate::agentctl::{AgentClient, Announcer};
+use crate::hot::KeepAwake;
+use crate::servers::Requester;
+
+/// Everything a sample needs: the client, the agent, the announcer and the cold-making parts.
+pub(super) struct Bench<'a> {
+    pub client: Requester,
+    pub agent: AgentClient,
+    pub announcer: Announcer,
+    pub sweep: preheat_engine::sweep::EvictionBuffer,
+    pub keep_awake: Option<&'a KeepAwake>,
+    pub wake: WakeAs,
+    pub port: u16,
+    pub server_cpu: usize,
+    pub client_cpu: usize,
+    pub lead_us: u64,
+    pub idle_ms: u64,
+    pub post_gap_us: u64,
+    /// The last sweep's duration (the control mode sleeps as long).
+    pub sweep_ns_recent: u64,
+    /// Replies that were not what the server should answer.
+    pub bad_replies: usize,
+}
+
+fn spin_until(t_ns: u64) {
+    while preheat_engine::time::now_ns() < t_ns {
+        std::hint::spin_loop();
+    }
+}
+
+impl Bench<'_> {
+    /// Go cold the way `mode` does; the sweep's duration, µs (0 without one).
+    fn go_cold(&mut self, mode: Mode) -> Result<f64> {
+        Ok(match mode {
+            Mode::Hot | Mode::Warm => 0.0,
+            Mode::ColdIdle => {
+                std::thread::sleep(Duration::from_millis(self.idle_ms));
+                0.0
+            }
+            Mode::ColdSweep | Mode::Preheat(_) | Mode::Auto(_) => {
+                preheat_engine::os::set_affinity(&[self.server_cpu])?;
+                let ns = self.sweep.sweep();
+                preheat_engine::os::set_affinity(&[self.client_cpu])?;
+                self.sweep_ns_recent = ns;
+                std::thread::sleep(Duration::from_micros(self.post_gap_us));
+                ns as f64 / 1e3
+            }
+            Mode::Control => {
+                std::thread::sleep(Duration::from_nanos(self.sweep_ns_recent));
+                std::thread::sleep(Duration::from_micros(self.post_gap_us));
+                0.0
+            }
+        })
+    }
+
+    /// Announce `st` (as the calibrated wake mechanism runs it) `lead` ahead and wait for the
+    /// arrival; the send time (the arrival). Nothing to announce: now.
+    fn announce(&mut self, st: Strategies) -> u64 {
+        let now = preheat_engine::time::now_ns();
+        if st.is_empty() {
+            return now;
+        }
+        let arrival = now + self.lead_us * 1000;
+        self.announcer.send(Announcement {
+            strategies: self.wake.apply(st),
+            port: self.port,
+            seq: 0,
+            arrival_ns: arrival,
+            sent_ns: now,
+            budget_ns: 0,
+        });
+        spin_until(arrival);
+        arrival
+    }
+
+    /// Measure one request of `mode` in `round` (of request kind `kind`).
+    pub fn sample(&mut self, mode: Mode, round: usize, kind: &str) -> Result<Sample> {
+        let hot = match (mode, self.keep_awake) {
+            (Mode::Hot, Some(k)) => Some(k),
+            _ => None,
+        };
+        if let Some(k) = hot {
+            k.hold();
+        }
+        self.client.request_ok()?;
+        let sweep_us = self.go_cold(mode)?;
+        let announced = mode.announced();
+        let before = match announced {
+            Some(_) => Some(agent_preheat(&mut self.agent, self.port)?),
+            None => None,
+        };
+        let t_send = match announced {
+            Some(st) => self.announce(st),
+            None => preheat_engine::time::now_ns(),
+        };
+        let ok = self.client.request()?;
+        let t_done = preheat_engine::time::now_ns();
+        if let Some(k) = hot {
+            k.release();
+        }
+        if !ok {
+            self.bad_replies += 1;
+        }
+        let mut s = Sample::new(
+            mode.name(),
+            round,
+            kind.to_string(),
+            (t_done - t_send) as f64 / 1e3,
+            sweep_us,
+        );
+        // Give the server thread and the agent's worker time to finish their bookkeeping (the
+        // busy period ends when the server waits again) before reading it.
+        std::thread::sleep(Duration::from_micros(300));
+        let view = agent_preheat(&mut self.agent, self.port)?;
+        if view.last_start_ns >= t_send.saturating_sub(self.lead_us * 1000) {
+            s.server_start_us = (view.last_start_ns as f64 - t_send as f64) / 1e3;
+        }
+        if let Some(b) = before {
+            // At least one busy period: a warm-up and the measured request may share one (the
+            // server picks both up in one wake-up), so more cannot be required.
+            s.served_by_preheated = Some(view.busy_periods > b.busy_periods);
+            s.fill_agent(&b.preheat, &view.preheat);
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,283 @@
+//! The `auto` strategy: which preheat strategies to announce for one server at one lead, chosen
+//! from a pilot measured on that server rather than assumed.
+//!
+//! A strategy can hurt. A `replay` warm-up that is still being served when the real request
+//! arrives makes the request wait behind it (a proxy forwards it to a backend that is then busy);
+//! `lines` competes for the core with the server's own work; `wake` costs a system call. What
+//! helps depends on the server, the lead and the machine, so the caller measures: a pilot of
+//! interleaved rounds, each with one unannounced cold request ("none") and one request per
+//! candidate set, all from the same cold state. [`choose`] compares each candidate with none
+//! **per round** (the paired difference cancels the drift other tenants cause between rounds)
+//! and picks the candidate whose median gain is largest among those whose gain's 95% confidence
+//! interval lies above zero. When none does, `auto` announces nothing: it never picks a strategy
+//! that was not measured to help.
+//!
+//! The pilot's samples are the pilot's only: a table that reports `auto` measures it again, so
+//! the choice is not graded on the samples it was made from.
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto::Strategies;
+use crate::stats::{quantile_ranks, summarize, Summary};
+
+/// What the pilot measured of one candidate against none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The median gain's 95% CI lies above zero.
+    Helps,
+    /// The median gain's 95% CI lies below zero: slower than announcing nothing.
+    Hurts,
+    /// The CI contains zero.
+    NoMeasurableEffect,
+    /// Too few paired rounds for a CI on the median.
+    TooFewRounds,
+}
+
+/// One candidate's pilot result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The strategies as announced (e.g. `wake+replay`).
+    pub strategies: String,
+    #[serde(skip)]
+    pub bits: Strategies,
+    /// Per-round gain, none − candidate (µs; positive: faster than none): median with its 95% CI.
+    pub gain_us: Summary,
+    pub verdict: Verdict,
+    /// Rounds whose warm-up was still being served when the request arrived (replay only), of
+    /// the rounds that said.
+    pub in_flight: Option<(usize, usize)>,
+}
+
+impl Candidate {
+    /// "wake+replay: 41.2 µs faster [35.0–47.9], 15 rounds: helps".
+    pub fn describe(&self) -> String {
+        let g = &self.gain_us;
+        let (word, v) = if g.p50 >= 0.0 {
+            ("faster", g.p50)
+        } else {
+            ("slower", -g.p50)
+        };
+        let verdict = match self.verdict {
+            Verdict::Helps => "helps",
+            Verdict::Hurts => "hurts",
+            Verdict::NoMeasurableEffect => "no measurable effect",
+            Verdict::TooFewRounds => "too few rounds to tell",
+        };
+        let mut s = format!(
+            "{}: {v:.1} µs {word} than none [gain CI {:.1}–{:.1}], {} rounds: {verdict}",
+            self.strategies, g.p50_lo, g.p50_hi, g.n
+        );
+        if let Some((k, n)) = self.in_flight {
+            if k > 0 {
+                s.push_str(&format!(
+                    "; its warm-up was still being served at the arrival in {k} of {n}"
+                ));
+            }
+        }
+        s
+    }
+}
+
+/// The choice and the evidence for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AutoChoice {
+    /// What `auto` announces (`none`: nothing measured to help).
+    pub chosen: String,
+    #[serde(skip)]
+    pub bits: Strategies,
+    /// One sentence: why this one.
+    pub why: String,
+    pub candidates: Vec<Candidate>,
+}
+
+/// One candidate's pilot samples: the response time of each round (µs; NaN where the round has
+/// none) and, for replay candidates, whether the warm-up was in flight at the arrival.
+pub struct Pilot<'a> {
+    pub strategies: Strategies,
+    pub latency_us: &'a [f64],
+    pub in_flight: Option<&'a [bool]>,
+}
+
+/// The per-round gains of `cand` over `none` (rounds where both are finite).
+fn paired_gains(none: &[f64], cand: &[f64]) -> Vec<f64> {
+    none.iter()
+        .zip(cand)
+        .filter(|(a, b)| a.is_finite() && b.is_finite())
+        .map(|(a, b)| a - b)
+        .collect()
+}
+
+fn verdict(g: &Summary) -> Verdict {
+    // A CI the sample cannot bracket reads as its extremes: not evidence.
+    let r = quantile_ranks(g.n, 0.5);
+    if g.n == 0 || r.lo.is_none() || r.hi.is_none() {
+        Verdict::TooFewRounds
+    } else if g.p50_lo > 0.0 {
+        Verdict::Helps
+    } else if g.p50_hi < 0.0 {
+        Verdict::Hurts
+    } else {
+        Verdict::NoMeasurableEffect
+    }
+}
+
+/// The per-round gain of `cand` over `none` (µs; both indexed by round) with its verdict: the
+/// one judgement behind `auto`'s choice and the tables' "this strategy hurts" flags.
+pub fn judge(none: &[f64], cand: &[f64]) -> (Summary, Verdict) {
+    let g = summarize(&paired_gains(none, cand));
+    let v = verdict(&g);
+    (g, v)
+}
+
+/// Judge every candidate against `none` (indexed by round, like every candidate's samples) and
+/// choose: the largest median gain among the candidates that help; nothing if none does.
+pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
+    let candidates: Vec<Candidate> = pilots
+        .iter()
+        .map(|p| {
+            let (gain_us, verdict) = judge(none, p.latency_us);
+            Candidate {
+                strategies: p.strategies.name(),
+                bits: p.strategies,
+                verdict,
+                gain_us,
+                in_flight: p
+                    .in_flight
+                    .map(|f| (f.iter().filter(|x| **x).count(), f.len())),
+            }
+        })
+        .collect();
+    let best = candidates
+        .iter()
+        .filter(|c| c.verdict == Verdict::Helps)
+        .max_by(|a, b| a.gain_us.p50.total_cmp(&b.gain_us.p50));
+    let (bits, why) = match best {
+        Some(c) => (
+            c.bits,
+            format!(
+                "{} had the largest median gain of the {} candidates measured to help ({:.1} µs \
+                 per round, CI {:.1}–{:.1}, {} paired rounds)",
+                c.strategies,
+                candidates
+                    .iter()
+                    .filter(|c| c.verdict == Verdict::Helps)
+                    .count(),
+                c.gain_us.p50,
+                c.gain_us.p50_lo,
+                c.gain_us.p50_hi,
+                c.gain_us.n
+            ),
+        ),
+        None => (
+            Strategies::NONE,
+            format!(
+                "none of the {} candidates was measured to help (no gain CI above zero): auto \
+                 announces nothing",
+                candidates.len()
+            ),
+        ),
+    };
+    AutoChoice {
+        chosen: bits.name(),
+        bits,
+        why,
+        candidates,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pilot(s: Strategies, v: &[f64]) -> Pilot<'_> {
+        Pilot {
+            strategies: s,
+            latency_us: v,
+            in_flight: None,
+        }
+    }
+
+    /// Twenty rounds whose level drifts (other tenants): none at `base + drift`, a candidate at
+    /// `base + drift − gain ± jitter`.
+    fn rounds(base: f64, gain: f64) -> (Vec<f64>, Vec<f64>) {
+        let drift = |r: usize| 10.0 * ((r * 7) % 5) as f64;
+        let jitter = |r: usize| ((r * 13) % 7) as f64 - 3.0;
+        let none = (0..20).map(|r| base + drift(r)).collect();
+        let cand = (0..20)
+            .map(|r| base + drift(r) - gain + jitter(r))
+            .collect();
+        (none, cand)
+    }
+
+    #[test]
+    fn picks_the_largest_gain_among_those_that_help() {
+        let (none, small) = rounds(170.0, 20.0);
+        let (_, large) = rounds(170.0, 90.0);
+        let (_, hurt) = rounds(170.0, -40.0);
+        let c = choose(
+            &none,
+            &[
+                pilot(Strategies::WAKE, &small),
+                pilot(Strategies::ALL, &large),
+                pilot(Strategies::REPLAY, &hurt),
+            ],
+        );
+        assert_eq!(c.bits, Strategies::ALL, "{c:?}");
+        assert_eq!(c.chosen, "wake+lines+replay");
+        let v: Vec<Verdict> = c.candidates.iter().map(|c| c.verdict).collect();
+        assert_eq!(v, [Verdict::Helps, Verdict::Helps, Verdict::Hurts]);
+        assert!(c.candidates[2].describe().contains("slower than none"));
+    }
+
+    #[test]
+    fn announces_nothing_when_nothing_helps() {
+        let (none, hurt) = rounds(170.0, -40.0);
+        let (_, same) = rounds(170.0, 0.0);
+        let c = choose(
+            &none,
+            &[
+                pilot(Strategies::REPLAY, &hurt),
+                pilot(Strategies::WAKE, &same),
+            ],
+        );
+        assert_eq!(c.bits, Strategies::NONE);
+        assert_eq!(c.candidates[1].verdict, Verdict::NoMeasurableEffect);
+        assert!(c.why.contains("announces nothing"), "{}", c.why);
+    }
+
+    #[test]
+    fn pairs_by_round_so_drift_does_not_hide_a_gain() {
+        // The drift (0–40 µs) is larger than the gain (8 µs): unpaired CIs would overlap.
+        let (none, cand) = rounds(100.0, 8.0);
+        let c = choose(&none, &[pilot(Strategies::LINES, &cand)]);
+        assert_eq!(c.candidates[0].verdict, Verdict::Helps, "{c:?}");
+    }
+
+    #[test]
+    fn too_few_rounds_is_said_and_never_chosen() {
+        let c = choose(&[100.0, 101.0], &[pilot(Strategies::WAKE, &[50.0, 51.0])]);
+        assert_eq!(c.candidates[0].verdict, Verdict::TooFewRounds);
+        assert_eq!(c.bits, Strategies::NONE);
+    }
+
+    #[test]
+    fn rounds_missing_a_sample_are_left_out_and_in_flight_is_counted() {
+        let (none, mut cand) = rounds(170.0, 50.0);
+        cand[3] = f64::NAN;
+        let flight = [true, false, false, true];
+        let c = choose(
+            &none,
+            &[Pilot {
+                strategies: Strategies::REPLAY,
+                latency_us: &cand,
+                in_flight: Some(&flight),
+            }],
+        );
+        assert_eq!(c.candidates[0].gain_us.n, 19);
+        assert_eq!(c.candidates[0].in_flight, Some((2, 4)));
+        assert!(c.candidates[0]
+            .describe()
+            .contains("still being served at the arrival in 2 of 4"));
+    }
+}
