@@ -32,8 +32,8 @@ use preheat_lab::load::{
 use preheat_model::proto::{Announcement, Strategies};
 use serde::Serialize;
 
-use crate::agentctl::{self, Announcer};
-use crate::paths;
+use preheat_launch::agentctl::{self, Announcer};
+use preheat_launch::paths;
 
 const AFTER_HELP: &str = "\
 Modes:

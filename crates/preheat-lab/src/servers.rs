@@ -4,7 +4,7 @@
 //! The catalog only *plans* a server (checks the program is installed, writes its configuration
 //! and data directory into a work directory, builds its command line) and *prepares* it once it
 //! listens (loads the data the workload reads). Starting, pinning, attaching the agent and
-//! stopping belong to the caller's launcher (`preheat-cli::launch`), so process cleanup lives
+//! stopping belong to the caller's launcher (`preheat-launch`), so process cleanup lives
 //! in one place.
 //!
 //! Every server listens on 127.0.0.1:PORT, runs in the foreground (no daemonizing), keeps its

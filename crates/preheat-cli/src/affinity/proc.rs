@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::worker::Outcome;
-use crate::launch::Program;
+use preheat_launch::launch::Program;
 
 /// A command for `program args...` that the kernel kills if the thread that spawns it dies
 /// (`setpriv --pdeathsig KILL`), and that starts in `SCHED_FIFO` at `fifo` if given (`chrt`,

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::auto::{Auto, VmView};
 use super::host::{self, HostSpec};
-use crate::paths;
+use preheat_launch::paths;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -129,7 +129,7 @@ const SCRATCH_PREFIX: &str = "cosched-scratch-";
 
 /// Remove the scratch directories of coschedulers that died (their pid no longer runs).
 pub fn sweep_scratch(dir: &Path) {
-    crate::launch::sweep_scratch(dir, SCRATCH_PREFIX);
+    preheat_launch::launch::sweep_scratch(dir, SCRATCH_PREFIX);
 }
 
 /// Restore a journal a dead controller left behind (prints what it did).
@@ -165,7 +165,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
     // The VMs' outputs and agent sockets live next to the journal, in a directory named with
     // our pid: removed when this run ends, and by the next start (or `restore`) if we died.
     let jdir = journal.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let scratch = crate::launch::owned_scratch(&jdir, SCRATCH_PREFIX)?;
+    let scratch = preheat_launch::launch::owned_scratch(&jdir, SCRATCH_PREFIX)?;
     let run_dir = scratch.path().join("run");
     std::fs::create_dir_all(&run_dir)?;
     let comm_cfg = CommConfig::default();
@@ -189,7 +189,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
                 o.reset_after_ms
             );
         }
-        crate::agentctl::wait_for_agents(
+        preheat_launch::agentctl::wait_for_agents(
             &run_dir,
             || {
                 vms.iter()

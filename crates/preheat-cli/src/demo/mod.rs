@@ -29,9 +29,9 @@ use preheat_model::proto::{Announcement, Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use crate::agentctl::{AgentClient, Announcer};
 use crate::record::{self, RecordParams};
-use crate::servers::{self, ServerKind};
+use preheat_launch::agentctl::{AgentClient, Announcer};
+use preheat_launch::servers::{self, ServerKind};
 
 mod custom;
 mod table;
@@ -312,7 +312,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
-    let scratch = crate::scratch_dir("demo")?;
+    let scratch = preheat_launch::launch::scratch_dir("demo")?;
     let dir = scratch.path().to_path_buf();
     let shown = if a.command.is_empty() {
         a.server.name().to_string()
@@ -343,10 +343,11 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut modes = Vec::new();
     let mut skipped = Vec::new();
     // Which keep-awake mechanism works here: measured once per boot, cached in the run directory.
-    let calibration = preheat_wake::calibrate::load_or_calibrate(&crate::paths::run_dir(), |m| {
-        eprintln!("demo: {m}")
-    })
-    .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
+    let calibration =
+        preheat_wake::calibrate::load_or_calibrate(&preheat_launch::paths::run_dir(), |m| {
+            eprintln!("demo: {m}")
+        })
+        .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
     let wake = WakeAs::from_calibration(calibration.as_ref().ok());
     let keep_awake = match calibration
         .as_ref()

@@ -42,6 +42,24 @@ pub fn owned_scratch(dir: &Path, prefix: &str) -> Result<tempfile::TempDir> {
     Ok(d)
 }
 
+/// A scratch directory for one command (server data, logs, recorded profiles) under the system
+/// temp dir, `preheat-<what>-<pid>-XXXX`: removed when the returned guard drops — after the
+/// servers started in it, which are declared later and so are stopped first — by the
+/// SIGINT/SIGTERM handler, and, when this process is killed outright, by the next command that
+/// makes a scratch directory for the same `what` ([`owned_scratch`]).
+pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
+    owned_scratch(&std::env::temp_dir(), &format!("preheat-{what}-"))
+        .with_context(|| format!("creating a scratch directory for {what}"))
+}
+
+/// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
+/// server's files are worth keeping for a look afterwards).
+pub fn tempdir(what: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
+
 /// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
 pub fn sweep_scratch(dir: &Path, prefix: &str) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -528,4 +546,46 @@ pub fn unescape(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescape_turns_command_line_escapes_into_bytes() {
+        assert_eq!(unescape(r"get k\r\n"), "get k\r\n");
+        assert_eq!(unescape(r"a\tb\\c\q\"), "a\tb\\c\\q\\");
+    }
+
+    #[test]
+    fn sweep_removes_only_scratch_of_dead_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = owned_scratch(dir.path(), "t-").unwrap();
+        // No process has pid u32::MAX - 1 (pid_max is at most 2^22).
+        let dead = dir.path().join(format!("t-{}-x", u32::MAX - 1));
+        let other = dir.path().join("u-1-x");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        sweep_scratch(dir.path(), "t-");
+        assert!(mine.path().is_dir() && other.is_dir() && !dead.exists());
+    }
+
+    #[test]
+    fn a_dropped_program_is_stopped_with_its_children() {
+        let p = Program::spawn(Command::new("sh").args(["-c", "sleep 30 & wait"])).unwrap();
+        let pid = p.pid();
+        let t0 = Instant::now();
+        while descendants(pid).is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let kids = descendants(pid);
+        assert!(!kids.is_empty(), "sh started its sleeps");
+        drop(p);
+        assert!(
+            kids.iter().all(|k| !alive(*k)),
+            "children stopped: {kids:?}"
+        );
+        assert!(STARTED.lock().unwrap().iter().all(|p| *p != pid));
+    }
 }
