@@ -38,8 +38,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::stats::{summarize, Spread, Summary};
 use preheat_launch::servers::{self, ServerKind};
+use preheat_model::stats::{summarize, Spread, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {

@@ -22,7 +22,6 @@ mod progress;
 mod record;
 mod serve;
 mod show;
-mod stats;
 mod topo;
 
 use std::path::PathBuf;

@@ -24,8 +24,8 @@ use serde::Serialize;
 
 use super::host::{HostSpec, VmSpec};
 use super::run::{self, Options};
-use crate::stats::summarize;
 use preheat_launch::paths;
+use preheat_model::stats::summarize;
 
 #[derive(clap::Args, Debug)]
 pub struct ExperimentArgs {
