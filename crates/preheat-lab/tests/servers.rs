@@ -36,10 +36,7 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         // The child leads its own process group (nginx's worker is in it too).
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
+        let _ = preheat_engine::os::send_signal(self.child.id(), libc::SIGKILL, true);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

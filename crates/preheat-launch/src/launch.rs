@@ -169,11 +169,9 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
+/// Send `sig` to `pid`; one that is already gone is no error here.
+fn signal(pid: u32, sig: i32) {
+    let _ = preheat_engine::os::send_signal(pid, sig, false);
 }
 
 /// SIGTERM `pid` and its descendants, wait up to `grace`, then SIGKILL what is left.
@@ -181,14 +179,14 @@ pub fn stop_tree(pid: u32, grace: Duration) {
     let mut all = descendants(pid);
     all.push(pid);
     for p in &all {
-        signal(*p, "TERM");
+        signal(*p, libc::SIGTERM);
     }
     let t0 = Instant::now();
     while all.iter().any(|p| alive(*p)) && t0.elapsed() < grace {
         std::thread::sleep(Duration::from_millis(10));
     }
     for p in all.iter().filter(|p| alive(**p)) {
-        signal(*p, "KILL");
+        signal(*p, libc::SIGKILL);
     }
 }
 
@@ -223,7 +221,7 @@ fn stop_group(pgid: u32, grace: Duration) {
             return;
         }
         for p in left {
-            signal(p, "KILL");
+            signal(p, libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
