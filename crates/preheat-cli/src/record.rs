@@ -591,7 +591,7 @@ pub fn record_trace(
     if preheat_launch::launch::port_in_use(port) {
         bail!("port {port} is already in use on 127.0.0.1");
     }
-    let exe_path = preheat_launch::paths::find_program(&argv[0])
+    let exe_path = preheat_engine::host::find_program(&argv[0])
         .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
         .context("empty command")?;
     let exe = file_ident(&exe_path)?;

@@ -79,6 +79,7 @@
 pub mod basevec;
 pub mod cache;
 pub mod codegen;
+pub mod host;
 pub mod idle;
 pub mod machine;
 pub mod maps;

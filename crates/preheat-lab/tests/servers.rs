@@ -42,10 +42,7 @@ impl Drop for Running {
     }
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    l.local_addr().expect("local address").port()
-}
+use preheat_testsupport::free_port;
 
 fn kv_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PREHEAT_KV_BIN") {

@@ -355,12 +355,6 @@ pub fn port_in_use(port: u16) -> bool {
     .is_ok()
 }
 
-/// A port that is free right now on loopback.
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// Start `spec`, wait until it accepts connections on its port (and, with the agent, until an
 /// agent answers), or fail with the server's log.
 pub fn start(

@@ -107,12 +107,3 @@ pub fn kv_bin() -> Result<PathBuf> {
 pub fn npb_bin() -> Result<PathBuf> {
     companion("PREHEAT_NPB_BIN", &["preheat-npb"])
 }
-
-/// Find an installed program on PATH or in the sbin directories Debian uses for daemons.
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}

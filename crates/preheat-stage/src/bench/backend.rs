@@ -2,13 +2,14 @@
 //! wrapped so it dies with us; stopped on drop.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use preheat_engine::host::{find_program, free_port};
 
 /// A backend process we started; stopped on drop.
 pub(super) struct BackendProc {
@@ -24,14 +25,6 @@ impl Drop for BackendProc {
             let _ = std::fs::remove_file(f);
         }
     }
-}
-
-pub(super) fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 /// The bundled server: `PREHEAT_KV_BIN`, or next to this executable (`target/<profile>/`, also
@@ -80,7 +73,7 @@ pub fn kv_binary() -> Result<PathBuf> {
 /// Wraps a command so it dies with us (`setpriv --pdeathsig KILL`) and runs on `cpu`.
 fn wrapped(program: OsString, args: Vec<OsString>, cpu: Option<usize>) -> Command {
     let mut argv: Vec<OsString> = Vec::new();
-    if on_path("setpriv").is_some() {
+    if find_program("setpriv").is_some() {
         argv.extend(["setpriv", "--pdeathsig", "KILL"].map(OsString::from));
     }
     if let Some(cpu) = cpu {
@@ -97,10 +90,6 @@ fn wrapped(program: OsString, args: Vec<OsString>, cpu: Option<usize>) -> Comman
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     cmd
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 pub(super) fn resolve(text: &str) -> Result<SocketAddr> {
