@@ -85,6 +85,7 @@ pub mod machine;
 pub mod maps;
 pub mod os;
 pub mod perf;
+pub mod pidlock;
 pub mod preheat;
 pub mod probe;
 pub mod procstat;
