@@ -38,8 +38,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::servers::{self, ServerKind};
-use crate::stats::{summarize, Spread, Summary};
+use preheat_launch::servers::{self, ServerKind};
+use preheat_model::stats::{summarize, Spread, Summary};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -510,7 +510,7 @@ struct BenchServer {
 /// attached but tracking switched off (`Some(false)`: the hooks pass through).
 fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
     let ncpu = preheat_engine::os::online_cpus();
-    let scratch = crate::scratch_dir("bench")?;
+    let scratch = preheat_launch::launch::scratch_dir("bench")?;
     let started = servers::start(
         ServerKind::Kv,
         None,
@@ -519,8 +519,10 @@ fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
         agent.is_some(),
     )?;
     if agent == Some(false) {
-        let mut c =
-            crate::agentctl::AgentClient::connect(&crate::paths::run_dir(), started.server.pid())?;
+        let mut c = preheat_launch::agentctl::AgentClient::connect(
+            &preheat_launch::paths::run_dir(),
+            started.server.pid(),
+        )?;
         c.call(&preheat_model::proto::Request::SetEnabled { enabled: false })?;
     }
     let mut conn = started.workload.connect(started.server.addr())?;

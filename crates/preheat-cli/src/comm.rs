@@ -16,8 +16,8 @@ use clap::Args;
 use preheat_model::comm::{CommAccess, CommConfig, CommMechanism, CommReport};
 use preheat_model::proto::{Reply, Request};
 
-use crate::agentctl::{self, AgentClient};
 use crate::{launch, paths};
+use preheat_launch::agentctl::{self, AgentClient};
 
 #[derive(Args, Debug)]
 pub struct CommArgs {

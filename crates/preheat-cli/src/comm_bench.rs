@@ -22,8 +22,8 @@ use rand::SeedableRng;
 use serde::Serialize;
 
 use crate::comm::{follow, only_threads, Follow};
-use crate::paths;
-use crate::stats::summarize;
+use preheat_launch::paths;
+use preheat_model::stats::summarize;
 
 /// Settings of one benchmark run.
 pub struct Settings {

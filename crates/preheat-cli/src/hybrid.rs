@@ -23,9 +23,9 @@ use preheat_model::{Backend, LineSet, Profile, RegionKey, RegionLine, RegionTabl
 use serde::Serialize;
 
 use crate::compare::CodeLines;
-use crate::launch::Server;
 use crate::record::{make_profile, record_probe, record_step, RecordParams, Recording};
-use crate::servers::Workload;
+use preheat_launch::launch::Server;
+use preheat_launch::servers::Workload;
 
 /// What the merge kept and dropped (lines).
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]

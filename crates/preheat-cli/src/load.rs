@@ -32,8 +32,8 @@ use preheat_lab::load::{
 use preheat_model::proto::{Announcement, Strategies};
 use serde::Serialize;
 
-use crate::agentctl::{self, Announcer};
-use crate::paths;
+use preheat_launch::agentctl::{self, Announcer};
+use preheat_launch::paths;
 
 const AFTER_HELP: &str = "\
 Modes:
@@ -489,7 +489,7 @@ pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
         None => [0; 4],
     };
     let starts = starts.lock().map(|v| v.clone()).unwrap_or_default();
-    let start = crate::stats::summarize(&starts);
+    let start = preheat_model::stats::summarize(&starts);
     let mut waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
     waits.sort_by(|x, y| x.total_cmp(y));
     Ok(LoadReport {

@@ -7,7 +7,6 @@
 //! bundled server with honest, labeled measurements.
 
 mod affinity;
-mod agentctl;
 mod arbiter;
 mod bench;
 mod comm;
@@ -18,15 +17,11 @@ mod demo;
 mod groups;
 mod hot;
 mod hybrid;
-mod launch;
 mod load;
-mod paths;
 mod progress;
 mod record;
 mod serve;
-mod servers;
 mod show;
-mod stats;
 mod topo;
 
 use std::path::PathBuf;
@@ -34,6 +29,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use preheat_launch::launch::{scratch_dir, tempdir};
+use preheat_launch::{agentctl, launch, paths, servers};
 use preheat_model::proto::{Announcement, Request, Strategies};
 use preheat_model::FilterParams;
 
@@ -518,24 +515,6 @@ fn cmd_record(a: RecordArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A scratch directory for one command (server data, logs, recorded profiles) under the system
-/// temp dir, `preheat-<what>-<pid>-XXXX`: removed when the returned guard drops — after the
-/// servers started in it, which are declared later and so are stopped first — by the
-/// SIGINT/SIGTERM handler, and, when this process is killed outright, by the next command that
-/// makes a scratch directory for the same `what` ([`launch::owned_scratch`]).
-pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
-    launch::owned_scratch(&std::env::temp_dir(), &format!("preheat-{what}-"))
-        .with_context(|| format!("creating a scratch directory for {what}"))
-}
-
-/// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
-/// server's files are worth keeping for a look afterwards).
-pub fn tempdir(what: &str) -> Result<PathBuf> {
-    let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
-    Ok(d)
 }
 
 fn cmd_run(a: RunArgs) -> Result<()> {

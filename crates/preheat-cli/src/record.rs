@@ -26,9 +26,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::agentctl::AgentClient;
-use crate::launch::{Client, Server};
-use crate::servers::Workload;
+use preheat_launch::agentctl::AgentClient;
+use preheat_launch::launch::{Client, Server};
+use preheat_launch::servers::Workload;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 pub enum BackendChoice {
@@ -166,7 +166,7 @@ pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
 /// then open their own loopback connections only where this process serves them (the agent's
 /// `control/served.rs`). Callers pass the connection they measure on, so the agent they preheat
 /// through is the one whose worker answers their requests.
-pub fn serving_agent(server: &Server, via: &mut crate::servers::Requester) -> Result<u32> {
+pub fn serving_agent(server: &Server, via: &mut preheat_launch::servers::Requester) -> Result<u32> {
     let pids = server.agent_pids();
     if pids.len() == 1 {
         return Ok(pids[0]);
@@ -257,7 +257,7 @@ pub fn connect_served_by(
     server: &Server,
     pid: u32,
     w: &Workload,
-) -> Result<crate::servers::Requester> {
+) -> Result<preheat_launch::servers::Requester> {
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     served_by(server, &mut agent, || {
         let mut c = w.connect(server.addr())?;
@@ -281,7 +281,7 @@ pub fn record_probe(
     pid: u32,
     w: &Workload,
     p: &RecordParams,
-    client: &mut crate::servers::Requester,
+    client: &mut preheat_launch::servers::Requester,
 ) -> Result<Recording> {
     let t0 = Instant::now();
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
@@ -498,7 +498,7 @@ const EXTERNAL_LEAD_NS: u64 = 2_000_000;
 fn external_request(
     agent: &mut AgentClient,
     cycle: &Request,
-    client: &mut crate::servers::Requester,
+    client: &mut preheat_launch::servers::Requester,
 ) -> Result<Reply> {
     std::thread::scope(|s| {
         let call = s.spawn(|| agent.call(cycle));
@@ -588,10 +588,10 @@ pub fn record_trace(
 ) -> Result<Recording> {
     use preheat_trace::{TraceOptions, TracedServer};
     let t0 = Instant::now();
-    if crate::launch::port_in_use(port) {
+    if preheat_launch::launch::port_in_use(port) {
         bail!("port {port} is already in use on 127.0.0.1");
     }
-    let exe_path = crate::paths::find_program(&argv[0])
+    let exe_path = preheat_engine::host::find_program(&argv[0])
         .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
         .context("empty command")?;
     let exe = file_ident(&exe_path)?;
@@ -604,7 +604,7 @@ pub fn record_trace(
     let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
         .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !crate::launch::port_in_use(port) {
+    while !preheat_launch::launch::port_in_use(port) {
         if !ts.is_running() {
             bail!("server exited under valgrind; log:\n{}", ts.log());
         }
@@ -618,7 +618,7 @@ pub fn record_trace(
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     if let Some(plan) = plan {
-        crate::servers::prepare(plan, addr)?;
+        preheat_launch::servers::prepare(plan, addr)?;
     }
     let mut client = w.connect(addr)?;
     for _ in 0..8 {
@@ -695,7 +695,7 @@ pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) ->
         _ => None,
     }
     .context("the agent has not seen the port served yet")?;
-    let agent_so = crate::paths::agent_so()
+    let agent_so = preheat_launch::paths::agent_so()
         .ok()
         .and_then(|p| std::fs::canonicalize(p).ok())
         .map(|p| p.to_string_lossy().into_owned());

@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use preheat_model::proto::Request;
 use serde::Serialize;
 
-use crate::agentctl::AgentClient;
-use crate::servers::{self, ServerKind};
+use preheat_launch::agentctl::AgentClient;
+use preheat_launch::servers::{self, ServerKind};
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -57,7 +57,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             (d.clone(), false)
         }
-        None => (crate::tempdir("serve")?, true),
+        None => (preheat_launch::launch::tempdir("serve")?, true),
     };
     let started = servers::start(
         a.server,
@@ -105,7 +105,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // Until SIGINT/SIGTERM (the launcher's handler stops the server and exits) or the server dies.
     loop {
         std::thread::sleep(Duration::from_millis(200));
-        if !crate::launch::port_in_use(server.spec.port) {
+        if !preheat_launch::launch::port_in_use(server.spec.port) {
             bail!(
                 "{} stopped listening on port {}; its log:\n{}",
                 ready.server,

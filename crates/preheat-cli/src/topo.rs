@@ -109,7 +109,7 @@ pub fn print(json: bool) -> Result<()> {
             .unwrap_or_default(),
         caches,
         backends,
-        keep_awake: preheat_wake::calibrate::cached(&crate::paths::run_dir()),
+        keep_awake: preheat_wake::calibrate::cached(&preheat_launch::paths::run_dir()),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&r)?);

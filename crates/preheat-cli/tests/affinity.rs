@@ -413,10 +413,12 @@ fn a_stopped_or_killed_controller_leaves_nothing_running() {
             std::thread::sleep(Duration::from_millis(50));
         }
         std::thread::sleep(Duration::from_millis(300));
-        Command::new("kill")
-            .args([format!("-{sig}"), child.id().to_string()])
-            .status()
-            .unwrap();
+        let signo = if sig == "TERM" {
+            libc::SIGTERM
+        } else {
+            libc::SIGKILL
+        };
+        preheat_engine::os::send_signal(child.id(), signo, false).unwrap();
         let st = child.wait().unwrap();
         if sig == "TERM" {
             assert_eq!(st.code(), Some(143), "SIGTERM: exit 128 + 15");

@@ -266,11 +266,7 @@ fn kill_controller_and_check(watchdog: bool, sigterm: bool) {
     assert!(journal.exists(), "no journal while the controller runs");
     if sigterm {
         // SIGTERM: the controller itself restores, then exits (no watchdog in this variant).
-        let st = Command::new("kill")
-            .args(["-TERM", &ctl.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        preheat_engine::os::send_signal(ctl.id(), libc::SIGTERM, false).unwrap();
         let code = ctl.wait().unwrap();
         assert!(!code.success(), "exit after SIGTERM: {code}");
         assert!(

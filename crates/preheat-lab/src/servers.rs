@@ -4,7 +4,7 @@
 //! The catalog only *plans* a server (checks the program is installed, writes its configuration
 //! and data directory into a work directory, builds its command line) and *prepares* it once it
 //! listens (loads the data the workload reads). Starting, pinning, attaching the agent and
-//! stopping belong to the caller's launcher (`preheat-cli::launch`), so process cleanup lives
+//! stopping belong to the caller's launcher (`preheat-launch`), so process cleanup lives
 //! in one place.
 //!
 //! Every server listens on 127.0.0.1:PORT, runs in the foreground (no daemonizing), keeps its
@@ -23,7 +23,6 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -105,7 +104,7 @@ pub struct PlanOptions {
 }
 
 /// Searched after `$PATH`.
-pub const SYSTEM_DIRS: [&str; 3] = ["/usr/sbin", "/usr/local/sbin", "/sbin"];
+pub use preheat_engine::host::SBIN_DIRS as SYSTEM_DIRS;
 
 /// How to start one server: everything the launcher needs.
 #[derive(Debug, Clone)]
@@ -431,42 +430,21 @@ fn install_hint(program: &str, kind: ServerKind) -> String {
     format!("{program} is not installed: run scripts/setup-lab.sh (or apt-get install {package})")
 }
 
-fn is_executable(p: &Path) -> bool {
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
 /// The directories searched for programs.
 fn search_dirs(opts: &PlanOptions) -> Vec<PathBuf> {
     if let Some(dirs) = &opts.search_path {
         return dirs.clone();
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    for d in SYSTEM_DIRS {
-        let d = PathBuf::from(d);
-        if !dirs.contains(&d) {
-            dirs.push(d);
-        }
-    }
-    dirs
+    preheat_engine::host::search_dirs()
 }
 
 /// The first of `names` found in the search path.
 fn find_program(kind: ServerKind, names: &[&str], opts: &PlanOptions) -> Result<PathBuf> {
     let dirs = search_dirs(opts);
-    for name in names {
-        for d in &dirs {
-            let p = d.join(name);
-            if is_executable(&p) {
-                return Ok(p);
-            }
-        }
-    }
-    Err(anyhow!(install_hint(
-        names.first().copied().unwrap_or("?"),
-        kind
-    )))
+    names
+        .iter()
+        .find_map(|name| preheat_engine::host::find_in(name, &dirs))
+        .ok_or_else(|| anyhow!(install_hint(names.first().copied().unwrap_or("?"), kind)))
 }
 
 fn kv_program(opts: &PlanOptions) -> Result<PathBuf> {
@@ -476,7 +454,7 @@ fn kv_program(opts: &PlanOptions) -> Result<PathBuf> {
              and pass its path (PlanOptions::kv_bin)"
         );
     };
-    if !is_executable(bin) {
+    if !preheat_engine::host::is_executable(bin) {
         bail!(
             "preheat-kv binary {} is missing or not executable: build it with \
              `cargo build -p preheat-kv`",

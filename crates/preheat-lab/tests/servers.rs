@@ -36,19 +36,13 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         // The child leads its own process group (nginx's worker is in it too).
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{}", self.child.id())])
-            .stderr(Stdio::null())
-            .status();
+        let _ = preheat_engine::os::send_signal(self.child.id(), libc::SIGKILL, true);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
-    l.local_addr().expect("local address").port()
-}
+use preheat_testsupport::free_port;
 
 fn kv_bin() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PREHEAT_KV_BIN") {

@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use crate::framing::Framing;
 use crate::proxy::{Stage, StageConfig};
 use crate::BenchArgs;
-use backend::{on_path, resolve, start_cmd, start_kv};
+use backend::{resolve, start_cmd, start_kv};
 use client::{run_load, LoadOpts};
 use report::{mode_report, ModeAcc};
 use window::run_idle;
@@ -106,10 +106,11 @@ fn bench_pinned(args: &BenchArgs, stop: &AtomicBool) -> Result<BenchReport> {
     let mut notes = Vec::new();
     let mut we_start = args.backend.is_none() || args.backend_cmd.is_some();
     let backend_cpu = (pin && we_start).then_some(cpus - 1);
-    if backend_cpu.is_some() && on_path("taskset").is_none() {
+    if backend_cpu.is_some() && preheat_engine::host::find_program("taskset").is_none() {
         notes.push("taskset not found: the backend is not pinned".to_string());
     }
-    let backend_cpu = backend_cpu.filter(|_| on_path("taskset").is_some());
+    let backend_cpu =
+        backend_cpu.filter(|_| preheat_engine::host::find_program("taskset").is_some());
     if pin {
         if let Err(e) = preheat_engine::os::set_affinity(&[0]) {
             notes.push(format!("could not pin the client and proxy to CPU 0: {e}"));

@@ -149,15 +149,9 @@ pub fn test_name() -> String {
     format!("{prefix}::{test}")
 }
 
-/// `name` in a `PATH` directory or in the sbin directories (where Debian puts its servers), if
-/// it is a file there.
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin", "/sbin", "/usr/local/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
+/// An installed program (`PATH`, then the sbin directories Debian puts its servers in): the
+/// engine's one lookup.
+pub use preheat_engine::host::find_program;
 
 /// Compile the C test program `src` into `dir` (same file stem) with the system C compiler, or
 /// `None` when there is none (the skip is reported as `gcc`).
@@ -183,13 +177,11 @@ pub fn compile_c(src: &Path, dir: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
-/// A free loopback TCP port: bound and released at once (good enough for a test server that
-/// is started right after; it retries or fails clearly if the port was taken meanwhile).
+/// A free loopback TCP port (the engine's [`preheat_engine::host::free_port`]; good enough for
+/// a test server that is started right after: it retries or fails clearly if the port was taken
+/// meanwhile).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a loopback port")
+    preheat_engine::host::free_port().expect("binding a loopback port")
 }
 
 /// A lighttpd site for a test: `dir/www` holds `files` (name, content), `dir/lighttpd.conf`

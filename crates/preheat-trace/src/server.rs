@@ -58,13 +58,6 @@ fn nofile_limits() -> Option<(u64, u64)> {
     Some((parse(f.next()?)?, parse(f.next()?)?))
 }
 
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
 impl TracedServer {
     /// Start `cmd` (program and arguments) under phtrace, building the tool first if needed.
     ///
@@ -127,7 +120,10 @@ impl TracedServer {
         valgrind_cmd.extend(opts.valgrind_args.iter().map(Into::into));
         valgrind_cmd.extend(cmd.iter().map(Into::into));
 
-        let wrap = match (which("prlimit"), nofile_limits()) {
+        let wrap = match (
+            preheat_engine::host::find_program("prlimit"),
+            nofile_limits(),
+        ) {
             (Some(p), Some((soft, hard))) if soft > NOFILE_SOFT || hard > NOFILE_HARD => {
                 let hard = hard.min(NOFILE_HARD);
                 Some((p, NOFILE_SOFT.min(hard), hard))

@@ -72,9 +72,7 @@ impl Env {
     /// First file called `name` on the search path.
     fn which(&self, name: &str) -> Option<PathBuf> {
         let path = self.path.as_ref()?;
-        std::env::split_paths(path)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
+        preheat_engine::host::find_in(name, &std::env::split_paths(path).collect::<Vec<_>>())
     }
 }
 

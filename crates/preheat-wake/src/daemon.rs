@@ -29,9 +29,9 @@ use crate::plan::{Limits, Plan, Window};
 use crate::proto::{self, ArmRecord, Command, FinishedWindow, Status};
 use anyhow::{bail, Context, Result};
 use preheat_engine::os;
+use preheat_engine::pidlock::{LockError, PidLock};
 use preheat_engine::time::now_ns;
 use std::collections::{BTreeMap, VecDeque};
-use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -257,7 +257,7 @@ pub struct Daemon {
     threads: Vec<JoinHandle<()>>,
     conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
     socket: PathBuf,
-    _run_lock: File,
+    _run_lock: PidLock,
     down: bool,
 }
 
@@ -462,31 +462,16 @@ fn prepare_run_dir(dir: &Path) -> Result<()> {
 }
 
 /// One daemon per run directory: hold `<run dir>/wake.lock` for our lifetime.
-fn lock_run_dir(dir: &Path) -> Result<File> {
+fn lock_run_dir(dir: &Path) -> Result<PidLock> {
     let p = dir.join("wake.lock");
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&p)
-        .with_context(|| format!("{}", p.display()))?;
-    match f.try_lock() {
-        Ok(()) => {
-            let _ = f.set_len(0);
-            let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
-            Ok(f)
-        }
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
-            bail!(
-                "another wake daemon (pid {}) already serves {}",
-                pid.trim(),
-                dir.display()
-            )
-        }
-        Err(std::fs::TryLockError::Error(e)) => Err(e).with_context(|| format!("{}", p.display())),
+    match PidLock::take_keeping_file(&p) {
+        Ok(l) => Ok(l),
+        Err(LockError::Held(pid)) => bail!(
+            "another wake daemon (pid {}) already serves {}",
+            pid.map_or("?".into(), |p| p.to_string()),
+            dir.display()
+        ),
+        Err(LockError::Io(e)) => Err(e).with_context(|| format!("{}", p.display())),
     }
 }
 

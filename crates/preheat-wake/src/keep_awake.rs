@@ -24,6 +24,7 @@
 //! to idle through the governor, which then honours it (a halted CPU would otherwise stay halted
 //! until its next interrupt).
 
+use preheat_engine::pidlock::{LockError, PidLock};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -386,7 +387,7 @@ pub struct Machine {
     qos: BTreeMap<u32, QosFile>,
     dma_fd: Option<File>,
     dma_ok: bool,
-    _lock: Option<File>,
+    _lock: Option<PidLock>,
 }
 
 impl Machine {
@@ -708,30 +709,15 @@ impl Drop for Machine {
 }
 
 /// Take the machine-wide PM QoS lock (non-blocking); the owner's pid is written into it.
-fn take_lock(path: &Path) -> Result<File, String> {
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    match f.try_lock() {
-        Ok(()) => {
-            let _ = f.set_len(0);
-            let _ = f.write_all(format!("{}\n", std::process::id()).as_bytes());
-            Ok(f)
-        }
-        Err(std::fs::TryLockError::WouldBlock) => {
-            let mut owner = String::new();
-            let _ = f.read_to_string(&mut owner);
-            Err(format!(
-                "another preheat-wake daemon (pid {}) drives PM QoS on this machine ({} is locked)",
-                owner.trim(),
-                path.display()
-            ))
-        }
-        Err(std::fs::TryLockError::Error(e)) => Err(format!("{}: {e}", path.display())),
+fn take_lock(path: &Path) -> Result<PidLock, String> {
+    match PidLock::take_keeping_file(path) {
+        Ok(l) => Ok(l),
+        Err(LockError::Held(owner)) => Err(format!(
+            "another preheat-wake daemon (pid {}) drives PM QoS on this machine ({} is locked)",
+            owner.map_or("?".into(), |p| p.to_string()),
+            path.display()
+        )),
+        Err(LockError::Io(e)) => Err(format!("{}: {e}", path.display())),
     }
 }
 

@@ -163,17 +163,12 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not an octal file mode such as 600"))
 }
 
-/// The run directory: `PREHEAT_RUN_DIR` if set and non-empty, else `/tmp/preheat`.
-pub fn default_run_dir() -> PathBuf {
-    match std::env::var_os("PREHEAT_RUN_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(preheat_model::proto::DEFAULT_RUN_DIR),
-    }
-}
-
 /// Run a `preheat wake` subcommand.
 pub fn run(args: WakeArgs) -> Result<()> {
-    let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
+    let run_dir = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(preheat_rundir::run_dir_from_env);
     match args.cmd {
         WakeCmd::Serve(s) => serve(run_dir, s),
         WakeCmd::Bench(b) => crate::bench::run(b),

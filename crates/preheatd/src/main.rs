@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use preheat_model::proto::{Strategies, DEFAULT_RUN_DIR};
+use preheat_model::proto::Strategies;
 use preheat_net::receiver::Receiver;
 use preheat_net::wire::{self, Counters, Key};
 
@@ -104,13 +104,6 @@ struct Args {
     ready_file: Option<PathBuf>,
 }
 
-fn default_run_dir() -> PathBuf {
-    match std::env::var_os("PREHEAT_RUN_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => PathBuf::from(DEFAULT_RUN_DIR),
-    }
-}
-
 fn gate_of(c: &Counters) -> GateCounters {
     GateCounters {
         received: c.received,
@@ -194,7 +187,10 @@ fn run(args: Args) -> Result<()> {
     }
     // The error names the file.
     let key = Key::from_file(&args.key_file).map_err(|e| anyhow::anyhow!("--key-file: {e}"))?;
-    let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
+    let run_dir = args
+        .run_dir
+        .clone()
+        .unwrap_or_else(preheat_rundir::run_dir_from_env);
     check_run_dir(&run_dir);
 
     let max_age_ns = args.max_age_ms.saturating_mul(1_000_000);

@@ -483,11 +483,7 @@ fn static_route_then_agent_death_then_sigterm() {
     assert!(run.join(format!("agent-{pid}.sock")).exists());
 
     // SIGTERM: a clean exit, status 0, ready file removed.
-    let st = Command::new("kill")
-        .args(["-TERM", &d.proc.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
+    preheat_engine::os::send_signal(d.proc.pid(), libc::SIGTERM, false).unwrap();
     let mut code = None;
     assert!(
         wait_until(WAIT, || {

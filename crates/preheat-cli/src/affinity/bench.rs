@@ -76,7 +76,7 @@ fn median(v: &[f64]) -> f64 {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    crate::launch::install_cleanup();
+    preheat_launch::launch::install_cleanup();
     let kind = Kind::parse(&a.workload)
         .ok_or_else(|| anyhow::anyhow!("--workload {:?}: chase, stream or branchy", a.workload))?;
     let plan = super::topology::plan(None, 0, &[2, 10, 200])?;

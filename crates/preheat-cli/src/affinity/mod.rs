@@ -132,7 +132,7 @@ pub fn run(a: AffinityArgs) -> Result<()> {
     };
     // Stopped by SIGINT/SIGTERM: the handler stops the processes; whatever error the run saw
     // as they vanished is a consequence, not the cause. Exit as the signal would.
-    let sig = crate::launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
+    let sig = preheat_launch::launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
     if sig != 0 {
         eprintln!(
             "preheat affinity: stopped by signal {sig}; the processes it started are stopped"
@@ -147,11 +147,11 @@ pub fn run(a: AffinityArgs) -> Result<()> {
 /// A scratch directory for program inputs: removed on exit and on SIGINT/SIGTERM, and by the
 /// next affinity command if this one was killed.
 pub fn scratch() -> Result<tempfile::TempDir> {
-    crate::launch::owned_scratch(&std::env::temp_dir(), "preheat-affinity-")
+    preheat_launch::launch::owned_scratch(&std::env::temp_dir(), "preheat-affinity-")
 }
 
 fn run_cmd(a: RunArgs) -> Result<()> {
-    crate::launch::install_cleanup();
+    preheat_launch::launch::install_cleanup();
     let main = MainSpec::parse(a.workload.as_deref(), &a.program)?;
     let exp = match (a.experiment.as_deref(), &a.interleave) {
         (Some("table3"), _) => {

@@ -23,14 +23,14 @@ use super::run::{CellView, Copy, Experiment, MainSpec, QuantaReport, RunResult, 
 enum Main {
     Worker(Worker),
     Program {
-        prog: crate::launch::Program,
+        prog: preheat_launch::launch::Program,
         rx: mpsc::Receiver<std::io::Result<preheat_engine::os::Reaped>>,
     },
 }
 
 /// Every thread of `pid` and its descendants.
 fn tids_of_tree(pid: u32) -> Vec<u32> {
-    let mut pids = crate::launch::descendants(pid);
+    let mut pids = preheat_launch::launch::descendants(pid);
     pids.push(pid);
     let mut out = Vec::new();
     for p in pids {

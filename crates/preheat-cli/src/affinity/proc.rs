@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::worker::Outcome;
-use crate::launch::Program;
+use preheat_launch::launch::Program;
 
 /// A command for `program args...` that the kernel kills if the thread that spawns it dies
 /// (`setpriv --pdeathsig KILL`), and that starts in `SCHED_FIFO` at `fifo` if given (`chrt`,
@@ -22,7 +22,7 @@ use crate::launch::Program;
 /// that never yields, and never get to run again until the child exits.
 pub fn dying_with_us(program: &str, args: &[String], fifo: Option<i32>) -> Result<Command> {
     let mut argv: Vec<String> = Vec::new();
-    if let Some(sp) = super::programs::which("setpriv") {
+    if let Some(sp) = preheat_engine::host::find_program("setpriv") {
         argv.extend([
             sp.to_string_lossy().into(),
             "--pdeathsig".into(),
@@ -31,7 +31,7 @@ pub fn dying_with_us(program: &str, args: &[String], fifo: Option<i32>) -> Resul
         ]);
     }
     if let Some(p) = fifo {
-        let chrt = super::programs::which("chrt")
+        let chrt = preheat_engine::host::find_program("chrt")
             .context("chrt (util-linux) is needed to start a program at a real-time priority")?;
         argv.extend([chrt.to_string_lossy().into(), "-f".into(), p.to_string()]);
     }

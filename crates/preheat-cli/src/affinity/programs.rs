@@ -67,15 +67,6 @@ pub fn known(name: &str) -> Result<&'static Preset> {
     })
 }
 
-/// Where `exe` is in PATH.
-pub fn which(exe: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(exe))
-            .find(|p| p.is_file())
-    })
-}
-
 /// A job ready to run: its argv, the file for its standard input, and its working directory.
 pub struct Job {
     pub argv: Vec<String>,
@@ -145,7 +136,7 @@ fn text(bytes: usize) -> String {
 /// Prepare `name`'s input in `dir` and return its job. Errors name the missing package.
 pub fn prepare(name: &str, dir: &Path) -> Result<Job> {
     let p = known(name)?;
-    let exe = which(p.exe).with_context(|| {
+    let exe = preheat_engine::host::find_program(p.exe).with_context(|| {
         format!(
             "{} is not installed (Debian package {}): workload {name} unavailable",
             p.exe, p.package

@@ -23,7 +23,7 @@ use super::control::{self, FifoVector, Mechanism, Side, Stoppable};
 use super::proc::{self as aproc, Worker};
 use super::programs::{self, Job};
 use super::worker::Outcome;
-use crate::launch::Program;
+use preheat_launch::launch::Program;
 
 /// What the main workload is.
 #[derive(Debug, Clone)]

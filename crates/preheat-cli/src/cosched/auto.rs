@@ -25,8 +25,8 @@ use preheat_cosim::plan::CoSet;
 use preheat_group::{group, CommMatrix};
 
 use super::host::{vm_sets, LiveVm};
-use crate::agentctl::{self, AgentClient};
 use crate::comm;
+use preheat_launch::agentctl::{self, AgentClient};
 use preheat_model::proto::Request;
 
 /// What the regroup thread needs to know of a VM.

@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::experiment;
 use super::host::{HostSpec, VmSpec};
 use super::run::{self};
-use crate::stats::summarize;
+use preheat_model::stats::summarize;
 
 #[derive(Serialize)]
 struct Results {

@@ -24,8 +24,8 @@ use serde::Serialize;
 
 use super::host::{HostSpec, VmSpec};
 use super::run::{self, Options};
-use crate::paths;
-use crate::stats::summarize;
+use preheat_launch::paths;
+use preheat_model::stats::summarize;
 
 #[derive(clap::Args, Debug)]
 pub struct ExperimentArgs {
@@ -280,7 +280,7 @@ fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f6
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         children.push(
-            crate::launch::spawn_pinned(&mut cmd, &cpus)
+            preheat_launch::launch::spawn_pinned(&mut cmd, &cpus)
                 .with_context(|| format!("running {}", argv[0]))?,
         );
     }

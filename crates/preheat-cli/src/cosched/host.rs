@@ -19,8 +19,8 @@ use preheat_cosim::scenario::Policy;
 use preheat_model::comm::CommConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::launch::Program;
-use crate::paths;
+use preheat_launch::launch::Program;
+use preheat_launch::paths;
 
 /// One VM of a run configuration (`preheat cosched run --config`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

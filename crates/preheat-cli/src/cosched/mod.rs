@@ -34,7 +34,7 @@ fn on_signal() {
 /// A run ended by SIGINT/SIGTERM (threads restored) exits with 128 + the signal, as the
 /// signal handler would.
 fn exit_if_signalled(r: Result<()>) -> Result<()> {
-    let sig = crate::launch::SIGNALLED.load(Ordering::SeqCst);
+    let sig = preheat_launch::launch::SIGNALLED.load(Ordering::SeqCst);
     if sig != 0 {
         eprintln!("preheat cosched: stopped by signal {sig}; every thread it changed is restored");
         std::process::exit(128 + sig);
@@ -95,11 +95,11 @@ enum CoschedCmd {
 pub fn run(a: CoschedArgs) -> Result<()> {
     match a.cmd {
         CoschedCmd::Run(r) => {
-            crate::launch::on_signal(on_signal);
+            preheat_launch::launch::on_signal(on_signal);
             exit_if_signalled(run::run(&r))
         }
         CoschedCmd::Experiment(e) => {
-            crate::launch::on_signal(on_signal);
+            preheat_launch::launch::on_signal(on_signal);
             exit_if_signalled(experiment::run(&e))
         }
         CoschedCmd::Simulate(s) => simulate::run(&s),
@@ -109,7 +109,7 @@ pub fn run(a: CoschedArgs) -> Result<()> {
             controller,
         } => {
             let path = journal.unwrap_or_else(|| {
-                preheat_cosched::journal::default_path(&crate::paths::run_dir())
+                preheat_cosched::journal::default_path(&preheat_launch::paths::run_dir())
             });
             if watch {
                 let pid = controller.unwrap_or(0);

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use super::auto::{Auto, VmView};
 use super::host::{self, HostSpec};
-use crate::paths;
+use preheat_launch::paths;
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -129,7 +129,7 @@ const SCRATCH_PREFIX: &str = "cosched-scratch-";
 
 /// Remove the scratch directories of coschedulers that died (their pid no longer runs).
 pub fn sweep_scratch(dir: &Path) {
-    crate::launch::sweep_scratch(dir, SCRATCH_PREFIX);
+    preheat_launch::launch::sweep_scratch(dir, SCRATCH_PREFIX);
 }
 
 /// Restore a journal a dead controller left behind (prints what it did).
@@ -161,11 +161,11 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     restore_leftover(&journal)?;
-    let _lock = Lock::take(&journal.with_extension("lock"))?;
+    let _lock = take_lock(&journal.with_extension("lock"))?;
     // The VMs' outputs and agent sockets live next to the journal, in a directory named with
     // our pid: removed when this run ends, and by the next start (or `restore`) if we died.
     let jdir = journal.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let scratch = crate::launch::owned_scratch(&jdir, SCRATCH_PREFIX)?;
+    let scratch = preheat_launch::launch::owned_scratch(&jdir, SCRATCH_PREFIX)?;
     let run_dir = scratch.path().join("run");
     std::fs::create_dir_all(&run_dir)?;
     let comm_cfg = CommConfig::default();
@@ -189,7 +189,7 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
                 o.reset_after_ms
             );
         }
-        crate::agentctl::wait_for_agents(
+        preheat_launch::agentctl::wait_for_agents(
             &run_dir,
             || {
                 vms.iter()
@@ -294,56 +294,21 @@ pub fn execute(spec: &HostSpec, o: &Options, progress: bool) -> Result<Outcome> 
 }
 
 /// One coscheduler per machine (per journal): two would fight over the same CPUs with
-/// real-time priorities. The lock file holds the owner's pid and start time; a dead owner's
-/// lock is taken over.
-struct Lock(PathBuf);
-
-impl Lock {
-    fn take(path: &Path) -> Result<Lock> {
-        let me = std::process::id();
-        let mine = format!(
-            "{me} {}",
-            preheat_cosched::thread::process_start_ticks(me).unwrap_or(0)
-        );
-        for _ in 0..3 {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-            {
-                Ok(mut f) => {
-                    use std::io::Write;
-                    f.write_all(mine.as_bytes())?;
-                    return Ok(Lock(path.to_path_buf()));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let text = std::fs::read_to_string(path).unwrap_or_default();
-                    let mut it = text.split_whitespace().map(|x| x.parse::<u64>().ok());
-                    if let (Some(Some(pid)), Some(Some(start))) = (it.next(), it.next()) {
-                        if preheat_cosched::thread::process_start_ticks(pid as u32) == Some(start) {
-                            bail!(
-                                "another coscheduler (pid {pid}) is running with the journal \
-                                 next to {}: two would fight over the same CPUs; wait for it \
-                                 or stop it",
-                                path.display()
-                            );
-                        }
-                    }
-                    // A dead owner (or a torn file): take it over.
-                    let _ = std::fs::remove_file(path);
-                }
-                Err(e) => {
-                    return Err(e).with_context(|| format!("creating {}", path.display()));
-                }
-            }
+/// real-time priorities. The engine's single-instance lock (flock: a dead owner's lock is free
+/// again, and two starters cannot both take it).
+fn take_lock(path: &Path) -> Result<preheat_engine::pidlock::PidLock> {
+    use preheat_engine::pidlock::{LockError, PidLock};
+    match PidLock::take(path) {
+        Ok(l) => Ok(l),
+        Err(LockError::Held(pid)) => bail!(
+            "another coscheduler (pid {}) is running with the journal next to {}: two would \
+             fight over the same CPUs; wait for it or stop it",
+            pid.map_or("?".into(), |p| p.to_string()),
+            path.display()
+        ),
+        Err(LockError::Io(e)) => {
+            Err(e).with_context(|| format!("taking the lock {}", path.display()))
         }
-        bail!("could not take the lock {}", path.display())
-    }
-}
-
-impl Drop for Lock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -11,7 +11,7 @@ use preheat_cosim::scenario::{Policy, Scenario, Setup};
 use preheat_cosim::sim::{simulate, SimParams};
 use serde::Serialize;
 
-use crate::stats::{summarize, Summary};
+use preheat_model::stats::{summarize, Summary};
 
 /// The speed goal, simulated CPU-seconds per wall second.
 const GOAL: f64 = 1000.0;

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use preheat_lab::driver::{http_path, Protocol, WorkloadSpec};
 
-use crate::launch::{self, Server, ServerSpec};
-use crate::servers::Workload;
+use preheat_launch::launch::{self, Server, ServerSpec};
+use preheat_launch::servers::Workload;
 
 /// The protocol of a server given by its command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -64,7 +64,7 @@ impl CustomServer<'_> {
             env: vec![],
             agent_only: None,
         };
-        let server = launch::start(spec, &crate::paths::run_dir(), dir, START_TIMEOUT)?;
+        let server = launch::start(spec, &preheat_launch::paths::run_dir(), dir, START_TIMEOUT)?;
         let w = self.workload(server.addr(), request)?;
         Ok((server, w))
     }

@@ -9,9 +9,9 @@ use anyhow::Result;
 use preheat_model::proto::{Announcement, Strategies};
 
 use super::{agent_preheat, Mode, Sample, WakeAs};
-use crate::agentctl::{AgentClient, Announcer};
 use crate::hot::KeepAwake;
-use crate::servers::Requester;
+use preheat_launch::agentctl::{AgentClient, Announcer};
+use preheat_launch::servers::Requester;
 
 /// Everything a sample needs: the client, the agent, the announcer and the cold-making parts.
 pub(super) struct Bench<'a> {

@@ -32,9 +32,9 @@ use preheat_model::proto::{Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use crate::agentctl::{AgentClient, Announcer};
 use crate::record::{self, RecordParams};
-use crate::servers::{self, ServerKind};
+use preheat_launch::agentctl::{AgentClient, Announcer};
+use preheat_launch::servers::{self, ServerKind};
 
 mod custom;
 mod measure;
@@ -364,7 +364,7 @@ fn start_server(
     dir: &std::path::Path,
     server_cpu: usize,
 ) -> Result<(
-    crate::launch::Server,
+    preheat_launch::launch::Server,
     servers::Workload,
     preheat_lab::servers::Prepared,
 )> {
@@ -386,7 +386,7 @@ fn start_server(
 /// Record the working set (or take `--profile`), and load it into the agent of `pid`.
 fn estimate(
     a: &DemoArgs,
-    server: &crate::launch::Server,
+    server: &preheat_launch::launch::Server,
     pid: u32,
     w: &servers::Workload,
     client: &mut servers::Requester,
@@ -542,16 +542,17 @@ fn measure_rounds(
 /// The keep-awake calibration (measured once per boot, cached in the run directory) and the hot
 /// floor's mechanism from it, or why there is none (into `skipped`).
 fn keep_awake(
-    server: &crate::launch::Server,
+    server: &preheat_launch::launch::Server,
     skipped: &mut Vec<Skipped>,
 ) -> (
     Option<preheat_wake::calibrate::Calibration>,
     Option<crate::hot::KeepAwake>,
 ) {
-    let calibration = preheat_wake::calibrate::load_or_calibrate(&crate::paths::run_dir(), |m| {
-        eprintln!("demo: {m}")
-    })
-    .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
+    let calibration =
+        preheat_wake::calibrate::load_or_calibrate(&preheat_launch::paths::run_dir(), |m| {
+            eprintln!("demo: {m}")
+        })
+        .map_err(|e| format!("the keep-awake calibration failed: {e:#}"));
     let keep = calibration
         .as_ref()
         .map_err(String::clone)
@@ -580,7 +581,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let wanted = wanted_modes(&a)?;
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
-    let scratch = crate::scratch_dir("demo")?;
+    let scratch = preheat_launch::launch::scratch_dir("demo")?;
     let dir = scratch.path().to_path_buf();
     let shown = if a.command.is_empty() {
         a.server.name().to_string()

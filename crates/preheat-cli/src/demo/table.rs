@@ -25,7 +25,7 @@ use preheat_model::proto::Strategies;
 use serde::Serialize;
 
 use super::{Mode, Output, Sample};
-use crate::stats::{summarize, Summary};
+use preheat_model::stats::{summarize, Summary};
 
 #[derive(Debug, Clone, Serialize)]
 pub(super) struct Row {

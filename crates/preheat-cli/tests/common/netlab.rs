@@ -111,9 +111,7 @@ impl NetLab {
 impl Drop for NetLab {
     fn drop(&mut self) {
         for c in &mut self.children {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
+            let _ = preheat_engine::os::send_signal(c.id(), libc::SIGTERM, false);
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
         for c in &mut self.children {
@@ -124,7 +122,9 @@ impl Drop for NetLab {
         for (ns, _) in &self.hosts {
             if let Ok(o) = Command::new("ip").args(["netns", "pids", ns]).output() {
                 for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-KILL", pid]).status();
+                    if let Ok(pid) = pid.parse() {
+                        let _ = preheat_engine::os::send_signal(pid, libc::SIGKILL, false);
+                    }
                 }
             }
             let _ = ip(&["netns", "del", ns]);

@@ -2,13 +2,14 @@
 //! wrapped so it dies with us; stopped on drop.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use preheat_engine::host::{find_program, free_port};
 
 /// A backend process we started; stopped on drop.
 pub(super) struct BackendProc {
@@ -26,61 +27,16 @@ impl Drop for BackendProc {
     }
 }
 
-pub(super) fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-/// The bundled server: `PREHEAT_KV_BIN`, or next to this executable (`target/<profile>/`, also
-/// from `target/<profile>/deps/`), built with cargo from this checkout when missing.
+/// The bundled server: the launcher's companion lookup (`PREHEAT_KV_BIN`, or next to this
+/// executable, built with cargo from this checkout when missing).
 pub fn kv_binary() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("PREHEAT_KV_BIN") {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!("PREHEAT_KV_BIN={} does not exist", p.display());
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("cannot find the running executable")?;
-    let dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
-    let candidates = [dir.join("preheat-kv"), dir.join("../preheat-kv")];
-    if let Some(p) = candidates.iter().find(|p| p.is_file()) {
-        return Ok(p.clone());
-    }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-    if !manifest.is_file() {
-        bail!(
-            "the bundled server preheat-kv is not next to {} and no source checkout is available; set PREHEAT_KV_BIN",
-            exe.display()
-        );
-    }
-    let release = dir.ends_with("release") || dir.parent().is_some_and(|p| p.ends_with("release"));
-    let profile = if release { "release" } else { "dev" };
-    eprintln!("preheat stage: building the bundled server (cargo build --profile {profile} -p preheat-kv) ...");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let st = Command::new(cargo)
-        .args(["build", "--quiet", "--profile", profile, "-p", "preheat-kv"])
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .status()
-        .context("running cargo to build preheat-kv")?;
-    if !st.success() {
-        bail!("building preheat-kv failed ({st})");
-    }
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .with_context(|| format!("preheat-kv still missing next to {}", exe.display()))
+    preheat_launch::paths::kv_bin()
 }
 
 /// Wraps a command so it dies with us (`setpriv --pdeathsig KILL`) and runs on `cpu`.
 fn wrapped(program: OsString, args: Vec<OsString>, cpu: Option<usize>) -> Command {
     let mut argv: Vec<OsString> = Vec::new();
-    if on_path("setpriv").is_some() {
+    if find_program("setpriv").is_some() {
         argv.extend(["setpriv", "--pdeathsig", "KILL"].map(OsString::from));
     }
     if let Some(cpu) = cpu {
@@ -97,10 +53,6 @@ fn wrapped(program: OsString, args: Vec<OsString>, cpu: Option<usize>) -> Comman
         .stdin(Stdio::null())
         .stdout(Stdio::null());
     cmd
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 pub(super) fn resolve(text: &str) -> Result<SocketAddr> {

@@ -42,6 +42,24 @@ pub fn owned_scratch(dir: &Path, prefix: &str) -> Result<tempfile::TempDir> {
     Ok(d)
 }
 
+/// A scratch directory for one command (server data, logs, recorded profiles) under the system
+/// temp dir, `preheat-<what>-<pid>-XXXX`: removed when the returned guard drops — after the
+/// servers started in it, which are declared later and so are stopped first — by the
+/// SIGINT/SIGTERM handler, and, when this process is killed outright, by the next command that
+/// makes a scratch directory for the same `what` ([`owned_scratch`]).
+pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
+    owned_scratch(&std::env::temp_dir(), &format!("preheat-{what}-"))
+        .with_context(|| format!("creating a scratch directory for {what}"))
+}
+
+/// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
+/// server's files are worth keeping for a look afterwards).
+pub fn tempdir(what: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    Ok(d)
+}
+
 /// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
 pub fn sweep_scratch(dir: &Path, prefix: &str) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -151,11 +169,9 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
-fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{sig}"), pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
+/// Send `sig` to `pid`; one that is already gone is no error here.
+fn signal(pid: u32, sig: i32) {
+    let _ = preheat_engine::os::send_signal(pid, sig, false);
 }
 
 /// SIGTERM `pid` and its descendants, wait up to `grace`, then SIGKILL what is left.
@@ -163,14 +179,14 @@ pub fn stop_tree(pid: u32, grace: Duration) {
     let mut all = descendants(pid);
     all.push(pid);
     for p in &all {
-        signal(*p, "TERM");
+        signal(*p, libc::SIGTERM);
     }
     let t0 = Instant::now();
     while all.iter().any(|p| alive(*p)) && t0.elapsed() < grace {
         std::thread::sleep(Duration::from_millis(10));
     }
     for p in all.iter().filter(|p| alive(**p)) {
-        signal(*p, "KILL");
+        signal(*p, libc::SIGKILL);
     }
 }
 
@@ -205,7 +221,7 @@ fn stop_group(pgid: u32, grace: Duration) {
             return;
         }
         for p in left {
-            signal(p, "KILL");
+            signal(p, libc::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -337,12 +353,6 @@ pub fn port_in_use(port: u16) -> bool {
         Duration::from_millis(200),
     )
     .is_ok()
-}
-
-/// A port that is free right now on loopback.
-pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
 }
 
 /// Start `spec`, wait until it accepts connections on its port (and, with the agent, until an
@@ -528,4 +538,46 @@ pub fn unescape(s: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unescape_turns_command_line_escapes_into_bytes() {
+        assert_eq!(unescape(r"get k\r\n"), "get k\r\n");
+        assert_eq!(unescape(r"a\tb\\c\q\"), "a\tb\\c\\q\\");
+    }
+
+    #[test]
+    fn sweep_removes_only_scratch_of_dead_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mine = owned_scratch(dir.path(), "t-").unwrap();
+        // No process has pid u32::MAX - 1 (pid_max is at most 2^22).
+        let dead = dir.path().join(format!("t-{}-x", u32::MAX - 1));
+        let other = dir.path().join("u-1-x");
+        std::fs::create_dir(&dead).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        sweep_scratch(dir.path(), "t-");
+        assert!(mine.path().is_dir() && other.is_dir() && !dead.exists());
+    }
+
+    #[test]
+    fn a_dropped_program_is_stopped_with_its_children() {
+        let p = Program::spawn(Command::new("sh").args(["-c", "sleep 30 & wait"])).unwrap();
+        let pid = p.pid();
+        let t0 = Instant::now();
+        while descendants(pid).is_empty() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let kids = descendants(pid);
+        assert!(!kids.is_empty(), "sh started its sleeps");
+        drop(p);
+        assert!(
+            kids.iter().all(|k| !alive(*k)),
+            "children stopped: {kids:?}"
+        );
+        assert!(STARTED.lock().unwrap().iter().all(|p| *p != pid));
+    }
 }

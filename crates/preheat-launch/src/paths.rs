@@ -2,8 +2,8 @@
 //!
 //! The CLI ships with two companions built from the same workspace: the LD_PRELOAD agent
 //! (`libpreheat_agent.so`) and the bundled default server (`preheat-kv`). They are looked up next
-//! to the `preheat` executable (the layout of `target/<profile>/` and of an install prefix's
-//! `bin/` + `lib/`), or at `PREHEAT_AGENT_SO` / `PREHEAT_KV_BIN`. When running from a source
+//! to the `preheat` executable (the layout of `target/<profile>/`, of its `deps/` for test
+//! executables, and of an install prefix's `bin/` + `lib/`), or at `PREHEAT_AGENT_SO` / `PREHEAT_KV_BIN`. When running from a source
 //! checkout and they are missing, the CLI builds them with cargo (once, with a message).
 
 use std::path::{Path, PathBuf};
@@ -32,8 +32,9 @@ fn exe_dir() -> Result<PathBuf> {
         .unwrap_or_else(|| PathBuf::from(".")))
 }
 
+/// The cargo profile of `dir` (`target/<profile>/`, or its `deps/` for a test executable).
 fn profile_name(dir: &Path) -> &'static str {
-    if dir.ends_with("release") {
+    if dir.ends_with("release") || dir.parent().is_some_and(|p| p.ends_with("release")) {
         "release"
     } else {
         "dev"
@@ -83,7 +84,13 @@ fn companion(env: &str, names: &[&str]) -> Result<PathBuf> {
     let find = || {
         names
             .iter()
-            .flat_map(|n| [dir.join(n), dir.join("../lib").join(n)])
+            .flat_map(|n| {
+                [
+                    dir.join(n),
+                    dir.join("../lib").join(n),
+                    dir.join("..").join(n),
+                ]
+            })
             .find(|p| p.exists())
     };
     if let Some(p) = find() {
@@ -106,13 +113,4 @@ pub fn kv_bin() -> Result<PathBuf> {
 /// The bundled NPB-style kernels (communication detection and coscheduling workloads).
 pub fn npb_bin() -> Result<PathBuf> {
     companion("PREHEAT_NPB_BIN", &["preheat-npb"])
-}
-
-/// Find an installed program on PATH or in the sbin directories Debian uses for daemons.
-pub fn find_program(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
 }

@@ -178,7 +178,7 @@ pub fn plan(
 ) -> Result<(ServerSpec, Plan)> {
     let port = match port {
         Some(p) => p,
-        None => launch::free_port()?,
+        None => preheat_engine::host::free_port()?,
     };
     let opts = PlanOptions {
         kv_bin: if kind == ServerKind::Kv {

@@ -1,0 +1,20 @@
+//! Launching what preheat measures, and talking to the agent inside it: the base layer of
+//! every command that starts a server (record, demo, serve, run, the coscheduler, cache
+//! affinity, the benchmarks).
+//!
+//! * [`launch`] – start a server with the agent attached (`LD_PRELOAD`, pinned, in its own
+//!   process group) or any other program, and stop every process started on drop, on error and
+//!   on SIGINT/SIGTERM ([`launch::install_cleanup`]); scratch directories removed likewise; the
+//!   busy-polling request/response [`launch::Client`].
+//! * [`agentctl`] – the agent's control socket (JSON lines) and its announcement socket.
+//! * [`paths`] – where the companion artifacts are (agent, `preheat-kv`, `preheat-npb`), built
+//!   with cargo from a source checkout on first use.
+//! * [`servers`] – `preheat-lab`'s server catalog turned into started servers, and the
+//!   requesters that measure them.
+//!
+//! No `unsafe`: signals, affinity and process state go through `preheat-engine`.
+
+pub mod agentctl;
+pub mod launch;
+pub mod paths;
+pub mod servers;
