@@ -132,6 +132,44 @@ macro_rules! hook {
             ret
         }
     };
+    (
+        $(#[$attr:meta])*
+        $kind:ident fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty,
+        real = $slot:ident,
+        hold = $t:ident,
+        fallback = $fallback:block
+    ) => {
+        $(#[$attr])*
+        ///
+        /// # Safety
+        /// The same contract as the libc function of this name.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            type RealFn = unsafe extern "C" fn($($ty),*) -> $ret;
+            let pre = hook!(@pre $kind, $($arg),*);
+            // SAFETY: as in the plain pattern; the one argument that differs is the timeout
+            // (`$t`, shadowed by the closure's parameter), which the hold replaces by 0 or by
+            // what is left of the caller's own timeout.
+            let call = |$t: c_int| unsafe {
+                match real::<RealFn>(&sys::$slot) {
+                    Some(f) => f($($arg),*),
+                    None => $fallback,
+                }
+            };
+            let once = |t: c_int| {
+                let mut r = call(t);
+                if crate::comm::efault_retry(r < 0) {
+                    r = call(t);
+                }
+                r
+            };
+            // A host thread the agent tracks waits through the hold (crate::hold): it polls
+            // while a replay's window is open.
+            let ret = if pre.is_some() { crate::hold::wait($t, once) } else { once($t) };
+            hook!(@post $kind, pre, ret, $($arg),*);
+            ret
+        }
+    };
     (@pre wait, $($arg:ident),*) => { wait_pre() };
     (@pre read, $fd:ident $(, $rest:ident)*) => { track::read_enter($fd) };
     (@post wait, $pre:ident, $ret:ident, $($arg:ident),*) => { wait_post($pre, $ret) };
@@ -147,6 +185,7 @@ macro_rules! hook {
 hook! {
     wait fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int,
     real = REAL_EPOLL_WAIT,
+    hold = timeout,
     fallback = {
         libc::syscall(
             libc::SYS_epoll_pwait,
@@ -170,6 +209,7 @@ hook! {
         sigmask: *const sigset_t,
     ) -> c_int,
     real = REAL_EPOLL_PWAIT,
+    hold = timeout,
     fallback = {
         libc::syscall(
             libc::SYS_epoll_pwait,

@@ -61,8 +61,9 @@
 //! 2  threads  idlepoll                 the agent's own threads; a thread's idle-polling window
 //! 1  log  fdreg  faults                log + disable-with-reason; the agent's own fds;
 //!                                      SIGSEGV/SIGBUS handler, the program's dispositions
-//! 0  config  track  counters  sys  forkcell
-//!                                      configuration; busy periods; counters; FFI; fork-safe cell
+//! 0  config  track  counters  sys  forkcell  hold
+//!                                      configuration; busy periods; counters; FFI; fork-safe cell;
+//!                                      the server thread's hold after a replay
 //! ```
 //!
 //! (The crate root's path helpers such as [`socket_paths`] are used from any layer.)
@@ -86,6 +87,7 @@ pub mod counters;
 pub mod faults;
 pub mod fdreg;
 pub mod forkcell;
+pub mod hold;
 pub mod hooks;
 pub mod idlepoll;
 pub mod log;
