@@ -14,7 +14,6 @@ mod comm_bench;
 mod cosched;
 mod demo;
 mod groups;
-mod hot;
 mod load;
 mod progress;
 mod record;
@@ -316,7 +315,7 @@ fn main() {
         launch::install_cleanup();
     }
     // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
-    hot::restore_stale(&paths::run_dir());
+    preheat_demo::hot::restore_stale(&paths::run_dir());
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);

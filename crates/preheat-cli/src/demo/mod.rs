@@ -4,7 +4,7 @@
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
 //! 3. Run interleaved, shuffled rounds. Every round measures each mode once, in random order:
 //!    * `hot` — the floor: right after a previous request, with the server's CPU kept out of
-//!      idle (see [`crate::hot`]); skipped, saying why, where no mechanism allows it;
+//!      idle (see [`preheat_demo::hot`]); skipped, saying why, where no mechanism allows it;
 //!    * `warm` — right after a previous request;
 //!    * `cold-idle` — after an idle gap (real idle: the vCPU halts, other tenants evict);
 //!    * `cold-sweep` — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
@@ -554,7 +554,7 @@ fn keep_awake(
     skipped: &mut Vec<Skipped>,
 ) -> (
     Option<preheat_wake::calibrate::Calibration>,
-    Option<crate::hot::KeepAwake>,
+    Option<preheat_demo::hot::KeepAwake>,
 ) {
     let calibration =
         preheat_wake::calibrate::load_or_calibrate(&preheat_launch::paths::run_dir(), |m| {
@@ -564,7 +564,7 @@ fn keep_awake(
     let keep = calibration
         .as_ref()
         .map_err(String::clone)
-        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c));
+        .and_then(|c| preheat_demo::hot::KeepAwake::open(&server.run_dir, c));
     match keep {
         Ok(k) => (calibration.ok(), Some(k)),
         Err(why) => {
