@@ -11,25 +11,22 @@ mod arbiter;
 mod bench;
 mod comm;
 mod comm_bench;
-mod compare;
 mod cosched;
 mod demo;
 mod groups;
-mod hot;
-mod hybrid;
 mod load;
 mod progress;
 mod record;
 mod serve;
-mod show;
 mod topo;
+mod ws;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use preheat_launch::launch::{scratch_dir, tempdir};
+use preheat_launch::launch::tempdir;
 use preheat_launch::{agentctl, launch, paths, servers};
 use preheat_model::proto::{Announcement, Request, Strategies};
 use preheat_model::FilterParams;
@@ -318,7 +315,7 @@ fn main() {
         launch::install_cleanup();
     }
     // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
-    hot::restore_stale(&paths::run_dir());
+    preheat_demo::hot::restore_stale(&paths::run_dir());
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
@@ -330,10 +327,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Lab { args } => serve::lab(args),
-        Cmd::Record(a) => cmd_record(a),
+        Cmd::Record(a) => record::run(a),
         Cmd::Ws {
             cmd: WsCmd::Show { file, json, runs },
-        } => show::show(&file, json, runs),
+        } => ws::show(&file, json, runs),
         Cmd::Ws {
             cmd:
                 WsCmd::Compare {
@@ -342,7 +339,7 @@ fn run(cli: Cli) -> Result<()> {
                     port,
                     json,
                 },
-        } => compare::run(&tested, &truth, port, json),
+        } => ws::compare(&tested, &truth, port, json),
         Cmd::Run(a) => cmd_run(a),
         Cmd::Announce(a) => cmd_announce(a),
         Cmd::Agent { cmd } => cmd_agent(cmd),
@@ -363,158 +360,6 @@ fn run(cli: Cli) -> Result<()> {
 
 fn default_server_cpu() -> usize {
     preheat_engine::os::online_cpus().saturating_sub(1)
-}
-
-fn cmd_record(a: RecordArgs) -> Result<()> {
-    let filter = a.filter.params()?;
-    let params = record::RecordParams {
-        filter,
-        chunk_bytes: a.chunk_kib * 1024,
-        subtract_noise: !a.keep_noise,
-        stride: a.stride,
-        ..Default::default()
-    };
-    let server_cpu = a.server_cpu.unwrap_or_else(default_server_cpu);
-    let scratch = scratch_dir("record")?;
-    let dir = scratch.path().to_path_buf();
-    let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
-        (Some(k), _) => {
-            let (spec, plan) = servers::plan(k, a.port, &dir, vec![server_cpu], true)?;
-            (spec, servers::Workload::of(&plan), Some(plan))
-        }
-        (None, false) => {
-            let (Some(port), Some(req)) = (a.port, a.request.as_ref()) else {
-                bail!("with a server command, give --port and --request (see --help)");
-            };
-            let spec = launch::ServerSpec {
-                name: "server".into(),
-                argv: a.command.clone(),
-                port,
-                agent: true,
-                cpus: vec![server_cpu],
-                env: vec![],
-                agent_only: None,
-            };
-            let w = servers::Workload::custom(
-                launch::unescape(req).into_bytes(),
-                launch::unescape(&a.until).into_bytes(),
-            );
-            (spec, w, None)
-        }
-        (None, true) => {
-            bail!("name a server (--server kv) or give its command after -- (see --help)")
-        }
-    };
-    let backend = match a.backend {
-        record::BackendChoice::Auto => {
-            if preheat_engine::topology::has_pmu() {
-                eprintln!("preheat: a PMU is present, but the pmu backend is not implemented yet");
-            }
-            if let Some(why) = hybrid::ptrace_denied() {
-                eprintln!("preheat: note: recording with probe only, not hybrid: {why}; code lines will be over-reported");
-                record::BackendChoice::Probe
-            } else if workload.raw.is_none() {
-                eprintln!("preheat: note: recording with probe only, not hybrid: this workload has no fixed byte request for the step backend");
-                record::BackendChoice::Probe
-            } else {
-                record::BackendChoice::Auto // hybrid, falling back to the probe's profile
-            }
-        }
-        record::BackendChoice::Hybrid => {
-            if let Some(why) = hybrid::ptrace_denied() {
-                bail!("backend hybrid needs ptrace of the server (its code lines come from the step backend), but {why}; use --backend probe");
-            }
-            record::BackendChoice::Hybrid
-        }
-        record::BackendChoice::Pmu => {
-            if !preheat_engine::topology::has_pmu() {
-                bail!("backend pmu: this machine exposes no hardware PMU (perf_event_open of cycles fails; typical of VMs without a virtual PMU); use --backend probe (flush+reload) or --backend trace (Valgrind)");
-            }
-            bail!("backend pmu: IBS/PEBS data-address sampling is not implemented yet; use --backend probe or trace");
-        }
-        b => b,
-    };
-    let rec = match backend {
-        record::BackendChoice::Trace => {
-            let mut spec = spec;
-            spec.agent = false;
-            eprintln!(
-                "preheat: recording port {} of {} with the trace backend (Valgrind): {} samples, keep >= {}",
-                spec.port, spec.name, filter.n, filter.k
-            );
-            record::record_trace(&spec.argv, spec.port, plan.as_ref(), &workload, &params)?
-        }
-        _ => {
-            let timeout = plan
-                .as_ref()
-                .map(|p| p.start_timeout)
-                .unwrap_or(Duration::from_secs(20));
-            let server = launch::start(spec, &paths::run_dir(), &dir, timeout)?;
-            if let Some(plan) = &plan {
-                servers::prepare(plan, server.addr())?;
-            }
-            let mut via = workload.connect(server.addr())?;
-            let pid = record::serving_agent(&server, &mut via)?;
-            let name = match backend {
-                record::BackendChoice::Auto => "hybrid (auto)",
-                record::BackendChoice::Step => "step",
-                record::BackendChoice::Hybrid => "hybrid",
-                _ => "probe",
-            };
-            eprintln!(
-                "preheat: recording port {} of {} (pid {pid}) with the {name} backend: {} samples, keep >= {}",
-                server.spec.port, server.spec.name, filter.n, filter.k
-            );
-            match backend {
-                // step and hybrid open their own connections: `via` is closed first (a prefork
-                // worker that serves one connection at a time could not take theirs).
-                record::BackendChoice::Step => {
-                    drop(via);
-                    record::record_step(&server, pid, &workload, &params)?
-                }
-                record::BackendChoice::Hybrid | record::BackendChoice::Auto => {
-                    drop(via);
-                    let required = backend == record::BackendChoice::Hybrid;
-                    hybrid::record_hybrid(
-                        &server,
-                        pid,
-                        &workload,
-                        &params,
-                        required,
-                        a.parts.as_deref(),
-                    )?
-                }
-                _ => record::record_probe(&server, pid, &workload, &params, &mut via)?,
-            }
-        }
-    };
-    record::write_profile(&a.out, &rec.profile)?;
-    let st = rec.profile.classes[0].ws.stats();
-    println!(
-        "wrote {}: {} lines ({:.1} KiB) in {} runs, {} encoded bytes; {} requests, {:.1} s [measured: {} samples, probe threshold {} ticks]",
-        a.out.display(),
-        st.lines,
-        st.kib,
-        st.runs,
-        st.encoded_bytes,
-        rec.stats.requests_sent,
-        rec.stats.seconds,
-        rec.stats.samples,
-        rec.stats.threshold_ticks
-    );
-    if rec.stats.cycles_repeated > 0 {
-        println!(
-            "probe: {} cycle(s) repeated because the server's mappings changed while it served the request",
-            rec.stats.cycles_repeated
-        );
-    }
-    if let Some(h) = rec.stats.hybrid {
-        println!(
-            "hybrid [measured]: {} code lines from step, {} data lines from probe; dropped {} probe code lines, {} non-executable step lines, {} unmapped",
-            h.code_lines, h.data_lines, h.probe_code_lines_dropped, h.step_non_exec_dropped, h.unmapped_dropped
-        );
-    }
-    Ok(())
 }
 
 fn cmd_run(a: RunArgs) -> Result<()> {

@@ -1,36 +1,16 @@
-//! The working-set estimation phase (paper §3.1): sample the lines a request touches several
-//! times, keep the stable ones (k of n), sort and run-length encode them.
-//!
-//! Backends:
-//! * `probe` — flush+reload through the agent inside the server: for each ≤ 1 MiB chunk of the
-//!   server's resident memory, flush the chunk, send one request, wait for the server to go idle,
-//!   time a reload of every line. Our user-space stand-in for the paper's L2 tag dump; chunking
-//!   because the probe itself evicts what it measures in larger passes. Optionally subtracts
-//!   "noise" samples taken with no request (the agent's own control thread touches libc lines).
-//! * `trace` — exact user-space lines of each busy period from our Valgrind tool (ground truth).
-//! * `step` — exact native code lines by single-stepping the serving thread (ptrace); no data.
-//! * `hybrid` — step's code lines plus the probe's data lines (see `crate::hybrid`).
-//! * `pmu` — hardware sampling of data addresses; detected at run time (absent on KVM guests
-//!   without a virtual PMU, as on our development machines).
+//! `preheat record`: the arguments turned into a `preheat-estimate` session, and its report.
 
-use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use anyhow::{bail, Result};
+use preheat_estimate::session::{choose_backend, Session};
+use preheat_estimate::{write_profile, RecordParams};
+use preheat_launch::launch::{self, scratch_dir};
+use preheat_launch::servers;
 
-use anyhow::{bail, Context, Result};
-use preheat_model::proto::{Range, Reply, Request};
-use preheat_model::{
-    filter_k_of_n, Backend, BinaryIdent, FileIdent, FilterParams, LineSet, Profile, RegionTable,
-    RequestClass, WorkingSet,
-};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use crate::progress::Bars;
+use crate::RecordArgs;
 
-use preheat_launch::agentctl::AgentClient;
-use preheat_launch::launch::{Client, Server};
-use preheat_launch::servers::Workload;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+/// `--backend`: which estimation backend records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendChoice {
     /// Best available: hybrid where ptrace is permitted and the workload is a fixed byte
     /// request, else probe (with a one-line note saying why).
@@ -44,723 +24,103 @@ pub enum BackendChoice {
     Hybrid,
 }
 
-#[derive(Debug, Clone)]
-pub struct RecordParams {
-    pub filter: FilterParams,
-    /// Largest probe pass, bytes.
-    pub chunk_bytes: u64,
-    pub window_pages: u32,
-    /// Subtract lines that also show up in no-request samples.
-    pub subtract_noise: bool,
-    /// A line seen in at least this many of the n no-request samples is noise.
-    pub noise_k: u32,
-    /// Strided probing (see `preheat_engine::probe::prepare_phase`): each sample takes `stride`
-    /// passes per chunk, each probing every `stride`-th line.
-    pub stride: u32,
-    pub quiet: bool,
-}
-
-impl Default for RecordParams {
-    fn default() -> Self {
-        RecordParams {
-            filter: FilterParams::default(),
-            chunk_bytes: 1 << 20,
-            window_pages: 16,
-            subtract_noise: true,
-            noise_k: 2,
-            stride: 2,
-            quiet: false,
+impl From<BackendChoice> for preheat_estimate::BackendChoice {
+    fn from(b: BackendChoice) -> Self {
+        use preheat_estimate::BackendChoice as B;
+        match b {
+            BackendChoice::Auto => B::Auto,
+            BackendChoice::Probe => B::Probe,
+            BackendChoice::Trace => B::Trace,
+            BackendChoice::Pmu => B::Pmu,
+            BackendChoice::Step => B::Step,
+            BackendChoice::Hybrid => B::Hybrid,
         }
     }
 }
 
-/// What the estimation did, for reports.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct RecordStats {
-    pub backend: String,
-    pub samples: u32,
-    pub requests_sent: u64,
-    pub candidate_bytes: u64,
-    pub chunks: u64,
-    pub threshold_ticks: u32,
-    pub stride: u32,
-    pub hit_ticks_p50: u32,
-    pub miss_ticks_p50: u32,
-    /// Lines per sample before filtering (relative lines, all chunks).
-    pub lines_per_sample: Vec<u64>,
-    /// Median flush-to-reload window of the request passes, µs.
-    pub window_us_p50: f64,
-    /// Lines seen in ≥ noise_k noise samples and removed.
-    pub noise_lines_removed: u64,
-    /// Probed hits outside any region (e.g. the mapping went away mid-run).
-    pub unmapped_hits: u64,
-    pub seconds: f64,
-    /// The hybrid backend's merge.
-    pub hybrid: Option<crate::hybrid::HybridStats>,
-    /// The probe's requests were sent by the CLI inside request-less windows because the agent
-    /// could not open a connection its process serves (a prefork worker busy with ours).
-    pub external: bool,
-    /// Probe cycles repeated because the agent skipped them: the server's mappings changed
-    /// while it served the request (its allocator returned memory, say).
-    pub cycles_repeated: u64,
-}
-
-/// How often in a row a probe cycle the agent skipped is repeated before the recording fails.
-const MAX_CYCLE_REPEATS: u32 = 3;
-
-pub struct Recording {
-    pub profile: Profile,
-    pub stats: RecordStats,
-}
-
-/// Identity of an executable file given its path.
-pub fn file_ident(path: &Path) -> Result<FileIdent> {
-    use std::os::unix::fs::MetadataExt;
-    let canon = std::fs::canonicalize(path).with_context(|| format!("{}", path.display()))?;
-    let md = std::fs::metadata(&canon)?;
-    let p = canon.to_string_lossy().into_owned();
-    Ok(FileIdent {
-        build_id: preheat_engine::maps::elf_build_id(&p).unwrap_or_default(),
-        path: p,
-        inode: md.ino(),
-    })
-}
-
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// Split ranges into pieces of at most `max` bytes (page aligned).
-pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
-    let max = max.max(4096) & !4095;
-    let mut chunks: Vec<Vec<Range>> = Vec::new();
-    let mut cur: Vec<Range> = Vec::new();
-    let mut cur_len = 0u64;
-    for r in ranges {
-        let mut start = r.start;
-        let mut left = r.len;
-        while left > 0 {
-            let take = left.min(max - cur_len);
-            cur.push(Range { start, len: take });
-            cur_len += take;
-            start += take;
-            left -= take;
-            if cur_len == max {
-                chunks.push(std::mem::take(&mut cur));
-                cur_len = 0;
-            }
-        }
-    }
-    if !cur.is_empty() {
-        chunks.push(cur);
-    }
-    chunks
-}
-
-/// Find the agent (process) that serves the connection `via`: the one whose busy periods for the
-/// port grow when we send requests on it. In a prefork server (worker processes sharing one
-/// listening socket, each with its own agent) that is the worker that accepted `via`; the agents
-/// then open their own loopback connections only where this process serves them (the agent's
-/// `control/served.rs`). Callers pass the connection they measure on, so the agent they preheat
-/// through is the one whose worker answers their requests.
-pub fn serving_agent(server: &Server, via: &mut preheat_launch::servers::Requester) -> Result<u32> {
-    let pids = server.agent_pids();
-    if pids.len() == 1 {
-        return Ok(pids[0]);
-    }
-    let count = |pid: u32| -> u64 {
-        AgentClient::connect(&server.run_dir, pid)
-            .and_then(|mut c| port_busy_periods(&mut c, server.spec.port))
-            .unwrap_or(0)
-    };
-    const REQUESTS: u64 = 4;
-    // A prefork server's workers start their agents after the master's (which `launch` waited
-    // for): an agent that appears while we look counts from zero, and a round in which no agent
-    // saw all the requests (they went to a worker whose agent was not up yet) is repeated.
-    const ROUNDS: usize = 10;
-    let mut seen = pids;
-    for _ in 0..ROUNDS {
-        let before: Vec<(u32, u64)> = seen.iter().map(|p| (*p, count(*p))).collect();
-        for _ in 0..REQUESTS {
-            via.request_ok()?;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        seen = server.agent_pids();
-        let best = seen
-            .iter()
-            .map(|p| {
-                let b = before.iter().find(|(q, _)| q == p).map_or(0, |(_, b)| *b);
-                (*p, count(*p).saturating_sub(b))
-            })
-            .max_by_key(|(_, g)| *g);
-        // Every request of the round (sent one after the other, each a busy period of its
-        // own): one stray earlier request counted by an agent that just appeared is not enough.
-        if let Some((pid, g)) = best {
-            if g >= REQUESTS {
-                return Ok(pid);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!(
-        "none of the server's {} agents ({seen:?}) saw the requests sent to port {} ({ROUNDS} \
-         rounds of {REQUESTS}): its serving threads are not tracked (they neither wait in \
-         epoll/poll/select nor block reading an accepted connection)",
-        seen.len(),
-        server.spec.port
-    )
-}
-
-/// The busy periods of `port` the agent behind `agent` has seen.
-fn port_busy_periods(agent: &mut AgentClient, port: u16) -> Result<u64> {
-    Ok(match agent.call(&Request::Status)? {
-        Reply::Status { ports, .. } => ports
-            .iter()
-            .find(|p| p.port == port)
-            .map_or(0, |p| p.busy_periods),
-        _ => 0,
-    })
-}
-
-/// Open connections with `open` (which sends one request on each) until one is served by the
-/// agent's process: a prefork server's worker that accepts from the shared listening socket may
-/// be another one. Such connections are closed and another is opened, up to a bound.
-fn served_by<T>(
-    server: &Server,
-    agent: &mut AgentClient,
-    mut open: impl FnMut() -> Result<T>,
-) -> Result<T> {
-    const ATTEMPTS: usize = 24;
-    for _ in 0..ATTEMPTS {
-        let before = port_busy_periods(agent, server.spec.port)?;
-        let c = open()?;
-        let t0 = Instant::now();
-        while t0.elapsed() < Duration::from_millis(50) {
-            if port_busy_periods(agent, server.spec.port)? > before {
-                return Ok(c);
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
-    bail!(
-        "none of {ATTEMPTS} connections to port {} was served by pid {}",
-        server.spec.port,
-        agent.pid
-    )
-}
-
-/// A connection of workload `w` that the process of the agent `pid` serves (see [`served_by`]).
-pub fn connect_served_by(
-    server: &Server,
-    pid: u32,
-    w: &Workload,
-) -> Result<preheat_launch::servers::Requester> {
-    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    served_by(server, &mut agent, || {
-        let mut c = w.connect(server.addr())?;
-        c.request_ok()?;
-        Ok(c)
-    })
-}
-
-/// Estimate with the flush+reload probe through the agent of `pid`; `client` is a connection
-/// that `pid`'s process serves (the one [`serving_agent`] found it with, or
-/// [`connect_served_by`]).
-///
-/// The probe's request goes on the agent's own loopback connection, which the agent keeps only if
-/// its process serves it (`ProbeConnect`; a prefork server's other workers may accept it). Where
-/// it cannot get one — a worker that serves one connection at a time (Apache prefork, a blocking
-/// Python worker) is busy with `client` and takes no second connection — the CLI sends the
-/// request on `client`, inside a request-less probe window (as for workloads without a fixed
-/// byte exchange), and says so.
-pub fn record_probe(
-    server: &Server,
-    pid: u32,
-    w: &Workload,
-    p: &RecordParams,
-    client: &mut preheat_launch::servers::Requester,
-) -> Result<Recording> {
-    let t0 = Instant::now();
-    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    let mut stats = RecordStats {
-        backend: "probe".into(),
-        samples: p.filter.n,
-        stride: p.stride,
+/// The session `a` asks for (the server started in the scratch directory `dir`).
+fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
+    let filter = a.filter.params()?;
+    let params = RecordParams {
+        filter,
+        chunk_bytes: a.chunk_kib * 1024,
+        subtract_noise: !a.keep_noise,
+        stride: a.stride,
         ..Default::default()
     };
-    let threshold = match agent.call(&Request::Calibrate)? {
-        Reply::Calibration {
-            hit_ticks_p50,
-            miss_ticks_p50,
-            threshold,
-            ..
-        } => {
-            stats.hit_ticks_p50 = hit_ticks_p50;
-            stats.miss_ticks_p50 = miss_ticks_p50;
-            threshold
+    let server_cpu = a.server_cpu.unwrap_or_else(crate::default_server_cpu);
+    let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
+        (Some(k), _) => {
+            let (spec, plan) = servers::plan(k, a.port, dir, vec![server_cpu], true)?;
+            (spec, servers::Workload::of(&plan), Some(plan))
         }
-        other => bail!("unexpected reply to calibrate: {other:?}"),
-    };
-    stats.threshold_ticks = threshold;
-    let ranges = match agent.call(&Request::Candidates)? {
-        Reply::Candidates {
-            ranges,
-            total_bytes,
-        } => {
-            stats.candidate_bytes = total_bytes;
-            ranges
-        }
-        other => bail!("unexpected reply to candidates: {other:?}"),
-    };
-    let chunks = chunk_ranges(&ranges, p.chunk_bytes);
-    stats.chunks = chunks.len() as u64;
-    let table = RegionTable::build(
-        preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
-    );
-    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    for _ in 0..8 {
-        client.request_ok()?; // warm path, settle lazy initialisation
-    }
-    // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
-    // process serves (see above), the request is sent by us, from another thread, inside a
-    // request-less probe window long enough to hold it (see `external_request`): 2 ms lead-in
-    // plus twice the request's usual duration plus 2 ms.
-    let external = match &w.raw {
-        None => true,
-        Some(r) => match agent.call(&Request::ProbeConnect {
-            port: server.spec.port,
-            request: String::from_utf8_lossy(&r.request).into_owned(),
-            until: String::from_utf8_lossy(&r.until).into_owned(),
-        }) {
-            Ok(_) => false,
-            Err(e) => {
-                if !p.quiet {
-                    eprintln!(
-                        "preheat: note: the probe's requests go on our own connection, inside \
-                         request-less probe windows: {e:#}"
-                    );
-                }
-                stats.external = true;
-                true
-            }
-        },
-    };
-    let external_window_ns = if external {
-        let mut t = Vec::new();
-        for _ in 0..5 {
-            let a = Instant::now();
-            client.request_ok()?;
-            t.push(a.elapsed().as_nanos() as u64);
-        }
-        t.sort_unstable();
-        EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000
-    } else {
-        0
-    };
-    let rounds = if p.subtract_noise { 2 } else { 1 };
-    let stride = p.stride.max(1);
-    let pb = crate::progress::bar(
-        p.filter.n as u64 * chunks.len() as u64 * rounds * stride as u64,
-        "probe",
-        p.quiet,
-    );
-    let (request, until) = match &w.raw {
-        Some(r) => (
-            String::from_utf8_lossy(&r.request).into_owned(),
-            String::from_utf8_lossy(&r.until).into_owned(),
-        ),
-        None => (String::new(), String::new()),
-    };
-    let mut samples = Vec::new();
-    let mut noise = Vec::new();
-    let mut windows: Vec<u64> = Vec::new();
-    // Each probe cycle scrambles its probe order with its own seed.
-    let mut seeds = StdRng::seed_from_u64(now_unix());
-    for s in 0..p.filter.n {
-        for with_request in [true, false].into_iter().take(rounds as usize) {
-            let mut hits: Vec<u64> = Vec::new();
-            // Visit chunks in a different order each sample.
-            let mut order: Vec<usize> = (0..chunks.len()).collect();
-            let k = s as usize % order.len().max(1);
-            order.rotate_left(k);
-            // A noise sample waits as long as a request pass took; an external request gets
-            // its fixed window.
-            let idle_ns = if external {
-                external_window_ns
-            } else {
-                let mut sorted = windows.clone();
-                sorted.sort_unstable();
-                sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
+        (None, false) => {
+            let (Some(port), Some(req)) = (a.port, a.request.as_ref()) else {
+                bail!("with a server command, give --port and --request (see --help)");
             };
-            let passes = order
-                .iter()
-                .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
-            for (ci, phase) in passes {
-                let seed: u64 = seeds.gen();
-                let cycle = Request::ProbeCycle {
-                    ranges: chunks[ci].clone(),
-                    threshold,
-                    window_pages: p.window_pages,
-                    seed,
-                    port: server.spec.port,
-                    request: (with_request && !external).then(|| request.clone()),
-                    until: until.clone(),
-                    idle_ns,
-                    stride,
-                    phase,
-                };
-                // A cycle the agent skipped (the mappings changed under it) is repeated, at most
-                // MAX_CYCLE_REPEATS times in a row; anything else fails the recording.
-                let mut attempt = 0;
-                let reply = loop {
-                    let r = if external && with_request {
-                        external_request(&mut agent, &cycle, client)
-                    } else {
-                        agent.call(&cycle)
-                    };
-                    match r {
-                        Err(e)
-                            if attempt < MAX_CYCLE_REPEATS
-                                && format!("{e:#}")
-                                    .ends_with(preheat_model::proto::ROUND_SKIPPED) =>
-                        {
-                            attempt += 1;
-                            stats.cycles_repeated += 1;
-                        }
-                        r => break r?,
-                    }
-                };
-                match reply {
-                    Reply::Probed {
-                        hits: h, window_ns, ..
-                    } => {
-                        hits.extend(h);
-                        if with_request {
-                            windows.push(window_ns);
-                            stats.requests_sent += 1;
-                        }
-                    }
-                    other => bail!("unexpected reply to probe_cycle: {other:?}"),
-                }
-                pb.inc(1);
-            }
-            let (set, unmapped) = table.relative_lines(hits.iter().copied());
-            stats.unmapped_hits += unmapped;
-            if with_request {
-                stats.lines_per_sample.push(set.len() as u64);
-                samples.push(set);
-            } else {
-                noise.push(set);
-            }
+            let spec = launch::ServerSpec {
+                name: "server".into(),
+                argv: a.command.clone(),
+                port,
+                agent: true,
+                cpus: vec![server_cpu],
+                env: vec![],
+                agent_only: None,
+            };
+            let w = servers::Workload::custom(
+                launch::unescape(req).into_bytes(),
+                launch::unescape(&a.until).into_bytes(),
+            );
+            (spec, w, None)
         }
+        (None, true) => {
+            bail!("name a server (--server kv) or give its command after -- (see --help)")
+        }
+    };
+    let (backend, notes) = choose_backend(a.backend.into(), &workload)?;
+    for n in notes {
+        eprintln!("preheat: {n}");
     }
-    windows.sort_unstable();
-    stats.window_us_p50 = windows
-        .get(windows.len() / 2)
-        .map(|w| *w as f64 / 1e3)
-        .unwrap_or(0.0);
-    pb.finish_and_clear();
-    let k = p.filter.k as usize;
-    let mut lines = filter_k_of_n(&samples, k);
-    if p.subtract_noise {
-        let noisy = filter_k_of_n(&noise, p.noise_k.max(1) as usize);
-        let before = lines.len();
-        lines = lines.difference(&noisy);
-        stats.noise_lines_removed = (before - lines.len()) as u64;
-    }
-    stats.seconds = t0.elapsed().as_secs_f64();
-    Ok(Recording {
-        profile: make_profile(
-            Backend::Probe,
-            p.filter,
-            exe,
-            &table,
-            server.spec.port,
-            &lines,
-        ),
-        stats,
-    })
-}
-
-/// How long after asking the agent for a request-less probe cycle we send an external request:
-/// the agent first waits for the server to be idle and flushes one ≤ 1 MiB chunk (~0.1 ms).
-const EXTERNAL_LEAD_NS: u64 = 2_000_000;
-
-/// One probe cycle around a request we send ourselves (workloads without a fixed byte
-/// exchange, e.g. a MySQL transaction): the agent flushes and then spins for the cycle's
-/// `idle_ns` window while this thread, `EXTERNAL_LEAD_NS` after asking, sends the request on its
-/// own connection; the agent then waits for the server threads to be idle and reloads. The
-/// noise samples of the same recording use the same window without a request, so lines that
-/// background threads touch in such a window are subtracted as usual.
-fn external_request(
-    agent: &mut AgentClient,
-    cycle: &Request,
-    client: &mut preheat_launch::servers::Requester,
-) -> Result<Reply> {
-    std::thread::scope(|s| {
-        let call = s.spawn(|| agent.call(cycle));
-        std::thread::sleep(Duration::from_nanos(EXTERNAL_LEAD_NS));
-        let sent = client.request_ok();
-        let reply = call
-            .join()
-            .map_err(|_| anyhow::anyhow!("probe cycle thread panicked"))??;
-        sent?;
-        Ok(reply)
-    })
-}
-
-/// Keep only the regions the lines use, renumbered.
-pub fn make_profile(
-    backend: Backend,
-    filter: FilterParams,
-    exe: FileIdent,
-    table: &RegionTable,
-    port: u16,
-    lines: &LineSet,
-) -> Profile {
-    let mut used: Vec<u32> = lines.as_slice().iter().map(|l| l.region).collect();
-    used.dedup();
-    let renumbered =
-        LineSet::from_lines(lines.as_slice().iter().map(|l| preheat_model::RegionLine {
-            region: used.binary_search(&l.region).unwrap_or(0) as u32,
-            line: l.line,
-        }));
-    Profile {
-        binary: BinaryIdent { exe },
+    Ok(Session {
+        spec,
+        workload,
+        plan,
         backend,
-        filter,
-        created_unix_s: now_unix(),
-        regions: used
-            .iter()
-            .map(|r| table.regions[*r as usize].clone())
-            .collect(),
-        classes: vec![RequestClass {
-            port,
-            samples: filter.n,
-            ws: WorkingSet::from_lines(&renumbered, filter.gap),
-        }],
-    }
+        params,
+        parts: a.parts.clone(),
+    })
 }
 
-/// Write a profile atomically: a temporary file in the same directory, fsync, rename.
-pub fn write_profile(path: &Path, profile: &Profile) -> Result<()> {
-    use std::io::Write;
-    let bytes = preheat_model::encode_profile(profile);
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name()
-            .and_then(|s| s.to_str())
-            .unwrap_or("profile"),
-        std::process::id()
-    ));
-    let mut f =
-        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(&bytes)?;
-    f.sync_all()?;
-    drop(f);
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
-}
-
-/// Read and verify a profile; errors name the file.
-pub fn read_profile(path: &Path) -> Result<Profile> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    preheat_model::decode_profile(&bytes)
-        .with_context(|| format!("{}: invalid working-set file", path.display()))
-}
-
-/// Estimate with the `trace` backend: run the server under our Valgrind tool (no agent), send
-/// the request `n` times with idle gaps, and take each request's busy periods (all threads) as
-/// one sample of exact user-space lines.
-pub fn record_trace(
-    argv: &[String],
-    port: u16,
-    plan: Option<&preheat_lab::servers::Plan>,
-    w: &Workload,
-    p: &RecordParams,
-) -> Result<Recording> {
-    use preheat_trace::{TraceOptions, TracedServer};
-    let t0 = Instant::now();
-    if preheat_launch::launch::port_in_use(port) {
-        bail!("port {port} is already in use on 127.0.0.1");
-    }
-    let exe_path = preheat_engine::host::find_program(&argv[0])
-        .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
-        .context("empty command")?;
-    let exe = file_ident(&exe_path)?;
-    if !p.quiet {
-        eprintln!(
-            "preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)",
-            exe.path
+pub fn run(a: RecordArgs) -> Result<()> {
+    let scratch = scratch_dir("record")?;
+    let started = session(&a, scratch.path())?.start(scratch.path())?;
+    eprintln!("preheat: {}", started.describe());
+    let rec = started.record(&Bars::new(false))?;
+    write_profile(&a.out, &rec.profile)?;
+    let st = rec.profile.classes[0].ws.stats();
+    println!(
+        "wrote {}: {} lines ({:.1} KiB) in {} runs, {} encoded bytes; {} requests, {:.1} s [measured: {} samples, probe threshold {} ticks]",
+        a.out.display(),
+        st.lines,
+        st.kib,
+        st.runs,
+        st.encoded_bytes,
+        rec.stats.requests_sent,
+        rec.stats.seconds,
+        rec.stats.samples,
+        rec.stats.threshold_ticks
+    );
+    if rec.stats.cycles_repeated > 0 {
+        println!(
+            "probe: {} cycle(s) repeated because the server's mappings changed while it served the request",
+            rec.stats.cycles_repeated
         );
     }
-    let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
-        .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !preheat_launch::launch::port_in_use(port) {
-        if !ts.is_running() {
-            bail!("server exited under valgrind; log:\n{}", ts.log());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "server did not listen on port {port} under valgrind within 120 s; log:\n{}",
-                ts.log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if let Some(h) = rec.stats.hybrid {
+        println!(
+            "hybrid [measured]: {} code lines from step, {} data lines from probe; dropped {} probe code lines, {} non-executable step lines, {} unmapped",
+            h.code_lines, h.data_lines, h.probe_code_lines_dropped, h.step_non_exec_dropped, h.unmapped_dropped
+        );
     }
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    if let Some(plan) = plan {
-        preheat_launch::servers::prepare(plan, addr)?;
-    }
-    let mut client = w.connect(addr)?;
-    for _ in 0..8 {
-        client.request_ok()?;
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    ts.read_new_periods()?;
-    let pid = ts.pid();
-    let table = RegionTable::build(
-        preheat_engine::maps::read_maps(Some(pid))
-            .context("reading the traced server's mappings")?,
-    );
-    let pb = crate::progress::bar(p.filter.n as u64, "trace", p.quiet);
-    let mut stats = RecordStats {
-        backend: "trace".into(),
-        samples: p.filter.n,
-        ..Default::default()
-    };
-    let mut samples = Vec::new();
-    for _ in 0..p.filter.n {
-        if !client.request()? {
-            bail!("wrong reply from the server under valgrind");
-        }
-        stats.requests_sent += 1;
-        // The busy period ends when the server waits again; give Valgrind time to write it.
-        std::thread::sleep(Duration::from_millis(100));
-        let periods = ts.read_new_periods()?;
-        let lines: Vec<u64> = periods
-            .iter()
-            .filter(|b| b.complete)
-            .flat_map(|b| b.lines.iter().copied())
-            .collect();
-        let (set, dropped) = preheat_trace::to_region_lines(&lines, &table);
-        stats.unmapped_hits += dropped;
-        stats.lines_per_sample.push(set.len() as u64);
-        samples.push(set);
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    ts.stop();
-    let lines = filter_k_of_n(&samples, p.filter.k as usize);
-    stats.seconds = t0.elapsed().as_secs_f64();
-    Ok(Recording {
-        profile: make_profile(Backend::Trace, p.filter, exe, &table, port, &lines),
-        stats,
-    })
-}
-
-/// Estimate code lines with the `step` backend: for each sample, stop the thread that serves the
-/// port (from the agent's per-port statistics), single-step it through one request, and keep
-/// the executed lines; lines of the agent's own library are dropped (its hooks are not part of
-/// the server). Code only: data addresses are not recorded.
-pub fn record_step(server: &Server, pid: u32, w: &Workload, p: &RecordParams) -> Result<Recording> {
-    let t0 = Instant::now();
-    let raw = w.raw.as_ref().context(
-        "the step backend sends a fixed byte request; this workload has none (use --backend probe)",
-    )?;
-    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    let mut client = served_by(server, &mut agent, || {
-        let mut c = Client::connect(server.addr())?;
-        c.request(&raw.request, &raw.until)?;
-        Ok(c)
-    })?;
-    for _ in 0..8 {
-        client.request(&raw.request, &raw.until)?;
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    let tid = match agent.call(&Request::Status)? {
-        Reply::Status { ports, .. } => ports
-            .iter()
-            .find(|x| x.port == server.spec.port)
-            .map(|x| x.last_tid)
-            .filter(|t| *t != 0),
-        _ => None,
-    }
-    .context("the agent has not seen the port served yet")?;
-    let agent_so = preheat_launch::paths::agent_so()
-        .ok()
-        .and_then(|p| std::fs::canonicalize(p).ok())
-        .map(|p| p.to_string_lossy().into_owned());
-    let maps: Vec<preheat_model::Mapping> = preheat_engine::maps::read_maps(Some(pid))
-        .context("reading the server's mappings")?
-        .into_iter()
-        .filter(|m| agent_so.as_deref() != Some(m.name.as_str()))
-        .collect();
-    let table = RegionTable::build(maps);
-    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    let pb = crate::progress::bar(p.filter.n as u64, "step", p.quiet);
-    let mut stats = RecordStats {
-        backend: "step".into(),
-        samples: p.filter.n,
-        ..Default::default()
-    };
-    let mut samples = Vec::new();
-    for _ in 0..p.filter.n {
-        let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
-            format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
-        })?;
-        let req = raw.request.clone();
-        let until = raw.until.clone();
-        let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let answered2 = answered.clone();
-        // The request goes on the persistent connection (as the probe's own request does).
-        let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
-        let sender = std::thread::spawn(move || -> Result<Client> {
-            std::thread::sleep(Duration::from_millis(5));
-            let sent = c.request(&req, &until).map(|_| ());
-            // Also on failure (e.g. the reply timed out while the server was single-stepped):
-            // the tracer then stops at the server's next wait instead of stepping into an
-            // event wait no request will end (seen: a recording hung in waitpid).
-            answered2.store(true, std::sync::atomic::Ordering::SeqCst);
-            sent.map(|_| c)
-        });
-        let trace = tracer.trace_until_wait(2_000_000, &|| {
-            answered.load(std::sync::atomic::Ordering::SeqCst)
-        })?;
-        drop(tracer);
-        client = sender
-            .join()
-            .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
-        if !trace.reached_wait {
-            bail!("the traced request did not finish within 2M instructions");
-        }
-        stats.requests_sent += 1;
-        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
-        stats.unmapped_hits += unmapped;
-        stats.lines_per_sample.push(set.len() as u64);
-        samples.push(set);
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let lines = filter_k_of_n(&samples, p.filter.k as usize);
-    stats.seconds = t0.elapsed().as_secs_f64();
-    Ok(Recording {
-        profile: make_profile(
-            Backend::Step,
-            p.filter,
-            exe,
-            &table,
-            server.spec.port,
-            &lines,
-        ),
-        stats,
-    })
+    Ok(())
 }

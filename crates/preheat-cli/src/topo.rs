@@ -66,14 +66,14 @@ pub fn print(json: bool) -> Result<()> {
         ),
         (
             "step".to_string(),
-            match crate::hybrid::ptrace_denied() {
+            match preheat_estimate::hybrid::ptrace_denied() {
                 None => "ptrace permitted by policy (native code lines)".to_string(),
                 Some(why) => format!("unavailable: {why}"),
             },
         ),
         (
             "hybrid".to_string(),
-            match crate::hybrid::ptrace_denied() {
+            match preheat_estimate::hybrid::ptrace_denied() {
                 None => "step code lines + probe data lines (the auto default)".to_string(),
                 Some(why) => format!("unavailable ({why}); auto uses probe"),
             },

@@ -120,3 +120,159 @@ fn every_crate_inherits_the_msrv_and_the_lints() {
         );
     }
 }
+
+/// The top-level modules of the crate whose sources are in `src` (`X.rs` or `X/mod.rs`; the
+/// root `lib.rs`/`main.rs` is not one), each with the files that make it up.
+fn top_modules(src: &Path) -> BTreeMap<String, Vec<PathBuf>> {
+    fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(src).unwrap().flatten() {
+        let p = e.path();
+        let stem = p.file_stem().unwrap().to_string_lossy().into_owned();
+        let mut fs = Vec::new();
+        if p.is_dir() {
+            files(&p, &mut fs);
+        } else if p.extension().is_some_and(|x| x == "rs") && stem != "lib" && stem != "main" {
+            fs.push(p);
+        }
+        if !fs.is_empty() {
+            out.entry(stem).or_insert_with(Vec::new).extend(fs);
+        }
+    }
+    out
+}
+
+/// The top-level modules named by `crate::NAME` paths in `code` (comments skipped), including
+/// those in `use crate::{a, b::c}` groups.
+fn crate_refs(code: &str, modules: &BTreeMap<String, Vec<PathBuf>>) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    let code: String = code
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for (i, _) in code.match_indices("crate::") {
+        let rest = code[i + "crate::".len()..].trim_start();
+        let names: Vec<String> = match rest.strip_prefix('{') {
+            // The group's top-level items: split at commas outside nested braces.
+            Some(group) => {
+                let (mut depth, mut start, mut names) = (0, 0, Vec::new());
+                for (j, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            names.push(ident(group[start..j].trim()));
+                            break;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            names.push(ident(group[start..j].trim()));
+                            start = j + 1;
+                        }
+                        _ => {}
+                    }
+                }
+                names
+            }
+            None => vec![ident(rest)],
+        };
+        out.extend(names.into_iter().filter(|n| modules.contains_key(n)));
+    }
+    out
+}
+
+/// Imports that close a module cycle today, each to be removed (the test fails when one is gone,
+/// so the list only shrinks): (crate, from, to).
+const KNOWN_BACK_EDGES: &[(&str, &str, &str)] = &[
+    ("preheat-npb", "pattern", "kernels"),
+    ("preheat-npb", "exchange", "kernels"),
+    ("preheatd", "registry", "metrics"),
+];
+
+/// No crate's top-level modules import each other in a cycle (ARCHITECTURE.md: modules in one
+/// direction), read from the `crate::` paths in their sources; a file's unit tests (from
+/// `#[cfg(test)] mod tests` on) may use any module.
+#[test]
+fn no_module_import_cycle_in_any_crate() {
+    for (name, manifest, _, _) in packages() {
+        let src = manifest.parent().unwrap().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let modules = top_modules(&src);
+        let mut edges: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (m, files) in &modules {
+            for f in files {
+                let code = std::fs::read_to_string(f).unwrap();
+                let code = code.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+                for r in crate_refs(code, &modules) {
+                    if &r != m {
+                        edges.entry(m.clone()).or_default().insert(r);
+                    }
+                }
+            }
+        }
+        for (c, from, to) in KNOWN_BACK_EDGES.iter().filter(|e| e.0 == name) {
+            let gone = edges.get_mut(*from).is_none_or(|e| !e.remove(*to));
+            assert!(
+                !gone,
+                "{c}: {from} no longer imports {to}: drop it from KNOWN_BACK_EDGES"
+            );
+        }
+        // Depth-first search with the path on a stack: a module met again on it closes a cycle.
+        fn visit(
+            m: &str,
+            edges: &BTreeMap<String, std::collections::BTreeSet<String>>,
+            done: &mut std::collections::BTreeSet<String>,
+            path: &mut Vec<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(i) = path.iter().position(|p| p == m) {
+                let mut cycle = path[i..].to_vec();
+                cycle.push(m.to_string());
+                return Some(cycle);
+            }
+            if done.contains(m) {
+                return None;
+            }
+            path.push(m.to_string());
+            for n in edges.get(m).into_iter().flatten() {
+                if let Some(c) = visit(n, edges, done, path) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            done.insert(m.to_string());
+            None
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for m in modules.keys() {
+            if let Some(cycle) = visit(m, &edges, &mut done, &mut Vec::new()) {
+                panic!("{name}: module import cycle {}", cycle.join(" → "));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cycle_check_reads_groups_and_skips_comments() {
+    let modules: BTreeMap<String, Vec<PathBuf>> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|m| (m.to_string(), vec![]))
+        .collect();
+    let code = "use crate::{a::X, b::{Y, Z}, Other};\n// see crate::c\nlet v = crate::d::f();\n";
+    assert_eq!(crate_refs(code, &modules), ["a", "b", "d"]);
+}

@@ -9,6 +9,8 @@
 //! * [`agentctl`] – the agent's control socket (JSON lines) and its announcement socket.
 //! * [`paths`] – where the companion artifacts are (agent, `preheat-kv`, `preheat-npb`), built
 //!   with cargo from a source checkout on first use.
+//! * [`progress`] – the [`progress::Progress`] trait through which libraries report a long
+//!   measurement's progress (the CLI draws it; [`progress::NoProgress`] for quiet runs).
 //! * [`servers`] – `preheat-lab`'s server catalog turned into started servers, and the
 //!   requesters that measure them.
 //!
@@ -17,4 +19,5 @@
 pub mod agentctl;
 pub mod launch;
 pub mod paths;
+pub mod progress;
 pub mod servers;

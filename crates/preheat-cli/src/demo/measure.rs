@@ -9,7 +9,7 @@ use anyhow::Result;
 use preheat_model::proto::{Announcement, Strategies};
 
 use super::{agent_preheat, Mode, Sample, WakeAs};
-use crate::hot::KeepAwake;
+use preheat_demo::hot::KeepAwake;
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
 

@@ -4,7 +4,7 @@
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
 //! 3. Run interleaved, shuffled rounds. Every round measures each mode once, in random order:
 //!    * `hot` — the floor: right after a previous request, with the server's CPU kept out of
-//!      idle (see [`crate::hot`]); skipped, saying why, where no mechanism allows it;
+//!      idle (see [`preheat_demo::hot`]); skipped, saying why, where no mechanism allows it;
 //!    * `warm` — right after a previous request;
 //!    * `cold-idle` — after an idle gap (real idle: the vCPU halts, other tenants evict);
 //!    * `cold-sweep` — after a 128 MiB eviction sweep on the server's CPU (emulates the cache
@@ -32,7 +32,8 @@ use preheat_model::proto::{Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use crate::record::{self, RecordParams};
+use preheat_estimate::serving::serving_agent;
+use preheat_estimate::{read_profile, record, write_profile, RecordParams, RecordStats};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::{self, ServerKind};
 
@@ -250,7 +251,7 @@ struct Output {
     lead_us: u64,
     server_cpu: usize,
     client_cpu: usize,
-    record: Option<record::RecordStats>,
+    record: Option<RecordStats>,
     prepared: preheat_lab::servers::Prepared,
     /// Whether a hardware PMU exists; CPI is only measured with one (`null` otherwise).
     pmu: bool,
@@ -391,7 +392,7 @@ fn estimate(
     w: &servers::Workload,
     client: &mut servers::Requester,
     dir: &std::path::Path,
-) -> Result<(PathBuf, Option<record::RecordStats>)> {
+) -> Result<(PathBuf, Option<RecordStats>)> {
     let port = server.spec.port;
     let (path, stats) = match &a.profile {
         Some(p) => (relabel_port(p, port, dir)?, None),
@@ -408,9 +409,16 @@ fn estimate(
                 "demo: recording the working set (probe backend, {} samples, keep >= {})",
                 a.samples, a.keep
             );
-            let rec = record::record_probe(server, pid, w, &params, client)?;
+            let rec = record::record_probe(
+                server,
+                pid,
+                w,
+                &params,
+                client,
+                &crate::progress::Bars::new(false),
+            )?;
             let path = dir.join(format!("{}.phws", server.spec.name));
-            record::write_profile(&path, &rec.profile)?;
+            write_profile(&path, &rec.profile)?;
             (path, Some(rec.stats))
         }
     };
@@ -546,7 +554,7 @@ fn keep_awake(
     skipped: &mut Vec<Skipped>,
 ) -> (
     Option<preheat_wake::calibrate::Calibration>,
-    Option<crate::hot::KeepAwake>,
+    Option<preheat_demo::hot::KeepAwake>,
 ) {
     let calibration =
         preheat_wake::calibrate::load_or_calibrate(&preheat_launch::paths::run_dir(), |m| {
@@ -556,7 +564,7 @@ fn keep_awake(
     let keep = calibration
         .as_ref()
         .map_err(String::clone)
-        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c));
+        .and_then(|c| preheat_demo::hot::KeepAwake::open(&server.run_dir, c));
     match keep {
         Ok(k) => (calibration.ok(), Some(k)),
         Err(why) => {
@@ -618,9 +626,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     // The agent of the process that serves *this* client's connection (prefork servers have one
     // per worker).
-    let pid = record::serving_agent(&server, &mut client)?;
+    let pid = serving_agent(&server, &mut client)?;
     let (profile_path, rec_stats) = estimate(&a, &server, pid, &w, &mut client, &dir)?;
-    let profile = record::read_profile(&profile_path)?;
+    let profile = read_profile(&profile_path)?;
     let ws_stats = profile.class(port).map(|c| c.ws.stats()).with_context(|| {
         format!(
             "{} has no working set for port {port}",
@@ -718,7 +726,7 @@ fn flag_served_elsewhere(rows: &mut [Row], samples: &[Sample], pid: u32) {
 /// one each run: a profile whose only class is for another port is used for `port` (a copy in
 /// `dir`, with a note). Several classes and none for `port`: an error naming them.
 fn relabel_port(path: &std::path::Path, port: u16, dir: &std::path::Path) -> Result<PathBuf> {
-    let mut p = record::read_profile(path)?;
+    let mut p = read_profile(path)?;
     if p.class(port).is_some() {
         return Ok(path.to_path_buf());
     }
@@ -737,6 +745,6 @@ fn relabel_port(path: &std::path::Path, port: u16, dir: &std::path::Path) -> Res
     );
     p.classes[0].port = port;
     let out = dir.join("profile-this-port.phws");
-    record::write_profile(&out, &p)?;
+    write_profile(&out, &p)?;
     Ok(out)
 }

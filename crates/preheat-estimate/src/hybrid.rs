@@ -6,7 +6,7 @@
 //! turned off, so lines next to executed ones read back as cached; measured code precision
 //! 0.30–0.45 against native execution), while `step` sees exactly the instructions the serving
 //! thread executes but no data. A line of a file is *code* when it lies in an executable ELF
-//! load segment of the file (`compare::CodeLines`, the classification `preheat ws compare`
+//! load segment of the file (`crate::compare::CodeLines`, the classification `preheat ws compare`
 //! scores with; a file page shared by a read-only and an executable segment is mapped twice,
 //! and its lines count as code), a line of anonymous memory when it lies in an executable
 //! mapping; everything else is *data*. The probe's code lines are dropped (counted), the step's lines that are not
@@ -20,27 +20,15 @@
 
 use anyhow::{bail, Context, Result};
 use preheat_model::{Backend, LineSet, Profile, RegionKey, RegionLine, RegionTable};
-use serde::Serialize;
 
 use crate::compare::CodeLines;
-use crate::record::{make_profile, record_probe, record_step, RecordParams, Recording};
+use crate::params::{HybridStats, RecordParams, Recording};
+use crate::profile::{make_profile, write_profile};
+use crate::record::{record_probe, record_step};
+use crate::serving::connect_served_by;
 use preheat_launch::launch::Server;
+use preheat_launch::progress::Progress;
 use preheat_launch::servers::Workload;
-
-/// What the merge kept and dropped (lines).
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct HybridStats {
-    /// Code lines, from `step`.
-    pub code_lines: u64,
-    /// Data lines, from the probe.
-    pub data_lines: u64,
-    /// Probe lines in executable mappings, replaced by the step's code lines.
-    pub probe_code_lines_dropped: u64,
-    /// Step lines outside executable mappings (expected 0).
-    pub step_non_exec_dropped: u64,
-    /// Lines of either profile whose region is no longer mapped at merge time.
-    pub unmapped_dropped: u64,
-}
 
 /// Test hook: pretend Yama's `ptrace_scope` has this value (0–3), so the refusal path can be
 /// tested on machines that permit ptrace.
@@ -88,6 +76,7 @@ pub fn record_hybrid(
     p: &RecordParams,
     required: bool,
     parts: Option<&std::path::Path>,
+    progress: &dyn Progress,
 ) -> Result<Recording> {
     // The probe's connection is closed before `step` opens its own (a prefork worker that
     // serves one connection at a time could not take the second).
@@ -96,17 +85,18 @@ pub fn record_hybrid(
         pid,
         w,
         p,
-        &mut crate::record::connect_served_by(server, pid, w)?,
+        &mut connect_served_by(server, pid, w)?,
+        progress,
     )?;
     let write_part = |name: &str, prof: &Profile| -> Result<()> {
         if let Some(dir) = parts {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            crate::record::write_profile(&dir.join(name), prof)?;
+            write_profile(&dir.join(name), prof)?;
         }
         Ok(())
     };
     write_part("probe.phws", &probe.profile)?;
-    let step = match record_step(server, pid, w, p) {
+    let step = match record_step(server, pid, w, p, progress) {
         Ok(s) => s,
         Err(e) if !required => {
             eprintln!(

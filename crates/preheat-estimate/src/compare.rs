@@ -1,5 +1,5 @@
-//! `preheat ws compare`: precision and recall of one working set against another taken as ground
-//! truth (typically `probe` against `trace`).
+//! Precision and recall of one working set against another taken as ground
+//! truth (typically `probe` against `trace`; `preheat ws compare`).
 //!
 //! Lines are compared in region-relative form. Only file-backed regions (code, read-only and
 //! initialised data of the binary and its libraries) are comparable across backends: anonymous
@@ -7,7 +7,6 @@
 //! counted and reported but not scored.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 use preheat_model::{Profile, RegionKey};
@@ -142,41 +141,4 @@ pub fn compare(tested: &Profile, truth: &Profile, port: Option<u16>) -> Result<C
         tested_anon_lines: ta,
         truth_anon_lines: ga,
     })
-}
-
-pub fn run(tested: &Path, truth: &Path, port: Option<u16>, json: bool) -> Result<()> {
-    let a = crate::record::read_profile(tested)?;
-    let b = crate::record::read_profile(truth)?;
-    let c = compare(&a, &b, port)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&c)?);
-        return Ok(());
-    }
-    println!(
-        "{} ({}) against {} ({}) as ground truth, port {}, file-backed lines:",
-        tested.display(),
-        a.backend.name(),
-        truth.display(),
-        b.backend.name(),
-        c.port
-    );
-    println!(
-        "  precision {:.3} ({} of {} tested lines are in the truth)",
-        c.all.precision, c.all.true_positives, c.all.tested
-    );
-    println!(
-        "  recall    {:.3} ({} of {} truth lines were found)",
-        c.all.recall, c.all.true_positives, c.all.truth
-    );
-    for (what, sc) in [("code", c.code), ("data", c.data)] {
-        println!(
-            "    {what}: precision {:.3} recall {:.3} ({} tested, {} truth, {} both)",
-            sc.precision, sc.recall, sc.tested, sc.truth, sc.true_positives
-        );
-    }
-    println!(
-        "  anonymous lines (not comparable across backends, not scored): tested {}, truth {}",
-        c.tested_anon_lines, c.truth_anon_lines
-    );
-    Ok(())
 }

@@ -1,0 +1,27 @@
+//! Working-set estimation (paper §3.1): record the cache lines a server's request touches with
+//! one of several backends, keep the stable ones (k of n), and write them as a `.phws` profile.
+//!
+//! Modules, each using only those listed before it (no import cycle):
+//! * [`params`] – what an estimation is asked for and reports (backend, parameters, statistics);
+//! * [`profile`] – reading and atomically writing working-set files, building a profile;
+//! * [`compare`] – precision and recall against a ground truth, and which file lines are code
+//!   ([`compare::CodeLines`], shared with the hybrid merge);
+//! * [`show`] – what a working-set file contains;
+//! * [`serving`] – which agent serves a connection, connections a given agent's process serves;
+//! * [`record`] – the `probe`, `trace` and `step` backends;
+//! * [`hybrid`] – step's code lines and the probe's data lines, merged;
+//! * [`session`] – one estimation from start to profile (`preheat record`).
+//!
+//! Progress goes through [`preheat_launch::progress::Progress`]; nothing here draws.
+
+pub mod compare;
+pub mod hybrid;
+pub mod params;
+pub mod profile;
+pub mod record;
+pub mod serving;
+pub mod session;
+pub mod show;
+
+pub use params::{BackendChoice, HybridStats, RecordParams, RecordStats, Recording};
+pub use profile::{read_profile, write_profile};

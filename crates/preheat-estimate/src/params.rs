@@ -1,0 +1,102 @@
+//! What an estimation is asked for and what it reports: the backend, the parameters, the
+//! statistics and the recorded profile (shared by every backend, so none depends on another's
+//! module for them).
+
+use preheat_model::{FilterParams, Profile};
+use serde::Serialize;
+
+/// Which backend records (see the crate's documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum BackendChoice {
+    /// Best available: hybrid where ptrace is permitted and the workload is a fixed byte
+    /// request, else probe (with a one-line note saying why).
+    Auto,
+    Probe,
+    Trace,
+    Pmu,
+    /// Exact native code lines: single-step the serving thread with ptrace (slow; no data).
+    Step,
+    /// Code lines from step, data lines from probe, recorded on the same server and merged.
+    Hybrid,
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordParams {
+    pub filter: FilterParams,
+    /// Largest probe pass, bytes.
+    pub chunk_bytes: u64,
+    pub window_pages: u32,
+    /// Subtract lines that also show up in no-request samples.
+    pub subtract_noise: bool,
+    /// A line seen in at least this many of the n no-request samples is noise.
+    pub noise_k: u32,
+    /// Strided probing (see `preheat_engine::probe::prepare_phase`): each sample takes `stride`
+    /// passes per chunk, each probing every `stride`-th line.
+    pub stride: u32,
+    pub quiet: bool,
+}
+
+impl Default for RecordParams {
+    fn default() -> Self {
+        RecordParams {
+            filter: FilterParams::default(),
+            chunk_bytes: 1 << 20,
+            window_pages: 16,
+            subtract_noise: true,
+            noise_k: 2,
+            stride: 2,
+            quiet: false,
+        }
+    }
+}
+
+/// What the estimation did, for reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RecordStats {
+    pub backend: String,
+    pub samples: u32,
+    pub requests_sent: u64,
+    pub candidate_bytes: u64,
+    pub chunks: u64,
+    pub threshold_ticks: u32,
+    pub stride: u32,
+    pub hit_ticks_p50: u32,
+    pub miss_ticks_p50: u32,
+    /// Lines per sample before filtering (relative lines, all chunks).
+    pub lines_per_sample: Vec<u64>,
+    /// Median flush-to-reload window of the request passes, µs.
+    pub window_us_p50: f64,
+    /// Lines seen in ≥ noise_k noise samples and removed.
+    pub noise_lines_removed: u64,
+    /// Probed hits outside any region (e.g. the mapping went away mid-run).
+    pub unmapped_hits: u64,
+    pub seconds: f64,
+    /// The hybrid backend's merge.
+    pub hybrid: Option<HybridStats>,
+    /// The probe's requests were sent by the CLI inside request-less windows because the agent
+    /// could not open a connection its process serves (a prefork worker busy with ours).
+    pub external: bool,
+    /// Probe cycles repeated because the agent skipped them: the server's mappings changed
+    /// while it served the request (its allocator returned memory, say).
+    pub cycles_repeated: u64,
+}
+
+pub struct Recording {
+    pub profile: Profile,
+    pub stats: RecordStats,
+}
+
+/// What the merge kept and dropped (lines).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct HybridStats {
+    /// Code lines, from `step`.
+    pub code_lines: u64,
+    /// Data lines, from the probe.
+    pub data_lines: u64,
+    /// Probe lines in executable mappings, replaced by the step's code lines.
+    pub probe_code_lines_dropped: u64,
+    /// Step lines outside executable mappings (expected 0).
+    pub step_non_exec_dropped: u64,
+    /// Lines of either profile whose region is no longer mapped at merge time.
+    pub unmapped_dropped: u64,
+}

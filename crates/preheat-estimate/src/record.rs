@@ -1,0 +1,505 @@
+//! The working-set estimation phase (paper §3.1): sample the lines a request touches several
+//! times, keep the stable ones (k of n), sort and run-length encode them.
+//!
+//! Backends:
+//! * `probe` — flush+reload through the agent inside the server: for each ≤ 1 MiB chunk of the
+//!   server's resident memory, flush the chunk, send one request, wait for the server to go idle,
+//!   time a reload of every line. Our user-space stand-in for the paper's L2 tag dump; chunking
+//!   because the probe itself evicts what it measures in larger passes. Optionally subtracts
+//!   "noise" samples taken with no request (the agent's own control thread touches libc lines).
+//! * `trace` — exact user-space lines of each busy period from our Valgrind tool (ground truth).
+//! * `step` — exact native code lines by single-stepping the serving thread (ptrace); no data.
+//! * `hybrid` — step's code lines plus the probe's data lines (see [`crate::hybrid`]).
+//! * `pmu` — hardware sampling of data addresses; detected at run time (absent on KVM guests
+//!   without a virtual PMU, as on our development machines).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use preheat_model::proto::{Range, Reply, Request};
+use preheat_model::{filter_k_of_n, Backend, RegionTable};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::params::{RecordParams, RecordStats, Recording};
+use crate::profile::{file_ident, make_profile, now_unix};
+use crate::serving::served_by;
+use preheat_launch::agentctl::AgentClient;
+use preheat_launch::launch::{Client, Server};
+use preheat_launch::progress::Progress;
+use preheat_launch::servers::Workload;
+
+/// How often in a row a probe cycle the agent skipped is repeated before the recording fails.
+const MAX_CYCLE_REPEATS: u32 = 3;
+
+/// Split ranges into pieces of at most `max` bytes (page aligned).
+pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
+    let max = max.max(4096) & !4095;
+    let mut chunks: Vec<Vec<Range>> = Vec::new();
+    let mut cur: Vec<Range> = Vec::new();
+    let mut cur_len = 0u64;
+    for r in ranges {
+        let mut start = r.start;
+        let mut left = r.len;
+        while left > 0 {
+            let take = left.min(max - cur_len);
+            cur.push(Range { start, len: take });
+            cur_len += take;
+            start += take;
+            left -= take;
+            if cur_len == max {
+                chunks.push(std::mem::take(&mut cur));
+                cur_len = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        chunks.push(cur);
+    }
+    chunks
+}
+
+/// Estimate with the flush+reload probe through the agent of `pid`; `client` is a connection
+/// that `pid`'s process serves (the one [`crate::serving::serving_agent`] found it with,
+/// or [`crate::serving::connect_served_by`]).
+///
+/// The probe's request goes on the agent's own loopback connection, which the agent keeps only if
+/// its process serves it (`ProbeConnect`; a prefork server's other workers may accept it). Where
+/// it cannot get one — a worker that serves one connection at a time (Apache prefork, a blocking
+/// Python worker) is busy with `client` and takes no second connection — the CLI sends the
+/// request on `client`, inside a request-less probe window (as for workloads without a fixed
+/// byte exchange), and says so.
+pub fn record_probe(
+    server: &Server,
+    pid: u32,
+    w: &Workload,
+    p: &RecordParams,
+    client: &mut preheat_launch::servers::Requester,
+    progress: &dyn Progress,
+) -> Result<Recording> {
+    let t0 = Instant::now();
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    let mut stats = RecordStats {
+        backend: "probe".into(),
+        samples: p.filter.n,
+        stride: p.stride,
+        ..Default::default()
+    };
+    let threshold = match agent.call(&Request::Calibrate)? {
+        Reply::Calibration {
+            hit_ticks_p50,
+            miss_ticks_p50,
+            threshold,
+            ..
+        } => {
+            stats.hit_ticks_p50 = hit_ticks_p50;
+            stats.miss_ticks_p50 = miss_ticks_p50;
+            threshold
+        }
+        other => bail!("unexpected reply to calibrate: {other:?}"),
+    };
+    stats.threshold_ticks = threshold;
+    let ranges = match agent.call(&Request::Candidates)? {
+        Reply::Candidates {
+            ranges,
+            total_bytes,
+        } => {
+            stats.candidate_bytes = total_bytes;
+            ranges
+        }
+        other => bail!("unexpected reply to candidates: {other:?}"),
+    };
+    let chunks = chunk_ranges(&ranges, p.chunk_bytes);
+    stats.chunks = chunks.len() as u64;
+    let table = RegionTable::build(
+        preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
+    );
+    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
+    for _ in 0..8 {
+        client.request_ok()?; // warm path, settle lazy initialisation
+    }
+    // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
+    // process serves (see above), the request is sent by us, from another thread, inside a
+    // request-less probe window long enough to hold it (see `external_request`): 2 ms lead-in
+    // plus twice the request's usual duration plus 2 ms.
+    let external = match &w.raw {
+        None => true,
+        Some(r) => match agent.call(&Request::ProbeConnect {
+            port: server.spec.port,
+            request: String::from_utf8_lossy(&r.request).into_owned(),
+            until: String::from_utf8_lossy(&r.until).into_owned(),
+        }) {
+            Ok(_) => false,
+            Err(e) => {
+                if !p.quiet {
+                    eprintln!(
+                        "preheat: note: the probe's requests go on our own connection, inside \
+                         request-less probe windows: {e:#}"
+                    );
+                }
+                stats.external = true;
+                true
+            }
+        },
+    };
+    let external_window_ns = if external {
+        let mut t = Vec::new();
+        for _ in 0..5 {
+            let a = Instant::now();
+            client.request_ok()?;
+            t.push(a.elapsed().as_nanos() as u64);
+        }
+        t.sort_unstable();
+        EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000
+    } else {
+        0
+    };
+    let rounds = if p.subtract_noise { 2 } else { 1 };
+    let stride = p.stride.max(1);
+    let pb = progress;
+    pb.start(
+        p.filter.n as u64 * chunks.len() as u64 * rounds * stride as u64,
+        "probe",
+    );
+    let (request, until) = match &w.raw {
+        Some(r) => (
+            String::from_utf8_lossy(&r.request).into_owned(),
+            String::from_utf8_lossy(&r.until).into_owned(),
+        ),
+        None => (String::new(), String::new()),
+    };
+    let mut samples = Vec::new();
+    let mut noise = Vec::new();
+    let mut windows: Vec<u64> = Vec::new();
+    // Each probe cycle scrambles its probe order with its own seed.
+    let mut seeds = StdRng::seed_from_u64(now_unix());
+    for s in 0..p.filter.n {
+        for with_request in [true, false].into_iter().take(rounds as usize) {
+            let mut hits: Vec<u64> = Vec::new();
+            // Visit chunks in a different order each sample.
+            let mut order: Vec<usize> = (0..chunks.len()).collect();
+            let k = s as usize % order.len().max(1);
+            order.rotate_left(k);
+            // A noise sample waits as long as a request pass took; an external request gets
+            // its fixed window.
+            let idle_ns = if external {
+                external_window_ns
+            } else {
+                let mut sorted = windows.clone();
+                sorted.sort_unstable();
+                sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
+            };
+            let passes = order
+                .iter()
+                .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
+            for (ci, phase) in passes {
+                let seed: u64 = seeds.gen();
+                let cycle = Request::ProbeCycle {
+                    ranges: chunks[ci].clone(),
+                    threshold,
+                    window_pages: p.window_pages,
+                    seed,
+                    port: server.spec.port,
+                    request: (with_request && !external).then(|| request.clone()),
+                    until: until.clone(),
+                    idle_ns,
+                    stride,
+                    phase,
+                };
+                // A cycle the agent skipped (the mappings changed under it) is repeated, at most
+                // MAX_CYCLE_REPEATS times in a row; anything else fails the recording.
+                let mut attempt = 0;
+                let reply = loop {
+                    let r = if external && with_request {
+                        external_request(&mut agent, &cycle, client)
+                    } else {
+                        agent.call(&cycle)
+                    };
+                    match r {
+                        Err(e)
+                            if attempt < MAX_CYCLE_REPEATS
+                                && format!("{e:#}")
+                                    .ends_with(preheat_model::proto::ROUND_SKIPPED) =>
+                        {
+                            attempt += 1;
+                            stats.cycles_repeated += 1;
+                        }
+                        r => break r?,
+                    }
+                };
+                match reply {
+                    Reply::Probed {
+                        hits: h, window_ns, ..
+                    } => {
+                        hits.extend(h);
+                        if with_request {
+                            windows.push(window_ns);
+                            stats.requests_sent += 1;
+                        }
+                    }
+                    other => bail!("unexpected reply to probe_cycle: {other:?}"),
+                }
+                pb.inc(1);
+            }
+            let (set, unmapped) = table.relative_lines(hits.iter().copied());
+            stats.unmapped_hits += unmapped;
+            if with_request {
+                stats.lines_per_sample.push(set.len() as u64);
+                samples.push(set);
+            } else {
+                noise.push(set);
+            }
+        }
+    }
+    windows.sort_unstable();
+    stats.window_us_p50 = windows
+        .get(windows.len() / 2)
+        .map(|w| *w as f64 / 1e3)
+        .unwrap_or(0.0);
+    pb.finish();
+    let k = p.filter.k as usize;
+    let mut lines = filter_k_of_n(&samples, k);
+    if p.subtract_noise {
+        let noisy = filter_k_of_n(&noise, p.noise_k.max(1) as usize);
+        let before = lines.len();
+        lines = lines.difference(&noisy);
+        stats.noise_lines_removed = (before - lines.len()) as u64;
+    }
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(
+            Backend::Probe,
+            p.filter,
+            exe,
+            &table,
+            server.spec.port,
+            &lines,
+        ),
+        stats,
+    })
+}
+
+/// How long after asking the agent for a request-less probe cycle we send an external request:
+/// the agent first waits for the server to be idle and flushes one ≤ 1 MiB chunk (~0.1 ms).
+const EXTERNAL_LEAD_NS: u64 = 2_000_000;
+
+/// One probe cycle around a request we send ourselves (workloads without a fixed byte
+/// exchange, e.g. a MySQL transaction): the agent flushes and then spins for the cycle's
+/// `idle_ns` window while this thread, `EXTERNAL_LEAD_NS` after asking, sends the request on its
+/// own connection; the agent then waits for the server threads to be idle and reloads. The
+/// noise samples of the same recording use the same window without a request, so lines that
+/// background threads touch in such a window are subtracted as usual.
+fn external_request(
+    agent: &mut AgentClient,
+    cycle: &Request,
+    client: &mut preheat_launch::servers::Requester,
+) -> Result<Reply> {
+    std::thread::scope(|s| {
+        let call = s.spawn(|| agent.call(cycle));
+        std::thread::sleep(Duration::from_nanos(EXTERNAL_LEAD_NS));
+        let sent = client.request_ok();
+        let reply = call
+            .join()
+            .map_err(|_| anyhow::anyhow!("probe cycle thread panicked"))??;
+        sent?;
+        Ok(reply)
+    })
+}
+
+/// Estimate with the `trace` backend: run the server under our Valgrind tool (no agent), send
+/// the request `n` times with idle gaps, and take each request's busy periods (all threads) as
+/// one sample of exact user-space lines.
+pub fn record_trace(
+    argv: &[String],
+    port: u16,
+    plan: Option<&preheat_lab::servers::Plan>,
+    w: &Workload,
+    p: &RecordParams,
+    progress: &dyn Progress,
+) -> Result<Recording> {
+    use preheat_trace::{TraceOptions, TracedServer};
+    let t0 = Instant::now();
+    if preheat_launch::launch::port_in_use(port) {
+        bail!("port {port} is already in use on 127.0.0.1");
+    }
+    let exe_path = preheat_engine::host::find_program(&argv[0])
+        .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
+        .context("empty command")?;
+    let exe = file_ident(&exe_path)?;
+    if !p.quiet {
+        eprintln!(
+            "preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)",
+            exe.path
+        );
+    }
+    let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
+        .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !preheat_launch::launch::port_in_use(port) {
+        if !ts.is_running() {
+            bail!("server exited under valgrind; log:\n{}", ts.log());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "server did not listen on port {port} under valgrind within 120 s; log:\n{}",
+                ts.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    if let Some(plan) = plan {
+        preheat_launch::servers::prepare(plan, addr)?;
+    }
+    let mut client = w.connect(addr)?;
+    for _ in 0..8 {
+        client.request_ok()?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    ts.read_new_periods()?;
+    let pid = ts.pid();
+    let table = RegionTable::build(
+        preheat_engine::maps::read_maps(Some(pid))
+            .context("reading the traced server's mappings")?,
+    );
+    let pb = progress;
+    pb.start(p.filter.n as u64, "trace");
+    let mut stats = RecordStats {
+        backend: "trace".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        if !client.request()? {
+            bail!("wrong reply from the server under valgrind");
+        }
+        stats.requests_sent += 1;
+        // The busy period ends when the server waits again; give Valgrind time to write it.
+        std::thread::sleep(Duration::from_millis(100));
+        let periods = ts.read_new_periods()?;
+        let lines: Vec<u64> = periods
+            .iter()
+            .filter(|b| b.complete)
+            .flat_map(|b| b.lines.iter().copied())
+            .collect();
+        let (set, dropped) = preheat_trace::to_region_lines(&lines, &table);
+        stats.unmapped_hits += dropped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish();
+    ts.stop();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(Backend::Trace, p.filter, exe, &table, port, &lines),
+        stats,
+    })
+}
+
+/// Estimate code lines with the `step` backend: for each sample, stop the thread that serves the
+/// port (from the agent's per-port statistics), single-step it through one request, and keep
+/// the executed lines; lines of the agent's own library are dropped (its hooks are not part of
+/// the server). Code only: data addresses are not recorded.
+pub fn record_step(
+    server: &Server,
+    pid: u32,
+    w: &Workload,
+    p: &RecordParams,
+    progress: &dyn Progress,
+) -> Result<Recording> {
+    let t0 = Instant::now();
+    let raw = w.raw.as_ref().context(
+        "the step backend sends a fixed byte request; this workload has none (use --backend probe)",
+    )?;
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    let mut client = served_by(server, &mut agent, || {
+        let mut c = Client::connect(server.addr())?;
+        c.request(&raw.request, &raw.until)?;
+        Ok(c)
+    })?;
+    for _ in 0..8 {
+        client.request(&raw.request, &raw.until)?;
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let tid = match agent.call(&Request::Status)? {
+        Reply::Status { ports, .. } => ports
+            .iter()
+            .find(|x| x.port == server.spec.port)
+            .map(|x| x.last_tid)
+            .filter(|t| *t != 0),
+        _ => None,
+    }
+    .context("the agent has not seen the port served yet")?;
+    let agent_so = preheat_launch::paths::agent_so()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .map(|p| p.to_string_lossy().into_owned());
+    let maps: Vec<preheat_model::Mapping> = preheat_engine::maps::read_maps(Some(pid))
+        .context("reading the server's mappings")?
+        .into_iter()
+        .filter(|m| agent_so.as_deref() != Some(m.name.as_str()))
+        .collect();
+    let table = RegionTable::build(maps);
+    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
+    let pb = progress;
+    pb.start(p.filter.n as u64, "step");
+    let mut stats = RecordStats {
+        backend: "step".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
+            format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
+        })?;
+        let req = raw.request.clone();
+        let until = raw.until.clone();
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered2 = answered.clone();
+        // The request goes on the persistent connection (as the probe's own request does).
+        let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
+        let sender = std::thread::spawn(move || -> Result<Client> {
+            std::thread::sleep(Duration::from_millis(5));
+            let sent = c.request(&req, &until).map(|_| ());
+            // Also on failure (e.g. the reply timed out while the server was single-stepped):
+            // the tracer then stops at the server's next wait instead of stepping into an
+            // event wait no request will end (seen: a recording hung in waitpid).
+            answered2.store(true, std::sync::atomic::Ordering::SeqCst);
+            sent.map(|_| c)
+        });
+        let trace = tracer.trace_until_wait(2_000_000, &|| {
+            answered.load(std::sync::atomic::Ordering::SeqCst)
+        })?;
+        drop(tracer);
+        client = sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
+        if !trace.reached_wait {
+            bail!("the traced request did not finish within 2M instructions");
+        }
+        stats.requests_sent += 1;
+        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
+        stats.unmapped_hits += unmapped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(
+            Backend::Step,
+            p.filter,
+            exe,
+            &table,
+            server.spec.port,
+            &lines,
+        ),
+        stats,
+    })
+}
