@@ -25,6 +25,9 @@ pub struct Config {
     pub comm: Option<preheat_model::comm::CommConfig>,
     /// `PREHEAT_COMM_OUT`: write the final communication report there at exit.
     pub comm_out: Option<String>,
+    /// `PREHEAT_AGENT_SHARED_FDS=1`: the agent's threads share the host's file table instead
+    /// of one of their own (see [`crate::fdreg`]; for comparison and as an escape hatch).
+    pub shared_fds: bool,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();

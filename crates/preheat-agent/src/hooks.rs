@@ -9,9 +9,13 @@
 //! the agent is inactive or disabled, or the caller is one of the agent's own threads, they are
 //! pure pass-through ([`track::tracking`]).
 //!
-//! `close`, `close_range` and `closefrom` additionally leave the agent's own fds open when the
-//! host closes them (daemons close "every" fd after fork): closing them would let the host
-//! reuse the numbers while an agent thread still reads or writes them. The host sees success.
+//! `close` forgets the fd's port (on host threads only: with the agent's own file table, see
+//! [`crate::fdreg`], an agent thread's fd number is not the host's). Where the agent shares
+//! the host's table, `close`, `close_range` and `closefrom` additionally leave the agent's own
+//! fds open when the host closes them (daemons close "every" fd after fork): closing them
+//! would let the host reuse the numbers while an agent thread still reads or writes them. The
+//! host sees success. With the agent's own table they pass every call through: the host's
+//! table holds none of the agent's fds, and a host fd with an agent fd's number is the host's.
 //!
 //! # Abort safety
 //!
@@ -568,10 +572,14 @@ hook! {
 type CloseRangeFn = unsafe extern "C" fn(libc::c_uint, libc::c_uint, c_int) -> c_int;
 type CloseFromFn = unsafe extern "C" fn(c_int);
 
-/// The host is closing fds it may not own (and it is not one of the agent's threads).
+/// The host is closing fds it may not own, in the file table it shares with the agent (with
+/// a private agent table, see [`crate::fdreg`], no host call can reach an agent fd, and a host
+/// fd with an agent fd's number is the host's to close).
 #[inline(always)]
 fn protect_agent_fds() -> bool {
-    track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed) && !track::is_agent_thread()
+    track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
+        && !crate::fdreg::private_table()
+        && !track::is_agent_thread()
 }
 
 fn raw_close_range(first: libc::c_uint, last: libc::c_uint, flags: c_int) -> c_int {
@@ -675,17 +683,23 @@ pub unsafe extern "C" fn closefrom(lowfd: c_int) {
 /// Same contract as close(2).
 #[no_mangle]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    // The host closing one of the agent's fds (daemons closing "all" fds after fork): keep it
-    // open and report success. Closing it would let the host reuse the number while an agent
-    // thread still reads or writes it.
-    if track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed)
-        && crate::fdreg::is_agent_fd(fd)
-        && !track::is_agent_thread()
-    {
-        return 0;
+    if track::ACTIVE.load(std::sync::atomic::Ordering::Relaxed) {
+        if crate::fdreg::private_table() {
+            // An agent thread closes a number of the agent's own table, not the host's: the
+            // host's fd→port tables stay as they are.
+            if !track::is_agent_thread() {
+                track::on_close(fd);
+            }
+        } else if crate::fdreg::is_agent_fd(fd) && !track::is_agent_thread() {
+            // Shared table: the host closing one of the agent's fds (daemons closing "all" fds
+            // after fork): keep it open and report success. Closing it would let the host
+            // reuse the number while an agent thread still reads or writes it.
+            return 0;
+        } else {
+            // Forget the fd before the real close: afterwards its number may be reused at once.
+            track::on_close(fd);
+        }
     }
-    // Forget the fd before the real close: afterwards its number may be reused at once.
-    track::on_close(fd);
     // SAFETY: argument forwarded unchanged.
     unsafe {
         match real::<CloseFn>(&sys::REAL_CLOSE) {

@@ -10,8 +10,19 @@
 //!   (`epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `poll`, `ppoll`, `select`, `pselect`), the
 //!   accept calls and the read calls (`read`, `recv`, `recvfrom`, `recvmsg`, `readv`, and the
 //!   `_FORTIFY_SOURCE` variants `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`,
-//!   `__ppoll_chk`), plus `close`, `close_range` and `closefrom` (which also keep a host that
-//!   closes "all" fds from closing the agent's sockets under it).
+//!   `__ppoll_chk`), plus `close`, `close_range` and `closefrom` (a closed fd forgets its
+//!   port; where the agent shares the host's file table, they also keep a host that closes
+//!   "all" fds from closing the agent's sockets under it).
+//! * **A file table of its own** ([`fdreg`]): the agent's threads run on one file table of
+//!   their own, not the host's, so a single-threaded host keeps an unshared table and the
+//!   kernel takes no file reference on its every fd system call. The control thread is spawned
+//!   first and leaves the host's table before it opens anything (the new table starts empty:
+//!   no reference to a host file, so a socket the host closes sends its FIN); it spawns every
+//!   other agent thread. The two tables' fd numbers are independent: the host closes its fds,
+//!   whatever their number, and the agent never uses a host fd from its threads (the hooks,
+//!   on host threads, are the only code that touches host fds). Where the table cannot be left
+//!   (seccomp, kernels without `close_range`'s `CLOSE_RANGE_UNSHARE` and `unshare`, or
+//!   `PREHEAT_AGENT_SHARED_FDS=1`), the agent shares it as before and says why in its log.
 //!   A thread returning from a wait with events starts a *busy period* that ends when it waits
 //!   again; the busy period belongs to the listening port of the connection it served. Per port
 //!   it keeps the number and length of busy periods and where (CPU, thread) the last one ran:
@@ -36,7 +47,8 @@
 //! (a `.phws` file loaded at start-up), `PREHEAT_AGENT_LOG` (default
 //! `<run-dir>/agent-<pid>.log`), `PREHEAT_AGENT_DISABLE=1` (load, but stay pure pass-through:
 //! no threads, no sockets), `PREHEAT_AGENT_ONLY=name[,name]` (attach only to processes whose
-//! executable's basename matches, so e.g. `sh -c` wrappers stay untouched).
+//! executable's basename matches, so e.g. `sh -c` wrappers stay untouched),
+//! `PREHEAT_AGENT_SHARED_FDS=1` (the agent's threads share the host's file table).
 //!
 //! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno (the
 //! files they run code from deny panicking constructs; see [`hooks`] on abort safety); the
@@ -59,7 +71,7 @@
 //! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
 //! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
 //! 2  threads  idlepoll                 the agent's own threads; a thread's idle-polling window
-//! 1  log  fdreg  faults                log + disable-with-reason; the agent's own fds;
+//! 1  log  fdreg  faults                log + disable-with-reason; the agent's fds and table;
 //!                                      SIGSEGV/SIGBUS handler, the program's dispositions
 //! 0  config  track  counters  sys  forkcell  hold
 //!                                      configuration; busy periods; counters; FFI; fork-safe cell;

@@ -16,9 +16,10 @@ pub(crate) static RUN_DIR_TRUSTED: AtomicBool = AtomicBool::new(false);
 
 /// Append a line to the agent log (control, trigger and start-up paths only; never hooks).
 ///
-/// The file is opened for every line (logging is rare): a long-lived log fd could be closed
-/// behind the agent's back (`close_range` in a daemonising host) and its number reused for one
-/// of the host's files, which the agent would then write into.
+/// The file is opened for every line (logging is rare), on whichever thread logs (host
+/// threads log at start-up): a long-lived log fd in the host's table could be closed behind
+/// the agent's back (`close_range` in a daemonising host) and its number reused for one of the
+/// host's files, which the agent would then write into.
 pub fn log(msg: &str) {
     let Some(cfg) = config::config() else { return };
     let pid = sys::getpid();

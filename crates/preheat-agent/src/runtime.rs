@@ -4,20 +4,27 @@
 //!
 //! A `.init_array` constructor resolves the real libc functions, decides whether to attach
 //! (`PREHEAT_AGENT_DISABLE`, `PREHEAT_AGENT_ONLY`, and whether this object is the LD_PRELOAD
-//! library at all rather than the rlib linked into some executable), then binds the control and
-//! trigger sockets and starts the threads: one pinned worker per online CPU, the trigger thread
-//! and the control thread. Nothing waits for those threads (the loader lock is held while
-//! constructors run).
+//! library at all rather than the rlib linked into some executable), prepares the run
+//! directory and spawns the control thread. That thread leaves the host's file table
+//! ([`crate::fdreg`]), binds the control and trigger sockets and starts the other threads (one
+//! pinned worker per online CPU, the trigger thread, communication detection if asked): spawned
+//! from it, they share its table. The constructor waits for its report (bounded, 5 s: a thread
+//! start, a few sockets and thread starts; the new threads take no loader lock, which is not
+//! held while an LD_PRELOAD object's constructor runs at start-up, nor in a fork child's
+//! handlers), so the sockets exist and the threads run before `main`, as when the constructor
+//! did it all itself; nothing else waits for the agent's threads.
 //!
 //! # Fork
 //!
 //! `fork` copies only the calling thread, so a forked child (nginx workers, `memcached -d`)
 //! would have an agent without threads. A `pthread_atfork` child handler therefore resets the
 //! per-process state (thread table, port counters, preheat counters; the fd→port tables stay
-//! valid because the child inherits the fds), closes the parent's agent fds, forgets (leaks) the
+//! valid because the child inherits the fds), forgets the parent's agent fds (closing them
+//! where the agent shared the host's table; in a private table the child never had them, and
+//! their numbers are the host's), forgets (leaks) the
 //! parent's plan (its split-preheater threads do not exist in the child, so dropping it would
-//! join threads that never run), and starts fresh sockets named after the child's pid and fresh
-//! threads. Allocating and creating threads in the child handler is sound with glibc: its
+//! join threads that never run), and starts as the constructor does: a fresh control thread
+//! that leaves the child's table, fresh sockets named after the child's pid, fresh threads. Allocating and creating threads in the child handler is sound with glibc: its
 //! `fork` re-initialises the malloc arenas (`__malloc_fork_unlock_child`) and the loader locks
 //! before it runs the child handlers. There is no prepare handler: the state another thread may
 //! hold at the moment of the fork (the published plan, the disable reason) lives in
@@ -130,6 +137,7 @@ fn init() {
         replay_hold: env_nonempty("PREHEAT_REPLAY_HOLD").is_some_and(|v| v != "0"),
         comm: comm.as_ref().ok().copied().flatten(),
         comm_out: env_nonempty("PREHEAT_COMM_OUT"),
+        shared_fds: env_nonempty("PREHEAT_AGENT_SHARED_FDS").is_some_and(|v| v != "0"),
     };
     if cfg.comm_out.is_some() {
         COMM_OUT_PID.store(sys::getpid(), Ordering::SeqCst);
@@ -153,7 +161,12 @@ fn init() {
     }
 }
 
-/// Bind the sockets and start the threads for the current pid.
+/// Bind the sockets and start the threads for the current pid. The calling (host) thread only
+/// prepares the run directory and spawns the control thread, which leaves the host's file
+/// table ([`crate::fdreg`]), binds the sockets, starts every other agent thread (so they share
+/// its table) and reports back; the caller waits for that report (at most
+/// [`START_WAIT`]), so, as when the constructor did all of it itself, the agent's sockets
+/// exist and its threads run before `main` (or the fork child's code) does.
 fn start(missing: &[&str]) -> std::io::Result<()> {
     let Some(cfg) = config::config() else {
         return Ok(());
@@ -170,6 +183,79 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     remove_stale_sockets(&cfg.run_dir);
     let _ = std::fs::remove_file(&paths.control);
     let _ = std::fs::remove_file(&paths.trigger);
+    let (tx, rx) = std::sync::mpsc::channel::<std::io::Result<String>>();
+    let profile = cfg.profile.clone();
+    spawn_agent_thread("preheat-control".into(), move || {
+        let table = if cfg.shared_fds {
+            Err("PREHEAT_AGENT_SHARED_FDS=1".to_string())
+        } else {
+            fdreg::leave_host_table()
+        };
+        let paths = socket_paths(&cfg.run_dir, pid);
+        match start_on_agent_thread(cfg, pid, &paths, &table) {
+            Ok((listener, wake, what)) => {
+                if tx.send(Ok(what.clone())).is_err() {
+                    log(&what);
+                }
+                control::control_main(listener, wake, profile)
+            }
+            Err(e) => {
+                track::ACTIVE.store(false, Ordering::SeqCst);
+                if let Err(e) = tx.send(Err(e)) {
+                    if let Err(e) = e.0 {
+                        log(&format!("agent not started: {e}"));
+                    }
+                }
+            }
+        }
+    })?;
+    match rx.recv_timeout(START_WAIT) {
+        Ok(Ok(what)) => {
+            let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
+            log(&format!(
+                "attached to {} (pid {pid}): control {}, trigger {}, {what}{}",
+                exe.display(),
+                paths.control.display(),
+                paths.trigger.display(),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; not found in libc (hooks use raw syscalls): {}",
+                        missing.join(", ")
+                    )
+                }
+            ));
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            log(&format!(
+                "the control thread has not reported its start-up within {START_WAIT:?}: \
+                 continuing without waiting for it"
+            ));
+            Ok(())
+        }
+        // Its body panicked (and disabled the agent).
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(std::io::Error::other(
+            "the control thread ended during start-up",
+        )),
+    }
+}
+
+/// How long the host thread waits for the control thread's start-up (normally well under a
+/// millisecond: a thread start, a few sockets and thread starts).
+const START_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The start-up on the control thread, in the file table it is in (`table`: the agent's own,
+/// or why the host's): bind the sockets, start the workers, the trigger thread and
+/// communication detection. Returns the control socket, the wake eventfd and what started.
+fn start_on_agent_thread(
+    cfg: &Config,
+    pid: u32,
+    paths: &crate::SocketPaths,
+    table: &Result<fdreg::Left, String>,
+) -> std::io::Result<(UnixListener, i32, String)> {
     let listener = UnixListener::bind(&paths.control).map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -194,31 +280,23 @@ fn start(missing: &[&str]) -> std::io::Result<()> {
     track::ACTIVE.store(true, Ordering::SeqCst);
     let n = worker::start_workers()?;
     spawn_agent_thread("preheat-trigger".into(), move || worker::trigger_main(trig))?;
-    let profile = cfg.profile.clone();
-    spawn_agent_thread("preheat-control".into(), move || {
-        control::control_main(listener, wake, profile)
-    })?;
     if let Some(c) = cfg.comm {
         if let Err(e) = crate::comm::start(c, true) {
             log(&format!("communication detection not started: {e}"));
         }
     }
-    let exe = std::fs::read_link("/proc/self/exe").unwrap_or_default();
-    log(&format!(
-        "attached to {} (pid {pid}): control {}, trigger {}, {n} workers{}",
-        exe.display(),
-        paths.control.display(),
-        paths.trigger.display(),
-        if missing.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; not found in libc (hooks use raw syscalls): {}",
-                missing.join(", ")
-            )
+    let table = match table {
+        Ok(fdreg::Left::Empty) => "a file table of their own".to_string(),
+        Ok(fdreg::Left::Copied) => {
+            "a file table of their own (unshared, the host's fds closed in it)".to_string()
         }
-    ));
-    Ok(())
+        Err(why) => format!("the host's file table ({why})"),
+    };
+    Ok((
+        listener,
+        wake,
+        format!("{n} workers; agent threads on {table}"),
+    ))
 }
 
 /// The run directory must belong to us and not be world-writable: whoever can write there

@@ -51,10 +51,20 @@ pub fn agent_stack_addresses() -> Vec<u64> {
 /// `sigwait`/`signalfd` (MariaDB's signal thread, for one) would otherwise get it delivered to
 /// an agent thread, where its default action kills the process; and no host handler ever runs
 /// on an agent thread. Fault signals stay unblocked ([`sys::block_async_signals`]).
+///
+/// Once the agent's threads have a file table of their own ([`crate::fdreg`]), only an agent
+/// thread may spawn another (a thread shares its creator's table): from a host thread this
+/// fails.
 pub fn spawn_agent_thread<F>(name: String, f: F) -> std::io::Result<()>
 where
     F: FnOnce() + Send + 'static,
 {
+    if crate::fdreg::private_table() && !track::is_agent_thread() {
+        return Err(std::io::Error::other(format!(
+            "agent thread {name}: spawned from a host thread, it would share the host's file \
+             table, not the agent's"
+        )));
+    }
     let saved = sys::block_async_signals();
     let r = spawn_marked(name, f);
     if let Some(old) = saved {

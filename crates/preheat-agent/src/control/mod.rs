@@ -111,8 +111,9 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
                 return;
             }
         }
-        // An fd of ours was closed behind our back (close_range/closefrom in the host, which
-        // the close hook cannot see): its number may already belong to the host, so never
+        // An fd of ours was closed behind our back (in a table shared with the host: a raw
+        // close_range/closefrom in the host, which the hooks cannot see): its number may
+        // already belong to the host, so never
         // touch or close it again. Stop serving; the host keeps running.
         if fds.iter().take(2).any(|f| f.revents & libc::POLLNVAL != 0) {
             log::disable("the agent's control socket was closed by the host; control stops".into());
