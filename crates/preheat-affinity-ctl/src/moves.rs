@@ -83,6 +83,7 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                 let mut s = spec.clone();
                 s.preheat = false;
                 interf.push(Worker::start(
+                    &spec.worker,
                     &format!("interfering {} #{i}", k.name()),
                     &super::run::workload_args(plan, *k, &s, 3_600_000, false),
                     &all,
@@ -113,6 +114,7 @@ pub fn execute(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         match &spec.main {
             MainSpec::Bundled(k) => {
                 let w = Worker::start(
+                    &spec.worker,
                     &format!("main {} #{i}", k.name()),
                     &super::run::workload_args(plan, *k, spec, spec.cpu_ms, spec.preheat),
                     &[cpu],

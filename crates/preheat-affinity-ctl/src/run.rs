@@ -20,7 +20,7 @@ use preheat_engine::workloads::Kind;
 use serde::Serialize;
 
 use super::control::{self, FifoVector, Mechanism, Side, Stoppable};
-use super::proc::{self as aproc, Worker};
+use super::proc::{self as aproc, Worker, WorkerCmd};
 use super::programs::{self, Job};
 use super::worker::Outcome;
 use preheat_launch::launch::Program;
@@ -97,6 +97,8 @@ pub struct RunSpec {
     /// Run the interleaved vector as a thread of a bundled workload's process instead of a
     /// process of its own (no address-space switch between the two).
     pub vector_in_process: bool,
+    /// How to start the worker processes (vectors and bundled workloads).
+    pub worker: WorkerCmd,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -466,6 +468,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         Some(name) => {
             let v = vector(plan, name)?;
             Some(Worker::start(
+                &spec.worker,
                 &format!("concurrent {name}"),
                 &vector_args(v, spec.quantum_ms),
                 &[conc_cpu.unwrap_or(0) as usize],
@@ -476,6 +479,7 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
     let vec_worker = match interleaved {
         Some(v) if !in_process => {
             let w = Worker::start(
+                &spec.worker,
                 &format!("vector {}", v.name),
                 &vector_args(v, spec.quantum_ms),
                 &[main_cpu],
@@ -504,7 +508,12 @@ fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
                     v.bytes.to_string(),
                 ]);
             }
-            let w = Worker::start(&format!("workload {}", k.name()), &args, &[main_cpu])?;
+            let w = Worker::start(
+                &spec.worker,
+                &format!("workload {}", k.name()),
+                &args,
+                &[main_cpu],
+            )?;
             if fifo {
                 set(w.ready.main_tid, ThreadSched::fifo(control::PRIO_MAIN))?;
                 if let Some(t) = w.ready.warm_tid {
