@@ -6,7 +6,8 @@
 //!
 //! * [`topology`] — the machine's caches as the plan's machine, the plan, and each vector's
 //!   measured eviction.
-//! * [`run`] — one cell: the controller (`control`, `moves`) and its processes ([`proc`],
+//! * [`run`] — one cell: the controller (`control`; Section 2 `interleaving`, Section 3
+//!   `moves`) and its processes ([`proc`],
 //!   [`worker`], `programs`).
 //! * [`bench`] — the controller's overhead and quantum accuracy as ratios within one run.
 //!
@@ -17,6 +18,7 @@
 
 pub mod bench;
 mod control;
+mod interleaving;
 mod moves;
 pub mod proc;
 mod programs;
