@@ -437,3 +437,80 @@ pub fn bin_label(from: u64, to: Option<u64>) -> String {
         None => format!("≥ {from} µs"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proc::Worker;
+    use crate::worker::{parse, Role};
+
+    fn spec(quantum_ms: f64, cpu: u32) -> RunSpec {
+        RunSpec {
+            experiment: Experiment::Alone,
+            main: MainSpec::Bundled(Kind::Chase),
+            quantum_ms,
+            cpu,
+            cpu_ms: 10,
+            preheat: true,
+            ws_bytes: Some(1 << 16),
+            scratch: std::env::temp_dir(),
+            vector_in_process: false,
+            worker: WorkerCmd {
+                exe: "/nonexistent/preheat".into(),
+                args: vec!["affinity".into(), "worker".into()],
+            },
+        }
+    }
+
+    fn with_parent(mut a: Vec<String>) -> Vec<String> {
+        a.extend(["--parent".into(), "1".into()]);
+        a
+    }
+
+    /// The flags the controller writes for a worker are the flags the worker reads.
+    #[test]
+    fn worker_lines_written_are_worker_lines_read() {
+        let plan = crate::topology::plan(None, 0, &[2, 10, 200]).unwrap();
+        let v = &plan.vectors[0];
+        match parse(&with_parent(vector_args(v, 2.0))).unwrap() {
+            Role::Vector {
+                bytes, gap_us: g, ..
+            } => {
+                assert_eq!(bytes, v.bytes as usize);
+                assert_eq!(g.to_string(), gap_us(2.0));
+            }
+            r => panic!("{r:?}"),
+        }
+        let s = spec(4.0, 0);
+        let a = with_parent(workload_args(&plan, Kind::Chase, &s, 10, true));
+        match parse(&a).unwrap() {
+            Role::Workload {
+                kind,
+                bytes,
+                cpu_ms,
+                preheat,
+                preheat_budget_us,
+                ..
+            } => {
+                assert_eq!(kind, "chase");
+                assert_eq!((bytes, cpu_ms, preheat), (1 << 16, 10, true));
+                assert_eq!(preheat_budget_us, 500);
+            }
+            r => panic!("{r:?}"),
+        }
+        assert!(parse(&["vector".into(), "--kind".into(), "zero".into()]).is_err());
+    }
+
+    /// A cell the controller cannot run is refused before any process starts, and a worker
+    /// executable that does not exist is an error, not a wait.
+    #[test]
+    fn bad_cells_and_missing_workers_are_errors() {
+        let plan = crate::topology::plan(None, 0, &[2, 10, 200]).unwrap();
+        let e = execute(&plan, &spec(0.5, 0)).unwrap_err().to_string();
+        assert!(e.contains("outside 1..10000"), "{e}");
+        let e = execute(&plan, &spec(2.0, 100_000)).unwrap_err().to_string();
+        assert!(e.contains("does not exist here"), "{e}");
+        let w = &spec(2.0, 0).worker;
+        assert!(Worker::start(w, "vector", &["vector".into()], &[0]).is_err());
+    }
+}

@@ -37,38 +37,67 @@ pub const BIN_EDGES_US: [u64; 14] = [
     25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12_800, 25_600, 51_200, 102_400, 204_800,
 ];
 
-/// What a worker process is (the binary's hidden `affinity worker` subcommand parses its flags,
-/// written by [`crate::run`]'s `workload_args`/`vector_args`, into this).
-#[derive(Debug, Clone)]
+/// A worker's command line: `ROLE FLAGS...`, as [`crate::run`]'s `workload_args`/`vector_args`
+/// write it after the [`crate::proc::WorkerCmd`].
+#[derive(clap::Parser)]
+#[command(name = "preheat affinity worker")]
+struct WorkerLine {
+    #[command(subcommand)]
+    role: Role,
+}
+
+/// What a worker process is.
+#[derive(clap::Subcommand, Debug, Clone)]
 pub enum Role {
     /// A base vector: step through its footprint until SIGTERM.
     Vector {
         /// zero, data or code.
+        #[arg(long)]
         kind: String,
+        #[arg(long)]
         bytes: usize,
         /// A pause longer than this (µs) is a quantum boundary.
+        #[arg(long, default_value_t = 150)]
         gap_us: u64,
         /// The controller's pid (the worker dies with it).
+        #[arg(long)]
         parent: u32,
     },
     /// A bundled workload: run until --cpu-ms of CPU time after `g` on stdin.
     Workload {
+        #[arg(long)]
         kind: String,
+        #[arg(long)]
         bytes: usize,
+        #[arg(long)]
         cpu_ms: u64,
+        #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Start a warm thread that loads the working set on every `p` from stdin.
+        #[arg(long)]
         preheat: bool,
         /// Each preheat stops after this long (µs), loaded or not.
+        #[arg(long, default_value_t = 250)]
         preheat_budget_us: u64,
         /// Run a base vector (zero, data, code) as a thread of this process (same address
         /// space: no address-space switch between workload and vector).
+        #[arg(long)]
         vector_kind: Option<String>,
+        #[arg(long, default_value_t = 4096)]
         vector_bytes: usize,
         /// A pause longer than this (µs) is a quantum boundary.
+        #[arg(long, default_value_t = 150)]
         gap_us: u64,
+        #[arg(long)]
         parent: u32,
     },
+}
+
+/// Parse a worker's command line (its arguments after the [`crate::proc::WorkerCmd`]'s).
+pub fn parse(args: &[String]) -> Result<Role, clap::Error> {
+    use clap::Parser;
+    let argv = std::iter::once("preheat affinity worker".to_string()).chain(args.iter().cloned());
+    Ok(WorkerLine::try_parse_from(argv)?.role)
 }
 
 /// One refill bin: work done and time spent while the time since resuming was in
