@@ -9,7 +9,7 @@
 //! * [`run`] — one cell: the controller (`control`; Section 2 `interleaving`, Section 3
 //!   `moves`) and its processes ([`proc`],
 //!   [`worker`], `programs`).
-//! * [`bench`] — the controller's overhead and quantum accuracy as ratios within one run.
+//! * [`bench`](mod@bench) — the controller's overhead and quantum accuracy as ratios within one run.
 //!
 //! Workers are separate processes started from an executable that runs [`worker::run`]
 //! ([`proc::WorkerCmd`]: the `preheat` binary's hidden `affinity worker`). No `unsafe`: scheduling,
