@@ -56,24 +56,7 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             "a vector in the workload's process needs a bundled workload and real-time scheduling"
         );
     }
-    let (interleaved, concurrent) = match &spec.experiment {
-        Experiment::Table2 {
-            interleaved,
-            concurrent,
-        } => (Some(vector(plan, interleaved)?), concurrent.as_deref()),
-        _ => (None, None),
-    };
-    // A concurrent vector runs on a CPU that shares the retention level with the main CPU.
-    let conc_cpu = match concurrent {
-        Some(_) => Some(
-            plan.table2
-                .concurrent_cpu
-                .filter(|&c| c != spec.cpu)
-                .or_else(|| plan.cpus.iter().copied().find(|&c| c != spec.cpu))
-                .context("a concurrent vector needs a second CPU")?,
-        ),
-        None => None,
-    };
+    let (interleaved, concurrent, conc_cpu) = vectors_of(plan, spec)?;
     let procs = start_processes(plan, spec, fifo, interleaved, concurrent, conc_cpu)?;
     let ctl_cpu = conc_cpu
         .or_else(|| plan.cpus.iter().copied().find(|&c| c != spec.cpu))
@@ -116,6 +99,15 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             && c.concurrent.as_deref() == concurrent
     });
     let (workload_kind, stands_for) = spec.main.kind_and_standin();
+    let quanta = quanta_report(
+        spec,
+        mech,
+        interleaved.is_some(),
+        &m,
+        vec_out.as_ref(),
+        outcome.as_ref(),
+        &stats,
+    );
     Ok(RunResult {
         kind: "measured",
         experiment: if interleaved.is_some() {
@@ -144,25 +136,7 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         preheat_cpu_s: m.pre_cpu,
         preheats: m.pre_n,
         rate_with_preheat_cost: spec.preheat.then(|| m.work / (m.cpu_s + m.pre_cpu)),
-        quanta: QuantaReport {
-            requested_ms: spec.quantum_ms,
-            mechanism: if interleaved.is_some() {
-                mech.name()
-            } else {
-                "none"
-            },
-            main: m.main_runs.filter(|_| interleaved.is_some()),
-            vector: vec_out
-                .as_ref()
-                .map(|v| &v.runs_ms)
-                .or(outcome.as_ref().map(|o| &o.vector_runs_ms))
-                .and_then(|r| quanta(r)),
-            controller_late_us: quanta(&stats.late_us).map(|q| Late {
-                n: q.n,
-                p50_us: q.p50_ms,
-                p99_us: q.p99_ms,
-            }),
-        },
+        quanta,
         refill: if interleaved.is_some() {
             m.refill_bins
         } else {
@@ -172,6 +146,58 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         pmu: counters.as_ref().map(pmu_read),
         notes,
     })
+}
+
+/// The cell's vectors: the interleaved one, the concurrent one's name and the CPU it runs on.
+fn vectors_of<'p>(
+    plan: &'p Plan,
+    spec: &'p RunSpec,
+) -> Result<(Option<&'p VectorSpec>, Option<&'p str>, Option<u32>)> {
+    let (interleaved, concurrent) = match &spec.experiment {
+        Experiment::Table2 {
+            interleaved,
+            concurrent,
+        } => (Some(vector(plan, interleaved)?), concurrent.as_deref()),
+        _ => (None, None),
+    };
+    // A concurrent vector runs on a CPU that shares the retention level with the main CPU.
+    let conc_cpu = match concurrent {
+        Some(_) => Some(
+            plan.table2
+                .concurrent_cpu
+                .filter(|&c| c != spec.cpu)
+                .or_else(|| plan.cpus.iter().copied().find(|&c| c != spec.cpu))
+                .context("a concurrent vector needs a second CPU")?,
+        ),
+        None => None,
+    };
+    Ok((interleaved, concurrent, conc_cpu))
+}
+
+/// What the run achieved of the requested quanta (the main workload's only when interleaved).
+fn quanta_report(
+    spec: &RunSpec,
+    mech: Mechanism,
+    interleaved: bool,
+    m: &Measured,
+    vec_out: Option<&Outcome>,
+    outcome: Option<&Outcome>,
+    stats: &ControllerStats,
+) -> QuantaReport {
+    QuantaReport {
+        requested_ms: spec.quantum_ms,
+        mechanism: if interleaved { mech.name() } else { "none" },
+        main: m.main_runs.clone().filter(|_| interleaved),
+        vector: vec_out
+            .map(|v| &v.runs_ms)
+            .or(outcome.map(|o| &o.vector_runs_ms))
+            .and_then(|r| quanta(r)),
+        controller_late_us: quanta(&stats.late_us).map(|q| Late {
+            n: q.n,
+            p50_us: q.p50_ms,
+            p99_us: q.p99_ms,
+        }),
+    }
 }
 
 /// Start the cell's processes: the concurrent vector on `conc_cpu`, the interleaved vector
@@ -348,20 +374,38 @@ fn drive(
         }
         Ok(true)
     };
+    let program_pid = program.as_ref().map(|p| p.prog.pid());
+    let stats = alternate(spec, fifo, procs, program_pid, &mut done)?;
+    if let Some(p) = program {
+        drop(p.prog);
+    }
+    Ok((outcome, prog_cpu, stats))
+}
+
+/// Alternate the vector (if any) with the main workload every quantum until `done` (else just
+/// wait for it): what the controller measured about itself.
+fn alternate(
+    spec: &RunSpec,
+    fifo: bool,
+    procs: &Procs,
+    program_pid: Option<u32>,
+    done: &mut dyn FnMut() -> Result<bool>,
+) -> Result<ControllerStats> {
+    let (main_worker, vec_worker) = (&procs.main_worker, &procs.vec_worker);
     let q = Duration::from_secs_f64(spec.quantum_ms / 1e3);
     let vec_ids = match (vec_worker, main_worker) {
         (Some(vw), _) => Some((vw.ready.main_tid, vw.ready.pid)),
         (None, Some(mw)) => mw.ready.vector_tid.map(|t| (t, 0)),
         _ => None,
     };
-    let stats = match vec_ids {
+    Ok(match vec_ids {
         Some((vtid, vpid)) => {
             let mut fv = FifoVector(vtid);
             let mut sv = Stoppable(vpid);
             let main_group = main_worker
                 .as_ref()
                 .map(|w| w.ready.pid)
-                .or(program.as_ref().map(|p| p.prog.pid()))
+                .or(program_pid)
                 .unwrap_or(0);
             let mut sm = Stoppable(main_group);
             let warm = spec.preheat;
@@ -384,7 +428,7 @@ fn drive(
                     }
                     Ok(())
                 },
-                &mut done,
+                done,
             )?
         }
         None => {
@@ -393,11 +437,7 @@ fn drive(
             }
             ControllerStats::default()
         }
-    };
-    if let Some(p) = program {
-        drop(p.prog);
-    }
-    Ok((outcome, prog_cpu, stats))
+    })
 }
 
 /// The main workload's rate, work, CPU time, metric, quanta, refill profile and preheat cost:
