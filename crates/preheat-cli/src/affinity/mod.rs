@@ -2,29 +2,28 @@
 //! this machine with the method of Kazempour, Fedorova and Alagheband ("Performance Implications
 //! of Cache Affinity on Multicore Processors", Euro-Par 2008) — and won back by preheating.
 //!
-//! * `topology` — caches, base vectors, the experiment matrix this machine allows (pure plan:
-//!   `preheat-affinity`), and each vector's measured eviction.
-//! * `run` — one cell: the controller (`control`, `moves`) and its processes (`proc`, `worker`,
-//!   `programs`).
+//! The arguments and the printing; the plan is `preheat-affinity` (pure), the controller that
+//! runs it `preheat-affinity-ctl`.
+//!
+//! * `topology` — caches, base vectors, the experiment matrix this machine allows, and each
+//!   vector's measured eviction.
+//! * `run` (here) — one cell.
 //! * `bench` — the controller's overhead and quantum accuracy as ratios within one run.
+//! * `worker` (hidden) — a worker process the controller starts from this binary.
 //!
 //! The lab (`preheat lab affinity`) repeats cells, shuffles them and draws the paper's tables
 //! and figures.
 
-pub mod bench;
-mod control;
-mod moves;
-mod proc;
-mod programs;
-pub mod run;
-pub mod topology;
-pub mod worker;
+mod bench;
+mod topology;
+mod worker;
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-use run::{Experiment, MainSpec, RunResult, RunSpec};
+use preheat_affinity_ctl::proc::WorkerCmd;
+use preheat_affinity_ctl::run::{self, Experiment, MainSpec, RunResult, RunSpec};
 
 const ABOUT: &str = "Cache affinity: what a scheduler loses when it interleaves or moves a task \
 (Kazempour, Fedorova, Alagheband, Euro-Par 2008), measured on this machine, and how much of it \
@@ -144,12 +143,6 @@ pub fn run(a: AffinityArgs) -> Result<()> {
     r
 }
 
-/// A scratch directory for program inputs: removed on exit and on SIGINT/SIGTERM, and by the
-/// next affinity command if this one was killed.
-pub fn scratch() -> Result<tempfile::TempDir> {
-    preheat_launch::launch::owned_scratch(&std::env::temp_dir(), "preheat-affinity-")
-}
-
 fn run_cmd(a: RunArgs) -> Result<()> {
     preheat_launch::launch::install_cleanup();
     let main = MainSpec::parse(a.workload.as_deref(), &a.program)?;
@@ -178,8 +171,8 @@ fn run_cmd(a: RunArgs) -> Result<()> {
     if a.concurrent.is_some() && a.interleave.is_none() {
         anyhow::bail!("--concurrent needs --interleave (a Table 2 cell)");
     }
-    let plan = topology::plan(None, a.cpu, &[2, 10, 200])?;
-    let dir = scratch()?;
+    let plan = preheat_affinity_ctl::topology::plan(None, a.cpu, &[2, 10, 200])?;
+    let dir = preheat_affinity_ctl::scratch()?;
     let spec = RunSpec {
         experiment: exp,
         main,
@@ -190,6 +183,7 @@ fn run_cmd(a: RunArgs) -> Result<()> {
         ws_bytes: a.ws_bytes,
         scratch: PathBuf::from(dir.path()),
         vector_in_process: a.vector_in_process,
+        worker: WorkerCmd::this_binary()?,
     };
     let r = run::execute(&plan, &spec)?;
     if a.json {

@@ -1,13 +1,11 @@
-//! `preheat affinity topology`: the machine's caches (sysfs, or a snapshot of it), the base
-//! vectors sized from them, the experiment matrix this machine allows and why, and (with
-//! `--verify`) what each base vector really displaces here (measured).
+//! `preheat affinity topology`: the arguments and the printing; the plan, the verification and
+//! the metric are `preheat_affinity_ctl::topology`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-use preheat_affinity::{Cache, CacheKind, Cpu, Machine, Plan, VectorKind, VectorSpec};
-use preheat_engine::basevec::{self, BaseVector, Probe, Reference};
-use serde::Serialize;
+use anyhow::{bail, Result};
+use preheat_affinity::{VectorKind, VectorSpec};
+use preheat_affinity_ctl::topology::{metric, plan, verify};
 
 #[derive(clap::Args)]
 pub struct TopologyArgs {
@@ -26,151 +24,6 @@ pub struct TopologyArgs {
     pub verify: bool,
     #[arg(long)]
     pub json: bool,
-}
-
-/// The engine's sysfs topology as the plan's machine.
-pub fn machine(sysfs: Option<&Path>) -> Machine {
-    let t = match sysfs {
-        Some(root) => preheat_engine::topology::read_from(root),
-        None => preheat_engine::topology::read(),
-    };
-    Machine {
-        cpus: t
-            .cpus
-            .iter()
-            .map(|c| Cpu {
-                cpu: c.cpu,
-                package: c.package_id,
-                caches: c
-                    .caches
-                    .iter()
-                    .filter_map(|k| {
-                        let kind = match k.kind.as_str() {
-                            "Data" => CacheKind::Data,
-                            "Instruction" => CacheKind::Instruction,
-                            "Unified" => CacheKind::Unified,
-                            _ => return None,
-                        };
-                        Some(Cache {
-                            level: k.level,
-                            kind,
-                            bytes: k.size_bytes,
-                            line: k.line_size,
-                            shared_cpus: k.shared_cpus.clone(),
-                        })
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
-}
-
-/// The plan for `cpu` on the live machine (or a snapshot).
-pub fn plan(sysfs: Option<&Path>, cpu: u32, quanta: &[u32]) -> Result<Plan> {
-    let m = machine(sysfs);
-    if m.cpus.is_empty() {
-        bail!(
-            "no CPUs found under {} (is it a sysfs cpu directory with an `online` file?)",
-            sysfs.map_or("/sys/devices/system/cpu".into(), |p| p
-                .display()
-                .to_string())
-        );
-    }
-    Ok(preheat_affinity::plan(&m, cpu, quanta)?)
-}
-
-/// One base vector's measured eviction.
-#[derive(Debug, Clone, Serialize)]
-pub struct EvictionRow {
-    pub vector: String,
-    pub level: String,
-    /// Null when the reference eviction was not measurably slower than a resident probe.
-    pub share: Option<f64>,
-    pub resident_ns: f64,
-    pub after_ns: f64,
-    pub reference_ns: f64,
-    pub reference: String,
-    pub samples: usize,
-    pub kind: &'static str,
-}
-
-/// Measure every sized vector's eviction of its own level on `cpu` (pinned; restored after).
-pub fn verify(plan: &Plan, cpu: u32, samples: usize) -> Result<Vec<EvictionRow>> {
-    let saved = preheat_engine::os::get_affinity();
-    preheat_engine::os::pin_current_thread(cpu as usize)
-        .with_context(|| format!("pinning to CPU {cpu}"))?;
-    let r = verify_pinned(plan, samples);
-    let _ = preheat_engine::os::set_affinity(&saved);
-    r
-}
-
-fn verify_pinned(plan: &Plan, samples: usize) -> Result<Vec<EvictionRow>> {
-    let mut out = Vec::new();
-    let last = plan.vectors.iter().rfind(|v| v.kind == VectorKind::Data);
-    for v in &plan.vectors {
-        let Some(level) = v.target.clone() else {
-            continue;
-        };
-        let bytes = v.bytes as usize;
-        let is_last = last.is_some_and(|l| l.name == v.name);
-        let (probe, mut vector, mut refv, reference) = match v.kind {
-            VectorKind::Zero => continue,
-            VectorKind::Code => (
-                Probe::code(bytes, 11)?,
-                BaseVector::code(bytes)?,
-                Some(BaseVector::code(4 * bytes)?),
-                format!("a code vector 4x the {level} size"),
-            ),
-            // The last level is shared (here with other tenants): a probe of its full size is
-            // never resident, so the probe is half of it.
-            VectorKind::Data if is_last => (
-                Probe::data(bytes / 2, 11),
-                BaseVector::data(bytes),
-                None,
-                format!("the probe's lines flushed (reload from memory); probe = half the {level}"),
-            ),
-            VectorKind::Data => (
-                Probe::data(bytes, 11),
-                BaseVector::data(bytes),
-                Some(BaseVector::data(4 * bytes)),
-                format!("a data vector 4x the {level} size"),
-            ),
-        };
-        // Passes over small probes take a microsecond or less: time more of them.
-        let n = if bytes <= 256 << 10 {
-            samples.max(51)
-        } else {
-            samples
-        };
-        let r = match refv.as_mut() {
-            Some(rv) => basevec::verify(&probe, &mut vector, Reference::Vector(rv), n),
-            None => basevec::verify(&probe, &mut vector, Reference::Flush, n),
-        };
-        out.push(EvictionRow {
-            vector: v.name.clone(),
-            level,
-            share: r.share,
-            resident_ns: r.resident_ns,
-            after_ns: r.after_ns,
-            reference_ns: r.reference_ns,
-            reference,
-            samples: r.samples,
-            kind: "measured",
-        });
-    }
-    Ok(out)
-}
-
-/// The metric this machine allows.
-pub fn metric() -> (bool, String) {
-    let pmu = preheat_engine::topology::has_pmu();
-    let m = if pmu {
-        "work per CPU-second, and IPC and misses per instruction from the PMU (perf_event, user \
-         space; Section 2 runs)"
-    } else {
-        "work per CPU-second (no PMU: IPC and misses per instruction are not available)"
-    };
-    (pmu, m.to_string())
 }
 
 fn human_bytes(b: u64) -> String {

@@ -1,10 +1,12 @@
-//! The processes of an affinity run: workers (this binary's hidden `affinity worker`) and
+//! The processes of an affinity run: workers (an executable that runs [`crate::worker::run`]:
+//! the `preheat` binary's hidden `affinity worker`, see [`WorkerCmd`]) and
 //! programs, started pinned (and, for the main workload, already in its real-time class, so
 //! every thread and child it creates inherits both), stopped with their descendants when dropped
 //! or when the command is signalled (`launch`), and killed by the kernel if the controller dies
 //! (parent-death signal).
 
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -61,6 +63,25 @@ pub fn spawn(cmd: &mut Command, cpus: &[usize]) -> Result<Program> {
     r
 }
 
+/// How to start a worker process: `exe args... ROLE FLAGS...`, where the executable runs
+/// [`crate::worker::run`] with the role its flags describe (the CLI: its own binary and
+/// `affinity worker`).
+#[derive(Debug, Clone)]
+pub struct WorkerCmd {
+    pub exe: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl WorkerCmd {
+    /// The `preheat` binary's hidden `affinity worker`, when this process is that binary.
+    pub fn this_binary() -> Result<WorkerCmd> {
+        Ok(WorkerCmd {
+            exe: std::env::current_exe().context("locating this executable")?,
+            args: vec!["affinity".into(), "worker".into()],
+        })
+    }
+}
+
 /// What a worker said when ready.
 #[derive(Debug, Clone, Copy)]
 pub struct Ready {
@@ -82,12 +103,11 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Start `preheat affinity worker ARGS` pinned to `cpus` and wait (≤ 60 s) until it is ready.
-    pub fn start(what: &str, args: &[String], cpus: &[usize]) -> Result<Worker> {
-        let exe = std::env::current_exe().context("locating this executable")?;
-        let mut cmd = Command::new(exe);
+    /// Start the worker `exe ARGS` pinned to `cpus` and wait (≤ 60 s) until it is ready.
+    pub fn start(exe: &WorkerCmd, what: &str, args: &[String], cpus: &[usize]) -> Result<Worker> {
+        let mut cmd = Command::new(&exe.exe);
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-        cmd.args(["affinity", "worker"])
+        cmd.args(&exe.args)
             .args(args)
             .arg("--parent")
             .arg(std::process::id().to_string())
