@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 mkdir -p target
 export PREHEAT_SKIP_LOG="$PWD/target/preheat-skips.tsv"
 : >"$PREHEAT_SKIP_LOG"
+# A step's start, with the seconds since the run began (to see where the suite's time goes).
+step() { echo "test.sh: [${SECONDS}s] $*"; }
 skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
   printf 'test.sh\t%s\t%s\t%s\n' "$1" "$2" "$3" >>"$PREHEAT_SKIP_LOG"
   echo "test.sh: SKIP $1: $3"
@@ -55,7 +57,7 @@ finish() {
       [ "$status" -ne 0 ] || status=1
     fi
   fi
-  [ "$status" -ne 0 ] || echo "test.sh: all tests passed"
+  [ "$status" -ne 0 ] || echo "test.sh: [${SECONDS}s] all tests passed"
   exit "$status"
 }
 trap finish EXIT
@@ -73,32 +75,32 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-echo "test.sh: building the workspace"
+step "building the workspace"
 cargo build --workspace --quiet
 if cargo fmt --version >/dev/null 2>&1; then
-  echo "test.sh: formatting (cargo fmt --check)"
+  step "formatting (cargo fmt --check)"
   cargo fmt --all --check >/dev/null || { echo "test.sh: run cargo fmt --all"; cargo fmt --all --check | head -40; exit 1; }
 else
   skip "format check (cargo fmt)" rustfmt "rustfmt is not installed (rustup component add rustfmt)"
 fi
 if cargo clippy --version >/dev/null 2>&1; then
-  echo "test.sh: lints (cargo clippy, warnings are errors)"
+  step "lints (cargo clippy, warnings are errors)"
   cargo clippy --workspace --all-targets --quiet -- -D warnings || { echo "test.sh: fix the clippy findings above"; exit 1; }
 else
   skip "lints (cargo clippy)" clippy "clippy is not installed (rustup component add clippy)"
 fi
-echo "test.sh: API docs (cargo doc, warnings are errors)"
+step "API docs (cargo doc, warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # Two passes. Tests of one binary run in parallel on the two CPUs, so a test whose outcome depends
 # on the machine's timing (caches, wake-ups, deadlines) lives in a `timing` module and runs in the
 # second pass, after every other test, one at a time: nothing else loads the CPUs meanwhile.
-echo "test.sh: running the tests"
+step "running the tests"
 cargo test --workspace --quiet --no-fail-fast -- --skip timing:: 2>&1 | tee /tmp/preheat-test.log
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ]; then
   exit "$status"
 fi
-echo "test.sh: running the timing-dependent tests alone (timing::, one at a time)"
+step "running the timing-dependent tests alone (timing::, one at a time)"
 cargo test --workspace --tests --quiet --no-fail-fast -- timing:: --test-threads=1 2>&1 \
   | tee -a /tmp/preheat-test.log
 status=${PIPESTATUS[0]}
@@ -111,7 +113,7 @@ if rustup toolchain list 2>/dev/null | grep -q nightly && ! command -v cargo-fuz
   cargo install cargo-fuzz --locked --quiet >/tmp/preheat-cargo-fuzz-install.log 2>&1 \
     || echo "test.sh: cargo-fuzz could not be installed (see /tmp/preheat-cargo-fuzz-install.log)"
 fi
-echo "test.sh: the Python lab package (experiments, plots, reports)"
+step "the Python lab package (experiments, plots, reports)"
 # Its packages as python/pyproject.toml declares them (the one list: dependencies, the lab and
 # test extras), installed the way scripts/setup-lab.sh installs them for the lab.
 python3 -m pip install -q -e "python[lab,test]" >/dev/null 2>&1 \
@@ -127,23 +129,24 @@ for tool in ruff mypy; do
     || echo "test.sh: could not install $tool"
 done
 if python3 -m ruff --version >/dev/null 2>&1; then
-  echo "test.sh: Python lints (ruff check)"
+  step "Python lints (ruff check)"
   (cd python && python3 -m ruff check -q .) || { echo "test.sh: fix the ruff findings above"; exit 1; }
 else
   skip "Python lints (ruff)" ruff "ruff could not be installed (pip install ruff)"
 fi
 if python3 -m mypy --version >/dev/null 2>&1; then
-  echo "test.sh: Python types (mypy)"
+  step "Python types (mypy)"
   (cd python && python3 -m mypy) || { echo "test.sh: fix the mypy findings above"; exit 1; }
 else
   skip "Python types (mypy)" mypy "mypy could not be installed (pip install mypy)"
 fi
 # The lab drives the release CLI when it exists, else the debug one built above.
-(cd python && python3 -m pytest -q) || exit 1
+step "Python tests (pytest; the slowest ten listed)"
+(cd python && python3 -m pytest -q --durations=10) || exit 1
 
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
   for t in decode_profile decode_announcement decode_net; do
-    echo "test.sh: fuzzing $t for 20 s"
+    step "fuzzing $t for 20 s"
     (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time=20 -rss_limit_mb=1024 >/tmp/preheat-fuzz-$t.log 2>&1) \
       || { echo "fuzz target $t failed:"; tail -30 /tmp/preheat-fuzz-$t.log; exit 1; }
   done
