@@ -17,9 +17,8 @@ pub struct Config {
     /// The `wake` strategy keeps the CPUs polling in idle where it may (see
     /// [`crate::idlepoll`]); `PREHEAT_NO_IDLE_POLL=1` makes it spin instead.
     pub idle_poll: bool,
-    /// `PREHEAT_REPLAY_HOLD=1`: after a `replay` warm-up the server thread polls its event wait
-    /// until the arrival (see [`crate::hold`]; off by default: measured better for `replay`
-    /// alone, not for the combinations, with p99 outliers not yet explained).
+    /// After a `replay` warm-up the server thread polls its event wait until the arrival (see
+    /// [`crate::hold`]); `PREHEAT_NO_REPLAY_HOLD=1` lets it block instead (to compare the two).
     pub replay_hold: bool,
     /// `PREHEAT_COMM=1`: start communication detection with the agent (see [`crate::comm`]).
     pub comm: Option<preheat_model::comm::CommConfig>,
@@ -44,7 +43,8 @@ pub fn agent_so_path() -> Option<&'static str> {
     AGENT_SO.get().map(|s| s.as_str())
 }
 
-/// Whether a replay opens the server thread's hold window (`PREHEAT_REPLAY_HOLD=1`).
+/// Whether a replay opens the server thread's hold window (default on; `PREHEAT_NO_REPLAY_HOLD=1`
+/// turns it off).
 pub fn replay_hold() -> bool {
     CONFIG.get().is_some_and(|c| c.replay_hold)
 }

@@ -17,13 +17,13 @@
 //! timeout. The first events after the arrival close the window, so the thread blocks again as
 //! soon as it has served the request. Outside a window a wait costs one atomic load more.
 //!
-//! Opt-in (`PREHEAT_REPLAY_HOLD=1`). Measured (kv demo, 200 µs lead, 60 rounds, two paired
-//! runs, haltpoll machine, debug build): `replay` alone removed 81% and 80% of the cold overhead
-//! with the hold against 65% and 63% without; `wake+replay` and `wake+lines+replay` did not
-//! change measurably (80/80 vs 76/77%, 77/81 vs 78/78%): what is left there is the warm-up
-//! itself still running at the arrival (the announcement's own delivery to a halted vCPU takes
-//! ~80 µs of a 200 µs lead). Two runs with the hold had p99 outliers of 2.5–5.3 ms on replay
-//! rows not seen without it; until they are explained it stays off by default.
+//! On by default; `PREHEAT_NO_REPLAY_HOLD=1` turns it off. Measured on preheat-kv (`preheat demo
+//! --lead-us 200 --rounds 100 --strategies replay,all`, release build, two runs with and two
+//! without, interleaved; 2-vCPU EPYC, cpuidle `haltpoll`): `replay` removed 85% and 87% of the
+//! cold overhead against the verified hot floor with the hold, 63% and 62% without;
+//! `wake+lines+replay` 87% and 88% against 84% and 84% (the request's *start* 19–21 µs against
+//! 22–23 µs, hot 8 µs). A debug build showed p99 outliers of 2.5–5.3 ms on replay rows with the
+//! hold in two runs; the release runs did not (replay p99 75–86 µs with, 108–153 without).
 //!
 //! Hooked path: atomics and the engine's clock only.
 

@@ -45,7 +45,8 @@
 //!
 //! Environment: `PREHEAT_RUN_DIR` (default `/tmp/preheat`, created 0700), `PREHEAT_PROFILE`
 //! (a `.phws` file loaded at start-up), `PREHEAT_AGENT_LOG` (default
-//! `<run-dir>/agent-<pid>.log`), `PREHEAT_AGENT_DISABLE=1` (load, but stay pure pass-through:
+//! `<run-dir>/agent-<pid>.log`), `PREHEAT_NO_REPLAY_HOLD=1` (a replay's server thread blocks in its wait
+//! instead of polling until the arrival: [`hold`]), `PREHEAT_AGENT_DISABLE=1` (load, but stay pure pass-through:
 //! no threads, no sockets), `PREHEAT_AGENT_ONLY=name[,name]` (attach only to processes whose
 //! executable's basename matches, so e.g. `sh -c` wrappers stay untouched),
 //! `PREHEAT_AGENT_SHARED_FDS=1` (the agent's threads share the host's file table).

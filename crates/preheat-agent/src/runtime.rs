@@ -134,7 +134,7 @@ fn init() {
         log: env_nonempty("PREHEAT_AGENT_LOG").map(PathBuf::from),
         wake_planner: env_nonempty("PREHEAT_WAKE_PLANNER").is_some_and(|v| v != "0"),
         idle_poll: env_nonempty("PREHEAT_NO_IDLE_POLL").is_none_or(|v| v == "0"),
-        replay_hold: env_nonempty("PREHEAT_REPLAY_HOLD").is_some_and(|v| v != "0"),
+        replay_hold: env_nonempty("PREHEAT_NO_REPLAY_HOLD").is_none_or(|v| v == "0"),
         comm: comm.as_ref().ok().copied().flatten(),
         comm_out: env_nonempty("PREHEAT_COMM_OUT"),
         shared_fds: env_nonempty("PREHEAT_AGENT_SHARED_FDS").is_some_and(|v| v != "0"),

@@ -346,8 +346,8 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
     if want_replay {
         match pp.and_then(|p| p.replay.as_deref()) {
             Some(conn) => {
-                // Opt-in: the server thread that serves the warm-up then polls its wait until
-                // the arrival instead of blocking (crate::hold): the request needs no wake-up.
+                // The server thread that serves the warm-up then polls its wait until the
+                // arrival instead of blocking (crate::hold): the request needs no wake-up.
                 if crate::config::replay_hold() {
                     crate::hold::open(start, a.arrival_ns);
                 }
