@@ -9,14 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use preheat_lab::driver::{self, Protocol, Wait, WorkloadSpec};
-use preheat_lab::load::{self as engine, Announce, CsvSink, LoadConfig, Mode, RecordSink};
+use preheat_lab::load::{self as engine, CsvSink, LoadConfig, Mode, RecordSink};
 use preheat_model::proto::Strategies;
 use serde::Serialize;
 
-use preheat_launch::agentctl::{self, Announcer};
-use preheat_launch::paths;
-
-use crate::announce::{ArbiterAnnounce, LocalAnnounce};
+use crate::announce::announcers;
 use crate::observe::{ObserveSink, Observer};
 use crate::params::LoadParams;
 
@@ -163,60 +160,7 @@ pub fn generate(
 
     // Announcers: one per connection, made by the engine in the connection's thread.
     let slot_waits = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let announcer: Option<MakeAnnouncer> = if a.announce_local {
-        let dir = paths::run_dir();
-        let pids = agentctl::discover(&dir);
-        if pids.is_empty() {
-            bail!(
-                "--announce-local: no agents in {} (start the server with the agent: preheat run)",
-                dir.display()
-            );
-        }
-        let (lead_ns, port) = (a.lead_us * 1000, target.port());
-        Some(Box::new(move |_conn| {
-            Ok(Box::new(LocalAnnounce {
-                announcer: Announcer::new(&dir, &pids)?,
-                lead_ns,
-                port,
-                strategies,
-            }) as Box<dyn Announce>)
-        }))
-    } else if let Some(arb) = &a.arbiter {
-        let arb: SocketAddr = arb
-            .to_socket_addrs()
-            .with_context(|| format!("resolving {arb}"))?
-            .next()
-            .context("arbiter address resolves to nothing")?;
-        let key_file = a.key_file.as_ref().context("--arbiter needs --key-file")?;
-        let key = preheat_net::wire::Key::from_file(key_file)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", key_file.display()))?;
-        let my_ip = match a.my_ip {
-            Some(ip) => ip,
-            None => local_ipv4_towards(arb)?,
-        };
-        let dst_ip = match target.ip() {
-            std::net::IpAddr::V4(v4) => v4.to_bits(),
-            std::net::IpAddr::V6(_) => {
-                bail!("--arbiter: the arbiter names hosts by IPv4 address; {target} is IPv6")
-            }
-        };
-        let timeout = Duration::from_millis(a.arbiter_timeout_ms);
-        let waits = slot_waits.clone();
-        let port = target.port();
-        Some(Box::new(move |_conn| {
-            let sender =
-                preheat_net::sender::Sender::new(arb, key.clone(), my_ip.to_bits(), timeout)
-                    .context("creating the arbiter sender")?;
-            Ok(Box::new(ArbiterAnnounce {
-                sender,
-                dst_ip,
-                port,
-                waits: waits.clone(),
-            }) as Box<dyn Announce>)
-        }))
-    } else {
-        None
-    };
+    let announcer = announcers(a, target, strategies, &slot_waits)?;
 
     // Records, and the observer (which reads each record right after its reply).
     let csv = match &a.records {
@@ -280,17 +224,4 @@ pub fn generate(
         agent_preheats_completed: totals[2],
         agent_late: totals[3],
     })
-}
-
-/// Makes the announcer of connection N.
-type MakeAnnouncer = Box<dyn Fn(usize) -> Result<Box<dyn Announce>> + Sync>;
-
-/// The local IPv4 address the kernel would use to reach `to`.
-fn local_ipv4_towards(to: SocketAddr) -> Result<std::net::Ipv4Addr> {
-    let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-    s.connect(to)?;
-    match s.local_addr()?.ip() {
-        std::net::IpAddr::V4(v4) => Ok(v4),
-        other => bail!("no IPv4 route to {to} (local address {other})"),
-    }
 }

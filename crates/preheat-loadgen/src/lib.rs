@@ -13,7 +13,7 @@
 //!   ahead, then sent at the announced time. One announcer per connection.
 //!
 //! `observe.rs`: the agents asked, after each reply, when the server thread started on it.
-//! Modules in one direction: `params announce observe` ← `generate`.
+//! Modules in one direction: `params observe` ← `announce` ← `generate`.
 
 mod announce;
 mod generate;
