@@ -1,4 +1,5 @@
-//! `preheat load`: a load generator that can announce what it sends, on top of the engine in
+//! `preheat load`: the arguments, the progress bar and the report printed; `preheat-loadgen`
+//! runs it. A load generator that can announce what it sends, on top of the engine in
 //! [`preheat_lab::load`] (open loop with Poisson arrivals, idle gap, closed loop; one client
 //! thread per connection, or `--threads T` threads that each multiplex several, or with
 //! `--wait epoll` an event loop that waits in `epoll_wait` for any threads ≤ connections;
@@ -18,22 +19,15 @@
 //! file is complete up to the last reply, and the exit status is 128 + signal. A second signal
 //! exits at once.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use anyhow::{bail, Context, Result};
-use preheat_lab::driver::{self, Protocol, Wait, WorkloadSpec};
-use preheat_lab::load::{
-    self as engine, Announce, CsvSink, Grant, LoadConfig, Mode, Record, RecordSink,
-};
-use preheat_model::proto::{Announcement, Strategies};
+use anyhow::{Context, Result};
+use preheat_lab::driver::{Protocol, Wait};
+use preheat_lab::load::Mode;
+use preheat_loadgen::{LoadParams, LoadReport};
 use serde::Serialize;
-
-use preheat_launch::agentctl::{self, Announcer};
-use preheat_launch::paths;
 
 const AFTER_HELP: &str = "\
 Modes:
@@ -163,34 +157,34 @@ pub struct LoadArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Serialize)]
-pub struct LoadReport {
-    pub target: String,
-    pub protocol: Protocol,
-    pub announce: String,
-    pub strategy: String,
-    pub wait: Wait,
-    pub seed: u64,
-    pub warmup: u64,
-    /// The engine's totals (label, mode, counts, throughput, latency quantiles), flattened.
-    #[serde(flatten)]
-    pub summary: preheat_lab::load::LoadSummary,
-    /// Wait from asking for a slot to the allocated send time, µs (p50), scheduled requests.
-    pub slot_wait_us_p50: f64,
-    /// The run was cut short by SIGINT/SIGTERM; the numbers cover what was measured.
-    pub interrupted: bool,
-    pub records: Option<PathBuf>,
-    /// With --observe: server thread start − intended (announced) arrival, µs, p50 / p99, and
-    /// how many requests that measure covers.
-    pub server_start_us_p50: Option<f64>,
-    pub server_start_us_p99: Option<f64>,
-    pub observed: u64,
-    /// With --observe: announcements acted on, and lines preheats that finished before the
-    /// announced arrival, as counted by the agents during the run.
-    pub agent_announcements: u64,
-    pub agent_preheats: u64,
-    pub agent_preheats_completed: u64,
-    pub agent_late: u64,
+impl LoadArgs {
+    fn params(&self) -> LoadParams {
+        LoadParams {
+            target: self.target.clone(),
+            protocol: self.protocol,
+            key: self.key.clone(),
+            mode: self.mode,
+            requests: self.requests,
+            duration_s: self.duration_s,
+            rate: self.rate,
+            connections: self.connections,
+            threads: self.threads,
+            warmup: self.warmup,
+            seed: self.seed,
+            wait: self.wait,
+            records: self.records.clone(),
+            strategy: self.strategy.clone(),
+            gap_ms: self.gap_ms,
+            announce_local: self.announce_local,
+            arbiter: self.arbiter.clone(),
+            key_file: self.key_file.clone(),
+            my_ip: self.my_ip,
+            arbiter_timeout_ms: self.arbiter_timeout_ms,
+            lead_us: self.lead_us,
+            strategies: self.strategies.clone(),
+            observe: self.observe,
+        }
+    }
 }
 
 pub fn run(a: LoadArgs) -> Result<()> {
@@ -209,7 +203,11 @@ pub fn run(a: LoadArgs) -> Result<()> {
         signal_hook::flag::register(SIGTERM, term.clone())
             .context("installing the signal handler")?;
     }
-    let report = generate(&a, &stop)?;
+    let params = a.params();
+    let bar = progress_bar(params.request_count(), a.json);
+    let report = preheat_loadgen::generate(&params, &stop, &|n| bar.set_position(n));
+    bar.finish_and_clear();
+    let report = report?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -287,245 +285,12 @@ fn serde_plain<T: Serialize>(v: &T) -> String {
         .unwrap_or_default()
 }
 
-/// The engine's configuration from the flags.
-fn config(a: &LoadArgs, strategy: String) -> Result<LoadConfig> {
-    if a.connections == 0 {
-        bail!("--connections must be at least 1");
-    }
-    let rate = match (a.mode, a.rate) {
-        (Mode::Open, Some(r)) if r.is_finite() && r > 0.0 => r,
-        (Mode::Open, Some(r)) => bail!("--rate must be a positive number of requests/s (got {r})"),
-        (Mode::Open, None) => bail!("--mode open needs --rate (requests/s over all connections)"),
-        (_, Some(_)) => bail!("--rate applies to --mode open only"),
-        (_, None) => 0.0,
-    };
-    let duration = match a.duration_s {
-        Some(d) if d.is_finite() && d > 0.0 => Some(Duration::from_secs_f64(d)),
-        Some(d) => bail!("--duration-s must be positive (got {d})"),
-        None => None,
-    };
-    let requests = match (a.requests, duration) {
-        (Some(n), _) => Some(n),
-        (None, Some(_)) => None,
-        (None, None) => Some(200),
-    };
-    let threads = a.threads.unwrap_or(a.connections);
-    if threads == 0 || threads > a.connections {
-        bail!(
-            "--threads must be between 1 and --connections ({}), got {threads}",
-            a.connections
-        );
-    }
-    // What needs one thread per connection (the event loop cannot run it); mysql is worded
-    // apart for each case.
-    let per_connection = |mysql: &'static str| {
-        if a.mode == Mode::IdleGap {
-            Some("--mode idle-gap (each connection sleeps its own gap)")
-        } else if a.announce_local {
-            Some("--announce-local (each request is granted its own send time)")
-        } else if a.arbiter.is_some() {
-            Some("--arbiter (each request is granted its own send time)")
-        } else if a.protocol == Protocol::Mysql {
-            Some(mysql)
-        } else {
-            None
-        }
-    };
-    if a.wait == Wait::Epoll {
-        if let Some(why) = per_connection(
-            "--protocol mysql: not supported by the mysql driver (it only blocks, no event loop)",
-        ) {
-            bail!("--wait epoll runs the event loop, which does not support {why}; use --wait block or spin");
-        }
-    }
-    if threads < a.connections {
-        if let Some(why) = per_connection("--protocol mysql (its driver only blocks)") {
-            bail!(
-                "--threads {threads} < --connections {}: {why} needs one thread per connection; drop --threads",
-                a.connections
-            );
-        }
-    }
-    if a.observe && a.connections != 1 {
-        bail!(
-            "--observe attributes the agents' latest busy period to the latest request, so it needs --connections 1 (got {})",
-            a.connections
-        );
-    }
-    Ok(LoadConfig {
-        mode: a.mode,
-        requests,
-        duration,
-        rate,
-        gap: Duration::from_millis(a.gap_ms),
-        connections: a.connections,
-        threads,
-        wait: a.wait,
-        warmup: a.warmup,
-        seed: a.seed,
-        strategy,
-    })
-}
-
-pub fn generate(a: &LoadArgs, stop: &AtomicBool) -> Result<LoadReport> {
-    let target: SocketAddr = a
-        .target
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {}", a.target))?
-        .next()
-        .with_context(|| format!("{} resolves to nothing", a.target))?;
-    let strategies = Strategies::parse(&a.strategies).map_err(anyhow::Error::msg)?;
-    let strategy = a.strategy.clone().unwrap_or_else(|| {
-        if a.arbiter.is_some() {
-            "arbiter".into()
-        } else if a.announce_local {
-            strategies.name()
-        } else {
-            "none".into()
-        }
-    });
-    let cfg = config(a, strategy)?;
-    let spec = WorkloadSpec {
-        protocol: a.protocol,
-        key: a.key.clone(),
-        expect: None,
-        tpcc: (a.protocol == Protocol::Mysql).then(preheat_lab::tpcc::TpccConfig::default),
-    };
-    let wait = a.wait;
-    let connect = move || driver::connect(target, &spec, wait);
-
-    // Announcers: one per connection, made by the engine in the connection's thread.
-    let slot_waits = Arc::new(Mutex::new(Vec::<f64>::new()));
-    let announcer: Option<MakeAnnouncer> = if a.announce_local {
-        let dir = paths::run_dir();
-        let pids = agentctl::discover(&dir);
-        if pids.is_empty() {
-            bail!(
-                "--announce-local: no agents in {} (start the server with the agent: preheat run)",
-                dir.display()
-            );
-        }
-        let (lead_ns, port) = (a.lead_us * 1000, target.port());
-        Some(Box::new(move |_conn| {
-            Ok(Box::new(LocalAnnounce {
-                announcer: Announcer::new(&dir, &pids)?,
-                lead_ns,
-                port,
-                strategies,
-            }) as Box<dyn Announce>)
-        }))
-    } else if let Some(arb) = &a.arbiter {
-        let arb: SocketAddr = arb
-            .to_socket_addrs()
-            .with_context(|| format!("resolving {arb}"))?
-            .next()
-            .context("arbiter address resolves to nothing")?;
-        let key_file = a.key_file.as_ref().context("--arbiter needs --key-file")?;
-        let key = preheat_net::wire::Key::from_file(key_file)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", key_file.display()))?;
-        let my_ip = match a.my_ip {
-            Some(ip) => ip,
-            None => local_ipv4_towards(arb)?,
-        };
-        let dst_ip = match target.ip() {
-            std::net::IpAddr::V4(v4) => v4.to_bits(),
-            std::net::IpAddr::V6(_) => {
-                bail!("--arbiter: the arbiter names hosts by IPv4 address; {target} is IPv6")
-            }
-        };
-        let timeout = Duration::from_millis(a.arbiter_timeout_ms);
-        let waits = slot_waits.clone();
-        let port = target.port();
-        Some(Box::new(move |_conn| {
-            let sender =
-                preheat_net::sender::Sender::new(arb, key.clone(), my_ip.to_bits(), timeout)
-                    .context("creating the arbiter sender")?;
-            Ok(Box::new(ArbiterAnnounce {
-                sender,
-                dst_ip,
-                port,
-                waits: waits.clone(),
-            }) as Box<dyn Announce>)
-        }))
-    } else {
-        None
-    };
-
-    // Records, and the observer (which reads each record right after its reply).
-    let csv = match &a.records {
-        Some(p) => Some(CsvSink::create(p)?),
-        None => None,
-    };
-    let starts = Arc::new(Mutex::new(Vec::<f64>::new()));
-    // The agents' counters before the run (the report gives what the run added).
-    let mut totals_before = a.observe.then(|| {
-        let mut o = Observer::new(target.port());
-        let t0 = o.totals();
-        (o, t0)
-    });
-    let sink: Option<Box<dyn RecordSink>> = if a.observe {
-        Some(Box::new(ObserveSink {
-            csv,
-            observer: Observer::new(target.port()),
-            starts: starts.clone(),
-        }))
-    } else {
-        csv.map(|c| Box::new(c) as Box<dyn RecordSink>)
-    };
-
-    let bar = progress_bar(&cfg, a.json);
-    let summary = engine::run(&cfg, &connect, announcer.as_deref(), sink, stop, &|n| {
-        bar.set_position(n)
-    });
-    bar.finish_and_clear();
-    let s = summary?;
-    let interrupted = stop.load(Ordering::Relaxed);
-
-    let totals = match totals_before.as_mut() {
-        Some((o, t0)) => {
-            let t1 = o.totals();
-            std::array::from_fn(|i| t1[i].saturating_sub(t0[i]))
-        }
-        None => [0; 4],
-    };
-    let starts = starts.lock().map(|v| v.clone()).unwrap_or_default();
-    let start = preheat_model::stats::summarize(&starts);
-    let mut waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
-    waits.sort_by(|x, y| x.total_cmp(y));
-    Ok(LoadReport {
-        target: a.target.clone(),
-        protocol: a.protocol,
-        announce: if a.arbiter.is_some() {
-            "arbiter".into()
-        } else if a.announce_local {
-            format!("local {} µs, {}", a.lead_us, strategies.name())
-        } else {
-            "none".into()
-        },
-        strategy: cfg.strategy.clone(),
-        wait: a.wait,
-        seed: a.seed,
-        warmup: a.warmup,
-        summary: s,
-        slot_wait_us_p50: waits.get(waits.len() / 2).copied().unwrap_or(0.0),
-        interrupted,
-        records: a.records.clone(),
-        server_start_us_p50: (start.n > 0).then_some(start.p50),
-        server_start_us_p99: (start.n > 0).then_some(start.p99),
-        observed: start.n as u64,
-        agent_announcements: totals[0],
-        agent_preheats: totals[1],
-        agent_preheats_completed: totals[2],
-        agent_late: totals[3],
-    })
-}
-
 /// A progress bar on stderr (drawn only on a terminal, never with --json).
-fn progress_bar(cfg: &LoadConfig, json: bool) -> indicatif::ProgressBar {
+fn progress_bar(requests: Option<u64>, json: bool) -> indicatif::ProgressBar {
     if json {
         return indicatif::ProgressBar::hidden();
     }
-    match cfg.requests {
+    match requests {
         Some(n) => {
             let bar = indicatif::ProgressBar::new(n);
             if let Ok(style) = indicatif::ProgressStyle::with_template(
@@ -544,187 +309,5 @@ fn progress_bar(cfg: &LoadConfig, json: bool) -> indicatif::ProgressBar {
             }
             bar
         }
-    }
-}
-
-/// Makes the announcer of connection N.
-type MakeAnnouncer = Box<dyn Fn(usize) -> Result<Box<dyn Announce>> + Sync>;
-
-/// Local announcements: `arrival = max(earliest, now + lead)`, announced to every agent of the
-/// run dir at once; the request is sent at the arrival time. If no agent accepted the
-/// datagram the request counts as unscheduled (it still goes out at that time).
-struct LocalAnnounce {
-    announcer: Announcer,
-    lead_ns: u64,
-    port: u16,
-    strategies: Strategies,
-}
-
-impl Announce for LocalAnnounce {
-    fn grant(&mut self, earliest_ns: u64) -> Grant {
-        let now = preheat_engine::time::now_ns();
-        let arrival = earliest_ns.max(now + self.lead_ns);
-        let accepted = self.announcer.send(Announcement {
-            strategies: self.strategies,
-            port: self.port,
-            seq: 0,
-            arrival_ns: arrival,
-            sent_ns: now,
-            budget_ns: 0,
-        });
-        Grant {
-            send_at_ns: arrival,
-            scheduled: accepted > 0,
-        }
-    }
-
-    fn lead_ns(&self) -> u64 {
-        self.lead_ns
-    }
-}
-
-/// The arbiter: one demand per request; scheduled → send at the slot, unscheduled → now
-/// (fail-open).
-struct ArbiterAnnounce {
-    sender: preheat_net::sender::Sender,
-    dst_ip: u32,
-    port: u16,
-    waits: Arc<Mutex<Vec<f64>>>,
-}
-
-impl Announce for ArbiterAnnounce {
-    fn grant(&mut self, _earliest_ns: u64) -> Grant {
-        let now = preheat_engine::time::now_ns();
-        match self.sender.request(self.dst_ip, self.port, 1) {
-            preheat_net::sender::Grant::Scheduled { send_at_ns } => {
-                if let Ok(mut w) = self.waits.lock() {
-                    w.push(send_at_ns.saturating_sub(now) as f64 / 1e3);
-                }
-                Grant {
-                    send_at_ns,
-                    scheduled: true,
-                }
-            }
-            preheat_net::sender::Grant::Unscheduled { .. } => Grant {
-                send_at_ns: preheat_engine::time::now_ns(),
-                scheduled: false,
-            },
-        }
-    }
-}
-
-/// Records to the CSV file (if any) and, for each, the agents' start of the busy period that
-/// served it. Runs on the engine's records thread, so the agents are asked after the reply,
-/// never inside a measured interval.
-struct ObserveSink {
-    csv: Option<CsvSink>,
-    observer: Observer,
-    starts: Arc<Mutex<Vec<f64>>>,
-}
-
-impl RecordSink for ObserveSink {
-    fn write(&mut self, r: &Record) -> Result<()> {
-        if let Some(c) = self.csv.as_mut() {
-            c.write(r)?;
-        }
-        if let Some(start) = self.observer.start_of(r.granted_ns, r.done_ns) {
-            if let Ok(mut s) = self.starts.lock() {
-                s.push((start as f64 - r.granted_ns as f64) / 1e3);
-            }
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        match self.csv.as_mut() {
-            Some(c) => c.flush(),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Reads the agents of the run dir, over control connections opened once.
-struct Observer {
-    agents: Vec<agentctl::AgentClient>,
-    port: u16,
-}
-
-impl Observer {
-    fn new(port: u16) -> Observer {
-        let dir = paths::run_dir();
-        let agents = agentctl::discover(&dir)
-            .into_iter()
-            .filter_map(|pid| agentctl::AgentClient::connect(&dir, pid).ok())
-            .collect();
-        Observer { agents, port }
-    }
-
-    /// Status of every agent that still answers (agents that went away are dropped).
-    fn statuses(&mut self) -> Vec<preheat_model::proto::Reply> {
-        let mut out = Vec::new();
-        self.agents
-            .retain_mut(|c| match c.call(&preheat_model::proto::Request::Status) {
-                Ok(r) => {
-                    out.push(r);
-                    true
-                }
-                Err(_) => false,
-            });
-        out
-    }
-
-    /// The start of the busy period for the port that served a request announced for
-    /// `arrival_ns` and answered at `done_ns`: the agents' latest start, if it lies in
-    /// [arrival − 1 ms, done]. The agent records a period when it ends, so poll briefly; a
-    /// start after `done` means a later request already began, and this one is not observable.
-    fn start_of(&mut self, arrival_ns: u64, done_ns: u64) -> Option<u64> {
-        let t0 = std::time::Instant::now();
-        loop {
-            let port = self.port;
-            let best = self
-                .statuses()
-                .into_iter()
-                .filter_map(|r| match r {
-                    preheat_model::proto::Reply::Status { ports, .. } => ports
-                        .iter()
-                        .find(|p| p.port == port)
-                        .map(|p| p.last_start_ns),
-                    _ => None,
-                })
-                .max();
-            match best {
-                Some(b) if b > done_ns => return None,
-                Some(b) if b + 1_000_000 >= arrival_ns => return Some(b),
-                _ => {}
-            }
-            if t0.elapsed() > Duration::from_millis(20) {
-                return None;
-            }
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-
-    /// Summed agent counters: announcements, preheats, completed, late.
-    fn totals(&mut self) -> [u64; 4] {
-        let mut t = [0u64; 4];
-        for r in self.statuses() {
-            if let preheat_model::proto::Reply::Status { preheat, .. } = r {
-                t[0] += preheat.announcements;
-                t[1] += preheat.preheats;
-                t[2] += preheat.completed;
-                t[3] += preheat.late;
-            }
-        }
-        t
-    }
-}
-
-/// The local IPv4 address the kernel would use to reach `to`.
-fn local_ipv4_towards(to: SocketAddr) -> Result<std::net::Ipv4Addr> {
-    let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-    s.connect(to)?;
-    match s.local_addr()?.ip() {
-        std::net::IpAddr::V4(v4) => Ok(v4),
-        other => bail!("no IPv4 route to {to} (local address {other})"),
     }
 }

@@ -1,5 +1,25 @@
-//! `preheat demo`'s machinery as a library (the runner, its pilot and table still live in the
-//! CLI's `demo/` and are to move here):
+//! `preheat demo`'s machinery as a library: the paper's Table 1 in miniature on any server.
+//! * [`run`] – the pipeline: start the server with the agent, estimate its working set, pilot
+//!   `auto`, measure interleaved rounds of every mode, compute the table ([`Output`]);
+//! * [`render`] – the table as text; [`DemoParams`] – what a run is asked for;
 //! * [`hot`] – the hot floor: every CPU kept out of idle while a warm request is served.
+//!
+//! Modules in one direction: `hot custom params mode` ← `measure table` ← `pilot` ← `run` ←
+//! `render`.
 
+mod custom;
 pub mod hot;
+mod measure;
+mod mode;
+mod params;
+mod pilot;
+mod render;
+mod run;
+mod table;
+
+pub use custom::CustomProtocol;
+pub use mode::Sample;
+pub use params::DemoParams;
+pub use render::render;
+pub use run::{run, Output, Skipped};
+pub use table::{Decomposition, FloorCheck, Row};

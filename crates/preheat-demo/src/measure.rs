@@ -8,13 +8,13 @@ use std::time::Duration;
 use anyhow::Result;
 use preheat_model::proto::{Announcement, Strategies};
 
-use super::{agent_preheat, Mode, Sample, WakeAs};
-use preheat_demo::hot::KeepAwake;
+use crate::hot::KeepAwake;
+use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
 
 /// Everything a sample needs: the client, the agent, the announcer and the cold-making parts.
-pub(super) struct Bench<'a> {
+pub(crate) struct Bench<'a> {
     pub client: Requester,
     pub agent: AgentClient,
     pub announcer: Announcer,

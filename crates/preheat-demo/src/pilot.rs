@@ -4,15 +4,16 @@
 //! `auto` announces. The pilot's samples are not the table's: `auto` is measured again there.
 
 use anyhow::Result;
+use preheat_launch::progress::Progress;
 use preheat_model::auto::{choose, AutoChoice, Pilot};
 use preheat_model::proto::Strategies;
 use rand::seq::SliceRandom;
 
-use super::measure::Bench;
-use super::Mode;
+use crate::measure::Bench;
+use crate::mode::Mode;
 
 /// Every non-empty combination of `wake`, `lines` and `replay` that `available` allows.
-pub(super) fn candidates(available: Strategies) -> Vec<Strategies> {
+pub(crate) fn candidates(available: Strategies) -> Vec<Strategies> {
     (1..=Strategies::ALL.0)
         .map(Strategies)
         .filter(|s| available.contains(*s))
@@ -20,16 +21,16 @@ pub(super) fn candidates(available: Strategies) -> Vec<Strategies> {
 }
 
 /// Run `rounds` pilot rounds over `cands` and choose.
-pub(super) fn run(
+pub(crate) fn run(
     bench: &mut Bench<'_>,
     cands: &[Strategies],
     rounds: usize,
-    quiet: bool,
+    progress: &dyn Progress,
 ) -> Result<AutoChoice> {
     let modes: Vec<Mode> = std::iter::once(Mode::ColdSweep)
         .chain(cands.iter().map(|s| Mode::Preheat(*s)))
         .collect();
-    let pb = crate::progress::bar((rounds * modes.len()) as u64, "auto pilot", quiet);
+    progress.start((rounds * modes.len()) as u64, "auto pilot");
     // [mode][round]: latency (every mode once per round, so in round order) and, for replay
     // candidates, in flight.
     let mut lat: Vec<Vec<f64>> = vec![Vec::with_capacity(rounds); modes.len()];
@@ -47,10 +48,10 @@ pub(super) fn run(
                 // the warm-up when the request came.
                 flight[i].push(s.server_start_us < 0.0);
             }
-            pb.inc(1);
+            progress.inc(1);
         }
     }
-    pb.finish_and_clear();
+    progress.finish();
     let pilots: Vec<Pilot<'_>> = cands
         .iter()
         .enumerate()

@@ -15,20 +15,20 @@ use preheat_launch::launch::{self, Server, ServerSpec};
 use preheat_launch::servers::Workload;
 
 /// The protocol of a server given by its command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CustomProtocol {
-    /// HTTP/1.1 GET of `--request PATH` (keep-alive).
+    /// HTTP/1.1 GET of the request's path (keep-alive).
     Http,
-    /// memcached text protocol: `get --request KEY`.
+    /// memcached text protocol: `get KEY`.
     Memcached,
-    /// redis RESP: `GET --request KEY`.
+    /// redis RESP: `GET KEY`.
     Redis,
-    /// Raw bytes: `--request BYTES` (\r \n escapes); the reply ends with `--until BYTES`.
+    /// Raw bytes (\r \n escapes); the reply ends with the `until` bytes.
     Raw,
 }
 
 /// What the demo needs to start and query a server given by its command.
-pub struct CustomServer<'a> {
+pub(crate) struct CustomServer<'a> {
     pub command: &'a [String],
     pub port: Option<u16>,
     pub protocol: CustomProtocol,

@@ -24,11 +24,11 @@
 use preheat_model::proto::Strategies;
 use serde::Serialize;
 
-use super::{Mode, Output, Sample};
+use crate::mode::{Mode, Sample};
 use preheat_model::stats::{summarize, Summary};
 
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Row {
+pub struct Row {
     pub mode: String,
     pub latency: Summary,
     /// Share of the cold-sweep p50 overhead removed, against the floor (`floor`).
@@ -60,7 +60,7 @@ pub(super) struct Row {
 
 /// The cold overhead and its split by cause, µs (p50 differences).
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct Decomposition {
+pub struct Decomposition {
     pub floor: &'static str,
     pub cold_overhead_us: f64,
     /// control − floor: what waking the idle CPU costs by itself.
@@ -79,7 +79,7 @@ fn median(v: Vec<f64>) -> Option<f64> {
 /// Whether the hot floor is one in this run: warm − hot per round (the rounds that measured
 /// both), its median with the 95% CI. Verified when the CI lies above 0.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct FloorCheck {
+pub struct FloorCheck {
     pub verified: bool,
     pub warm_minus_hot_us_p50: f64,
     pub ci_us: [f64; 2],
@@ -106,7 +106,7 @@ impl FloorCheck {
 }
 
 /// The floor check of `samples` (`None` without hot or warm samples in a common round).
-pub(super) fn floor_check(samples: &[Sample]) -> Option<FloorCheck> {
+pub(crate) fn floor_check(samples: &[Sample]) -> Option<FloorCheck> {
     let hot: std::collections::BTreeMap<usize, f64> = samples
         .iter()
         .filter(|s| s.mode == "hot")
@@ -135,7 +135,7 @@ fn share(cold: Option<f64>, floor: Option<f64>, mode: Option<f64>) -> Option<f64
 }
 
 /// Whether the samples mix request kinds (see the module docs).
-pub(super) fn mixed_kinds(samples: &[Sample]) -> bool {
+pub(crate) fn mixed_kinds(samples: &[Sample]) -> bool {
     samples
         .first()
         .is_some_and(|f| samples.iter().any(|s| s.kind != f.kind))
@@ -206,7 +206,7 @@ fn floor(samples: &[Sample]) -> (&'static str, Stages) {
     }
 }
 
-pub(super) fn decomposition(samples: &[Sample]) -> Option<Decomposition> {
+pub(crate) fn decomposition(samples: &[Sample]) -> Option<Decomposition> {
     let (name, f) = floor(samples);
     let cold = stages(samples, "cold-sweep").total?;
     let control = stages(samples, "control").total;
@@ -219,7 +219,7 @@ pub(super) fn decomposition(samples: &[Sample]) -> Option<Decomposition> {
     })
 }
 
-pub(super) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec<Row> {
+pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsStats) -> Vec<Row> {
     let (floor_name, fl) = floor(samples);
     let warm = stages(samples, "warm");
     let cold = stages(samples, "cold-sweep");
@@ -368,150 +368,6 @@ fn harm_flags(samples: &[Sample], mode: &str, replays: bool) -> Vec<String> {
         }
     }
     flags
-}
-
-fn opt(v: Option<f64>, prec: usize) -> String {
-    v.map(|x| format!("{x:.prec$}"))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn pct(v: Option<f64>) -> String {
-    v.map(|x| format!("{:.0}%", x * 100.0))
-        .unwrap_or_else(|| "-".into())
-}
-
-pub(super) fn print_table(o: &Output, ws: &preheat_model::WsStats) {
-    println!();
-    println!(
-        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs]",
-        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us
-    );
-    if let Some(r) = &o.record {
-        println!(
-            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
-            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
-        );
-    }
-    let floor = o.rows.first().map_or("warm", |r| r.floor);
-    println!(
-        "{:<26} {:>4} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
-        "mode",
-        "n",
-        "p50 (95% CI)",
-        "p99",
-        "mean",
-        "removed",
-        "vs warm",
-        "start",
-        "serve",
-        "start rm",
-        "serve rm"
-    );
-    for r in &o.rows {
-        let l = &r.latency;
-        println!(
-            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
-            r.mode,
-            l.n,
-            format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
-            l.p99,
-            l.mean,
-            pct(r.overhead_removed),
-            pct(r.removed_vs_warm),
-            opt(r.start_us_p50, 1),
-            opt(r.serve_us_p50, 1),
-            pct(r.start_removed),
-            pct(r.serve_removed),
-        );
-    }
-    println!();
-    println!(
-        "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
-        "preheat mode",
-        "WS KiB",
-        "runs",
-        "enc B",
-        "preheat",
-        "GB/s",
-        "done",
-        "lead t/w",
-        "server start"
-    );
-    for r in o.rows.iter().filter(|r| r.mode.starts_with("preheat:")) {
-        println!(
-            "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
-            r.mode,
-            opt(r.ws_kib, 1),
-            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-            r.encoded_bytes
-                .map(|x| x.to_string())
-                .unwrap_or_else(|| "-".into()),
-            opt(r.preheat_us_p50, 1),
-            opt(r.gb_per_s, 2),
-            pct(r.completed_share),
-            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
-                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
-                _ => "-".into(),
-            },
-            match (r.server_start_us_p50, r.server_start_us_p99) {
-                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
-                _ => "-".into(),
-            },
-        );
-    }
-    println!();
-    for r in &o.rows {
-        for f in &r.flags {
-            println!("FLAG {}: {f}", r.mode);
-        }
-    }
-    for s in &o.skipped {
-        println!("{:<26} n/a: {}", s.mode, s.reason);
-    }
-    if let Some(d) = &o.decomposition {
-        println!(
-            "cold overhead (cold-sweep − {}) {:.1} µs = wake-up (control − {}) {} + cache and kernel-path loss (cold-sweep − control) {} [p50 differences, measured]",
-            d.floor,
-            d.cold_overhead_us,
-            d.floor,
-            d.wakeup_us.map_or("-".into(), |x| format!("{x:.1} µs")),
-            d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
-        );
-    }
-    if let Some(h) = &o.hot_floor {
-        println!("hot = warm caches, {h}.");
-    }
-    if let Some(c) = &o.floor_check {
-        println!("{}.", c.describe());
-    }
-    println!("wake ran as {}.", o.wake_mechanism);
-    if let Some(c) = &o.auto {
-        println!(
-            "auto announced {} [chosen from a pilot measured before the table, not from its rows]: {}.",
-            c.chosen, c.why
-        );
-        for cand in &c.candidates {
-            println!("  pilot [measured] {}", cand.describe());
-        }
-    }
-    println!(
-        "CPI: {}",
-        if o.pmu {
-            "a PMU exists, but CPI measurement is not implemented yet (n/a)"
-        } else {
-            "n/a (no hardware PMU on this machine: cycles and instructions cannot be counted)"
-        }
-    );
-    if mixed_kinds(&o.samples) {
-        println!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (the paper's baseline);");
-    } else {
-        println!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (the paper's baseline);");
-    }
-    println!("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;");
-    println!("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);");
-    println!("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.");
-    println!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
-    println!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
 }
 
 #[cfg(test)]

@@ -1,0 +1,189 @@
+//! The demo's measurement vocabulary: its modes (how a request is made cold, what is announced),
+//! one measured request ([`Sample`], as the JSON output's `samples` carry it), what the agent
+//! says about a sample, and what the `wake` strategy runs as on this machine.
+
+use anyhow::{bail, Result};
+use preheat_model::proto::{Reply, Request, Strategies};
+use serde::Serialize;
+
+use preheat_launch::agentctl::AgentClient;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Hot,
+    Warm,
+    ColdIdle,
+    ColdSweep,
+    Control,
+    Preheat(Strategies),
+    /// `auto`: what its pilot chose (`NONE` until then, or when nothing was measured to help).
+    Auto(Strategies),
+}
+
+impl Mode {
+    pub(crate) fn name(self) -> String {
+        match self {
+            Mode::Hot => "hot".into(),
+            Mode::Warm => "warm".into(),
+            Mode::ColdIdle => "cold-idle".into(),
+            Mode::ColdSweep => "cold-sweep".into(),
+            Mode::Control => "control".into(),
+            Mode::Preheat(s) => format!("preheat:{}", s.name()),
+            Mode::Auto(_) => "preheat:auto".into(),
+        }
+    }
+
+    /// What the mode announces (`None`: no announcement).
+    pub(crate) fn announced(self) -> Option<Strategies> {
+        match self {
+            Mode::Preheat(s) => Some(s),
+            Mode::Auto(s) if !s.is_empty() => Some(s),
+            _ => None,
+        }
+    }
+
+    /// A preheat mode whose strategies include `replay`.
+    pub(crate) fn replays(self) -> bool {
+        matches!(self, Mode::Preheat(s) if s.contains(Strategies::REPLAY))
+    }
+}
+
+/// One measured request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub mode: String,
+    pub round: usize,
+    /// The request type (TPC-C-like: the round's transaction type; others: "request").
+    pub kind: String,
+    pub latency_us: f64,
+    /// For preheat modes: what the agent reported for this announcement.
+    pub lines_done: u64,
+    pub lines_total: u64,
+    pub preheat_us: f64,
+    /// Arrival time minus the time the agent's worker started, µs.
+    pub worker_lead_us: f64,
+    /// Arrival time minus the time the agent's trigger thread received the announcement, µs.
+    pub trigger_lead_us: f64,
+    /// When the server thread started on the request (returned from its wait with it, as the
+    /// agent saw), relative to the send time (announced modes: the announced arrival), µs.
+    /// Every mode has it: the first stage of the response time (arrival and wake-up).
+    pub server_start_us: f64,
+    pub sweep_us: f64,
+    /// Preheat modes: the preheated process's busy periods of the port grew while this sample
+    /// was measured — false where no request of it reached that process (another process, a
+    /// prefork server's other worker, answered); `None` for the other modes.
+    pub served_by_preheated: Option<bool>,
+}
+
+impl Sample {
+    /// A measured request; the agent's fields are filled in by the caller when it has them.
+    pub(crate) fn new(
+        mode: String,
+        round: usize,
+        kind: String,
+        latency_us: f64,
+        sweep_us: f64,
+    ) -> Sample {
+        Sample {
+            mode,
+            round,
+            kind,
+            latency_us,
+            lines_done: 0,
+            lines_total: 0,
+            preheat_us: 0.0,
+            worker_lead_us: 0.0,
+            trigger_lead_us: 0.0,
+            server_start_us: f64::NAN,
+            sweep_us,
+            served_by_preheated: None,
+        }
+    }
+
+    /// What the agent did for this sample's announcement, from its counters before and after.
+    pub(crate) fn fill_agent(
+        &mut self,
+        b: &preheat_model::proto::PreheatStats,
+        after: &preheat_model::proto::PreheatStats,
+    ) {
+        let acted = after.preheats > b.preheats
+            || after.wake_spins > b.wake_spins
+            || after.wake_polled > b.wake_polled
+            || after.replays > b.replays;
+        if !acted {
+            self.worker_lead_us = f64::NAN; // announcement not acted on (late/dropped)
+            self.trigger_lead_us = f64::NAN;
+            return;
+        }
+        // The lines counters are the agent's *last* lines preheat: only this announcement's if
+        // it ran one (wake/replay alone leave them stale).
+        if after.preheats > b.preheats {
+            self.lines_done = after.last_lines_done;
+            self.lines_total = after.last_lines_total;
+            self.preheat_us = after.last_preheat_ns as f64 / 1e3;
+        }
+        self.worker_lead_us = after.last_lead_ns as f64 / 1e3;
+        self.trigger_lead_us = after.last_trigger_lead_ns as f64 / 1e3;
+    }
+}
+
+/// What the agent says after (or before) a sample.
+pub(crate) struct AgentView {
+    pub preheat: preheat_model::proto::PreheatStats,
+    /// Start of the port's most recent busy period.
+    pub last_start_ns: u64,
+    /// The port's busy periods in the agent's process.
+    pub busy_periods: u64,
+}
+
+/// The agent's preheat counters and the port's busy periods.
+pub(crate) fn agent_preheat(c: &mut AgentClient, port: u16) -> Result<AgentView> {
+    match c.call(&Request::Status)? {
+        Reply::Status { preheat, ports, .. } => {
+            let p = ports.iter().find(|p| p.port == port);
+            Ok(AgentView {
+                preheat,
+                last_start_ns: p.map_or(0, |p| p.last_start_ns),
+                busy_periods: p.map_or(0, |p| p.busy_periods),
+            })
+        }
+        other => bail!("unexpected status reply {other:?}"),
+    }
+}
+
+/// What the `wake` strategy runs as on this machine: the agent's idle polling
+/// (`/dev/cpu_dma_latency`, every CPU) where the calibration measured polling mechanisms best
+/// (or had no verdict), its spin on the server's core where spinning measured best.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WakeAs {
+    Poll { calibrated: bool },
+    Spin,
+}
+
+impl WakeAs {
+    pub(crate) fn from_calibration(c: Option<&preheat_wake::calibrate::Calibration>) -> WakeAs {
+        use preheat_wake::Mechanism;
+        match c.and_then(|c| c.best) {
+            Some(Mechanism::Spin) => WakeAs::Spin,
+            Some(Mechanism::PmQos | Mechanism::DmaLatency) => WakeAs::Poll { calibrated: true },
+            None => WakeAs::Poll { calibrated: false },
+        }
+    }
+
+    /// The strategies to announce for `st`: `wake` replaced by `spin` where spinning is best.
+    pub(crate) fn apply(self, st: Strategies) -> Strategies {
+        if self == WakeAs::Spin && st.contains(Strategies::WAKE) {
+            Strategies(st.0 & !Strategies::WAKE.0).union(Strategies::SPIN)
+        } else {
+            st
+        }
+    }
+
+    pub(crate) fn describe(self) -> String {
+        match self {
+            WakeAs::Spin => "spin: the agent spins on the server's core through the arrival (the calibration measured spinning best here)".into(),
+            WakeAs::Poll { calibrated: true } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (the calibration measured idle polling best here)".into(),
+            WakeAs::Poll { calibrated: false } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (not shown by the calibration to beat plain idle here)".into(),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! What a demo run is asked for: the server, the modes and strategies, the measurement's sizes.
+//! Plain data; the CLI's `DemoArgs` fills it from the command line (same defaults).
+
+use std::path::PathBuf;
+
+use preheat_launch::servers::ServerKind;
+
+use crate::custom::CustomProtocol;
+
+/// A demo run's parameters. [`Default`] gives the CLI's defaults.
+#[derive(Debug, Clone)]
+pub struct DemoParams {
+    /// The catalog server to run on (default kv); ignored when `command` is given.
+    pub server: ServerKind,
+    /// Any server: the port it listens on (it must listen there itself).
+    pub port: Option<u16>,
+    /// Any server: its protocol (default HTTP).
+    pub protocol: CustomProtocol,
+    /// Any server: the request to measure — an HTTP path, a memcached or redis key, or raw
+    /// request bytes (\r \n escapes) with the raw protocol.
+    pub request: Option<String>,
+    /// Any server, raw protocol: the bytes its reply ends with (\r \n escapes; default `\r\n`).
+    pub until: String,
+    /// Any server: its command line, started pinned to the server CPU with the agent attached
+    /// (empty: the catalog server `server`).
+    pub command: Vec<String>,
+    /// Rounds, each measuring every mode once in shuffled order (default 150).
+    pub rounds: usize,
+    /// Announcement lead time, µs (default 65: Fastpass schedules ~65 µs ahead).
+    pub lead_us: u64,
+    /// Idle gap before a cold-idle request, ms (default 20).
+    pub idle_ms: u64,
+    /// Eviction sweep size, MiB (default 128).
+    pub sweep_mib: usize,
+    /// Gap after the sweep before the request, µs (default 1000).
+    pub post_gap_us: u64,
+    /// Preheat strategies to compare, comma separated, each may combine with `+`; `auto` is
+    /// chosen by a pilot (default `auto,wake,lines,replay,wake+lines,all`).
+    pub strategies: String,
+    /// Rounds of `auto`'s pilot (default 15).
+    pub pilot_rounds: usize,
+    /// Use this working-set file instead of recording one.
+    pub profile: Option<PathBuf>,
+    /// Samples for the recording (default 8, as the paper).
+    pub samples: u32,
+    /// Keep lines seen in at least this many samples (default 6).
+    pub keep: u32,
+    /// Merge runs separated by at most this many unused lines when encoding (default 0).
+    pub gap_merge: u32,
+    /// Append every sample as one JSON line to this file as it is measured.
+    pub records: Option<PathBuf>,
+    /// Server CPU (default: the last CPU); the client uses another one.
+    pub server_cpu: Option<usize>,
+}
+
+impl Default for DemoParams {
+    fn default() -> DemoParams {
+        DemoParams {
+            server: ServerKind::Kv,
+            port: None,
+            protocol: CustomProtocol::Http,
+            request: None,
+            until: "\\r\\n".into(),
+            command: Vec::new(),
+            rounds: 150,
+            lead_us: 65,
+            idle_ms: 20,
+            sweep_mib: 128,
+            post_gap_us: 1000,
+            strategies: "auto,wake,lines,replay,wake+lines,all".into(),
+            pilot_rounds: 15,
+            profile: None,
+            samples: 8,
+            keep: 6,
+            gap_merge: 0,
+            records: None,
+            server_cpu: None,
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The demo's table as text: the response-time rows, the preheat modes' details, the flags and
+//! skipped modes, the decomposition, the floor and the notes on what every column means.
+
+use std::fmt::Write;
+
+use crate::run::Output;
+use crate::table::mixed_kinds;
+
+fn opt(v: Option<f64>, prec: usize) -> String {
+    v.map(|x| format!("{x:.prec$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|x| format!("{:.0}%", x * 100.0))
+        .unwrap_or_else(|| "-".into())
+}
+
+/// The text `preheat demo` prints for `o` (without `--json`), each line ending in a newline.
+pub fn render(o: &Output) -> String {
+    let ws = &o.ws;
+    let mut out = String::new();
+    // One line of the text (`w!()`: an empty one); writing to a String cannot fail.
+    macro_rules! w {
+        () => {
+            out.push('\n')
+        };
+        ($($t:tt)*) => {{
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
+    w!();
+    w!(
+        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs]",
+        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us
+    );
+    if let Some(r) = &o.record {
+        w!(
+            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
+            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
+        );
+    }
+    let floor = o.rows.first().map_or("warm", |r| r.floor);
+    w!(
+        "{:<26} {:>4} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+        "mode",
+        "n",
+        "p50 (95% CI)",
+        "p99",
+        "mean",
+        "removed",
+        "vs warm",
+        "start",
+        "serve",
+        "start rm",
+        "serve rm"
+    );
+    for r in &o.rows {
+        let l = &r.latency;
+        w!(
+            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+            r.mode,
+            l.n,
+            format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
+            l.p99,
+            l.mean,
+            pct(r.overhead_removed),
+            pct(r.removed_vs_warm),
+            opt(r.start_us_p50, 1),
+            opt(r.serve_us_p50, 1),
+            pct(r.start_removed),
+            pct(r.serve_removed),
+        );
+    }
+    w!();
+    w!(
+        "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
+        "preheat mode",
+        "WS KiB",
+        "runs",
+        "enc B",
+        "preheat",
+        "GB/s",
+        "done",
+        "lead t/w",
+        "server start"
+    );
+    for r in o.rows.iter().filter(|r| r.mode.starts_with("preheat:")) {
+        w!(
+            "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
+            r.mode,
+            opt(r.ws_kib, 1),
+            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+            r.encoded_bytes
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(r.preheat_us_p50, 1),
+            opt(r.gb_per_s, 2),
+            pct(r.completed_share),
+            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
+                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
+                _ => "-".into(),
+            },
+            match (r.server_start_us_p50, r.server_start_us_p99) {
+                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+                _ => "-".into(),
+            },
+        );
+    }
+    w!();
+    for r in &o.rows {
+        for f in &r.flags {
+            w!("FLAG {}: {f}", r.mode);
+        }
+    }
+    for s in &o.skipped {
+        w!("{:<26} n/a: {}", s.mode, s.reason);
+    }
+    if let Some(d) = &o.decomposition {
+        w!(
+            "cold overhead (cold-sweep − {}) {:.1} µs = wake-up (control − {}) {} + cache and kernel-path loss (cold-sweep − control) {} [p50 differences, measured]",
+            d.floor,
+            d.cold_overhead_us,
+            d.floor,
+            d.wakeup_us.map_or("-".into(), |x| format!("{x:.1} µs")),
+            d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
+        );
+    }
+    if let Some(h) = &o.hot_floor {
+        w!("hot = warm caches, {h}.");
+    }
+    if let Some(c) = &o.floor_check {
+        w!("{}.", c.describe());
+    }
+    w!("wake ran as {}.", o.wake_mechanism);
+    if let Some(c) = &o.auto {
+        w!(
+            "auto announced {} [chosen from a pilot measured before the table, not from its rows]: {}.",
+            c.chosen, c.why
+        );
+        for cand in &c.candidates {
+            w!("  pilot [measured] {}", cand.describe());
+        }
+    }
+    w!(
+        "CPI: {}",
+        if o.pmu {
+            "a PMU exists, but CPI measurement is not implemented yet (n/a)"
+        } else {
+            "n/a (no hardware PMU on this machine: cycles and instructions cannot be counted)"
+        }
+    );
+    if mixed_kinds(&o.samples) {
+        w!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (the paper's baseline);");
+    } else {
+        w!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (the paper's baseline);");
+    }
+    w!("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;");
+    w!("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);");
+    w!("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.");
+    w!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
+    w!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
+    out
+}
