@@ -24,7 +24,7 @@ use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
 use preheat_group::{group, CommMatrix};
 
-use super::host::{vm_sets, LiveVm};
+use crate::host::{vm_sets, LiveVm};
 use preheat_launch::agentctl::{self, AgentClient};
 use preheat_model::proto::Request;
 
