@@ -615,3 +615,50 @@ fn row_of(
         idle_cpu_share_median: of(&|c: &Cell| c.idle_cpu_share),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_rates_take_each_instances_slowest_thread() {
+        let out = "starting\n{\"wall_s\": 2.0, \"instances\": 2, \"per_thread\": [\
+            {\"instance\": 0, \"iterations\": 10}, {\"instance\": 0, \"iterations\": 8}, \
+            {\"instance\": 1, \"iterations\": 4}]}\n";
+        assert_eq!(instance_rates(out).unwrap(), vec![4.0, 2.0]);
+        assert!(instance_rates("no summary").is_err());
+    }
+
+    #[test]
+    fn kernels_by_their_command_line_names() {
+        assert_eq!(kernel_of("cg"), Some(Kernel::Cg));
+        assert_eq!(kernel_of("CG"), None);
+        assert_eq!(barriers("nope"), 0);
+    }
+
+    #[test]
+    fn every_repetition_holds_every_cell_once() {
+        let e = ExperimentSpec {
+            kernels: vec!["mg".into(), "ep".into()],
+            scenarios: vec![Scenario::Single, Scenario::Double],
+            policies: vec![Policy::Full, Policy::None],
+            reps: 3,
+            seconds: 1.0,
+            slice_ms: 10.0,
+            regroup_s: 1.0,
+            t: 1.5,
+            seed: 1,
+            watchdog: None,
+        };
+        let order = order_of(&e, &e.scenarios, &e.policies);
+        assert_eq!(order.len(), 24);
+        for rep in 0..3 {
+            let round = &order[rep * 8..(rep + 1) * 8];
+            assert!(round.iter().all(|c| c.3 == rep));
+            let mut cells: Vec<String> = round.iter().map(|c| format!("{c:?}")).collect();
+            cells.sort();
+            cells.dedup();
+            assert_eq!(cells.len(), 8);
+        }
+    }
+}
