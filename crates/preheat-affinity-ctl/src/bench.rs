@@ -17,6 +17,7 @@ use crate::proc::WorkerCmd;
 use crate::run::{self, Experiment, MainSpec, RunSpec};
 use preheat_engine::workloads::Kind;
 use preheat_launch::progress::Progress;
+use preheat_model::stats::summarize;
 
 /// One benchmark: `reps` repetitions of three runs of `workload` (chase, stream or branchy) with
 /// `ws_bytes` of working set, `cpu_ms` of CPU time each, interleaved every `quantum_ms`.
@@ -54,13 +55,14 @@ pub struct BenchResult {
     pub quantum_goal: f64,
 }
 
+/// The median of the model's order statistics: the lower middle of an even sample, over the
+/// finite values (NaN if there is none).
 fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    if s.is_empty() {
+    let s = summarize(v);
+    if s.n == 0 {
         f64::NAN
     } else {
-        s[s.len() / 2]
+        s.p50
     }
 }
 
@@ -139,4 +141,17 @@ pub fn measure(a: &BenchSpec, worker: &WorkerCmd, progress: &dyn Progress) -> Re
         quantum_goal: 1.05,
     };
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_is_the_models_lower_middle() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.0);
+        assert!(median(&[]).is_nan());
+        assert!(median(&[f64::NAN]).is_nan());
+    }
 }

@@ -197,7 +197,7 @@ impl Poller {
             c.call(&Request::CommReset)?;
             self.reset_at = Some(Instant::now());
         }
-        let Ok(r) = report_of(c) else {
+        let Ok(r) = c.comm_report() else {
             return Ok(None);
         };
         if self.progress {
@@ -205,13 +205,6 @@ impl Poller {
         }
         let since = self.reset_at.map(|at| at.elapsed());
         Ok(Some((r, since)))
-    }
-}
-
-pub fn report_of(c: &mut AgentClient) -> Result<CommReport> {
-    match c.call(&Request::CommReport)? {
-        Reply::Comm(r) => Ok(r),
-        other => bail!("unexpected reply {other:?}"),
     }
 }
 
@@ -302,7 +295,7 @@ pub fn follow(
             .is_some_and(|d| poll.t0.elapsed().as_secs_f64() >= d)
         {
             if let Some(c) = client.as_mut() {
-                if let Ok(r) = report_of(c) {
+                if let Ok(r) = c.comm_report() {
                     last = Some(r);
                 }
             }

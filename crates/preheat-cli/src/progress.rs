@@ -66,4 +66,12 @@ impl Progress for Bars {
             }
         });
     }
+
+    fn label(&self, what: &str) {
+        self.with(|c| {
+            if let Some(b) = c {
+                b.set_message(what.to_string());
+            }
+        });
+    }
 }

@@ -57,6 +57,14 @@ impl AgentClient {
         }
         Ok(reply)
     }
+
+    /// The agent's communication report (`CommReport`: its SPCD matrix so far).
+    pub fn comm_report(&mut self) -> Result<preheat_model::comm::CommReport> {
+        match self.call(&Request::CommReport)? {
+            Reply::Comm(r) => Ok(r),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
 }
 
 /// Pids with a live agent control socket in `run_dir`. Sockets of dead processes are removed.

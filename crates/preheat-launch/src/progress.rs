@@ -9,6 +9,9 @@ pub trait Progress {
     fn inc(&self, n: u64);
     /// The piece of work is over (the display, if any, goes away).
     fn finish(&self);
+    /// What the current step is doing, in a few words (shown in place of the label; default:
+    /// ignored).
+    fn label(&self, _what: &str) {}
 }
 
 /// Reports nothing: quiet runs and tests.

@@ -1,35 +1,20 @@
 //! `preheat cosched`: partial coscheduling (Busse et al., SAC'15) on a stock kernel — the
-//! user-space coscheduler (`run`, in `preheat-cosched`), the paper's experiments at this
-//! machine's size (`experiment`), the simulator for larger hosts (`simulate`, in
-//! `preheat-cosim`), and `restore` for what a dead controller left behind.
+//! user-space coscheduler (`run`: the mechanism in `preheat-cosched`, the run loop, watchdog
+//! and experiments in `preheat-cosched-run`), the paper's experiments at this machine's size
+//! (`experiment`), the simulator for larger hosts (`simulate`, in `preheat-cosim`), and
+//! `restore` for what a dead controller left behind. Here: the arguments and the printing.
 
-mod auto;
 pub mod bench;
 pub mod experiment;
-mod host;
 pub mod run;
 pub mod sim_bench;
 pub mod simulate;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
 
 use anyhow::Result;
-
-/// Set by SIGINT/SIGTERM: the controller ends its run and restores the threads.
-pub static STOP: AtomicBool = AtomicBool::new(false);
-/// Set once the controller has restored everything.
-pub static DONE: AtomicBool = AtomicBool::new(true);
-
-/// The signal hook: stop the controller and wait (≤ 2 s) until it has restored the threads.
-fn on_signal() {
-    STOP.store(true, Ordering::Relaxed);
-    let t0 = Instant::now();
-    while !DONE.load(Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+use preheat_cosched_run::{on_signal, watchdog};
 
 /// A run ended by SIGINT/SIGTERM (threads restored) exits with 128 + the signal, as the
 /// signal handler would.
@@ -108,24 +93,14 @@ pub fn run(a: CoschedArgs) -> Result<()> {
             watch,
             controller,
         } => {
-            let path = journal.unwrap_or_else(|| {
-                preheat_cosched::journal::default_path(&preheat_launch::paths::run_dir())
-            });
+            let path = watchdog::journal_path(journal.as_deref());
             if watch {
-                let pid = controller.unwrap_or(0);
-                let out = preheat_cosched::journal::watch(&path, pid, Duration::from_millis(20))?;
-                for o in out {
+                for o in watchdog::watch(&path, controller.unwrap_or(0))? {
                     eprintln!("preheat cosched watchdog: {o}");
-                }
-                if let Some(dir) = path.parent() {
-                    run::sweep_scratch(dir);
                 }
                 return Ok(());
             }
-            if let Some(dir) = path.parent() {
-                run::sweep_scratch(dir);
-            }
-            match preheat_cosched::journal::restore_if_orphaned(&path)? {
+            match watchdog::restore(&path)? {
                 None => println!(
                     "nothing to restore ({} absent, empty or its controller runs)",
                     path.display()

@@ -311,3 +311,54 @@ pub fn initial_sets(vms: &[LiveVm], policy: Policy) -> Result<Vec<CoSet>> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(vcpus: usize, sets: Vec<Vec<usize>>) -> VmSpec {
+        VmSpec {
+            name: None,
+            vcpus,
+            command: vec!["true".into()],
+            pid: None,
+            threads: String::new(),
+            sets,
+        }
+    }
+
+    #[test]
+    fn validate_refuses_what_cannot_be_coscheduled() {
+        let ok = HostSpec {
+            vms: vec![vm(2, vec![vec![0, 1]]), vm(1, vec![])],
+        };
+        assert!(ok.validate(2).is_ok());
+        assert!(HostSpec { vms: vec![] }.validate(2).is_err());
+        assert!(HostSpec {
+            vms: vec![vm(3, vec![])]
+        }
+        .validate(2)
+        .is_err());
+        assert!(HostSpec {
+            vms: vec![vm(2, vec![vec![0], vec![0]])]
+        }
+        .validate(2)
+        .is_err());
+        assert!(HostSpec {
+            vms: vec![vm(2, vec![vec![2]])]
+        }
+        .validate(2)
+        .is_err());
+        let mut both = vm(1, vec![]);
+        both.pid = Some(1);
+        assert!(HostSpec { vms: vec![both] }.validate(2).is_err());
+    }
+
+    #[test]
+    fn vm_sets_leave_uncovered_vcpus_alone_in_global_indices() {
+        let sets = vm_sets(1, 4, 3, [vec![0, 2]]);
+        let members: Vec<Vec<usize>> = sets.iter().map(|s| s.members.clone()).collect();
+        assert_eq!(members, vec![vec![4, 6], vec![5]]);
+        assert!(sets.iter().all(|s| s.vm == 1));
+    }
+}

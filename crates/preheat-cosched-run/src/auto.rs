@@ -24,8 +24,7 @@ use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
 use preheat_group::{group, CommMatrix};
 
-use super::host::{vm_sets, LiveVm};
-use crate::comm;
+use crate::host::{vm_sets, LiveVm};
 use preheat_launch::agentctl::{self, AgentClient};
 use preheat_model::proto::Request;
 
@@ -143,7 +142,7 @@ impl Auto {
                 sets.extend(whole);
                 continue;
             };
-            let report = match comm::report_of(c) {
+            let report = match c.comm_report() {
                 Ok(r) => r,
                 Err(e) => {
                     self.notes.push(format!("{}: no report ({e:#})", vm.name));
