@@ -101,7 +101,7 @@ pub(crate) fn served_by<T>(
     )
 }
 
-/// A connection of workload `w` that the process of the agent `pid` serves (see [`served_by`]).
+/// A connection of workload `w` that the process of the agent `pid` serves (see `served_by`).
 pub fn connect_served_by(
     server: &Server,
     pid: u32,
