@@ -53,9 +53,10 @@
 //!
 //! Invariants: hooked paths never allocate, block, log, lock or panic, and preserve errno (the
 //! files they run code from deny panicking constructs; see [`hooks`] on abort safety); the
-//! agent's own `unsafe` is confined to the FFI boundary ([`sys`], [`hooks`], [`faults`] (the
-//! fault handler and the `sigaction`/`signal` hooks), [`comm`]'s hooks and fault claims, the
-//! probe's passes in [`control`], the constructor and fork handlers in [`runtime`]); any internal error
+//! agent's own `unsafe` is in the FFI boundary ([`sys`], [`hooks`], [`faults`] (the fault
+//! handler and the `sigaction`/`signal` hooks), [`comm`]'s hooks and fault claims, the
+//! constructor and fork handlers in [`runtime`]) and in what touches the host's memory or the
+//! fork state outside it (the probe's passes in [`control`], [`forkcell`]); any internal error
 //! disables the agent (hooks become pass-through), is logged ([`log`]), and the host keeps
 //! serving; the agent's threads block asynchronous signals, so the host's signals always reach
 //! the host's threads ([`threads`]), and its fork handler never waits ([`forkcell`]). See [`runtime`] for start-up, fork and exit, [`plan`] for how the control thread
