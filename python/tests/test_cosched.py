@@ -355,13 +355,15 @@ def test_cosim_sweep_two_points_real_simulator(tmp_path: Path, monkeypatch):
 
 @pytest.mark.slow
 def test_end_to_end_quick_real_binary(tmp_path: Path, monkeypatch):
-    """`preheat lab cosched --quick` through the real binary (about 3 minutes on 2 CPUs)."""
+    """`preheat lab cosched --quick` through the real binary, one 1 s repetition per cell and
+    one simulator seed (the suite's time: --quick alone took 187-225 s of a 17-minute suite)."""
     monkeypatch.delenv("PREHEAT_BIN", raising=False)
     _need_real("cosched", "experiment")
     _need_real("cosched", "simulate")
     out = tmp_path / "lab"
     t0 = time.monotonic()
-    code = lab.main(["cosched", "--out", str(out), "--quick"])
+    code = lab.main(["cosched", "--out", str(out), "--quick", "--reps", "1", "--seconds", "1",
+                     "--sim-seeds", "1"])
     took = time.monotonic() - t0
     sj = json.loads((out / "summary.json").read_text())
     assert code == 0, sj["failures"]
