@@ -21,8 +21,8 @@
 //!   Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6× preheat-1. The time of a
 //!   `preheat_runs` call is the time to *issue* the prefetches; the last few are still in flight
 //!   when it returns (a bounded error of about one memory latency).
-//! * `comm` — communication detection's overhead and accuracy on the bundled kernels (see
-//!   [`crate::comm_bench`]).
+//! * `comm` — communication detection's overhead and accuracy on the bundled kernels
+//!   (`preheat_comm::bench`).
 //! * `agent` — agent overhead on warm requests: per pair, two bundled servers on the same CPU,
 //!   one without and one with the agent, both alive for the whole pair; closed-loop GETs
 //!   alternate between them in blocks (ABBA order), so drift and the host's stalls fall on both
@@ -39,6 +39,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use preheat_launch::servers::{self, ServerKind};
+use preheat_model::comm::CommConfig;
 use preheat_model::stats::{summarize, Spread, Summary};
 
 #[derive(clap::Args, Debug)]
@@ -169,25 +170,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
             pages,
             period_ms,
             mechanism,
-        } => crate::comm_bench::run(
-            crate::comm_bench::Settings {
+        } => {
+            let d = CommConfig::default();
+            let s = preheat_comm::bench::Settings {
                 kernels,
                 reps,
                 iterations,
                 threads,
                 instances,
-                cfg: {
-                    let d = preheat_model::comm::CommConfig::default();
-                    preheat_model::comm::CommConfig {
-                        pages: pages.unwrap_or(d.pages),
-                        period_ms: period_ms.unwrap_or(d.period_ms),
-                        mechanism: mechanism.into(),
-                        ..d
-                    }
+                cfg: CommConfig {
+                    pages: pages.unwrap_or(d.pages),
+                    period_ms: period_ms.unwrap_or(d.period_ms),
+                    mechanism: mechanism.into(),
+                    ..d
                 },
-            },
-            a.json,
-        ),
+            };
+            print_comm(&s, a.json)
+        }
     }
 }
 
@@ -671,5 +670,59 @@ fn bench_agent(
         "  p50 delta per pair {} (goal <= 1 µs)",
         out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
     );
+    Ok(())
+}
+
+/// Run the communication bench (a line on stderr per trial) and print its table (or JSON).
+fn print_comm(s: &preheat_comm::bench::Settings, json: bool) -> Result<()> {
+    let results = preheat_comm::bench::run(s, |t| {
+        eprint!(
+            "\rbench comm: trial {}/{} ({}, {})        ",
+            t.n,
+            t.total,
+            t.kernel,
+            if t.detection { "detection" } else { "plain" }
+        );
+    })?;
+    eprintln!();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+        return Ok(());
+    }
+    println!(
+        "communication detection on preheat-npb ({} threads, {} instances, {} iterations; \
+         {} pages per {} ms, at most {} faults/s, mechanism {}) — measured, {} repetitions",
+        s.threads,
+        s.instances,
+        s.iterations,
+        s.cfg.pages_per_round(),
+        s.cfg.period_ms,
+        s.cfg.budget,
+        s.cfg.mechanism.name(),
+        s.reps
+    );
+    println!(
+        "{:<7} {:>22} {:>16} {:>22} {:>14}",
+        "kernel",
+        "overhead (time ratio)",
+        "groups = truth",
+        "seconds to truth (p50)",
+        "faults/s (p50)"
+    );
+    for r in &results {
+        println!(
+            "{:<7} {:>8.3} [{:.3}–{:.3}] {:>11}/{:<4} {:>22} {:>14.0}",
+            r.kernel,
+            r.overhead_median,
+            r.overhead_min,
+            r.overhead_max,
+            r.correct_runs,
+            r.reps,
+            r.seconds_to_truth_median
+                .map_or("never".to_string(), |x| format!("{x:.2}")),
+            summarize(&r.faults_per_s).p50
+        );
+    }
+    println!("goal: overhead ≤ 1.05 (median); the paper's daemon re-evaluated every 5 s");
     Ok(())
 }

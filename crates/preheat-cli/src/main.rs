@@ -10,7 +10,6 @@ mod affinity;
 mod arbiter;
 mod bench;
 mod comm;
-mod comm_bench;
 mod cosched;
 mod demo;
 mod groups;

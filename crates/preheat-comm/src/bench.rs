@@ -1,4 +1,4 @@
-//! `preheat bench comm`: what communication detection costs and how soon it finds the truth, on
+//! What communication detection costs and how soon it finds the truth, on
 //! the bundled NPB-style kernels (their true coscheduling sets are known by construction).
 //!
 //! * **Overhead** (goal ≤ 5%): a kernel's wall time for a fixed number of iterations with
@@ -10,7 +10,7 @@
 //!   runs, and the time after the reset from which they stay equal (the paper's daemon
 //!   re-evaluated every 5 s).
 //!
-//! Everything is measured on this machine.
+//! Everything is measured on this machine; `preheat bench comm` prints it.
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,7 +21,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::comm::{follow, only_threads, Follow};
+use crate::report::only_threads;
+use crate::session::{follow, Follow, Followed};
 use preheat_launch::paths;
 use preheat_model::stats::summarize;
 
@@ -39,23 +40,24 @@ pub struct Settings {
 /// Start-up delay of the kernels and the reset after it (the paper resets after start-up).
 const START_DELAY_MS: u64 = 300;
 
+/// One kernel's result (the JSON of `preheat bench comm --json`).
 #[derive(Serialize)]
-struct KernelResult {
-    kernel: String,
-    label: &'static str,
-    reps: usize,
+pub struct KernelResult {
+    pub kernel: String,
+    pub label: &'static str,
+    pub reps: usize,
     /// Detection wall time / plain wall time, per repetition.
-    overhead_ratios: Vec<f64>,
-    overhead_median: f64,
-    overhead_min: f64,
-    overhead_max: f64,
+    pub overhead_ratios: Vec<f64>,
+    pub overhead_median: f64,
+    pub overhead_min: f64,
+    pub overhead_max: f64,
     /// Runs whose groups equalled the truth at the last report taken while the kernel ran.
-    correct_runs: usize,
+    pub correct_runs: usize,
     /// Seconds after the reset from which the groups stayed equal to the truth (correct runs).
-    seconds_to_truth: Vec<f64>,
-    seconds_to_truth_median: Option<f64>,
+    pub seconds_to_truth: Vec<f64>,
+    pub seconds_to_truth_median: Option<f64>,
     /// Induced faults per second, per detection run.
-    faults_per_s: Vec<f64>,
+    pub faults_per_s: Vec<f64>,
 }
 
 /// True coscheduling sets of the kernel's threads, from their names (`npb-K-iI-rR`): one set
@@ -152,12 +154,13 @@ fn detect_run(argv: &[String], kernel: &str, cfg: CommConfig) -> Result<DetectOu
         duration: None,
         stdout: Some(out.clone()),
         poll: Duration::from_millis(250),
-        progress: false,
     };
     let mut since: Option<f64> = None;
     let mut correct = false;
     let mut faults_per_s = 0.0;
-    let (_, status) = follow(&f, |r, t| {
+    let Followed { status, note, .. } = follow(&f, |p| {
+        let Some(t) = p.since_reset else { return };
+        let r = p.report;
         faults_per_s = r.faults_per_s();
         let ok = groups_of(r).is_some_and(|(names, sets)| sets == truth_of(kernel, &names));
         if ok && !correct {
@@ -165,6 +168,9 @@ fn detect_run(argv: &[String], kernel: &str, cfg: CommConfig) -> Result<DetectOu
         }
         correct = ok;
     })?;
+    if let Some(note) = note {
+        eprintln!("{note}");
+    }
     if !status.success() {
         bail!("{} under detection failed: {status}", argv.join(" "));
     }
@@ -177,11 +183,19 @@ fn detect_run(argv: &[String], kernel: &str, cfg: CommConfig) -> Result<DetectOu
     })
 }
 
-/// Run the benchmark and print its table (or JSON).
-pub fn run(s: Settings, json: bool) -> Result<()> {
-    if s.reps == 0 || s.kernels.is_empty() {
-        bail!("need at least one kernel and one repetition");
-    }
+/// Where the benchmark is: trial `n` of `total` (1-based), on `kernel`, with detection or plain.
+pub struct Trial<'a> {
+    pub n: usize,
+    pub total: usize,
+    pub kernel: &'a str,
+    pub detection: bool,
+}
+
+/// Plain wall times and detection outcomes, [kernel][repetition].
+type Measured = (Vec<Vec<f64>>, Vec<Vec<Option<DetectOutcome>>>);
+
+/// Every (kernel, repetition) plain and under detection, in shuffled order.
+fn trials(s: &Settings, mut on_trial: impl FnMut(Trial)) -> Result<Measured> {
     let bin = paths::npb_bin()?;
     let mut trials: Vec<(usize, usize, bool)> = Vec::new();
     for rep in 0..s.reps {
@@ -197,20 +211,28 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
         .collect();
     for (n, &(rep, k, with)) in trials.iter().enumerate() {
         let kernel = &s.kernels[k];
-        eprint!(
-            "\rbench comm: trial {}/{} ({kernel}, {})        ",
-            n + 1,
-            trials.len(),
-            if with { "detection" } else { "plain" }
-        );
-        let argv = npb_argv(&bin, kernel, &s);
+        on_trial(Trial {
+            n: n + 1,
+            total: trials.len(),
+            kernel,
+            detection: with,
+        });
+        let argv = npb_argv(&bin, kernel, s);
         if with {
             detect[k][rep] = Some(detect_run(&argv, kernel, s.cfg)?);
         } else {
             plain[k][rep] = plain_run(&argv)?;
         }
     }
-    eprintln!();
+    Ok((plain, detect))
+}
+
+/// Run the benchmark (`on_trial` is told before every trial) and return a result per kernel.
+pub fn run(s: &Settings, on_trial: impl FnMut(Trial)) -> Result<Vec<KernelResult>> {
+    if s.reps == 0 || s.kernels.is_empty() {
+        bail!("need at least one kernel and one repetition");
+    }
+    let (plain, detect) = trials(s, on_trial)?;
     let mut results = Vec::new();
     for (k, kernel) in s.kernels.iter().enumerate() {
         let runs: Vec<&DetectOutcome> = detect[k].iter().flatten().collect();
@@ -235,46 +257,7 @@ pub fn run(s: Settings, json: bool) -> Result<()> {
             faults_per_s: runs.iter().map(|d| d.faults_per_s).collect(),
         });
     }
-    if json {
-        println!("{}", serde_json::to_string_pretty(&results)?);
-        return Ok(());
-    }
-    println!(
-        "communication detection on preheat-npb ({} threads, {} instances, {} iterations; \
-         {} pages per {} ms, at most {} faults/s, mechanism {}) — measured, {} repetitions",
-        s.threads,
-        s.instances,
-        s.iterations,
-        s.cfg.pages_per_round(),
-        s.cfg.period_ms,
-        s.cfg.budget,
-        s.cfg.mechanism.name(),
-        s.reps
-    );
-    println!(
-        "{:<7} {:>22} {:>16} {:>22} {:>14}",
-        "kernel",
-        "overhead (time ratio)",
-        "groups = truth",
-        "seconds to truth (p50)",
-        "faults/s (p50)"
-    );
-    for r in &results {
-        println!(
-            "{:<7} {:>8.3} [{:.3}–{:.3}] {:>11}/{:<4} {:>22} {:>14.0}",
-            r.kernel,
-            r.overhead_median,
-            r.overhead_min,
-            r.overhead_max,
-            r.correct_runs,
-            r.reps,
-            r.seconds_to_truth_median
-                .map_or("never".to_string(), |x| format!("{x:.2}")),
-            summarize(&r.faults_per_s).p50
-        );
-    }
-    println!("goal: overhead ≤ 1.05 (median); the paper's daemon re-evaluated every 5 s");
-    Ok(())
+    Ok(results)
 }
 
 #[cfg(test)]
