@@ -1,0 +1,179 @@
+//! Agent overhead on warm requests: per pair, two bundled servers on the same CPU, one without
+//! and one with the agent, both alive for the whole pair; closed-loop GETs alternate between
+//! them in blocks (ABBA order), so drift and the host's stalls fall on both alike. Throughput
+//! loss (each server's requests over the time of its blocks; and, robust to a stall hitting one
+//! block, the median over block pairs) and p50 delta per pair, reported as the median over pairs
+//! with its range (goal ≤ 1% and ≤ 1 µs). The A/A control runs both servers without the agent:
+//! the benchmark's noise floor. What the hooks cost per request cycle without the network
+//! around it: `crates/preheat-agent/examples/hook_cost.rs`.
+
+use anyhow::{bail, Result};
+use preheat_launch::progress::Progress;
+use preheat_launch::servers::{self, ServerKind};
+use preheat_model::stats::{summarize, Spread, Summary};
+use serde::Serialize;
+
+/// The result of `bench agent` (its JSON).
+#[derive(Serialize)]
+pub struct AgentBench {
+    pub label: &'static str,
+    /// Requests per configuration in each pair (split into `blocks` blocks).
+    pub requests_per_pair: usize,
+    pub pairs: usize,
+    pub blocks: usize,
+    /// A/A control: the "with" server ran without the agent too (the noise floor).
+    pub aa_control: bool,
+    /// The "with" server's agent was attached with tracking switched off (hooks pass through).
+    pub passthrough: bool,
+    /// Latencies pooled over all pairs.
+    pub without: Summary,
+    pub with: Summary,
+    /// Per pair: 1 − with/without throughput (each configuration's requests over the time of
+    /// its blocks); median and range over pairs.
+    pub throughput_loss_per_pair: Spread,
+    /// Per pair: 1 − the median over adjacent block pairs of with/without block throughput
+    /// (robust to a stall of the host hitting one block).
+    pub throughput_loss_blockwise_per_pair: Spread,
+    /// Per pair: p50 with − p50 without, µs.
+    pub p50_delta_us_per_pair: Spread,
+}
+
+/// One server of an agent-bench pair and its client connection.
+struct BenchServer {
+    _scratch: tempfile::TempDir,
+    _started: servers::Started,
+    conn: servers::Requester,
+}
+
+/// A bench server: without the agent (`None`), with it tracking (`Some(true)`), or with it
+/// attached but tracking switched off (`Some(false)`: the hooks pass through).
+fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
+    let ncpu = preheat_engine::os::online_cpus();
+    let scratch = preheat_launch::launch::scratch_dir("bench")?;
+    let started = servers::start(
+        ServerKind::Kv,
+        None,
+        scratch.path(),
+        vec![ncpu - 1],
+        agent.is_some(),
+    )?;
+    if agent == Some(false) {
+        let mut c = preheat_launch::agentctl::AgentClient::connect(
+            &preheat_launch::paths::run_dir(),
+            started.server.pid(),
+        )?;
+        c.call(&preheat_model::proto::Request::SetEnabled { enabled: false })?;
+    }
+    let mut conn = started.workload.connect(started.server.addr())?;
+    for _ in 0..1000 {
+        conn.request_ok()?;
+    }
+    Ok(BenchServer {
+        _scratch: scratch,
+        _started: started,
+        conn,
+    })
+}
+
+/// `n` closed-loop requests on `c`: latencies (µs) appended to `lat`; returns the block's time (s).
+fn bench_block(c: &mut servers::Requester, n: usize, lat: &mut Vec<f64>) -> Result<f64> {
+    let t0 = preheat_engine::time::now_ns();
+    for _ in 0..n {
+        let a = preheat_engine::time::now_ns();
+        if !c.request()? {
+            bail!("wrong reply during the benchmark");
+        }
+        lat.push((preheat_engine::time::now_ns() - a) as f64 / 1e3);
+    }
+    Ok((preheat_engine::time::now_ns() - t0) as f64 / 1e9)
+}
+
+/// One pair: a server without and one with the agent (without, for the A/A control), both alive
+/// on the same CPU, requests alternating between them in blocks (ABBA order), so drift over
+/// time and the host's stalls fall on both alike.
+struct PairResult {
+    lat: [Vec<f64>; 2],
+    secs: [Vec<f64>; 2],
+}
+
+fn bench_pair(
+    requests: usize,
+    blocks: usize,
+    second: Option<bool>,
+    first: usize,
+) -> Result<PairResult> {
+    let mut srv: Vec<BenchServer> = Vec::with_capacity(2);
+    // Start (and warm) them in alternating order across pairs.
+    let order = if first == 0 { [0, 1] } else { [1, 0] };
+    let mut slots: [Option<BenchServer>; 2] = [None, None];
+    for k in order {
+        slots[k] = Some(bench_server(if k == 1 { second } else { None })?);
+    }
+    srv.extend(slots.into_iter().flatten());
+    let per_block = (requests / blocks).max(1);
+    let mut out = PairResult {
+        lat: [Vec::with_capacity(requests), Vec::with_capacity(requests)],
+        secs: [Vec::new(), Vec::new()],
+    };
+    for b in 0..2 * blocks {
+        let k = usize::from((b % 2 == 1) ^ ((b / 2) % 2 == 1)) ^ first;
+        let secs = bench_block(&mut srv[k].conn, per_block, &mut out.lat[k])?;
+        out.secs[k].push(secs);
+    }
+    Ok(out)
+}
+
+/// Measure `pairs` pairs of `requests` requests per server in `blocks` blocks each; `aa`: the
+/// A/A control, `passthrough`: the agent attached with tracking off.
+pub fn measure(
+    requests: usize,
+    pairs: usize,
+    blocks: usize,
+    aa: bool,
+    passthrough: bool,
+    progress: &dyn Progress,
+) -> Result<AgentBench> {
+    let second = match (aa, passthrough) {
+        (true, _) => None,
+        (false, p) => Some(!p),
+    };
+    if preheat_engine::os::online_cpus() >= 2 {
+        preheat_engine::os::set_affinity(&[0])?;
+    }
+    let blocks = blocks.max(1);
+    let per_block = (requests / blocks).max(1);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut loss, mut loss_blk, mut dp50) = (Vec::new(), Vec::new(), Vec::new());
+    progress.start(pairs as u64, "pairs");
+    for i in 0..pairs {
+        let r = bench_pair(requests, blocks, second, i % 2)?;
+        let tput = |k: usize| (per_block * r.secs[k].len()) as f64 / r.secs[k].iter().sum::<f64>();
+        loss.push(1.0 - tput(1) / tput(0));
+        let ratios: Vec<f64> = r.secs[0]
+            .iter()
+            .zip(&r.secs[1])
+            .map(|(wo, w)| wo / w)
+            .collect();
+        loss_blk.push(1.0 - summarize(&ratios).p50);
+        dp50.push(summarize(&r.lat[1]).p50 - summarize(&r.lat[0]).p50);
+        let [l0, l1] = r.lat;
+        without.extend(l0);
+        with.extend(l1);
+        progress.inc(1);
+    }
+    progress.finish();
+    let out = AgentBench {
+        label: "measured",
+        requests_per_pair: per_block * blocks,
+        pairs,
+        blocks,
+        aa_control: aa,
+        passthrough: passthrough && !aa,
+        without: summarize(&without),
+        with: summarize(&with),
+        throughput_loss_per_pair: Spread::of(&loss),
+        throughput_loss_blockwise_per_pair: Spread::of(&loss_blk),
+        p50_delta_us_per_pair: Spread::of(&dp50),
+    };
+    Ok(out)
+}
