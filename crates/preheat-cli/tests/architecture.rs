@@ -1,6 +1,8 @@
 //! The rules ARCHITECTURE.md states about the workspace, checked against the build: the crate
 //! layering it draws (every workspace dependency goes to a lower layer), one `rust-version` that
-//! every crate inherits, and every crate opting in to the workspace lints.
+//! every crate inherits, every crate opting in to the workspace lints, no module import cycle,
+//! and the sizes issue 21 sets: the CLI's source at most 4,000 lines, no function over 120
+//! lines but the listed ones.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -275,4 +277,187 @@ fn the_cycle_check_reads_groups_and_skips_comments() {
         .collect();
     let code = "use crate::{a::X, b::{Y, Z}, Other};\n// see crate::c\nlet v = crate::d::f();\n";
     assert_eq!(crate_refs(code, &modules), ["a", "b", "d"]);
+}
+
+/// The CLI's source, in lines: it parses arguments and prints (issue 21: ≤ 4k lines).
+const CLI_MAX_LINES: usize = 4000;
+
+/// The longest a function in any crate's `src` may be, in lines from its `fn` line to its
+/// closing brace.
+const FN_MAX_LINES: usize = 120;
+
+/// Functions longer than [`FN_MAX_LINES`] today: (file under `crates/`, function, lines). The
+/// test fails when one grows, shrinks or gets under the limit, so the list can only shrink:
+/// split one, then lower its count or drop it here.
+const LONG_FNS: &[(&str, &str, usize)] = &[
+    // Tables: a catalog, a fixed exposition, a table built row by row, printed reports.
+    ("preheat-lab/src/servers.rs", "plan", 174),
+    ("preheatd/src/metrics.rs", "render", 147),
+    ("preheat-affinity/src/table2.rs", "plan_table2", 140),
+    ("preheat-demo/src/render.rs", "render", 145),
+    ("preheat-stage/src/bench/render.rs", "render", 175),
+    ("preheat-power/src/cli.rs", "print_bench", 132),
+    // A test: one scenario, step by step.
+    (
+        "preheat-engine/src/probe/tests.rs",
+        "probe_finds_touched_lines_pinned",
+        151,
+    ),
+    // Not split yet: measurement loops and drivers.
+    ("preheat-agent/src/control/cycle.rs", "probe_cycle", 131),
+    ("preheat-agent/src/control/mod.rs", "handle", 121),
+    ("preheat-cosched/src/control.rs", "main_loop", 236),
+    ("preheat-estimate/src/record.rs", "record_probe", 209),
+    ("preheat-lab/src/load/event_loop.rs", "mux_measure", 157),
+    ("preheat-lab/src/tpcc/client.rs", "new_order", 137),
+    ("preheat-lab/src/tpcc/loader.rs", "load", 246),
+    ("preheat-npb/src/run.rs", "run", 137),
+    ("preheat-power/src/bench.rs", "run_bench", 204),
+    ("preheat-predict/src/kernels.rs", "control", 132),
+    ("preheat-stage/src/bench.rs", "bench_pinned", 173),
+    ("preheat-wake/src/bench.rs", "bench", 178),
+    ("preheatd/src/main.rs", "run", 130),
+];
+
+/// Every `.rs` file under `dir`, recursively.
+fn rs_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(rs_files(&p));
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The functions in `code` with their lengths in lines. rustfmt'd code: a function starts at a
+/// line `[pub[(…)]] [const] [async] [unsafe] [extern "C"] fn NAME` and ends at the first later
+/// line at the same indentation that is `}` (its body's end) or ends with `;` (a declaration
+/// without a body); a function on one line is one line long.
+fn functions(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let rest = line.trim_start_matches(' ');
+        let indent = line.len() - rest.len();
+        let mut rest = rest;
+        if let Some(r) = rest.strip_prefix("pub") {
+            rest = match r.strip_prefix('(') {
+                Some(vis) => vis.split_once(") ").map_or("", |(_, r)| r),
+                None => r.strip_prefix(' ').unwrap_or(""),
+            };
+        }
+        for q in ["const ", "async ", "unsafe ", "extern \"C\" "] {
+            rest = rest.strip_prefix(q).unwrap_or(rest);
+        }
+        let Some(r) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = r
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let first = line.trim_end();
+        let len = if first.ends_with(';') || first.ends_with('}') {
+            1
+        } else {
+            let end = lines[i + 1..].iter().position(|l| {
+                let t = l.trim_end();
+                let b = t.as_bytes();
+                b.len() > indent
+                    && b[..indent].iter().all(|&c| c == b' ')
+                    && !matches!(b[indent], b' ' | b'\t')
+                    && (&b[indent..] == b"}" || t.ends_with(';'))
+            });
+            end.map_or(lines.len() - i, |e| e + 2)
+        };
+        out.push((name, len));
+    }
+    out
+}
+
+#[test]
+fn the_cli_is_small() {
+    let lines: usize = rs_files(&root().join("crates/preheat-cli/src"))
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap().lines().count())
+        .sum();
+    assert!(
+        lines <= CLI_MAX_LINES,
+        "preheat-cli has {lines} lines of source (at most {CLI_MAX_LINES}): move the work into \
+         a library crate, the CLI parses arguments and prints"
+    );
+}
+
+#[test]
+fn no_function_is_longer_than_the_limit() {
+    let crates = root().join("crates");
+    let mut long = BTreeMap::new();
+    for e in std::fs::read_dir(&crates).unwrap().flatten() {
+        let src = e.path().join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        for f in rs_files(&src) {
+            let rel = f
+                .strip_prefix(&crates)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            for (name, len) in functions(&std::fs::read_to_string(&f).unwrap()) {
+                if len > FN_MAX_LINES {
+                    let prev = long.insert((rel.clone(), name.clone()), len);
+                    assert!(prev.is_none(), "{rel}: two functions {name} over the limit");
+                }
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for &(file, name, listed) in LONG_FNS {
+        match long.remove(&(file.to_string(), name.to_string())) {
+            None => wrong.push(format!(
+                "{file}: {name} is now at most {FN_MAX_LINES} lines: drop it from LONG_FNS"
+            )),
+            Some(n) if n > listed => wrong.push(format!(
+                "{file}: {name} has grown to {n} lines (listed at {listed}): split it"
+            )),
+            Some(n) if n < listed => wrong.push(format!(
+                "{file}: {name} is down to {n} lines: lower its count in LONG_FNS to {n}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for ((file, name), n) in long {
+        wrong.push(format!(
+            "{file}: {name} has {n} lines (at most {FN_MAX_LINES}): split it"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn functions_are_measured_from_fn_to_the_brace() {
+    let code = "\
+pub(crate) fn a(x: u32) -> u32 {
+    let y = x;
+    y
+}
+    pub unsafe fn b() {}
+trait T {
+    fn c(
+        &self,
+    ) -> u32;
+    async fn d(&self) {
+        let s = \"}\";
+    }
+}
+";
+    assert_eq!(
+        functions(code),
+        [("a", 4), ("b", 1), ("c", 3), ("d", 3)].map(|(n, l)| (n.to_string(), l))
+    );
 }
