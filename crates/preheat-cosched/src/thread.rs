@@ -37,17 +37,9 @@ impl ThreadRef {
     }
 }
 
-/// The fields of a `stat` line after the command name (which may contain spaces and parens).
-fn stat_fields(text: &str) -> Option<Vec<&str>> {
-    let rest = text.rsplit_once(')')?.1;
-    Some(rest.split_whitespace().collect())
-}
-
 /// Start time (clock ticks after boot) of thread `tid` of process `pid`.
 pub fn start_ticks(pid: u32, tid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    // After ')': state is field 3, so field 22 is index 19.
-    stat_fields(&text)?.get(19)?.parse().ok()
+    preheat_engine::procstat::read_task_stat(pid, tid).map(|s| s.starttime)
 }
 
 /// Start time of process `pid` (`None`: no such process).
@@ -141,13 +133,5 @@ mod tests {
         assert!(!t.alive());
         assert_eq!(clock.run_ns(), None);
         assert!(process_start_ticks(pid).is_some());
-    }
-
-    #[test]
-    fn stat_with_spaces_and_parens_in_the_name() {
-        let line = "123 (a (b) c) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 999 20";
-        let f = stat_fields(line).unwrap();
-        assert_eq!(f[0], "S");
-        assert_eq!(f[19], "999");
     }
 }

@@ -16,7 +16,7 @@
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
 //! | [`idle`] | idle counters per CPU: cpuidle states, or `/proc/stat` where the kernel has none |
 //! | [`machine`] | where `/sys` and `/proc` are read from (the real machine, or a fake tree of a variant) |
-//! | [`procstat`] | `/proc/stat`: per-CPU ticks and boot time |
+//! | [`procstat`] | `/proc/stat`: per-CPU ticks and boot time; `/proc/PID/stat`: one process or thread |
 //! | [`codegen`] | generated code of a chosen instruction footprint (W^X mapping, x86-64) |
 //! | [`basevec`] | cache-affinity base vectors (`BV_0`, data, code) and their eviction check |
 //! | [`perf`] | counting events of a thread or process (`perf_event_open`): IPC and misses per instruction where a PMU exists |

@@ -1,6 +1,10 @@
 //! `/proc/stat`: per-CPU time in ticks (user, nice, system, idle, iowait, irq, softirq, steal)
 //! and the boot time — the one parser of this file in the workspace. Pure parsing over a text
 //! ([`parse`]) plus one reader ([`read`]) that takes the path, so tests use synthetic files.
+//!
+//! Also the one parser of a process's or thread's stat line (`/proc/PID/stat`,
+//! `/proc/PID/task/TID/stat`): [`parse_pid_stat`], read by [`read_pid_stat`],
+//! [`read_task_stat`] and [`read_pid_stat_at`].
 
 use std::path::Path;
 
@@ -118,21 +122,86 @@ pub fn read(path: &Path) -> std::io::Result<ProcStat> {
     Ok(parse(&std::fs::read_to_string(path)?))
 }
 
-/// CPU time (user + system, ticks) of a process, all its threads, from the text of
-/// `/proc/PID/stat` (fields after the last `)`: the command name may hold spaces and
-/// parentheses).
-pub fn process_ticks(pid_stat: &str) -> Option<u64> {
-    let rest = pid_stat.rsplit_once(')')?.1;
+/// The fields of one `/proc/PID/stat` or `/proc/PID/task/TID/stat` line that the workspace
+/// uses (see `proc(5)`; field numbers are 1-based over the whole line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PidStat {
+    /// Field 3: `R`, `S`, `D`, `Z` (zombie), `X` (dead), ...
+    pub state: char,
+    /// Field 4: the parent's pid.
+    pub ppid: u32,
+    /// Field 5: the process group.
+    pub pgrp: u32,
+    /// Field 14: user-mode CPU time, ticks (for a process: all its threads).
+    pub utime: u64,
+    /// Field 15: kernel-mode CPU time, ticks.
+    pub stime: u64,
+    /// Field 22: start time, ticks after boot.
+    pub starttime: u64,
+}
+
+impl PidStat {
+    /// Whether the process (thread) has exited and awaits its reaper.
+    pub fn is_zombie(&self) -> bool {
+        self.state == 'Z'
+    }
+
+    /// CPU time, user + system, ticks.
+    pub fn ticks(&self) -> u64 {
+        self.utime + self.stime
+    }
+}
+
+/// Parse a stat line: `pid (comm) state ppid pgrp ...`. The command name may hold spaces and
+/// parentheses, so the fields are those after the **last** `)`. `None` if a field up to
+/// `starttime` (field 22) is missing or not a number.
+pub fn parse_pid_stat(text: &str) -> Option<PidStat> {
+    let rest = text.rsplit_once(')')?.1;
     let mut f = rest.split_whitespace();
-    // After ')': state is field 3 of the full line, utime 14, stime 15.
-    let utime: u64 = f.nth(11)?.parse().ok()?;
-    let stime: u64 = f.next()?.parse().ok()?;
-    Some(utime + stime)
+    // The fields after ')' start at field 3 (state): field k is the (k − 3)th after `state`.
+    let state = f.next()?.chars().next()?;
+    let mut num = |skip: usize| -> Option<u64> { f.nth(skip)?.parse().ok() };
+    let ppid = u32::try_from(num(0)?).ok()?;
+    let pgrp = u32::try_from(num(0)?).ok()?;
+    let utime = num(8)?; // fields 6..=13 skipped
+    let stime = num(0)?;
+    let starttime = num(6)?; // fields 16..=21 skipped
+    Some(PidStat {
+        state,
+        ppid,
+        pgrp,
+        utime,
+        stime,
+        starttime,
+    })
+}
+
+/// Read and parse a stat file at `path` (e.g. `/proc/self/stat`, `/proc/self/task/TID/stat`).
+/// `None` if it cannot be read (no such process) or parsed.
+pub fn read_pid_stat_at(path: &Path) -> Option<PidStat> {
+    parse_pid_stat(&std::fs::read_to_string(path).ok()?)
+}
+
+/// `/proc/PID/stat` of process `pid`; `None` if there is no such process.
+pub fn read_pid_stat(pid: u32) -> Option<PidStat> {
+    read_pid_stat_at(Path::new(&format!("/proc/{pid}/stat")))
+}
+
+/// `/proc/PID/task/TID/stat` of thread `tid` of process `pid`; `None` if there is no such
+/// thread.
+pub fn read_task_stat(pid: u32, tid: u32) -> Option<PidStat> {
+    read_pid_stat_at(Path::new(&format!("/proc/{pid}/task/{tid}/stat")))
+}
+
+/// CPU time (user + system, ticks) of a process, all its threads, from the text of
+/// `/proc/PID/stat` ([`parse_pid_stat`]).
+pub fn process_ticks(pid_stat: &str) -> Option<u64> {
+    parse_pid_stat(pid_stat).map(|s| s.ticks())
 }
 
 /// The CPU time of the calling process, ticks (`/proc/self/stat`).
 pub fn own_ticks() -> Option<u64> {
-    process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)
+    read_pid_stat_at(Path::new("/proc/self/stat")).map(|s| s.ticks())
 }
 
 /// The share of the machine's CPU time that processes other than this one used between two
@@ -184,7 +253,8 @@ mod tests {
 
     #[test]
     fn process_ticks_and_others_share() {
-        let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0";
+        let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0 1 0 \
+                 4242 1 2";
         assert_eq!(process_ticks(p), Some(48));
         assert_eq!(process_ticks("garbage"), None);
         assert!(own_ticks().is_some());
@@ -201,5 +271,71 @@ mod tests {
         };
         assert_eq!(others_share((&a, 10), (&b, 40)), Some(0.25));
         assert_eq!(others_share((&a, 0), (&a, 0)), None);
+    }
+
+    /// A line in the kernel's layout, fields 1..=24 (the kernel writes 52).
+    fn line(comm: &str, state: char) -> String {
+        format!(
+            "4321 ({comm}) {state} 4300 4299 4299 34816 4321 4194560 1375 0 0 0 \
+             7 3 0 0 20 0 1 0 123456 10629120 847 18446744073709551615"
+        )
+    }
+
+    #[test]
+    fn pid_stat_comm_with_parentheses_and_spaces() {
+        let s = parse_pid_stat(&line("a) (b c) (d", 'S')).unwrap();
+        assert_eq!(
+            s,
+            PidStat {
+                state: 'S',
+                ppid: 4300,
+                pgrp: 4299,
+                utime: 7,
+                stime: 3,
+                starttime: 123_456,
+            }
+        );
+        assert!(!s.is_zombie());
+        assert_eq!(s.ticks(), 10);
+        // An empty name, and one that is only parentheses.
+        assert_eq!(parse_pid_stat(&line("", 'R')).map(|s| s.ppid), Some(4300));
+        assert_eq!(parse_pid_stat(&line(")(", 'R')).map(|s| s.pgrp), Some(4299));
+    }
+
+    #[test]
+    fn pid_stat_zombie_and_garbage() {
+        let z = parse_pid_stat(&line("worker", 'Z')).unwrap();
+        assert!(z.is_zombie());
+        assert_eq!(z.state, 'Z');
+        assert!(!parse_pid_stat(&line("w", 'X')).unwrap().is_zombie());
+        assert_eq!(parse_pid_stat(""), None);
+        assert_eq!(parse_pid_stat("12 (no close paren R 1 1"), None);
+        // Cut short before starttime; a non-numeric ppid.
+        assert_eq!(
+            parse_pid_stat("1 (a) R 0 1 1 0 -1 0 0 0 0 0 5 6 0 0 20 0"),
+            None
+        );
+        assert_eq!(
+            parse_pid_stat(&line("a", 'R').replace(" 4300 ", " x ")),
+            None
+        );
+    }
+
+    #[test]
+    fn pid_stat_readers_on_this_process() {
+        let me = std::process::id();
+        let s = read_pid_stat(me).expect("/proc/self/stat");
+        assert!(!s.is_zombie());
+        assert_eq!(
+            read_pid_stat_at(Path::new("/proc/self/stat")).map(|s| s.ppid),
+            Some(s.ppid)
+        );
+        // The main thread's task entry has the process's start time.
+        assert!(s.starttime > 0, "{s:?}");
+        assert_eq!(s.ppid, std::os::unix::process::parent_id());
+        let t = read_task_stat(me, me).expect("main thread");
+        assert_eq!(t.starttime, s.starttime);
+        assert_eq!(read_pid_stat(0), None);
+        assert!(read_pid_stat_at(Path::new("/nonexistent/stat")).is_none());
     }
 }

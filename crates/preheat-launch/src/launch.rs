@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use preheat_engine::procstat::{parse_pid_stat, read_pid_stat};
 
 use crate::agentctl;
 use crate::paths;
@@ -129,17 +130,8 @@ pub fn descendants(pid: u32) -> Vec<u32> {
             let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
                 continue;
             };
-            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
-                // pid (comm) state ppid ...: comm may contain spaces, so split after ')'.
-                if let Some(rest) = stat.rsplit_once(')').map(|x| x.1) {
-                    if let Some(ppid) = rest
-                        .split_whitespace()
-                        .nth(1)
-                        .and_then(|s| s.parse::<u32>().ok())
-                    {
-                        parent_of.push((p, ppid));
-                    }
-                }
+            if let Some(stat) = read_pid_stat(p) {
+                parent_of.push((p, stat.ppid));
             }
         }
     }
@@ -162,11 +154,7 @@ pub fn descendants(pid: u32) -> Vec<u32> {
 fn alive(pid: u32) -> bool {
     // A zombie still has /proc/<pid>; treat it as gone.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit_once(')')
-                .is_some_and(|x| x.1.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+        .is_ok_and(|s| !parse_pid_stat(&s).is_some_and(|s| s.is_zombie()))
 }
 
 /// Send `sig` to `pid`; one that is already gone is no error here.
@@ -197,15 +185,7 @@ fn group_members(pgid: u32) -> Vec<u32> {
     };
     rd.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
-                // pid (comm) state ppid pgrp ...: comm may contain spaces, so split after ')'.
-                let mut f = stat.rsplit_once(')').map_or("", |x| x.1).split_whitespace();
-                let state = f.next();
-                let pgrp = f.nth(1).and_then(|s| s.parse::<u32>().ok());
-                state != Some("Z") && pgrp == Some(pgid)
-            })
-        })
+        .filter(|p| read_pid_stat(*p).is_some_and(|s| !s.is_zombie() && s.pgrp == pgid))
         .collect()
 }
 

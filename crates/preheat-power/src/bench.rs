@@ -281,10 +281,7 @@ fn task_cpu_ns(dir: &Path) -> Option<u64> {
             return Some(v);
         }
     }
-    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 1..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let ticks = preheat_engine::procstat::read_pid_stat_at(&dir.join("stat"))?.ticks();
     Some(ticks * 10_000_000)
 }
 

@@ -575,10 +575,7 @@ pub fn owner_pid(name: &str) -> Option<u32> {
 /// Start time of `pid` as seconds since the Unix epoch (btime + starttime / USER_HZ; USER_HZ
 /// is 100 on every Linux architecture we run on).
 fn process_start_unix(pid: u32) -> Option<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised comm; starttime is field 22 overall, 20th after ")".
-    let after = &stat[stat.rfind(')')? + 1..];
-    let start_ticks: f64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let start_ticks = preheat_engine::procstat::read_pid_stat(pid)?.starttime as f64;
     let btime = preheat_engine::procstat::read(Path::new("/proc/stat"))
         .ok()?
         .btime? as f64;
@@ -594,10 +591,8 @@ pub fn owner_alive(pid: u32, dir: &Path) -> bool {
         return false;
     };
     // A zombie (e.g. SIGKILLed, reparented to an init that does not reap) is dead.
-    let state = stat
-        .rfind(')')
-        .and_then(|i| stat[i + 1..].split_whitespace().next());
-    if matches!(state, Some("Z") | Some("X")) {
+    let state = preheat_engine::procstat::parse_pid_stat(&stat).map(|s| s.state);
+    if matches!(state, Some('Z' | 'X')) {
         return false;
     }
     let created = fs::metadata(dir)

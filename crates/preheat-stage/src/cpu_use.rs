@@ -37,15 +37,9 @@ pub struct CpuUseMark {
 }
 
 fn own_ticks(pids: &[u32]) -> u64 {
-    let mut t = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| process_ticks(&s))
-        .unwrap_or(0);
+    let mut t = preheat_engine::procstat::own_ticks().unwrap_or(0);
     for pid in pids {
-        t += std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| process_ticks(&s))
-            .unwrap_or(0);
+        t += preheat_engine::procstat::read_pid_stat(*pid).map_or(0, |s| s.ticks());
     }
     t
 }
@@ -143,7 +137,8 @@ mod tests {
             all.total(),
             239906 + 5 + 74942 + 387825 + 1974 + 3 + 1188 + 159
         );
-        let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0";
+        let p = "18656 (a b) c)) R 18650 18650 24978 0 -1 4194304 120 0 0 0 31 17 0 0 20 0 1 0 \
+                 4242 1 2";
         assert_eq!(process_ticks(p), Some(48));
         assert_eq!(process_ticks("garbage"), None);
         let m = cpu_use_mark(&[std::process::id()]).expect("/proc");
