@@ -234,10 +234,8 @@ pub fn verify(
         }
         refd.push(probe.pass() as f64);
     }
-    let med = |mut v: Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    // The model's median (the lower middle of an even sample).
+    let med = |v: Vec<f64>| preheat_model::stats::summarize(&v).p50;
     let (r, a, f) = (med(resident), med(after), med(refd));
     let share = (f - r >= (0.1 * r).max(50.0)).then(|| ((a - r) / (f - r)).clamp(0.0, 1.0));
     Eviction {

@@ -251,11 +251,9 @@ pub fn record_probe(
             }
         }
     }
-    windows.sort_unstable();
-    stats.window_us_p50 = windows
-        .get(windows.len() / 2)
-        .map(|w| *w as f64 / 1e3)
-        .unwrap_or(0.0);
+    // The model's median (the lower middle of an even sample); 0 without a window.
+    let windows_us: Vec<f64> = windows.iter().map(|w| *w as f64 / 1e3).collect();
+    stats.window_us_p50 = preheat_model::stats::summarize(&windows_us).p50;
     pb.finish();
     let k = p.filter.k as usize;
     let mut lines = filter_k_of_n(&samples, k);

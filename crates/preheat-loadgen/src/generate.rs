@@ -196,8 +196,7 @@ pub fn generate(
     };
     let starts = starts.lock().map(|v| v.clone()).unwrap_or_default();
     let start = preheat_model::stats::summarize(&starts);
-    let mut waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
-    waits.sort_by(|x, y| x.total_cmp(y));
+    let waits = slot_waits.lock().map(|v| v.clone()).unwrap_or_default();
     Ok(LoadReport {
         target: a.target.clone(),
         protocol: a.protocol,
@@ -213,7 +212,8 @@ pub fn generate(
         seed: a.seed,
         warmup: a.warmup,
         summary: s,
-        slot_wait_us_p50: waits.get(waits.len() / 2).copied().unwrap_or(0.0),
+        // The model's median (the lower middle of an even sample); 0 without a wait.
+        slot_wait_us_p50: preheat_model::stats::summarize(&waits).p50,
         interrupted,
         records: a.records.clone(),
         server_start_us_p50: (start.n > 0).then_some(start.p50),
