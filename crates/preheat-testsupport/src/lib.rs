@@ -1,7 +1,7 @@
 //! Support shared by the workspace's tests; a dev-dependency only, never linked into a program.
 //!
 //! * Where the build puts things: [`target_dir`], [`debug_dir`] and [`built`] (one answer for
-//!   every test crate, `CARGO_TARGET_DIR` included).
+//!   every test crate, `CARGO_TARGET_DIR` included); building a companion: [`cargo_build`].
 //! * The one way a test says it skipped: [`skip()`] (or the [`skip!`] macro). `cargo test` hides
 //!   the output of passing tests, so a test that merely printed `SKIP` and returned looked like
 //!   a pass; [`skip()`] writes `SKIP <test>: <reason>` straight to the process's stderr (past
@@ -59,6 +59,24 @@ pub fn debug_dir() -> PathBuf {
 /// (e.g. `preheat-kv`, `preheatd`, `libpreheat_agent.so`). It may not exist yet.
 pub fn built(name: &str) -> PathBuf {
     debug_dir().join(name)
+}
+
+/// `cargo build --quiet -p PACKAGE...` of this workspace, by the cargo running the tests
+/// (`$CARGO`), stdin closed: the one way a test builds a companion program or library of the
+/// workspace (it lands in [`built`] unless the caller adds `--target-dir`). The caller adds
+/// arguments and runs it.
+pub fn cargo_build(packages: &[&str]) -> std::process::Command {
+    let mut cmd =
+        std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace_root())
+        .args(["build", "--quiet"])
+        .arg("--manifest-path")
+        .arg(workspace_root().join("Cargo.toml"))
+        .stdin(std::process::Stdio::null());
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    cmd
 }
 
 /// Report that the running test is skipped because `component` is missing (see the crate

@@ -386,11 +386,9 @@ fn preheat_kv() -> Result<PathBuf, String> {
         return Ok(main_bin);
     }
     let private = preheat_testsupport::target_dir().join("preheat-trace-kv");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let (ok, out) = run_bounded(
-        Command::new(cargo)
-            .current_dir(preheat_testsupport::workspace_root())
-            .args(["build", "-p", "preheat-kv", "--target-dir"])
+        preheat_testsupport::cargo_build(&["preheat-kv"])
+            .arg("--target-dir")
             .arg(&private),
         Duration::from_secs(540),
     );

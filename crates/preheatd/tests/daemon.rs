@@ -41,20 +41,7 @@ fn artifacts() -> &'static Artifacts {
             kv_bin: dir.join("preheat-kv"),
         };
         if !(a.agent_so.exists() && a.kv_bin.exists()) {
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let st = Command::new(cargo)
-                .args([
-                    "build",
-                    "--quiet",
-                    "-p",
-                    "preheat-kv",
-                    "-p",
-                    "preheat-agent",
-                ])
-                .arg("--manifest-path")
-                .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml"))
-                .stdin(Stdio::null())
-                .status();
+            let st = preheat_testsupport::cargo_build(&["preheat-kv", "preheat-agent"]).status();
             assert!(
                 matches!(st, Ok(s) if s.success()),
                 "cargo build -p preheat-kv -p preheat-agent failed: {st:?}"

@@ -41,14 +41,7 @@ pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
         let dir = preheat_testsupport::debug_dir();
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "preheat-kv", "-p", "preheat-agent"])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .stdin(Stdio::null())
-            .status();
+        let st = preheat_testsupport::cargo_build(&["preheat-kv", "preheat-agent"]).status();
         let a = Artifacts {
             agent_so: dir.join("libpreheat_agent.so"),
             kv_bin: dir.join("preheat-kv"),

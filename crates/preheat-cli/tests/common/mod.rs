@@ -56,16 +56,7 @@ pub fn npb() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_preheat"));
     let bin = exe.with_file_name("preheat-npb");
     if !bin.exists() {
-        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
-        let st = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "preheat-npb",
-                "--manifest-path",
-                manifest,
-            ])
+        let st = preheat_testsupport::cargo_build(&["preheat-npb"])
             .status()
             .expect("running cargo");
         assert!(st.success(), "building preheat-npb failed");
