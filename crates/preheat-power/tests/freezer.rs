@@ -68,9 +68,9 @@ fn sleeper() -> Kid {
 
 /// Process state letter from /proc/PID/stat.
 fn proc_state(pid: u32) -> char {
-    let s = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = &s[s.rfind(')').unwrap() + 2..];
-    after.chars().next().unwrap()
+    preheat_engine::procstat::read_pid_stat(pid)
+        .expect("/proc/PID/stat")
+        .state
 }
 
 /// A thawed sleeper may briefly run ('R') before it sleeps again; a v1-frozen task shows 'D'.

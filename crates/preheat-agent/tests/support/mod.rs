@@ -652,19 +652,7 @@ pub fn children_of(ppid: u32) -> Vec<u32> {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid ..." — comm may contain spaces; parse after the last ')'.
-        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-            continue;
-        };
-        if rest
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse::<u32>().ok())
-            == Some(ppid)
-        {
+        if preheat_engine::procstat::read_pid_stat(pid).is_some_and(|s| s.ppid == ppid) {
             out.push(pid);
         }
     }
