@@ -61,6 +61,9 @@ finish() {
   exit "$status"
 }
 trap finish EXIT
+# A signal ends the run as failed (the EXIT trap alone would see the status of the last command).
+trap 'exit 130' INT
+trap 'exit 143' TERM
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "test.sh: installing ${need[*]} from Debian packages"
