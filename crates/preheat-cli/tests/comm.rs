@@ -118,91 +118,104 @@ mod timing {
             ("ep", "auto"),
             ("cg", "uffd"),
         ] {
-            let out = tmp.path().join(format!("{kernel}-{mechanism}.json"));
-            // A faster schedule than the default (20 ms rounds, higher budget) so a short test run
-            // samples enough; the report is taken while the kernel runs (--duration), after the
-            // matrix was reset past start-up.
-            let o = preheat(
-                &[
-                    "comm",
-                    "--mechanism",
-                    mechanism,
-                    "--period-ms",
-                    "20",
-                    "--budget",
-                    "5000",
-                    "--reset-after-ms",
-                    "300",
-                    "--duration",
-                    "3",
-                    "--only",
-                    "npb-",
-                    "--out",
-                    out.to_str().unwrap(),
-                    "--",
-                    bin.to_str().unwrap(),
-                    kernel,
-                    "--threads",
-                    "4",
-                    "--instances",
-                    "2",
-                    "--seconds",
-                    "4",
-                    "--start-delay-ms",
-                    "300",
-                ],
-                &rd,
-            );
-            assert!(
-                o.status.success(),
-                "{kernel}: {}\n{}",
-                String::from_utf8_lossy(&o.stderr),
-                String::from_utf8_lossy(&o.stdout)
-            );
-            let report: serde_json::Value =
-                serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-            assert_eq!(report["label"], "measured");
-            assert!(report["faults_induced"].as_u64().unwrap() > 0, "{report}");
-            let g: serde_json::Value =
-                serde_json::from_str(&ok(&["groups", out.to_str().unwrap(), "--json"], &rd))
-                    .unwrap();
-            let names: Vec<String> = report["threads"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t["name"].as_str().unwrap().to_string())
-                .collect();
-            assert_eq!(
-                names.len(),
-                4,
-                "{kernel}: the four kernel threads: {names:?}"
-            );
-            let mut sets: Vec<Vec<String>> = g["sets"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| {
-                    let mut v: Vec<String> = s
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|i| names[i.as_u64().unwrap() as usize].clone())
-                        .collect();
-                    v.sort();
-                    v
-                })
-                .collect();
-            sets.sort();
-            assert_eq!(
-                sets,
-                truth(kernel, &names),
-                "{kernel}: matrix {}",
-                report["matrix"]
-            );
-            eprintln!(
-                "comm {kernel} ({}): groups = truth; {} events, {} induced faults (measured)",
-                report["mechanism"], report["events"], report["faults_induced"]
-            );
+            // A sampling detector: one run in about eight (all day on 2026-11-27, alone on the
+            // machine and beside other tests) saw no event between one instance's two threads.
+            // A kernel whose sets miss the truth gets a second run, said on stderr; both missing
+            // fails (a detector that no longer sees a pattern misses it every time).
+            for attempt in 1..=2 {
+                let out = tmp
+                    .path()
+                    .join(format!("{kernel}-{mechanism}-{attempt}.json"));
+                // A faster schedule than the default (20 ms rounds, higher budget) so a short test run
+                // samples enough; the report is taken while the kernel runs (--duration), after the
+                // matrix was reset past start-up.
+                let o = preheat(
+                    &[
+                        "comm",
+                        "--mechanism",
+                        mechanism,
+                        "--period-ms",
+                        "20",
+                        "--budget",
+                        "5000",
+                        "--reset-after-ms",
+                        "300",
+                        "--duration",
+                        "3",
+                        "--only",
+                        "npb-",
+                        "--out",
+                        out.to_str().unwrap(),
+                        "--",
+                        bin.to_str().unwrap(),
+                        kernel,
+                        "--threads",
+                        "4",
+                        "--instances",
+                        "2",
+                        "--seconds",
+                        "4",
+                        "--start-delay-ms",
+                        "300",
+                    ],
+                    &rd,
+                );
+                assert!(
+                    o.status.success(),
+                    "{kernel}: {}\n{}",
+                    String::from_utf8_lossy(&o.stderr),
+                    String::from_utf8_lossy(&o.stdout)
+                );
+                let report: serde_json::Value =
+                    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+                assert_eq!(report["label"], "measured");
+                assert!(report["faults_induced"].as_u64().unwrap() > 0, "{report}");
+                let g: serde_json::Value =
+                    serde_json::from_str(&ok(&["groups", out.to_str().unwrap(), "--json"], &rd))
+                        .unwrap();
+                let names: Vec<String> = report["threads"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].as_str().unwrap().to_string())
+                    .collect();
+                assert_eq!(
+                    names.len(),
+                    4,
+                    "{kernel}: the four kernel threads: {names:?}"
+                );
+                let mut sets: Vec<Vec<String>> = g["sets"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| {
+                        let mut v: Vec<String> = s
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|i| names[i.as_u64().unwrap() as usize].clone())
+                            .collect();
+                        v.sort();
+                        v
+                    })
+                    .collect();
+                sets.sort();
+                let want = truth(kernel, &names);
+                if sets != want && attempt == 1 {
+                    eprintln!(
+                        "comm {kernel}: attempt 1 missed the truth (sets {sets:?}, matrix {}): \
+                     running it once more",
+                        report["matrix"]
+                    );
+                    continue;
+                }
+                assert_eq!(sets, want, "{kernel}: matrix {}", report["matrix"]);
+                eprintln!(
+                    "comm {kernel} ({}): groups = truth; {} events, {} induced faults (measured)",
+                    report["mechanism"], report["events"], report["faults_induced"]
+                );
+                break;
+            }
         }
     }
 }
