@@ -263,6 +263,13 @@ mod tests {
         assert!(!path.exists());
         stop_tx.send(()).unwrap();
         h.join().unwrap();
+        // The kernel wakes the joiner before the exiting thread has left /proc (a suite run saw
+        // it still there): wait, bounded, until it has.
+        let task = format!("/proc/self/task/{tid}");
+        let t0 = std::time::Instant::now();
+        while std::path::Path::new(&task).exists() && t0.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         // A thread that is gone is reported as such.
         assert_eq!(j.restore(), vec![Outcome::Gone { tid }]);
     }
