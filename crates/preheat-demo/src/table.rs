@@ -144,15 +144,7 @@ pub(crate) fn mixed_kinds(samples: &[Sample]) -> bool {
 /// The share removed on per-round differences: `median_r(cold_r − mode_r) / median_r(cold_r −
 /// floor_r)` over the rounds where cold-sweep, the floor and the mode were all measured.
 fn paired_share(samples: &[Sample], floor: &str, mode: &str) -> Option<f64> {
-    // round → latency of one mode (a round measures each mode once; the first sample counts).
-    let by_round = |name: &str| {
-        let mut m = std::collections::BTreeMap::new();
-        for s in samples.iter().filter(|s| s.mode == name) {
-            m.entry(s.round).or_insert(s.latency_us);
-        }
-        m
-    };
-    let (floors, modes) = (by_round(floor), by_round(mode));
+    let (floors, modes) = (round_map(samples, floor), round_map(samples, mode));
     let mut d_mode = Vec::new();
     let mut d_floor = Vec::new();
     for c in samples.iter().filter(|s| s.mode == "cold-sweep") {
@@ -327,14 +319,22 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
         .collect()
 }
 
+/// Round → latency of `mode` (a round measures each mode once; the first sample counts).
+fn round_map(samples: &[Sample], mode: &str) -> std::collections::BTreeMap<usize, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    for s in samples.iter().filter(|s| s.mode == mode) {
+        m.entry(s.round).or_insert(s.latency_us);
+    }
+    m
+}
+
 /// The latencies of `mode`, indexed by round (NaN where a round has none).
 fn by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
     let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
-    let mut v = vec![f64::NAN; rounds];
-    for s in samples.iter().filter(|s| s.mode == mode) {
-        v[s.round] = s.latency_us;
-    }
-    v
+    let m = round_map(samples, mode);
+    (0..rounds)
+        .map(|r| m.get(&r).copied().unwrap_or(f64::NAN))
+        .collect()
 }
 
 /// A preheat mode measured slower than announcing nothing (cold-sweep, per round: the judgement
