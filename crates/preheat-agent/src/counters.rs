@@ -29,6 +29,8 @@ pub struct Stats {
     pub wake_planned: AtomicU64,
     /// `wake` handled by keeping the CPUs polling in idle (see `crate::idlepoll`).
     pub wake_polled: AtomicU64,
+    /// `replay` warm-ups sent on a fresh connection (see `crate::fresh`).
+    pub replays_fresh: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -61,6 +63,7 @@ impl Stats {
             local_handoffs: AtomicU64::new(0),
             wake_planned: AtomicU64::new(0),
             wake_polled: AtomicU64::new(0),
+            replays_fresh: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -88,6 +91,7 @@ impl Stats {
             local_handoffs: self.local_handoffs.load(Relaxed),
             wake_planned: self.wake_planned.load(Relaxed),
             wake_polled: self.wake_polled.load(Relaxed),
+            replays_fresh: self.replays_fresh.load(Relaxed),
         }
     }
 
@@ -113,6 +117,7 @@ impl Stats {
             &self.local_handoffs,
             &self.wake_planned,
             &self.wake_polled,
+            &self.replays_fresh,
         ] {
             c.store(0, Relaxed);
         }

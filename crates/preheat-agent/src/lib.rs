@@ -72,7 +72,8 @@
 //! 5  runtime                          constructor, fork handler, destructor
 //! 4  control  worker  hooks            control thread; trigger thread + workers; interposed calls
 //! 3  comm  wakeplan  plan              detector; wake-planner client; control → workers hand-over
-//! 2  threads  idlepoll                 the agent's own threads; a thread's idle-polling window
+//! 2  threads  idlepoll  fresh          the agent's own threads; a thread's idle-polling window;
+//!                                      warm-ups on a fresh connection each (prefork servers)
 //! 1  log  fdreg  faults                log + disable-with-reason; the agent's fds and table;
 //!                                      SIGSEGV/SIGBUS handler, the program's dispositions
 //! 0  config  track  counters  sys  forkcell  hold
@@ -101,6 +102,7 @@ pub mod counters;
 pub mod faults;
 pub mod fdreg;
 pub mod forkcell;
+pub mod fresh;
 pub mod hold;
 pub mod hooks;
 pub mod idlepoll;

@@ -31,6 +31,7 @@ use preheat_engine::preheat::ParallelPreheater;
 use preheat_model::AbsRun;
 
 use crate::forkcell::ForkCell;
+use crate::fresh::FreshConns;
 use crate::sys;
 
 /// Most extra CPUs a `lines` preheat may be split across.
@@ -49,6 +50,12 @@ pub struct ReplayConn {
     pub outstanding: AtomicU32,
     /// A worker found the connection broken: the control thread reconnects.
     pub broken: AtomicBool,
+    /// Warm-ups on a fresh connection each, served by any worker of the server
+    /// ([`crate::fresh`]); `fd` is then -1 for good.
+    pub fresh: Option<FreshConns>,
+    /// Fresh mode: retired by the control thread (no more warm-ups; the connections are
+    /// closed). Read by workers after their `busy` claim, like `fd`.
+    pub retired: AtomicBool,
 }
 
 impl ReplayConn {
@@ -62,13 +69,26 @@ impl ReplayConn {
             match_pos: AtomicUsize::new(0),
             outstanding: AtomicU32::new(0),
             broken: AtomicBool::new(false),
+            fresh: None,
+            retired: AtomicBool::new(false),
+        }
+    }
+
+    /// A port whose warm-ups go on fresh connections ([`crate::fresh`]).
+    pub fn fresh(port: u16, request: Vec<u8>, until: Vec<u8>) -> ReplayConn {
+        ReplayConn {
+            fresh: Some(FreshConns::new(port)),
+            ..ReplayConn::new(port, request, until, -1)
         }
     }
 
     /// Control thread: install `new_fd` (or -1) and close the previous fd once no worker uses
     /// it. Returns false if a worker held the connection for over 100 ms (the old fd is then
     /// leaked rather than risking a close under a user).
+    /// In fresh mode the connection is retired instead (`new_fd` must be -1) and its open
+    /// warm-up connections closed.
     pub fn replace_fd(&self, new_fd: RawFd) -> bool {
+        self.retired.store(self.fresh.is_some(), Ordering::SeqCst);
         let old = self.fd.swap(new_fd, Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         while self.busy.load(Ordering::SeqCst) {
@@ -80,6 +100,9 @@ impl ReplayConn {
         self.match_pos.store(0, Ordering::Relaxed);
         self.outstanding.store(0, Ordering::Relaxed);
         crate::fdreg::close_own_fd(old);
+        if let Some(f) = &self.fresh {
+            f.close_all();
+        }
         true
     }
 }

@@ -226,6 +226,44 @@ pub fn wait_readable(fd: RawFd, timeout_ns: u64) -> bool {
     r != 0
 }
 
+/// Wait until `fd` is writable or `timeout_ns` passed (`ppoll`). True if writable (or on an
+/// error condition: the caller's next call reports it).
+pub fn wait_writable(fd: RawFd, timeout_ns: u64) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: `p` and `ts` are valid locals for the call; a null signal mask is allowed.
+    let r = unsafe { libc::ppoll(&mut p, 1, &ts, std::ptr::null()) };
+    r > 0
+}
+
+/// A socket's pending error (`SO_ERROR`, 0: none); -1 if it cannot be read.
+pub fn socket_error(fd: RawFd) -> c_int {
+    let mut err: c_int = 0;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `err` and `len` are valid locals of the sizes the call expects.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ERROR,
+            &mut err as *mut c_int as *mut c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        -1
+    } else {
+        err
+    }
+}
+
 /// A non-blocking, close-on-exec eventfd.
 pub fn eventfd() -> io::Result<RawFd> {
     // SAFETY: no pointers involved.

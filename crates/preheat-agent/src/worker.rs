@@ -471,7 +471,8 @@ fn wake(w: &WorkerSlot, job: &Job, gen: u32, start: u64, polite: bool) {
     }
 }
 
-/// Drain what the server answered to earlier replays, then send the warm-up request.
+/// Drain what the server answered to earlier replays, then send the warm-up request (on the
+/// persistent connection, or on a fresh one: [`crate::fresh`]).
 fn replay(conn: &ReplayConn) {
     if conn
         .busy
@@ -481,14 +482,27 @@ fn replay(conn: &ReplayConn) {
         // Another worker is replaying on this connection right now: that warms the path too.
         return;
     }
-    let fd = conn.fd.load(Ordering::SeqCst);
-    let ok = fd >= 0 && drain(conn, fd) && send(conn, fd);
+    let ok = match &conn.fresh {
+        Some(f) => {
+            !conn.retired.load(Ordering::SeqCst)
+                && f.warm_up(&conn.request, &conn.until, time::now_ns())
+                    .is_ok()
+        }
+        None => {
+            let fd = conn.fd.load(Ordering::SeqCst);
+            fd >= 0 && drain(conn, fd) && send(conn, fd)
+        }
+    };
     conn.busy.store(false, Ordering::SeqCst);
     if ok {
         STATS.replays.fetch_add(1, Ordering::Relaxed);
+        if conn.fresh.is_some() {
+            STATS.replays_fresh.fetch_add(1, Ordering::Relaxed);
+        }
     } else {
         STATS.replay_errors.fetch_add(1, Ordering::Relaxed);
-        if !conn.broken.swap(true, Ordering::AcqRel) {
+        // A fresh-connection port has nothing to reconnect: its next warm-up connects anew.
+        if conn.fresh.is_none() && !conn.broken.swap(true, Ordering::AcqRel) {
             plan::wake_control();
         }
     }

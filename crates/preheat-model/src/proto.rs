@@ -353,6 +353,11 @@ pub struct PreheatStats {
     /// request) instead of a spin.
     #[serde(default)]
     pub wake_polled: u64,
+    /// `replay` warm-ups sent on a fresh connection each, served by whichever of the server's
+    /// processes accepted it (servers that close connections; prefork workers busy with their
+    /// client's connection).
+    #[serde(default)]
+    pub replays_fresh: u64,
 }
 
 /// Summary of a loaded profile class.

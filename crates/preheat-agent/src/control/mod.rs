@@ -173,6 +173,15 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 
 impl Control {
     fn poll_timeout_ms(&self) -> i32 {
+        let t = self.base_timeout_ms();
+        // Warm-up connections of fresh-connection ports are closed once answered.
+        match self.fresh_reap_timeout_ms() {
+            Some(f) if t < 0 || f < t => f,
+            _ => t,
+        }
+    }
+
+    fn base_timeout_ms(&self) -> i32 {
         if !self.retired.is_empty() {
             return 100;
         }

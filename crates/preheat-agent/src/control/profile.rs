@@ -32,7 +32,28 @@ pub(super) struct PortConfig {
     par: Option<Arc<ParallelPreheater>>,
 }
 
+/// How often the control thread looks at a fresh-connection port's warm-ups while none is open
+/// (a worker may have opened one since).
+const FRESH_IDLE_REAP_MS: i32 = 200;
+
 impl Control {
+    /// The control thread's poll timeout while fresh-connection ports exist: short while
+    /// warm-up connections are open, so a sibling worker is not kept waiting on one.
+    pub(super) fn fresh_reap_timeout_ms(&self) -> Option<i32> {
+        let fresh = self
+            .ports
+            .values()
+            .filter_map(|pc| pc.replay.as_ref()?.fresh.as_ref());
+        let mut any = false;
+        for f in fresh {
+            if f.open() > 0 {
+                return Some(crate::fresh::REAP_EVERY_MS);
+            }
+            any = true;
+        }
+        any.then_some(FRESH_IDLE_REAP_MS)
+    }
+
     /// Periodic work: drop retired plans nobody uses, reconnect broken replay connections.
     pub(super) fn maintain(&mut self) {
         self.retired.retain(|p| Arc::strong_count(p) > 1);
@@ -46,6 +67,10 @@ impl Control {
         let mut failed = false;
         for (port, pc) in &self.ports {
             let Some(conn) = &pc.replay else { continue };
+            if let Some(f) = &conn.fresh {
+                reap_fresh(conn, f);
+                continue;
+            }
             if !conn.broken.load(Ordering::Acquire) {
                 continue;
             }
@@ -54,7 +79,14 @@ impl Control {
                 continue;
             }
             match connect_replay(*port, &conn.request, &conn.until) {
-                Ok(fd) => {
+                Ok(ReplayTarget::Fresh(why)) => {
+                    failed = true;
+                    log(&format!(
+                        "replay connection of port {port}: reconnect failed: {why} (a \
+                         persistent connection of this process's own is what was configured)"
+                    ));
+                }
+                Ok(ReplayTarget::Persistent(fd)) => {
                     if !conn.replace_fd(fd) {
                         log(&format!(
                             "replay connection of port {port}: a worker held the old one for > 100 ms; leaking its fd"
@@ -186,9 +218,16 @@ impl Control {
             }
             if let Some((req, until)) = want {
                 match connect_replay(port, &req, &until) {
-                    Ok(fd) => {
+                    Ok(ReplayTarget::Persistent(fd)) => {
                         pc.replay = Some(Arc::new(ReplayConn::new(port, req, until, fd)));
                         log(&format!("port {port}: replay connection open"));
+                    }
+                    Ok(ReplayTarget::Fresh(why)) => {
+                        pc.replay = Some(Arc::new(ReplayConn::fresh(port, req, until)));
+                        log(&format!(
+                            "port {port}: replay on a fresh connection per warm-up, served by \
+                             whichever of the server's processes accepts it: {why}"
+                        ));
                     }
                     Err(e) => {
                         result = Err(format!(
@@ -242,17 +281,54 @@ impl Control {
     }
 }
 
-/// Open the persistent loopback replay connection (non-blocking, no Nagle): one this process
-/// serves (prefork servers), on which `request` was answered once (see [`super::served`]).
-fn connect_replay(port: u16, request: &[u8], until: &[u8]) -> Result<RawFd, String> {
-    let s = super::served::connect_served_here(port, request, until)?;
-    let Some(st) = s.stream else {
-        return Err(format!(
-            "port {port} closes the connection after every reply (HTTP/1.0 or Connection: \
-             close): a warm-up on a persistent connection cannot apply to this server"
-        ));
-    };
-    let fd = st.into_raw_fd();
-    fdreg::register_fd(fd);
-    Ok(fd)
+/// Where a port's warm-ups go.
+enum ReplayTarget {
+    /// A persistent loopback connection this process serves.
+    Persistent(RawFd),
+    /// A fresh connection per warm-up ([`crate::fresh`]), and why.
+    Fresh(&'static str),
+}
+
+/// Find where `request` warms this process's port up: the persistent loopback replay connection
+/// (non-blocking, no Nagle) that this process serves, on which `request` was answered once (see
+/// [`super::served`]) — or, where the server closes every connection after its reply or where
+/// only other processes of the server (a prefork server's sibling workers) answer while this
+/// one is busy, a fresh connection per warm-up.
+fn connect_replay(port: u16, request: &[u8], until: &[u8]) -> Result<ReplayTarget, String> {
+    match super::served::connect_served(port, request, until) {
+        Ok(s) => Ok(match s.stream {
+            Some(st) => {
+                let fd = st.into_raw_fd();
+                fdreg::register_fd(fd);
+                ReplayTarget::Persistent(fd)
+            }
+            None => ReplayTarget::Fresh(
+                "the server closes the connection after every reply (HTTP/1.0 or Connection: \
+                 close)",
+            ),
+        }),
+        Err(e) if e.answered_elsewhere => Ok(ReplayTarget::Fresh(
+            "every connection this process opened was served by another process of the server \
+             (a prefork server whose workers serve one connection at a time: this one is busy \
+             with its client's); the warm-ups warm what the workers share — code, data from \
+             before the fork, the kernel's paths — on the server's CPU",
+        )),
+        Err(e) => Err(e.message),
+    }
+}
+
+/// Control thread: read the replies of a port's open warm-up connections and close the
+/// finished ones (unless a worker is warming up on it right now: then the next round does).
+fn reap_fresh(conn: &ReplayConn, f: &crate::fresh::FreshConns) {
+    if conn
+        .busy
+        .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
+    {
+        return;
+    }
+    if !conn.retired.load(Ordering::SeqCst) {
+        f.reap(&conn.until, preheat_engine::time::now_ns());
+    }
+    conn.busy.store(false, Ordering::SeqCst);
 }

@@ -17,7 +17,9 @@
 //! A server that closes the connection after every reply (HTTP/1.0 like Python's
 //! `http.server`, `Connection: close`) has no persistent connection: [`Served::stream`] is `None`,
 //! and the probe then opens a fresh connection for each measured request ([`fresh_exchange`]);
-//! `replay` refuses such a port (a warm-up on a connection the server closed cannot reach it).
+//! `replay` then warms up on a fresh connection each time ([`crate::fresh`]), as it does where
+//! only other processes of the server answer (a blocking prefork worker busy with its client's
+//! connection: [`NotHere::answered_elsewhere`]).
 
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -42,6 +44,13 @@ pub(super) struct Served {
     pub stream: Option<TcpStream>,
 }
 
+/// Why no connection served here was found.
+pub(super) struct NotHere {
+    pub message: String,
+    /// Every exchange was answered, by another process of the server (its sibling workers).
+    pub answered_elsewhere: bool,
+}
+
 /// Open a loopback connection to `port`, exchange `request` (reply ending with `until`) on it,
 /// and keep it only if this process served that request (see the module docs).
 pub(super) fn connect_served_here(
@@ -49,19 +58,28 @@ pub(super) fn connect_served_here(
     request: &[u8],
     until: &[u8],
 ) -> Result<Served, String> {
+    connect_served(port, request, until).map_err(|e| e.message)
+}
+
+/// [`connect_served_here`], saying whether other processes answered.
+pub(super) fn connect_served(port: u16, request: &[u8], until: &[u8]) -> Result<Served, NotHere> {
+    let failed = |message: String| NotHere {
+        message,
+        answered_elsewhere: false,
+    };
     let mut reply = vec![0u8; REPLY_MAX];
     let mut elsewhere = 0;
     for _ in 0..ATTEMPTS {
         let before = track::port_busy_periods(port);
-        let st = open(port)?;
+        let st = open(port).map_err(failed)?;
         super::cycle::exchange(st.as_raw_fd(), request, until, &mut reply, REPLY_TIMEOUT_NS)
             .map_err(|e| {
-                format!(
+                failed(format!(
                     "a new connection to 127.0.0.1:{port} was not answered as configured ({e}): \
                  the reply does not end with the configured bytes, or the server closed the \
                  connection instead of answering, or every worker is busy serving another \
                  connection (workers that serve one connection at a time)"
-                )
+                ))
             })?;
         if !served_since(port, before) {
             elsewhere += 1;
@@ -72,13 +90,16 @@ pub(super) fn connect_served_here(
             stream: (!closes).then_some(st),
         });
     }
-    Err(format!(
-        "none of {ATTEMPTS} connections to 127.0.0.1:{port} was served by this process (pid {}; \
-         {elsewhere} answered by another one): it does not accept the port's connections (a \
-         prefork master), or not while it serves another one (a worker that serves one \
-         connection at a time)",
-        sys::getpid()
-    ))
+    Err(NotHere {
+        message: format!(
+            "none of {ATTEMPTS} connections to 127.0.0.1:{port} was served by this process (pid \
+             {}; {elsewhere} answered by another one): it does not accept the port's \
+             connections (a prefork master), or not while it serves another one (a worker that \
+             serves one connection at a time)",
+            sys::getpid()
+        ),
+        answered_elsewhere: elsewhere == ATTEMPTS,
+    })
 }
 
 /// One exchange on a fresh connection (servers that close every connection): connect, send,
