@@ -199,7 +199,8 @@ fn python_site() -> Option<PythonSite> {
 
 /// A preforking server whose workers block in accept and recv and serve one connection at a
 /// time: the worker that serves the demo's connection cannot take a connection of its agent's,
-/// so the probe's requests go on the demo's connection and `replay` is skipped, saying why.
+/// so the probe's requests go on the demo's connection and `replay` warms up on a fresh
+/// connection each time, served by the sibling worker (issue 20, point 3).
 #[test]
 fn demo_on_a_preforking_python_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
@@ -232,10 +233,21 @@ fn demo_on_a_preforking_python_server() {
     let pids = agent_pids_of(&rd, "python");
     assert!(pids.len() >= 3, "the fixture did not fork: agents {pids:?}");
     assert_eq!(v["record"]["external"], true, "{}", v["record"]);
-    assert_rows(&v, &["warm", "cold-sweep", "preheat:lines"], 3);
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:lines", "preheat:replay"],
+        3,
+    );
     assert_acted(&v, "preheat:lines");
-    let why = skip_reason(&v, "preheat:replay").expect("replay should be skipped");
-    assert!(why.contains("served by this process"), "{why}");
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_fresh_replays(&v, 3);
+    // One connection, one worker: the announcements go to it alone.
+    assert_eq!(
+        v["serving_pids"].as_array().unwrap().len(),
+        1,
+        "{}",
+        v["serving_pids"]
+    );
     // Busy periods of blocking workers are tracked: the server thread's start is measured.
     assert!(
         samples(&v, "warm")
@@ -244,6 +256,68 @@ fn demo_on_a_preforking_python_server() {
         "no server start measured for a blocking worker"
     );
     assert_no_agent_sockets(&rd);
+}
+
+/// The preforking server closing every connection after its reply (`close`): each request may
+/// go to either worker, so the demo announces to both, and both warm up on fresh connections.
+#[test]
+fn demo_on_a_preforking_python_server_that_closes_connections() {
+    // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
+    let _one = serial();
+    let Some(PythonSite {
+        python,
+        tmp: _tmp,
+        rd,
+        www,
+    }) = python_site()
+    else {
+        return;
+    };
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let fixture = prefork_fixture();
+    let v = demo(
+        &rd,
+        port,
+        "lines,replay",
+        &[
+            python.to_str().unwrap(),
+            fixture.to_str().unwrap(),
+            &port_s,
+            www.to_str().unwrap(),
+            "2",
+            "close",
+        ],
+    );
+    // Both workers served the demo's requests and were announced to (not the master).
+    let serving = v["serving_pids"].as_array().unwrap();
+    assert_eq!(serving.len(), 2, "{}", v["serving_pids"]);
+    let agents = agent_pids_of(&rd, "python");
+    for p in serving {
+        assert!(
+            agents.contains(&p.to_string()),
+            "{p} is not an agent: {agents:?}"
+        );
+    }
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:lines", "preheat:replay"],
+        3,
+    );
+    assert_acted(&v, "preheat:lines");
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_no_agent_sockets(&rd);
+}
+
+/// The recording agent (the primary) sent its `replay` warm-ups on fresh connections: at least
+/// `n` (one per measured replay round; the pilot and other modes add none here).
+fn assert_fresh_replays(v: &Value, n: u64) {
+    let c = &v["agent_counters"];
+    assert!(
+        c["replays_fresh"].as_u64().unwrap_or(0) >= n,
+        "replays not on fresh connections: {c}"
+    );
+    assert_eq!(c["replays_fresh"], c["replays"], "{c}");
 }
 
 /// `preheat record` on the preforking server (the issue's failing case: "server closed the probe
@@ -305,7 +379,7 @@ fn record_on_a_preforking_python_server() {
 
 /// `python3 -m http.server` as a user runs it: a thread per connection blocking in recv, and
 /// HTTP/1.0, so the server closes every connection after its reply. Every request opens its
-/// connection inside the measurement; `replay` cannot apply and is skipped, saying why.
+/// connection inside the measurement; `replay` warms up on a fresh connection each time.
 #[test]
 fn demo_on_python_http_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
@@ -313,13 +387,14 @@ fn demo_on_python_http_server() {
     let Some((_tmp, rd, v)) = demo_on_python_http(&[]) else {
         return;
     };
-    assert_rows(&v, &["warm", "cold-sweep", "preheat:lines"], 3);
-    assert_acted(&v, "preheat:lines");
-    let why = skip_reason(&v, "preheat:replay").expect("replay should be skipped");
-    assert!(
-        why.contains("closes the connection after every reply"),
-        "{why}"
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:lines", "preheat:replay"],
+        3,
     );
+    assert_acted(&v, "preheat:lines");
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_fresh_replays(&v, 3);
     assert_no_agent_sockets(&rd);
 }
 

@@ -9,7 +9,7 @@ use anyhow::Result;
 use preheat_model::proto::{Announcement, Strategies};
 
 use crate::hot::KeepAwake;
-use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
+use crate::mode::{agent_preheat, AgentView, Mode, Sample, WakeAs};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
 
@@ -17,6 +17,9 @@ use preheat_launch::servers::Requester;
 pub(crate) struct Bench<'a> {
     pub client: Requester,
     pub agent: AgentClient,
+    /// The agents of the server's other processes that serve the port, where its requests go
+    /// to any worker (each is announced to, like `agent`).
+    pub others: Vec<AgentClient>,
     pub announcer: Announcer,
     pub sweep: preheat_engine::sweep::EvictionBuffer,
     pub keep_awake: Option<&'a KeepAwake>,
@@ -97,7 +100,7 @@ impl Bench<'_> {
         let sweep_us = self.go_cold(mode)?;
         let announced = mode.announced();
         let before = match announced {
-            Some(_) => Some(agent_preheat(&mut self.agent, self.port)?),
+            Some(_) => Some(self.views()?),
             None => None,
         };
         let t_send = match announced {
@@ -122,16 +125,36 @@ impl Bench<'_> {
         // Give the server thread and the agent's worker time to finish their bookkeeping (the
         // busy period ends when the server waits again) before reading it.
         std::thread::sleep(Duration::from_micros(300));
-        let view = agent_preheat(&mut self.agent, self.port)?;
+        let views = self.views()?;
+        // The process that served the request: the one whose latest busy period started last
+        // (one process, but for a server whose requests go to any worker).
+        let Some(i) = (0..views.len()).max_by_key(|&i| views[i].last_start_ns) else {
+            return Ok(s);
+        };
+        let view = &views[i];
         if view.last_start_ns >= t_send.saturating_sub(self.lead_us * 1000) {
             s.server_start_us = (view.last_start_ns as f64 - t_send as f64) / 1e3;
         }
         if let Some(b) = before {
             // At least one busy period: a warm-up and the measured request may share one (the
             // server picks both up in one wake-up), so more cannot be required.
-            s.served_by_preheated = Some(view.busy_periods > b.busy_periods);
-            s.fill_agent(&b.preheat, &view.preheat);
+            s.served_by_preheated = Some(
+                views
+                    .iter()
+                    .zip(&b)
+                    .any(|(v, b)| v.busy_periods > b.busy_periods),
+            );
+            s.fill_agent(&b[i].preheat, &view.preheat);
         }
         Ok(s)
+    }
+
+    /// What every preheated agent saw: `agent` first, then `others`.
+    fn views(&mut self) -> Result<Vec<AgentView>> {
+        let port = self.port;
+        std::iter::once(&mut self.agent)
+            .chain(self.others.iter_mut())
+            .map(|a| agent_preheat(a, port))
+            .collect()
     }
 }

@@ -133,14 +133,11 @@ pub fn render(o: &Output) -> String {
         w!("{}.", c.describe());
     }
     w!("wake ran as {}.", o.wake_mechanism);
-    if let Some(c) = &o.auto {
-        w!(
-            "auto announced {} [chosen from a pilot measured before the table, not from its rows]: {}.",
-            c.chosen, c.why
-        );
-        for cand in &c.candidates {
-            w!("  pilot [measured] {}", cand.describe());
-        }
+    for line in prefork_notes(o) {
+        w!("{line}");
+    }
+    for line in auto_notes(o) {
+        w!("{line}");
     }
     w!(
         "CPI: {}",
@@ -160,5 +157,42 @@ pub fn render(o: &Output) -> String {
     w!("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.");
     w!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
     w!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
+    out
+}
+
+/// What the demo did for a server with several worker processes: whom it announced to, and
+/// where `replay` warmed up (agent counters).
+fn prefork_notes(o: &Output) -> Vec<String> {
+    let mut out = Vec::new();
+    if o.serving_pids.len() > 1 {
+        out.push(format!(
+            "announced to {} processes (pids {:?}): the server hands each request to any of its workers, so every worker that served one is preheated.",
+            o.serving_pids.len(),
+            o.serving_pids
+        ));
+    }
+    let c = &o.agent_counters;
+    if c.replays_fresh > 0 {
+        out.push(format!(
+            "replay sent {} of {} warm-ups on a fresh connection each, served by whichever of the server's workers accepted it (the serving worker is busy with the client's connection, or the server closes its connections): they warm what the workers share — code, data from before the fork, the kernel's paths — not the serving worker's own data [agent counters].",
+            c.replays_fresh,
+            c.replays
+        ));
+    }
+    out
+}
+
+/// What `auto` announced and why, with its pilot's candidates.
+fn auto_notes(o: &Output) -> Vec<String> {
+    let Some(c) = &o.auto else {
+        return Vec::new();
+    };
+    let mut out = vec![format!(
+        "auto announced {} [chosen from a pilot measured before the table, not from its rows]: {}.",
+        c.chosen, c.why
+    )];
+    for cand in &c.candidates {
+        out.push(format!("  pilot [measured] {}", cand.describe()));
+    }
     out
 }

@@ -34,7 +34,7 @@ use preheat_model::proto::{Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
-use preheat_estimate::serving::serving_agent;
+use preheat_estimate::serving::serving_agents;
 use preheat_estimate::{read_profile, record, write_profile, RecordParams, RecordStats};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::progress::Progress;
@@ -57,6 +57,9 @@ pub struct Skipped {
 /// A demo run's result: `preheat demo --json` prints it, `--out` writes it.
 #[derive(Debug, Serialize)]
 pub struct Output {
+    /// The processes announced to: one, or every worker where the server's requests go to any
+    /// of them.
+    pub serving_pids: Vec<u32>,
     pub server: String,
     pub machine: String,
     pub label: &'static str,
@@ -177,6 +180,20 @@ fn estimate(
     Ok((path, stats))
 }
 
+/// The workload's warm-up request and the end of its reply, as the agent's `Configure` takes
+/// them (`None`: the workload has no warm-up).
+fn warm_up_request(w: &servers::Workload) -> (Option<String>, Option<String>) {
+    w.raw
+        .as_ref()
+        .map(|r| {
+            (
+                String::from_utf8_lossy(&r.replay).into_owned(),
+                String::from_utf8_lossy(&r.replay_until).into_owned(),
+            )
+        })
+        .unzip()
+}
+
 /// Configure `port`'s warm-up request in the agent. Where the agent cannot open a replay
 /// connection its process serves (e.g. the server closes every connection after its reply),
 /// the replay modes are dropped into `skipped`, saying why; anything else fails the demo.
@@ -187,16 +204,7 @@ fn configure_replay(
     modes: &mut Vec<Mode>,
     skipped: &mut Vec<Skipped>,
 ) -> Result<bool> {
-    let (replay, replay_until) = w
-        .raw
-        .as_ref()
-        .map(|r| {
-            (
-                String::from_utf8_lossy(&r.replay).into_owned(),
-                String::from_utf8_lossy(&r.replay_until).into_owned(),
-            )
-        })
-        .unzip();
+    let (replay, replay_until) = warm_up_request(w);
     let wants_replay = replay.is_some();
     let Err(e) = agent.call(&Request::Configure {
         port,
@@ -404,7 +412,17 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     }
     // The agent of the process that serves *this* client's connection (prefork servers have one
     // per worker).
-    let pid = serving_agent(&server, &mut client)?;
+    let serving = serving_agents(&server, &mut client)?;
+    let pid = serving.primary;
+    if serving.all.len() > 1 {
+        eprintln!(
+            "demo: port {port}'s requests go to any of {} processes (pids {:?}; the server \
+             closes its connections and any worker accepts the next): announcements go to all \
+             of them; recording through pid {pid}, which served most",
+            serving.all.len(),
+            serving.all
+        );
+    }
     let (profile_path, rec_stats) = estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
     let profile = read_profile(&profile_path)?;
     let ws_stats = profile.class(port).map(|c| c.ws.stats()).with_context(|| {
@@ -415,10 +433,12 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     })?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     let can_replay = configure_replay(&mut agent, &w, port, &mut modes, &mut skipped)?;
+    let others = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
     let mut bench = Bench {
         client,
         agent,
-        announcer: Announcer::new(&server.run_dir, &[pid])?,
+        others,
+        announcer: Announcer::new(&server.run_dir, &serving.all)?,
         sweep: preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
         keep_awake: keep_awake.as_ref(),
         wake,
@@ -447,6 +467,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
     Ok(Output {
+        serving_pids: serving.all,
         server: server.spec.name.clone(),
         machine: machine(ncpu),
         label: "measured",
@@ -470,6 +491,35 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         samples,
         ws: ws_stats,
     })
+}
+
+/// The agents of the server's processes other than the primary that serve the port (see
+/// [`serving_agents`]): each gets the profile and, where the primary replays, the same warm-up.
+fn configure_others(
+    server: &preheat_launch::launch::Server,
+    serving: &preheat_estimate::serving::Serving,
+    profile: &std::path::Path,
+    w: &servers::Workload,
+    replay: bool,
+) -> Result<Vec<AgentClient>> {
+    let mut out = Vec::new();
+    for &pid in serving.all.iter().filter(|p| **p != serving.primary) {
+        let mut c = AgentClient::connect(&server.run_dir, pid)?;
+        c.call(&Request::LoadProfile {
+            path: profile.to_string_lossy().into_owned(),
+        })?;
+        if replay {
+            let (replay, replay_until) = warm_up_request(w);
+            c.call(&Request::Configure {
+                port: server.spec.port,
+                replay,
+                replay_until,
+                split_cpus: vec![],
+            })?;
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 /// Flag preheat modes with samples none of whose requests reached the preheated process (the

@@ -9,16 +9,42 @@ use preheat_launch::launch::Server;
 use preheat_launch::servers::Workload;
 use preheat_model::proto::{Reply, Request};
 
+/// The agents (processes) that serve a port's requests sent on one client connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving {
+    /// The one that served most of them (all of them, where one process serves the
+    /// connection): the one recorded and measured through.
+    pub primary: u32,
+    /// Every agent that served one of them, `primary` first; more than one where the server
+    /// hands each request to any of its workers (a prefork server that closes its
+    /// connections).
+    pub all: Vec<u32>,
+}
+
 /// Find the agent (process) that serves the connection `via`: the one whose busy periods for the
 /// port grow when we send requests on it. In a prefork server (worker processes sharing one
 /// listening socket, each with its own agent) that is the worker that accepted `via`; the agents
 /// then open their own loopback connections only where this process serves them (the agent's
 /// `control/served.rs`). Callers pass the connection they measure on, so the agent they preheat
-/// through is the one whose worker answers their requests.
+/// through is the one whose worker answers their requests. See [`serving_agents`] for servers
+/// whose requests go to any worker.
 pub fn serving_agent(server: &Server, via: &mut preheat_launch::servers::Requester) -> Result<u32> {
+    serving_agents(server, via).map(|s| s.primary)
+}
+
+/// [`serving_agent`], and where no single process serves the requests of `via` (the server
+/// closes the connection after each reply and any worker accepts the next), every process that
+/// served some: an announcement must then reach all of them.
+pub fn serving_agents(
+    server: &Server,
+    via: &mut preheat_launch::servers::Requester,
+) -> Result<Serving> {
     let pids = server.agent_pids();
     if pids.len() == 1 {
-        return Ok(pids[0]);
+        return Ok(Serving {
+            primary: pids[0],
+            all: pids,
+        });
     }
     let count = |pid: u32| -> u64 {
         AgentClient::connect(&server.run_dir, pid)
@@ -30,7 +56,12 @@ pub fn serving_agent(server: &Server, via: &mut preheat_launch::servers::Request
     // for): an agent that appears while we look counts from zero, and a round in which no agent
     // saw all the requests (they went to a worker whose agent was not up yet) is repeated.
     const ROUNDS: usize = 10;
+    // Rounds in which the agents together saw every request but none saw them all, before
+    // the requests are taken to go to any worker.
+    const SPREAD_ROUNDS: usize = 3;
     let mut seen = pids;
+    let mut spread: Vec<(u32, u64)> = Vec::new();
+    let mut spread_rounds = 0;
     for _ in 0..ROUNDS {
         let before: Vec<(u32, u64)> = seen.iter().map(|p| (*p, count(*p))).collect();
         for _ in 0..REQUESTS {
@@ -38,18 +69,37 @@ pub fn serving_agent(server: &Server, via: &mut preheat_launch::servers::Request
         }
         std::thread::sleep(Duration::from_millis(20));
         seen = server.agent_pids();
-        let best = seen
+        let gains: Vec<(u32, u64)> = seen
             .iter()
             .map(|p| {
                 let b = before.iter().find(|(q, _)| q == p).map_or(0, |(_, b)| *b);
                 (*p, count(*p).saturating_sub(b))
             })
-            .max_by_key(|(_, g)| *g);
+            .collect();
         // Every request of the round (sent one after the other, each a busy period of its
         // own): one stray earlier request counted by an agent that just appeared is not enough.
-        if let Some((pid, g)) = best {
+        if let Some(&(pid, g)) = gains.iter().max_by_key(|(_, g)| *g) {
             if g >= REQUESTS {
-                return Ok(pid);
+                return Ok(Serving {
+                    primary: pid,
+                    all: vec![pid],
+                });
+            }
+        }
+        if gains.iter().map(|(_, g)| g).sum::<u64>() >= REQUESTS {
+            spread_rounds += 1;
+            for (p, g) in gains.into_iter().filter(|(_, g)| *g > 0) {
+                match spread.iter_mut().find(|(q, _)| *q == p) {
+                    Some(e) => e.1 += g,
+                    None => spread.push((p, g)),
+                }
+            }
+            if spread_rounds >= SPREAD_ROUNDS {
+                spread.sort_by_key(|(p, g)| (std::cmp::Reverse(*g), *p));
+                return Ok(Serving {
+                    primary: spread[0].0,
+                    all: spread.into_iter().map(|(p, _)| p).collect(),
+                });
             }
         }
         std::thread::sleep(Duration::from_millis(100));
