@@ -124,7 +124,7 @@ fn start(f: &Follow, run_dir: &Path) -> Result<Started> {
         bail!("no program to run");
     };
     let mut cmd = Command::new(prog);
-    let ready = launch::attach_agent(&mut cmd, prog)?;
+    let ready = launch::attach_agent(&mut cmd, prog, preflight::Needs::Load)?;
     cmd.args(&f.argv[1..])
         .stdin(Stdio::null())
         .env("PREHEAT_RUN_DIR", run_dir)

@@ -20,6 +20,7 @@ use preheat_model::comm::CommConfig;
 use serde::{Deserialize, Serialize};
 
 use preheat_launch::launch::{attach_agent, Program};
+use preheat_launch::preflight::Needs;
 
 /// One VM of a run configuration (`preheat cosched run --config`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -152,7 +153,7 @@ pub fn start(spec: &HostSpec, how: &Start<'_>) -> Result<Vec<LiveVm>> {
                     .stderr(Stdio::inherit())
                     .env("PREHEAT_RUN_DIR", how.run_dir);
                 if let Some(cfg) = how.comm {
-                    attach_agent(&mut cmd, &vm.command[0])
+                    attach_agent(&mut cmd, &vm.command[0], Needs::Load)
                         .with_context(|| format!("{name}: partial-auto needs the agent"))?;
                     cmd.env("PREHEAT_COMM", "1")
                         .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);

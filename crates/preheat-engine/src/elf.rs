@@ -250,7 +250,45 @@ pub fn parse_program_headers(h: &Header, table: &[u8]) -> Result<Vec<ProgramHead
         .collect()
 }
 
-/// An ELF file's header, program headers and interpreter.
+/// One note of a notes segment or section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Note<'a> {
+    /// The owner's name without its terminating NUL ("GNU", "Go", ...).
+    pub name: &'a [u8],
+    pub kind: u32,
+    pub desc: &'a [u8],
+}
+
+/// The notes in `data` (little-endian; aligned to 8 if the segment or section says so, else 4),
+/// up to the first malformed one.
+pub fn notes(data: &[u8], align: u64) -> Vec<Note<'_>> {
+    let align = if align == 8 { 8 } else { 4 };
+    let up = |x: usize| x.checked_add(align - 1).map(|v| v & !(align - 1));
+    let f = Fields { b: data, le: true };
+    let mut out = Vec::new();
+    let mut pos = 0usize;
+    let mut next = || -> Option<()> {
+        let namesz = usize::try_from(f.u32(pos)?).ok()?;
+        let descsz = usize::try_from(f.u32(pos.checked_add(4)?)?).ok()?;
+        let kind = f.u32(pos.checked_add(8)?)?;
+        let name_start = pos.checked_add(12)?;
+        let name_end = name_start.checked_add(namesz)?;
+        let desc_start = up(name_end)?;
+        let desc_end = desc_start.checked_add(descsz)?;
+        let name = data.get(name_start..name_end)?;
+        out.push(Note {
+            name: name.strip_suffix(b"\0").unwrap_or(name),
+            kind,
+            desc: data.get(desc_start..desc_end)?,
+        });
+        let after = up(desc_end)?;
+        (after > pos).then(|| pos = after)
+    };
+    while next().is_some() {}
+    out
+}
+
+/// An ELF file's header, program headers, interpreter and notes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ElfFile {
     pub header: Header,
@@ -258,9 +296,19 @@ pub struct ElfFile {
     /// The dynamic linker named by `PT_INTERP`; `None` in a statically linked program (and in a
     /// shared library).
     pub interp: Option<String>,
+    /// The owner and type of each note in its notes segments (`("GNU", 3)`: a build-id;
+    /// `("Go", 4)`: a Go build id).
+    pub notes: Vec<(String, u32)>,
 }
 
 impl ElfFile {
+    /// Whether the Go toolchain built it (it carries a Go build-id note).
+    pub fn is_go(&self) -> bool {
+        self.notes
+            .iter()
+            .any(|(owner, kind)| owner == "Go" && *kind == 4)
+    }
+
     /// Whether it has a dynamic section (a static-pie program has one but no interpreter).
     pub fn has_dynamic(&self) -> bool {
         self.segments.iter().any(|s| s.kind == PT_DYNAMIC)
@@ -300,15 +348,28 @@ pub fn read(path: &Path) -> Result<ElfFile, ElfError> {
             )))
         }
         Some(s) => {
-            let b = read_at(&f, len, s.offset, s.filesz).ok_or(ElfError::Truncated("interpreter"))?;
+            let b =
+                read_at(&f, len, s.offset, s.filesz).ok_or(ElfError::Truncated("interpreter"))?;
             let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
             Some(String::from_utf8_lossy(&b[..end]).into_owned())
         }
     };
+    let notes = segments
+        .iter()
+        .filter(|s| s.kind == PT_NOTE && header.little_endian)
+        .filter_map(|s| read_at(&f, len, s.offset, s.filesz).map(|b| (b, s.align)))
+        .flat_map(|(b, align)| {
+            notes(&b, align)
+                .iter()
+                .map(|n| (String::from_utf8_lossy(n.name).into_owned(), n.kind))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     Ok(ElfFile {
         header,
         segments,
         interp,
+        notes,
     })
 }
 
@@ -385,6 +446,30 @@ mod tests {
     }
 
     #[test]
+    fn notes_are_read_up_to_the_first_malformed_one() {
+        let mut go = Vec::new();
+        go.extend(3u32.to_le_bytes());
+        go.extend(2u32.to_le_bytes());
+        go.extend(4u32.to_le_bytes());
+        go.extend(b"Go\0\0ab\0\0");
+        let mut two = go.clone();
+        two.extend(&go[..14]); // a second note cut short
+        let n = notes(&two, 4);
+        assert_eq!(n.len(), 1);
+        assert_eq!(
+            (n[0].name, n[0].kind, n[0].desc),
+            (&b"Go"[..], 4, &b"ab"[..])
+        );
+        let at = 64 + 56;
+        let b = elf64(ET_EXEC, &[(PT_NOTE, at, go.len() as u64)], &go);
+        assert!(read(file(&b).path()).unwrap().is_go());
+        assert!(!read(Path::new("/proc/self/exe")).unwrap().is_go());
+        assert!(notes(&[0xff; 11], 4).is_empty());
+        let huge = [0xffu8; 12];
+        assert!(notes(&huge, 8).is_empty());
+    }
+
+    #[test]
     fn a_file_without_interpreter_is_static() {
         let b = elf64(ET_EXEC, &[(PT_LOAD, 0, 64)], &[]);
         let f = read(file(&b).path()).unwrap();
@@ -407,7 +492,10 @@ mod tests {
     #[test]
     fn garbage_and_truncation_are_errors_not_panics() {
         assert!(matches!(parse_header(b""), Err(ElfError::NotElf)));
-        assert!(matches!(parse_header(b"#!/bin/sh\n"), Err(ElfError::NotElf)));
+        assert!(matches!(
+            parse_header(b"#!/bin/sh\n"),
+            Err(ElfError::NotElf)
+        ));
         assert!(matches!(
             parse_header(b"\x7fELF\x02\x01"),
             Err(ElfError::Truncated("identification"))
@@ -469,7 +557,13 @@ mod tests {
         let me = read(Path::new("/proc/self/exe")).unwrap();
         assert!(me.segments.iter().any(|s| s.kind == PT_LOAD));
         assert!(me.interp.is_some(), "the test binary is dynamically linked");
-        assert!(matches!(read(Path::new("/nonexistent")), Err(ElfError::Io(_))));
-        assert!(matches!(read(Path::new("/dev/null")), Err(ElfError::Invalid(_))));
+        assert!(matches!(
+            read(Path::new("/nonexistent")),
+            Err(ElfError::Io(_))
+        ));
+        assert!(matches!(
+            read(Path::new("/dev/null")),
+            Err(ElfError::Invalid(_))
+        ));
     }
 }

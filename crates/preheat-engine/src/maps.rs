@@ -234,34 +234,13 @@ fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
     None
 }
 
-/// Walk the notes in `data` (aligned to 8 if the segment/section says so, else 4) and return the
-/// descriptor of the first `NT_GNU_BUILD_ID` note named "GNU".
+/// The descriptor of the first `NT_GNU_BUILD_ID` note named "GNU" in `data`.
 fn find_gnu_build_id(data: &[u8], align: u64) -> Option<Vec<u8>> {
     const NT_GNU_BUILD_ID: u32 = 3;
-    let align = if align == 8 { 8 } else { 4 };
-    let up = |x: usize| x.checked_add(align - 1).map(|v| v & !(align - 1));
-    let mut pos = 0usize;
-    while pos.checked_add(12)? <= data.len() {
-        let namesz = u32_at(data, pos)? as usize;
-        let descsz = u32_at(data, pos + 4)? as usize;
-        let ntype = u32_at(data, pos + 8)?;
-        let name_start = pos + 12;
-        let name_end = name_start.checked_add(namesz)?;
-        let desc_start = up(name_end)?;
-        let desc_end = desc_start.checked_add(descsz)?;
-        if desc_end > data.len() {
-            return None;
-        }
-        if ntype == NT_GNU_BUILD_ID && data[name_start..name_end] == *b"GNU\0" && descsz > 0 {
-            return Some(data[desc_start..desc_end].to_vec());
-        }
-        let next = up(desc_end)?;
-        if next <= pos {
-            return None;
-        }
-        pos = next;
-    }
-    None
+    elf::notes(data, align)
+        .into_iter()
+        .find(|n| n.kind == NT_GNU_BUILD_ID && n.name == b"GNU" && !n.desc.is_empty())
+        .map(|n| n.desc.to_vec())
 }
 
 /// Identity of the executable of `pid` (`/proc/<pid>/exe`).

@@ -340,9 +340,13 @@ pub fn port_in_use(port: u16) -> bool {
 /// first ([`preflight::check`]: a program the agent cannot reach is an error naming the reason
 /// and what to do, before anything starts), then `LD_PRELOAD`. The one way a command starts a
 /// program with the agent.
-pub fn attach_agent(cmd: &mut Command, program: &str) -> Result<preflight::Ready> {
+pub fn attach_agent(
+    cmd: &mut Command,
+    program: &str,
+    needs: preflight::Needs,
+) -> Result<preflight::Ready> {
     let agent = paths::agent_so()?;
-    let ready = preflight::check(program, &agent)?;
+    let ready = preflight::check(program, &agent, needs)?;
     cmd.env("LD_PRELOAD", &agent);
     Ok(ready)
 }
@@ -384,7 +388,7 @@ pub fn start(
     };
     let mut cmd = Command::new(prog);
     let ready = if spec.agent {
-        Some(attach_agent(&mut cmd, prog)?)
+        Some(attach_agent(&mut cmd, prog, preflight::Needs::Hooks)?)
     } else {
         None
     };

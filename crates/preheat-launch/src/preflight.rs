@@ -24,6 +24,16 @@ use preheat_engine::host;
 /// plus one `env` hop.
 const MAX_HOPS: usize = 5;
 
+/// What the agent must do in the program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Be loaded (communication detection samples memory accesses; no hooks needed).
+    Load,
+    /// See requests through its hooks on the C library's calls (`accept`, `read`, `epoll_wait`,
+    /// ...): a server to record or preheat.
+    Hooks,
+}
+
 /// The agent can be loaded: the program finally run, and what was checked.
 #[derive(Debug, Clone)]
 pub struct Ready {
@@ -117,10 +127,10 @@ fn resolve(given: &str, name: &str) -> Result<PathBuf, Refusal> {
     })
 }
 
-/// Whether `program` (a name on `PATH` or a path) can be started with the agent loaded into it,
-/// following `#!` interpreters; `agent` is the agent's library, whose class and machine the
-/// program must share.
-pub fn check(program: &str, agent: &Path) -> Result<Ready, Refusal> {
+/// Whether `program` (a name on `PATH` or a path) can be started with the agent loaded into it
+/// and doing what it `needs` there, following `#!` interpreters; `agent` is the agent's
+/// library, whose class and machine the program must share.
+pub fn check(program: &str, agent: &Path, needs: Needs) -> Result<Ready, Refusal> {
     let mut path = resolve(program, program)?;
     let mut via: Vec<String> = Vec::new();
     for _ in 0..MAX_HOPS {
@@ -146,7 +156,7 @@ pub fn check(program: &str, agent: &Path) -> Result<Ready, Refusal> {
             )
         })?;
         if !head.starts_with(b"#!") {
-            let mut ready = check_elf(program, &path, agent)?;
+            let mut ready = check_elf(program, &path, agent, needs)?;
             if !via.is_empty() {
                 ready.ruled_out.insert(
                     0,
@@ -193,14 +203,17 @@ fn read_head(p: &Path) -> std::io::Result<Vec<u8>> {
 
 /// The checks on the ELF program `path` that `execve` finally runs (`program` is what was
 /// given, for the messages).
-pub fn check_elf(program: &str, path: &Path, agent: &Path) -> Result<Ready, Refusal> {
+pub fn check_elf(program: &str, path: &Path, agent: &Path, needs: Needs) -> Result<Ready, Refusal> {
     let shown = path.display();
     let f = match elf::read(path) {
         Ok(f) => f,
         Err(ElfError::NotElf) => {
             return Err(refuse(
                 program,
-                format!("{shown} is neither an ELF program nor a #! script, so the kernel cannot run it"),
+                format!(
+                    "{shown} is neither an ELF program nor a #! script, so the kernel cannot \
+                     run it"
+                ),
                 "give the program itself, or start a script with a #! line",
             ))
         }
@@ -215,7 +228,10 @@ pub fn check_elf(program: &str, path: &Path, agent: &Path) -> Result<Ready, Refu
     if !matches!(f.header.kind, elf::ET_EXEC | elf::ET_DYN) {
         return Err(refuse(
             program,
-            format!("{shown} is an ELF file of type {}, not a program", f.header.kind),
+            format!(
+                "{shown} is an ELF file of type {}, not a program",
+                f.header.kind
+            ),
             "give a linked program",
         ));
     }
@@ -255,6 +271,20 @@ pub fn check_elf(program: &str, path: &Path, agent: &Path) -> Result<Ready, Refu
         0,
         format!("{shown} is dynamically linked (its dynamic linker: {interp})"),
     );
+    if needs == Needs::Hooks {
+        if f.is_go() {
+            return Err(refuse(
+                program,
+                format!(
+                    "{shown} is a Go program: {GO_NO_HOOKS}, so the agent would load but never \
+                     see a request"
+                ),
+                "measure a server whose runtime calls the C library (C, C++, Rust, Python, \
+                 Node.js, the JVM); preheat comm works in a dynamically linked Go program",
+            ));
+        }
+        ruled_out.push("it is no Go program (whose runtime bypasses the C library)".into());
+    }
     if let Some(reason) = secure_execution(path) {
         return Err(refuse(
             program,
@@ -277,8 +307,26 @@ pub fn check_elf(program: &str, path: &Path, agent: &Path) -> Result<Ready, Refu
     })
 }
 
+/// Why the agent's hooks see nothing in a Go program.
+const GO_NO_HOOKS: &str = "the Go runtime makes its system calls itself, not through the C \
+                           library whose calls the agent hooks";
+
 fn static_refusal(program: &str, path: &Path, f: &ElfFile) -> Refusal {
     let pie = if f.has_dynamic() { " (static-pie)" } else { "" };
+    if f.is_go() {
+        return refuse(
+            program,
+            format!(
+                "{} is a statically linked Go program{pie}: it has no dynamic linker, and only \
+                 the dynamic linker reads LD_PRELOAD",
+                path.display()
+            ),
+            format!(
+                "for preheat comm, build it with CGO_ENABLED=1 (dynamically linked); a Go \
+                 server stays out of reach even then: {GO_NO_HOOKS}"
+            ),
+        );
+    }
     refuse(
         program,
         format!(
@@ -286,8 +334,8 @@ fn static_refusal(program: &str, path: &Path, f: &ElfFile) -> Refusal {
              reads LD_PRELOAD",
             path.display()
         ),
-        "link it dynamically — C/C++ without -static; Go with CGO_ENABLED=1 (or \
-         -ldflags=-linkmode=external); Rust for a -gnu target without +crt-static",
+        "link it dynamically: C/C++ without -static, Rust for a -gnu target without \
+         +crt-static",
     )
 }
 
@@ -332,14 +380,20 @@ pub fn secure_reason(me: &host::Creds, file: &ExecFile) -> Option<String> {
     let egid = if setgid { file.gid } else { me.egid };
     if euid != me.ruid {
         return Some(if setuid {
-            format!("set-uid to uid {euid} while preheat runs as uid {}", me.ruid)
+            format!(
+                "set-uid to uid {euid} while preheat runs as uid {}",
+                me.ruid
+            )
         } else {
             format!("run with effective uid {euid} and real uid {}", me.ruid)
         });
     }
     if egid != me.rgid {
         return Some(if setgid {
-            format!("set-gid to gid {egid} while preheat runs as gid {}", me.rgid)
+            format!(
+                "set-gid to gid {egid} while preheat runs as gid {}",
+                me.rgid
+            )
         } else {
             format!("run with effective gid {egid} and real gid {}", me.rgid)
         });
@@ -356,9 +410,7 @@ pub fn secure_reason(me: &host::Creds, file: &ExecFile) -> Option<String> {
 /// For a server whose processes `pids` have no agent that answers: what each process is and
 /// why it has no agent, as far as can be seen (one line each, at most 8).
 pub fn diagnose(pids: &[u32], agent: &Path) -> Vec<String> {
-    let agent_name = agent
-        .canonicalize()
-        .unwrap_or_else(|_| agent.to_path_buf());
+    let agent_name = agent.canonicalize().unwrap_or_else(|_| agent.to_path_buf());
     pids.iter()
         .take(8)
         .filter_map(|pid| {
@@ -379,7 +431,7 @@ pub fn diagnose(pids: &[u32], agent: &Path) -> Vec<String> {
                      turned it off)"
                 )
             } else {
-                match check_elf(&format!("pid {pid}"), &exe, agent) {
+                match check_elf(&format!("pid {pid}"), &exe, agent, Needs::Hooks) {
                     Err(r) => format!("pid {pid}: {}. What to do: {}", r.reason, r.fix),
                     Ok(_) if !preload => format!(
                         "pid {pid} ({shown}): no LD_PRELOAD in its environment (whoever started \
@@ -400,7 +452,7 @@ pub fn diagnose(pids: &[u32], agent: &Path) -> Vec<String> {
 pub fn any_reachable(pids: &[u32], agent: &Path) -> bool {
     pids.iter().any(|pid| {
         std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map(|exe| check_elf("", &exe, agent).is_ok())
+            .map(|exe| check_elf("", &exe, agent, Needs::Hooks).is_ok())
             .unwrap_or(true)
     })
 }
@@ -421,7 +473,10 @@ mod tests {
         assert_eq!(sb("#!"), None);
         assert_eq!(sb("#!   \n/bin/sh"), None);
         assert_eq!(sb("echo hi"), None);
-        assert_eq!(shebang(b"#!/bin/\xff\xfe"), Some(("/bin/\u{fffd}\u{fffd}".into(), None)));
+        assert_eq!(
+            shebang(b"#!/bin/\xff\xfe"),
+            Some(("/bin/\u{fffd}\u{fffd}".into(), None))
+        );
         // A line longer than the kernel's buffer is cut, never a panic.
         let long = format!("#!/{}", "x".repeat(1000));
         assert_eq!(shebang(long.as_bytes()).unwrap().0.len(), 254);

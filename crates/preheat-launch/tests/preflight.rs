@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use preheat_launch::launch::{self, ServerSpec};
-use preheat_launch::preflight::{self, Refusal};
+use preheat_launch::preflight::{self, Needs, Refusal};
 use preheat_testsupport::{free_port, skip, try_compile_c};
 
 const PROBE_C: &str = r#"
@@ -123,10 +123,7 @@ impl Built {
 
     /// Whether the probe is loaded into `last` when `program` runs.
     fn loads_into(&self, program: &Path, last: &Path) -> Result<bool, std::io::Error> {
-        *self.last.borrow_mut() = std::fs::canonicalize(last)
-            .unwrap()
-            .display()
-            .to_string();
+        *self.last.borrow_mut() = std::fs::canonicalize(last).unwrap().display().to_string();
         self.loads_via(&[], &[program.to_str().unwrap()])
     }
 
@@ -135,7 +132,7 @@ impl Built {
     }
 
     fn check(&self, program: &Path) -> Result<preflight::Ready, Refusal> {
-        preflight::check(program.to_str().unwrap(), &self.probe)
+        preflight::check(program.to_str().unwrap(), &self.probe, Needs::Hooks)
     }
 
     /// The pre-flight's verdict on `program`, which runs `last` in the end, agrees with a real
@@ -147,7 +144,10 @@ impl Built {
     fn agrees_via(&self, program: &Path, last: &Path, expect_ok: bool, word: &str) -> String {
         let verdict = self.check(program);
         if let Ok(r) = &verdict {
-            assert_eq!(r.program.canonicalize().unwrap(), last.canonicalize().unwrap());
+            assert_eq!(
+                r.program.canonicalize().unwrap(),
+                last.canonicalize().unwrap()
+            );
         }
         let real = self.loads_into(program, last).unwrap();
         assert_eq!(
@@ -177,7 +177,10 @@ fn verdicts_match_real_runs_for_static_dynamic_and_scripts() {
     assert!(text.contains("dynamically linked") && text.contains("secure execution"));
     let script = write(d, "dyn.sh", &format!("#!{dynamic}\n"), 0o755);
     let text = b.agrees_via(&script, &b.dynamic, true, "");
-    assert!(text.contains("a #! script") && text.contains("runs"), "{text}");
+    assert!(
+        text.contains("a #! script") && text.contains("runs"),
+        "{text}"
+    );
     if Path::new("/usr/bin/env").exists() {
         let via_env = write(d, "env-sh", "#!/usr/bin/env sh\nexit 0\n", 0o755);
         let sh = preheat_testsupport::find_program("sh").unwrap();
@@ -186,13 +189,18 @@ fn verdicts_match_real_runs_for_static_dynamic_and_scripts() {
     let Some(stat) = &b.static_ else { return };
     let stat = stat.display().to_string();
     let text = b.agrees(Path::new(&stat), false, "statically linked");
-    assert!(text.contains("CGO_ENABLED=1"), "says what to do: {text}");
+    assert!(text.contains("without -static"), "says what to do: {text}");
     let stat_p = Path::new(&stat);
     let script = write(d, "static.sh", &format!("#!{stat}\n"), 0o755);
     b.agrees_via(&script, stat_p, false, "statically linked");
     if Path::new("/usr/bin/env").exists() {
         // env itself loads the probe, then runs the static program without it.
-        let via_env = write(d, "env-static", &format!("#!/usr/bin/env -S {stat}\n"), 0o755);
+        let via_env = write(
+            d,
+            "env-static",
+            &format!("#!/usr/bin/env -S {stat}\n"),
+            0o755,
+        );
         b.agrees_via(&via_env, stat_p, false, "statically linked");
     }
     if let Some(pie) = cc(d, PROG_C, "static-pie", &["-static-pie"]) {
@@ -226,7 +234,10 @@ fn set_id_copies_and_capabilities_as_the_kernel_treats_them() {
         false,
         "set-uid to uid 65534",
     );
-    assert!(text.contains("secure-execution") && text.contains("cp"), "{text}");
+    assert!(
+        text.contains("secure-execution") && text.contains("cp"),
+        "{text}"
+    );
     b.agrees(
         &copy("setgid-nogroup", 0o2755, Some((0, 65534))),
         false,
@@ -237,7 +248,10 @@ fn set_id_copies_and_capabilities_as_the_kernel_treats_them() {
         preheat_testsupport::find_program("setcap"),
         preheat_testsupport::find_program("setpriv"),
     ) else {
-        skip("setcap", "setcap or setpriv is not installed (libcap2-bin, util-linux)");
+        skip(
+            "setcap",
+            "setcap or setpriv is not installed (libcap2-bin, util-linux)",
+        );
         return;
     };
     let capped = copy("capped", 0o755, None);
@@ -257,9 +271,13 @@ fn set_id_copies_and_capabilities_as_the_kernel_treats_them() {
     ];
     // setpriv loads the probe too: what counts is the program it runs.
     *b.last.borrow_mut() = capped.display().to_string();
-    assert!(!b.loads_via(&as_nobody, &[capped.to_str().unwrap()]).unwrap());
+    assert!(!b
+        .loads_via(&as_nobody, &[capped.to_str().unwrap()])
+        .unwrap());
     *b.last.borrow_mut() = b.dynamic.display().to_string();
-    assert!(b.loads_via(&as_nobody, &[b.dynamic.to_str().unwrap()]).unwrap());
+    assert!(b
+        .loads_via(&as_nobody, &[b.dynamic.to_str().unwrap()])
+        .unwrap());
     let nobody = preheat_engine::host::Creds {
         ruid: 65534,
         euid: 65534,
@@ -296,7 +314,10 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
     std::fs::set_permissions(&trunc, std::fs::Permissions::from_mode(0o755)).unwrap();
     refused(&trunc, "truncated");
     // The same program with a dynamic linker that does not exist.
-    let interp = preheat_engine::elf::read(&b.dynamic).unwrap().interp.unwrap();
+    let interp = preheat_engine::elf::read(&b.dynamic)
+        .unwrap()
+        .interp
+        .unwrap();
     let at = bytes
         .windows(interp.len())
         .position(|w| w == interp.as_bytes())
@@ -320,19 +341,74 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
     std::fs::set_permissions(&i386, std::fs::Permissions::from_mode(0o755)).unwrap();
     let e = b.check(&i386).unwrap_err().to_string();
     assert!(e.contains("32-bit i386") && e.contains("64-bit"), "{e}");
+    // A dynamically linked Go program (crafted: its interpreter, a Go build-id note): the agent
+    // loads, but its hooks would see no request.
+    let go = crafted_go(&interp);
+    let path = d.join("go-server");
+    std::fs::write(&path, &go).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let e = b.check(&path).unwrap_err().to_string();
+    assert!(
+        e.contains("is a Go program") && e.contains("C library"),
+        "{e}"
+    );
+    preflight::check(path.to_str().unwrap(), &b.probe, Needs::Load).unwrap();
     // Not executable, not there.
     let plain = write(d, "plain", PROG_C, 0o644);
-    assert!(b.check(&plain).unwrap_err().to_string().contains("chmod +x"));
-    let e = preflight::check("preheat-no-such-program", &b.probe).unwrap_err();
-    assert!(e.to_string().contains("no program `preheat-no-such-program` on PATH"));
+    assert!(b
+        .check(&plain)
+        .unwrap_err()
+        .to_string()
+        .contains("chmod +x"));
+    let e = preflight::check("preheat-no-such-program", &b.probe, Needs::Load).unwrap_err();
+    assert!(e
+        .to_string()
+        .contains("no program `preheat-no-such-program` on PATH"));
     let e = b.check(&d.join("missing")).unwrap_err().to_string();
     assert!(e.contains("cannot be read"), "{e}");
     // A #! line without interpreter, and a loop of scripts.
-    refused(&write(d, "empty-shebang", "#!\n", 0o755), "names no interpreter");
+    refused(
+        &write(d, "empty-shebang", "#!\n", 0o755),
+        "names no interpreter",
+    );
     let a = d.join("loop-a");
-    write(d, "loop-a", &format!("#!{}\n", d.join("loop-b").display()), 0o755);
+    write(
+        d,
+        "loop-a",
+        &format!("#!{}\n", d.join("loop-b").display()),
+        0o755,
+    );
     write(d, "loop-b", &format!("#!{}\n", a.display()), 0o755);
     refused(&a, "levels of #! interpreters");
+}
+
+/// A 64-bit x86-64 ELF header with an interpreter `interp` and a Go build-id note.
+fn crafted_go(interp: &str) -> Vec<u8> {
+    let mut b = vec![0u8; 64];
+    b[..7].copy_from_slice(b"\x7fELF\x02\x01\x01");
+    b[16] = 3; // ET_DYN
+    b[18] = 62; // EM_X86_64
+    b[32] = 64; // e_phoff
+    b[54] = 56; // e_phentsize
+    b[56] = 2; // e_phnum
+    let data = 64 + 2 * 56;
+    let mut note = Vec::new();
+    for v in [3u32, 2, 4] {
+        note.extend(v.to_le_bytes());
+    }
+    note.extend(b"Go\0\0id\0\0");
+    let path = format!("{interp}\0");
+    for (kind, off, len) in [(3u32, data, path.len()), (4, data + path.len(), note.len())] {
+        let mut e = [0u8; 56];
+        e[..4].copy_from_slice(&kind.to_le_bytes());
+        e[8..16].copy_from_slice(&(off as u64).to_le_bytes());
+        e[32..40].copy_from_slice(&(len as u64).to_le_bytes());
+        e[48..56].copy_from_slice(&4u64.to_le_bytes());
+        b.extend(e);
+    }
+    b.extend(path.as_bytes());
+    b.extend(note);
+    b
 }
 
 /// A server started with the agent; the error of `launch::start` and how long it took. Nothing
@@ -371,7 +447,11 @@ fn start_refuses_at_once_what_cannot_have_the_agent() {
     let s = server.display().to_string();
     // Given directly: refused before it starts.
     let port = free_port();
-    let (err, took) = start_fails(vec![s.clone(), port.to_string()], port, Duration::from_secs(20));
+    let (err, took) = start_fails(
+        vec![s.clone(), port.to_string()],
+        port,
+        Duration::from_secs(20),
+    );
     assert!(err.contains("statically linked"), "{err}");
     assert!(took < Duration::from_secs(1), "refused in {took:?}");
     // Through a dynamic wrapper that execs it: refused as soon as it listens.
@@ -379,7 +459,8 @@ fn start_refuses_at_once_what_cannot_have_the_agent() {
     let wrapper = vec!["sh".into(), "-c".into(), format!("exec {s} {port}")];
     let (err, took) = start_fails(wrapper, port, Duration::from_secs(20));
     assert!(
-        err.contains("none of its processes can have the agent") && err.contains("statically linked"),
+        err.contains("none of its processes can have the agent")
+            && err.contains("statically linked"),
         "{err}"
     );
     assert!(err.contains("ruled out before the start"), "{err}");
