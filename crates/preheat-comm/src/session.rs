@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use preheat_launch::agentctl::{self, AgentClient};
-use preheat_launch::{launch, paths};
+use preheat_launch::{launch, paths, preflight};
 use preheat_model::comm::{CommConfig, CommReport};
 use preheat_model::proto::{Reply, Request};
 
@@ -107,7 +107,8 @@ pub struct Follow<'a> {
 struct Started {
     prog: launch::Program,
     final_path: PathBuf,
-    agent: PathBuf,
+    /// What the pre-flight ruled out (said if no report comes).
+    ready: preflight::Ready,
     _work: tempfile::TempDir,
 }
 
@@ -119,14 +120,13 @@ fn start(f: &Follow, run_dir: &Path) -> Result<Started> {
         .tempdir()
         .context("creating a temporary directory")?;
     let final_path = work.path().join("final.json");
-    let agent = paths::agent_so()?;
     let Some(prog) = f.argv.first() else {
         bail!("no program to run");
     };
     let mut cmd = Command::new(prog);
+    let ready = launch::attach_agent(&mut cmd, prog, preflight::Needs::Load)?;
     cmd.args(&f.argv[1..])
         .stdin(Stdio::null())
-        .env("LD_PRELOAD", &agent)
         .env("PREHEAT_RUN_DIR", run_dir)
         .env("PREHEAT_COMM", "1")
         .env("PREHEAT_COMM_CONFIG", serde_json::to_string(&f.cfg)?)
@@ -140,7 +140,7 @@ fn start(f: &Follow, run_dir: &Path) -> Result<Started> {
     Ok(Started {
         prog,
         final_path,
-        agent,
+        ready,
         _work: work,
     })
 }
@@ -162,7 +162,7 @@ pub fn follow(f: &Follow, mut observe: impl FnMut(&Polled)) -> Result<Followed> 
     let Started {
         mut prog,
         final_path,
-        agent,
+        ready,
         _work,
     } = start(f, &run_dir)?;
     let pid = prog.child.id();
@@ -219,8 +219,8 @@ pub fn follow(f: &Follow, mut observe: impl FnMut(&Polled)) -> Result<Followed> 
         }
         (None, None) => bail!(
             "no communication report: the program exited ({status}) before the agent reported \
-             (is {} loadable, and the program dynamically linked?)",
-            agent.display()
+             (ruled out before the start: {}; not checked: programs it starts later)",
+            ready.ruled_out.join("; ")
         ),
     };
     Ok(Followed {

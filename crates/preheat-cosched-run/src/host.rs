@@ -19,8 +19,8 @@ use preheat_cosim::scenario::Policy;
 use preheat_model::comm::CommConfig;
 use serde::{Deserialize, Serialize};
 
-use preheat_launch::launch::Program;
-use preheat_launch::paths;
+use preheat_launch::launch::{attach_agent, Program};
+use preheat_launch::preflight::Needs;
 
 /// One VM of a run configuration (`preheat cosched run --config`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,8 +153,9 @@ pub fn start(spec: &HostSpec, how: &Start<'_>) -> Result<Vec<LiveVm>> {
                     .stderr(Stdio::inherit())
                     .env("PREHEAT_RUN_DIR", how.run_dir);
                 if let Some(cfg) = how.comm {
-                    cmd.env("LD_PRELOAD", paths::agent_so()?)
-                        .env("PREHEAT_COMM", "1")
+                    attach_agent(&mut cmd, &vm.command[0], Needs::Load)
+                        .with_context(|| format!("{name}: partial-auto needs the agent"))?;
+                    cmd.env("PREHEAT_COMM", "1")
                         .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);
                 }
                 let p = Program::spawn(&mut cmd)

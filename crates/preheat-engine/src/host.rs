@@ -1,8 +1,12 @@
 //! The host's programs and loopback ports: the one lookup of an installed program (on `PATH`
-//! and in the sbin directories Debian installs daemons in, which a non-root `PATH` often lacks)
-//! and the one free-port helper.
+//! and in the sbin directories Debian installs daemons in, which a non-root `PATH` often lacks),
+//! the one free-port helper, and what the kernel weighs when it decides whether running a file
+//! raises privileges (secure execution, `AT_SECURE`): this process's ids ([`Creds`]), a file's
+//! capabilities ([`has_file_caps`]) and its mount's `nosuid` flag ([`on_nosuid_mount`]).
 
+use std::ffi::CString;
 use std::io;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -45,6 +49,78 @@ pub fn free_port() -> io::Result<u16> {
         .port())
 }
 
+/// This process's real and effective user and group ids and its `no_new_privs` flag (under
+/// which the kernel ignores set-id bits and file capabilities).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Creds {
+    pub ruid: u32,
+    pub euid: u32,
+    pub rgid: u32,
+    pub egid: u32,
+    pub no_new_privs: bool,
+}
+
+impl Creds {
+    /// Ours, from `/proc/self/status`.
+    pub fn current() -> io::Result<Creds> {
+        let s = std::fs::read_to_string("/proc/self/status")?;
+        Creds::parse(&s).ok_or_else(|| io::Error::other("no Uid/Gid lines in /proc/self/status"))
+    }
+
+    /// From the text of a `/proc/PID/status` file.
+    pub fn parse(status: &str) -> Option<Creds> {
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|r| r.split_whitespace().filter_map(|x| x.parse::<u32>().ok()))
+        };
+        let mut uid = field("Uid:")?;
+        let mut gid = field("Gid:")?;
+        Some(Creds {
+            ruid: uid.next()?,
+            euid: uid.next()?,
+            rgid: gid.next()?,
+            egid: gid.next()?,
+            no_new_privs: field("NoNewPrivs:").and_then(|mut v| v.next()) == Some(1),
+        })
+    }
+}
+
+fn c_path(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+/// Whether the file at `p` has file capabilities (a `security.capability` extended attribute).
+pub fn has_file_caps(p: &Path) -> io::Result<bool> {
+    let path = c_path(p)?;
+    let name = c"security.capability";
+    // SAFETY: both strings are NUL-terminated and live across the call; a null buffer of size 0
+    // only asks for the attribute's size.
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    if n >= 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENODATA) | Some(libc::ENOTSUP) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Whether the file system holding `p` is mounted `nosuid` (set-id bits and file capabilities
+/// are ignored there).
+pub fn on_nosuid_mount(p: &Path) -> io::Result<bool> {
+    let path = c_path(p)?;
+    // SAFETY: statvfs is plain old data; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `path` is NUL-terminated and `st` a valid, writable statvfs.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_flag & libc::ST_NOSUID != 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +151,37 @@ mod tests {
             assert!(dirs.iter().any(|x| x.as_os_str() == d), "{d} searched");
         }
         assert!(find_program("sh").is_some());
+    }
+
+    #[test]
+    fn reads_our_ids_and_parses_a_status_file() {
+        let me = Creds::current().unwrap();
+        let text = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert_eq!(Creds::parse(&text), Some(me));
+        let c = Creds::parse("Uid:\t1000\t0\t0\t0\nGid:\t100\t101\t0\t0\nNoNewPrivs:\t1\n");
+        assert_eq!(
+            c,
+            Some(Creds {
+                ruid: 1000,
+                euid: 0,
+                rgid: 100,
+                egid: 101,
+                no_new_privs: true
+            })
+        );
+        assert_eq!(Creds::parse("Name: x\n"), None);
+    }
+
+    #[test]
+    fn file_caps_and_nosuid_of_ordinary_files() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        std::fs::write(&f, "x").unwrap();
+        assert!(!has_file_caps(&f).unwrap());
+        assert!(has_file_caps(&d.path().join("missing")).is_err());
+        // Which mounts are nosuid differs between machines: only that the answer comes.
+        on_nosuid_mount(d.path()).unwrap();
+        assert!(on_nosuid_mount(&d.path().join("missing")).is_err());
     }
 
     #[test]

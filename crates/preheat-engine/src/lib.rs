@@ -22,6 +22,7 @@
 //! | [`perf`] | counting events of a thread or process (`perf_event_open`): IPC and misses per instruction where a PMU exists |
 //! | [`workloads`] | the cache-affinity bundled workloads (chase ≈ mcf, stream ≈ art, branchy ≈ gcc) |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
+//! | [`elf`] | ELF file and program headers: class, machine, interpreter (is a program dynamically linked?) |
 //! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
 //!
 //! # Hot-path functions
@@ -88,6 +89,7 @@
 pub mod basevec;
 pub mod cache;
 pub mod codegen;
+pub mod elf;
 pub mod guard;
 pub mod host;
 pub mod idle;

@@ -10,9 +10,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 
 use preheat_model::{FileIdent, Mapping};
+
+use crate::elf::{self, read_at};
 
 /// Parse the text of a maps file (no file identity filled in).
 ///
@@ -137,10 +139,6 @@ fn proc_dir(pid: Option<u32>) -> String {
     }
 }
 
-/// Upper bound on any single read while looking for a build-id (notes are tiny; this only stops
-/// malformed headers from making us allocate gigabytes).
-const MAX_READ: u64 = 1 << 20;
-
 /// GNU build-id of an ELF file (`.note.gnu.build-id` / PT_NOTE), `None` if absent or not ELF.
 ///
 /// Handles 64-bit little-endian ELF (everything we run on); anything else, any non-regular
@@ -163,48 +161,20 @@ pub struct ElfSegment {
     pub exec: bool,
 }
 
-/// The PT_LOAD segments of a 64-bit little-endian ELF file; `None` if it is not one.
+/// The PT_LOAD segments of an ELF file ([`crate::elf::read`]); `None` if it is not one.
 pub fn elf_load_segments(path: &str) -> Option<Vec<ElfSegment>> {
-    const PT_LOAD: u32 = 1;
-    const PF_X: u32 = 1;
-    let meta = std::fs::metadata(path).ok()?;
-    if !meta.is_file() {
-        return None;
-    }
-    let f = File::open(path).ok()?;
-    let len = meta.len();
-    let h = read_at(&f, len, 0, 64)?;
-    if h[0..4] != *b"\x7fELF" || h[4] != 2 || h[5] != 1 {
-        return None;
-    }
-    let phoff = u64_at(&h, 0x20)?;
-    let phentsize = u16_at(&h, 0x36)? as u64;
-    let phnum = u16_at(&h, 0x38)? as u64;
-    if phoff == 0 || phentsize < 56 {
-        return None;
-    }
-    let tab = read_at(&f, len, phoff, phentsize * phnum)?;
-    let mut out = Vec::new();
-    for i in 0..phnum as usize {
-        let e = tab.get(i * phentsize as usize..)?;
-        if u32_at(e, 0)? == PT_LOAD {
-            out.push(ElfSegment {
-                offset: u64_at(e, 8)?,
-                filesz: u64_at(e, 32)?,
-                exec: u32_at(e, 4)? & PF_X != 0,
-            });
-        }
-    }
-    Some(out)
-}
-
-fn read_at(f: &File, file_len: u64, off: u64, len: u64) -> Option<Vec<u8>> {
-    if len > MAX_READ || off.checked_add(len)? > file_len {
-        return None;
-    }
-    let mut buf = vec![0u8; len as usize];
-    f.read_exact_at(&mut buf, off).ok()?;
-    Some(buf)
+    let f = elf::read(std::path::Path::new(path)).ok()?;
+    Some(
+        f.segments
+            .iter()
+            .filter(|s| s.kind == elf::PT_LOAD)
+            .map(|s| ElfSegment {
+                offset: s.offset,
+                filesz: s.filesz,
+                exec: s.flags & elf::PF_X != 0,
+            })
+            .collect(),
+    )
 }
 
 fn u16_at(b: &[u8], o: usize) -> Option<u16> {
@@ -218,7 +188,6 @@ fn u64_at(b: &[u8], o: usize) -> Option<u64> {
 }
 
 fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
-    const PT_NOTE: u32 = 4;
     const SHT_NOTE: u32 = 7;
     let h = read_at(f, file_len, 0, 64)?;
     if h[0..4] != *b"\x7fELF" || h[4] != 2 /* ELFCLASS64 */ || h[5] != 1
@@ -226,27 +195,22 @@ fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
     {
         return None;
     }
-    let phoff = u64_at(&h, 0x20)?;
     let shoff = u64_at(&h, 0x28)?;
-    let phentsize = u16_at(&h, 0x36)? as u64;
-    let phnum = u16_at(&h, 0x38)? as u64;
     let shentsize = u16_at(&h, 0x3a)? as u64;
     let shnum = u16_at(&h, 0x3c)? as u64;
 
     // Program headers: PT_NOTE segments (present in every linked executable and library).
-    if phoff != 0 && phentsize >= 56 && phnum > 0 {
-        if let Some(tab) = read_at(f, file_len, phoff, phentsize * phnum) {
-            for i in 0..phnum as usize {
-                let e = &tab[i * phentsize as usize..];
-                if u32_at(e, 0)? != PT_NOTE {
-                    continue;
-                }
-                let (off, size, align) = (u64_at(e, 8)?, u64_at(e, 32)?, u64_at(e, 48)?);
-                if let Some(id) =
-                    read_at(f, file_len, off, size).and_then(|n| find_gnu_build_id(&n, align))
-                {
-                    return Some(id);
-                }
+    let header = elf::parse_header(&h).ok()?;
+    let table = header
+        .program_table()
+        .ok()
+        .and_then(|(off, len)| read_at(f, file_len, off, len));
+    if let Some(segments) = table.and_then(|t| elf::parse_program_headers(&header, &t).ok()) {
+        for s in segments.iter().filter(|s| s.kind == elf::PT_NOTE) {
+            if let Some(id) = read_at(f, file_len, s.offset, s.filesz)
+                .and_then(|n| find_gnu_build_id(&n, s.align))
+            {
+                return Some(id);
             }
         }
     }
@@ -270,34 +234,13 @@ fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
     None
 }
 
-/// Walk the notes in `data` (aligned to 8 if the segment/section says so, else 4) and return the
-/// descriptor of the first `NT_GNU_BUILD_ID` note named "GNU".
+/// The descriptor of the first `NT_GNU_BUILD_ID` note named "GNU" in `data`.
 fn find_gnu_build_id(data: &[u8], align: u64) -> Option<Vec<u8>> {
     const NT_GNU_BUILD_ID: u32 = 3;
-    let align = if align == 8 { 8 } else { 4 };
-    let up = |x: usize| x.checked_add(align - 1).map(|v| v & !(align - 1));
-    let mut pos = 0usize;
-    while pos.checked_add(12)? <= data.len() {
-        let namesz = u32_at(data, pos)? as usize;
-        let descsz = u32_at(data, pos + 4)? as usize;
-        let ntype = u32_at(data, pos + 8)?;
-        let name_start = pos + 12;
-        let name_end = name_start.checked_add(namesz)?;
-        let desc_start = up(name_end)?;
-        let desc_end = desc_start.checked_add(descsz)?;
-        if desc_end > data.len() {
-            return None;
-        }
-        if ntype == NT_GNU_BUILD_ID && data[name_start..name_end] == *b"GNU\0" && descsz > 0 {
-            return Some(data[desc_start..desc_end].to_vec());
-        }
-        let next = up(desc_end)?;
-        if next <= pos {
-            return None;
-        }
-        pos = next;
-    }
-    None
+    elf::notes(data, align)
+        .into_iter()
+        .find(|n| n.kind == NT_GNU_BUILD_ID && n.name == b"GNU" && !n.desc.is_empty())
+        .map(|n| n.desc.to_vec())
 }
 
 /// Identity of the executable of `pid` (`/proc/<pid>/exe`).

@@ -12,11 +12,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use preheat_engine::procstat::{parse_pid_stat, read_pid_stat};
 
 use crate::agentctl;
 use crate::paths;
+use crate::preflight;
 
 static STARTED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// Scratch directories of this command, removed by the signal handler too (after the processes
@@ -335,8 +336,41 @@ pub fn port_in_use(port: u16) -> bool {
     .is_ok()
 }
 
+/// Load the agent into the program `cmd` starts (`program`, its first argument): the pre-flight
+/// first ([`preflight::check`]: a program the agent cannot reach is an error naming the reason
+/// and what to do, before anything starts), then `LD_PRELOAD`. The one way a command starts a
+/// program with the agent.
+pub fn attach_agent(
+    cmd: &mut Command,
+    program: &str,
+    needs: preflight::Needs,
+) -> Result<preflight::Ready> {
+    let agent = paths::agent_so()?;
+    let ready = preflight::check(program, &agent, needs)?;
+    cmd.env("LD_PRELOAD", &agent);
+    Ok(ready)
+}
+
+/// Why no agent answers in a server that listens: what the pre-flight ruled out and what each
+/// of its processes is (`preflight::diagnose`).
+fn no_agent_report(ready: &preflight::Ready, pids: &[u32], agent: &Path) -> String {
+    let mut s = format!(
+        "ruled out before the start: {}
+not checked: programs it starts later, security \
+         modules (SELinux, AppArmor)",
+        ready.ruled_out.join("; ")
+    );
+    for line in preflight::diagnose(pids, agent) {
+        s.push_str("\n  ");
+        s.push_str(&line);
+    }
+    s
+}
+
 /// Start `spec`, wait until it accepts connections on its port (and, with the agent, until an
-/// agent answers), or fail with the server's log.
+/// agent answers), or fail with the server's log. A program the agent cannot be loaded into is
+/// refused before it starts ([`attach_agent`]), and a server none of whose processes can have
+/// it (a wrapper that ran a static program) as soon as it listens.
 pub fn start(
     spec: ServerSpec,
     run_dir: &Path,
@@ -352,11 +386,16 @@ pub fn start(
     let Some(prog) = spec.argv.first() else {
         bail!("empty server command");
     };
+    let mut cmd = Command::new(prog);
+    let ready = if spec.agent {
+        Some(attach_agent(&mut cmd, prog, preflight::Needs::Hooks)?)
+    } else {
+        None
+    };
     std::fs::create_dir_all(run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     std::fs::create_dir_all(log_dir)?;
     let log = log_dir.join(format!("{}.log", spec.name));
     let logf = std::fs::File::create(&log)?;
-    let mut cmd = Command::new(prog);
     cmd.args(&spec.argv[1..])
         .stdin(Stdio::null())
         .stdout(logf.try_clone()?)
@@ -368,11 +407,8 @@ pub fn start(
     // Its own process group: a server that signals its group (lighttpd's master stops its
     // workers with kill(0, SIGTERM)) must not signal us and whoever started us.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    if spec.agent {
-        cmd.env("LD_PRELOAD", paths::agent_so()?);
-        if let Some(only) = &spec.agent_only {
-            cmd.env("PREHEAT_AGENT_ONLY", only);
-        }
+    if let Some(only) = spec.agent_only.as_ref().filter(|_| spec.agent) {
+        cmd.env("PREHEAT_AGENT_ONLY", only);
     }
     let child =
         spawn_pinned(&mut cmd, &spec.cpus).with_context(|| format!("cannot start {prog}"))?;
@@ -407,20 +443,20 @@ pub fn start(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if srv.spec.agent {
-        let pid = srv.pid();
+    if let Some(ready) = ready {
+        let agent = paths::agent_so()?;
+        if !preflight::any_reachable(&srv.tree(), &agent) {
+            bail!(
+                "{} listens, but none of its processes can have the agent:\n{}",
+                srv.spec.name,
+                no_agent_report(&ready, &srv.tree(), &agent)
+            );
+        }
         let remaining = timeout
             .saturating_sub(t0.elapsed())
             .max(Duration::from_secs(2));
-        agentctl::wait_for_agents(
-            &srv.run_dir,
-            || {
-                let mut v = descendants(pid);
-                v.push(pid);
-                v
-            },
-            remaining,
-        )?;
+        agentctl::wait_for_agents(&srv.run_dir, || srv.tree(), remaining)
+            .map_err(|e| anyhow!("{e}\n{}", no_agent_report(&ready, &srv.tree(), &agent)))?;
     }
     Ok(srv)
 }

@@ -6,6 +6,10 @@
 //!   process group) or any other program, and stop every process started on drop, on error and
 //!   on SIGINT/SIGTERM ([`launch::install_cleanup`]); scratch directories removed likewise; the
 //!   busy-polling request/response [`launch::Client`].
+//! * [`preflight`] – whether the agent can be loaded into a program (dynamically linked, of
+//!   the agent's machine, no secure execution), decided before it starts, so a program it
+//!   cannot reach is refused at once with what to do; [`launch::attach_agent`] is the one way
+//!   a command starts a program with the agent.
 //! * [`agentctl`] – the agent's control socket (JSON lines) and its announcement socket.
 //! * [`paths`] – where the companion artifacts are (agent, `preheat-kv`, `preheat-npb`), built
 //!   with cargo from a source checkout on first use.
@@ -19,5 +23,6 @@
 pub mod agentctl;
 pub mod launch;
 pub mod paths;
+pub mod preflight;
 pub mod progress;
 pub mod servers;

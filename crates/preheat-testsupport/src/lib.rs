@@ -171,28 +171,49 @@ pub fn test_name() -> String {
 /// engine's one lookup.
 pub use preheat_engine::host::find_program;
 
-/// Compile the C test program `src` into `dir` (same file stem) with the system C compiler, or
-/// `None` when there is none (the skip is reported as `gcc`).
-pub fn compile_c(src: &Path, dir: &Path) -> Option<PathBuf> {
-    let Some(cc) = find_program("cc").or_else(|| find_program("gcc")) else {
+/// The system C compiler, or `None` when there is none (the skip is reported as `gcc`, naming
+/// `what` needed it).
+fn c_compiler(what: &Path) -> Option<PathBuf> {
+    let cc = find_program("cc").or_else(|| find_program("gcc"));
+    if cc.is_none() {
         skip(
             "gcc",
             &format!(
                 "{}: no C compiler (cc/gcc) to build the test program",
-                src.display()
+                what.display()
             ),
         );
-        return None;
-    };
+    }
+    cc
+}
+
+/// Compile the C test program `src` into `dir` (same file stem) with the system C compiler, or
+/// `None` when there is none (the skip is reported as `gcc`).
+pub fn compile_c(src: &Path, dir: &Path) -> Option<PathBuf> {
     let out = dir.join(src.file_stem().unwrap_or(src.as_os_str()));
-    let st = std::process::Command::new(cc)
-        .args(["-O1", "-pthread", "-o"])
-        .arg(&out)
+    match try_compile_c(src, &out, &["-O1", "-pthread"])? {
+        Ok(p) => Some(p),
+        Err(e) => panic!("compiling {} failed: {e}", src.display()),
+    }
+}
+
+/// Compile `src` into `out` with `flags` (e.g. `-static`, `-shared -fPIC`): `None` when there
+/// is no C compiler (the skip is reported as `gcc`), `Err` with the compiler's messages when it
+/// fails (the caller decides whether that is a skip: `-static` without `libc.a`).
+pub fn try_compile_c(src: &Path, out: &Path, flags: &[&str]) -> Option<Result<PathBuf, String>> {
+    let cc = c_compiler(src)?;
+    let o = std::process::Command::new(cc)
+        .args(flags)
+        .arg("-o")
+        .arg(out)
         .arg(src)
-        .status()
+        .output()
         .expect("running the C compiler");
-    assert!(st.success(), "compiling {} failed", src.display());
-    Some(out)
+    Some(if o.status.success() {
+        Ok(out.to_path_buf())
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+    })
 }
 
 /// A free loopback TCP port (the engine's [`preheat_engine::host::free_port`]; good enough for
