@@ -17,8 +17,9 @@ use preheat_net::wire::{self, Counters, Key};
 
 use preheatd::dispatch::Dispatcher;
 use preheatd::log::{log, log_limited};
-use preheatd::metrics::{self, GateCounters, MetricsContext, Stats};
+use preheatd::metrics::{self, MetricsContext};
 use preheatd::registry::{self, Registry, RouteTable, StaticRoute};
+use preheatd::stats::{GateCounters, Stats};
 use preheatd::RescanSignal;
 
 /// Default `--listen` (port `preheat_net::wire::DEFAULT_PREHEATD_PORT`).
