@@ -302,7 +302,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     // Not split yet: measurement loops and drivers.
     ("preheat-agent/src/control/cycle.rs", "probe_cycle", 131),
     ("preheat-agent/src/control/mod.rs", "handle", 121),
-    ("preheat-cosched/src/control.rs", "main_loop", 236),
     ("preheat-estimate/src/record.rs", "record_probe", 207),
     ("preheat-lab/src/load/event_loop.rs", "mux_measure", 157),
     ("preheat-lab/src/tpcc/client.rs", "new_order", 137),
