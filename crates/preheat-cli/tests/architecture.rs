@@ -303,7 +303,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-agent/src/control/cycle.rs", "probe_cycle", 131),
     ("preheat-agent/src/control/mod.rs", "handle", 121),
     ("preheat-npb/src/run.rs", "run", 137),
-    ("preheat-power/src/bench.rs", "run_bench", 204),
     ("preheat-predict/src/kernels.rs", "control", 132),
     ("preheat-stage/src/bench.rs", "bench_pinned", 173),
     ("preheat-wake/src/bench.rs", "bench", 178),
