@@ -305,7 +305,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-npb/src/run.rs", "run", 137),
     ("preheat-predict/src/kernels.rs", "control", 132),
     ("preheat-stage/src/bench.rs", "bench_pinned", 173),
-    ("preheat-wake/src/bench.rs", "bench", 178),
     ("preheatd/src/main.rs", "run", 130),
 ];
 
