@@ -304,7 +304,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-agent/src/control/mod.rs", "handle", 121),
     ("preheat-npb/src/run.rs", "run", 137),
     ("preheat-predict/src/kernels.rs", "control", 132),
-    ("preheat-stage/src/bench.rs", "bench_pinned", 173),
     ("preheatd/src/main.rs", "run", 130),
 ];
 
