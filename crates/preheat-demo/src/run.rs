@@ -405,17 +405,8 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     }
     // The agent of the process that serves *this* client's connection (prefork servers have one
     // per worker).
-    let serving = serving_agents(&server, &mut client)?;
+    let serving = find_serving(&server, &mut client)?;
     let pid = serving.primary;
-    if serving.all.len() > 1 {
-        eprintln!(
-            "demo: port {port}'s requests go to any of {} processes (pids {:?}; the server \
-             closes its connections and any worker accepts the next): announcements go to all \
-             of them; recording through pid {pid}, which served most",
-            serving.all.len(),
-            serving.all
-        );
-    }
     let (profile_path, rec_stats) = estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
     let ws_stats = working_set(&profile_path, port)?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
@@ -478,6 +469,26 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         samples,
         ws: ws_stats,
     })
+}
+
+/// The agents of the processes that serve the port ([`serving_agents`]); where that is more
+/// than one (any worker accepts the next connection), said on stderr.
+fn find_serving(
+    server: &preheat_launch::launch::Server,
+    client: &mut servers::Requester,
+) -> Result<preheat_estimate::serving::Serving> {
+    let serving = serving_agents(server, client)?;
+    let (port, pid) = (server.spec.port, serving.primary);
+    if serving.all.len() > 1 {
+        eprintln!(
+            "demo: port {port}'s requests go to any of {} processes (pids {:?}; the server \
+             closes its connections and any worker accepts the next): announcements go to all \
+             of them; recording through pid {pid}, which served most",
+            serving.all.len(),
+            serving.all
+        );
+    }
+    Ok(serving)
 }
 
 /// The agents of the server's processes other than the primary that serve the port (see
