@@ -94,10 +94,6 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
             }
         }
     }
-    let cell = plan.table2.cells.iter().find(|c| {
-        Some(c.interleaved.as_str()) == interleaved.map(|v| v.name.as_str())
-            && c.concurrent.as_deref() == concurrent
-    });
     let (workload_kind, stands_for) = spec.main.kind_and_standin();
     let quanta = quanta_report(
         spec,
@@ -118,16 +114,7 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         workload: spec.main.name(),
         workload_kind,
         stands_for,
-        cell: CellView {
-            interleaved: interleaved.map(|v| v.name.clone()),
-            concurrent: concurrent.map(str::to_string),
-            concurrent_cpu: conc_cpu,
-            quantum_ms: spec.quantum_ms,
-            affinity: cell.map(|c| c.affinity.as_str().to_string()),
-            retention: cell.map(|c| c.retention.as_str().to_string()),
-            interfering: None,
-            preheat: spec.preheat,
-        },
+        cell: cell_view(plan, spec, interleaved, concurrent, conc_cpu),
         metric: m.metric,
         rate: m.rate,
         work: m.work,
@@ -146,6 +133,31 @@ pub(crate) fn interleaved(plan: &Plan, spec: &RunSpec) -> Result<RunResult> {
         pmu: counters.as_ref().map(pmu_read),
         notes,
     })
+}
+
+/// The Table 2 cell this run measures (its affinity and retention from the plan, if the plan
+/// has it).
+fn cell_view(
+    plan: &Plan,
+    spec: &RunSpec,
+    interleaved: Option<&VectorSpec>,
+    concurrent: Option<&str>,
+    conc_cpu: Option<u32>,
+) -> CellView {
+    let cell = plan.table2.cells.iter().find(|c| {
+        Some(c.interleaved.as_str()) == interleaved.map(|v| v.name.as_str())
+            && c.concurrent.as_deref() == concurrent
+    });
+    CellView {
+        interleaved: interleaved.map(|v| v.name.clone()),
+        concurrent: concurrent.map(str::to_string),
+        concurrent_cpu: conc_cpu,
+        quantum_ms: spec.quantum_ms,
+        affinity: cell.map(|c| c.affinity.as_str().to_string()),
+        retention: cell.map(|c| c.retention.as_str().to_string()),
+        interfering: None,
+        preheat: spec.preheat,
+    }
 }
 
 /// The cell's vectors: the interleaved one, the concurrent one's name and the CPU it runs on.

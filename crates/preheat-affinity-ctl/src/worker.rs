@@ -362,21 +362,13 @@ fn workload(
     }
     let warm = tid_rx.recv_timeout(Duration::from_secs(5)).ok();
     let stop_vector = Arc::new(AtomicBool::new(false));
-    let mut vector_thread = None;
-    let mut vector_tid = None;
-    if let Some(v) = v {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stop = Arc::clone(&stop_vector);
-        vector_thread = Some(
-            std::thread::Builder::new()
-                .name("affinity-vector".into())
-                .spawn(move || {
-                    let _ = tx.send(preheat_engine::os::gettid());
-                    vector_loop(v, &stop, gap_ns)
-                })?,
-        );
-        vector_tid = rx.recv_timeout(Duration::from_secs(5)).ok();
-    }
+    let (vector_thread, vector_tid) = match v {
+        Some(v) => {
+            let (t, tid) = spawn_vector(v, Arc::clone(&stop_vector), gap_ns)?;
+            (Some(t), tid)
+        }
+        None => (None, None),
+    };
     ready(
         preheat_engine::os::gettid(),
         warm.filter(|_| preheat),
@@ -387,20 +379,8 @@ fn workload(
     }
     let target = cpu_ms * 1_000_000;
     let t0 = now_ns();
-    let c0 = thread_cpu_ns();
     let mut clock = RunClock::new(gap_ns);
-    let mut work = 0u64;
-    let cpu = loop {
-        for _ in 0..256 {
-            let u = w.step();
-            work += u;
-            clock.tick(u);
-        }
-        let c = thread_cpu_ns() - c0;
-        if c >= target {
-            break c;
-        }
-    };
+    let (work, cpu) = run_for_cpu(&mut w, target, &mut clock);
     let mut out = Outcome {
         work,
         unit: w.kind().unit().1.into(),
@@ -420,4 +400,40 @@ fn workload(
         }
     }
     finish(&out)
+}
+
+/// Step `w` until this thread has used `target` ns of CPU (checked every 256 steps), ticking
+/// `clock`; returns (work done, CPU used in ns).
+fn run_for_cpu(w: &mut Workload, target: u64, clock: &mut RunClock) -> (u64, u64) {
+    let c0 = thread_cpu_ns();
+    let mut work = 0u64;
+    let cpu = loop {
+        for _ in 0..256 {
+            let u = w.step();
+            work += u;
+            clock.tick(u);
+        }
+        let c = thread_cpu_ns() - c0;
+        if c >= target {
+            break c;
+        }
+    };
+    (work, cpu)
+}
+
+/// The base vector's thread (`affinity-vector`), until `stop`; with its tid, if it said it
+/// within 5 s.
+fn spawn_vector(
+    v: BaseVector,
+    stop: Arc<AtomicBool>,
+    gap_ns: u64,
+) -> Result<(std::thread::JoinHandle<Outcome>, Option<u32>)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::Builder::new()
+        .name("affinity-vector".into())
+        .spawn(move || {
+            let _ = tx.send(preheat_engine::os::gettid());
+            vector_loop(v, &stop, gap_ns)
+        })?;
+    Ok((t, rx.recv_timeout(Duration::from_secs(5)).ok()))
 }

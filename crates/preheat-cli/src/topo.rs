@@ -1,6 +1,7 @@
 //! `preheat topology`: what this machine offers preheat, and what it lacks.
 
 use anyhow::Result;
+use preheat_engine::cache::CpuFeatures;
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -55,42 +56,7 @@ pub fn print(json: bool) -> Result<()> {
                 .collect()
         })
         .unwrap_or_default();
-    let backends = vec![
-        (
-            "probe".to_string(),
-            if f.clflush && f.rdtscp {
-                "available (flush+reload timing)".to_string()
-            } else {
-                "unavailable: needs clflush and rdtscp".to_string()
-            },
-        ),
-        (
-            "step".to_string(),
-            match preheat_estimate::hybrid::ptrace_denied() {
-                None => "ptrace permitted by policy (native code lines)".to_string(),
-                Some(why) => format!("unavailable: {why}"),
-            },
-        ),
-        (
-            "hybrid".to_string(),
-            match preheat_estimate::hybrid::ptrace_denied() {
-                None => "step code lines + probe data lines (the auto default)".to_string(),
-                Some(why) => format!("unavailable ({why}); auto uses probe"),
-            },
-        ),
-        (
-            "trace".to_string(),
-            "Valgrind tool (built on first use; needs valgrind, gcc, make)".to_string(),
-        ),
-        (
-            "pmu".to_string(),
-            if pmu {
-                "PMU present (IBS/PEBS sampling not implemented yet)".to_string()
-            } else {
-                "unavailable: no hardware PMU exposed (perf_event_open of cycles fails)".to_string()
-            },
-        ),
-    ];
+    let backends = backends(&f, pmu);
     let r = Report {
         cpus: t.cpus.len(),
         cpu_model: preheat_engine::topology::cpu_model(),
@@ -139,4 +105,44 @@ pub fn print(json: bool) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Each estimation backend and whether it works here (and why not).
+fn backends(f: &CpuFeatures, pmu: bool) -> Vec<(String, String)> {
+    vec![
+        (
+            "probe".to_string(),
+            if f.clflush && f.rdtscp {
+                "available (flush+reload timing)".to_string()
+            } else {
+                "unavailable: needs clflush and rdtscp".to_string()
+            },
+        ),
+        (
+            "step".to_string(),
+            match preheat_estimate::hybrid::ptrace_denied() {
+                None => "ptrace permitted by policy (native code lines)".to_string(),
+                Some(why) => format!("unavailable: {why}"),
+            },
+        ),
+        (
+            "hybrid".to_string(),
+            match preheat_estimate::hybrid::ptrace_denied() {
+                None => "step code lines + probe data lines (the auto default)".to_string(),
+                Some(why) => format!("unavailable ({why}); auto uses probe"),
+            },
+        ),
+        (
+            "trace".to_string(),
+            "Valgrind tool (built on first use; needs valgrind, gcc, make)".to_string(),
+        ),
+        (
+            "pmu".to_string(),
+            if pmu {
+                "PMU present (IBS/PEBS sampling not implemented yet)".to_string()
+            } else {
+                "unavailable: no hardware PMU exposed (perf_event_open of cycles fails)".to_string()
+            },
+        ),
+    ]
 }

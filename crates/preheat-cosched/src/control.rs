@@ -306,6 +306,9 @@ pub fn run(
     result
 }
 
+/// The slice that is running: its plan, the member lists of its sets, and when it began.
+type Running = (Slice, Vec<Vec<usize>>, Instant);
+
 fn main_loop(
     cfg: &Config,
     enf: &mut Enforcer<'_>,
@@ -314,35 +317,14 @@ fn main_loop(
     regroup: &mut impl FnMut(&[Vcpu]) -> Option<Vec<CoSet>>,
     stop: &AtomicBool,
 ) -> Result<Report> {
-    let n = enf.vcpus.len();
     let managed = cfg.policy != Policy::None;
-    let mut clocks: Vec<Option<RunClock>> = enf
-        .vcpus
-        .iter()
-        .map(|v| v.thread.as_ref().map(RunClock::open))
-        .collect();
-    let mut last: Vec<u64> = clocks
-        .iter_mut()
-        .map(|c| c.as_mut().and_then(|c| c.run_ns()).unwrap_or(0))
-        .collect();
-    let mut total_run = vec![0u64; n];
-    let mut corun: BTreeMap<Vec<usize>, SetCorun> = BTreeMap::new();
-    // Open episodes (a set chosen in consecutive slices): per-member run time and length.
-    let mut episodes: BTreeMap<Vec<usize>, (Vec<u64>, u64)> = BTreeMap::new();
+    let mut tally = Tally::open(&enf.vcpus);
     let mut sets = initial_sets;
-    let mut regroups = Vec::new();
-    let mut slice_us = Vec::new();
-    let mut apply_us = Vec::new();
-    let (mut leak_ns, mut all_ns) = (0u64, 0u64);
-    let (mut planned_idle, mut planned_slots) = (0u64, 0u64);
     let cpu0 = measure::cpu_times(&cfg.cpus);
     let t0 = Instant::now();
     let mut next_regroup = cfg.regroup_every.map(|d| t0 + d);
-    // The slice that is running: its plan, the member lists of its sets, and when it began.
-    let mut prev: Option<(Slice, Vec<Vec<usize>>, Instant)> = None;
+    let mut prev: Option<Running> = None;
     let mut deadline = t0;
-    let mut slices = 0u64;
-    let mut d = vec![0u64; n];
     loop {
         let now = Instant::now();
         let elapsed = now.duration_since(t0);
@@ -356,23 +338,9 @@ fn main_loop(
         if next_regroup.is_some_and(|at| !stopping && now >= at) {
             next_regroup = cfg.regroup_every.map(|d| now + d);
             if let Some(new_sets) = regroup(&enf.vcpus) {
-                let ok = match planner.as_mut() {
-                    Some(p) => p.replace_sets(new_sets.clone()).map_err(|e| e.to_string()),
-                    None => Ok(()),
-                };
-                match ok {
-                    Ok(()) => {
-                        regroups.push(Regroup {
-                            at_s: elapsed.as_secs_f64(),
-                            sets: new_sets.iter().map(|s| s.members.clone()).collect(),
-                        });
-                        sets = new_sets;
-                    }
-                    Err(e) => enf.notes.push(format!(
-                        "regroup at {:.1} s refused ({e}); kept the previous sets",
-                        elapsed.as_secs_f64()
-                    )),
-                }
+                let planner = planner.as_deref_mut();
+                let regroups = &mut tally.regroups;
+                apply_regroup(enf, planner, &mut sets, regroups, new_sets, elapsed);
             }
         }
         // Plan the next slice and stop what it does not choose.
@@ -393,78 +361,16 @@ fn main_loop(
                 .collect(),
             _ => Vec::new(),
         };
-        // Read the clocks: what ran during the slice that just ended.
-        for v in 0..n {
-            let r = clocks[v].as_mut().and_then(|c| c.run_ns());
-            d[v] = r.map_or(0, |r| r.saturating_sub(last[v]));
-            match r {
-                Some(r) => last[v] = r,
-                None => {
-                    if let Some(t) = enf.vcpus[v].thread.take() {
-                        enf.notes.push(format!(
-                            "vCPU {v} ({}, tid {}) exited during the run; its set continues \
-                             without it",
-                            enf.vcpus[v].name, t.tid
-                        ));
-                    }
-                    clocks[v] = None;
-                }
-            }
-            total_run[v] += d[v];
-        }
+        tally.read_clocks(enf);
         if let Some((slice, members, started)) = &prev {
             let len = now.duration_since(*started).as_nanos() as u64;
-            slice_us.push(len as f64 / 1e3);
-            let mut chosen = vec![!managed; n];
-            for v in slice.cpu.iter().flatten() {
-                chosen[*v] = true;
-            }
-            for v in 0..n {
-                all_ns += d[v];
-                if !chosen[v] {
-                    leak_ns += d[v];
-                }
-            }
-            // Co-run: under a managed policy per episode (exact at both ends), under `none`
-            // per slice-long window (schedstat of running threads lags up to a tick there).
-            // Members without a thread (idle vCPUs, exited threads) never run: a set is
-            // measured over its live members.
-            let live = |m: &Vec<usize>| -> Vec<usize> {
-                m.iter().copied().filter(|&v| clocks[v].is_some()).collect()
-            };
-            let measured: Vec<Vec<usize>> = if managed {
-                members.iter().map(live).collect()
+            tally.account_slice(slice, len, managed);
+            let measured = if managed {
+                members.clone()
             } else {
-                sets.iter().map(|s| live(&s.members)).collect()
+                sets.iter().map(|s| s.members.clone()).collect()
             };
-            let next_members: Vec<Vec<usize>> = next_members.iter().map(live).collect();
-            for m in &measured {
-                if m.len() < 2 {
-                    continue;
-                }
-                let e = episodes
-                    .entry(m.clone())
-                    .or_insert_with(|| (vec![0; m.len()], 0));
-                for (acc, &v) in e.0.iter_mut().zip(m.iter()) {
-                    *acc += d[v];
-                }
-                e.1 += len;
-            }
-            // An episode ends unless the set runs again in the next slice.
-            let continuing = |m: &Vec<usize>| managed && !stopping && next_members.contains(m);
-            let (open, ended): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut episodes)
-                .into_iter()
-                .partition(|(m, _)| continuing(m));
-            episodes = open;
-            for (m, (acc, len)) in ended {
-                corun
-                    .entry(m.clone())
-                    .or_insert_with(|| SetCorun {
-                        members: m,
-                        ..Default::default()
-                    })
-                    .add(&acc, len);
-            }
+            tally.account_corun(&measured, &next_members, managed && !stopping, len);
         }
         if stopping {
             break;
@@ -472,12 +378,7 @@ fn main_loop(
         let slice = match next {
             Some(s) => {
                 enf.raise(&s)?;
-                planned_slots += s.cpu.len() as u64;
-                planned_idle += s
-                    .cpu
-                    .iter()
-                    .filter(|v| !matches!(v, Some(v) if enf.vcpus[*v].thread.is_some()))
-                    .count() as u64;
+                tally.count_planned(&s, &enf.vcpus);
                 s
             }
             None => Slice {
@@ -486,9 +387,11 @@ fn main_loop(
             },
         };
         let applied = Instant::now();
-        apply_us.push(applied.duration_since(now).as_nanos() as f64 / 1e3);
+        tally
+            .apply_us
+            .push(applied.duration_since(now).as_nanos() as f64 / 1e3);
         prev = Some((slice, next_members, now));
-        slices += 1;
+        tally.slices += 1;
         deadline += cfg.slice;
         if deadline < applied {
             // Fell behind (e.g. preempted): start counting from now rather than bursting.
@@ -496,49 +399,238 @@ fn main_loop(
         }
         std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
     }
-    let cpu1 = measure::cpu_times(&cfg.cpus);
-    let elapsed_s = t0.elapsed().as_secs_f64();
-    let su = summarize(&slice_us);
-    let au = summarize(&apply_us);
-    let set_list: Vec<SetCorun> = corun.into_values().collect();
-    let overall = measure::overall(&set_list);
-    Ok(Report {
-        label: "measured",
-        policy: cfg.policy.to_string(),
-        cpus: cfg.cpus.clone(),
-        requested_slice_us: cfg.slice.as_secs_f64() * 1e6,
-        slices,
-        slice_us_p50: su.p50,
-        slice_us_p99: su.p99,
-        slice_us_max: su.max,
-        apply_us_p50: au.p50,
-        apply_us_p99: au.p99,
-        syscalls: enf.syscalls,
-        sets: set_list
+    Ok(tally.report(cfg, enf, cpu0, t0))
+}
+
+/// Replace the sets by `new_sets` (in the planner too, which may refuse them: noted, the
+/// previous sets stay).
+fn apply_regroup(
+    enf: &mut Enforcer<'_>,
+    planner: Option<&mut Planner>,
+    sets: &mut Vec<CoSet>,
+    regroups: &mut Vec<Regroup>,
+    new_sets: Vec<CoSet>,
+    elapsed: Duration,
+) {
+    let ok = match planner {
+        Some(p) => p.replace_sets(new_sets.clone()).map_err(|e| e.to_string()),
+        None => Ok(()),
+    };
+    match ok {
+        Ok(()) => {
+            regroups.push(Regroup {
+                at_s: elapsed.as_secs_f64(),
+                sets: new_sets.iter().map(|s| s.members.clone()).collect(),
+            });
+            *sets = new_sets;
+        }
+        Err(e) => enf.notes.push(format!(
+            "regroup at {:.1} s refused ({e}); kept the previous sets",
+            elapsed.as_secs_f64()
+        )),
+    }
+}
+
+/// What the loop measures from slice to slice, with the vCPUs' run clocks it reads.
+struct Tally {
+    clocks: Vec<Option<RunClock>>,
+    /// Each vCPU's run time at the last reading.
+    last: Vec<u64>,
+    /// What each vCPU ran during the slice that just ended.
+    d: Vec<u64>,
+    total_run: Vec<u64>,
+    corun: BTreeMap<Vec<usize>, SetCorun>,
+    /// Open episodes (a set chosen in consecutive slices): per-member run time and length.
+    episodes: BTreeMap<Vec<usize>, (Vec<u64>, u64)>,
+    regroups: Vec<Regroup>,
+    slice_us: Vec<f64>,
+    apply_us: Vec<f64>,
+    leak_ns: u64,
+    all_ns: u64,
+    planned_idle: u64,
+    planned_slots: u64,
+    slices: u64,
+}
+
+impl Tally {
+    /// Open the run clock of every vCPU with a thread and read where each starts.
+    fn open(vcpus: &[Vcpu]) -> Tally {
+        let n = vcpus.len();
+        let mut clocks: Vec<Option<RunClock>> = vcpus
             .iter()
-            .map(|s| SetReport {
-                members: s.members.clone(),
-                windows: s.windows,
-                corun_fraction: s.fraction().map(|f| f.0),
-                corun_lower: s.fraction().map(|f| f.1),
-            })
-            .collect(),
-        corun_fraction: overall.map(|f| f.0),
-        corun_lower: overall.map(|f| f.1),
-        idle_cpu_share: measure::idle_share(cpu0, cpu1),
-        planned_idle_share: if planned_slots > 0 {
-            planned_idle as f64 / planned_slots as f64
-        } else {
-            0.0
-        },
-        leak_share: if all_ns > 0 {
-            leak_ns as f64 / all_ns as f64
-        } else {
-            0.0
-        },
-        vcpu_run_s: total_run.iter().map(|&ns| ns as f64 / 1e9).collect(),
-        regroups,
-        notes: std::mem::take(&mut enf.notes),
-        elapsed_s,
-    })
+            .map(|v| v.thread.as_ref().map(RunClock::open))
+            .collect();
+        let last: Vec<u64> = clocks
+            .iter_mut()
+            .map(|c| c.as_mut().and_then(|c| c.run_ns()).unwrap_or(0))
+            .collect();
+        Tally {
+            clocks,
+            last,
+            d: vec![0; n],
+            total_run: vec![0; n],
+            corun: BTreeMap::new(),
+            episodes: BTreeMap::new(),
+            regroups: Vec::new(),
+            slice_us: Vec::new(),
+            apply_us: Vec::new(),
+            leak_ns: 0,
+            all_ns: 0,
+            planned_idle: 0,
+            planned_slots: 0,
+            slices: 0,
+        }
+    }
+
+    /// Read the clocks: what ran during the slice that just ended. A thread whose clock cannot
+    /// be read has exited: it is dropped (noted).
+    fn read_clocks(&mut self, enf: &mut Enforcer<'_>) {
+        for v in 0..self.d.len() {
+            let r = self.clocks[v].as_mut().and_then(|c| c.run_ns());
+            self.d[v] = r.map_or(0, |r| r.saturating_sub(self.last[v]));
+            match r {
+                Some(r) => self.last[v] = r,
+                None => {
+                    if let Some(t) = enf.vcpus[v].thread.take() {
+                        enf.notes.push(format!(
+                            "vCPU {v} ({}, tid {}) exited during the run; its set continues \
+                             without it",
+                            enf.vcpus[v].name, t.tid
+                        ));
+                    }
+                    self.clocks[v] = None;
+                }
+            }
+            self.total_run[v] += self.d[v];
+        }
+    }
+
+    /// The slice that just ended, `len` ns long: its length, and the run time of the vCPUs it
+    /// did not choose (leaked; under `none` every vCPU counts as chosen).
+    fn account_slice(&mut self, slice: &Slice, len: u64, managed: bool) {
+        self.slice_us.push(len as f64 / 1e3);
+        let mut chosen = vec![!managed; self.d.len()];
+        for v in slice.cpu.iter().flatten() {
+            chosen[*v] = true;
+        }
+        for (v, &d) in self.d.iter().enumerate() {
+            self.all_ns += d;
+            if !chosen[v] {
+                self.leak_ns += d;
+            }
+        }
+    }
+
+    /// Co-run of the sets `measured` over the slice that just ended, `len` ns long: under a
+    /// managed policy per episode (exact at both ends), under `none` per slice-long window
+    /// (schedstat of running threads lags up to a tick there). Members without a thread (idle
+    /// vCPUs, exited threads) never run: a set is measured over its live members. An episode
+    /// ends unless the set runs again in the next slice (`next_members`, when `continuing`).
+    fn account_corun(
+        &mut self,
+        measured: &[Vec<usize>],
+        next_members: &[Vec<usize>],
+        continuing: bool,
+        len: u64,
+    ) {
+        let live = |m: &Vec<usize>| -> Vec<usize> {
+            m.iter()
+                .copied()
+                .filter(|&v| self.clocks[v].is_some())
+                .collect()
+        };
+        let measured: Vec<Vec<usize>> = measured.iter().map(live).collect();
+        let next_members: Vec<Vec<usize>> = next_members.iter().map(live).collect();
+        for m in &measured {
+            if m.len() < 2 {
+                continue;
+            }
+            let e = self
+                .episodes
+                .entry(m.clone())
+                .or_insert_with(|| (vec![0; m.len()], 0));
+            for (acc, &v) in e.0.iter_mut().zip(m.iter()) {
+                *acc += self.d[v];
+            }
+            e.1 += len;
+        }
+        let (open, ended): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.episodes)
+            .into_iter()
+            .partition(|(m, _)| continuing && next_members.contains(m));
+        self.episodes = open;
+        for (m, (acc, len)) in ended {
+            self.corun
+                .entry(m.clone())
+                .or_insert_with(|| SetCorun {
+                    members: m,
+                    ..Default::default()
+                })
+                .add(&acc, len);
+        }
+    }
+
+    /// Count the CPU-slots slice `s` plans and those it leaves idle.
+    fn count_planned(&mut self, s: &Slice, vcpus: &[Vcpu]) {
+        self.planned_slots += s.cpu.len() as u64;
+        self.planned_idle += s
+            .cpu
+            .iter()
+            .filter(|v| !matches!(v, Some(v) if vcpus[*v].thread.is_some()))
+            .count() as u64;
+    }
+
+    /// The run's report (the coscheduler's CPUs' idle time since `cpu0`, the run since `t0`).
+    fn report(
+        self,
+        cfg: &Config,
+        enf: &mut Enforcer<'_>,
+        cpu0: measure::CpuTimes,
+        t0: Instant,
+    ) -> Report {
+        let cpu1 = measure::cpu_times(&cfg.cpus);
+        let elapsed_s = t0.elapsed().as_secs_f64();
+        let su = summarize(&self.slice_us);
+        let au = summarize(&self.apply_us);
+        let set_list: Vec<SetCorun> = self.corun.into_values().collect();
+        let overall = measure::overall(&set_list);
+        Report {
+            label: "measured",
+            policy: cfg.policy.to_string(),
+            cpus: cfg.cpus.clone(),
+            requested_slice_us: cfg.slice.as_secs_f64() * 1e6,
+            slices: self.slices,
+            slice_us_p50: su.p50,
+            slice_us_p99: su.p99,
+            slice_us_max: su.max,
+            apply_us_p50: au.p50,
+            apply_us_p99: au.p99,
+            syscalls: enf.syscalls,
+            sets: set_list
+                .iter()
+                .map(|s| SetReport {
+                    members: s.members.clone(),
+                    windows: s.windows,
+                    corun_fraction: s.fraction().map(|f| f.0),
+                    corun_lower: s.fraction().map(|f| f.1),
+                })
+                .collect(),
+            corun_fraction: overall.map(|f| f.0),
+            corun_lower: overall.map(|f| f.1),
+            idle_cpu_share: measure::idle_share(cpu0, cpu1),
+            planned_idle_share: if self.planned_slots > 0 {
+                self.planned_idle as f64 / self.planned_slots as f64
+            } else {
+                0.0
+            },
+            leak_share: if self.all_ns > 0 {
+                self.leak_ns as f64 / self.all_ns as f64
+            } else {
+                0.0
+            },
+            vcpu_run_s: self.total_run.iter().map(|&ns| ns as f64 / 1e9).collect(),
+            regroups: self.regroups,
+            notes: std::mem::take(&mut enf.notes),
+            elapsed_s,
+        }
+    }
 }

@@ -27,7 +27,7 @@
 //! at the announced arrival time) until the full reply is read. Everything printed is measured
 //! on this machine unless labeled otherwise; the paper's numbers are printed as the paper's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use preheat_model::proto::{Request, Strategies};
@@ -378,14 +378,7 @@ fn machine(ncpu: usize) -> String {
 /// the rounds to `measuring`; notes go to stderr (`demo: ...`). The server and everything
 /// started for it are stopped before this returns.
 pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -> Result<Output> {
-    let ncpu = preheat_engine::os::online_cpus();
-    if ncpu < 2 {
-        bail!(
-            "the demo needs 2 CPUs (server and client on different CPUs); this machine has {ncpu}"
-        );
-    }
-    let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
-    let client_cpu = if server_cpu == 0 { 1 } else { 0 };
+    let (ncpu, server_cpu, client_cpu) = placement(a)?;
     let wanted = wanted_modes(a)?;
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
 
@@ -412,25 +405,10 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     }
     // The agent of the process that serves *this* client's connection (prefork servers have one
     // per worker).
-    let serving = serving_agents(&server, &mut client)?;
+    let serving = find_serving(&server, &mut client)?;
     let pid = serving.primary;
-    if serving.all.len() > 1 {
-        eprintln!(
-            "demo: port {port}'s requests go to any of {} processes (pids {:?}; the server \
-             closes its connections and any worker accepts the next): announcements go to all \
-             of them; recording through pid {pid}, which served most",
-            serving.all.len(),
-            serving.all
-        );
-    }
     let (profile_path, rec_stats) = estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
-    let profile = read_profile(&profile_path)?;
-    let ws_stats = profile.class(port).map(|c| c.ws.stats()).with_context(|| {
-        format!(
-            "{} has no working set for port {port}",
-            profile_path.display()
-        )
-    })?;
+    let ws_stats = working_set(&profile_path, port)?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     let can_replay = configure_replay(&mut agent, &w, port, &mut modes, &mut skipped)?;
     let others = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
@@ -493,6 +471,26 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     })
 }
 
+/// The agents of the processes that serve the port ([`serving_agents`]); where that is more
+/// than one (any worker accepts the next connection), said on stderr.
+fn find_serving(
+    server: &preheat_launch::launch::Server,
+    client: &mut servers::Requester,
+) -> Result<preheat_estimate::serving::Serving> {
+    let serving = serving_agents(server, client)?;
+    let (port, pid) = (server.spec.port, serving.primary);
+    if serving.all.len() > 1 {
+        eprintln!(
+            "demo: port {port}'s requests go to any of {} processes (pids {:?}; the server \
+             closes its connections and any worker accepts the next): announcements go to all \
+             of them; recording through pid {pid}, which served most",
+            serving.all.len(),
+            serving.all
+        );
+    }
+    Ok(serving)
+}
+
 /// The agents of the server's processes other than the primary that serve the port (see
 /// [`serving_agents`]): each gets the profile and, where the primary replays, the same warm-up.
 fn configure_others(
@@ -520,6 +518,31 @@ fn configure_others(
         out.push(c);
     }
     Ok(out)
+}
+
+/// (online CPUs, the server's CPU, the client's CPU): the server on `--server-cpu` or the
+/// last CPU, the client on another one.
+fn placement(a: &DemoParams) -> Result<(usize, usize, usize)> {
+    let ncpu = preheat_engine::os::online_cpus();
+    if ncpu < 2 {
+        bail!(
+            "the demo needs 2 CPUs (server and client on different CPUs); this machine has {ncpu}"
+        );
+    }
+    let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
+    let client_cpu = if server_cpu == 0 { 1 } else { 0 };
+    Ok((ncpu, server_cpu, client_cpu))
+}
+
+/// The statistics of the working set for `port` in the profile at `profile_path`.
+fn working_set(profile_path: &Path, port: u16) -> Result<preheat_model::WsStats> {
+    let profile = read_profile(profile_path)?;
+    profile.class(port).map(|c| c.ws.stats()).with_context(|| {
+        format!(
+            "{} has no working set for port {port}",
+            profile_path.display()
+        )
+    })
 }
 
 /// Flag preheat modes with samples none of whose requests reached the preheated process (the

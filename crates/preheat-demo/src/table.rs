@@ -280,43 +280,57 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
                 server_start_us_p99: None,
             };
             if let Mode::Preheat(st) | Mode::Auto(st) = m {
-                row.flags
-                    .extend(harm_flags(samples, &name, st.contains(Strategies::REPLAY)));
-                row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
-                row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
-                let starts: Vec<f64> = mine.iter().map(|s| s.server_start_us).collect();
-                let start = summarize(&starts);
-                if start.n > 0 {
-                    row.server_start_us_p50 = Some(start.p50);
-                    row.server_start_us_p99 = Some(start.p99);
-                }
-                if st.contains(Strategies::LINES) {
-                    row.ws_kib = Some(ws.kib);
-                    row.runs = Some(ws.runs);
-                    row.encoded_bytes = Some(ws.encoded_bytes);
-                    let with_lines: Vec<&&Sample> =
-                        mine.iter().filter(|s| s.lines_total > 0).collect();
-                    row.preheat_us_p50 = median(with_lines.iter().map(|s| s.preheat_us).collect());
-                    let gbps: Vec<f64> = with_lines
-                        .iter()
-                        .filter(|s| s.preheat_us > 0.0)
-                        .map(|s| (s.lines_done * 64) as f64 / (s.preheat_us * 1e3))
-                        .collect();
-                    row.gb_per_s = median(gbps);
-                    if !mine.is_empty() {
-                        row.completed_share = Some(
-                            with_lines
-                                .iter()
-                                .filter(|s| s.lines_done == s.lines_total)
-                                .count() as f64
-                                / mine.len() as f64,
-                        );
-                    }
-                }
+                preheat_columns(&mut row, *st, samples, &mine, ws);
             }
             row
         })
         .collect()
+}
+
+/// The columns of a preheating mode (`st`: its strategies) in `row`, from its samples `mine`:
+/// harm flags, leads, the server's start, and with `lines` the working set and its preheating.
+fn preheat_columns(
+    row: &mut Row,
+    st: Strategies,
+    samples: &[Sample],
+    mine: &[&Sample],
+    ws: &preheat_model::WsStats,
+) {
+    row.flags.extend(harm_flags(
+        samples,
+        &row.mode,
+        st.contains(Strategies::REPLAY),
+    ));
+    row.worker_lead_us_p50 = median(mine.iter().map(|s| s.worker_lead_us).collect());
+    row.trigger_lead_us_p50 = median(mine.iter().map(|s| s.trigger_lead_us).collect());
+    let starts: Vec<f64> = mine.iter().map(|s| s.server_start_us).collect();
+    let start = summarize(&starts);
+    if start.n > 0 {
+        row.server_start_us_p50 = Some(start.p50);
+        row.server_start_us_p99 = Some(start.p99);
+    }
+    if st.contains(Strategies::LINES) {
+        row.ws_kib = Some(ws.kib);
+        row.runs = Some(ws.runs);
+        row.encoded_bytes = Some(ws.encoded_bytes);
+        let with_lines: Vec<&&Sample> = mine.iter().filter(|s| s.lines_total > 0).collect();
+        row.preheat_us_p50 = median(with_lines.iter().map(|s| s.preheat_us).collect());
+        let gbps: Vec<f64> = with_lines
+            .iter()
+            .filter(|s| s.preheat_us > 0.0)
+            .map(|s| (s.lines_done * 64) as f64 / (s.preheat_us * 1e3))
+            .collect();
+        row.gb_per_s = median(gbps);
+        if !mine.is_empty() {
+            row.completed_share = Some(
+                with_lines
+                    .iter()
+                    .filter(|s| s.lines_done == s.lines_total)
+                    .count() as f64
+                    / mine.len() as f64,
+            );
+        }
+    }
 }
 
 /// Round → latency of `mode` (a round measures each mode once; the first sample counts).

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use preheat_model::proto::{Range, Reply, Request};
-use preheat_model::{filter_k_of_n, Backend, RegionTable};
+use preheat_model::{filter_k_of_n, Backend, LineSet, RegionTable};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -85,30 +85,8 @@ pub fn record_probe(
         stride: p.stride,
         ..Default::default()
     };
-    let threshold = match agent.call(&Request::Calibrate)? {
-        Reply::Calibration {
-            hit_ticks_p50,
-            miss_ticks_p50,
-            threshold,
-            ..
-        } => {
-            stats.hit_ticks_p50 = hit_ticks_p50;
-            stats.miss_ticks_p50 = miss_ticks_p50;
-            threshold
-        }
-        other => bail!("unexpected reply to calibrate: {other:?}"),
-    };
-    stats.threshold_ticks = threshold;
-    let ranges = match agent.call(&Request::Candidates)? {
-        Reply::Candidates {
-            ranges,
-            total_bytes,
-        } => {
-            stats.candidate_bytes = total_bytes;
-            ranges
-        }
-        other => bail!("unexpected reply to candidates: {other:?}"),
-    };
+    let threshold = calibrate(&mut agent, &mut stats)?;
+    let ranges = candidates(&mut agent, &mut stats)?;
     let chunks = chunk_ranges(&ranges, p.chunk_bytes);
     stats.chunks = chunks.len() as u64;
     let table = RegionTable::build(
@@ -120,127 +98,41 @@ pub fn record_probe(
     }
     // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
     // process serves (see above), the request is sent by us, from another thread, inside a
-    // request-less probe window long enough to hold it (see `external_request`): 2 ms lead-in
-    // plus twice the request's usual duration plus 2 ms.
-    let external = match &w.raw {
-        None => true,
-        Some(r) => match agent.call(&Request::ProbeConnect {
-            port: server.spec.port,
-            request: String::from_utf8_lossy(&r.request).into_owned(),
-            until: String::from_utf8_lossy(&r.until).into_owned(),
-        }) {
-            Ok(_) => false,
-            Err(e) => {
-                if !p.quiet {
-                    eprintln!(
-                        "preheat: note: the probe's requests go on our own connection, inside \
-                         request-less probe windows: {e:#}"
-                    );
-                }
-                stats.external = true;
-                true
-            }
-        },
-    };
+    // request-less probe window long enough to hold it (see `external_request`).
+    let external = !probe_connect(&mut agent, server.spec.port, w, p, &mut stats);
     let external_window_ns = if external {
-        let mut t = Vec::new();
-        for _ in 0..5 {
-            let a = Instant::now();
-            client.request_ok()?;
-            t.push(a.elapsed().as_nanos() as u64);
-        }
-        t.sort_unstable();
-        EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000
+        external_window_ns(client)?
     } else {
         0
     };
     let rounds = if p.subtract_noise { 2 } else { 1 };
     let stride = p.stride.max(1);
-    let pb = progress;
-    pb.start(
+    progress.start(
         p.filter.n as u64 * chunks.len() as u64 * rounds * stride as u64,
         "probe",
     );
-    let (request, until) = match &w.raw {
-        Some(r) => (
-            String::from_utf8_lossy(&r.request).into_owned(),
-            String::from_utf8_lossy(&r.until).into_owned(),
-        ),
-        None => (String::new(), String::new()),
+    let (request, until) = raw_exchange(w);
+    let mut run = ProbeRun {
+        agent,
+        client,
+        chunks,
+        threshold,
+        window_pages: p.window_pages,
+        port: server.spec.port,
+        request,
+        until,
+        external,
+        external_window_ns,
+        stride,
+        // Each probe cycle scrambles its probe order with its own seed.
+        seeds: StdRng::seed_from_u64(now_unix()),
+        windows: Vec::new(),
     };
     let mut samples = Vec::new();
     let mut noise = Vec::new();
-    let mut windows: Vec<u64> = Vec::new();
-    // Each probe cycle scrambles its probe order with its own seed.
-    let mut seeds = StdRng::seed_from_u64(now_unix());
     for s in 0..p.filter.n {
         for with_request in [true, false].into_iter().take(rounds as usize) {
-            let mut hits: Vec<u64> = Vec::new();
-            // Visit chunks in a different order each sample.
-            let mut order: Vec<usize> = (0..chunks.len()).collect();
-            let k = s as usize % order.len().max(1);
-            order.rotate_left(k);
-            // A noise sample waits as long as a request pass took; an external request gets
-            // its fixed window.
-            let idle_ns = if external {
-                external_window_ns
-            } else {
-                let mut sorted = windows.clone();
-                sorted.sort_unstable();
-                sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
-            };
-            let passes = order
-                .iter()
-                .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
-            for (ci, phase) in passes {
-                let seed: u64 = seeds.gen();
-                let cycle = Request::ProbeCycle {
-                    ranges: chunks[ci].clone(),
-                    threshold,
-                    window_pages: p.window_pages,
-                    seed,
-                    port: server.spec.port,
-                    request: (with_request && !external).then(|| request.clone()),
-                    until: until.clone(),
-                    idle_ns,
-                    stride,
-                    phase,
-                };
-                // A cycle the agent skipped (the mappings changed under it) is repeated, at most
-                // MAX_CYCLE_REPEATS times in a row; anything else fails the recording.
-                let mut attempt = 0;
-                let reply = loop {
-                    let r = if external && with_request {
-                        external_request(&mut agent, &cycle, client)
-                    } else {
-                        agent.call(&cycle)
-                    };
-                    match r {
-                        Err(e)
-                            if attempt < MAX_CYCLE_REPEATS
-                                && format!("{e:#}")
-                                    .ends_with(preheat_model::proto::ROUND_SKIPPED) =>
-                        {
-                            attempt += 1;
-                            stats.cycles_repeated += 1;
-                        }
-                        r => break r?,
-                    }
-                };
-                match reply {
-                    Reply::Probed {
-                        hits: h, window_ns, ..
-                    } => {
-                        hits.extend(h);
-                        if with_request {
-                            windows.push(window_ns);
-                            stats.requests_sent += 1;
-                        }
-                    }
-                    other => bail!("unexpected reply to probe_cycle: {other:?}"),
-                }
-                pb.inc(1);
-            }
+            let hits = run.sample(s, with_request, &mut stats, progress)?;
             let (set, unmapped) = table.relative_lines(hits.iter().copied());
             stats.unmapped_hits += unmapped;
             if with_request {
@@ -252,17 +144,10 @@ pub fn record_probe(
         }
     }
     // The model's median (the lower middle of an even sample); 0 without a window.
-    let windows_us: Vec<f64> = windows.iter().map(|w| *w as f64 / 1e3).collect();
+    let windows_us: Vec<f64> = run.windows.iter().map(|w| *w as f64 / 1e3).collect();
     stats.window_us_p50 = preheat_model::stats::summarize(&windows_us).p50;
-    pb.finish();
-    let k = p.filter.k as usize;
-    let mut lines = filter_k_of_n(&samples, k);
-    if p.subtract_noise {
-        let noisy = filter_k_of_n(&noise, p.noise_k.max(1) as usize);
-        let before = lines.len();
-        lines = lines.difference(&noisy);
-        stats.noise_lines_removed = (before - lines.len()) as u64;
-    }
+    progress.finish();
+    let lines = stable_lines(&samples, &noise, p, &mut stats);
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(Recording {
         profile: make_profile(
@@ -275,6 +160,223 @@ pub fn record_probe(
         ),
         stats,
     })
+}
+
+/// Ask the agent to calibrate its hit/miss threshold (noted in `stats`); returns it, in ticks.
+fn calibrate(agent: &mut AgentClient, stats: &mut RecordStats) -> Result<u32> {
+    match agent.call(&Request::Calibrate)? {
+        Reply::Calibration {
+            hit_ticks_p50,
+            miss_ticks_p50,
+            threshold,
+            ..
+        } => {
+            stats.hit_ticks_p50 = hit_ticks_p50;
+            stats.miss_ticks_p50 = miss_ticks_p50;
+            stats.threshold_ticks = threshold;
+            Ok(threshold)
+        }
+        other => bail!("unexpected reply to calibrate: {other:?}"),
+    }
+}
+
+/// The ranges of the server's memory the agent would probe (their size noted in `stats`).
+fn candidates(agent: &mut AgentClient, stats: &mut RecordStats) -> Result<Vec<Range>> {
+    match agent.call(&Request::Candidates)? {
+        Reply::Candidates {
+            ranges,
+            total_bytes,
+        } => {
+            stats.candidate_bytes = total_bytes;
+            Ok(ranges)
+        }
+        other => bail!("unexpected reply to candidates: {other:?}"),
+    }
+}
+
+/// The workload's fixed byte exchange, as the agent takes it: (request, reply end); empty
+/// without one.
+fn raw_exchange(w: &Workload) -> (String, String) {
+    match &w.raw {
+        Some(r) => (
+            String::from_utf8_lossy(&r.request).into_owned(),
+            String::from_utf8_lossy(&r.until).into_owned(),
+        ),
+        None => (String::new(), String::new()),
+    }
+}
+
+/// Whether the agent got a loopback connection to `port` that its process serves, for the
+/// probe's requests; if not (or without a fixed byte exchange), the requests are external
+/// (noted in `stats`, and said unless quiet).
+fn probe_connect(
+    agent: &mut AgentClient,
+    port: u16,
+    w: &Workload,
+    p: &RecordParams,
+    stats: &mut RecordStats,
+) -> bool {
+    if w.raw.is_none() {
+        return false;
+    }
+    let (request, until) = raw_exchange(w);
+    match agent.call(&Request::ProbeConnect {
+        port,
+        request,
+        until,
+    }) {
+        Ok(_) => true,
+        Err(e) => {
+            if !p.quiet {
+                eprintln!(
+                    "preheat: note: the probe's requests go on our own connection, inside \
+                     request-less probe windows: {e:#}"
+                );
+            }
+            stats.external = true;
+            false
+        }
+    }
+}
+
+/// The probe window of an external request: 2 ms lead-in plus twice the median of five
+/// requests' durations plus 2 ms.
+fn external_window_ns(client: &mut preheat_launch::servers::Requester) -> Result<u64> {
+    let mut t = Vec::new();
+    for _ in 0..5 {
+        let a = Instant::now();
+        client.request_ok()?;
+        t.push(a.elapsed().as_nanos() as u64);
+    }
+    t.sort_unstable();
+    Ok(EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000)
+}
+
+/// The k-of-n stable lines of the request samples, less (with `p.subtract_noise`) the lines
+/// stable in the noise samples (their count noted in `stats`).
+fn stable_lines(
+    samples: &[LineSet],
+    noise: &[LineSet],
+    p: &RecordParams,
+    stats: &mut RecordStats,
+) -> LineSet {
+    let mut lines = filter_k_of_n(samples, p.filter.k as usize);
+    if p.subtract_noise {
+        let noisy = filter_k_of_n(noise, p.noise_k.max(1) as usize);
+        let before = lines.len();
+        lines = lines.difference(&noisy);
+        stats.noise_lines_removed = (before - lines.len()) as u64;
+    }
+    lines
+}
+
+/// The probe cycles of one recording: what each asks the agent for, and the probe windows
+/// of the request passes so far.
+struct ProbeRun<'a> {
+    agent: AgentClient,
+    client: &'a mut preheat_launch::servers::Requester,
+    chunks: Vec<Vec<Range>>,
+    threshold: u32,
+    window_pages: u32,
+    port: u16,
+    request: String,
+    until: String,
+    external: bool,
+    external_window_ns: u64,
+    stride: u32,
+    seeds: StdRng,
+    windows: Vec<u64>,
+}
+
+impl ProbeRun<'_> {
+    /// Sample `s`: one probe cycle per chunk and stride phase, with or without the request;
+    /// returns the lines hit (absolute addresses).
+    fn sample(
+        &mut self,
+        s: u32,
+        with_request: bool,
+        stats: &mut RecordStats,
+        pb: &dyn Progress,
+    ) -> Result<Vec<u64>> {
+        let mut hits: Vec<u64> = Vec::new();
+        // Visit chunks in a different order each sample.
+        let mut order: Vec<usize> = (0..self.chunks.len()).collect();
+        let k = s as usize % order.len().max(1);
+        order.rotate_left(k);
+        // A noise sample waits as long as a request pass took; an external request gets
+        // its fixed window.
+        let idle_ns = if self.external {
+            self.external_window_ns
+        } else {
+            let mut sorted = self.windows.clone();
+            sorted.sort_unstable();
+            sorted.get(sorted.len() / 2).copied().unwrap_or(200_000)
+        };
+        let stride = self.stride;
+        let passes = order
+            .iter()
+            .flat_map(|ci| (0..stride).map(move |ph| (*ci, ph)));
+        for (ci, phase) in passes {
+            match self.cycle(ci, phase, with_request, idle_ns, stats)? {
+                Reply::Probed {
+                    hits: h, window_ns, ..
+                } => {
+                    hits.extend(h);
+                    if with_request {
+                        self.windows.push(window_ns);
+                        stats.requests_sent += 1;
+                    }
+                }
+                other => bail!("unexpected reply to probe_cycle: {other:?}"),
+            }
+            pb.inc(1);
+        }
+        Ok(hits)
+    }
+
+    /// One probe cycle of chunk `ci` at stride phase `phase`. A cycle the agent skipped (the
+    /// mappings changed under it) is repeated, at most MAX_CYCLE_REPEATS times in a row;
+    /// anything else fails the recording.
+    fn cycle(
+        &mut self,
+        ci: usize,
+        phase: u32,
+        with_request: bool,
+        idle_ns: u64,
+        stats: &mut RecordStats,
+    ) -> Result<Reply> {
+        let seed: u64 = self.seeds.gen();
+        let cycle = Request::ProbeCycle {
+            ranges: self.chunks[ci].clone(),
+            threshold: self.threshold,
+            window_pages: self.window_pages,
+            seed,
+            port: self.port,
+            request: (with_request && !self.external).then(|| self.request.clone()),
+            until: self.until.clone(),
+            idle_ns,
+            stride: self.stride,
+            phase,
+        };
+        let mut attempt = 0;
+        loop {
+            let r = if self.external && with_request {
+                external_request(&mut self.agent, &cycle, self.client)
+            } else {
+                self.agent.call(&cycle)
+            };
+            match r {
+                Err(e)
+                    if attempt < MAX_CYCLE_REPEATS
+                        && format!("{e:#}").ends_with(preheat_model::proto::ROUND_SKIPPED) =>
+                {
+                    attempt += 1;
+                    stats.cycles_repeated += 1;
+                }
+                r => return r,
+            }
+        }
+    }
 }
 
 /// How long after asking the agent for a request-less probe cycle we send an external request:

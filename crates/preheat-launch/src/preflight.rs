@@ -205,36 +205,7 @@ fn read_head(p: &Path) -> std::io::Result<Vec<u8>> {
 /// given, for the messages).
 pub fn check_elf(program: &str, path: &Path, agent: &Path, needs: Needs) -> Result<Ready, Refusal> {
     let shown = path.display();
-    let f = match elf::read(path) {
-        Ok(f) => f,
-        Err(ElfError::NotElf) => {
-            return Err(refuse(
-                program,
-                format!(
-                    "{shown} is neither an ELF program nor a #! script, so the kernel cannot \
-                     run it"
-                ),
-                "give the program itself, or start a script with a #! line",
-            ))
-        }
-        Err(e) => {
-            return Err(refuse(
-                program,
-                format!("{shown} is {e}"),
-                "give a program this machine can run",
-            ))
-        }
-    };
-    if !matches!(f.header.kind, elf::ET_EXEC | elf::ET_DYN) {
-        return Err(refuse(
-            program,
-            format!(
-                "{shown} is an ELF file of type {}, not a program",
-                f.header.kind
-            ),
-            "give a linked program",
-        ));
-    }
+    let f = read_program(program, path)?;
     let mut ruled_out = Vec::new();
     if let Ok(a) = elf::read(agent) {
         let what = |h: &elf::Header| {
@@ -305,6 +276,42 @@ pub fn check_elf(program: &str, path: &Path, agent: &Path, needs: Needs) -> Resu
         program: path.to_path_buf(),
         ruled_out,
     })
+}
+
+/// `path` as an ELF program (an executable or a position-independent one), or why it is none.
+fn read_program(program: &str, path: &Path) -> Result<ElfFile, Refusal> {
+    let shown = path.display();
+    let f = match elf::read(path) {
+        Ok(f) => f,
+        Err(ElfError::NotElf) => {
+            return Err(refuse(
+                program,
+                format!(
+                    "{shown} is neither an ELF program nor a #! script, so the kernel cannot \
+                     run it"
+                ),
+                "give the program itself, or start a script with a #! line",
+            ))
+        }
+        Err(e) => {
+            return Err(refuse(
+                program,
+                format!("{shown} is {e}"),
+                "give a program this machine can run",
+            ))
+        }
+    };
+    if !matches!(f.header.kind, elf::ET_EXEC | elf::ET_DYN) {
+        return Err(refuse(
+            program,
+            format!(
+                "{shown} is an ELF file of type {}, not a program",
+                f.header.kind
+            ),
+            "give a linked program",
+        ));
+    }
+    Ok(f)
 }
 
 /// Why the agent's hooks see nothing in a Go program.

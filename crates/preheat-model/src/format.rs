@@ -142,6 +142,30 @@ struct Body<'a> {
 }
 
 impl<'a> Body<'a> {
+    /// One region key: a file's identity (tag 0) or an anonymous region's kind, label and
+    /// order (tag 1).
+    fn region_key(&mut self) -> Result<RegionKey, FormatError> {
+        let tag = self.r.u8().map_err(rd)?;
+        Ok(match tag {
+            0 => RegionKey::File(self.ident()?),
+            1 => {
+                let kc = self.r.u8().map_err(rd)?;
+                let kind = match kc {
+                    0 => AnonKind::Heap,
+                    1 => AnonKind::Stack,
+                    2 => AnonKind::Bss,
+                    3 => AnonKind::Named,
+                    4 => AnonKind::Anon,
+                    _ => return Err(self.malformed(format!("anonymous kind {kc}"))),
+                };
+                let label = self.string("label")?;
+                let order = self.v32("order")?;
+                RegionKey::Anon { kind, label, order }
+            }
+            _ => return Err(self.malformed(format!("region tag {tag}"))),
+        })
+    }
+
     fn malformed(&self, what: impl Into<String>) -> FormatError {
         FormatError::Malformed {
             offset: self.r.pos() + HEADER,
@@ -220,6 +244,53 @@ impl<'a> Body<'a> {
 
 /// Parse and verify a `.phws` file.
 pub fn decode_profile(buf: &[u8]) -> Result<Profile, FormatError> {
+    let body = checked_body(buf)?;
+    let mut b = Body {
+        r: Reader::new(body),
+    };
+    let code = b.r.u8().map_err(rd)?;
+    let backend = Backend::from_code(code).ok_or_else(|| b.malformed(format!("backend {code}")))?;
+    let k = b.v32("k")?;
+    let n = b.v32("n")?;
+    let gap = b.v32("gap")?;
+    if k == 0 || k > n {
+        return Err(b.malformed(format!("filter k={k} n={n}")));
+    }
+    let created_unix_s = b.v()?;
+    let exe = b.ident()?;
+    let nregions = b.count("regions", 2)?;
+    let mut regions = Vec::with_capacity(nregions);
+    for _ in 0..nregions {
+        regions.push(b.region_key()?);
+    }
+    let nclasses = b.count("classes", 3)?;
+    let mut classes = Vec::with_capacity(nclasses);
+    for _ in 0..nclasses {
+        let port = b.v()?;
+        let port = u16::try_from(port).map_err(|_| b.malformed(format!("port {port}")))?;
+        if classes.iter().any(|c: &RequestClass| c.port == port) {
+            return Err(b.malformed(format!("port {port} appears twice")));
+        }
+        let samples = b.v32("samples")?;
+        let ws = b.ws(regions.len())?;
+        classes.push(RequestClass { port, samples, ws });
+    }
+    if b.r.remaining() != 0 {
+        return Err(b.malformed(format!("{} unread body bytes", b.r.remaining())));
+    }
+    Ok(Profile {
+        binary: BinaryIdent { exe },
+        backend,
+        filter: FilterParams { k, n, gap },
+        created_unix_s,
+        regions,
+        classes,
+    })
+}
+
+/// The body of the `.phws` file `buf` once its header (magic, version, flags, length) and its
+/// checksum are checked.
+fn checked_body(buf: &[u8]) -> Result<&[u8], FormatError> {
     if !buf.starts_with(&MAGIC) {
         return Err(FormatError::BadMagic);
     }
@@ -262,69 +333,9 @@ pub fn decode_profile(buf: &[u8]) -> Result<Profile, FormatError> {
     if stored != computed {
         return Err(FormatError::Checksum { stored, computed });
     }
-    let body = covered
+    covered
         .get(HEADER..)
-        .ok_or(FormatError::Truncated { offset: buf.len() })?;
-    let mut b = Body {
-        r: Reader::new(body),
-    };
-    let code = b.r.u8().map_err(rd)?;
-    let backend = Backend::from_code(code).ok_or_else(|| b.malformed(format!("backend {code}")))?;
-    let k = b.v32("k")?;
-    let n = b.v32("n")?;
-    let gap = b.v32("gap")?;
-    if k == 0 || k > n {
-        return Err(b.malformed(format!("filter k={k} n={n}")));
-    }
-    let created_unix_s = b.v()?;
-    let exe = b.ident()?;
-    let nregions = b.count("regions", 2)?;
-    let mut regions = Vec::with_capacity(nregions);
-    for _ in 0..nregions {
-        let tag = b.r.u8().map_err(rd)?;
-        let key = match tag {
-            0 => RegionKey::File(b.ident()?),
-            1 => {
-                let kc = b.r.u8().map_err(rd)?;
-                let kind = match kc {
-                    0 => AnonKind::Heap,
-                    1 => AnonKind::Stack,
-                    2 => AnonKind::Bss,
-                    3 => AnonKind::Named,
-                    4 => AnonKind::Anon,
-                    _ => return Err(b.malformed(format!("anonymous kind {kc}"))),
-                };
-                let label = b.string("label")?;
-                let order = b.v32("order")?;
-                RegionKey::Anon { kind, label, order }
-            }
-            _ => return Err(b.malformed(format!("region tag {tag}"))),
-        };
-        regions.push(key);
-    }
-    let nclasses = b.count("classes", 3)?;
-    let mut classes = Vec::with_capacity(nclasses);
-    for _ in 0..nclasses {
-        let port = b.v()?;
-        let port = u16::try_from(port).map_err(|_| b.malformed(format!("port {port}")))?;
-        if classes.iter().any(|c: &RequestClass| c.port == port) {
-            return Err(b.malformed(format!("port {port} appears twice")));
-        }
-        let samples = b.v32("samples")?;
-        let ws = b.ws(regions.len())?;
-        classes.push(RequestClass { port, samples, ws });
-    }
-    if b.r.remaining() != 0 {
-        return Err(b.malformed(format!("{} unread body bytes", b.r.remaining())));
-    }
-    Ok(Profile {
-        binary: BinaryIdent { exe },
-        backend,
-        filter: FilterParams { k, n, gap },
-        created_unix_s,
-        regions,
-        classes,
-    })
+        .ok_or(FormatError::Truncated { offset: buf.len() })
 }
 
 #[cfg(test)]

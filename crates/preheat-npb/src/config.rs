@@ -7,7 +7,8 @@
 
 use std::time::Duration;
 
-use crate::kernels::{Kernel, Limit, DEFAULT_ITERATIONS, DEFAULT_WORK};
+use crate::kernels::{DEFAULT_ITERATIONS, DEFAULT_WORK};
+use crate::spec::{Kernel, Limit};
 
 /// Most threads a run may have (an `is` instance of 256 ranks has 32,640 mailbox pages).
 pub const MAX_THREADS: usize = 256;

@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::barrier::Barrier;
-use crate::kernels::Limit;
 use crate::layout::{pages_of, slot_offset, PAGE_BYTES, SLOT_WORDS};
 use crate::pattern::Link;
+use crate::spec::Limit;
 
 /// The distinct shared pages one rank wrote and read, as page addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

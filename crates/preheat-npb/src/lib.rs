@@ -17,6 +17,7 @@
 //! | [`pattern`] | each kernel's communication graph; `truth`, `pattern` and `pair_pages` |
 //! | [`private`] | a rank's private pages (data and its copy of its links) |
 //! | [`exchange`] | a rank's access to shared memory (mailboxes, barrier, stop rule), with optional page recording |
+//! | [`spec`] | which kernel, when a run stops |
 //! | [`kernels`] | `mg`, `cg`, `is`, `ep` |
 //! | [`config`] | the options of a run, their checks, thread names |
 //! | [`run`](mod@run) | threads, the `READY` announcement, the start delay, join |
@@ -40,8 +41,9 @@ pub mod pattern;
 pub mod private;
 pub mod report;
 pub mod run;
+pub mod spec;
 
 pub use config::Config;
-pub use kernels::{Kernel, Limit};
 pub use report::Summary;
 pub use run::{run, Ready, RunOutcome};
+pub use spec::{Kernel, Limit};

@@ -16,7 +16,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::kernels::Kernel;
+use crate::spec::Kernel;
 
 /// One rank's end of an edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,9 +7,9 @@
 
 use serde::Serialize;
 
-use crate::kernels::{Kernel, Limit};
 use crate::pattern::{pair_page_matrix, pattern_matrix, truth};
 use crate::run::RunOutcome;
+use crate::spec::{Kernel, Limit};
 
 /// One thread's line of the summary.
 #[derive(Debug, Clone, Serialize)]

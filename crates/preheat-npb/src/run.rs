@@ -271,31 +271,7 @@ pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome>
             names.push((name, spec));
         }
         drop((reg_tx, done_tx));
-        let mut registered: Vec<Option<Registration>> = (0..config.threads).map(|_| None).collect();
-        for _ in 0..config.threads {
-            let r = reg_rx
-                .recv()
-                .map_err(|_| anyhow!("a worker thread failed during set-up"))?;
-            let i = r.index;
-            registered[i] = Some(r);
-        }
-        let mut pin_errors = Vec::with_capacity(config.threads);
-        let infos: Vec<ThreadInfo> = registered
-            .into_iter()
-            .zip(names)
-            .enumerate()
-            .map(|(index, (r, (name, spec)))| {
-                let r = r.expect("every index registered once");
-                pin_errors.push(r.pin_error);
-                ThreadInfo {
-                    index,
-                    tid: r.tid,
-                    name,
-                    instance: spec.instance,
-                    rank: spec.rank,
-                }
-            })
-            .collect();
+        let (infos, pin_errors) = await_registrations(&reg_rx, names)?;
         on_ready(&Ready {
             pid,
             threads: infos.clone(),
@@ -324,24 +300,7 @@ pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome>
         Ok((infos, finished, wall))
     })?;
 
-    let region_infos = regions
-        .iter()
-        .enumerate()
-        .map(|(instance, r)| RegionInfo {
-            instance,
-            range: r.addr_range(),
-            barrier_page: r.page_addr(BARRIER_PAGE),
-            mailboxes: pattern
-                .edges()
-                .iter()
-                .enumerate()
-                .map(|(e, &(a, b))| Mailbox {
-                    page: r.page_addr(pair_page(e)),
-                    threads: (instance * ranks + a, instance * ranks + b),
-                })
-                .collect(),
-        })
-        .collect();
+    let region_infos = region_infos(&regions, &pattern, ranks);
     let threads = infos
         .into_iter()
         .zip(finished)
@@ -362,4 +321,60 @@ pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome>
         wall,
         pid,
     })
+}
+
+/// Every rank's registration (it is set up and pinned), in index order: the threads' identities
+/// and their pin errors. `names`: each rank's thread name and spec, by index.
+fn await_registrations(
+    reg_rx: &Receiver<Registration>,
+    names: Vec<(String, RankSpec)>,
+) -> Result<(Vec<ThreadInfo>, Vec<Option<String>>)> {
+    let mut registered: Vec<Option<Registration>> = (0..names.len()).map(|_| None).collect();
+    for _ in 0..names.len() {
+        let r = reg_rx
+            .recv()
+            .map_err(|_| anyhow!("a worker thread failed during set-up"))?;
+        let i = r.index;
+        registered[i] = Some(r);
+    }
+    let mut pin_errors = Vec::with_capacity(names.len());
+    let infos: Vec<ThreadInfo> = registered
+        .into_iter()
+        .zip(names)
+        .enumerate()
+        .map(|(index, (r, (name, spec)))| {
+            let r = r.expect("every index registered once");
+            pin_errors.push(r.pin_error);
+            ThreadInfo {
+                index,
+                tid: r.tid,
+                name,
+                instance: spec.instance,
+                rank: spec.rank,
+            }
+        })
+        .collect();
+    Ok((infos, pin_errors))
+}
+
+/// Where each instance's shared region, barrier page and mailboxes lay.
+fn region_infos(regions: &[Region], pattern: &Pattern, ranks: usize) -> Vec<RegionInfo> {
+    regions
+        .iter()
+        .enumerate()
+        .map(|(instance, r)| RegionInfo {
+            instance,
+            range: r.addr_range(),
+            barrier_page: r.page_addr(BARRIER_PAGE),
+            mailboxes: pattern
+                .edges()
+                .iter()
+                .enumerate()
+                .map(|(e, &(a, b))| Mailbox {
+                    page: r.page_addr(pair_page(e)),
+                    threads: (instance * ranks + a, instance * ranks + b),
+                })
+                .collect(),
+        })
+        .collect()
 }

@@ -443,76 +443,13 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     // Calibrate before any hog runs.
     let online = preheat_engine::os::online_cpus().max(1);
     let critical_cpu = (cfg.pin && online >= 2).then_some(0usize);
-    let (iters, calibrated) = std::thread::scope(|s| {
-        s.spawn(|| {
-            if let Some(c) = critical_cpu {
-                let _ = preheat_engine::os::pin_current_thread(c);
-            }
-            calibrate(cfg.work)
-        })
-        .join()
-        .expect("calibration does not panic")
-    });
+    let (iters, calibrated) =
+        on_cpu(critical_cpu, || calibrate(cfg.work)).expect("calibration does not panic");
 
     // Order matters for drop: hogs first (dropped last), then the group (dropped first, thaws).
     let mut hogs = Hogs::default();
-    let (mut group, status) = match Freezer::detect(cfg.freezer) {
-        Err(e) => (
-            None,
-            QuiescenceStatus {
-                available: false,
-                backend: None,
-                group: None,
-                reason: Some(e.to_string()),
-            },
-        ),
-        Ok(f) => {
-            let stale = quiesce::cleanup_stale();
-            for e in stale.errors {
-                eprintln!("preheat-power: stale cgroup cleanup: {e}");
-            }
-            let backend = f.backend();
-            match BackgroundGroup::create(f) {
-                Ok(g) => {
-                    let dir = g.dir().to_path_buf();
-                    (
-                        Some(g),
-                        QuiescenceStatus {
-                            available: true,
-                            backend: Some(backend),
-                            group: Some(dir),
-                            reason: None,
-                        },
-                    )
-                }
-                Err(e) => (
-                    None,
-                    QuiescenceStatus {
-                        available: false,
-                        backend: Some(backend),
-                        group: None,
-                        reason: Some(e.to_string()),
-                    },
-                ),
-            }
-        }
-    };
-
-    let other_cpus: Vec<usize> = (0..online).filter(|&c| Some(c) != critical_cpu).collect();
-    let mut hog_cpus = Vec::new();
-    for i in 0..cfg.hogs {
-        let cpu = if critical_cpu.is_some() && !other_cpus.is_empty() {
-            Some(other_cpus[i % other_cpus.len()])
-        } else {
-            None
-        };
-        let pid = hogs.spawn(cpu)?;
-        hog_cpus.push(cpu);
-        if let Some(g) = group.as_mut() {
-            g.add(pid)
-                .with_context(|| format!("registering hog {pid} in the background group"))?;
-        }
-    }
+    let (mut group, status) = background_group(cfg.freezer);
+    let hog_cpus = spawn_hogs(cfg.hogs, online, critical_cpu, &mut hogs, group.as_mut())?;
 
     let modes: Vec<Mode> = if group.is_some() {
         vec![
@@ -527,35 +464,21 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
     let mut accs: Vec<Acc> = modes.iter().map(|_| Acc::default()).collect();
 
     // The critical loop, on its own (pinned) thread.
-    let result: anyhow::Result<()> = std::thread::scope(|s| {
-        s.spawn(|| -> anyhow::Result<()> {
-            if let Some(c) = critical_cpu {
-                let _ = preheat_engine::os::pin_current_thread(c);
-            }
-            for round in 0..cfg.rounds as usize {
-                for k in 0..modes.len() {
-                    let mi = (round + k) % modes.len();
-                    let mode = modes[mi];
-                    if cfg.stop.load(Ordering::Relaxed) {
-                        bail!("interrupted by signal");
-                    }
-                    run_block(
-                        cfg,
-                        mode,
-                        block,
-                        iters,
-                        &mut io,
-                        group.as_mut(),
-                        &hogs,
-                        &mut accs[mi],
-                    )?;
+    let result: anyhow::Result<()> = on_cpu(critical_cpu, || -> anyhow::Result<()> {
+        for round in 0..cfg.rounds as usize {
+            for k in 0..modes.len() {
+                let mi = (round + k) % modes.len();
+                let mode = modes[mi];
+                if cfg.stop.load(Ordering::Relaxed) {
+                    bail!("interrupted by signal");
                 }
+                let g = group.as_mut();
+                run_block(cfg, mode, block, iters, &mut io, g, &hogs, &mut accs[mi])?;
             }
-            Ok(())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(anyhow::anyhow!("the critical loop panicked")))
-    });
+        }
+        Ok(())
+    })
+    .unwrap_or_else(|_| Err(anyhow::anyhow!("the critical loop panicked")));
     // Clean up now (and also on the error path, before returning it).
     if let Some(g) = group.take() {
         g.close().context("removing the background cgroup")?;
@@ -568,45 +491,10 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
         reports.push(mode_report(cfg, *mode, acc, ncpu)?);
     }
     add_background_energy(&mut reports);
-    let (io_kind, io_emulated_wait, io_file, io_bytes) = match &cfg.io {
-        Io::Emulated { wait } => (
-            "emulated".to_string(),
-            Some(Quantity::new(
-                wait.as_secs_f64() * 1e6,
-                "us",
-                Label::Emulated,
-            )),
-            None,
-            None,
-        ),
-        Io::File { path, bytes } => ("file".to_string(), None, Some(path.clone()), Some(*bytes)),
-    };
-    let mut notes = vec![
-        "residency is machine-wide: other tenants' load is included (see other_cpu_share)".into(),
-        "energy is modeled from residency and the power profile, not measured (no RAPL here)"
-            .into(),
-    ];
-    if first.kind != CounterKind::Cpuidle {
-        notes.push(format!(
-            "{}: residency shares come from /proc/stat; modeled energy and idle-state entries \
-             are unavailable",
-            crate::residency::NO_CPUIDLE_REASON
-        ));
-    }
-    notes.extend([
-        "in quiesce-during-io the background only runs while the critical request computes, so \
-         it gets less CPU (background_cpu): compare energy together with the background work done"
-            .into(),
-    ]);
-    if matches!(cfg.io, Io::File { .. }) {
-        notes
-            .push("file reads are plain pread (no O_DIRECT): the page cache may serve them".into());
-    }
-    if !status.available {
-        notes.push("quiescence unavailable: only mode (a) was run".into());
-    }
+    let (io_kind, io_emulated_wait, io_file, io_bytes) = io_config(&cfg.io);
     Ok(BenchReport {
         experiment: "slack-enabled quiescence (Zhu et al. §3)".into(),
+        notes: report_notes(cfg, first.kind, status.available),
         quiescence: status,
         config: ConfigReport {
             io_kind,
@@ -627,8 +515,127 @@ pub fn run_bench(cfg: &BenchConfig) -> anyhow::Result<BenchReport> {
         cpus: ncpu,
         idle_states,
         modes: reports,
-        notes,
     })
+}
+
+/// Run `f` on a thread of its own, pinned to `cpu` if given; `Err` if it panicked.
+fn on_cpu<T: Send>(cpu: Option<usize>, f: impl FnOnce() -> T + Send) -> std::thread::Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(c) = cpu {
+                let _ = preheat_engine::os::pin_current_thread(c);
+            }
+            f()
+        })
+        .join()
+    })
+}
+
+/// The cgroup the hogs go into (after removing stale ones), or why quiescence is unavailable.
+fn background_group(freezer: Preference) -> (Option<BackgroundGroup>, QuiescenceStatus) {
+    let unavailable = |backend, reason: String| QuiescenceStatus {
+        available: false,
+        backend,
+        group: None,
+        reason: Some(reason),
+    };
+    let f = match Freezer::detect(freezer) {
+        Err(e) => return (None, unavailable(None, e.to_string())),
+        Ok(f) => f,
+    };
+    let stale = quiesce::cleanup_stale();
+    for e in stale.errors {
+        eprintln!("preheat-power: stale cgroup cleanup: {e}");
+    }
+    let backend = f.backend();
+    match BackgroundGroup::create(f) {
+        Ok(g) => {
+            let dir = g.dir().to_path_buf();
+            (
+                Some(g),
+                QuiescenceStatus {
+                    available: true,
+                    backend: Some(backend),
+                    group: Some(dir),
+                    reason: None,
+                },
+            )
+        }
+        Err(e) => (None, unavailable(Some(backend), e.to_string())),
+    }
+}
+
+/// Spawn `n` hogs into `group` (if any), spread over the CPUs other than `critical_cpu` when the
+/// critical loop is pinned; returns the CPU of each.
+fn spawn_hogs(
+    n: usize,
+    online: usize,
+    critical_cpu: Option<usize>,
+    hogs: &mut Hogs,
+    mut group: Option<&mut BackgroundGroup>,
+) -> anyhow::Result<Vec<Option<usize>>> {
+    let other_cpus: Vec<usize> = (0..online).filter(|&c| Some(c) != critical_cpu).collect();
+    let mut hog_cpus = Vec::new();
+    for i in 0..n {
+        let cpu = if critical_cpu.is_some() && !other_cpus.is_empty() {
+            Some(other_cpus[i % other_cpus.len()])
+        } else {
+            None
+        };
+        let pid = hogs.spawn(cpu)?;
+        hog_cpus.push(cpu);
+        if let Some(g) = group.as_mut() {
+            g.add(pid)
+                .with_context(|| format!("registering hog {pid} in the background group"))?;
+        }
+    }
+    Ok(hog_cpus)
+}
+
+/// The report's description of the I/O: (kind, emulated wait, file, bytes per read).
+fn io_config(io: &Io) -> (String, Option<Quantity>, Option<PathBuf>, Option<usize>) {
+    match io {
+        Io::Emulated { wait } => (
+            "emulated".to_string(),
+            Some(Quantity::new(
+                wait.as_secs_f64() * 1e6,
+                "us",
+                Label::Emulated,
+            )),
+            None,
+            None,
+        ),
+        Io::File { path, bytes } => ("file".to_string(), None, Some(path.clone()), Some(*bytes)),
+    }
+}
+
+/// What a reader of the report must know about how it was measured.
+fn report_notes(cfg: &BenchConfig, counters: CounterKind, quiescence: bool) -> Vec<String> {
+    let mut notes = vec![
+        "residency is machine-wide: other tenants' load is included (see other_cpu_share)".into(),
+        "energy is modeled from residency and the power profile, not measured (no RAPL here)"
+            .into(),
+    ];
+    if counters != CounterKind::Cpuidle {
+        notes.push(format!(
+            "{}: residency shares come from /proc/stat; modeled energy and idle-state entries \
+             are unavailable",
+            crate::residency::NO_CPUIDLE_REASON
+        ));
+    }
+    notes.extend([
+        "in quiesce-during-io the background only runs while the critical request computes, so \
+         it gets less CPU (background_cpu): compare energy together with the background work done"
+            .into(),
+    ]);
+    if matches!(cfg.io, Io::File { .. }) {
+        notes
+            .push("file reads are plain pread (no O_DIRECT): the page cache may serve them".into());
+    }
+    if !quiescence {
+        notes.push("quiescence unavailable: only mode (a) was run".into());
+    }
+    notes
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -428,76 +428,16 @@ impl ResidencyDiff {
 
     /// The one serialised shape: shares, rates and means, every number labeled measured.
     pub fn report(&self) -> Residency {
-        let wall_us = self.wall_us as f64;
-        let wall_s = wall_us / 1e6;
-        let share = |us: u64| {
-            Quantity::measured(
-                if wall_us > 0.0 {
-                    us as f64 / wall_us
-                } else {
-                    0.0
-                },
-                "share",
-            )
+        let w = Window {
+            wall_us: self.wall_us as f64,
         };
-        let rate =
-            |n: u64| Quantity::measured(if wall_s > 0.0 { n as f64 / wall_s } else { 0.0 }, "1/s");
-        let count = |n: u64| Quantity::measured(n as f64, "count");
         let entries = self.kind.counts_entries();
         let mut notes = self.notes.clone();
-        let mut per_cpu = Vec::with_capacity(self.cpus.len());
-        for c in &self.cpus {
-            let (mut deep_us, mut poll_us, mut wakeups) = (0u64, 0u64, 0u64);
-            let mut states = Vec::with_capacity(c.states.len());
-            for s in &c.states {
-                let poll = is_poll(&s.name);
-                if poll {
-                    poll_us += s.time_us;
-                } else {
-                    deep_us += s.time_us;
-                    wakeups += s.transitions;
-                }
-                states.push(StateResidency {
-                    index: s.index,
-                    name: s.name.clone(),
-                    poll,
-                    time: Quantity::measured(s.time_us as f64 / 1e6, "s"),
-                    share: share(s.time_us),
-                    transitions: entries.then(|| count(s.transitions)),
-                    transitions_per_s: entries.then(|| rate(s.transitions)),
-                    above: s.above.map(count),
-                    below: s.below.map(count),
-                });
-            }
-            if c.states.is_empty() {
-                notes.push(format!(
-                    "cpu{}: no cpuidle states (no cpuidle driver): counted busy for the whole window",
-                    c.cpu
-                ));
-            }
-            let clamped = deep_us > self.wall_us;
-            if clamped {
-                notes.push(format!(
-                    "cpu{}: deep idle {:.3} > 1 (a sleep that began before the window ended in it)",
-                    c.cpu,
-                    share(deep_us).value
-                ));
-            }
-            let busy_us = self.wall_us.saturating_sub(deep_us);
-            per_cpu.push(CpuResidency {
-                cpu: c.cpu,
-                deep_idle_share: share(deep_us),
-                poll_share: share(poll_us),
-                busy_share: share(busy_us),
-                busy: Quantity::measured(busy_us as f64 / 1e6, "s"),
-                clamped,
-                wakeups: entries.then(|| count(wakeups)),
-                wakeups_per_s: entries.then(|| rate(wakeups)),
-                mean_sleep: (entries && wakeups > 0)
-                    .then(|| Quantity::measured(deep_us as f64 / wakeups as f64, "us")),
-                states,
-            });
-        }
+        let per_cpu: Vec<CpuResidency> = self
+            .cpus
+            .iter()
+            .map(|c| self.cpu_report(c, w, &mut notes))
+            .collect();
         let n = per_cpu.len();
         let mean = |f: fn(&CpuResidency) -> f64| {
             let v = if n == 0 {
@@ -523,19 +463,106 @@ impl ResidencyDiff {
             label: Label::Measured,
             source: self.source.clone(),
             definitions: DEFINITIONS,
-            interval: Quantity::measured(wall_s, "s"),
+            interval: Quantity::measured(w.wall_us / 1e6, "s"),
             windows: self.windows,
             cpus_measured: n,
             deep_idle_share: mean(|c| c.deep_idle_share.value),
             poll_share: mean(|c| c.poll_share.value),
             busy_share: mean(|c| c.busy_share.value),
             wakeups: entries.then(|| count(wakeups)),
-            wakeups_per_s: entries.then(|| rate(wakeups)),
+            wakeups_per_s: entries.then(|| w.rate(wakeups)),
             unavailable: (!entries).then(|| NO_CPUIDLE_REASON.to_string()),
             per_cpu,
             notes,
         }
     }
+
+    /// CPU `c`'s part of [`ResidencyDiff::report`] over window `w`; what the reader must know
+    /// about it goes to `notes`.
+    fn cpu_report(&self, c: &CpuDiff, w: Window, notes: &mut Vec<String>) -> CpuResidency {
+        let entries = self.kind.counts_entries();
+        let (mut deep_us, mut poll_us, mut wakeups) = (0u64, 0u64, 0u64);
+        let mut states = Vec::with_capacity(c.states.len());
+        for s in &c.states {
+            let poll = is_poll(&s.name);
+            if poll {
+                poll_us += s.time_us;
+            } else {
+                deep_us += s.time_us;
+                wakeups += s.transitions;
+            }
+            states.push(StateResidency {
+                index: s.index,
+                name: s.name.clone(),
+                poll,
+                time: Quantity::measured(s.time_us as f64 / 1e6, "s"),
+                share: w.share(s.time_us),
+                transitions: entries.then(|| count(s.transitions)),
+                transitions_per_s: entries.then(|| w.rate(s.transitions)),
+                above: s.above.map(count),
+                below: s.below.map(count),
+            });
+        }
+        if c.states.is_empty() {
+            notes.push(format!(
+                "cpu{}: no cpuidle states (no cpuidle driver): counted busy for the whole window",
+                c.cpu
+            ));
+        }
+        let clamped = deep_us > self.wall_us;
+        if clamped {
+            notes.push(format!(
+                "cpu{}: deep idle {:.3} > 1 (a sleep that began before the window ended in it)",
+                c.cpu,
+                w.share(deep_us).value
+            ));
+        }
+        let busy_us = self.wall_us.saturating_sub(deep_us);
+        CpuResidency {
+            cpu: c.cpu,
+            deep_idle_share: w.share(deep_us),
+            poll_share: w.share(poll_us),
+            busy_share: w.share(busy_us),
+            busy: Quantity::measured(busy_us as f64 / 1e6, "s"),
+            clamped,
+            wakeups: entries.then(|| count(wakeups)),
+            wakeups_per_s: entries.then(|| w.rate(wakeups)),
+            mean_sleep: (entries && wakeups > 0)
+                .then(|| Quantity::measured(deep_us as f64 / wakeups as f64, "us")),
+            states,
+        }
+    }
+}
+
+/// A window's wall time, for shares of it and rates over it.
+#[derive(Clone, Copy)]
+struct Window {
+    wall_us: f64,
+}
+
+impl Window {
+    /// `us` as a share of the window (0 for an empty window).
+    fn share(self, us: u64) -> Quantity {
+        Quantity::measured(
+            if self.wall_us > 0.0 {
+                us as f64 / self.wall_us
+            } else {
+                0.0
+            },
+            "share",
+        )
+    }
+
+    /// `n` events over the window, per second (0 for an empty window).
+    fn rate(self, n: u64) -> Quantity {
+        let wall_s = self.wall_us / 1e6;
+        Quantity::measured(if wall_s > 0.0 { n as f64 / wall_s } else { 0.0 }, "1/s")
+    }
+}
+
+/// A number of events.
+fn count(n: u64) -> Quantity {
+    Quantity::measured(n as f64, "count")
 }
 
 /// One idle state of one CPU over the window.

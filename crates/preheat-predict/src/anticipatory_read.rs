@@ -452,7 +452,7 @@ pub struct AnticipatoryReader {
     capacity: u64,
     describe: String,
     /// For [`Policy::Window`]: the planner connection and the requester's CPU.
-    window: Option<(preheat_wake::client::WakeClient, u32)>,
+    window: WindowClient,
     /// Window requests the planner refused or that failed.
     pub window_errors: u64,
 }
@@ -550,20 +550,8 @@ impl AnticipatoryReader {
             (Policy::Anticipatory, Some(d)) => (WaitPolicy::BlockUntil(submit + d), false),
             (Policy::Anticipatory, None) => (WaitPolicy::Spin, true),
             (Policy::Window, planned) => {
-                match (planned, self.window.as_mut()) {
-                    (Some(d), Some((client, cpu))) => {
-                        let req = preheat_wake::WakeRequest {
-                            requester: "preheat-io".into(),
-                            cpus: vec![*cpu],
-                            start_ns: submit + d,
-                            duration_ns: WINDOW_NS,
-                        };
-                        if client.request_nowait(&req).is_err() {
-                            self.window_errors += 1;
-                        }
-                    }
-                    (Some(_), None) => self.window_errors += 1,
-                    (None, _) => {}
+                if let Some(d) = planned {
+                    request_window(&mut self.window, &mut self.window_errors, submit + d);
                 }
                 (WaitPolicy::Block, planned.is_none())
             }
@@ -588,12 +576,7 @@ impl AnticipatoryReader {
             Feedback::Device => device as f64,
         };
         // Replies of the planner, read now that the request is served (off the timed path).
-        if let Some((client, _)) = self.window.as_mut() {
-            match client.collect_replies() {
-                Ok(refused) => self.window_errors += refused as u64,
-                Err(_) => self.window_errors += 1,
-            }
-        }
+        collect_window_replies(&mut self.window, &mut self.window_errors);
         // `window` always blocks until the completion: learn from the device's completion time.
         let obs = if self.cfg.policy == Policy::Window {
             Observation::Exact {
@@ -625,6 +608,38 @@ impl AnticipatoryReader {
             resumed_ns: o.resumed_ns.saturating_sub(submit),
             bootstrap,
         })
+    }
+}
+
+/// The planner connection of a [`Policy::Window`] reader and the requester's CPU.
+type WindowClient = Option<(preheat_wake::client::WakeClient, u32)>;
+
+/// [`Policy::Window`]: ask the planner (without waiting for its reply) to keep the requester's
+/// CPU awake from `start_ns`; a failure, or no planner, is counted in `errors`.
+fn request_window(window: &mut WindowClient, errors: &mut u64, start_ns: u64) {
+    let Some((client, cpu)) = window.as_mut() else {
+        *errors += 1;
+        return;
+    };
+    let req = preheat_wake::WakeRequest {
+        requester: "preheat-io".into(),
+        cpus: vec![*cpu],
+        start_ns,
+        duration_ns: WINDOW_NS,
+    };
+    if client.request_nowait(&req).is_err() {
+        *errors += 1;
+    }
+}
+
+/// Count in `errors` the window requests the planner refused (or whose replies could not be
+/// read).
+fn collect_window_replies(window: &mut WindowClient, errors: &mut u64) {
+    if let Some((client, _)) = window.as_mut() {
+        match client.collect_replies() {
+            Ok(refused) => *errors += refused as u64,
+            Err(_) => *errors += 1,
+        }
     }
 }
 

@@ -250,15 +250,7 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
     }
     let slack = set_own_timer_slack(1).ok();
     let clock = ThreadCpuClock::open().ok();
-    let overhead = clock.as_ref().and_then(|c| {
-        let mut total = 0u64;
-        for _ in 0..200 {
-            let a = c.now().ok()?;
-            let b = c.now().ok()?;
-            total += b.saturating_sub(a);
-        }
-        Some(total as f64 / 200.0 / 1e3)
-    });
+    let overhead = clock.as_ref().and_then(clock_overhead_us);
     let probe = open_device(cfg, path, cfg.seed)?;
     let (label, device, device_bytes) = (probe.label(), probe.describe(), probe.capacity());
     drop(probe);
@@ -281,27 +273,8 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
     };
     let my_cpu = preheat_engine::os::current_cpu();
     for (gi, &gap) in cfg.gaps_us.iter().enumerate() {
-        let mut readers = Vec::new();
-        for (pi, &policy) in cfg.policies.iter().enumerate() {
-            let dev = open_device(cfg, path, cfg.seed ^ ((gi as u64) << 32) ^ pi as u64)?;
-            readers.push(AnticipatoryReader::new(
-                dev,
-                ReaderConfig {
-                    policy,
-                    feedback: cfg.feedback,
-                    predictor: cfg.predictor,
-                    helper_cpu: cfg.helper_cpu,
-                    min_spin_ns: cfg.min_spin_ns,
-                },
-            )?);
-            if let (Policy::Window, Some((_, dir))) = (policy, planner.as_ref()) {
-                let client = preheat_wake::client::WakeClient::connect(dir)
-                    .map_err(|e| anyhow::anyhow!("connecting to the wake planner: {e}"))?;
-                if let Some(r) = readers.last_mut() {
-                    r.set_window_client(client, my_cpu);
-                }
-            }
-        }
+        let planner_dir = planner.as_ref().map(|(_, dir)| dir.as_path());
+        let mut readers = gap_readers(cfg, path, gi, planner_dir, my_cpu)?;
         let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_mul(0x9E37_79B9) ^ gap);
         let mut recs: Vec<Vec<ReadRecord>> = vec![Vec::with_capacity(cfg.requests); readers.len()];
         let mut cpu_ns: Vec<Option<u64>> = vec![clock.as_ref().map(|_| 0); readers.len()];
@@ -349,6 +322,50 @@ fn requester(cfg: &BenchConfig, path: Option<&Path>) -> Result<BenchReport> {
         loadavg_after: loadavg(),
         cells,
     })
+}
+
+/// The mean cost of reading the thread's CPU clock, µs (over 200 pairs of reads).
+fn clock_overhead_us(c: &ThreadCpuClock) -> Option<f64> {
+    let mut total = 0u64;
+    for _ in 0..200 {
+        let a = c.now().ok()?;
+        let b = c.now().ok()?;
+        total += b.saturating_sub(a);
+    }
+    Some(total as f64 / 200.0 / 1e3)
+}
+
+/// One reader per policy for gap number `gi`, each on a device of its own; a `window` reader
+/// asks the planner in `planner_dir` to keep `my_cpu` awake.
+fn gap_readers(
+    cfg: &BenchConfig,
+    path: Option<&Path>,
+    gi: usize,
+    planner_dir: Option<&Path>,
+    my_cpu: u32,
+) -> Result<Vec<AnticipatoryReader>> {
+    let mut readers = Vec::new();
+    for (pi, &policy) in cfg.policies.iter().enumerate() {
+        let dev = open_device(cfg, path, cfg.seed ^ ((gi as u64) << 32) ^ pi as u64)?;
+        readers.push(AnticipatoryReader::new(
+            dev,
+            ReaderConfig {
+                policy,
+                feedback: cfg.feedback,
+                predictor: cfg.predictor,
+                helper_cpu: cfg.helper_cpu,
+                min_spin_ns: cfg.min_spin_ns,
+            },
+        )?);
+        if let (Policy::Window, Some(dir)) = (policy, planner_dir) {
+            let client = preheat_wake::client::WakeClient::connect(dir)
+                .map_err(|e| anyhow::anyhow!("connecting to the wake planner: {e}"))?;
+            if let Some(r) = readers.last_mut() {
+                r.set_window_client(client, my_cpu);
+            }
+        }
+    }
+    Ok(readers)
 }
 
 fn us(v: impl Iterator<Item = u64>) -> Summary {

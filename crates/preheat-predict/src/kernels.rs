@@ -385,6 +385,75 @@ struct ModeState {
     cpu_ns: Option<u64>,
 }
 
+impl ModeState {
+    /// A fresh state for `mode`: its own accelerator and k-means, one history per predictor
+    /// kind (`driver` drives the waits); a CPU-time count when the thread's clock is open.
+    fn new(
+        cfg: &KernelsConfig,
+        mode: WaitMode,
+        points: &Arc<Vec<f32>>,
+        kinds: &[HistoryKind],
+        driver: usize,
+        clock: bool,
+    ) -> Result<ModeState> {
+        Ok(ModeState {
+            mode,
+            accel: Accelerator::new(cfg.worker_cpu)?,
+            km: KMeans::new(points.clone(), cfg.dims, cfg.k, cfg.seed ^ 0x5EED),
+            histories: kinds
+                .iter()
+                .map(|&k| RuntimeHistory::new(k, cfg.tolerance))
+                .collect(),
+            driver,
+            margin: WakeMargin::new(cfg.margin),
+            min_spin_ns: cfg.min_spin_ns,
+            done: 0,
+            total_ns: 0,
+            wait_ns: Vec::new(),
+            kernel_ns: Vec::new(),
+            dispatch_ns: Vec::new(),
+            awake_ns: Vec::new(),
+            censored: 0,
+            cpu_ns: clock.then_some(0),
+        })
+    }
+
+    /// This mode's result; speedup against the interrupt mode's total `t_int`, awake time
+    /// against the busy mode's `a_busy` (ns).
+    fn result(&self, t_int: Option<f64>, a_busy: Option<f64>) -> ModeResult {
+        let us = |v: &[u64]| summarize(&v.iter().map(|&x| x as f64 / 1e3).collect::<Vec<_>>());
+        let s = self;
+        let awake_total = s.awake_ns.iter().sum::<u64>() as f64;
+        ModeResult {
+            label: Label::Measured,
+            mode: s.mode,
+            iterations: s.done,
+            total_ms: s.total_ns as f64 / 1e6,
+            speedup_vs_interrupt: t_int
+                .filter(|_| s.total_ns > 0)
+                .map(|t| t / s.total_ns as f64),
+            wait_us: us(&s.wait_ns),
+            kernel_us: us(&s.kernel_ns),
+            dispatch_us: us(&s.dispatch_ns),
+            awake_us: us(&s.awake_ns),
+            awake_total_ms: awake_total / 1e6,
+            awake_vs_busy: a_busy.filter(|&b| b > 0.0).map(|b| awake_total / b),
+            cpu_ms_schedstat: s.cpu_ns.map(|c| c as f64 / 1e6),
+            censored_share: s.censored as f64 / s.done.max(1) as f64,
+            margin_us: (s.mode == WaitMode::Anticipatory).then(|| s.margin.margin_ns() / 1e3),
+            restarts: s.km.restarts,
+            accuracy: s
+                .histories
+                .iter()
+                .map(|h| NamedAccuracy {
+                    predictor: h.kind().name(),
+                    accuracy: h.accuracy(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Run the accelerator experiment (blocking; the control loop runs on a dedicated thread).
 pub fn run_kernels(cfg: &KernelsConfig) -> Result<KernelsReport> {
     if cfg.iterations == 0 || cfg.modes.is_empty() {
@@ -422,26 +491,14 @@ fn control(cfg: &KernelsConfig) -> Result<KernelsReport> {
     };
     let mut states = Vec::new();
     for &mode in &cfg.modes {
-        states.push(ModeState {
+        states.push(ModeState::new(
+            cfg,
             mode,
-            accel: Accelerator::new(cfg.worker_cpu)?,
-            km: KMeans::new(points.clone(), cfg.dims, cfg.k, cfg.seed ^ 0x5EED),
-            histories: kinds
-                .iter()
-                .map(|&k| RuntimeHistory::new(k, cfg.tolerance))
-                .collect(),
+            &points,
+            &kinds,
             driver,
-            margin: WakeMargin::new(cfg.margin),
-            min_spin_ns: cfg.min_spin_ns,
-            done: 0,
-            total_ns: 0,
-            wait_ns: Vec::new(),
-            kernel_ns: Vec::new(),
-            dispatch_ns: Vec::new(),
-            awake_ns: Vec::new(),
-            censored: 0,
-            cpu_ns: clock.as_ref().map(|_| 0),
-        });
+            clock.is_some(),
+        )?);
     }
     let mut order: Vec<usize> = (0..states.len()).collect();
     let block = cfg.block.max(1);
@@ -474,41 +531,13 @@ fn control(cfg: &KernelsConfig) -> Result<KernelsReport> {
             .map(|s| s.awake_ns.iter().sum::<u64>() as f64)
     };
     let (t_int, a_busy) = (total_of(WaitMode::Interrupt), awake_of(WaitMode::Busy));
-    let us = |v: &[u64]| summarize(&v.iter().map(|&x| x as f64 / 1e3).collect::<Vec<_>>());
     let mut modes = Vec::new();
     let mut anticipatory_accuracy = None;
     for s in &states {
-        let awake_total = s.awake_ns.iter().sum::<u64>() as f64;
         if s.mode == WaitMode::Anticipatory {
             anticipatory_accuracy = Some(s.histories[s.driver].accuracy());
         }
-        modes.push(ModeResult {
-            label: Label::Measured,
-            mode: s.mode,
-            iterations: s.done,
-            total_ms: s.total_ns as f64 / 1e6,
-            speedup_vs_interrupt: t_int
-                .filter(|_| s.total_ns > 0)
-                .map(|t| t / s.total_ns as f64),
-            wait_us: us(&s.wait_ns),
-            kernel_us: us(&s.kernel_ns),
-            dispatch_us: us(&s.dispatch_ns),
-            awake_us: us(&s.awake_ns),
-            awake_total_ms: awake_total / 1e6,
-            awake_vs_busy: a_busy.filter(|&b| b > 0.0).map(|b| awake_total / b),
-            cpu_ms_schedstat: s.cpu_ns.map(|c| c as f64 / 1e6),
-            censored_share: s.censored as f64 / s.done.max(1) as f64,
-            margin_us: (s.mode == WaitMode::Anticipatory).then(|| s.margin.margin_ns() / 1e3),
-            restarts: s.km.restarts,
-            accuracy: s
-                .histories
-                .iter()
-                .map(|h| NamedAccuracy {
-                    predictor: h.kind().name(),
-                    accuracy: h.accuracy(),
-                })
-                .collect(),
-        });
+        modes.push(s.result(t_int, a_busy));
     }
     Ok(KernelsReport {
         label: Label::Measured,

@@ -742,14 +742,8 @@ fn client_reader(sh: &Arc<Shared>, conn: &Arc<Conn>, mut client: TcpStream) {
     let mut opaque = false;
     loop {
         // Backpressure: stop reading while this connection has too much buffered.
-        {
-            let mut st = lock(&conn.state);
-            while !st.closed && st.buffered_bytes > cfg.max_buffered_per_conn {
-                st = conn.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            if st.closed {
-                return;
-            }
+        if !wait_for_room(conn, cfg.max_buffered_per_conn) {
+            return;
         }
         let n = match client.read(&mut chunk) {
             Ok(0) => {
@@ -834,6 +828,15 @@ fn client_reader(sh: &Arc<Shared>, conn: &Arc<Conn>, mut client: TcpStream) {
         buf.drain(..off);
         partial_since = (!buf.is_empty()).then_some(start);
     }
+}
+
+/// Wait until `conn` has at most `max` bytes buffered; false if it was closed meanwhile.
+fn wait_for_room(conn: &Conn, max: usize) -> bool {
+    let mut st = lock(&conn.state);
+    while !st.closed && st.buffered_bytes > max {
+        st = conn.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+    }
+    !st.closed
 }
 
 /// No more requests from this client; `terminal` is answered after all earlier responses.

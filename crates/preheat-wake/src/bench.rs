@@ -12,6 +12,7 @@
 //! order; each mechanism is a block of its own (one planner owns PM QoS at a time), repeated.
 
 use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
+use crate::client::WakeClient;
 use crate::daemon::{Config, Daemon};
 use crate::keep_awake::MechChoice;
 
@@ -219,130 +221,35 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
     let mut skipped = Vec::new();
     let mut round = 0u32;
     let mut rng = StdRng::seed_from_u64(0x2545_f491_4f6c_dd1d);
-    let waiters: Vec<usize> = a
-        .waiters
-        .iter()
-        .map(|w| {
-            WAITERS
-                .iter()
-                .position(|x| format!("{x:?}").eq_ignore_ascii_case(w))
-                .with_context(|| format!("unknown waiter {w} (futex, socket, epoll, sleep)"))
-        })
-        .collect::<Result<_>>()?;
+    let waiters = parse_waiters(&a.waiters)?;
     if waiters.is_empty() || a.gaps_us.is_empty() || a.rounds == 0 {
         bail!("the bench needs at least one waiter, one gap and one round");
     }
     for mech in &a.mechs {
-        let choice = match mech.as_str() {
-            "none" => None,
-            "pmqos" => Some(MechChoice::PmQos),
-            "dma" => Some(MechChoice::Dma),
-            "spin" => Some(MechChoice::Spin),
-            other => bail!("unknown mechanism {other} (none, pmqos, dma, spin)"),
-        };
+        let choice = mech_choice(mech)?;
         let tmp = BenchDir::new(mech)?;
         let daemon = match choice {
             None => None,
-            Some(c) => {
-                let mut cfg = Config::new(tmp.path().join("run"));
-                cfg.mech = c;
-                match Daemon::start(cfg) {
-                    Ok(d) => {
-                        let mechs = d.startup_report().join("; ");
-                        let want = mech.as_str();
-                        if !mechs.contains(&format!("cpu{} {want}", a.sleeper_cpu)) {
-                            skipped.push(format!("{mech}: the planner chose otherwise ({mechs})"));
-                            d.shutdown();
-                            continue;
-                        }
-                        Some(d)
-                    }
-                    Err(e) => {
-                        skipped.push(format!("{mech}: {e}"));
-                        continue;
-                    }
+            Some(c) => match start_planner(c, mech, tmp.path().join("run"), a.sleeper_cpu) {
+                Ok(d) => Some(d),
+                Err(why) => {
+                    skipped.push(format!("{mech}: {why}"));
+                    continue;
                 }
-            }
+            },
         };
         let mut client = match &daemon {
             Some(_) => Some(
-                crate::client::WakeClient::connect(&tmp.path().join("run"))
+                WakeClient::connect(&tmp.path().join("run"))
                     .map_err(|e| anyhow::anyhow!("connecting to the bench planner: {e}"))?,
             ),
             None => None,
         };
         let mut samples: std::collections::BTreeMap<(u64, usize), Vec<f64>> = Default::default();
-        let mut plan: Vec<(u64, usize)> = Vec::new();
-        for _ in 0..a.rounds {
-            for &g in &a.gaps_us {
-                for &w in &waiters {
-                    plan.push((g, w));
-                }
-            }
-        }
-        // Interleave gaps and waiters (a fixed seed: the same order every run).
-        plan.shuffle(&mut rng);
-        for (gap_us, w) in plan {
+        for (gap_us, w) in round_plan(a, &waiters, &mut rng) {
             round = round.wrapping_add(1).max(1);
-            sh.word.store(0, Ordering::Release);
-            sh.kind.store(w as u32, Ordering::Relaxed);
-            let start = now_ns();
-            let due = start + gap_us * 1000;
-            sh.due_ns.store(due, Ordering::Relaxed);
-            sh.go.store(round, Ordering::Release);
-            os::futex_wake(&sh.go, 1);
-            if let Some(c) = client.as_mut() {
-                if a.held {
-                    // From now (as the planner receives it) until well after the wake instant.
-                    let _ =
-                        c.request_in("bench", &[a.sleeper_cpu as u32], 0, gap_us * 1000 + 300_000);
-                } else {
-                    // A window from a little before the wake instant until well after it.
-                    let lead = 30_000u64.min(gap_us * 1000 / 2);
-                    let _ = c.request_in(
-                        "bench",
-                        &[a.sleeper_cpu as u32],
-                        due - lead - now_ns().min(due - lead),
-                        lead + 300_000,
-                    );
-                }
-            }
-            // Wait (spin at the end) until the wake instant.
-            loop {
-                let now = now_ns();
-                if now >= due {
-                    break;
-                }
-                if due - now > 300_000 {
-                    std::thread::sleep(Duration::from_nanos(due - now - 250_000));
-                } else {
-                    std::hint::spin_loop();
-                }
-            }
-            let t0 = now_ns();
-            match WAITERS[w] {
-                Waiter::Futex => {
-                    sh.word.store(1, Ordering::Release);
-                    os::futex_wake(&sh.word, 1);
-                }
-                Waiter::Socket | Waiter::Epoll => {
-                    let _ = tx.send(&[1]);
-                }
-                Waiter::Sleep => {}
-            }
-            let t_wait = now_ns();
-            while sh.done.load(Ordering::Acquire) != round {
-                if now_ns() - t_wait > 1_000_000_000 {
-                    bail!("the sleeper did not wake within 1 s");
-                }
-                std::hint::spin_loop();
-            }
-            let woke = sh.woke_ns.load(Ordering::Acquire);
-            let base = if WAITERS[w] == Waiter::Sleep { due } else { t0 };
-            samples
-                .entry((gap_us, w))
-                .or_default()
-                .push(woke.saturating_sub(base) as f64 / 1e3);
+            let us = measure_wake(&sh, &tx, client.as_mut(), a, round, gap_us, WAITERS[w])?;
+            samples.entry((gap_us, w)).or_default().push(us);
             // Let the window end before the next round starts.
             std::thread::sleep(Duration::from_micros(400));
         }
@@ -377,4 +284,134 @@ pub fn bench(a: &BenchArgs) -> Result<BenchReport> {
         cells,
         skipped,
     })
+}
+
+/// The waiters named on the command line, as indices into [`WAITERS`].
+fn parse_waiters(names: &[String]) -> Result<Vec<usize>> {
+    names
+        .iter()
+        .map(|w| {
+            WAITERS
+                .iter()
+                .position(|x| format!("{x:?}").eq_ignore_ascii_case(w))
+                .with_context(|| format!("unknown waiter {w} (futex, socket, epoll, sleep)"))
+        })
+        .collect()
+}
+
+/// The mechanism named on the command line (`None`: no planner).
+fn mech_choice(mech: &str) -> Result<Option<MechChoice>> {
+    Ok(match mech {
+        "none" => None,
+        "pmqos" => Some(MechChoice::PmQos),
+        "dma" => Some(MechChoice::Dma),
+        "spin" => Some(MechChoice::Spin),
+        other => bail!("unknown mechanism {other} (none, pmqos, dma, spin)"),
+    })
+}
+
+/// The bench's own planner in `run`, using mechanism `mech` for the sleeper's CPU; `Err`: why
+/// this mechanism is skipped (it did not start, or chose another mechanism).
+fn start_planner(
+    c: MechChoice,
+    mech: &str,
+    run: PathBuf,
+    sleeper_cpu: usize,
+) -> Result<Daemon, String> {
+    let mut cfg = Config::new(run);
+    cfg.mech = c;
+    let d = Daemon::start(cfg).map_err(|e| e.to_string())?;
+    let mechs = d.startup_report().join("; ");
+    if !mechs.contains(&format!("cpu{sleeper_cpu} {mech}")) {
+        d.shutdown();
+        return Err(format!("the planner chose otherwise ({mechs})"));
+    }
+    Ok(d)
+}
+
+/// Every (gap, waiter) `a.rounds` times, interleaved (a fixed seed: the same order every run).
+fn round_plan(a: &BenchArgs, waiters: &[usize], rng: &mut StdRng) -> Vec<(u64, usize)> {
+    let mut plan: Vec<(u64, usize)> = Vec::new();
+    for _ in 0..a.rounds {
+        for &g in &a.gaps_us {
+            for &w in waiters {
+                plan.push((g, w));
+            }
+        }
+    }
+    plan.shuffle(rng);
+    plan
+}
+
+/// One measurement (round `round`): the sleeper blocks as `waiter`, the planner (if any) is
+/// asked for its window, the sleeper is woken `gap_us` later. Returns its wake latency, µs.
+fn measure_wake(
+    sh: &Shared,
+    tx: &UnixDatagram,
+    client: Option<&mut WakeClient>,
+    a: &BenchArgs,
+    round: u32,
+    gap_us: u64,
+    waiter: Waiter,
+) -> Result<f64> {
+    sh.word.store(0, Ordering::Release);
+    sh.kind.store(waiter as u32, Ordering::Relaxed);
+    let start = now_ns();
+    let due = start + gap_us * 1000;
+    sh.due_ns.store(due, Ordering::Relaxed);
+    sh.go.store(round, Ordering::Release);
+    os::futex_wake(&sh.go, 1);
+    if let Some(c) = client {
+        ask_window(c, a, gap_us, due);
+    }
+    // Wait (spin at the end) until the wake instant.
+    loop {
+        let now = now_ns();
+        if now >= due {
+            break;
+        }
+        if due - now > 300_000 {
+            std::thread::sleep(Duration::from_nanos(due - now - 250_000));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    let t0 = now_ns();
+    match waiter {
+        Waiter::Futex => {
+            sh.word.store(1, Ordering::Release);
+            os::futex_wake(&sh.word, 1);
+        }
+        Waiter::Socket | Waiter::Epoll => {
+            let _ = tx.send(&[1]);
+        }
+        Waiter::Sleep => {}
+    }
+    let t_wait = now_ns();
+    while sh.done.load(Ordering::Acquire) != round {
+        if now_ns() - t_wait > 1_000_000_000 {
+            bail!("the sleeper did not wake within 1 s");
+        }
+        std::hint::spin_loop();
+    }
+    let woke = sh.woke_ns.load(Ordering::Acquire);
+    let base = if waiter == Waiter::Sleep { due } else { t0 };
+    Ok(woke.saturating_sub(base) as f64 / 1e3)
+}
+
+/// Ask the planner for the sleeper's CPU's window of a wakeup at `due`, `gap_us` from now.
+fn ask_window(c: &mut WakeClient, a: &BenchArgs, gap_us: u64, due: u64) {
+    if a.held {
+        // From now (as the planner receives it) until well after the wake instant.
+        let _ = c.request_in("bench", &[a.sleeper_cpu as u32], 0, gap_us * 1000 + 300_000);
+    } else {
+        // A window from a little before the wake instant until well after it.
+        let lead = 30_000u64.min(gap_us * 1000 / 2);
+        let _ = c.request_in(
+            "bench",
+            &[a.sleeper_cpu as u32],
+            due - lead - now_ns().min(due - lead),
+            lead + 300_000,
+        );
+    }
 }

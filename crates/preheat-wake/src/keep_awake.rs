@@ -414,35 +414,11 @@ impl Machine {
         let want_dma = matches!(choice, MechChoice::Auto | MechChoice::Dma);
 
         // PM QoS: the machine-wide lock, then each CPU's file.
-        let mut lock = None;
-        let mut qos: BTreeMap<u32, QosFile> = BTreeMap::new();
-        let truncate = !paths.cpu_root.starts_with("/sys");
-        if privileged && want_pmqos {
-            match take_lock(&paths.lock) {
-                Ok(f) => lock = Some(f),
-                Err(why) => notes.push(format!("pmqos unavailable: {why}")),
-            }
-            if lock.is_some() {
-                for &c in cpus {
-                    let p = paths.pm_qos(c);
-                    let ok = match read_value(&p) {
-                        Err(e) => Err(format!("{}: {e}", p.display())),
-                        Ok(v) if !valid_pm_qos_value(&v) => {
-                            Err(format!("{}: unexpected value {v:?}", p.display()))
-                        }
-                        Ok(_) => {
-                            QosFile::open(&p, truncate).map_err(|e| format!("{}: {e}", p.display()))
-                        }
-                    };
-                    match ok {
-                        Ok(f) => {
-                            qos.insert(c, f);
-                        }
-                        Err(why) => notes.push(format!("pmqos unavailable on cpu{c}: {why}")),
-                    }
-                }
-            }
-        }
+        let (mut lock, qos) = if privileged && want_pmqos {
+            open_pm_qos(&paths, cpus, &mut notes)
+        } else {
+            (None, BTreeMap::new())
+        };
         let dma_ok = privileged
             && want_dma
             && match OpenOptions::new().write(true).open(&paths.dma_latency) {
@@ -706,6 +682,41 @@ impl Drop for Machine {
     fn drop(&mut self) {
         self.disarm_all();
     }
+}
+
+/// The machine-wide PM QoS lock and, under it, each CPU's PM QoS file that holds a valid value;
+/// why one is unavailable goes to `notes`.
+fn open_pm_qos(
+    paths: &SysPaths,
+    cpus: &[u32],
+    notes: &mut Vec<String>,
+) -> (Option<PidLock>, BTreeMap<u32, QosFile>) {
+    let mut qos: BTreeMap<u32, QosFile> = BTreeMap::new();
+    let lock = match take_lock(&paths.lock) {
+        Ok(f) => f,
+        Err(why) => {
+            notes.push(format!("pmqos unavailable: {why}"));
+            return (None, qos);
+        }
+    };
+    let truncate = !paths.cpu_root.starts_with("/sys");
+    for &c in cpus {
+        let p = paths.pm_qos(c);
+        let ok = match read_value(&p) {
+            Err(e) => Err(format!("{}: {e}", p.display())),
+            Ok(v) if !valid_pm_qos_value(&v) => {
+                Err(format!("{}: unexpected value {v:?}", p.display()))
+            }
+            Ok(_) => QosFile::open(&p, truncate).map_err(|e| format!("{}: {e}", p.display())),
+        };
+        match ok {
+            Ok(f) => {
+                qos.insert(c, f);
+            }
+            Err(why) => notes.push(format!("pmqos unavailable on cpu{c}: {why}")),
+        }
+    }
+    (Some(lock), qos)
 }
 
 /// Take the machine-wide PM QoS lock (non-blocking); the owner's pid is written into it.

@@ -381,6 +381,34 @@ pub fn format_status(st: &proto::Status) -> String {
             );
         }
     }
+    write_recent(&mut o, st);
+    let _ = writeln!(
+        o,
+        "awake time charged per requester (planned windows, overlaps split equally):"
+    );
+    if st.awake.is_empty() {
+        let _ = writeln!(o, "  none yet");
+    }
+    for (r, a) in &st.awake {
+        let per: Vec<String> = a
+            .per_cpu
+            .iter()
+            .map(|(c, ns)| format!("cpu{c} {:.3} ms", *ns as f64 / 1e6))
+            .collect();
+        let _ = writeln!(
+            o,
+            "  {r}: {:.3} ms ({})",
+            a.total_ns as f64 / 1e6,
+            per.join(", ")
+        );
+    }
+    o
+}
+
+/// The recent windows of `st`, newest first (at most ten), for [`format_status`].
+fn write_recent(o: &mut String, st: &proto::Status) {
+    use std::fmt::Write;
+    let us = |ns: u64| ns as f64 / 1e3;
     if !st.recent.is_empty() {
         let _ = writeln!(
             o,
@@ -415,27 +443,6 @@ pub fn format_status(st: &proto::Status) -> String {
             );
         }
     }
-    let _ = writeln!(
-        o,
-        "awake time charged per requester (planned windows, overlaps split equally):"
-    );
-    if st.awake.is_empty() {
-        let _ = writeln!(o, "  none yet");
-    }
-    for (r, a) in &st.awake {
-        let per: Vec<String> = a
-            .per_cpu
-            .iter()
-            .map(|(c, ns)| format!("cpu{c} {:.3} ms", *ns as f64 / 1e6))
-            .collect();
-        let _ = writeln!(
-            o,
-            "  {r}: {:.3} ms ({})",
-            a.total_ns as f64 / 1e6,
-            per.join(", ")
-        );
-    }
-    o
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use preheat_model::proto::{Announcement, Strategies};
 
 use crate::log::log_limited;
-use crate::metrics::Stats;
 use crate::registry::RouteTable;
+use crate::stats::Stats;
 use crate::RescanSignal;
 
 /// What became of one announcement.

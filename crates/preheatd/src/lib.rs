@@ -10,8 +10,9 @@
 //! it serves) and a trigger socket `agent-<pid>.trig`.
 //!
 //! Modules: [`registry`] (which agent serves which port, rescanned periodically),
-//! [`dispatch`] (lead check, trigger datagrams), [`metrics`] (counters, lead histogram,
-//! Prometheus text format, the `/metrics` HTTP endpoint), [`log`] (rate-limited stderr lines).
+//! [`dispatch`] (lead check, trigger datagrams), [`stats`] (counters, lead histogram),
+//! [`metrics`] (their Prometheus text format, the `/metrics` HTTP endpoint), [`log`]
+//! (rate-limited stderr lines).
 //!
 //! The daemon never changes machine state: it only reads the run directory, talks to agents'
 //! sockets and binds its own two network sockets.
@@ -21,6 +22,7 @@ pub mod dispatch;
 pub mod log;
 pub mod metrics;
 pub mod registry;
+pub mod stats;
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;

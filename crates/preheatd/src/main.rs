@@ -17,8 +17,9 @@ use preheat_net::wire::{self, Counters, Key};
 
 use preheatd::dispatch::Dispatcher;
 use preheatd::log::{log, log_limited};
-use preheatd::metrics::{self, GateCounters, MetricsContext, Stats};
+use preheatd::metrics::{self, MetricsContext};
 use preheatd::registry::{self, Registry, RouteTable, StaticRoute};
+use preheatd::stats::{GateCounters, Stats};
 use preheatd::RescanSignal;
 
 /// Default `--listen` (port `preheat_net::wire::DEFAULT_PREHEATD_PORT`).
@@ -174,13 +175,7 @@ fn log_gate_drops(prev: &GateCounters, now: &GateCounters, secs: u64) {
 }
 
 fn run(args: Args) -> Result<()> {
-    let shutdown = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        // A second signal while shutting down exits at once.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone())
-            .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
-    }
+    let shutdown = shutdown_on_signals()?;
     let gate_ok = args.rate > 0.0 && args.rate.is_finite() && args.burst >= 1.0;
     if !(gate_ok && args.burst.is_finite()) {
         bail!("--rate must be > 0 and --burst ≥ 1");
@@ -206,13 +201,7 @@ fn run(args: Args) -> Result<()> {
     let rescan = Arc::new(RescanSignal::new());
 
     // One scan before the first announcement, so the agents already there are known.
-    let mut reg = Registry::new(run_dir.clone(), args.routes.clone());
-    let ch = reg.scan();
-    registry::log_changes(&ch);
-    let routes = reg.routes();
-    stats.set_registry(routes.pids().len() as u64, routes.ports() as u64);
-    stats.scans.fetch_add(1, Ordering::Relaxed);
-    table.set(routes);
+    let reg = first_scan(&run_dir, &args.routes, &stats, &table);
 
     let scanner = {
         let (table, stats, rescan, shutdown) = (
@@ -258,9 +247,67 @@ fn run(args: Args) -> Result<()> {
         args.min_lead_us
     ));
 
+    receive(&mut receiver, &mut dispatcher, &stats, &shutdown);
+    let mut result = Ok(());
+
+    shutdown.store(true, Ordering::Relaxed);
+    rescan.request();
+    if scanner.join().is_err() {
+        result = Err(anyhow::anyhow!("the registry thread panicked"));
+    }
+    if metrics_thread.join().is_err() {
+        result = Err(anyhow::anyhow!("the metrics thread panicked"));
+    }
+    if let Some(p) = &args.ready_file {
+        let _ = std::fs::remove_file(p);
+    }
+    let s = stats.snapshot();
+    log(&format!(
+        "stopping: {} received, {} accepted, {} dispatched, {} late, {} without agent, {} send errors",
+        s.gate.received, s.gate.accepted, s.dispatched, s.late, s.no_agent, s.send_errors
+    ));
+    result
+}
+
+/// A flag set by SIGTERM or SIGINT; a second signal while shutting down exits at once.
+fn shutdown_on_signals() -> Result<Arc<AtomicBool>> {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register_conditional_shutdown(sig, 1, shutdown.clone())
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, shutdown.clone()).context("installing signal handlers")?;
+    }
+    Ok(shutdown)
+}
+
+/// The registry of `run_dir` (plus the static `routes`) after its first scan, published in
+/// `table` and counted in `stats`.
+fn first_scan(
+    run_dir: &Path,
+    routes: &[StaticRoute],
+    stats: &Stats,
+    table: &RouteTable,
+) -> Registry {
+    let mut reg = Registry::new(run_dir.to_path_buf(), routes.to_vec());
+    let ch = reg.scan();
+    registry::log_changes(&ch);
+    let routes = reg.routes();
+    stats.set_registry(routes.pids().len() as u64, routes.ports() as u64);
+    stats.scans.fetch_add(1, Ordering::Relaxed);
+    table.set(routes);
+    reg
+}
+
+/// Receive announcements and dispatch them until `shutdown`; publish the receiver's counters
+/// and log its drops now and then.
+fn receive(
+    receiver: &mut Receiver,
+    dispatcher: &mut Dispatcher,
+    stats: &Stats,
+    shutdown: &AtomicBool,
+) {
     let mut last_gate = GateCounters::default();
     let mut last_gate_log = Instant::now();
-    let mut result = Ok(());
     while !shutdown.load(Ordering::Relaxed) {
         match receiver.recv(Some(RECV_TICK)) {
             Ok(Some((_header, ann))) => {
@@ -284,24 +331,6 @@ fn run(args: Args) -> Result<()> {
             last_gate_log = Instant::now();
         }
     }
-
-    shutdown.store(true, Ordering::Relaxed);
-    rescan.request();
-    if scanner.join().is_err() {
-        result = Err(anyhow::anyhow!("the registry thread panicked"));
-    }
-    if metrics_thread.join().is_err() {
-        result = Err(anyhow::anyhow!("the metrics thread panicked"));
-    }
-    if let Some(p) = &args.ready_file {
-        let _ = std::fs::remove_file(p);
-    }
-    let s = stats.snapshot();
-    log(&format!(
-        "stopping: {} received, {} accepted, {} dispatched, {} late, {} without agent, {} send errors",
-        s.gate.received, s.gate.accepted, s.dispatched, s.late, s.no_agent, s.send_errors
-    ));
-    result
 }
 
 fn main() -> ExitCode {

@@ -23,7 +23,7 @@ use preheat_model::proto::{
 };
 
 use crate::log::{log, log_limited};
-use crate::metrics::Stats;
+use crate::stats::Stats;
 use crate::RescanSignal;
 
 /// Longest `Status` reply read from an agent (a reply lists ports and counters: a few KiB).

@@ -108,26 +108,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
     if SAMPLER_ALIVE.load(Ordering::Acquire) {
         return Err("communication detection is already running (stop it first)".into());
     }
-    // Auto is mprotect: it needs no userfaultfd permission (vm.unprivileged_userfaultfd) and no
-    // real-time thread, and can see reads too (--access any). Measured here the two cost about
-    // the same (README); userfaultfd on request.
-    let (use_uffd, described) = match cfg.mechanism {
-        CommMechanism::Uffd => (
-            true,
-            "uffd (userfaultfd write-protect, requested)".to_string(),
-        ),
-        CommMechanism::Mprotect => (false, "mprotect (requested)".to_string()),
-        CommMechanism::Auto => (
-            false,
-            format!(
-                "mprotect (auto; userfaultfd write-protect: {})",
-                match uffd::available() {
-                    Ok(()) => "available, not chosen".to_string(),
-                    Err(e) => e,
-                }
-            ),
-        ),
-    };
+    let (use_uffd, described) = choose_mechanism(cfg.mechanism);
     if use_uffd {
         uffd::start()?;
     } else {
@@ -149,22 +130,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
         *g = described;
     }
     state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
-    let ex = sampler::Exclusions {
-        agent_so: crate::config::agent_so_path().map(str::to_string),
-        addresses: {
-            let mut a = crate::track::static_addresses().to_vec();
-            a.extend(state::static_addresses());
-            a
-        },
-        ranges: {
-            // The main thread's static TLS block lies just below its thread pointer, its
-            // thread control block (with the kernel's rseq area) just above; glibc adds a
-            // surplus of a few KiB for objects loaded later.
-            let tp = MAIN_TP.load(Ordering::Relaxed);
-            let below = crate::sys::static_tls_bytes() + 64 * 1024;
-            vec![(tp.saturating_sub(below), tp + 16 * 1024)]
-        },
-    };
+    let ex = exclusions();
     if let Ok(mut g) = CONTROL.try_lock() {
         *g = (Some(cfg), None);
     }
@@ -207,6 +173,51 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
         cfg.access.name()
     ));
     Ok(())
+}
+
+/// Whether to use userfaultfd (else mprotect), and the choice in words.
+fn choose_mechanism(mechanism: CommMechanism) -> (bool, String) {
+    // Auto is mprotect: it needs no userfaultfd permission (vm.unprivileged_userfaultfd) and no
+    // real-time thread, and can see reads too (--access any). Measured here the two cost about
+    // the same (README); userfaultfd on request.
+    match mechanism {
+        CommMechanism::Uffd => (
+            true,
+            "uffd (userfaultfd write-protect, requested)".to_string(),
+        ),
+        CommMechanism::Mprotect => (false, "mprotect (requested)".to_string()),
+        CommMechanism::Auto => (
+            false,
+            format!(
+                "mprotect (auto; userfaultfd write-protect: {})",
+                match uffd::available() {
+                    Ok(()) => "available, not chosen".to_string(),
+                    Err(e) => e,
+                }
+            ),
+        ),
+    }
+}
+
+/// What the sampler never protects: the agent's own library, the agent's and the detector's
+/// static addresses, the main thread's static TLS and thread control block.
+fn exclusions() -> sampler::Exclusions {
+    sampler::Exclusions {
+        agent_so: crate::config::agent_so_path().map(str::to_string),
+        addresses: {
+            let mut a = crate::track::static_addresses().to_vec();
+            a.extend(state::static_addresses());
+            a
+        },
+        ranges: {
+            // The main thread's static TLS block lies just below its thread pointer, its
+            // thread control block (with the kernel's rseq area) just above; glibc adds a
+            // surplus of a few KiB for objects loaded later.
+            let tp = MAIN_TP.load(Ordering::Relaxed);
+            let below = crate::sys::static_tls_bytes() + 64 * 1024;
+            vec![(tp.saturating_sub(below), tp + 16 * 1024)]
+        },
+    }
 }
 
 /// Stop detection; waits (bounded) for the sampler to restore every page.

@@ -95,7 +95,6 @@ pub(super) fn probe_cycle(
     phase: probe::Phase,
 ) -> Result<Reply, String> {
     const REPLY_MAX: usize = 1 << 20;
-    const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
     if let Some(req) = request {
@@ -107,15 +106,7 @@ pub(super) fn probe_cycle(
     let fresh = conn.is_some_and(|c| c.stream.is_none());
     let t_quiet = time::now_ns();
     quiesce_spin(&mut busy, t_quiet + 50_000_000);
-    let saved = os::get_affinity();
-    let server_cpu = track::target_cpu(port).0 as usize;
-    let pin = |on: bool| {
-        let _ = if on {
-            os::set_affinity(&[server_cpu])
-        } else {
-            os::set_affinity(&saved)
-        };
-    };
+    let pin = pinning(port);
     // Validate only now, after the (unmeasured) first request on a new connection and with the
     // server's threads quiet: the prepare pass below loads and flushes every line, so it must
     // see the mappings as they are now, not as they were before the server served a request
@@ -142,48 +133,15 @@ pub(super) fn probe_cycle(
         let t_flushed = time::now_ns();
         match (fd, request) {
             (None, Some(req)) if fresh => {
-                match fresh_exchange(port, req.as_bytes(), until.as_bytes(), &mut reply) {
-                    Ok(true) => {}
-                    Ok(false) if attempts + 1 < FRESH_ATTEMPTS => {
-                        attempts += 1;
-                        quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
-                        unchanged_since_validation(&valid, port)?;
-                        continue;
-                    }
-                    Ok(false) => {
-                        *conn_slot = None;
-                        return Err(format!(
-                            "{FRESH_ATTEMPTS} requests on fresh connections to port {port} were \
-                             all served by another process (a server that closes every \
-                             connection and has several worker processes: the probe cannot \
-                             choose the worker; record with keep-alive enabled, or one worker)"
-                        ));
-                    }
-                    Err(e) => {
-                        *conn_slot = None;
-                        return Err(e);
-                    }
+                if !fresh_request(conn_slot, port, req, until, &mut reply, attempts)? {
+                    attempts += 1;
+                    quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+                    unchanged_since_validation(&valid, port)?;
+                    continue;
                 }
             }
-            (Some(fd), Some(req)) => {
-                let r = exchange(
-                    fd,
-                    req.as_bytes(),
-                    until.as_bytes(),
-                    &mut reply,
-                    REPLY_TIMEOUT_NS,
-                );
-                if r.is_err() {
-                    *conn_slot = None;
-                }
-                r?
-            }
-            _ => {
-                let end = t_flushed + idle_ns.min(100_000_000);
-                while time::now_ns() < end {
-                    std::hint::spin_loop();
-                }
-            }
+            (Some(fd), Some(req)) => kept_request(conn_slot, fd, req, until, &mut reply)?,
+            _ => spin_until(t_flushed + idle_ns.min(100_000_000)),
         }
         break t_flushed;
     };
@@ -212,6 +170,81 @@ pub(super) fn probe_cycle(
         elapsed_ns,
         window_ns: t_reload.saturating_sub(t_flushed),
     })
+}
+
+/// Pins the calling thread to the CPU that served `port` last (`true`), or back to the
+/// affinity it has now (`false`).
+fn pinning(port: u16) -> impl Fn(bool) {
+    let saved = os::get_affinity();
+    let server_cpu = track::target_cpu(port).0 as usize;
+    move |on: bool| {
+        let _ = if on {
+            os::set_affinity(&[server_cpu])
+        } else {
+            os::set_affinity(&saved)
+        };
+    }
+}
+
+/// The measured request on a fresh connection (a server that closes every connection), the
+/// `attempts`-th retry: `Ok(true)` if this process served it, `Ok(false)` if another one did
+/// and the sample is to be taken again; after `FRESH_ATTEMPTS` (or on an error) the
+/// connection slot is dropped and the cycle fails.
+fn fresh_request(
+    conn_slot: &mut Option<ProbeConn>,
+    port: u16,
+    req: &str,
+    until: &str,
+    reply: &mut [u8],
+    attempts: u32,
+) -> Result<bool, String> {
+    match fresh_exchange(port, req.as_bytes(), until.as_bytes(), reply) {
+        Ok(true) => Ok(true),
+        Ok(false) if attempts + 1 < FRESH_ATTEMPTS => Ok(false),
+        Ok(false) => {
+            *conn_slot = None;
+            Err(format!(
+                "{FRESH_ATTEMPTS} requests on fresh connections to port {port} were \
+                 all served by another process (a server that closes every \
+                 connection and has several worker processes: the probe cannot \
+                 choose the worker; record with keep-alive enabled, or one worker)"
+            ))
+        }
+        Err(e) => {
+            *conn_slot = None;
+            Err(e)
+        }
+    }
+}
+
+/// The measured request on the kept connection `fd`; on an error the connection slot is
+/// dropped.
+fn kept_request(
+    conn_slot: &mut Option<ProbeConn>,
+    fd: RawFd,
+    req: &str,
+    until: &str,
+    reply: &mut [u8],
+) -> Result<(), String> {
+    const REPLY_TIMEOUT_NS: u64 = 2_000_000_000;
+    let r = exchange(
+        fd,
+        req.as_bytes(),
+        until.as_bytes(),
+        reply,
+        REPLY_TIMEOUT_NS,
+    );
+    if r.is_err() {
+        *conn_slot = None;
+    }
+    r
+}
+
+/// Spin until `end` (ns): a request-less window.
+fn spin_until(end: u64) {
+    while time::now_ns() < end {
+        std::hint::spin_loop();
+    }
 }
 
 /// Run one pass that touches the host's memory (`pass`: a probe call) with the calling thread's

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use preheat_engine::{probe, time};
-use preheat_model::proto::{Reply, Request};
+use preheat_model::proto::{Range, Reply, Request};
 
 use crate::counters::STATS;
 use crate::log::{self, log};
@@ -67,29 +67,7 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
         next_reconnect: None,
     };
     if let Some(p) = profile {
-        match c.load_profile(&p) {
-            Ok(Reply::Loaded {
-                classes,
-                skipped_regions,
-                ..
-            }) => log(&format!(
-                "PREHEAT_PROFILE {p}: loaded {} classes ({}); {} regions skipped{}",
-                classes.len(),
-                classes
-                    .iter()
-                    .map(|c| format!("port {}: {} lines", c.port, c.lines))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                skipped_regions.len(),
-                if skipped_regions.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", skipped_regions.join("; "))
-                }
-            )),
-            Ok(_) => {}
-            Err(e) => log(&format!("PREHEAT_PROFILE not loaded: {e}")),
-        }
+        c.load_startup_profile(&p);
     }
     if let Err(e) = listener.set_nonblocking(true) {
         log(&format!("control socket: {e}"));
@@ -140,24 +118,29 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
             }
         }
         if fds.first().is_some_and(|f| f.revents != 0) {
-            loop {
-                match listener.accept() {
-                    Ok((s, _)) => {
-                        let _ = s.set_nonblocking(false);
-                        let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
-                        fdreg::register_fd(s.as_raw_fd());
-                        clients.push(Client {
-                            stream: s,
-                            buf: Vec::new(),
-                        });
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        log(&format!("control socket accept: {e}"));
-                        break;
-                    }
-                }
+            accept_clients(&listener, &mut clients);
+        }
+    }
+}
+
+/// Accept every pending connection on the control socket as a client.
+fn accept_clients(listener: &UnixListener, clients: &mut Vec<Client>) {
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let _ = s.set_nonblocking(false);
+                let _ = s.set_write_timeout(Some(Duration::from_secs(5)));
+                fdreg::register_fd(s.as_raw_fd());
+                clients.push(Client {
+                    stream: s,
+                    buf: Vec::new(),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                log(&format!("control socket accept: {e}"));
+                break;
             }
         }
     }
@@ -234,6 +217,33 @@ impl Control {
         true
     }
 
+    /// Load the profile named by `PREHEAT_PROFILE` at start-up, and log what it holds.
+    fn load_startup_profile(&mut self, p: &str) {
+        match self.load_profile(p) {
+            Ok(Reply::Loaded {
+                classes,
+                skipped_regions,
+                ..
+            }) => log(&format!(
+                "PREHEAT_PROFILE {p}: loaded {} classes ({}); {} regions skipped{}",
+                classes.len(),
+                classes
+                    .iter()
+                    .map(|c| format!("port {}: {} lines", c.port, c.lines))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                skipped_regions.len(),
+                if skipped_regions.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", skipped_regions.join("; "))
+                }
+            )),
+            Ok(_) => {}
+            Err(e) => log(&format!("PREHEAT_PROFILE not loaded: {e}")),
+        }
+    }
+
     fn handle_line(&mut self, text: &str) -> Reply {
         let req: Request = match serde_json::from_str(text) {
             Ok(r) => r,
@@ -262,15 +272,7 @@ impl Control {
         match req {
             Request::Status => Ok(self.status()),
             Request::Candidates => candidates(),
-            Request::Calibrate => {
-                let c = probe::calibrate(CALIBRATE_SAMPLES);
-                Ok(Reply::Calibration {
-                    hit_ticks_p50: c.hit_ticks_p50,
-                    miss_ticks_p50: c.miss_ticks_p50,
-                    threshold: c.threshold,
-                    samples: c.samples,
-                })
-            }
+            Request::Calibrate => Ok(calibration()),
             Request::ProbeFlush { ranges } => {
                 let valid = validate_ranges(&ranges)?;
                 // SAFETY: `validate_ranges` just clipped `valid` to resident pages of readable,
@@ -286,29 +288,7 @@ impl Control {
                 threshold,
                 window_pages,
                 seed,
-            } => {
-                quiesce();
-                let valid = validate_ranges(&ranges)?;
-                let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
-                let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
-                let mut t0 = 0;
-                // SAFETY: `valid` was clipped just now (after `quiesce`: the host's tracked threads
-                // are in their wait calls) to resident pages of readable, probe-safe mappings; the
-                // agent never unmaps host memory (a page the comm detector protects is restored by
-                // its fault handler). A host thread may still unmap them during the reload (issue
-                // 13, bug 1), and `guarded` resumes the fault that makes.
-                let probed = guarded("reload", || unsafe {
-                    t0 = time::now_ns();
-                    probe::reload(&valid, threshold, window_pages, seed, &mut hits)
-                })?;
-                let elapsed_ns = time::now_ns().saturating_sub(t0);
-                Ok(Reply::Probed {
-                    hits,
-                    probed,
-                    elapsed_ns,
-                    window_ns: 0,
-                })
-            }
+            } => probe_reload(&ranges, threshold, window_pages, seed),
             Request::ProbeConnect {
                 port,
                 request,
@@ -353,15 +333,7 @@ impl Control {
                 split_cpus,
             } => self.configure(port, replay, replay_until, split_cpus),
             Request::SetEnabled { enabled } => {
-                let was = track::ENABLED.swap(enabled, Ordering::SeqCst);
-                if enabled && !was {
-                    track::forget_busy_periods();
-                    log::clear_disabled_reason();
-                }
-                log(&format!(
-                    "agent {} by request",
-                    if enabled { "enabled" } else { "disabled" }
-                ));
+                set_enabled(enabled);
                 Ok(Reply::Ok)
             }
             Request::CommStart { config } => {
@@ -400,6 +372,62 @@ impl Control {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// `Request::Calibrate`: the probe's hit/miss threshold, measured now.
+fn calibration() -> Reply {
+    let c = probe::calibrate(CALIBRATE_SAMPLES);
+    Reply::Calibration {
+        hit_ticks_p50: c.hit_ticks_p50,
+        miss_ticks_p50: c.miss_ticks_p50,
+        threshold: c.threshold,
+        samples: c.samples,
+    }
+}
+
+/// `Request::ProbeReload`: once the server's threads are back in their wait calls, reload
+/// every line of `ranges` still mapped and resident.
+fn probe_reload(
+    ranges: &[Range],
+    threshold: u32,
+    window_pages: u32,
+    seed: u64,
+) -> Result<Reply, String> {
+    quiesce();
+    let valid = validate_ranges(ranges)?;
+    let lines: u64 = valid.iter().map(|r| r.len.div_ceil(64)).sum();
+    let mut hits = Vec::with_capacity(lines.min(1 << 22) as usize);
+    let mut t0 = 0;
+    // SAFETY: `valid` was clipped just now (after `quiesce`: the host's tracked threads
+    // are in their wait calls) to resident pages of readable, probe-safe mappings; the
+    // agent never unmaps host memory (a page the comm detector protects is restored by
+    // its fault handler). A host thread may still unmap them during the reload (issue
+    // 13, bug 1), and `guarded` resumes the fault that makes.
+    let probed = guarded("reload", || unsafe {
+        t0 = time::now_ns();
+        probe::reload(&valid, threshold, window_pages, seed, &mut hits)
+    })?;
+    let elapsed_ns = time::now_ns().saturating_sub(t0);
+    Ok(Reply::Probed {
+        hits,
+        probed,
+        elapsed_ns,
+        window_ns: 0,
+    })
+}
+
+/// `Request::SetEnabled`: switch the agent on or off (on again: with fresh busy periods and no
+/// disabled reason).
+fn set_enabled(enabled: bool) {
+    let was = track::ENABLED.swap(enabled, Ordering::SeqCst);
+    if enabled && !was {
+        track::forget_busy_periods();
+        log::clear_disabled_reason();
+    }
+    log(&format!(
+        "agent {} by request",
+        if enabled { "enabled" } else { "disabled" }
+    ));
 }
 
 fn request_name(r: &Request) -> &'static str {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use preheat_affinity::{VectorKind, VectorSpec};
+use preheat_affinity::{Table2Plan, VectorKind, VectorSpec};
 use preheat_affinity_ctl::topology::{metric, plan, verify};
 
 #[derive(clap::Args)]
@@ -87,32 +87,7 @@ pub fn run(a: TopologyArgs) -> Result<()> {
     for v in &plan.vectors {
         println!("{}", vector_line(v));
     }
-    let t2 = &plan.table2;
-    println!(
-        "\nSection 2 (Table 2): {} cells; low retention made at {} {}{}",
-        t2.cells.len(),
-        t2.retention_level.as_deref().unwrap_or("no shared level"),
-        t2.concurrent_cpu
-            .map_or(String::new(), |c| format!("(concurrent vector on CPU {c})")),
-        if t2.paper_exact {
-            ", exactly the paper's cells"
-        } else {
-            ", with substitutes"
-        }
-    );
-    for n in &t2.notes {
-        println!("  note: {n}");
-    }
-    let mut subs: Vec<&str> = t2
-        .cells
-        .iter()
-        .filter_map(|c| c.substitute.as_deref())
-        .collect();
-    subs.sort();
-    subs.dedup();
-    for s in subs {
-        println!("  substitute: {s}");
-    }
+    print_table2(&plan.table2);
     let t3 = &plan.table3;
     if t3.feasible {
         println!(
@@ -152,4 +127,34 @@ pub fn run(a: TopologyArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Section 2 of the plan in words: Table 2's cells, where low retention comes from, its notes
+/// and substitutes.
+fn print_table2(t2: &Table2Plan) {
+    println!(
+        "\nSection 2 (Table 2): {} cells; low retention made at {} {}{}",
+        t2.cells.len(),
+        t2.retention_level.as_deref().unwrap_or("no shared level"),
+        t2.concurrent_cpu
+            .map_or(String::new(), |c| format!("(concurrent vector on CPU {c})")),
+        if t2.paper_exact {
+            ", exactly the paper's cells"
+        } else {
+            ", with substitutes"
+        }
+    );
+    for n in &t2.notes {
+        println!("  note: {n}");
+    }
+    let mut subs: Vec<&str> = t2
+        .cells
+        .iter()
+        .filter_map(|c| c.substitute.as_deref())
+        .collect();
+    subs.sort();
+    subs.dedup();
+    for s in subs {
+        println!("  substitute: {s}");
+    }
 }

@@ -228,30 +228,7 @@ fn render(c: &Comparison, scenario: Scenario) -> String {
     let s = &c.setup;
     let p = &c.params;
     let mut out = String::new();
-    let vms: Vec<String> = s
-        .vm_vcpus
-        .iter()
-        .enumerate()
-        .map(|(vm, &n)| {
-            let inst: Vec<usize> = s
-                .instances
-                .iter()
-                .filter(|i| i.vm == vm)
-                .map(|i| i.vcpus.len())
-                .collect();
-            let load = if vm == 0 {
-                format!("{scenario}: ")
-            } else {
-                String::new()
-            };
-            format!(
-                "VM{vm} {n} vCPUs ({load}{} instance{} × {} vCPUs)",
-                inst.len(),
-                if inst.len() == 1 { "" } else { "s" },
-                inst.first().copied().unwrap_or(0)
-            )
-        })
-        .collect();
+    let vms = describe_vms(s, scenario);
     let sync = s.instances.iter().all(|i| i.sync);
     out += &format!(
         "SIMULATED — a model, nothing measured: seed {}, {} s simulated per policy\n",
@@ -328,4 +305,31 @@ fn render(c: &Comparison, scenario: Scenario) -> String {
         out += &format!("note: {n}\n");
     }
     out
+}
+
+/// Each VM of `s` in words: its vCPUs and instances (VM0 runs the `scenario`).
+fn describe_vms(s: &Setup, scenario: Scenario) -> Vec<String> {
+    s.vm_vcpus
+        .iter()
+        .enumerate()
+        .map(|(vm, &n)| {
+            let inst: Vec<usize> = s
+                .instances
+                .iter()
+                .filter(|i| i.vm == vm)
+                .map(|i| i.vcpus.len())
+                .collect();
+            let load = if vm == 0 {
+                format!("{scenario}: ")
+            } else {
+                String::new()
+            };
+            format!(
+                "VM{vm} {n} vCPUs ({load}{} instance{} × {} vCPUs)",
+                inst.len(),
+                if inst.len() == 1 { "" } else { "s" },
+                inst.first().copied().unwrap_or(0)
+            )
+        })
+        .collect()
 }

@@ -120,10 +120,7 @@ fn mux_measure(
     tx: Option<mpsc::Sender<Record>>,
     start: u64,
 ) -> Result<ConnOut> {
-    let cfg = shared.cfg;
-    let stop_only = || shared.stopped();
     let deadline = shared.deadline(start);
-    let past_deadline = |t: u64| deadline.is_some_and(|e| t >= e);
     let mut slots: Vec<Slot<'_>> = conns
         .into_iter()
         .map(|conn| {
@@ -138,137 +135,183 @@ fn mux_measure(
         })
         .collect();
     let mut out = ConnOut::new(true);
-    let reply_timeout_ns = nanos(REPLY_TIMEOUT);
     // Spin mode: yield the CPU each turn after this long without a reply (see the drivers'
     // busy-poll: an unpinned client must not keep the server off its CPU).
     let mut last_progress = Instant::now();
     loop {
-        // Send on every connection whose time has come and that has nothing outstanding.
-        let stopping = shared.cancelled();
-        let mut next_send = u64::MAX;
-        let mut now = now_ns();
-        for s in &mut slots {
-            if s.pending.is_some() || s.done {
-                continue;
-            }
-            if stopping {
-                s.done = true;
-                continue;
-            }
-            let intended = match cfg.mode {
-                Mode::Open => s.next_open,
-                _ => now,
-            };
-            if past_deadline(intended) {
-                s.done = true;
-                continue;
-            }
-            if intended > now {
-                next_send = next_send.min(intended);
-                continue;
-            }
-            if !shared.claim() {
-                s.done = true;
-                continue;
-            }
-            if cfg.mode == Mode::Open {
-                s.next_open = s.next_open.saturating_add(s.arrivals.next_gap_ns());
-            }
-            // A connection the server ended is reopened before the request is timed.
-            if s.conn.ready(&stop_only)? {
-                waiter.watch(&s.conn)?;
-            }
-            let sent = now_ns();
-            match s.conn.driver.send_request() {
-                Ok(()) => s.pending = Some((intended, sent)),
-                Err(e) => {
-                    shared.unclaim();
-                    s.conn.failed(e, &stop_only)?;
-                    waiter.watch(&s.conn)?;
-                }
-            }
-            now = sent;
-        }
+        let next_send = send_due(shared, &mut slots, &waiter, deadline)?;
         if slots.iter().all(|s| s.done && s.pending.is_none()) {
             break;
         }
-        let outstanding = slots.iter().any(|s| s.pending.is_some());
-
         // Wait for replies (or the next send time) and collect what is complete.
-        match &waiter.epoll {
-            Some(ep) => {
-                let timeout = sleep_before(next_send, now_ns());
-                let n = ep
-                    .wait_ready(Some(timeout), &mut waiter.ready)
-                    .context("waiting for replies in epoll")?;
-                for k in 0..n {
-                    let fd = waiter.ready[k];
-                    let Some(i) = slots
-                        .iter()
-                        .position(|s| s.conn.driver.raw_fd() == Some(fd))
-                    else {
-                        // A socket that was replaced (it leaves the set when closed).
-                        let _ = ep.remove(fd);
-                        continue;
-                    };
-                    let s = &mut slots[i];
-                    if s.pending.is_none() {
-                        if s.done {
-                            let _ = ep.remove(fd);
-                        } else {
-                            // Data or the end of the stream with nothing outstanding: the
-                            // connection is out of step or closed; reopen it.
-                            let e = anyhow::anyhow!(
-                                "the server sent data or closed the connection while no request was outstanding"
-                            );
-                            s.conn.failed(e, &stop_only)?;
-                            waiter.watch(&s.conn)?;
-                        }
-                        continue;
-                    }
-                    poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
-                    if s.conn.driver.raw_fd() != Some(fd) {
-                        waiter.watch(&s.conn)?; // reopened
-                    }
-                }
-                // Replies overdue without readiness: let the driver report the timeout.
-                let now = now_ns();
-                for s in &mut slots {
-                    if s.pending
-                        .is_some_and(|(_, sent)| now.saturating_sub(sent) > reply_timeout_ns)
-                    {
-                        poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
-                        waiter.watch(&s.conn)?;
-                    }
-                }
-            }
-            None => {
-                let mut progress = false;
-                for s in &mut slots {
-                    if s.pending.is_some() {
-                        progress |= poll_slot(shared, s, &mut out, tx.as_ref(), &stop_only)?;
-                    }
-                }
-                if !outstanding {
-                    // Nothing to poll: sleep until shortly before the next send.
-                    if next_send == u64::MAX {
-                        std::thread::sleep(Duration::from_millis(1));
-                    } else {
-                        std::thread::sleep(sleep_before(next_send, now_ns()));
-                    }
-                } else if progress {
-                    last_progress = Instant::now();
-                } else if last_progress.elapsed() > SPIN_YIELD_AFTER {
-                    std::thread::yield_now();
+        if waiter.epoll.is_some() {
+            collect_ready(
+                shared,
+                &mut slots,
+                &mut waiter,
+                &mut out,
+                tx.as_ref(),
+                next_send,
+            )?;
+        } else {
+            let outstanding = slots.iter().any(|s| s.pending.is_some());
+            let progress = collect_spinning(shared, &mut slots, &mut out, tx.as_ref())?;
+            if !outstanding {
+                // Nothing to poll: sleep until shortly before the next send.
+                if next_send == u64::MAX {
+                    std::thread::sleep(Duration::from_millis(1));
                 } else {
-                    std::hint::spin_loop();
+                    std::thread::sleep(sleep_before(next_send, now_ns()));
                 }
+            } else if progress {
+                last_progress = Instant::now();
+            } else if last_progress.elapsed() > SPIN_YIELD_AFTER {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
             }
         }
     }
     out.errors = slots.iter().map(|s| s.conn.errors).sum();
     out.reconnects = slots.iter().map(|s| s.conn.reconnects).sum();
     Ok(out)
+}
+
+/// Send on every connection whose time has come and that has nothing outstanding; mark done
+/// those past the deadline, out of requests or stopping. Returns the next intended send time
+/// of the others (`u64::MAX`: none).
+fn send_due(
+    shared: &Shared<'_>,
+    slots: &mut [Slot<'_>],
+    waiter: &Waiter,
+    deadline: Option<u64>,
+) -> Result<u64> {
+    let stop_only = || shared.stopped();
+    let stopping = shared.cancelled();
+    let mut next_send = u64::MAX;
+    let mut now = now_ns();
+    for s in slots {
+        if s.pending.is_some() || s.done {
+            continue;
+        }
+        if stopping {
+            s.done = true;
+            continue;
+        }
+        let intended = match shared.cfg.mode {
+            Mode::Open => s.next_open,
+            _ => now,
+        };
+        if deadline.is_some_and(|e| intended >= e) {
+            s.done = true;
+            continue;
+        }
+        if intended > now {
+            next_send = next_send.min(intended);
+            continue;
+        }
+        if !shared.claim() {
+            s.done = true;
+            continue;
+        }
+        if shared.cfg.mode == Mode::Open {
+            s.next_open = s.next_open.saturating_add(s.arrivals.next_gap_ns());
+        }
+        // A connection the server ended is reopened before the request is timed.
+        if s.conn.ready(&stop_only)? {
+            waiter.watch(&s.conn)?;
+        }
+        let sent = now_ns();
+        match s.conn.driver.send_request() {
+            Ok(()) => s.pending = Some((intended, sent)),
+            Err(e) => {
+                shared.unclaim();
+                s.conn.failed(e, &stop_only)?;
+                waiter.watch(&s.conn)?;
+            }
+        }
+        now = sent;
+    }
+    Ok(next_send)
+}
+
+/// Epoll mode: wait until a socket is readable or the next send time, collect the replies
+/// that are complete, and let the driver time out replies overdue without readiness.
+fn collect_ready(
+    shared: &Shared<'_>,
+    slots: &mut [Slot<'_>],
+    waiter: &mut Waiter,
+    out: &mut ConnOut,
+    tx: Option<&mpsc::Sender<Record>>,
+    next_send: u64,
+) -> Result<()> {
+    let stop_only = || shared.stopped();
+    let Some(ep) = &waiter.epoll else {
+        return Ok(());
+    };
+    let timeout = sleep_before(next_send, now_ns());
+    let n = ep
+        .wait_ready(Some(timeout), &mut waiter.ready)
+        .context("waiting for replies in epoll")?;
+    for k in 0..n {
+        let fd = waiter.ready[k];
+        let Some(i) = slots
+            .iter()
+            .position(|s| s.conn.driver.raw_fd() == Some(fd))
+        else {
+            // A socket that was replaced (it leaves the set when closed).
+            let _ = ep.remove(fd);
+            continue;
+        };
+        let s = &mut slots[i];
+        if s.pending.is_none() {
+            if s.done {
+                let _ = ep.remove(fd);
+            } else {
+                // Data or the end of the stream with nothing outstanding: the
+                // connection is out of step or closed; reopen it.
+                let e = anyhow::anyhow!(
+                    "the server sent data or closed the connection while no request was outstanding"
+                );
+                s.conn.failed(e, &stop_only)?;
+                waiter.watch(&s.conn)?;
+            }
+            continue;
+        }
+        poll_slot(shared, s, out, tx, &stop_only)?;
+        if s.conn.driver.raw_fd() != Some(fd) {
+            waiter.watch(&s.conn)?; // reopened
+        }
+    }
+    // Replies overdue without readiness: let the driver report the timeout.
+    let reply_timeout_ns = nanos(REPLY_TIMEOUT);
+    let now = now_ns();
+    for s in slots {
+        if s.pending
+            .is_some_and(|(_, sent)| now.saturating_sub(sent) > reply_timeout_ns)
+        {
+            poll_slot(shared, s, out, tx, &stop_only)?;
+            waiter.watch(&s.conn)?;
+        }
+    }
+    Ok(())
+}
+
+/// Spin mode: poll every outstanding connection once; whether a reply was complete.
+fn collect_spinning(
+    shared: &Shared<'_>,
+    slots: &mut [Slot<'_>],
+    out: &mut ConnOut,
+    tx: Option<&mpsc::Sender<Record>>,
+) -> Result<bool> {
+    let stop_only = || shared.stopped();
+    let mut progress = false;
+    for s in slots {
+        if s.pending.is_some() {
+            progress |= poll_slot(shared, s, out, tx, &stop_only)?;
+        }
+    }
+    Ok(progress)
 }
 
 /// Spin mode, multiplexed: yield each turn after this long without a complete reply.

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{bail, Context, Result};
 use mysql::prelude::{FromValue, Queryable};
-use mysql::{AccessMode, Conn, Params, Row, TxOpts};
+use mysql::{AccessMode, Conn, Params, Row, Transaction, TxOpts};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -83,6 +83,22 @@ const STOCK_SELECT: [&str; 10] = [
     "SELECT s_quantity, s_data, s_dist_09 FROM stock WHERE s_i_id = ? AND s_w_id = ? FOR UPDATE",
     "SELECT s_quantity, s_data, s_dist_10 FROM stock WHERE s_i_id = ? AND s_w_id = ? FOR UPDATE",
 ];
+
+/// A new-order's input: warehouse, district, customer, lines.
+struct NewOrder {
+    w: u32,
+    d: u32,
+    c: u32,
+    lines: Vec<Line>,
+}
+
+/// What a new-order reads for its total: the order id it took and the taxes and discount.
+struct OrderHead {
+    o_id: u32,
+    w_tax: f64,
+    d_tax: f64,
+    c_discount: f64,
+}
 
 /// One order line of a new-order: (item, supply warehouse, quantity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -192,6 +208,26 @@ impl TpccClient {
 
     /// TPC-C 2.4: returns whether it committed (false: the specified rollback).
     fn new_order(&mut self) -> Result<bool, Fail> {
+        let order = self.draw_new_order();
+        let mut tx = self.conn.start_transaction(TxOpts::default())?;
+        let head = insert_order(&mut tx, &order)?;
+        let mut total = 0.0f64;
+        for (number, line) in order.lines.iter().enumerate() {
+            let Some(amount) = insert_order_line(&mut tx, &order, head.o_id, number, line)? else {
+                // "Item number is not valid": the specified 1 % rollback.
+                tx.rollback()?;
+                return Ok(false);
+            };
+            total += amount;
+        }
+        let _total = total * (1.0 - head.c_discount) * (1.0 + head.w_tax + head.d_tax);
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// The input of a new-order (TPC-C 2.4.1): warehouse, district, customer and 5..=15 lines
+    /// sorted by supply warehouse and item, 1 % of orders with an unused item id last.
+    fn draw_new_order(&mut self) -> NewOrder {
         let w = self.rng.gen_range(1..=self.warehouses);
         let d = self.rng.gen_range(1..=DISTRICTS_PER_WAREHOUSE);
         let c = nurand(&mut self.rng, 1023, C_ID, 1, CUSTOMERS_PER_DISTRICT);
@@ -219,114 +255,7 @@ impl TpccClient {
                 last.item = ITEMS + 1;
             }
         }
-        let all_local = lines.iter().all(|l| l.supply_w == w);
-        let d_idx = (d - 1) as usize;
-
-        let mut tx = self.conn.start_transaction(TxOpts::default())?;
-        let row = first(
-            &mut tx,
-            "SELECT w_tax FROM warehouse WHERE w_id = ?",
-            (w,),
-            "warehouse",
-        )?;
-        let w_tax: f64 = col(&row, 0, "w_tax")?;
-        let row = first(
-            &mut tx,
-            "SELECT d_tax, d_next_o_id FROM district WHERE d_w_id = ? AND d_id = ? FOR UPDATE",
-            (w, d),
-            "district",
-        )?;
-        let d_tax: f64 = col(&row, 0, "d_tax")?;
-        let o_id: u32 = col(&row, 1, "d_next_o_id")?;
-        tx.exec_drop(
-            "UPDATE district SET d_next_o_id = d_next_o_id + 1 WHERE d_w_id = ? AND d_id = ?",
-            (w, d),
-        )?;
-        let row = first(
-            &mut tx,
-            "SELECT c_discount, c_last, c_credit FROM customer \
-             WHERE c_w_id = ? AND c_d_id = ? AND c_id = ?",
-            (w, d, c),
-            "customer",
-        )?;
-        let c_discount: f64 = col(&row, 0, "c_discount")?;
-        tx.exec_drop(
-            "INSERT INTO orders (o_id, o_d_id, o_w_id, o_c_id, o_entry_d, o_carrier_id, \
-             o_ol_cnt, o_all_local) VALUES (?, ?, ?, ?, NOW(), NULL, ?, ?)",
-            (o_id, d, w, c, lines.len() as u32, u32::from(all_local)),
-        )?;
-        tx.exec_drop(
-            "INSERT INTO new_order (no_o_id, no_d_id, no_w_id) VALUES (?, ?, ?)",
-            (o_id, d, w),
-        )?;
-        let mut total = 0.0f64;
-        for (number, line) in lines.iter().enumerate() {
-            let Some(item) = tx.exec_first::<Row, _, _>(
-                "SELECT i_price, i_name, i_data FROM item WHERE i_id = ?",
-                (line.item,),
-            )?
-            else {
-                // "Item number is not valid": the specified 1 % rollback.
-                tx.rollback()?;
-                return Ok(false);
-            };
-            let price: f64 = col(&item, 0, "i_price")?;
-            let i_data: String = col(&item, 2, "i_data")?;
-            let stock = first(
-                &mut tx,
-                STOCK_SELECT[d_idx],
-                (line.item, line.supply_w),
-                "stock",
-            )?;
-            let s_quantity: i64 = col(&stock, 0, "s_quantity")?;
-            let s_data: String = col(&stock, 1, "s_data")?;
-            let dist_info: String = col(&stock, 2, "s_dist_xx")?;
-            let q = i64::from(line.quantity);
-            let new_quantity = if s_quantity >= q + 10 {
-                s_quantity - q
-            } else {
-                s_quantity - q + 91
-            };
-            tx.exec_drop(
-                "UPDATE stock SET s_quantity = ?, s_ytd = s_ytd + ?, \
-                 s_order_cnt = s_order_cnt + 1, s_remote_cnt = s_remote_cnt + ? \
-                 WHERE s_i_id = ? AND s_w_id = ?",
-                (
-                    new_quantity,
-                    line.quantity,
-                    u32::from(line.supply_w != w),
-                    line.item,
-                    line.supply_w,
-                ),
-            )?;
-            let amount_cents = (f64::from(line.quantity) * price * 100.0).round() as i64;
-            total += amount_cents as f64 / 100.0;
-            // Brand/generic as the terminal would show it.
-            let _brand = if i_data.contains("ORIGINAL") && s_data.contains("ORIGINAL") {
-                'B'
-            } else {
-                'G'
-            };
-            tx.exec_drop(
-                "INSERT INTO order_line (ol_o_id, ol_d_id, ol_w_id, ol_number, ol_i_id, \
-                 ol_supply_w_id, ol_delivery_d, ol_quantity, ol_amount, ol_dist_info) \
-                 VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
-                (
-                    o_id,
-                    d,
-                    w,
-                    number as u32 + 1,
-                    line.item,
-                    line.supply_w,
-                    line.quantity,
-                    money(amount_cents),
-                    dist_info,
-                ),
-            )?;
-        }
-        let _total = total * (1.0 - c_discount) * (1.0 + w_tax + d_tax);
-        tx.commit()?;
-        Ok(true)
+        NewOrder { w, d, c, lines }
     }
 
     /// TPC-C 2.5, customer by id only.
@@ -448,6 +377,134 @@ impl TpccClient {
         tx.commit()?;
         Ok(true)
     }
+}
+
+/// The new-order's first steps in `tx`: read the taxes and the customer's discount, take the
+/// district's next order id, insert the order and its new-order row.
+fn insert_order(tx: &mut Transaction<'_>, order: &NewOrder) -> Result<OrderHead, Fail> {
+    let NewOrder { w, d, c, .. } = *order;
+    let all_local = order.lines.iter().all(|l| l.supply_w == w);
+    let row = first(
+        tx,
+        "SELECT w_tax FROM warehouse WHERE w_id = ?",
+        (w,),
+        "warehouse",
+    )?;
+    let w_tax: f64 = col(&row, 0, "w_tax")?;
+    let row = first(
+        tx,
+        "SELECT d_tax, d_next_o_id FROM district WHERE d_w_id = ? AND d_id = ? FOR UPDATE",
+        (w, d),
+        "district",
+    )?;
+    let d_tax: f64 = col(&row, 0, "d_tax")?;
+    let o_id: u32 = col(&row, 1, "d_next_o_id")?;
+    tx.exec_drop(
+        "UPDATE district SET d_next_o_id = d_next_o_id + 1 WHERE d_w_id = ? AND d_id = ?",
+        (w, d),
+    )?;
+    let row = first(
+        tx,
+        "SELECT c_discount, c_last, c_credit FROM customer \
+         WHERE c_w_id = ? AND c_d_id = ? AND c_id = ?",
+        (w, d, c),
+        "customer",
+    )?;
+    let c_discount: f64 = col(&row, 0, "c_discount")?;
+    tx.exec_drop(
+        "INSERT INTO orders (o_id, o_d_id, o_w_id, o_c_id, o_entry_d, o_carrier_id, \
+         o_ol_cnt, o_all_local) VALUES (?, ?, ?, ?, NOW(), NULL, ?, ?)",
+        (
+            o_id,
+            d,
+            w,
+            c,
+            order.lines.len() as u32,
+            u32::from(all_local),
+        ),
+    )?;
+    tx.exec_drop(
+        "INSERT INTO new_order (no_o_id, no_d_id, no_w_id) VALUES (?, ?, ?)",
+        (o_id, d, w),
+    )?;
+    Ok(OrderHead {
+        o_id,
+        w_tax,
+        d_tax,
+        c_discount,
+    })
+}
+
+/// Line `number` (from 0) of order `o_id` in `tx`: read the item, update its stock, insert the
+/// order line. Returns the line's amount, or `None` when the item does not exist.
+fn insert_order_line(
+    tx: &mut Transaction<'_>,
+    order: &NewOrder,
+    o_id: u32,
+    number: usize,
+    line: &Line,
+) -> Result<Option<f64>, Fail> {
+    let (w, d) = (order.w, order.d);
+    let Some(item) = tx.exec_first::<Row, _, _>(
+        "SELECT i_price, i_name, i_data FROM item WHERE i_id = ?",
+        (line.item,),
+    )?
+    else {
+        return Ok(None);
+    };
+    let price: f64 = col(&item, 0, "i_price")?;
+    let i_data: String = col(&item, 2, "i_data")?;
+    let stock = first(
+        tx,
+        STOCK_SELECT[(d - 1) as usize],
+        (line.item, line.supply_w),
+        "stock",
+    )?;
+    let s_quantity: i64 = col(&stock, 0, "s_quantity")?;
+    let s_data: String = col(&stock, 1, "s_data")?;
+    let dist_info: String = col(&stock, 2, "s_dist_xx")?;
+    let q = i64::from(line.quantity);
+    let new_quantity = if s_quantity >= q + 10 {
+        s_quantity - q
+    } else {
+        s_quantity - q + 91
+    };
+    tx.exec_drop(
+        "UPDATE stock SET s_quantity = ?, s_ytd = s_ytd + ?, \
+         s_order_cnt = s_order_cnt + 1, s_remote_cnt = s_remote_cnt + ? \
+         WHERE s_i_id = ? AND s_w_id = ?",
+        (
+            new_quantity,
+            line.quantity,
+            u32::from(line.supply_w != w),
+            line.item,
+            line.supply_w,
+        ),
+    )?;
+    let amount_cents = (f64::from(line.quantity) * price * 100.0).round() as i64;
+    // Brand/generic as the terminal would show it.
+    let _brand = if i_data.contains("ORIGINAL") && s_data.contains("ORIGINAL") {
+        'B'
+    } else {
+        'G'
+    };
+    tx.exec_drop(
+        "INSERT INTO order_line (ol_o_id, ol_d_id, ol_w_id, ol_number, ol_i_id, \
+         ol_supply_w_id, ol_delivery_d, ol_quantity, ol_amount, ol_dist_info) \
+         VALUES (?, ?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+        (
+            o_id,
+            d,
+            w,
+            number as u32 + 1,
+            line.item,
+            line.supply_w,
+            line.quantity,
+            money(amount_cents),
+            dist_info,
+        ),
+    )?;
+    Ok(Some(amount_cents as f64 / 100.0))
 }
 
 #[cfg(test)]

@@ -165,6 +165,41 @@ fn last_name(n: u32) -> String {
 pub fn load(addr: SocketAddr, cfg: &TpccConfig, progress: &dyn Fn(&str)) -> Result<Loaded> {
     cfg.validate()?;
     let started = Instant::now();
+    let mut conn = open_database(addr, cfg)?;
+    if let Some(loaded) = already_loaded(&mut conn, cfg)? {
+        progress("TPC-C-like data already loaded");
+        return Ok(loaded);
+    }
+    progress("creating the TPC-C-like schema");
+    create_schema(&mut conn)?;
+
+    let mut gen = Gen {
+        rng: SmallRng::seed_from_u64(LOAD_SEED),
+    };
+    progress(&format!("items: {ITEMS}"));
+    let mut rows = load_items(&mut conn, &mut gen)?;
+    for w in 1..=cfg.warehouses {
+        progress(&format!("warehouse {w}/{}", cfg.warehouses));
+        rows += load_warehouse(&mut conn, &mut gen, w)?;
+    }
+
+    let seconds = started.elapsed().as_secs_f64();
+    write_marker(&mut conn, cfg, rows, seconds)?;
+    progress(&format!("loaded {rows} rows in {seconds:.1} s"));
+    Ok(Loaded {
+        rows,
+        detail: format!(
+            "database {}: TPC-C-like data, {} warehouse(s) × {DISTRICTS_PER_WAREHOUSE} \
+             districts, {ITEMS} items, {CUSTOMERS_PER_DISTRICT} customers and \
+             {ORDERS_PER_DISTRICT} orders per district ({rows} rows)",
+            cfg.database, cfg.warehouses
+        ),
+    })
+}
+
+/// Connect to `addr` as `cfg.user`, create the database `cfg.database` if it is missing and
+/// select it.
+fn open_database(addr: SocketAddr, cfg: &TpccConfig) -> Result<Conn> {
     let mut conn = Conn::new(cfg.opts(addr, false, LOAD_TIMEOUT)).with_context(|| {
         format!(
             "connecting to MariaDB/MySQL at {addr} as {} to load the TPC-C-like data",
@@ -176,20 +211,27 @@ pub fn load(addr: SocketAddr, cfg: &TpccConfig, progress: &dyn Fn(&str)) -> Resu
         .with_context(|| format!("creating database {db} at {addr}"))?;
     conn.select_db(db)
         .with_context(|| format!("selecting database {db} at {addr}"))?;
-    let want = Scale::of(cfg.warehouses);
-    if read_marker(&mut conn)? == Some(want) {
-        let rows: Option<u64> =
-            conn.query_first(format!("SELECT rows_loaded FROM {MARKER} LIMIT 1"))?;
-        progress("TPC-C-like data already loaded");
-        return Ok(Loaded {
-            rows: rows.unwrap_or(0),
-            detail: format!(
-                "database {db}: TPC-C-like data with {} warehouse(s) already loaded",
-                cfg.warehouses
-            ),
-        });
+    Ok(conn)
+}
+
+/// What an earlier load of `cfg`'s scale left, when the marker table says there was one.
+fn already_loaded(conn: &mut Conn, cfg: &TpccConfig) -> Result<Option<Loaded>> {
+    if read_marker(conn)? != Some(Scale::of(cfg.warehouses)) {
+        return Ok(None);
     }
-    progress("creating the TPC-C-like schema");
+    let rows: Option<u64> =
+        conn.query_first(format!("SELECT rows_loaded FROM {MARKER} LIMIT 1"))?;
+    Ok(Some(Loaded {
+        rows: rows.unwrap_or(0),
+        detail: format!(
+            "database {}: TPC-C-like data with {} warehouse(s) already loaded",
+            cfg.database, cfg.warehouses
+        ),
+    }))
+}
+
+/// Drop every table of the data set and create the schema anew (checks off for the load).
+fn create_schema(conn: &mut Conn) -> Result<()> {
     conn.query_drop("SET SESSION unique_checks = 0, foreign_key_checks = 0")?;
     for t in TABLES {
         conn.query_drop(format!("DROP TABLE IF EXISTS {t}"))
@@ -199,15 +241,13 @@ pub fn load(addr: SocketAddr, cfg: &TpccConfig, progress: &dyn Fn(&str)) -> Resu
         conn.query_drop(stmt)
             .context("creating the TPC-C-like schema")?;
     }
+    Ok(())
+}
 
-    let mut gen = Gen {
-        rng: SmallRng::seed_from_u64(LOAD_SEED),
-    };
-    let mut rows = 0u64;
-
-    progress(&format!("items: {ITEMS}"));
+/// The item table; returns the rows inserted.
+fn load_items(conn: &mut Conn, gen: &mut Gen) -> Result<u64> {
     let mut ins = Inserter::new(
-        &mut conn,
+        conn,
         "INSERT INTO item (i_id, i_im_id, i_name, i_price, i_data)",
     );
     for i in 1..=ITEMS {
@@ -220,166 +260,194 @@ pub fn load(addr: SocketAddr, cfg: &TpccConfig, progress: &dyn Fn(&str)) -> Resu
         );
         ins.row(&v)?;
     }
-    rows += ins.flush()?;
+    ins.flush()
+}
 
-    for w in 1..=cfg.warehouses {
-        progress(&format!("warehouse {w}/{}", cfg.warehouses));
+/// Warehouse `w` and everything under it (stock, districts, customers, history, orders), in
+/// this order (the data set depends on it); returns the rows inserted.
+fn load_warehouse(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let v = format!(
+        "{w},'{}',{},{},300000.00",
+        gen.astr(6, 10),
+        gen.address(),
+        gen.tax()
+    );
+    conn.query_drop(format!(
+        "INSERT INTO warehouse (w_id, w_name, w_street_1, w_street_2, w_city, w_state, \
+         w_zip, w_tax, w_ytd) VALUES ({v})"
+    ))?;
+    let mut rows = 1;
+    rows += load_stock(conn, gen, w)?;
+    rows += load_districts(conn, gen, w)?;
+    rows += load_customers(conn, gen, w)?;
+    rows += load_history(conn, gen, w)?;
+    rows += load_orders(conn, gen, w)?;
+    Ok(rows)
+}
+
+/// Warehouse `w`'s stock of every item.
+fn load_stock(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO stock (s_i_id, s_w_id, s_quantity, s_dist_01, s_dist_02, s_dist_03, \
+         s_dist_04, s_dist_05, s_dist_06, s_dist_07, s_dist_08, s_dist_09, s_dist_10, \
+         s_ytd, s_order_cnt, s_remote_cnt, s_data)",
+    );
+    for i in 1..=ITEMS {
+        let mut v = format!("{i},{w},{}", gen.rng.gen_range(10..=100));
+        for _ in 0..10 {
+            v.push_str(",'");
+            v.push_str(&gen.astr(24, 24));
+            v.push('\'');
+        }
+        v.push_str(&format!(",0,0,0,'{}'", gen.data()));
+        ins.row(&v)?;
+    }
+    ins.flush()
+}
+
+/// Warehouse `w`'s districts.
+fn load_districts(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO district (d_id, d_w_id, d_name, d_street_1, d_street_2, d_city, \
+         d_state, d_zip, d_tax, d_ytd, d_next_o_id)",
+    );
+    for d in 1..=DISTRICTS_PER_WAREHOUSE {
         let v = format!(
-            "{w},'{}',{},{},300000.00",
+            "{d},{w},'{}',{},{},30000.00,{}",
             gen.astr(6, 10),
             gen.address(),
-            gen.tax()
+            gen.tax(),
+            ORDERS_PER_DISTRICT + 1
         );
-        conn.query_drop(format!(
-            "INSERT INTO warehouse (w_id, w_name, w_street_1, w_street_2, w_city, w_state, \
-             w_zip, w_tax, w_ytd) VALUES ({v})"
-        ))?;
-        rows += 1;
+        ins.row(&v)?;
+    }
+    ins.flush()
+}
 
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO stock (s_i_id, s_w_id, s_quantity, s_dist_01, s_dist_02, s_dist_03, \
-             s_dist_04, s_dist_05, s_dist_06, s_dist_07, s_dist_08, s_dist_09, s_dist_10, \
-             s_ytd, s_order_cnt, s_remote_cnt, s_data)",
-        );
-        for i in 1..=ITEMS {
-            let mut v = format!("{i},{w},{}", gen.rng.gen_range(10..=100));
-            for _ in 0..10 {
-                v.push_str(",'");
-                v.push_str(&gen.astr(24, 24));
-                v.push('\'');
-            }
-            v.push_str(&format!(",0,0,0,'{}'", gen.data()));
-            ins.row(&v)?;
-        }
-        rows += ins.flush()?;
-
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO district (d_id, d_w_id, d_name, d_street_1, d_street_2, d_city, \
-             d_state, d_zip, d_tax, d_ytd, d_next_o_id)",
-        );
-        for d in 1..=DISTRICTS_PER_WAREHOUSE {
+/// The customers of warehouse `w`'s districts.
+fn load_customers(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO customer (c_id, c_d_id, c_w_id, c_first, c_middle, c_last, c_street_1, \
+         c_street_2, c_city, c_state, c_zip, c_phone, c_since, c_credit, c_credit_lim, \
+         c_discount, c_balance, c_ytd_payment, c_payment_cnt, c_delivery_cnt, c_data)",
+    );
+    for d in 1..=DISTRICTS_PER_WAREHOUSE {
+        for c in 1..=CUSTOMERS_PER_DISTRICT {
+            let credit = if gen.rng.gen_range(0..10) == 0 {
+                "BC"
+            } else {
+                "GC"
+            };
             let v = format!(
-                "{d},{w},'{}',{},{},30000.00,{}",
-                gen.astr(6, 10),
+                "{c},{d},{w},'{}','OE','{}',{},'{}',NOW(),'{credit}',50000.00,0.{:04},\
+                 -10.00,10.00,1,0,'{}'",
+                gen.astr(8, 16),
+                last_name(c - 1),
                 gen.address(),
-                gen.tax(),
-                ORDERS_PER_DISTRICT + 1
+                gen.nstr(16),
+                gen.rng.gen_range(0..=5000),
+                gen.astr(300, 500)
             );
             ins.row(&v)?;
         }
-        rows += ins.flush()?;
-
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO customer (c_id, c_d_id, c_w_id, c_first, c_middle, c_last, c_street_1, \
-             c_street_2, c_city, c_state, c_zip, c_phone, c_since, c_credit, c_credit_lim, \
-             c_discount, c_balance, c_ytd_payment, c_payment_cnt, c_delivery_cnt, c_data)",
-        );
-        for d in 1..=DISTRICTS_PER_WAREHOUSE {
-            for c in 1..=CUSTOMERS_PER_DISTRICT {
-                let credit = if gen.rng.gen_range(0..10) == 0 {
-                    "BC"
-                } else {
-                    "GC"
-                };
-                let v = format!(
-                    "{c},{d},{w},'{}','OE','{}',{},'{}',NOW(),'{credit}',50000.00,0.{:04},\
-                     -10.00,10.00,1,0,'{}'",
-                    gen.astr(8, 16),
-                    last_name(c - 1),
-                    gen.address(),
-                    gen.nstr(16),
-                    gen.rng.gen_range(0..=5000),
-                    gen.astr(300, 500)
-                );
-                ins.row(&v)?;
-            }
-        }
-        rows += ins.flush()?;
-
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO history (h_c_id, h_c_d_id, h_c_w_id, h_d_id, h_w_id, h_date, \
-             h_amount, h_data)",
-        );
-        for d in 1..=DISTRICTS_PER_WAREHOUSE {
-            for c in 1..=CUSTOMERS_PER_DISTRICT {
-                ins.row(&format!(
-                    "{c},{d},{w},{d},{w},NOW(),10.00,'{}'",
-                    gen.astr(12, 24)
-                ))?;
-            }
-        }
-        rows += ins.flush()?;
-
-        // Orders: o_c_id is a random permutation of the customers; the last
-        // NEW_ORDERS_PER_DISTRICT are undelivered (no carrier, no delivery date, an amount).
-        let delivered_up_to = ORDERS_PER_DISTRICT - NEW_ORDERS_PER_DISTRICT;
-        let mut orders = Vec::new();
-        let mut lines = Vec::new();
-        for d in 1..=DISTRICTS_PER_WAREHOUSE {
-            let mut customers: Vec<u32> = (1..=CUSTOMERS_PER_DISTRICT).collect();
-            for i in (1..customers.len()).rev() {
-                let j = gen.rng.gen_range(0..=i);
-                customers.swap(i, j);
-            }
-            for o in 1..=ORDERS_PER_DISTRICT {
-                let delivered = o <= delivered_up_to;
-                let ol_cnt = gen.rng.gen_range(5..=15u32);
-                let carrier = if delivered {
-                    gen.rng.gen_range(1..=10).to_string()
-                } else {
-                    "NULL".to_string()
-                };
-                let c = customers[(o - 1) as usize];
-                orders.push(format!("{o},{d},{w},{c},NOW(),{carrier},{ol_cnt},1"));
-                for n in 1..=ol_cnt {
-                    let (date, amount) = if delivered {
-                        ("NOW()", "0.00".to_string())
-                    } else {
-                        ("NULL", money(gen.rng.gen_range(1..=999_999)))
-                    };
-                    lines.push(format!(
-                        "{o},{d},{w},{n},{},{w},{date},5,{amount},'{}'",
-                        gen.rng.gen_range(1..=ITEMS),
-                        gen.astr(24, 24)
-                    ));
-                }
-            }
-        }
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO orders (o_id, o_d_id, o_w_id, o_c_id, o_entry_d, o_carrier_id, \
-             o_ol_cnt, o_all_local)",
-        );
-        for v in &orders {
-            ins.row(v)?;
-        }
-        rows += ins.flush()?;
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO order_line (ol_o_id, ol_d_id, ol_w_id, ol_number, ol_i_id, \
-             ol_supply_w_id, ol_delivery_d, ol_quantity, ol_amount, ol_dist_info)",
-        );
-        for v in &lines {
-            ins.row(v)?;
-        }
-        rows += ins.flush()?;
-        let mut ins = Inserter::new(
-            &mut conn,
-            "INSERT INTO new_order (no_o_id, no_d_id, no_w_id)",
-        );
-        for d in 1..=DISTRICTS_PER_WAREHOUSE {
-            for o in delivered_up_to + 1..=ORDERS_PER_DISTRICT {
-                ins.row(&format!("{o},{d},{w}"))?;
-            }
-        }
-        rows += ins.flush()?;
     }
+    ins.flush()
+}
 
-    let seconds = started.elapsed().as_secs_f64();
+/// One history row per customer of warehouse `w`.
+fn load_history(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO history (h_c_id, h_c_d_id, h_c_w_id, h_d_id, h_w_id, h_date, \
+         h_amount, h_data)",
+    );
+    for d in 1..=DISTRICTS_PER_WAREHOUSE {
+        for c in 1..=CUSTOMERS_PER_DISTRICT {
+            ins.row(&format!(
+                "{c},{d},{w},{d},{w},NOW(),10.00,'{}'",
+                gen.astr(12, 24)
+            ))?;
+        }
+    }
+    ins.flush()
+}
+
+/// Warehouse `w`'s orders, their lines and the undelivered ones' new-order rows.
+fn load_orders(conn: &mut Conn, gen: &mut Gen, w: u32) -> Result<u64> {
+    let delivered_up_to = ORDERS_PER_DISTRICT - NEW_ORDERS_PER_DISTRICT;
+    let (orders, lines) = order_rows(gen, w, delivered_up_to);
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO orders (o_id, o_d_id, o_w_id, o_c_id, o_entry_d, o_carrier_id, \
+         o_ol_cnt, o_all_local)",
+    );
+    for v in &orders {
+        ins.row(v)?;
+    }
+    let mut rows = ins.flush()?;
+    let mut ins = Inserter::new(
+        conn,
+        "INSERT INTO order_line (ol_o_id, ol_d_id, ol_w_id, ol_number, ol_i_id, \
+         ol_supply_w_id, ol_delivery_d, ol_quantity, ol_amount, ol_dist_info)",
+    );
+    for v in &lines {
+        ins.row(v)?;
+    }
+    rows += ins.flush()?;
+    let mut ins = Inserter::new(conn, "INSERT INTO new_order (no_o_id, no_d_id, no_w_id)");
+    for d in 1..=DISTRICTS_PER_WAREHOUSE {
+        for o in delivered_up_to + 1..=ORDERS_PER_DISTRICT {
+            ins.row(&format!("{o},{d},{w}"))?;
+        }
+    }
+    rows += ins.flush()?;
+    Ok(rows)
+}
+
+/// The order and order-line rows of warehouse `w`: o_c_id is a random permutation of the
+/// customers; orders after `delivered_up_to` are undelivered (no carrier, no delivery date, an
+/// amount).
+fn order_rows(gen: &mut Gen, w: u32, delivered_up_to: u32) -> (Vec<String>, Vec<String>) {
+    let mut orders = Vec::new();
+    let mut lines = Vec::new();
+    for d in 1..=DISTRICTS_PER_WAREHOUSE {
+        let mut customers: Vec<u32> = (1..=CUSTOMERS_PER_DISTRICT).collect();
+        for i in (1..customers.len()).rev() {
+            let j = gen.rng.gen_range(0..=i);
+            customers.swap(i, j);
+        }
+        for o in 1..=ORDERS_PER_DISTRICT {
+            let delivered = o <= delivered_up_to;
+            let ol_cnt = gen.rng.gen_range(5..=15u32);
+            let carrier = if delivered {
+                gen.rng.gen_range(1..=10).to_string()
+            } else {
+                "NULL".to_string()
+            };
+            let c = customers[(o - 1) as usize];
+            orders.push(format!("{o},{d},{w},{c},NOW(),{carrier},{ol_cnt},1"));
+            for n in 1..=ol_cnt {
+                let (date, amount) = if delivered {
+                    ("NOW()", "0.00".to_string())
+                } else {
+                    ("NULL", money(gen.rng.gen_range(1..=999_999)))
+                };
+                lines.push(format!(
+                    "{o},{d},{w},{n},{},{w},{date},5,{amount},'{}'",
+                    gen.rng.gen_range(1..=ITEMS),
+                    gen.astr(24, 24)
+                ));
+            }
+        }
+    }
+    (orders, lines)
+}
+
+/// Record in the marker table that this scale is loaded (`rows` rows in `seconds`).
+fn write_marker(conn: &mut Conn, cfg: &TpccConfig, rows: u64, seconds: f64) -> Result<()> {
     conn.exec_drop(
         format!(
             "INSERT INTO {MARKER} (version, warehouses, items, customers_per_district, \
@@ -396,17 +464,7 @@ pub fn load(addr: SocketAddr, cfg: &TpccConfig, progress: &dyn Fn(&str)) -> Resu
             seconds,
         ),
     )
-    .context("writing the TPC-C-like load marker")?;
-    progress(&format!("loaded {rows} rows in {seconds:.1} s"));
-    Ok(Loaded {
-        rows,
-        detail: format!(
-            "database {db}: TPC-C-like data, {} warehouse(s) × {DISTRICTS_PER_WAREHOUSE} \
-             districts, {ITEMS} items, {CUSTOMERS_PER_DISTRICT} customers and \
-             {ORDERS_PER_DISTRICT} orders per district ({rows} rows)",
-            cfg.warehouses
-        ),
-    })
+    .context("writing the TPC-C-like load marker")
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The four kernels and what they share: which kernel, how long to run, one rank's identity.
+//! The four kernels and what they share: one rank's identity, its outcome, the dispatch to each
+//! kernel (which kernel and when a run stops are in [`crate::spec`]).
 //!
 //! Each kernel is a stand-in for an NPB benchmark with the same *sharing pattern* (who
 //! exchanges data with whom, and how often), not the same numerics or problem sizes:
@@ -21,82 +22,18 @@ pub mod ep;
 pub mod is;
 pub mod mg;
 
-use std::time::{Duration, Instant};
-
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::exchange::Exchange;
 use crate::pattern::Link;
 use crate::private::Private;
+use crate::spec::Kernel;
 
 /// Default compute units per iteration (≈ 300 µs).
 pub const DEFAULT_WORK: u32 = 300;
 /// Default iterations (≈ 2.5 s per thread at the default work, one core per thread).
 pub const DEFAULT_ITERATIONS: u64 = 8000;
-
-/// Which NPB-like kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kernel {
-    /// MG/LU-like ring of halo exchanges.
-    Mg,
-    /// CG-like sparse, irregular exchanges.
-    Cg,
-    /// IS-like all-to-all exchange.
-    Is,
-    /// EP-like, no sharing at all.
-    Ep,
-}
-
-impl Kernel {
-    /// All kernels.
-    pub const ALL: [Kernel; 4] = [Kernel::Mg, Kernel::Cg, Kernel::Is, Kernel::Ep];
-
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kernel::Mg => "mg",
-            Kernel::Cg => "cg",
-            Kernel::Is => "is",
-            Kernel::Ep => "ep",
-        }
-    }
-
-    /// Whether the ranks of an instance synchronise (barrier) and so belong coscheduled.
-    pub fn synchronised(self) -> bool {
-        self != Kernel::Ep
-    }
-
-    /// Barriers per iteration (phases between barriers: what a simulator of a coscheduled host
-    /// models).
-    pub fn barriers_per_iteration(self) -> u32 {
-        match self {
-            Kernel::Mg | Kernel::Is => 2,
-            Kernel::Cg => 1,
-            Kernel::Ep => 0,
-        }
-    }
-}
-
-/// When a run stops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
-    /// After this many iterations (at least 1).
-    Iterations(u64),
-    /// After this much time (synchronised kernels: as seen by rank 0, plus one iteration).
-    Seconds(Duration),
-}
-
-impl Limit {
-    /// Whether a rank that has completed `done` iterations since `started` should stop.
-    pub fn reached(self, done: u64, started: Instant) -> bool {
-        match self {
-            Limit::Iterations(n) => done >= n,
-            Limit::Seconds(d) => started.elapsed() >= d,
-        }
-    }
-}
 
 /// One rank's identity and parameters (copied onto its own stack).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -220,23 +220,7 @@ fn wait_drained(outstanding: &(Mutex<Outstanding>, Condvar), deadline: Instant) 
 
 pub(super) fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) -> Result<LoadRun> {
     let outstanding = Arc::new((Mutex::new(Outstanding::default()), Condvar::new()));
-    let mut conns = Vec::new();
-    let mut readers = Vec::new();
-    for _ in 0..o.connections.max(1) {
-        let s = TcpStream::connect_timeout(&target, Duration::from_secs(2))
-            .with_context(|| format!("connecting to {target}"))?;
-        s.set_nodelay(true)?;
-        let track = Arc::new(ConnTrack {
-            queue: Mutex::new(VecDeque::new()),
-        });
-        let (rs, t, out, bound) = (s.try_clone()?, track.clone(), outstanding.clone(), o.bound);
-        readers.push(
-            std::thread::Builder::new()
-                .name("bench-reader".into())
-                .spawn(move || reader(rs, t, out, bound))?,
-        );
-        conns.push((s, track));
-    }
+    let (conns, readers) = open_conns(target, o, &outstanding)?;
     let send = |i: usize, p: Pending| -> std::io::Result<()> {
         let (s, track) = &conns[i % conns.len()];
         let req = format!("get key:{}\r\n", p.key);
@@ -306,17 +290,7 @@ pub(super) fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) 
         Instant::now() + o.bound * 2 + Duration::from_secs(2),
     );
     let window = window.finish(o, send_window, gate_met);
-    let mut unanswered = 0;
-    for (s, track) in &conns {
-        unanswered += track
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|p| p.record)
-            .count() as u64;
-        let _ = s.shutdown(std::net::Shutdown::Both);
-    }
+    let unanswered = close_conns(&conns);
     let mut run = LoadRun {
         sent,
         unanswered,
@@ -332,6 +306,52 @@ pub(super) fn run_load(target: SocketAddr, o: &LoadOpts<'_>, stop: &AtomicBool) 
         run.answers.add(&r);
     }
     Ok(run)
+}
+
+/// A connection of the load: its stream and the requests it has outstanding.
+type LoadConn = (TcpStream, Arc<ConnTrack>);
+
+/// Open `o.connections` connections to `target`, each with a reader thread that takes its
+/// answers (counted down in `outstanding`).
+fn open_conns(
+    target: SocketAddr,
+    o: &LoadOpts<'_>,
+    outstanding: &Arc<(Mutex<Outstanding>, Condvar)>,
+) -> Result<(Vec<LoadConn>, Vec<std::thread::JoinHandle<Answers>>)> {
+    let mut conns = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..o.connections.max(1) {
+        let s = TcpStream::connect_timeout(&target, Duration::from_secs(2))
+            .with_context(|| format!("connecting to {target}"))?;
+        s.set_nodelay(true)?;
+        let track = Arc::new(ConnTrack {
+            queue: Mutex::new(VecDeque::new()),
+        });
+        let (rs, t, out, bound) = (s.try_clone()?, track.clone(), outstanding.clone(), o.bound);
+        readers.push(
+            std::thread::Builder::new()
+                .name("bench-reader".into())
+                .spawn(move || reader(rs, t, out, bound))?,
+        );
+        conns.push((s, track));
+    }
+    Ok((conns, readers))
+}
+
+/// Shut every connection down; returns the recorded requests still unanswered.
+fn close_conns(conns: &[LoadConn]) -> u64 {
+    let mut unanswered = 0;
+    for (s, track) in conns {
+        unanswered += track
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|p| p.record)
+            .count() as u64;
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    unanswered
 }
 
 #[cfg(test)]

@@ -247,18 +247,7 @@ pub(super) fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
     let sent = sum(|r| r.sent);
     let window: f64 = acc.runs.iter().map(|r| r.send_window.as_secs_f64()).sum();
     let over = sum(|r| r.answers.late) + sum(|r| r.unanswered);
-    // The rounds' windows summed into one (rounds whose CPUs or idle states differ from the
-    // first are left out, with a note).
-    let mut residency = ResidencyDiff::default();
-    for (i, r) in acc.runs.iter().enumerate() {
-        if let Ok(d) = &r.residency {
-            if let Err(e) = residency.accumulate(d) {
-                residency
-                    .notes
-                    .push(format!("round {i} left out of the sum: {e}"));
-            }
-        }
-    }
+    let residency = summed_residency(&acc.runs);
     let backend_wk: Option<u64> = acc.runs.iter().map(|r| r.backend_wakeups).sum();
     let unavailable = acc
         .runs
@@ -328,29 +317,48 @@ pub(super) fn mode_report(mode: Mode, acc: &ModeAcc) -> ModeReport {
             .runs
             .iter()
             .enumerate()
-            .map(|(i, r)| {
-                let res = r.residency.as_ref().ok();
-                RoundSummary {
-                    round: i as u32,
-                    samples: r.answers.hist.len(),
-                    p999_us: if r.answers.hist.is_empty() {
-                        0
-                    } else {
-                        r.answers.hist.value_at_quantile(0.999)
-                    },
-                    residency: res.map(|x| x.report()),
-                    backend_wakeups_per_s: r.backend_wakeups.map(|w| {
-                        w as f64
-                            / res
-                                .map_or(r.send_window.as_secs_f64(), |x| x.wall_us as f64 / 1e6)
-                                .max(1e-9)
-                    }),
-                    quiet_gate_met: r.gate_met,
-                    own_cpu_share: r.cpu_use.map(|u| u.own_share),
-                    others_cpu_share: r.cpu_use.map(|u| u.others_share),
-                }
-            })
+            .map(|(i, r)| round_summary(i, r))
             .collect(),
+    }
+}
+
+/// The rounds' windows summed into one (rounds whose CPUs or idle states differ from the first
+/// are left out, with a note).
+fn summed_residency(runs: &[LoadRun]) -> ResidencyDiff {
+    let mut residency = ResidencyDiff::default();
+    for (i, r) in runs.iter().enumerate() {
+        if let Ok(d) = &r.residency {
+            if let Err(e) = residency.accumulate(d) {
+                residency
+                    .notes
+                    .push(format!("round {i} left out of the sum: {e}"));
+            }
+        }
+    }
+    residency
+}
+
+/// Round `i`'s own numbers.
+fn round_summary(i: usize, r: &LoadRun) -> RoundSummary {
+    let res = r.residency.as_ref().ok();
+    RoundSummary {
+        round: i as u32,
+        samples: r.answers.hist.len(),
+        p999_us: if r.answers.hist.is_empty() {
+            0
+        } else {
+            r.answers.hist.value_at_quantile(0.999)
+        },
+        residency: res.map(|x| x.report()),
+        backend_wakeups_per_s: r.backend_wakeups.map(|w| {
+            w as f64
+                / res
+                    .map_or(r.send_window.as_secs_f64(), |x| x.wall_us as f64 / 1e6)
+                    .max(1e-9)
+        }),
+        quiet_gate_met: r.gate_met,
+        own_cpu_share: r.cpu_use.map(|u| u.own_share),
+        others_cpu_share: r.cpu_use.map(|u| u.others_share),
     }
 }
 
