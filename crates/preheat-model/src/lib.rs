@@ -27,6 +27,7 @@ pub mod addr;
 pub mod auto;
 pub mod comm;
 pub mod format;
+pub mod procstat;
 pub mod profile;
 pub mod proto;
 pub mod region;

@@ -52,10 +52,9 @@ pub fn pid_alive(pid: u32) -> bool {
         return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses and may contain any byte.
-        Ok(stat) => !stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))),
+        // A line that does not parse still belongs to a process that exists.
+        Ok(stat) => !preheat_model::procstat::parse_pid_stat(&stat)
+            .is_some_and(|s| matches!(s.state, 'Z' | 'X')),
         Err(_) => false,
     }
 }
