@@ -31,6 +31,8 @@ pub struct Stats {
     pub wake_polled: AtomicU64,
     /// `replay` warm-ups sent on a fresh connection (see `crate::fresh`).
     pub replays_fresh: AtomicU64,
+    /// `auto` announcements for a port without a measured choice.
+    pub auto_unmeasured: AtomicU64,
     /// Not in `PreheatStats`: announcements dropped because the agent was disabled, and lines
     /// skipped because the profile was being swapped (also counted in `no_profile`).
     pub disabled_drops: AtomicU64,
@@ -64,6 +66,7 @@ impl Stats {
             wake_planned: AtomicU64::new(0),
             wake_polled: AtomicU64::new(0),
             replays_fresh: AtomicU64::new(0),
+            auto_unmeasured: AtomicU64::new(0),
             disabled_drops: AtomicU64::new(0),
             profile_busy: AtomicU64::new(0),
             superseded: AtomicU64::new(0),
@@ -92,6 +95,7 @@ impl Stats {
             wake_planned: self.wake_planned.load(Relaxed),
             wake_polled: self.wake_polled.load(Relaxed),
             replays_fresh: self.replays_fresh.load(Relaxed),
+            auto_unmeasured: self.auto_unmeasured.load(Relaxed),
         }
     }
 
@@ -118,6 +122,7 @@ impl Stats {
             &self.wake_planned,
             &self.wake_polled,
             &self.replays_fresh,
+            &self.auto_unmeasured,
         ] {
             c.store(0, Relaxed);
         }

@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering}
 use std::sync::Arc;
 
 use preheat_engine::preheat::ParallelPreheater;
+use preheat_model::proto::Strategies;
 use preheat_model::AbsRun;
 
 use crate::forkcell::ForkCell;
@@ -176,4 +177,94 @@ pub fn publish(plan: Arc<Plan>) -> Option<Arc<Plan>> {
 pub unsafe fn reset_after_fork() {
     // SAFETY: the caller is the fork child handler.
     unsafe { PLAN.reclaim_in_fork_child(None) };
+}
+
+/// Ports with a measured `auto` choice at most.
+pub const AUTO_PORTS: usize = 64;
+/// An entry of [`AUTO_CHOICES`]: `SET | port << 8 | strategies`, 0 = free.
+const AUTO_SET: u32 = 1 << 31;
+/// The measured `auto` choice per port (`Request::SetAuto`): written by the control thread,
+/// read by the trigger thread with one atomic load per entry (no lock, no allocation). Kept by
+/// a fork child: its ports are the parent's.
+static AUTO_CHOICES: [AtomicU32; AUTO_PORTS] = [const { AtomicU32::new(0) }; AUTO_PORTS];
+
+/// Control thread: set (or with `None` forget) what `auto` does for `port`. Errors when the
+/// table is full.
+pub fn set_auto(port: u16, st: Option<Strategies>) -> Result<(), String> {
+    let entry = |e: u32| e & AUTO_SET != 0 && (e >> 8) & 0xffff == u32::from(port);
+    if let Some(slot) = AUTO_CHOICES
+        .iter()
+        .find(|e| entry(e.load(Ordering::Acquire)))
+    {
+        slot.store(
+            st.map_or(0, |s| AUTO_SET | u32::from(port) << 8 | u32::from(s.0)),
+            Ordering::Release,
+        );
+        return Ok(());
+    }
+    let Some(s) = st else { return Ok(()) };
+    let value = AUTO_SET | u32::from(port) << 8 | u32::from(s.0);
+    AUTO_CHOICES
+        .iter()
+        .find(|e| {
+            e.compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        })
+        .map(|_| ())
+        .ok_or_else(|| format!("set_auto: measured choices for {AUTO_PORTS} ports at most"))
+}
+
+/// Trigger thread: the measured `auto` choice for `port`, if one was set.
+pub fn auto_for(port: u16) -> Option<Strategies> {
+    AUTO_CHOICES.iter().find_map(|e| {
+        let v = e.load(Ordering::Acquire);
+        (v & AUTO_SET != 0 && (v >> 8) & 0xffff == u32::from(port))
+            .then_some(Strategies((v & 0xff) as u8))
+    })
+}
+
+/// What an announcement's strategies mean here: its `auto` bit replaced by the port's measured
+/// choice, or by [`Strategies::AUTO_UNMEASURED`] (second value true) where there is none.
+pub fn resolve_auto(st: Strategies, port: u16) -> (Strategies, bool) {
+    if !st.contains(Strategies::AUTO) {
+        return (st, false);
+    }
+    let rest = st.without(Strategies::AUTO);
+    match auto_for(port) {
+        Some(c) => (rest.union(c), false),
+        None => (rest.union(Strategies::AUTO_UNMEASURED), true),
+    }
+}
+
+#[cfg(test)]
+mod auto_tests {
+    use super::*;
+
+    #[test]
+    fn set_resolve_forget() {
+        let port = 61_234;
+        assert_eq!(
+            resolve_auto(Strategies::AUTO, port),
+            (Strategies::AUTO_UNMEASURED, true)
+        );
+        set_auto(port, Some(Strategies::REPLAY)).unwrap();
+        assert_eq!(auto_for(port), Some(Strategies::REPLAY));
+        assert_eq!(
+            resolve_auto(Strategies::AUTO.union(Strategies::WAKE), port),
+            (Strategies(5), false)
+        );
+        // A measured "nothing helps" is a choice too: announce nothing.
+        set_auto(port, Some(Strategies::NONE)).unwrap();
+        assert_eq!(
+            resolve_auto(Strategies::AUTO, port),
+            (Strategies::NONE, false)
+        );
+        // Other bits pass through untouched.
+        assert_eq!(
+            resolve_auto(Strategies::LINES, port),
+            (Strategies::LINES, false)
+        );
+        set_auto(port, None).unwrap();
+        assert_eq!(auto_for(port), None);
+    }
 }

@@ -225,6 +225,7 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
             }
             continue;
         }
+        let a = resolve_auto(a);
         if a.strategies.is_empty() {
             continue;
         }
@@ -261,6 +262,16 @@ pub fn trigger_main(sock: std::os::unix::net::UnixDatagram) {
             pinned = Some(idx);
         }
     }
+}
+
+/// `a` with its `auto` bit replaced by the port's measured choice ([`plan::resolve_auto`];
+/// counted where the port has none).
+fn resolve_auto(a: Announcement) -> Announcement {
+    let (strategies, unmeasured) = plan::resolve_auto(a.strategies, a.port);
+    if unmeasured {
+        STATS.auto_unmeasured.fetch_add(1, Ordering::Relaxed);
+    }
+    Announcement { strategies, ..a }
 }
 
 // ------------------------------------------------------------------------------- workers

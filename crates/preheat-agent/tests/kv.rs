@@ -118,6 +118,60 @@ fn announcements_are_counted_and_acted_on() {
     assert_eq!(mc.get("key:4").unwrap(), Some(kv_value(4)));
 }
 
+/// `auto` announcements do the port's measured choice (`SetAuto`), or wake+lines (counted as
+/// `auto_unmeasured`) where none was set; a choice that is itself `auto` is refused.
+#[test]
+fn auto_announcements_follow_the_measured_choice() {
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:3").unwrap(), Some(kv_value(3)));
+    let mut agent = srv.agent();
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    let pid = srv.pid();
+    let woke = |s: &preheat_model::proto::PreheatStats| s.wake_spins + s.wake_polled;
+    // No choice: wake+lines (no profile loaded, so lines counts no_profile).
+    srv.announce(pid, Strategies::AUTO, LEAD_NS, 1);
+    let (ok, st) = agent.wait_status(WAIT, |s| {
+        s.preheat.auto_unmeasured == 1 && woke(&s.preheat) == 1 && s.preheat.no_profile == 1
+    });
+    assert!(ok, "{:?}", st.preheat);
+    // A measured choice of `lines` alone: no wake this time.
+    let r = agent.call(&Request::SetAuto {
+        port: srv.port,
+        strategies: Some(Strategies::LINES),
+    });
+    assert_eq!(r, Reply::Ok);
+    srv.announce(pid, Strategies::AUTO, LEAD_NS, 2);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.no_profile == 2);
+    assert!(ok, "{:?}", st.preheat);
+    assert_eq!(woke(&st.preheat), 1, "{:?}", st.preheat);
+    assert_eq!(st.preheat.auto_unmeasured, 1, "{:?}", st.preheat);
+    // A measured "nothing helps": the announcement does nothing at all.
+    let r = agent.call(&Request::SetAuto {
+        port: srv.port,
+        strategies: Some(Strategies::NONE),
+    });
+    assert_eq!(r, Reply::Ok);
+    srv.announce(pid, Strategies::AUTO, LEAD_NS, 3);
+    let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.announcements == 3);
+    assert!(ok, "{:?}", st.preheat);
+    std::thread::sleep(Duration::from_millis(50));
+    let st = agent.status();
+    assert_eq!(
+        (woke(&st.preheat), st.preheat.no_profile),
+        (1, 2),
+        "{:?}",
+        st.preheat
+    );
+    // A choice that is itself auto is refused.
+    let r = agent.call(&Request::SetAuto {
+        port: srv.port,
+        strategies: Some(Strategies::AUTO),
+    });
+    assert!(matches!(r, Reply::Error { .. }), "{r:?}");
+    assert_eq!(mc.get("key:4").unwrap(), Some(kv_value(4)));
+}
+
 #[test]
 fn extreme_announcements_do_not_disable_the_agent() {
     let srv = start_kv(&[]);

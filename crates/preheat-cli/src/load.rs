@@ -143,8 +143,9 @@ pub struct LoadArgs {
     /// Lead time of local announcements, µs.
     #[arg(long, default_value_t = 65)]
     pub lead_us: u64,
-    /// Strategies requested by local announcements.
-    #[arg(long, default_value = "wake+lines")]
+    /// Strategies requested by local announcements (`auto`: what each agent was told was
+    /// measured to help its port, else wake+lines).
+    #[arg(long, default_value = "auto")]
     pub strategies: String,
     /// After each request, ask the agents in the run dir (same filesystem: works across network
     /// namespaces) when the server thread really started on it and whether the preheat for its

@@ -275,6 +275,10 @@ struct RunArgs {
     /// Reply terminator of the warm-up request.
     #[arg(long, default_value = "\\r\\n")]
     replay_until: String,
+    /// What `auto` announcements for --port do: the choice a `preheat demo --out FILE` measured
+    /// (its pilot's). Without it, `auto` does wake+lines (counted as auto_unmeasured).
+    #[arg(long, value_name = "FILE")]
+    auto_choice: Option<PathBuf>,
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -286,8 +290,9 @@ struct AnnounceArgs {
     /// How far ahead the request arrives, µs (Fastpass computes schedules ~65 µs ahead).
     #[arg(long, default_value_t = 65)]
     lead_us: u64,
-    /// Strategies: wake, lines, replay, joined with + (or all).
-    #[arg(long, default_value = "wake+lines")]
+    /// Strategies: auto, wake, lines, replay, joined with + (or all). `auto`: what the agent
+    /// was told was measured to help the port (`preheat run --auto-choice`), else wake+lines.
+    #[arg(long, default_value = "auto")]
     strategies: String,
     /// Only this agent (default: every agent found).
     #[arg(long)]
@@ -371,6 +376,11 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         env: vec![],
         agent_only: None,
     };
+    let auto = a
+        .auto_choice
+        .as_deref()
+        .map(preheat_demo::read_saved_choice)
+        .transpose()?;
     let dir = tempdir("run")?;
     let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))?;
     let pids = server.agent_pids();
@@ -385,6 +395,12 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         }
         // A prefork server's master (and any process that does not serve the port) cannot open
         // a replay connection it serves itself: said per process, an error only if none could.
+        if let Some(choice) = &auto {
+            c.call(&Request::SetAuto {
+                port: a.port,
+                strategies: Some(choice.strategies),
+            })?;
+        }
         match c.call(&Request::Configure {
             port: a.port,
             replay: a.replay.as_deref().map(launch::unescape),
@@ -401,6 +417,14 @@ fn cmd_run(a: RunArgs) -> Result<()> {
             "no agent of the server could be configured for port {} (see above)",
             a.port
         );
+    }
+    match &auto {
+        Some(c) => println!("auto for port {}: {}", a.port, c.describe()),
+        None => println!(
+            "auto for port {}: {} (no measured choice: give --auto-choice a demo's --out file)",
+            a.port,
+            Strategies::AUTO_UNMEASURED.name()
+        ),
     }
     println!(
         "server pid {} on port {} with agents {:?}; log {}; Ctrl-C stops it",

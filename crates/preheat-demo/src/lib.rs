@@ -2,10 +2,11 @@
 //! * [`run`] – the pipeline: start the server with the agent, estimate its working set, pilot
 //!   `auto`, measure interleaved rounds of every mode, compute the table ([`Output`]);
 //! * [`render`] – the table as text; [`DemoParams`] – what a run is asked for;
-//! * [`hot`] – the hot floor: every CPU kept out of idle while a warm request is served.
+//! * [`hot`] – the hot floor: every CPU kept out of idle while a warm request is served;
+//! * [`read_saved_choice`] – a demo's `auto` choice read back from its `--out` JSON.
 //!
 //! Modules in one direction: `hot custom params mode` ← `measure table` ← `pilot` ← `run` ←
-//! `render`.
+//! `render`; `saved` stands alone.
 
 mod custom;
 pub mod hot;
@@ -15,6 +16,7 @@ mod params;
 mod pilot;
 mod render;
 mod run;
+mod saved;
 mod table;
 
 pub use custom::CustomProtocol;
@@ -22,4 +24,5 @@ pub use mode::Sample;
 pub use params::DemoParams;
 pub use render::render;
 pub use run::{run, Output, Skipped};
+pub use saved::{parse_saved_choice, read_saved_choice, SavedChoice};
 pub use table::{Decomposition, FloorCheck, Row};

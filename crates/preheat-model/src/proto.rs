@@ -60,10 +60,19 @@ impl Strategies {
     /// Keep the core awake by spinning on it, whatever else the agent could do (the mechanism
     /// `wake` falls back to; named on its own to compare the two in one run).
     pub const SPIN: Strategies = Strategies(8);
+    /// Whatever was measured to help this port most ([`crate::auto`]): the agent replaces this
+    /// bit by the port's configured choice (`Request::SetAuto`), or by
+    /// [`Strategies::AUTO_UNMEASURED`] where none was configured. Other bits sent with it are
+    /// kept.
+    pub const AUTO: Strategies = Strategies(16);
+    /// What `auto` does for a port with no measured choice: `wake+lines`, the default before
+    /// `auto` (never measured slower than announcing nothing on the servers tried; the agent
+    /// counts such announcements, `auto_unmeasured`).
+    pub const AUTO_UNMEASURED: Strategies = Strategies(3);
     /// `wake+lines+replay`.
     pub const ALL: Strategies = Strategies(7);
     /// Every bit an announcement may carry.
-    pub const KNOWN: Strategies = Strategies(15);
+    pub const KNOWN: Strategies = Strategies(31);
     pub const NONE: Strategies = Strategies(0);
 
     pub fn contains(self, o: Strategies) -> bool {
@@ -75,6 +84,10 @@ impl Strategies {
     pub fn is_empty(self) -> bool {
         self.0 == 0
     }
+    /// These strategies without the bits of `o`.
+    pub fn without(self, o: Strategies) -> Strategies {
+        Strategies(self.0 & !o.0)
+    }
     /// Parse `wake+lines`, `lines,replay`, `all`, `none`.
     pub fn parse(s: &str) -> Result<Strategies, String> {
         let mut out = Strategies::NONE;
@@ -84,11 +97,12 @@ impl Strategies {
                 "lines" => Strategies::LINES,
                 "replay" => Strategies::REPLAY,
                 "spin" => Strategies::SPIN,
+                "auto" => Strategies::AUTO,
                 "all" => Strategies::ALL,
                 "none" | "" => Strategies::NONE,
                 other => {
                     return Err(format!(
-                    "unknown strategy '{other}' (use wake, spin, lines, replay, all, none; join with +)"
+                    "unknown strategy '{other}' (use auto, wake, spin, lines, replay, all, none; join with +)"
                 ))
                 }
             });
@@ -98,6 +112,9 @@ impl Strategies {
     /// `wake+lines` etc.
     pub fn name(self) -> String {
         let mut v = Vec::new();
+        if self.contains(Strategies::AUTO) {
+            v.push("auto");
+        }
         if self.contains(Strategies::SPIN) {
             v.push("spin");
         } else if self.contains(Strategies::WAKE) {
@@ -279,6 +296,12 @@ pub enum Request {
         replay_until: Option<String>,
         split_cpus: Vec<u32>,
     },
+    /// What an `auto` announcement for `port` does (`None`: forget the choice, so `auto` does
+    /// [`Strategies::AUTO_UNMEASURED`]); set from a measured choice (`preheat run --auto`).
+    SetAuto {
+        port: u16,
+        strategies: Option<Strategies>,
+    },
     /// Turn the agent off (hooks become pass-through) or on again.
     SetEnabled { enabled: bool },
     /// Start communication detection (shared-pages sampling) with this configuration.
@@ -358,6 +381,10 @@ pub struct PreheatStats {
     /// client's connection).
     #[serde(default)]
     pub replays_fresh: u64,
+    /// `auto` announcements for a port without a measured choice (run as
+    /// [`Strategies::AUTO_UNMEASURED`]).
+    #[serde(default)]
+    pub auto_unmeasured: u64,
 }
 
 /// Summary of a loaded profile class.
@@ -464,6 +491,17 @@ mod tests {
         assert_eq!(Strategies::parse("all").unwrap(), Strategies::ALL);
         assert!(Strategies::parse("warp").is_err());
         assert_eq!(Strategies(5).name(), "wake+replay");
+        assert_eq!(Strategies::parse("auto").unwrap(), Strategies::AUTO);
+        assert_eq!(
+            Strategies::parse("auto+replay").unwrap().name(),
+            "auto+replay"
+        );
+        assert_eq!(
+            Strategies::parse("auto+wake")
+                .unwrap()
+                .without(Strategies::AUTO),
+            Strategies::WAKE
+        );
     }
 
     #[test]

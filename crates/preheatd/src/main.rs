@@ -64,8 +64,10 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
 
-    /// What agents are asked to do: wake, lines, replay, joined with + (or all, none).
-    #[arg(long, value_name = "LIST", default_value = "wake+lines", value_parser = Strategies::parse)]
+    /// What agents are asked to do: auto, wake, lines, replay, joined with + (or all, none).
+    /// `auto`: each agent does what was measured to help its port (`preheat run
+    /// --auto-choice`), else wake+lines.
+    #[arg(long, value_name = "LIST", default_value = "auto", value_parser = Strategies::parse)]
     strategies: Strategies,
 
     /// TCP address of the metrics endpoint (GET /metrics, Prometheus text format).
@@ -358,7 +360,7 @@ mod tests {
             preheat_net::wire::DEFAULT_PREHEATD_PORT,
             "default --listen port"
         );
-        assert_eq!(a.strategies, Strategies(3));
+        assert_eq!(a.strategies, Strategies::AUTO);
         assert!(
             Args::try_parse_from(["preheatd"]).is_err(),
             "--key-file is required"

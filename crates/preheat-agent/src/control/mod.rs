@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use preheat_engine::{probe, time};
-use preheat_model::proto::{Range, Reply, Request};
+use preheat_model::proto::{Range, Reply, Request, Strategies};
 
 use crate::counters::STATS;
 use crate::log::{self, log};
@@ -332,6 +332,23 @@ impl Control {
                 replay_until,
                 split_cpus,
             } => self.configure(port, replay, replay_until, split_cpus),
+            Request::SetAuto { port, strategies } => {
+                if strategies.is_some_and(|s| s.contains(Strategies::AUTO)) {
+                    return Err("set_auto: a choice cannot itself be auto".into());
+                }
+                crate::plan::set_auto(port, strategies)?;
+                log(&format!(
+                    "port {port}: auto announcements do {}",
+                    strategies.map_or_else(
+                        || format!(
+                            "{} (no measured choice)",
+                            Strategies::AUTO_UNMEASURED.name()
+                        ),
+                        |s| s.name()
+                    )
+                ));
+                Ok(Reply::Ok)
+            }
             Request::SetEnabled { enabled } => {
                 set_enabled(enabled);
                 Ok(Reply::Ok)
@@ -442,6 +459,7 @@ fn request_name(r: &Request) -> &'static str {
         Request::LoadProfile { .. } => "load_profile",
         Request::UnloadProfile => "unload_profile",
         Request::Configure { .. } => "configure",
+        Request::SetAuto { .. } => "set_auto",
         Request::SetEnabled { .. } => "set_enabled",
         Request::CommStart { .. } => "comm_start",
         Request::CommStop => "comm_stop",
