@@ -185,18 +185,15 @@ impl<K: Hash + Eq + Clone> RuntimeHistory<K> {
     }
 }
 
+/// The median of the window: the project's one median ([`preheat_model::stats::quantile_ci`]:
+/// the lower middle of an even count, as every table and report takes it).
 fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = it.collect();
     if v.is_empty() {
         return None;
     }
     v.sort_by(|a, b| a.total_cmp(b));
-    let n = v.len();
-    Some(if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    })
+    Some(preheat_model::stats::quantile_ci(&v, 0.5).0)
 }
 
 #[cfg(test)]
@@ -219,6 +216,11 @@ mod tests {
         assert_eq!(e.predict(&"k"), Some(567.5));
         assert_eq!(m.predict(&"k"), Some(200.0));
         assert_eq!(m.predict(&"other"), None);
+        // A window not full yet, of an even count: its lower middle (the project's median).
+        let mut m = RuntimeHistory::new(HistoryKind::MedianOfLast { k: 3 }, 0.1);
+        m.observe("k", 300.0);
+        m.observe("k", 100.0);
+        assert_eq!(m.predict(&"k"), Some(100.0));
     }
 
     #[test]
