@@ -119,10 +119,13 @@ mod timing {
             ("cg", "uffd"),
         ] {
             // A sampling detector: one run in about eight (all day on 2026-11-27, alone on the
-            // machine and beside other tests) saw no event between one instance's two threads.
-            // A kernel whose sets miss the truth gets a second run, said on stderr; both missing
-            // fails (a detector that no longer sees a pattern misses it every time).
-            for attempt in 1..=2 {
+            // machine and beside other tests) saw no event between one instance's two threads;
+            // 12 `cg` runs each with the agent's own file table and with the host's (2026-11-27
+            // #3) missed 1 and 0 times. With two runs per kernel, five kernels would still fail
+            // a suite in ~3%: a kernel whose sets miss the truth gets up to three runs, said on
+            // stderr; all missing fails (a detector that no longer sees a pattern misses it
+            // every time).
+            for attempt in 1..=3 {
                 let out = tmp
                     .path()
                     .join(format!("{kernel}-{mechanism}-{attempt}.json"));
@@ -201,10 +204,10 @@ mod timing {
                     .collect();
                 sets.sort();
                 let want = truth(kernel, &names);
-                if sets != want && attempt == 1 {
+                if sets != want && attempt < 3 {
                     eprintln!(
-                        "comm {kernel}: attempt 1 missed the truth (sets {sets:?}, matrix {}): \
-                     running it once more",
+                        "comm {kernel}: attempt {attempt} missed the truth (sets {sets:?}, matrix \
+                         {}): running it once more",
                         report["matrix"]
                     );
                     continue;
