@@ -1,5 +1,7 @@
 //! `preheat guest` from the command line: its help, clear errors when QEMU or the kernel
-//! package is missing, and no guest left running after the command is killed with SIGKILL.
+//! package is missing, and no guest left running after the command is killed with SIGKILL;
+//! and `preheat cosched run` on a real guest (its vCPU threads coscheduled). The tests that
+//! boot guests hold `serial()`: one of them puts the vCPUs at real-time priorities.
 
 mod common;
 
@@ -65,6 +67,19 @@ fn missing_kernel_package_is_named() {
             && err.contains("apt-get update"),
         "{err}"
     );
+}
+
+/// QEMU, or a skip (a failure under CI, whose test command installs it).
+fn qemu_or_skip() -> bool {
+    if common::find_program("qemu-system-x86_64").is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "scripts/test.sh installs QEMU under CI"
+    );
+    preheat_testsupport::skip!("qemu-system-x86_64", "QEMU is not installed");
+    false
 }
 
 fn start_ticks(pid: u32) -> Option<u64> {
@@ -138,4 +153,48 @@ fn sigkill_leaves_no_guest_running() {
         .flatten()
         .collect();
     assert!(left.is_empty(), "journal entries left: {left:?}");
+}
+
+/// A VM that is a QEMU guest: `cosched run --policy full` boots it, coschedules its two
+/// `CPU n/TCG` threads until the kernel inside ends and the guest powers off, and leaves no
+/// QEMU behind. Nothing timed is asserted (the co-run fraction is the cosched tests' subject).
+#[test]
+fn cosched_runs_a_real_guest() {
+    if !qemu_or_skip() || !common::realtime_or_skip("cosched_runs_a_real_guest") {
+        return;
+    }
+    let _serial = common::serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let cfg = tmp.path().join("vms.json");
+    let vms = r#"{"vms": [{"name": "g", "vcpus": 2, "guest": {"kernel": "mg", "seconds": 3}}]}"#;
+    std::fs::write(&cfg, vms).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let out = ok(
+        &[
+            "cosched",
+            "run",
+            "--config",
+            cfg,
+            "--policy",
+            "full",
+            "--duration",
+            "60",
+            "--json",
+        ],
+        &rd,
+    );
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let vm = &v["vms"][0];
+    let (pid, threads) = (
+        vm["pid"].as_u64().unwrap() as u32,
+        vm["threads"].as_array().unwrap(),
+    );
+    assert_eq!(threads.len(), 2, "{out}");
+    assert!(v["report"]["slices"].as_u64().unwrap() > 0, "{out}");
+    assert!(
+        v["report"]["elapsed_s"].as_f64().unwrap() < 50.0,
+        "ended with the guest: {out}"
+    );
+    assert_eq!(start_ticks(pid), None, "QEMU {pid} is gone");
 }

@@ -332,6 +332,16 @@ impl Guest {
         })
     }
 
+    /// The workload's summary, once it has arrived (reads what the console has sent so far;
+    /// after QEMU exited, everything it sent).
+    pub fn summary(&mut self) -> Option<serde_json::Value> {
+        while self.next_event(Duration::from_millis(200)).is_some() {}
+        self.history.iter().rev().find_map(|t| match &t.event {
+            Event::Summary(v) => Some(v.clone()),
+            _ => None,
+        })
+    }
+
     /// The last console lines that were not the protocol's, and QEMU's stderr.
     pub fn last_words(&self) -> String {
         let console: Vec<&str> = self
