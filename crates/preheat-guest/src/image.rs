@@ -100,8 +100,8 @@ pub fn ensure(spec: &ImageSpec) -> Result<Image> {
     if let Ok(image) = open(&dir) {
         return Ok(image);
     }
+    sweep_builds(&root);
     let tmp = root.join(format!("build-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
     let built = build(&tmp, &root.join("debs"), kernel, busybox, &npb, npb_sha256);
     let renamed = built.and_then(|()| {
@@ -117,6 +117,23 @@ pub fn ensure(spec: &ImageSpec) -> Result<Image> {
         built: true,
         ..open(&dir)?
     })
+}
+
+/// Remove the `build-<pid>` directories that builders killed outright left (called under the
+/// lock, so no build is in progress).
+fn sweep_builds(root: &Path) {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name
+            .strip_prefix("build-")
+            .is_some_and(|p| p.parse::<u32>().is_ok())
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A finished image in `dir`.
