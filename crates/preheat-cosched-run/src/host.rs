@@ -54,11 +54,13 @@ pub struct VmSpec {
 
 /// A real VM: a QEMU guest running a bundled kernel (`preheat-guest`), booted when the run
 /// starts (every guest of the run at once; each kernel starts when its guest is up) and powered
-/// off when the kernel ends. Only its vCPU threads are coscheduled. QEMU's other threads stay
-/// `SCHED_OTHER`: with a 2-vCPU guest running `mg` alone under `full` (one run each, 10 s),
-/// the guest made 763 phases/s against 758 and 738 under plain Linux before and after, but its
-/// console lines arrived up to 2.8 s late (the main loop waits for the real-time throttling's
-/// 5%); with those threads at `SCHED_FIFO` 3, above the vCPUs, 713 phases/s and at most 1.7 s.
+/// off when the kernel ends. Only its vCPU threads are coscheduled; QEMU's other threads stay
+/// `SCHED_OTHER`, unpinned. Measured (a 2-vCPU guest running `mg` alone, `full`, 8 s windows
+/// within one boot, 3 boots): 581, 522, 546 phases/s against 585, 466, 521 under plain Linux
+/// before and 558, 446, 623 after, console lines at most 0.5–1.0 s late (a first 10 s run: up
+/// to 2.8 s); with those threads at `SCHED_FIFO` 3, above the vCPUs: 578, 501, 583 phases/s,
+/// at most 0.8–0.9 s late — no difference worth an extra real-time thread for one
+/// compute-bound guest; guests competing for the CPUs, or doing I/O, are still to be measured.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GuestVm {
