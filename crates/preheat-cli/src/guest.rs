@@ -76,11 +76,14 @@ struct RunArgs {
     /// Its threads [default: --vcpus].
     #[arg(long)]
     threads: Option<usize>,
+    /// Independent instances of it (dividing the threads; 2: the paper's "double").
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
     /// How long it runs, seconds of guest time.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
     /// Boot and wait (no kernel) until Ctrl-C or SIGTERM.
-    #[arg(long, conflicts_with_all = ["kernel", "threads", "seconds"])]
+    #[arg(long, conflicts_with_all = ["kernel", "threads", "seconds", "instances"])]
     idle: bool,
     /// Give up when user space is not up within this many seconds.
     #[arg(long, default_value_t = 120)]
@@ -155,7 +158,7 @@ fn run_guest(a: RunArgs) -> Result<()> {
     spec.memory_mb = a.memory_mb;
     if !a.idle {
         let threads = a.threads.unwrap_or(a.vcpus as usize);
-        spec.workload = Some(Workload::npb(&a.kernel, threads, a.seconds));
+        spec.workload = Some(Workload::npb(&a.kernel, threads, a.seconds).instances(a.instances));
     }
     let (mut guest, mut r) = session::boot(&image, &spec, Duration::from_secs(a.boot_timeout_s))?;
     if !a.json {

@@ -69,6 +69,9 @@ pub struct GuestVm {
     /// Its threads [default: the VM's vCPUs].
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Independent instances of it [default: 1; 2 is the paper's "double"].
+    #[serde(default)]
+    pub instances: Option<usize>,
     /// How long it runs, seconds of guest time.
     pub seconds: f64,
 }
@@ -233,7 +236,8 @@ fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
         };
         let mut spec = GuestSpec::new(&vm.name, vm.spec.vcpus as u32);
         let threads = g.threads.unwrap_or(vm.spec.vcpus);
-        spec.workload = Some(Workload::npb(&g.kernel, threads, g.seconds));
+        let instances = g.instances.unwrap_or(1);
+        spec.workload = Some(Workload::npb(&g.kernel, threads, g.seconds).instances(instances));
         let guest = Guest::start(image, &spec)?;
         vm.pid = guest.pid();
         vm.spec.threads = "CPU ".into();

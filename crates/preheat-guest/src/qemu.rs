@@ -68,6 +68,13 @@ impl Workload {
         }
     }
 
+    /// The same with `--instances INSTANCES` (independent copies, the paper's "double").
+    pub fn instances(mut self, instances: usize) -> Workload {
+        self.args
+            .extend(["--instances".into(), instances.to_string()]);
+        self
+    }
+
     /// The kernel command line's `preheat.args=` value (comma-separated), refused when an
     /// argument holds a character the command line or `/init`'s splitting would change.
     pub fn cmdline_value(&self) -> Result<String> {
@@ -456,6 +463,12 @@ mod tests {
             w.cmdline_value().unwrap(),
             "mg,--threads,2,--seconds,5,--json,--progress-ms,1000"
         );
+        assert!(w
+            .clone()
+            .instances(2)
+            .cmdline_value()
+            .unwrap()
+            .starts_with("mg,--threads,2,--seconds,5,--instances,2,"));
         let bad = Workload {
             args: vec!["mg x".into()],
             progress_ms: 1000,
