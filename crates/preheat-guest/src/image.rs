@@ -5,9 +5,10 @@
 //! `preheat_engine::host::cache_dir`), keyed by what went in: the kernel package and version,
 //! busybox-static's version, the `preheat-npb` binary's and `/init`'s bytes and the image format.
 //! A newer kernel from apt, a rebuilt `preheat-npb` or a changed `/init` is a new image; an
-//! unchanged one is found again in milliseconds plus apt's look-ups. Package files are kept in
-//! `guest/debs/`. An image is built in a private directory and renamed into place, under a lock
-//! on `guest/.lock`, so concurrent builders never see half an image.
+//! unchanged one is found again in milliseconds plus apt's look-up (~0.7 s). Package files are
+//! kept in `guest/debs/`, and the three newest images. An image is built in a private directory
+//! and renamed into place, under a lock on `guest/.lock`, so concurrent builders never see half
+//! an image.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,8 @@ use crate::debian::{self, Package};
 
 /// Bumped when the image's layout changes.
 const FORMAT: u32 = 1;
+/// Images kept in the cache (the newest built); each is about 13 MB.
+const KEEP_IMAGES: usize = 3;
 
 /// What to build the image from.
 #[derive(Debug, Clone, Default)]
@@ -113,6 +116,7 @@ pub fn ensure(spec: &ImageSpec) -> Result<Image> {
         let _ = std::fs::remove_dir_all(&tmp);
         return Err(e);
     }
+    prune_images(&root, KEEP_IMAGES);
     Ok(Image {
         built: true,
         ..open(&dir)?
@@ -133,6 +137,29 @@ fn sweep_builds(root: &Path) {
         {
             let _ = std::fs::remove_dir_all(e.path());
         }
+    }
+}
+
+/// Keep the `keep` newest `image-*` directories in `root` (by the time their manifest was
+/// written), remove the others: a rebuilt `preheat-npb` or a new kernel makes a new image. QEMU
+/// reads the kernel and initramfs when it starts, so running guests do not mind.
+fn prune_images(root: &Path, keep: usize) {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    let mut images: Vec<(std::time::SystemTime, PathBuf)> = rd
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("image-"))
+        .map(|e| {
+            let written = std::fs::metadata(e.path().join("manifest.json"))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            (written, e.path())
+        })
+        .collect();
+    images.sort_by_key(|i| std::cmp::Reverse(i.0));
+    for (_, dir) in images.into_iter().skip(keep) {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 
@@ -244,6 +271,26 @@ mod tests {
             name: name.into(),
             version: version.into(),
         }
+    }
+
+    #[test]
+    fn prune_keeps_the_newest() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (i, name) in ["image-a", "image-b", "image-c", "debs"].iter().enumerate() {
+            let d = tmp.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            let f = std::fs::File::create(d.join("manifest.json")).unwrap();
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000 + i as u64);
+            f.set_modified(t).unwrap();
+        }
+        prune_images(tmp.path(), 2);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["debs", "image-b", "image-c"]);
     }
 
     #[test]
