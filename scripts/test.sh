@@ -30,10 +30,12 @@ installed=(preheat)
 need=()
 # The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), a
 # server outside the catalog (lighttpd), and the programs the cache-affinity experiments run on
-# fixed inputs (gzip, xz, sqlite3, gcc).
+# fixed inputs (gzip, xz, sqlite3, gcc), and QEMU for the real guests (their image is made from
+# packages apt downloads, never installs: see the guest-image step below).
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
     redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
-    lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv; do
+    lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv \
+    qemu-system-x86:qemu-system-x86_64; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   installed+=("$bin")
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")
@@ -76,6 +78,14 @@ if [ ${#need[@]} -gt 0 ]; then
   else
     echo "test.sh: missing ${need[*]} and cannot install them (not root or no apt-get): the tests that need them will SKIP"
   fi
+fi
+
+# The guest image (preheat-guest) is built from packages apt downloads (the kernel that
+# linux-image-amd64 names, busybox-static): apt needs its package lists for that.
+if ! apt-cache show linux-image-amd64 >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null 2>&1; then
+  echo "test.sh: apt has no package lists (for the guest image): apt-get update"
+  apt-get update -qq
 fi
 
 step "building the workspace"

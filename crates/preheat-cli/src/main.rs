@@ -13,6 +13,7 @@ mod comm;
 mod cosched;
 mod demo;
 mod groups;
+mod guest;
 mod load;
 mod progress;
 mod record;
@@ -140,6 +141,9 @@ Prints the tree (each node's d and tasks, with the walk's decisions) and the set
     Cosched(cosched::CoschedArgs),
     /// Cache affinity: what interleaving and moving a task cost here, and preheating to win it back.
     Affinity(affinity::AffinityArgs),
+    /// Real virtual machines: a guest image from Debian packages, QEMU guests with known vCPUs, their progress.
+    #[command(long_about = guest::LONG_ABOUT)]
+    Guest(guest::GuestArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
     Topology {
         #[arg(long)]
@@ -359,6 +363,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Comm(a) => comm::run(a),
         Cmd::Cosched(a) => cosched::run(a),
         Cmd::Affinity(a) => affinity::run(a),
+        Cmd::Guest(a) => guest::run(a),
     }
 }
 

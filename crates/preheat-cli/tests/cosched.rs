@@ -370,7 +370,11 @@ fn bad_configurations_are_refused_clearly() {
         ),
         (
             r#"{"vms": [{"vcpus": 2}]}"#,
-            "either \"command\" or \"pid\"",
+            "exactly one of \"command\", \"pid\" and \"guest\"",
+        ),
+        (
+            r#"{"vms": [{"vcpus": 1, "pid": 1, "guest": {"kernel": "mg", "seconds": 1}}]}"#,
+            "exactly one of",
         ),
         (
             r#"{"vms": [{"vcpus": 2, "pid": 1, "sets": [[0, 2]]}]}"#,

@@ -64,6 +64,7 @@ pub fn measure(
             vcpus: cpus,
             command: experiment::npb_argv(kernel, cpus, 1, seconds)?,
             pid: None,
+            guest: None,
             threads: "npb-".into(),
             sets: vec![(0..cpus).collect()],
         }],

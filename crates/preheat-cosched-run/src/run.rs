@@ -234,9 +234,11 @@ fn control_loop(
 }
 
 /// Let programs that end by themselves (a bounded workload) finish and print, then stop the
-/// rest; what each VM was and printed.
+/// rest; what each VM was and printed (a guest: its kernel's summary line, from its console).
 fn stop_vms(vms: &mut [LiveVm]) -> Vec<VmOutcome> {
     let t0 = Instant::now();
+    let wait = || Duration::from_secs(5).saturating_sub(t0.elapsed());
+    let mut printed = Vec::with_capacity(vms.len());
     for vm in vms.iter_mut() {
         if let Some(p) = vm.program.as_mut() {
             while t0.elapsed() < Duration::from_secs(5) {
@@ -247,18 +249,26 @@ fn stop_vms(vms: &mut [LiveVm]) -> Vec<VmOutcome> {
             }
         }
         vm.program = None;
+        // A guest powers off once its kernel has printed its summary.
+        printed.push(vm.guest.as_mut().map(|g| {
+            let _ = g.wait_exit(wait());
+            g.summary().map(|v| v.to_string()).unwrap_or_default()
+        }));
+        vm.guest = None;
     }
     vms.iter()
-        .map(|vm| VmOutcome {
+        .zip(printed)
+        .map(|(vm, printed)| VmOutcome {
             name: vm.name.clone(),
             pid: vm.pid,
             vcpus: vm.spec.vcpus,
             threads: vm.threads.iter().map(|t| t.tid).collect(),
-            stdout: vm
-                .stdout
-                .as_ref()
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default(),
+            stdout: printed.unwrap_or_else(|| {
+                vm.stdout
+                    .as_ref()
+                    .and_then(|p| std::fs::read_to_string(p).ok())
+                    .unwrap_or_default()
+            }),
         })
         .collect()
 }

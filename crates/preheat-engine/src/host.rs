@@ -1,8 +1,9 @@
-//! The host's programs and loopback ports: the one lookup of an installed program (on `PATH`
-//! and in the sbin directories Debian installs daemons in, which a non-root `PATH` often lacks),
-//! the one free-port helper, and what the kernel weighs when it decides whether running a file
-//! raises privileges (secure execution, `AT_SECURE`): this process's ids ([`Creds`]), a file's
-//! capabilities ([`has_file_caps`]) and its mount's `nosuid` flag ([`on_nosuid_mount`]).
+//! The host's programs, directories and loopback ports: the one lookup of an installed program
+//! (on `PATH` and in the sbin directories Debian installs daemons in, which a non-root `PATH`
+//! often lacks), the one cache directory ([`cache_dir`]), the one free-port helper, and what the
+//! kernel weighs when it decides whether running a file raises privileges (secure execution,
+//! `AT_SECURE`): this process's ids ([`Creds`]), a file's capabilities ([`has_file_caps`]) and
+//! its mount's `nosuid` flag ([`on_nosuid_mount`]).
 
 use std::ffi::CString;
 use std::io;
@@ -39,6 +40,27 @@ pub fn find_in(name: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
 /// An installed program: the first executable `name` in [`search_dirs`].
 pub fn find_program(name: &str) -> Option<PathBuf> {
     find_in(name, &search_dirs())
+}
+
+/// The one cache directory of things built on first use (the trace tool, guest images):
+/// `PREHEAT_CACHE_DIR`, else `$XDG_CACHE_HOME/preheat`, else `$HOME/.cache/preheat`, else
+/// `preheat-cache` in the temp dir (empty variables count as unset). Not created here.
+pub fn cache_dir() -> PathBuf {
+    let var = |name| {
+        std::env::var_os(name)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = var("PREHEAT_CACHE_DIR") {
+        return d;
+    }
+    if let Some(d) = var("XDG_CACHE_HOME") {
+        return d.join("preheat");
+    }
+    if let Some(h) = var("HOME") {
+        return h.join(".cache/preheat");
+    }
+    std::env::temp_dir().join("preheat-cache")
 }
 
 /// A loopback TCP port that is free right now (bound and released at once: a server started

@@ -32,6 +32,12 @@ pub fn init(page: &[AtomicU64]) {
     page[STOP_AFTER].store(NEVER, Ordering::Relaxed);
 }
 
+/// Barrier phases completed so far on an initialised barrier `page`: the generation counter,
+/// read without ordering (a progress report, not a synchronisation).
+pub fn phases(page: &[AtomicU64]) -> u64 {
+    page[GENERATION].load(Ordering::Relaxed)
+}
+
 /// A view of one instance's barrier page for `ranks` participants.
 #[derive(Debug, Clone, Copy)]
 pub struct Barrier<'a> {
@@ -135,5 +141,6 @@ mod tests {
         assert_eq!(b.stop_after(), 5);
         b.wait();
         b.wait();
+        assert_eq!(phases(region.barrier_page()), 2);
     }
 }

@@ -36,6 +36,9 @@ pub struct Config {
     pub start_delay: Duration,
     /// Record the shared pages each rank touches (tests; allocates during the run).
     pub trace_pages: bool,
+    /// Report the barrier phases of every instance this often during the run (the main thread
+    /// then reads each barrier page once per period; see [`mod@crate::run`]).
+    pub progress: Option<Duration>,
 }
 
 impl Config {
@@ -51,6 +54,7 @@ impl Config {
             pin: false,
             start_delay: Duration::ZERO,
             trace_pages: false,
+            progress: None,
         }
     }
 
@@ -82,6 +86,9 @@ impl Config {
         }
         if self.work == 0 {
             return Err("--work must be at least 1".into());
+        }
+        if self.progress.is_some_and(|p| p.is_zero()) {
+            return Err("--progress-ms must be at least 1".into());
         }
         Ok(())
     }

@@ -45,5 +45,5 @@ pub mod spec;
 
 pub use config::Config;
 pub use report::Summary;
-pub use run::{run, Ready, RunOutcome};
+pub use run::{run, run_observed, Progress, Ready, RunOutcome};
 pub use spec::{Kernel, Limit};

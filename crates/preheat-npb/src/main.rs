@@ -2,7 +2,9 @@
 //! sharing pattern is known by construction; see the library documentation.
 //!
 //! stdout: one line `READY {"pid":P,"threads":[{"index":j,"tid":T,"name":"…","instance":i,
-//! "rank":r},…]}` as soon as every thread exists (before `--start-delay-ms`), then at the end
+//! "rank":r},…]}` as soon as every thread exists (before `--start-delay-ms`), with
+//! `--progress-ms N` a line `PROGRESS {"t_ms":T,"phases":[…]}` every N ms of the run (barrier
+//! phases completed per instance since the start), then at the end
 //! the summary: with `--json` only the JSON line, otherwise three human lines followed by the
 //! same JSON line (always the last line). Exit status 0 on success, 2 on bad options, 1 if
 //! the run fails.
@@ -49,6 +51,10 @@ struct Args {
     /// Sleep this long after READY before the first iteration.
     #[arg(long, default_value_t = 0)]
     start_delay_ms: u64,
+    /// Every this many milliseconds of the run, print `PROGRESS {"t_ms":…,"phases":[…]}`: the
+    /// barrier phases each instance has completed since the start.
+    #[arg(long)]
+    progress_ms: Option<u64>,
     /// Print only JSON (READY line, then the summary line).
     #[arg(long)]
     json: bool,
@@ -72,9 +78,19 @@ fn config(a: &Args) -> Result<Config, String> {
         pin: a.pin,
         start_delay: Duration::from_millis(a.start_delay_ms),
         trace_pages: false,
+        progress: a.progress_ms.map(Duration::from_millis),
     };
     c.validate()?;
     Ok(c)
+}
+
+/// `TAG {json}` on stdout, flushed. A closed stdout must not stop the run; the summary write at
+/// the end reports it.
+fn print_line(tag: &str, value: &impl serde::Serialize) {
+    let line = serde_json::to_string(value).expect("a report serialises");
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{tag} {line}");
+    let _ = out.flush();
 }
 
 fn main() -> ExitCode {
@@ -86,13 +102,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let outcome = preheat_npb::run(&config, |ready| {
-        let line = serde_json::to_string(ready).expect("READY serialises");
-        let mut out = std::io::stdout().lock();
-        // A closed stdout must not stop the run; the summary write below reports it.
-        let _ = writeln!(out, "READY {line}");
-        let _ = out.flush();
-    });
+    let outcome = preheat_npb::run_observed(
+        &config,
+        |ready| print_line("READY", ready),
+        |progress| print_line("PROGRESS", progress),
+    );
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {

@@ -14,7 +14,9 @@
 //! ranks write only after their last iteration (it joins the threads only then, since
 //! `pthread_join` reads the joined thread's own stack pages). Results come back through the
 //! join handles. A detector that resets its matrix after the start delay and stops before the
-//! end therefore sees only the designed sharing.
+//! end therefore sees only the designed sharing. With [`Config::progress`] the main thread also
+//! reads each instance's barrier generation once per period ([`Progress`]): one more reader of a
+//! page the instance's ranks share anyway.
 
 use std::ops::Range;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -23,9 +25,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use preheat_engine::os;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::barrier::Barrier;
+use crate::barrier::{self, Barrier};
 use crate::config::{thread_name, Config};
 use crate::exchange::{Exchange, PageSets};
 use crate::kernels::{self, Outcome, RankSpec};
@@ -54,6 +56,15 @@ pub struct Ready {
     pub pid: u32,
     /// All threads, by index.
     pub threads: Vec<ThreadInfo>,
+}
+
+/// Barrier phases completed so far, reported every [`Config::progress`] during a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Milliseconds since the common start time.
+    pub t_ms: u64,
+    /// Barrier phases each instance has completed, by instance.
+    pub phases: Vec<u64>,
 }
 
 /// What one rank did.
@@ -227,6 +238,16 @@ fn rank_main(
 /// Run `config`. `on_ready` is called once every rank exists and is set up, before the start
 /// delay; the ranks start their first iteration `config.start_delay` after it returns.
 pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome> {
+    run_observed(config, on_ready, |_| {})
+}
+
+/// [`run`], calling `on_progress` every [`Config::progress`] from the start time until every
+/// rank is done (never without it).
+pub fn run_observed(
+    config: &Config,
+    on_ready: impl FnOnce(&Ready),
+    mut on_progress: impl FnMut(&Progress),
+) -> Result<RunOutcome> {
     config.validate().map_err(|e| anyhow!(e))?;
     let ranks = config.ranks();
     let pattern = Pattern::for_kernel(config.kernel, ranks, config.seed);
@@ -281,12 +302,7 @@ pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome>
             // A rank that is gone shows up as a failed join below.
             let _ = go.send(start_at);
         }
-        for _ in 0..config.threads {
-            // An error means a rank is gone without "done"; its join below says why.
-            if done_rx.recv().is_err() {
-                break;
-            }
-        }
+        await_done(&done_rx, config, start_at, &regions, &mut on_progress);
         let mut finished = Vec::with_capacity(config.threads);
         for (h, pin_error) in handles.into_iter().zip(pin_errors) {
             match h.join() {
@@ -321,6 +337,41 @@ pub fn run(config: &Config, on_ready: impl FnOnce(&Ready)) -> Result<RunOutcome>
         wall,
         pid,
     })
+}
+
+/// Wait for every rank's "done" (an error means a rank is gone without it; its join says why),
+/// reporting progress every `config.progress` meanwhile.
+fn await_done(
+    done_rx: &Receiver<()>,
+    config: &Config,
+    start_at: Instant,
+    regions: &[Region],
+    on_progress: &mut impl FnMut(&Progress),
+) {
+    let mut left = config.threads;
+    let Some(period) = config.progress else {
+        while left > 0 && done_rx.recv().is_ok() {
+            left -= 1;
+        }
+        return;
+    };
+    let mut next = start_at + period;
+    while left > 0 {
+        match done_rx.recv_timeout(next.saturating_duration_since(Instant::now())) {
+            Ok(()) => left -= 1,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                on_progress(&Progress {
+                    t_ms: start_at.elapsed().as_millis() as u64,
+                    phases: regions
+                        .iter()
+                        .map(|r| barrier::phases(r.barrier_page()))
+                        .collect(),
+                });
+                next += period;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
 }
 
 /// Every rank's registration (it is set up and pinned), in index order: the threads' identities

@@ -1,5 +1,6 @@
 //! The binary: bad options exit 2 with a message; the READY line parses, lists every thread
-//! with distinct tids and the names the threads really carry; the last line is the summary.
+//! with distinct tids and the names the threads really carry; progress lines count phases; the
+//! last line is the summary.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
@@ -111,5 +112,46 @@ fn long_names_are_cut_to_fifteen_bytes() {
     assert_eq!(
         preheat_npb::config::thread_name(preheat_npb::Kernel::Cg, 100, 200).len(),
         15
+    );
+}
+
+#[test]
+fn progress_lines_count_each_instances_phases() {
+    let out = npb()
+        .args([
+            "mg",
+            "--threads",
+            "4",
+            "--instances",
+            "2",
+            "--seconds",
+            "0.5",
+        ])
+        .args(["--progress-ms", "100", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let reports: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("PROGRESS "))
+        .map(|j| serde_json::from_str(j).unwrap())
+        .collect();
+    assert!(reports.len() >= 2, "{text}");
+    for w in reports.windows(2) {
+        assert!(w[1]["t_ms"].as_u64() > w[0]["t_ms"].as_u64(), "{text}");
+        let phases = |r: &Value| -> Vec<u64> {
+            let counts = r["phases"].as_array().unwrap().iter();
+            counts.map(|p| p.as_u64().unwrap()).collect()
+        };
+        let (a, b) = (phases(&w[0]), phases(&w[1]));
+        assert_eq!(a.len(), 2, "one count per instance: {text}");
+        assert!(a.iter().zip(&b).all(|(x, y)| y >= x), "{text}");
+    }
+    let last = reports.last().unwrap();
+    assert!(last["phases"][0].as_u64().unwrap() > 0, "{text}");
+    assert!(
+        text.lines().last().unwrap().starts_with('{'),
+        "the summary stays last"
     );
 }

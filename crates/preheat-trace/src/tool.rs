@@ -65,7 +65,7 @@ impl Env {
         Env {
             path: std::env::var_os("PATH"),
             valgrind_lib: std::env::var_os("VALGRIND_LIB"),
-            cache_root: cache_root(),
+            cache_root: preheat_engine::host::cache_dir(),
         }
     }
 
@@ -133,19 +133,6 @@ fn file_stamp(p: &Path) -> String {
         }
         Err(_) => p.display().to_string(),
     }
-}
-
-fn cache_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("PREHEAT_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("preheat");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(h).join(".cache/preheat");
-    }
-    std::env::temp_dir().join("preheat-cache")
 }
 
 struct Install {

@@ -1,0 +1,184 @@
+//! `preheat guest`: real virtual machines (QEMU, TCG) for the coscheduling experiments. The
+//! image, QEMU and the console live in `preheat-guest`; this parses arguments and prints.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use preheat_guest::session;
+use preheat_guest::{journal, GuestSpec, ImageSpec, Workload};
+
+/// `preheat guest --help`.
+pub const LONG_ABOUT: &str =
+    "Real virtual machines for the coscheduling experiments (issue 22): QEMU guests \
+with a known number of vCPUs, each vCPU one host thread (`CPU n/TCG`), running the bundled \
+NPB-style kernels and reporting their progress (barrier phases per second of the guest's own \
+clock) on the serial console.\n\n\
+The guest image is built on first use from Debian packages only and cached (in \
+$PREHEAT_CACHE_DIR, else $XDG_CACHE_HOME/preheat, else ~/.cache/preheat; under guest/, keyed by \
+the package versions and the preheat-npb binary): the kernel the metapackage linux-image-amd64 \
+names (downloaded with apt-get download, never installed), busybox-static, and a statically \
+linked preheat-npb (built with cargo from a source checkout, or $PREHEAT_NPB_STATIC_BIN). QEMU \
+comes from the Debian package qemu-system-x86. KVM is not used: /dev/kvm on our VMs cannot boot \
+stock kernels; multi-threaded TCG can (about 8 s from start to user space here).\n\n\
+No guest outlives the command: QEMU is stopped on exit, error and SIGINT/SIGTERM, dies with the \
+command (parent-death signal), and is journaled in $PREHEAT_RUN_DIR/guests so that the next \
+`guest run` or `guest cleanup` stops what a SIGKILLed command left.\n\n\
+Examples:\n  preheat guest build\n  preheat guest run --vcpus 2 --kernel mg --seconds 10\n  \
+preheat guest run --vcpus 1 --idle\n  preheat guest cleanup";
+
+#[derive(Args)]
+pub struct GuestArgs {
+    #[command(subcommand)]
+    cmd: GuestCmd,
+}
+
+#[derive(Subcommand)]
+enum GuestCmd {
+    /// Build the guest image (or find it in the cache) and print what it is made of.
+    Build {
+        #[command(flatten)]
+        image: ImageArgs,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Boot a guest, run an NPB-style kernel in it and print its progress; the guest powers off
+    /// when the kernel ends (with --idle: runs until Ctrl-C).
+    Run(RunArgs),
+    /// Stop guests whose command was killed outright, and forget them.
+    Cleanup,
+}
+
+#[derive(Args)]
+struct ImageArgs {
+    /// The kernel package [default: the one linux-image-amd64 depends on].
+    #[arg(long)]
+    kernel_package: Option<String>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    image: ImageArgs,
+    /// QEMU's name for the guest.
+    #[arg(long, default_value = "vm1")]
+    name: String,
+    /// Virtual CPUs.
+    #[arg(long, default_value_t = 2)]
+    vcpus: u32,
+    /// Guest memory, MiB.
+    #[arg(long, default_value_t = 256)]
+    memory_mb: u32,
+    /// The kernel to run inside: mg, cg, is or ep (ep has no barriers: no phases).
+    #[arg(long, default_value = "mg")]
+    kernel: String,
+    /// Its threads [default: --vcpus].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Independent instances of it (dividing the threads; 2: the paper's "double").
+    #[arg(long, default_value_t = 1)]
+    instances: usize,
+    /// How long it runs, seconds of guest time.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Boot and wait (no kernel) until Ctrl-C or SIGTERM.
+    #[arg(long, conflicts_with_all = ["kernel", "threads", "seconds", "instances"])]
+    idle: bool,
+    /// Give up when user space is not up within this many seconds.
+    #[arg(long, default_value_t = 120)]
+    boot_timeout_s: u64,
+    /// Print one JSON object at the end instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: GuestArgs) -> Result<()> {
+    match a.cmd {
+        GuestCmd::Build { image, json } => build(image, json),
+        GuestCmd::Run(r) => run_guest(r),
+        GuestCmd::Cleanup => {
+            let reaped = journal::reap_orphans(&journal::dir());
+            for r in &reaped {
+                let what = if r.killed { "stopped" } else { "already gone" };
+                println!("guest {} (QEMU pid {}): {what}", r.name, r.pid);
+            }
+            println!("{} orphaned guest(s) handled", reaped.len());
+            Ok(())
+        }
+    }
+}
+
+fn image_spec(a: ImageArgs) -> ImageSpec {
+    ImageSpec {
+        kernel_package: a.kernel_package,
+        npb: None,
+    }
+}
+
+fn build(a: ImageArgs, json: bool) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let image = preheat_guest::ensure_image(&image_spec(a))?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({
+                "dir": image.dir, "kernel": image.kernel, "initrd": image.initrd,
+                "built": image.built, "manifest": image.manifest,
+            }))?
+        );
+        return Ok(());
+    }
+    let m = &image.manifest;
+    let how = if image.built {
+        "built"
+    } else {
+        "found in the cache"
+    };
+    println!(
+        "guest image {how} in {:.1} s (measured, 1 run): {}",
+        t0.elapsed().as_secs_f64(),
+        image.dir.display()
+    );
+    println!(
+        "  kernel   {} {} (vmlinuz-{})",
+        m.kernel.name, m.kernel.version, m.kernel_release
+    );
+    println!("  busybox  {} {}", m.busybox.name, m.busybox.version);
+    println!("  preheat-npb (static) sha256 {}", &m.npb_sha256[..16]);
+    println!("  initramfs {} KiB", m.initrd_bytes / 1024);
+    Ok(())
+}
+
+fn run_guest(a: RunArgs) -> Result<()> {
+    // Before a build that may take a minute: what is missing is said at once.
+    preheat_guest::qemu::find_qemu()?;
+    let image = preheat_guest::ensure_image(&image_spec(a.image))?;
+    let mut spec = GuestSpec::new(&a.name, a.vcpus);
+    spec.memory_mb = a.memory_mb;
+    if !a.idle {
+        let threads = a.threads.unwrap_or(a.vcpus as usize);
+        spec.workload = Some(Workload::npb(&a.kernel, threads, a.seconds).instances(a.instances));
+    }
+    let (mut guest, mut r) = session::boot(&image, &spec, Duration::from_secs(a.boot_timeout_s))?;
+    if !a.json {
+        print!("{}", session::render_up(&r));
+    }
+    if a.idle {
+        println!("guest {} idles; Ctrl-C stops it", a.name);
+        while guest.wait_exit(Duration::from_secs(3600))?.is_none() {}
+        bail!("guest {} stopped on its own", a.name);
+    }
+    let budget = Duration::from_secs_f64(a.seconds * 4.0 + 60.0);
+    session::follow(&mut guest, &mut r, budget, |row, rates| {
+        if !a.json {
+            println!("{}", session::render_row(row, rates.as_deref()));
+        }
+    })?;
+    if a.json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        print!("{}", session::render_end(&r));
+    }
+    Ok(())
+}
