@@ -1,0 +1,168 @@
+//! Real servers observed from outside: a dynamic event loop (Python selectors), a static C
+//! epoll server, and a hand-off server (a reader thread queues, a writer thread answers). Each
+//! gets N requests (half on a connection opened before attach, half on one opened after) and
+//! must show N request periods on the port, the hand-off's on the writing thread.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use preheat_observe::{Observer, Options, Report};
+
+const N: usize = 40;
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn servers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers")
+}
+
+/// Start `cmd PORT`, wait until it accepts connections.
+fn start(mut cmd: Command, port: u16) -> Server {
+    let s = Server(cmd.arg(port.to_string()).spawn().expect("starting the test server"));
+    let t0 = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "server did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s
+}
+
+fn request(c: &mut TcpStream) {
+    c.write_all(b"ping\n").unwrap();
+    let mut b = [0u8; 5];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"pong\n");
+}
+
+fn permitted() -> bool {
+    // The effective uid of this process, from /proc.
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or("1");
+    if euid != "0" {
+        preheat_testsupport::skip("root", "observing from outside needs root (perf_event_open on syscall tracepoints)");
+        return false;
+    }
+    true
+}
+
+/// N requests to `port` while attached, alternating between a connection opened (and served
+/// once) before attach and one opened after.
+fn observe_requests(pid: u32, port: u16) -> Report {
+    let mut before = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    request(&mut before); // accepted and served before attach
+    let obs = Observer::attach(Options::new(pid, port)).expect("attaching the observer");
+    let mut after = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    for i in 0..N {
+        let c = if i % 2 == 0 { &mut before } else { &mut after };
+        request(c);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    obs.finish()
+}
+
+fn check_direct(r: &Report) {
+    assert_eq!(r.lost_samples, 0);
+    let reads: usize = r.threads.iter().map(|t| t.read).sum();
+    assert_eq!(reads, N, "{:#?}", r.threads);
+    let accepts: usize = r.threads.iter().map(|t| t.accept).sum();
+    assert!(accepts <= 1, "{:#?}", r.threads);
+    assert!(r.periods.iter().all(|p| p.end_ns >= p.start_ns && p.start_ns >= r.start_ns));
+}
+
+#[test]
+fn python_event_loop() {
+    if !permitted() {
+        return;
+    }
+    let port = preheat_testsupport::free_port();
+    let mut cmd = Command::new("python3");
+    cmd.arg(servers_dir().join("event_loop.py"));
+    let s = start(cmd, port);
+    let r = observe_requests(s.0.id(), port);
+    check_direct(&r);
+    assert_eq!(r.threads.len(), 1, "{:#?}", r.threads);
+    assert_eq!(r.threads[0].tid, s.0.id());
+}
+
+#[test]
+fn static_c_epoll_server() {
+    if !permitted() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = servers_dir().join("epoll_server.c");
+    let Some(built) = preheat_testsupport::try_compile_c(&src, &dir.path().join("srv"), &["-O1", "-static"])
+    else {
+        return;
+    };
+    let exe = match built {
+        Ok(p) => p,
+        Err(e) => {
+            preheat_testsupport::skip("libc.a", &format!("gcc -static failed (no static libc?): {e}"));
+            return;
+        }
+    };
+    let elf = std::fs::read(&exe).unwrap();
+    assert!(!elf.windows(7).any(|w| w == b"ld-linux"), "the test server is not static");
+    let port = preheat_testsupport::free_port();
+    let s = start(Command::new(&exe), port);
+    let r = observe_requests(s.0.id(), port);
+    check_direct(&r);
+    assert_eq!(r.threads.len(), 1);
+}
+
+#[test]
+fn hand_off_goes_to_the_writing_thread() {
+    if !permitted() {
+        return;
+    }
+    let port = preheat_testsupport::free_port();
+    let mut cmd = Command::new("python3");
+    cmd.arg(servers_dir().join("hand_off.py"));
+    let s = start(cmd, port);
+    let r = observe_requests(s.0.id(), port);
+    assert_eq!(r.lost_samples, 0);
+    let reads: usize = r.threads.iter().map(|t| t.read).sum();
+    assert_eq!(reads, N, "{:#?}", r.threads);
+    let writers: Vec<_> = r.threads.iter().filter(|t| t.hand_off > 0).collect();
+    assert_eq!(writers.len(), 1, "{:#?}", r.threads);
+    let writer = writers[0];
+    // Every reply was written in a hand-off period of the writer; a period answers more than
+    // one request only when the next one was queued before the writer waited again.
+    assert_eq!(writer.hand_off_replies, N, "{:#?}", r.threads);
+    assert!(writer.hand_off >= N * 3 / 4, "{:#?}", r.threads);
+    assert_eq!(writer.read, 0);
+    // The requests were read by the two reader threads (one per connection; the second one
+    // was created after attach, so it is followed through inheritance).
+    let readers: Vec<u32> = r.threads.iter().filter(|t| t.read > 0).map(|t| t.tid).collect();
+    assert_eq!(readers.len(), 2, "{:#?}", r.threads);
+    assert_eq!(writer.hand_off_from, readers);
+}
+
+#[test]
+fn refuses_at_once_without_a_listener() {
+    if !permitted() {
+        return;
+    }
+    let t0 = Instant::now();
+    let port = preheat_testsupport::free_port();
+    let e = Observer::attach(Options::new(std::process::id(), port)).err().expect("refused");
+    assert!(e.to_string().contains("no socket listening"), "{e}");
+    let e = Observer::attach(Options::new(u32::MAX - 1, port)).err().expect("refused");
+    assert!(e.to_string().contains("no process"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+}
