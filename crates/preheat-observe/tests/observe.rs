@@ -141,10 +141,12 @@ fn hand_off_goes_to_the_writing_thread() {
     let writers: Vec<_> = r.threads.iter().filter(|t| t.hand_off > 0).collect();
     assert_eq!(writers.len(), 1, "{:#?}", r.threads);
     let writer = writers[0];
-    // Every reply was written in a hand-off period of the writer; a period answers more than
-    // one request only when the next one was queued before the writer waited again.
+    // Every reply was written in a hand-off period of the writer. A period answers more than
+    // one request when the next one was queued before the writer waited again (the writer
+    // preempted between its send and its next `queue.get`: alone on an idle machine ~1 in 40,
+    // beside the other tests up to 1 in 3), so the periods are at most N.
     assert_eq!(writer.hand_off_replies, N, "{:#?}", r.threads);
-    assert!(writer.hand_off >= N * 3 / 4, "{:#?}", r.threads);
+    assert!((N / 4..=N).contains(&writer.hand_off), "{:#?}", r.threads);
     assert_eq!(writer.read, 0);
     // The requests were read by the two reader threads (one per connection; the second one
     // was created after attach, so it is followed through inheritance).
