@@ -31,7 +31,10 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// One sample's body (after the 8-byte header).
-fn sample(body: &[u8], ids: Ids) -> Option<SysEvent> {
+fn sample(body: &[u8], ids: Ids, pid: Option<u32>) -> Option<SysEvent> {
+    if pid.is_some_and(|p| u32_at(body, 0) != Some(p)) {
+        return None;
+    }
     let tid = u32_at(body, 4)?;
     let time_ns = u64_at(body, 8)?;
     let raw_size = u32_at(body, 16)? as usize;
@@ -48,9 +51,10 @@ fn sample(body: &[u8], ids: Ids) -> Option<SysEvent> {
     Some(SysEvent { time_ns, tid, nr, what })
 }
 
-/// Decode the records in `bytes` (whole records, as drained), appending events to `out`;
-/// returns the number of samples the kernel reported lost. Stops at a malformed header.
-pub fn decode(bytes: &[u8], ids: Ids, out: &mut Vec<SysEvent>) -> u64 {
+/// Decode the records in `bytes` (whole records, as drained), appending the events of process
+/// `pid` (`None`: of every process) to `out`; returns the number of samples the kernel reported
+/// lost. Stops at a malformed header.
+pub fn decode(bytes: &[u8], ids: Ids, pid: Option<u32>, out: &mut Vec<SysEvent>) -> u64 {
     let mut lost = 0u64;
     let mut at = 0usize;
     while let (Some(ty), Some(size)) = (u32_at(bytes, at), u16_at(bytes, at + 6)) {
@@ -60,7 +64,7 @@ pub fn decode(bytes: &[u8], ids: Ids, out: &mut Vec<SysEvent>) -> u64 {
         };
         let body = rec.get(8..).unwrap_or_default();
         match ty {
-            RECORD_SAMPLE => out.extend(sample(body, ids)),
+            RECORD_SAMPLE => out.extend(sample(body, ids, pid)),
             RECORD_LOST => lost = lost.saturating_add(u64_at(body, 8).unwrap_or(0)),
             _ => {}
         }
@@ -109,7 +113,7 @@ pub(crate) mod tests {
         b.extend(1u64.to_le_bytes());
         b.extend(5u64.to_le_bytes());
         let mut out = Vec::new();
-        assert_eq!(decode(&b, ids, &mut out), 5);
+        assert_eq!(decode(&b, ids, None, &mut out), 5);
         assert_eq!(
             out,
             [
@@ -117,6 +121,9 @@ pub(crate) mod tests {
                 SysEvent { time_ns: 200, tid: 7, nr: 232, what: Edge::Exit(1) },
             ]
         );
+        let mut other = Vec::new();
+        decode(&b, ids, Some(8), &mut other);
+        assert!(other.is_empty());
     }
 
     #[test]
@@ -125,12 +132,12 @@ pub(crate) mod tests {
         let full = record(1, 7, 100, 0, 5, 0);
         for cut in 0..full.len() {
             let mut out = Vec::new();
-            decode(&full[..cut], ids, &mut out);
+            decode(&full[..cut], ids, None, &mut out);
             assert!(out.is_empty());
         }
         let mut out = Vec::new();
-        decode(&[9, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3], ids, &mut out);
-        decode(&[0xff; 64], ids, &mut out);
+        decode(&[9, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3], ids, None, &mut out);
+        decode(&[0xff; 64], ids, None, &mut out);
         assert!(out.is_empty());
     }
 }

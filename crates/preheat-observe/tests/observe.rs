@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use preheat_observe::{Observer, Options, Report};
+use preheat_observe::{Mechanism, Observer, Options, Report};
 
 const N: usize = 40;
 
@@ -62,9 +62,15 @@ fn permitted() -> bool {
 /// N requests to `port` while attached, alternating between a connection opened (and served
 /// once) before attach and one opened after.
 fn observe_requests(pid: u32, port: u16) -> Report {
+    observe_with(pid, port, Mechanism::SystemWide)
+}
+
+fn observe_with(pid: u32, port: u16, mechanism: Mechanism) -> Report {
     let mut before = TcpStream::connect(("127.0.0.1", port)).unwrap();
     request(&mut before); // accepted and served before attach
-    let obs = Observer::attach(Options::new(pid, port)).expect("attaching the observer");
+    let mut opts = Options::new(pid, port);
+    opts.mechanism = mechanism;
+    let obs = Observer::attach(opts).expect("attaching the observer");
     let mut after = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..N {
         let c = if i % 2 == 0 { &mut before } else { &mut after };
@@ -130,11 +136,16 @@ fn hand_off_goes_to_the_writing_thread() {
     if !permitted() {
         return;
     }
-    let port = preheat_testsupport::free_port();
-    let mut cmd = Command::new("python3");
-    cmd.arg(servers_dir().join("hand_off.py"));
-    let s = start(cmd, port);
-    let r = observe_requests(s.0.id(), port);
+    for m in [Mechanism::SystemWide, Mechanism::PerThread] {
+        let port = preheat_testsupport::free_port();
+        let mut cmd = Command::new("python3");
+        cmd.arg(servers_dir().join("hand_off.py"));
+        let s = start(cmd, port);
+        check_hand_off(&observe_with(s.0.id(), port, m));
+    }
+}
+
+fn check_hand_off(r: &Report) {
     assert_eq!(r.lost_samples, 0);
     let reads: usize = r.threads.iter().map(|t| t.read).sum();
     assert_eq!(reads, N, "{:#?}", r.threads);
