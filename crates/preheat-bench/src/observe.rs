@@ -39,6 +39,9 @@ pub struct ObserveBench {
     pub p50_delta_us_per_pair: Spread,
     /// Per pair: read periods the observer found on the second server per request sent to it.
     pub periods_per_request: Spread,
+    /// Per pair: syscall samples of the second server per request sent to it (the kernel writes
+    /// each into a ring buffer: the observer's cost per request is about this many writes).
+    pub samples_per_request: Spread,
     /// Samples the kernel dropped, over all pairs.
     pub lost_samples: u64,
 }
@@ -67,7 +70,10 @@ fn start_observer(pid: u32, port: u16, mechanism: Mechanism) -> Result<Running> 
 
 fn stop_observer(r: Running) -> Result<Report> {
     r.stop.store(true, Ordering::Relaxed);
-    let o = r.thread.join().map_err(|_| anyhow::anyhow!("the observer thread panicked"))?;
+    let o = r
+        .thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the observer thread panicked"))?;
     Ok(o.finish())
 }
 
@@ -77,7 +83,12 @@ struct PairResult {
     report: Option<Report>,
 }
 
-fn bench_pair(requests: usize, blocks: usize, m: Option<Mechanism>, first: usize) -> Result<PairResult> {
+fn bench_pair(
+    requests: usize,
+    blocks: usize,
+    m: Option<Mechanism>,
+    first: usize,
+) -> Result<PairResult> {
     let order = if first == 0 { [0, 1] } else { [1, 0] };
     let mut slots = [None, None];
     for k in order {
@@ -131,19 +142,25 @@ pub fn measure(
     let blocks = blocks.max(1);
     let per_block = (requests / blocks).max(1);
     let (mut with, mut without) = (Vec::new(), Vec::new());
-    let (mut loss, mut loss_blk, mut dp50, mut ppr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut loss, mut loss_blk, mut dp50) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ppr, mut spr) = (Vec::new(), Vec::new());
     let mut lost = 0;
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
         let tput = |k: usize| (per_block * r.secs[k].len()) as f64 / r.secs[k].iter().sum::<f64>();
         loss.push(1.0 - tput(1) / tput(0));
-        let ratios: Vec<f64> = r.secs[0].iter().zip(&r.secs[1]).map(|(wo, w)| wo / w).collect();
+        let ratios: Vec<f64> = r.secs[0]
+            .iter()
+            .zip(&r.secs[1])
+            .map(|(wo, w)| wo / w)
+            .collect();
         loss_blk.push(1.0 - summarize(&ratios).p50);
         dp50.push(summarize(&r.lat[1]).p50 - summarize(&r.lat[0]).p50);
         if let Some(rep) = &r.report {
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
             ppr.push(reads as f64 / (per_block * blocks) as f64);
+            spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
             lost += rep.lost_samples;
         }
         let [l0, l1] = r.lat;
@@ -166,6 +183,7 @@ pub fn measure(
         throughput_loss_blockwise_per_pair: Spread::of(&loss_blk),
         p50_delta_us_per_pair: Spread::of(&dp50),
         periods_per_request: Spread::of(&ppr),
+        samples_per_request: Spread::of(&spr),
         lost_samples: lost,
     })
 }

@@ -163,7 +163,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             aa,
         } => {
             let m = (!aa).then(|| mechanism.into());
-            let out = preheat_bench::observe::measure(requests, pairs, blocks, m, &Bars::new(a.json))?;
+            let out =
+                preheat_bench::observe::measure(requests, pairs, blocks, m, &Bars::new(a.json))?;
             print_observe(&out, a.json)
         }
         Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),
@@ -309,17 +310,22 @@ fn print_observe(out: &preheat_bench::observe::ObserveBench, json: bool) -> Resu
     println!(
         "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
         out.blocks,
-        out.throughput_loss_blockwise_per_pair.show_scaled(100.0, 2, "%")
+        out.throughput_loss_blockwise_per_pair
+            .show_scaled(100.0, 2, "%")
     );
     println!(
         "  throughput loss per pair, whole blocks {}",
         out.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
     );
-    println!("  p50 delta per pair {}", out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs"));
+    println!(
+        "  p50 delta per pair {}",
+        out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
+    );
     if out.mechanism.is_some() {
         println!(
-            "  read periods found per request sent {}; lost samples {}",
+            "  read periods found per request sent {}; syscall samples per request {}; lost samples {}",
             out.periods_per_request.show_scaled(1.0, 3, ""),
+            out.samples_per_request.show_scaled(1.0, 2, ""),
             out.lost_samples
         );
     }

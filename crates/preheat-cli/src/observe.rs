@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use preheat_observe::{Kind, Mechanism, Options, Report};
+use preheat_observe::{Mechanism, Options};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum MechanismArg {
@@ -58,66 +58,7 @@ pub fn run(a: ObserveArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
     } else {
-        print(&r, a.periods);
+        print!("{}", preheat_observe::render::text(&r, a.periods));
     }
     Ok(())
-}
-
-fn print(r: &Report, periods: bool) {
-    println!(
-        "busy periods of process {} on port {} [measured, from outside: {}; {:.2} s, {} threads attached]",
-        r.pid,
-        r.port,
-        r.mechanism_detail,
-        (r.end_ns - r.start_ns) as f64 / 1e9,
-        r.threads_attached
-    );
-    if r.tracefs_mounted_now {
-        println!("  (tracefs was not mounted: mounted it at /sys/kernel/tracing)");
-    }
-    println!(
-        "  {} syscall events, {} lost samples, {} candidate periods without the port, {} open at the end",
-        r.counts.events, r.lost_samples, r.counts.unattributed, r.counts.open_at_end
-    );
-    if r.threads.is_empty() {
-        println!("  no busy period on the port (no request arrived?)");
-    }
-    println!(
-        "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>6} {:>6} {:>10} {:>10} {:>10}  hand-offs from",
-        "tid", "thread", "periods", "read", "hand-off", "reply", "accept", "p50 µs", "p99 µs", "max µs"
-    );
-    for t in &r.threads {
-        let from: Vec<String> = t.hand_off_from.iter().map(u32::to_string).collect();
-        println!(
-            "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>6} {:>6} {:>10.1} {:>10.1} {:>10.1}  {}",
-            t.tid,
-            if t.comm.is_empty() { "(exited)" } else { &t.comm },
-            t.periods,
-            t.read,
-            t.hand_off,
-            t.reply,
-            t.accept,
-            t.duration_us.p50,
-            t.duration_us.p99,
-            t.duration_us.max,
-            if from.is_empty() { "-".into() } else { from.join(",") }
-        );
-    }
-    if periods {
-        println!("  {:>8} {:>14} {:>10}  kind", "tid", "start (s)", "µs");
-        for p in &r.periods {
-            let kind = match p.kind {
-                Kind::Read => "read".to_string(),
-                Kind::HandOff { from } => format!("hand-off from {from}"),
-                Kind::Reply => "reply".into(),
-                Kind::Accept => "accept".into(),
-            };
-            println!(
-                "  {:>8} {:>14.6} {:>10.1}  {kind}",
-                p.tid,
-                p.start_ns.saturating_sub(r.start_ns) as f64 / 1e9,
-                (p.end_ns - p.start_ns) as f64 / 1e3
-            );
-        }
-    }
 }

@@ -48,7 +48,12 @@ fn sample(body: &[u8], ids: Ids, pid: Option<u32>) -> Option<SysEvent> {
     } else {
         return None;
     };
-    Some(SysEvent { time_ns, tid, nr, what })
+    Some(SysEvent {
+        time_ns,
+        tid,
+        nr,
+        what,
+    })
 }
 
 /// Decode the records in `bytes` (whole records, as drained), appending the events of process
@@ -104,7 +109,10 @@ pub(crate) mod tests {
 
     #[test]
     fn samples_and_lost() {
-        let ids = Ids { enter: 443, exit: 444 };
+        let ids = Ids {
+            enter: 443,
+            exit: 444,
+        };
         let mut b = record(443, 7, 100, 232, 4, 0);
         b.extend(record(444, 7, 200, 232, 1, 0));
         b.extend(record(999, 7, 250, 0, 0, 0));
@@ -117,8 +125,18 @@ pub(crate) mod tests {
         assert_eq!(
             out,
             [
-                SysEvent { time_ns: 100, tid: 7, nr: 232, what: Edge::Enter([4, 0]) },
-                SysEvent { time_ns: 200, tid: 7, nr: 232, what: Edge::Exit(1) },
+                SysEvent {
+                    time_ns: 100,
+                    tid: 7,
+                    nr: 232,
+                    what: Edge::Enter([4, 0])
+                },
+                SysEvent {
+                    time_ns: 200,
+                    tid: 7,
+                    nr: 232,
+                    what: Edge::Exit(1)
+                },
             ]
         );
         let mut other = Vec::new();

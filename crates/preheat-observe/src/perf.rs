@@ -10,8 +10,8 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 
 use perf_event_open_sys as sys;
 use sys::bindings::{
-    perf_event_attr, perf_event_mmap_page, PERF_FLAG_FD_CLOEXEC, PERF_SAMPLE_RAW,
-    PERF_SAMPLE_TID, PERF_SAMPLE_TIME, PERF_TYPE_TRACEPOINT,
+    perf_event_attr, perf_event_mmap_page, PERF_FLAG_FD_CLOEXEC, PERF_SAMPLE_RAW, PERF_SAMPLE_TID,
+    PERF_SAMPLE_TIME, PERF_TYPE_TRACEPOINT,
 };
 
 /// The sample layout every event here writes (`decode` reads it).
@@ -40,7 +40,13 @@ pub fn open_tracepoint(id: u64, pid: i32, cpu: i32, inherit: bool) -> io::Result
     // SAFETY: `attr` is a fully initialized perf_event_attr whose size field is its own size;
     // the kernel only reads it (and may write the size back on E2BIG).
     let fd = unsafe {
-        sys::perf_event_open(&mut attr, pid, cpu, -1, libc::c_ulong::from(PERF_FLAG_FD_CLOEXEC))
+        sys::perf_event_open(
+            &mut attr,
+            pid,
+            cpu,
+            -1,
+            libc::c_ulong::from(PERF_FLAG_FD_CLOEXEC),
+        )
     };
     if fd < 0 {
         return Err(io::Error::last_os_error());
@@ -132,7 +138,13 @@ impl RingBuffer {
         } else {
             (off as usize, size as usize)
         };
-        Ok(RingBuffer { base, map_len, data_off, data_size, _fd: fd.as_raw_fd() })
+        Ok(RingBuffer {
+            base,
+            map_len,
+            data_off,
+            data_size,
+            _fd: fd.as_raw_fd(),
+        })
     }
 
     fn head_tail(&self) -> (&AtomicU64, &AtomicU64) {

@@ -13,8 +13,9 @@
 //!   reader thread blocked in `recv`): their `accept` on the listening socket and their reads on
 //!   the port's connections are waits too, so the period starts when such a call returns.
 //! - Attribution: an `accept` on the port's listening socket, or a read returning data
-//!   (`read`, `readv`, `recvfrom`, `recvmsg`, `recvmmsg`) or a write (`write`, `writev`,
-//!   `sendto`, `sendmsg`, `sendmmsg`, `sendfile`) on one of its connections. The connections are
+//!   (`read`, `readv`, `recvfrom`, `recvmsg`, `recvmmsg`) or a write attempted (`write`,
+//!   `writev`, `sendto`, `sendmsg`, `sendmmsg`, `sendfile`: seen at entry, their exits are not
+//!   traced) on one of its connections. The connections are
 //!   the fds `accept` returned on the listening socket, and those the caller found open at attach
 //!   ([`Tracker::add_connection`]); `close` forgets them.
 //! - A period that read a request is [`Kind::Read`]; one that only wrote a reply on a connection
@@ -60,6 +61,30 @@ pub mod nr {
     pub const SENDMMSG: i64 = 307;
     pub const EPOLL_PWAIT2: i64 = 441;
     pub const FUTEX_WAITV: i64 = 449;
+
+    /// The numbers whose exits the tracker needs (waits end, accepts return the connection,
+    /// reads say whether data came); writes and closes are acted on at entry, so the exit
+    /// events' filter keeps only these (fewer samples per request: the observer's cost).
+    pub const EXITS: [i64; 18] = [
+        READ,
+        POLL,
+        READV,
+        SELECT,
+        PAUSE,
+        NANOSLEEP,
+        ACCEPT,
+        RECVFROM,
+        RECVMSG,
+        FUTEX,
+        CLOCK_NANOSLEEP,
+        EPOLL_WAIT,
+        PSELECT6,
+        PPOLL,
+        EPOLL_PWAIT,
+        ACCEPT4,
+        RECVMMSG,
+        EPOLL_PWAIT2,
+    ];
 
     /// Every number the tracker looks at (the tracepoint filter keeps only these).
     pub const TRACED: [i64; 26] = [
@@ -278,6 +303,19 @@ impl Tracker {
             self.conns.remove(&fd);
             self.listening.remove(&fd);
         }
+        if class == Class::Write {
+            if let Some(reader) = self.conns.get(&fd) {
+                let th = self.threads.entry(e.tid).or_default();
+                let b = th.busy.get_or_insert(Busy {
+                    start_ns: e.time_ns,
+                    ..Busy::default()
+                });
+                b.writes = b.writes.saturating_add(1);
+                if let Some(r) = reader.filter(|r| *r != e.tid) {
+                    b.from = Some(r);
+                }
+            }
+        }
     }
 
     fn exit(&mut self, e: &SysEvent, ret: i64) {
@@ -285,7 +323,10 @@ impl Tracker {
         let Some((n, args)) = th.pending.take().filter(|(n, _)| *n == e.nr) else {
             self.counts.unpaired_exits += 1;
             if matches!(classify(e.nr, [0, 0]), Class::EventWait | Class::Wait) {
-                th.busy = Some(Busy { start_ns: e.time_ns, ..Busy::default() });
+                th.busy = Some(Busy {
+                    start_ns: e.time_ns,
+                    ..Busy::default()
+                });
             }
             return;
         };
@@ -294,25 +335,27 @@ impl Tracker {
         let now = e.time_ns;
         match classify(n, args) {
             Class::EventWait | Class::Wait => {
-                th.busy = Some(Busy { start_ns: now, ..Busy::default() });
+                th.busy = Some(Busy {
+                    start_ns: now,
+                    ..Busy::default()
+                });
             }
             Class::Accept if ret >= 0 && self.listening.contains_key(&fd) => {
                 self.conns.insert(ret as u64, None);
-                th.busy.get_or_insert(Busy { start_ns: now, ..Busy::default() }).accepted = true;
+                th.busy
+                    .get_or_insert(Busy {
+                        start_ns: now,
+                        ..Busy::default()
+                    })
+                    .accepted = true;
             }
             Class::Read if ret > 0 && self.conns.contains_key(&fd) => {
                 self.conns.insert(fd, Some(tid));
-                let b = th.busy.get_or_insert(Busy { start_ns: now, ..Busy::default() });
+                let b = th.busy.get_or_insert(Busy {
+                    start_ns: now,
+                    ..Busy::default()
+                });
                 b.reads = b.reads.saturating_add(1);
-            }
-            Class::Write if ret > 0 => {
-                if let Some(reader) = self.conns.get(&fd) {
-                    let b = th.busy.get_or_insert(Busy { start_ns: now, ..Busy::default() });
-                    b.writes = b.writes.saturating_add(1);
-                    if let Some(r) = reader.filter(|r| *r != tid) {
-                        b.from = Some(r);
-                    }
-                }
             }
             _ => {}
         }
@@ -364,13 +407,26 @@ mod tests {
 
     impl Script {
         fn new() -> Script {
-            Script { t: 1000, ev: Vec::new() }
+            Script {
+                t: 1000,
+                ev: Vec::new(),
+            }
         }
         fn call(&mut self, tid: u32, n: i64, args: [u64; 2], ret: i64) -> &mut Script {
             self.t += 10;
-            self.ev.push(SysEvent { time_ns: self.t, tid, nr: n, what: Edge::Enter(args) });
+            self.ev.push(SysEvent {
+                time_ns: self.t,
+                tid,
+                nr: n,
+                what: Edge::Enter(args),
+            });
             self.t += 10;
-            self.ev.push(SysEvent { time_ns: self.t, tid, nr: n, what: Edge::Exit(ret) });
+            self.ev.push(SysEvent {
+                time_ns: self.t,
+                tid,
+                nr: n,
+                what: Edge::Exit(ret),
+            });
             self
         }
         fn run(&self, listen: &[u64], conns: &[u64]) -> (Vec<Period>, StreamCounts) {
@@ -397,7 +453,7 @@ mod tests {
         let kinds: Vec<Kind> = p.iter().map(|p| p.kind).collect();
         assert_eq!(kinds, [Kind::Accept, Kind::Read, Kind::Read, Kind::Read]);
         assert_eq!(c.open_at_end, 1); // the candidate after the last wait
-        // A period runs from the wait's exit to the next wait's entry.
+                                      // A period runs from the wait's exit to the next wait's entry.
         assert_eq!(p[1].start_ns, 1000 + 4 * 10 + 20);
         assert!(p.iter().all(|p| p.end_ns > p.start_ns && p.tid == 1));
     }
@@ -427,11 +483,20 @@ mod tests {
                 .call(2, FUTEX, [0x1000, 0x80], 0)
                 .call(2, SENDTO, [5, 0], 20);
         }
-        s.call(1, RECVFROM, [5, 0], 20).call(2, FUTEX, [0x1000, 0x80], 0);
+        s.call(1, RECVFROM, [5, 0], 20)
+            .call(2, FUTEX, [0x1000, 0x80], 0);
         let (p, _) = s.run(&[3], &[5]);
-        let by = |tid: u32| p.iter().filter(|p| p.tid == tid).map(|p| p.kind).collect::<Vec<_>>();
+        let by = |tid: u32| {
+            p.iter()
+                .filter(|p| p.tid == tid)
+                .map(|p| p.kind)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(by(1), [Kind::Read, Kind::Read]);
-        assert_eq!(by(2), [Kind::HandOff { from: 1 }, Kind::HandOff { from: 1 }]);
+        assert_eq!(
+            by(2),
+            [Kind::HandOff { from: 1 }, Kind::HandOff { from: 1 }]
+        );
     }
 
     #[test]
@@ -455,8 +520,12 @@ mod tests {
     fn blocking_accept_and_read_threads() {
         // Thread-per-connection: thread 1 blocks in accept, thread 2 in read on the connection.
         let mut s = Script::new();
-        s.call(1, ACCEPT4, [3, 0], 7).call(2, READ, [7, 0], 30).call(2, WRITE, [7, 0], 30);
-        s.call(2, READ, [7, 0], 30).call(2, WRITE, [7, 0], 30).call(2, READ, [7, 0], 0);
+        s.call(1, ACCEPT4, [3, 0], 7)
+            .call(2, READ, [7, 0], 30)
+            .call(2, WRITE, [7, 0], 30);
+        s.call(2, READ, [7, 0], 30)
+            .call(2, WRITE, [7, 0], 30)
+            .call(2, READ, [7, 0], 0);
         s.call(1, ACCEPT4, [3, 0], -4);
         let (p, _) = s.run(&[3], &[]);
         let kinds: Vec<(u32, Kind)> = p.iter().map(|p| (p.tid, p.kind)).collect();
@@ -466,7 +535,12 @@ mod tests {
     #[test]
     fn exits_at_attach_and_open_periods() {
         let mut s = Script::new();
-        s.ev.push(SysEvent { time_ns: 5, tid: 1, nr: EPOLL_WAIT, what: Edge::Exit(1) });
+        s.ev.push(SysEvent {
+            time_ns: 5,
+            tid: 1,
+            nr: EPOLL_WAIT,
+            what: Edge::Exit(1),
+        });
         s.call(1, READ, [5, 0], 10);
         let (p, c) = s.run(&[], &[5]);
         assert!(p.is_empty());
@@ -478,7 +552,10 @@ mod tests {
         let l = "43 0x3 0x7ffd2c1e0f10 0x7ffd2c1e0f0c 0x0 0x0 0x0 0x7ffd2c1e0ee8 0x7f3c8a1b2c3d\n";
         assert_eq!(parse_proc_syscall(l), Some((43, [3, 0x7ffd2c1e0f10])));
         assert_eq!(parse_proc_syscall("running\n"), None);
-        assert_eq!(parse_proc_syscall("-1 0x7ffd2c1e0ee8 0x7f3c8a1b2c3d\n"), None);
+        assert_eq!(
+            parse_proc_syscall("-1 0x7ffd2c1e0ee8 0x7f3c8a1b2c3d\n"),
+            None
+        );
         assert_eq!(parse_proc_syscall(""), None);
     }
 

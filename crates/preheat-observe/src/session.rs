@@ -11,8 +11,8 @@ use preheat_model::stats::{summarize, Summary};
 use serde::Serialize;
 
 use crate::decode::{self, Ids};
-use crate::periods::{nr, parse_proc_syscall, Edge, Kind, Period, StreamCounts, SysEvent, Tracker};
 use crate::perf::{self, RingBuffer};
+use crate::periods::{nr, parse_proc_syscall, Edge, Kind, Period, StreamCounts, SysEvent, Tracker};
 use crate::sockets;
 use crate::tracefs;
 
@@ -58,7 +58,12 @@ pub struct Options {
 
 impl Options {
     pub fn new(pid: u32, port: u16) -> Options {
-        Options { pid, port, mechanism: Mechanism::SystemWide, buffer_pages: 512 }
+        Options {
+            pid,
+            port,
+            mechanism: Mechanism::SystemWide,
+            buffer_pages: 512,
+        }
     }
 }
 
@@ -67,6 +72,8 @@ pub struct Observer {
     opts: Options,
     ids: Ids,
     fds: Vec<OwnedFd>,
+    /// Per fd in `fds`: an exit event (its filter keeps fewer syscalls).
+    is_exit: Vec<bool>,
     /// CPU → index in `fds` of the event whose ring buffer the CPU's events share.
     leaders: BTreeMap<usize, usize>,
     rings: Vec<RingBuffer>,
@@ -87,16 +94,17 @@ pub struct Observer {
 
 /// The last pid the kernel allocated (in our pid namespace).
 fn last_pid() -> Result<u32> {
-    let s = std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").context("reading ns_last_pid")?;
+    let s =
+        std::fs::read_to_string("/proc/sys/kernel/ns_last_pid").context("reading ns_last_pid")?;
     s.trim().parse().context("parsing ns_last_pid")
 }
 
 /// The kernel filter of the system-wide events: the traced syscalls, of threads `tids` or any
 /// thread above `threshold`.
-pub fn system_wide_filter(tids: &[u32], threshold: u32) -> String {
+pub fn system_wide_filter(tids: &[u32], threshold: u32, exit: bool) -> String {
     let mut pids: Vec<String> = tids.iter().map(|t| format!("common_pid == {t}")).collect();
     pids.push(format!("common_pid > {threshold}"));
-    format!("({}) && ({})", pids.join(" || "), id_filter())
+    format!("({}) && ({})", pids.join(" || "), id_filter(exit))
 }
 
 /// The report of one observation (the JSON of `preheat observe --json`).
@@ -158,8 +166,14 @@ fn tids(pid: u32) -> Result<Vec<u32>> {
     Ok(v)
 }
 
-fn id_filter() -> String {
-    nr::TRACED.iter().map(|n| format!("id == {n}")).collect::<Vec<_>>().join(" || ")
+/// The kernel filter on the syscall number: every traced call at entry, those in
+/// [`nr::EXITS`] at exit.
+fn id_filter(exit: bool) -> String {
+    let ids: &[i64] = if exit { &nr::EXITS } else { &nr::TRACED };
+    ids.iter()
+        .map(|n| format!("id == {n}"))
+        .collect::<Vec<_>>()
+        .join(" || ")
 }
 
 fn open_error(e: std::io::Error) -> anyhow::Error {
@@ -207,6 +221,7 @@ impl Observer {
             opts,
             ids,
             fds: Vec::new(),
+            is_exit: Vec::new(),
             leaders: BTreeMap::new(),
             rings: Vec::new(),
             scratch: Vec::new(),
@@ -235,9 +250,18 @@ impl Observer {
 
     /// Open one event of the pair on `cpu`: the CPU's first becomes its ring buffer, the others
     /// write into it.
-    fn open_one(&mut self, id: u16, pid: i32, cpu: usize, filter: &str, inherit: bool) -> Result<()> {
-        let fd = perf::open_tracepoint(u64::from(id), pid, cpu as i32, inherit).map_err(open_error)?;
+    fn open_one(
+        &mut self,
+        id: u16,
+        pid: i32,
+        cpu: usize,
+        filter: &str,
+        inherit: bool,
+    ) -> Result<()> {
+        let fd =
+            perf::open_tracepoint(u64::from(id), pid, cpu as i32, inherit).map_err(open_error)?;
         perf::set_filter(&fd, filter).context("installing the tracepoint filter")?;
+        self.is_exit.push(id == self.ids.exit);
         match self.leaders.get(&cpu).and_then(|i| self.fds.get(*i)) {
             Some(leader) => {
                 perf::set_output(&fd, leader).context("redirecting an event to its CPU's buffer")?
@@ -255,20 +279,25 @@ impl Observer {
 
     fn open_per_thread(&mut self) -> Result<()> {
         let ncpu = preheat_engine::os::online_cpus();
-        let filter = id_filter();
         let mut done: Vec<u32> = Vec::new();
         // Threads created while we open are inherited from their creator when its events came
         // first; list again until no thread is new.
         for _ in 0..5 {
-            let new: Vec<u32> = tids(self.opts.pid)?.into_iter().filter(|t| !done.contains(t)).collect();
+            let new: Vec<u32> = tids(self.opts.pid)?
+                .into_iter()
+                .filter(|t| !done.contains(t))
+                .collect();
             if new.is_empty() {
                 break;
             }
             for &tid in &new {
                 for cpu in 0..ncpu {
                     for id in [self.ids.enter, self.ids.exit] {
+                        let filter = id_filter(id == self.ids.exit);
                         match self.open_one(id, tid as i32, cpu, &filter, true) {
-                            Err(_) if !Path::new(&format!("/proc/{}/task/{tid}", self.opts.pid)).exists() => {}
+                            Err(_)
+                                if !Path::new(&format!("/proc/{}/task/{tid}", self.opts.pid))
+                                    .exists() => {}
                             r => r?,
                         }
                     }
@@ -284,9 +313,10 @@ impl Observer {
         let ncpu = preheat_engine::os::online_cpus();
         self.threshold = last_pid()?;
         self.known_tids = tids(self.opts.pid)?;
-        let filter = system_wide_filter(&self.known_tids, self.threshold);
         for cpu in 0..ncpu {
             for id in [self.ids.enter, self.ids.exit] {
+                let filter =
+                    system_wide_filter(&self.known_tids, self.threshold, id == self.ids.exit);
                 self.open_one(id, -1, cpu, &filter, false)?;
             }
         }
@@ -301,15 +331,21 @@ impl Observer {
     fn refresh_filter(&mut self) -> Result<()> {
         let now = tids(self.opts.pid)?;
         let last = last_pid()?;
-        let new: Vec<u32> = now.iter().copied().filter(|t| !self.known_tids.contains(t)).collect();
+        let new: Vec<u32> = now
+            .iter()
+            .copied()
+            .filter(|t| !self.known_tids.contains(t))
+            .collect();
         if new.is_empty() && last <= self.threshold {
             return Ok(());
         }
         self.known_tids = now;
         self.threshold = self.threshold.max(last);
-        let filter = system_wide_filter(&self.known_tids, self.threshold);
-        for fd in &self.fds {
-            perf::set_filter(fd, &filter).context("narrowing the tracepoint filter")?;
+        let filters =
+            [false, true].map(|x| system_wide_filter(&self.known_tids, self.threshold, x));
+        for (fd, exit) in self.fds.iter().zip(&self.is_exit) {
+            let f = &filters[usize::from(*exit)];
+            perf::set_filter(fd, f).context("narrowing the tracepoint filter")?;
         }
         Ok(())
     }
@@ -319,9 +355,18 @@ impl Observer {
     fn blocked_at_attach(&mut self) -> Result<()> {
         for tid in tids(self.opts.pid)? {
             let p = format!("/proc/{}/task/{tid}/syscall", self.opts.pid);
-            if let Some((n, args)) = std::fs::read_to_string(p).ok().as_deref().and_then(parse_proc_syscall) {
+            if let Some((n, args)) = std::fs::read_to_string(p)
+                .ok()
+                .as_deref()
+                .and_then(parse_proc_syscall)
+            {
                 let what = Edge::Enter(args);
-                self.events.push(SysEvent { time_ns: self.start_ns, tid, nr: n, what });
+                self.events.push(SysEvent {
+                    time_ns: self.start_ns,
+                    tid,
+                    nr: n,
+                    what,
+                });
             }
         }
         Ok(())
@@ -338,7 +383,7 @@ impl Observer {
             }
         }
         self.polls += 1;
-        if self.opts.mechanism == Mechanism::SystemWide && self.polls % 20 == 0 {
+        if self.opts.mechanism == Mechanism::SystemWide && self.polls.is_multiple_of(20) {
             // A process that exited meanwhile: nothing to refresh; the report says what was seen.
             let _ = self.refresh_filter();
         }
@@ -355,7 +400,9 @@ impl Observer {
         ev.sort_by_key(|e| e.time_ns);
         let mut tr = Tracker::new();
         self.listening.iter().for_each(|fd| tr.add_listener(*fd));
-        self.connections.iter().for_each(|fd| tr.add_connection(*fd));
+        self.connections
+            .iter()
+            .for_each(|fd| tr.add_connection(*fd));
         ev.iter().for_each(|e| tr.feed(e));
         let (periods, counts) = tr.finish();
         Report {
@@ -378,19 +425,12 @@ impl Observer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn filter_text() {
-        let f = super::system_wide_filter(&[10, 11], 500);
-        assert!(f.starts_with("(common_pid == 10 || common_pid == 11 || common_pid > 500) && (id == 0 || id == 1 ||"));
-    }
-}
-
 /// Per-thread summaries of `periods`, by tid.
 pub fn summarize_threads(pid: u32, periods: &[Period]) -> Vec<ThreadSummary> {
     let mut by: BTreeMap<u32, Vec<&Period>> = BTreeMap::new();
-    periods.iter().for_each(|p| by.entry(p.tid).or_default().push(p));
+    periods
+        .iter()
+        .for_each(|p| by.entry(p.tid).or_default().push(p));
     by.into_iter()
         .map(|(tid, ps)| {
             let count = |f: fn(&Kind) -> bool| ps.iter().filter(|p| f(&p.kind)).count();
@@ -403,8 +443,10 @@ pub fn summarize_threads(pid: u32, periods: &[Period]) -> Vec<ThreadSummary> {
                 .collect();
             from.sort_unstable();
             from.dedup();
-            let durations: Vec<f64> =
-                ps.iter().map(|p| (p.end_ns - p.start_ns) as f64 / 1e3).collect();
+            let durations: Vec<f64> = ps
+                .iter()
+                .map(|p| (p.end_ns - p.start_ns) as f64 / 1e3)
+                .collect();
             ThreadSummary {
                 tid,
                 comm: std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
@@ -437,4 +479,17 @@ pub fn observe(opts: Options, duration: Duration, stop: &dyn Fn() -> bool) -> Re
         o.poll();
     }
     Ok(o.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn filter_text() {
+        let f = super::system_wide_filter(&[10, 11], 500, false);
+        assert!(f.starts_with(
+            "(common_pid == 10 || common_pid == 11 || common_pid > 500) && (id == 0 || id == 1 ||"
+        ));
+        let f = super::system_wide_filter(&[10], 500, true);
+        assert!(f.starts_with("(common_pid == 10 || common_pid > 500) && (id == 0 || id == 7 ||"));
+    }
 }

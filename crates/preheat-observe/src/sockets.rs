@@ -26,7 +26,9 @@ pub fn parse_tcp_table(text: &str) -> BTreeMap<u64, TcpSocket> {
         let (Some(local), Some(st), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
             continue;
         };
-        let port = local.rsplit_once(':').and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        let port = local
+            .rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
         let state = u8::from_str_radix(st, 16).ok();
         if let (Some(local_port), Some(state), Ok(inode)) = (port, state, inode.parse::<u64>()) {
             if inode != 0 {
@@ -39,7 +41,10 @@ pub fn parse_tcp_table(text: &str) -> BTreeMap<u64, TcpSocket> {
 
 /// The inode of an fd link `socket:[INODE]`.
 pub fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// The port's sockets among a process's fds.
@@ -66,8 +71,8 @@ pub fn port_fds(fds: &BTreeMap<u64, u64>, table: &BTreeMap<u64, TcpSocket>, port
 pub fn snapshot(proc_root: &Path, pid: u32, port: u16) -> Result<PortFds> {
     let dir = proc_root.join(pid.to_string());
     let mut fds = BTreeMap::new();
-    let entries =
-        std::fs::read_dir(dir.join("fd")).with_context(|| format!("reading {}/fd", dir.display()))?;
+    let entries = std::fs::read_dir(dir.join("fd"))
+        .with_context(|| format!("reading {}/fd", dir.display()))?;
     for e in entries.flatten() {
         let Some(fd) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) else {
             continue;
@@ -103,12 +108,24 @@ mod tests {
     fn table_and_links() {
         let t = parse_tcp_table(TCP);
         assert_eq!(t.len(), 3);
-        assert_eq!(t[&1111], TcpSocket { local_port: 8080, state: 0x0a });
+        assert_eq!(
+            t[&1111],
+            TcpSocket {
+                local_port: 8080,
+                state: 0x0a
+            }
+        );
         assert_eq!(socket_inode("socket:[2222]"), Some(2222));
         assert_eq!(socket_inode("pipe:[2222]"), None);
         let fds = BTreeMap::from([(3, 1111), (5, 2222), (6, 3333), (7, 9999)]);
         let p = port_fds(&fds, &t, 8080);
-        assert_eq!(p, PortFds { listening: vec![3], connections: vec![5] });
+        assert_eq!(
+            p,
+            PortFds {
+                listening: vec![3],
+                connections: vec![5]
+            }
+        );
     }
 
     #[test]

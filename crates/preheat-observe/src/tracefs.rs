@@ -21,7 +21,10 @@ pub struct Tracefs {
 pub fn find_or_mount() -> Result<Tracefs> {
     for d in [TRACEFS, DEBUGFS_TRACING] {
         if Path::new(d).join("events/raw_syscalls").is_dir() {
-            return Ok(Tracefs { dir: d.into(), mounted_now: false });
+            return Ok(Tracefs {
+                dir: d.into(),
+                mounted_now: false,
+            });
         }
     }
     if !Path::new(TRACEFS).is_dir() {
@@ -33,7 +36,10 @@ pub fn find_or_mount() -> Result<Tracefs> {
     if !Path::new(TRACEFS).join("events/raw_syscalls").is_dir() {
         bail!("tracefs has no raw_syscalls events (a kernel without syscall tracepoints: CONFIG_FTRACE_SYSCALLS)");
     }
-    Ok(Tracefs { dir: TRACEFS.into(), mounted_now: true })
+    Ok(Tracefs {
+        dir: TRACEFS.into(),
+        mounted_now: true,
+    })
 }
 
 /// Offset and size of `field` in a tracepoint `format` file.
@@ -49,7 +55,9 @@ pub fn field(format: &str, name: &str) -> Option<(usize, usize)> {
             continue;
         }
         let num = |key: &str| {
-            parts.iter().find_map(|p| p.strip_prefix(key).and_then(|v| v.parse::<usize>().ok()))
+            parts
+                .iter()
+                .find_map(|p| p.strip_prefix(key).and_then(|v| v.parse::<usize>().ok()))
         };
         return Some((num("offset:")?, num("size:")?));
     }
@@ -68,7 +76,9 @@ pub fn check_layout(enter: &str, exit: &str) -> Result<()> {
     ];
     for (fmt, name, at) in want {
         if field(fmt, name) != Some(at) {
-            bail!("raw_syscalls tracepoint field {name} is not at offset/size {at:?} on this kernel");
+            bail!(
+                "raw_syscalls tracepoint field {name} is not at offset/size {at:?} on this kernel"
+            );
         }
     }
     Ok(())
@@ -83,9 +93,14 @@ pub fn raw_syscall_ids(t: &Tracefs) -> Result<Ids> {
     check_layout(&read("sys_enter", "format")?, &read("sys_exit", "format")?)?;
     let id = |ev: &str| -> Result<u16> {
         let s = read(ev, "id")?;
-        s.trim().parse().with_context(|| format!("tracepoint id of {ev}: {s:?}"))
+        s.trim()
+            .parse()
+            .with_context(|| format!("tracepoint id of {ev}: {s:?}"))
     };
-    Ok(Ids { enter: id("sys_enter")?, exit: id("sys_exit")? })
+    Ok(Ids {
+        enter: id("sys_enter")?,
+        exit: id("sys_exit")?,
+    })
 }
 
 #[cfg(test)]
@@ -109,7 +124,10 @@ format:
         assert_eq!(field(ENTER, "id"), Some((8, 8)));
         assert_eq!(field(ENTER, "common_pid"), Some((4, 4)));
         assert_eq!(field(ENTER, "ret"), None);
-        let exit = ENTER.replace("unsigned long args[6];\toffset:16;\tsize:48", "long ret;\toffset:16;\tsize:8");
+        let exit = ENTER.replace(
+            "unsigned long args[6];\toffset:16;\tsize:48",
+            "long ret;\toffset:16;\tsize:8",
+        );
         assert!(check_layout(ENTER, &exit).is_ok());
         assert!(check_layout(ENTER, ENTER).is_err());
     }

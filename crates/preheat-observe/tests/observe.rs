@@ -26,21 +26,39 @@ fn servers_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/servers")
 }
 
-/// Start `cmd PORT`, wait until it accepts connections.
-fn start(mut cmd: Command, port: u16) -> Server {
-    let s = Server(cmd.arg(port.to_string()).spawn().expect("starting the test server"));
-    let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "server did not listen");
-        std::thread::sleep(Duration::from_millis(20));
+/// Start `make() PORT` on a free port and wait until it accepts connections; a start that
+/// exits first (the port taken meanwhile by a parallel test) is retried on another port.
+fn start(make: impl Fn() -> Command) -> (Server, u16) {
+    for _ in 0..3 {
+        let port = preheat_testsupport::free_port();
+        let mut s = Server(
+            make()
+                .arg(port.to_string())
+                .spawn()
+                .expect("starting the test server"),
+        );
+        let t0 = Instant::now();
+        loop {
+            if s.0.try_wait().unwrap().is_some() {
+                break;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return (s, port);
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "server did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
-    s
+    panic!("the test server exited at start three times");
 }
 
 fn request(c: &mut TcpStream) {
     c.write_all(b"ping\n").unwrap();
     let mut b = [0u8; 5];
-    c.read_exact(&mut b).unwrap();
+    c.read_exact(&mut b).expect("reading the reply");
     assert_eq!(&b, b"pong\n");
 }
 
@@ -53,7 +71,10 @@ fn permitted() -> bool {
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap_or("1");
     if euid != "0" {
-        preheat_testsupport::skip("root", "observing from outside needs root (perf_event_open on syscall tracepoints)");
+        preheat_testsupport::skip(
+            "root",
+            "observing from outside needs root (perf_event_open on syscall tracepoints)",
+        );
         return false;
     }
     true
@@ -86,7 +107,10 @@ fn check_direct(r: &Report) {
     assert_eq!(reads, N, "{:#?}", r.threads);
     let accepts: usize = r.threads.iter().map(|t| t.accept).sum();
     assert!(accepts <= 1, "{:#?}", r.threads);
-    assert!(r.periods.iter().all(|p| p.end_ns >= p.start_ns && p.start_ns >= r.start_ns));
+    assert!(r
+        .periods
+        .iter()
+        .all(|p| p.end_ns >= p.start_ns && p.start_ns >= r.start_ns));
 }
 
 #[test]
@@ -94,10 +118,11 @@ fn python_event_loop() {
     if !permitted() {
         return;
     }
-    let port = preheat_testsupport::free_port();
-    let mut cmd = Command::new("python3");
-    cmd.arg(servers_dir().join("event_loop.py"));
-    let s = start(cmd, port);
+    let (s, port) = start(|| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(servers_dir().join("event_loop.py"));
+        cmd
+    });
     let r = observe_requests(s.0.id(), port);
     check_direct(&r);
     assert_eq!(r.threads.len(), 1, "{:#?}", r.threads);
@@ -111,21 +136,27 @@ fn static_c_epoll_server() {
     }
     let dir = tempfile::tempdir().unwrap();
     let src = servers_dir().join("epoll_server.c");
-    let Some(built) = preheat_testsupport::try_compile_c(&src, &dir.path().join("srv"), &["-O1", "-static"])
+    let Some(built) =
+        preheat_testsupport::try_compile_c(&src, &dir.path().join("srv"), &["-O1", "-static"])
     else {
         return;
     };
     let exe = match built {
         Ok(p) => p,
         Err(e) => {
-            preheat_testsupport::skip("libc.a", &format!("gcc -static failed (no static libc?): {e}"));
+            preheat_testsupport::skip(
+                "libc.a",
+                &format!("gcc -static failed (no static libc?): {e}"),
+            );
             return;
         }
     };
     let elf = std::fs::read(&exe).unwrap();
-    assert!(!elf.windows(7).any(|w| w == b"ld-linux"), "the test server is not static");
-    let port = preheat_testsupport::free_port();
-    let s = start(Command::new(&exe), port);
+    assert!(
+        !elf.windows(7).any(|w| w == b"ld-linux"),
+        "the test server is not static"
+    );
+    let (s, port) = start(|| Command::new(&exe));
     let r = observe_requests(s.0.id(), port);
     check_direct(&r);
     assert_eq!(r.threads.len(), 1);
@@ -137,15 +168,18 @@ fn hand_off_goes_to_the_writing_thread() {
         return;
     }
     for m in [Mechanism::SystemWide, Mechanism::PerThread] {
-        let port = preheat_testsupport::free_port();
-        let mut cmd = Command::new("python3");
-        cmd.arg(servers_dir().join("hand_off.py"));
-        let s = start(cmd, port);
+        let (s, port) = start(|| {
+            let mut cmd = Command::new("python3");
+            cmd.arg(servers_dir().join("hand_off.py"));
+            cmd
+        });
         check_hand_off(&observe_with(s.0.id(), port, m));
     }
 }
 
 fn check_hand_off(r: &Report) {
+    let text = preheat_observe::render::text(r, true);
+    assert!(text.contains("hand-off from"), "{text}");
     assert_eq!(r.lost_samples, 0);
     let reads: usize = r.threads.iter().map(|t| t.read).sum();
     assert_eq!(reads, N, "{:#?}", r.threads);
@@ -161,7 +195,12 @@ fn check_hand_off(r: &Report) {
     assert_eq!(writer.read, 0);
     // The requests were read by the two reader threads (one per connection; the second one
     // was created after attach, so it is followed through inheritance).
-    let readers: Vec<u32> = r.threads.iter().filter(|t| t.read > 0).map(|t| t.tid).collect();
+    let readers: Vec<u32> = r
+        .threads
+        .iter()
+        .filter(|t| t.read > 0)
+        .map(|t| t.tid)
+        .collect();
     assert_eq!(readers.len(), 2, "{:#?}", r.threads);
     assert_eq!(writer.hand_off_from, readers);
 }
@@ -173,9 +212,13 @@ fn refuses_at_once_without_a_listener() {
     }
     let t0 = Instant::now();
     let port = preheat_testsupport::free_port();
-    let e = Observer::attach(Options::new(std::process::id(), port)).err().expect("refused");
+    let e = Observer::attach(Options::new(std::process::id(), port))
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("no socket listening"), "{e}");
-    let e = Observer::attach(Options::new(u32::MAX - 1, port)).err().expect("refused");
+    let e = Observer::attach(Options::new(u32::MAX - 1, port))
+        .err()
+        .expect("refused");
     assert!(e.to_string().contains("no process"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(1));
 }
