@@ -11,9 +11,9 @@ use preheat_observe::{Mechanism, Options};
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum MechanismArg {
     /// Events per CPU for every task, filtered in the kernel on the process's threads (the
-    /// default: measured cheapest).
+    /// default: measured slightly cheaper).
     SystemWide,
-    /// Events per thread and CPU, inherited by new threads (costs the thread at every switch).
+    /// Events per thread and CPU, inherited by new threads (switched with the thread).
     PerThread,
 }
 
