@@ -99,12 +99,22 @@ fn last_pid() -> Result<u32> {
     s.trim().parse().context("parsing ns_last_pid")
 }
 
+/// The kernel takes a filter of at most a page (`strndup_user(…, PAGE_SIZE)`).
+const FILTER_MAX: usize = 4000;
+
 /// The kernel filter of the system-wide events: the traced syscalls, of threads `tids` or any
-/// thread above `threshold`.
+/// thread above `threshold`. A process with too many threads to name within [`FILTER_MAX`]
+/// gets every thread from its lowest id on instead (more samples of other processes, dropped
+/// by pid in user space).
 pub fn system_wide_filter(tids: &[u32], threshold: u32, exit: bool) -> String {
     let mut pids: Vec<String> = tids.iter().map(|t| format!("common_pid == {t}")).collect();
     pids.push(format!("common_pid > {threshold}"));
-    format!("({}) && ({})", pids.join(" || "), id_filter(exit))
+    let f = format!("({}) && ({})", pids.join(" || "), id_filter(exit));
+    if f.len() <= FILTER_MAX {
+        return f;
+    }
+    let low = tids.iter().min().copied().unwrap_or(threshold);
+    format!("(common_pid >= {low}) && ({})", id_filter(exit))
 }
 
 /// The report of one observation (the JSON of `preheat observe --json`).
@@ -489,6 +499,10 @@ mod tests {
         assert!(f.starts_with(
             "(common_pid == 10 || common_pid == 11 || common_pid > 500) && (id == 0 || id == 1 ||"
         ));
+        let many: Vec<u32> = (1000..1400).collect();
+        let f = super::system_wide_filter(&many, 5000, false);
+        assert!(f.starts_with("(common_pid >= 1000) && (id == 0 ||"), "{f}");
+        assert!(f.len() <= super::FILTER_MAX);
         let f = super::system_wide_filter(&[10], 500, true);
         assert!(f.starts_with("(common_pid == 10 || common_pid > 500) && (id == 0 || id == 7 ||"));
     }

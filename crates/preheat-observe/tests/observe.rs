@@ -28,7 +28,8 @@ fn servers_dir() -> PathBuf {
 }
 
 /// Start `make() PORT` on a free port and wait until it accepts connections; a start that
-/// exits first (the port taken meanwhile by a parallel test) is retried on another port.
+/// exits first (the port taken meanwhile by a parallel test) is retried on another port. Root
+/// only (it reads the child's fds), as every test here.
 fn start(make: impl Fn() -> Command) -> (Server, u16) {
     for _ in 0..3 {
         let port = preheat_testsupport::free_port();
@@ -43,7 +44,10 @@ fn start(make: impl Fn() -> Command) -> (Server, u16) {
             if s.0.try_wait().unwrap().is_some() {
                 break;
             }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            // Ours listens (not a parallel test's server that took the port first).
+            let ours = preheat_observe::sockets::snapshot(Path::new("/proc"), s.0.id(), port)
+                .is_ok_and(|f| !f.listening.is_empty());
+            if ours && TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return (s, port);
             }
             assert!(
