@@ -39,15 +39,15 @@ pub struct AgentBench {
 }
 
 /// One server of an agent-bench pair and its client connection.
-struct BenchServer {
+pub(crate) struct BenchServer {
     _scratch: tempfile::TempDir,
-    _started: servers::Started,
-    conn: servers::Requester,
+    pub(crate) started: servers::Started,
+    pub(crate) conn: servers::Requester,
 }
 
 /// A bench server: without the agent (`None`), with it tracking (`Some(true)`), or with it
 /// attached but tracking switched off (`Some(false)`: the hooks pass through).
-fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
+pub(crate) fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
     let ncpu = preheat_engine::os::online_cpus();
     let scratch = preheat_launch::launch::scratch_dir("bench")?;
     let started = servers::start(
@@ -70,13 +70,13 @@ fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
     }
     Ok(BenchServer {
         _scratch: scratch,
-        _started: started,
+        started,
         conn,
     })
 }
 
 /// `n` closed-loop requests on `c`: latencies (µs) appended to `lat`; returns the block's time (s).
-fn bench_block(c: &mut servers::Requester, n: usize, lat: &mut Vec<f64>) -> Result<f64> {
+pub(crate) fn bench_block(c: &mut servers::Requester, n: usize, lat: &mut Vec<f64>) -> Result<f64> {
     let t0 = preheat_engine::time::now_ns();
     for _ in 0..n {
         let a = preheat_engine::time::now_ns();

@@ -4,6 +4,7 @@
 //!   cores against one (`preheat_bench::throughput`).
 //! * `agent` — the agent's overhead on warm requests (`preheat_bench::agent`; `--aa` runs both
 //!   servers without the agent: the benchmark's noise floor).
+//! * `observe` — the outside observer's overhead on warm requests (`preheat_bench::observe`).
 //! * `comm` — communication detection's overhead and accuracy on the bundled kernels
 //!   (`preheat_comm::bench`).
 //! * `cosched`, `cosim` — the coscheduler's overhead and the simulator's speed (`cosched/`).
@@ -112,6 +113,24 @@ pub enum Which {
         #[arg(long, conflicts_with = "aa")]
         passthrough: bool,
     },
+    /// The outside observer's overhead on warm requests (bundled server; root).
+    Observe {
+        /// Requests per configuration in each pair.
+        #[arg(long, default_value_t = 40000)]
+        requests: usize,
+        /// Pairs (>= 5 for a headline).
+        #[arg(long, default_value_t = 9)]
+        pairs: usize,
+        /// Blocks per configuration in a pair (ABBA order).
+        #[arg(long, default_value_t = 20)]
+        blocks: usize,
+        /// How the observer opens its events.
+        #[arg(long, value_enum, default_value = "system-wide")]
+        mechanism: crate::observe::MechanismArg,
+        /// A/A control: attach the observer to neither server (the noise floor).
+        #[arg(long)]
+        aa: bool,
+    },
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -135,6 +154,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let out =
                 preheat_bench::agent::measure(requests, pairs, blocks, aa, passthrough, &bars)?;
             print_agent(&out, a.json)
+        }
+        Which::Observe {
+            requests,
+            pairs,
+            blocks,
+            mechanism,
+            aa,
+        } => {
+            let m = (!aa).then(|| mechanism.into());
+            let out =
+                preheat_bench::observe::measure(requests, pairs, blocks, m, &Bars::new(a.json))?;
+            print_observe(&out, a.json)
         }
         Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),
         Which::Cosched {
@@ -257,6 +288,47 @@ fn print_agent(out: &preheat_bench::agent::AgentBench, json: bool) -> Result<()>
         "  p50 delta per pair {} (goal <= 1 µs)",
         out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
     );
+    Ok(())
+}
+
+fn print_observe(out: &preheat_bench::observe::ObserveBench, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let with_label = out.mechanism_detail.unwrap_or("no observer (A/A control)");
+    println!(
+        "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; per pair two servers on the same CPU, the second observed by {with_label}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
+        out.pairs, out.requests_per_pair, out.blocks, out.cpuidle
+    );
+    for (name, s) in [("unobserved", &out.without), ("observed", &out.with)] {
+        println!(
+            "  {name}: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs, n = {}",
+            s.p50, s.p50_lo, s.p50_hi, s.p99, s.n
+        );
+    }
+    println!(
+        "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
+        out.blocks,
+        out.throughput_loss_blockwise_per_pair
+            .show_scaled(100.0, 2, "%")
+    );
+    println!(
+        "  throughput loss per pair, whole blocks {}",
+        out.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
+    );
+    println!(
+        "  p50 delta per pair {}",
+        out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
+    );
+    if out.mechanism.is_some() {
+        println!(
+            "  read periods found per request sent {}; syscall samples per request {}; lost samples {}",
+            out.periods_per_request.show_scaled(1.0, 3, ""),
+            out.samples_per_request.show_scaled(1.0, 2, ""),
+            out.lost_samples
+        );
+    }
     Ok(())
 }
 

@@ -15,6 +15,7 @@ mod demo;
 mod groups;
 mod guest;
 mod load;
+mod observe;
 mod progress;
 mod record;
 mod serve;
@@ -98,6 +99,9 @@ preheat record --server kv --out kv.phws\n  preheat record --out mc.phws --port 
     Io(preheat_predict::IoArgs),
     /// Benchmarks: preheat throughput and agent overhead, as ratios within one run.
     Bench(bench::BenchArgs),
+    /// Busy periods of a running server from outside (any process, static or dynamic; root):
+    /// per thread, attributed to the listening port, hand-offs followed to the writing thread.
+    Observe(observe::ObserveArgs),
     /// Which threads of a program share memory: SPCD communication detection in user space.
     #[command(
         long_about = "Which threads of an unmodified program share memory: communication detection \
@@ -353,6 +357,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Agent { cmd } => cmd_agent(cmd),
         Cmd::Topology { json } => topo::print(json),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Observe(a) => observe::run(a),
         Cmd::Load(a) => load::run(a),
         Cmd::Arbiter(a) => arbiter::run(a),
         Cmd::Wake(a) => preheat_wake::run(a),

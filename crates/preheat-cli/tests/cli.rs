@@ -156,6 +156,27 @@ fn usage_errors_are_clear() {
     assert!(help.contains("--backend") && help.contains("Examples"));
 }
 
+/// `preheat observe` says at once what rules it out: no such process, not root, no listener.
+#[test]
+fn observe_refuses_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let t0 = std::time::Instant::now();
+    fails_with(
+        &["observe", "--pid", "999999999", "--port", "1"],
+        &rd,
+        &["no process"],
+    );
+    let me = std::process::id().to_string();
+    let why = if common::euid_is_root() {
+        "no socket listening on TCP port 1"
+    } else {
+        "needs root"
+    };
+    fails_with(&["observe", "--pid", &me, "--port", "1"], &rd, &[why]);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+}
+
 fn has_pmu() -> bool {
     let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
         .args(["topology", "--json"])

@@ -1,0 +1,189 @@
+//! The outside observer's overhead on warm requests (`preheat-observe`), by the agent bench's
+//! method ([`crate::agent`]): per pair, two bundled servers on the same CPU, both without the
+//! agent; the observer is attached to the second for the whole pair (`--aa`: to neither, the
+//! noise floor); closed-loop GETs alternate between them in blocks (ABBA order). Throughput
+//! loss per pair (blockwise median and whole-pair), p50 delta, reported as the median over pairs
+//! with the range (goal ≤ 1%). The observer's reader thread runs on the client's CPU (the
+//! bench pins itself to CPU 0, the servers to the last CPU), so its cost is in the numbers.
+//! As a check that it observed what was sent, its read periods per request on the second
+//! server (1.0 when every request was seen once).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use preheat_launch::progress::Progress;
+use preheat_model::stats::{summarize, Spread, Summary};
+use preheat_observe::{Mechanism, Observer, Options, Report};
+use serde::Serialize;
+
+use crate::agent::{bench_block, bench_server};
+
+/// The result of `bench observe` (its JSON).
+#[derive(Serialize)]
+pub struct ObserveBench {
+    pub label: &'static str,
+    /// The mechanism attached to the second server; `None`: the A/A control.
+    pub mechanism: Option<Mechanism>,
+    pub mechanism_detail: Option<&'static str>,
+    pub requests_per_pair: usize,
+    pub pairs: usize,
+    pub blocks: usize,
+    /// `/sys/devices/system/cpu/cpuidle/current_driver` (or "none").
+    pub cpuidle: String,
+    pub without: Summary,
+    pub with: Summary,
+    pub throughput_loss_per_pair: Spread,
+    pub throughput_loss_blockwise_per_pair: Spread,
+    pub p50_delta_us_per_pair: Spread,
+    /// Per pair: read periods the observer found on the second server per request sent to it.
+    pub periods_per_request: Spread,
+    /// Per pair: syscall samples of the second server per request sent to it (the kernel writes
+    /// each into a ring buffer: the observer's cost per request is about this many writes).
+    pub samples_per_request: Spread,
+    /// Samples the kernel dropped, over all pairs.
+    pub lost_samples: u64,
+}
+
+/// An observer draining its buffers on a thread of its own until stopped.
+struct Running {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Observer>,
+}
+
+fn start_observer(pid: u32, port: u16, mechanism: Mechanism) -> Result<Running> {
+    let mut opts = Options::new(pid, port);
+    opts.mechanism = mechanism;
+    let mut o = Observer::attach(opts)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+            o.poll();
+        }
+        o
+    });
+    Ok(Running { stop, thread })
+}
+
+fn stop_observer(r: Running) -> Result<Report> {
+    r.stop.store(true, Ordering::Relaxed);
+    let o = r
+        .thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the observer thread panicked"))?;
+    Ok(o.finish())
+}
+
+struct PairResult {
+    lat: [Vec<f64>; 2],
+    secs: [Vec<f64>; 2],
+    report: Option<Report>,
+}
+
+fn bench_pair(
+    requests: usize,
+    blocks: usize,
+    m: Option<Mechanism>,
+    first: usize,
+) -> Result<PairResult> {
+    let order = if first == 0 { [0, 1] } else { [1, 0] };
+    let mut slots = [None, None];
+    for k in order {
+        slots[k] = Some(bench_server(None)?);
+    }
+    let [Some(mut a), Some(mut b)] = slots else {
+        bail!("bench servers did not start");
+    };
+    let obs = match m {
+        Some(m) => {
+            let pid = b.started.server.pid();
+            let port = b.started.server.addr().port();
+            Some(start_observer(pid, port, m).context("attaching the observer")?)
+        }
+        None => None,
+    };
+    let per_block = (requests / blocks).max(1);
+    let mut out = PairResult {
+        lat: [Vec::with_capacity(requests), Vec::with_capacity(requests)],
+        secs: [Vec::new(), Vec::new()],
+        report: None,
+    };
+    for blk in 0..2 * blocks {
+        let k = usize::from((blk % 2 == 1) ^ ((blk / 2) % 2 == 1)) ^ first;
+        let c = if k == 0 { &mut a.conn } else { &mut b.conn };
+        let secs = bench_block(c, per_block, &mut out.lat[k])?;
+        out.secs[k].push(secs);
+    }
+    out.report = obs.map(stop_observer).transpose()?;
+    Ok(out)
+}
+
+fn cpuidle() -> String {
+    std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "none".into())
+}
+
+/// Measure `pairs` pairs of `requests` requests per server in `blocks` blocks each, the
+/// observer (`mechanism`; `None`: the A/A control) attached to the second server.
+pub fn measure(
+    requests: usize,
+    pairs: usize,
+    blocks: usize,
+    mechanism: Option<Mechanism>,
+    progress: &dyn Progress,
+) -> Result<ObserveBench> {
+    if preheat_engine::os::online_cpus() >= 2 {
+        preheat_engine::os::set_affinity(&[0])?;
+    }
+    let blocks = blocks.max(1);
+    let per_block = (requests / blocks).max(1);
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let (mut loss, mut loss_blk, mut dp50) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ppr, mut spr) = (Vec::new(), Vec::new());
+    let mut lost = 0;
+    progress.start(pairs as u64, "pairs");
+    for i in 0..pairs {
+        let r = bench_pair(requests, blocks, mechanism, i % 2)?;
+        let tput = |k: usize| (per_block * r.secs[k].len()) as f64 / r.secs[k].iter().sum::<f64>();
+        loss.push(1.0 - tput(1) / tput(0));
+        let ratios: Vec<f64> = r.secs[0]
+            .iter()
+            .zip(&r.secs[1])
+            .map(|(wo, w)| wo / w)
+            .collect();
+        loss_blk.push(1.0 - summarize(&ratios).p50);
+        dp50.push(summarize(&r.lat[1]).p50 - summarize(&r.lat[0]).p50);
+        if let Some(rep) = &r.report {
+            let reads: usize = rep.threads.iter().map(|t| t.read).sum();
+            ppr.push(reads as f64 / (per_block * blocks) as f64);
+            spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
+            lost += rep.lost_samples;
+        }
+        let [l0, l1] = r.lat;
+        without.extend(l0);
+        with.extend(l1);
+        progress.inc(1);
+    }
+    progress.finish();
+    Ok(ObserveBench {
+        label: "measured",
+        mechanism,
+        mechanism_detail: mechanism.map(Mechanism::describe),
+        requests_per_pair: per_block * blocks,
+        pairs,
+        blocks,
+        cpuidle: cpuidle(),
+        without: summarize(&without),
+        with: summarize(&with),
+        throughput_loss_per_pair: Spread::of(&loss),
+        throughput_loss_blockwise_per_pair: Spread::of(&loss_blk),
+        p50_delta_us_per_pair: Spread::of(&dp50),
+        periods_per_request: Spread::of(&ppr),
+        samples_per_request: Spread::of(&spr),
+        lost_samples: lost,
+    })
+}
