@@ -177,3 +177,49 @@ pub fn measure(
     };
     Ok(out)
 }
+
+impl AgentBench {
+    /// The report as text (what `preheat bench` prints without `--json`).
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let with_label = if self.aa_control {
+            "without agent (A/A control)"
+        } else if self.passthrough {
+            "with agent, tracking off"
+        } else {
+            "with agent"
+        };
+        let _ = writeln!(s,
+            "agent overhead on warm GETs to preheat-kv [measured: {} pairs; per pair a server without and one {} on the same CPU, {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each]",
+            self.pairs, with_label, self.requests_per_pair, self.blocks
+        );
+        let _ = writeln!(
+            s,
+            "  without agent: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
+            self.without.p50, self.without.p50_lo, self.without.p50_hi, self.without.p99
+        );
+        let _ = writeln!(
+            s,
+            "  {with_label}: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
+            self.with.p50, self.with.p50_lo, self.with.p50_hi, self.with.p99
+        );
+        let _ = writeln!(
+            s,
+            "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
+            self.blocks,
+            self.throughput_loss_blockwise_per_pair
+                .show_scaled(100.0, 2, "%")
+        );
+        let _ = writeln!(s,
+            "  throughput loss per pair, each server's requests over the time of its blocks (a host stall in one block moves it) {}",
+            self.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
+        );
+        let _ = writeln!(
+            s,
+            "  p50 delta per pair {} (goal <= 1 µs)",
+            self.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
+        );
+        s
+    }
+}

@@ -187,3 +187,49 @@ pub fn measure(
         lost_samples: lost,
     })
 }
+
+impl ObserveBench {
+    /// The report as text (what `preheat bench` prints without `--json`).
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let with_label = self.mechanism_detail.unwrap_or("no observer (A/A control)");
+        let _ = writeln!(s,
+            "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; per pair two servers on the same CPU, the second observed by {with_label}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
+            self.pairs, self.requests_per_pair, self.blocks, self.cpuidle
+        );
+        for (name, x) in [("unobserved", &self.without), ("observed", &self.with)] {
+            let _ = writeln!(
+                s,
+                "  {name}: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs, n = {}",
+                x.p50, x.p50_lo, x.p50_hi, x.p99, x.n
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
+            self.blocks,
+            self.throughput_loss_blockwise_per_pair
+                .show_scaled(100.0, 2, "%")
+        );
+        let _ = writeln!(
+            s,
+            "  throughput loss per pair, whole blocks {}",
+            self.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
+        );
+        let _ = writeln!(
+            s,
+            "  p50 delta per pair {}",
+            self.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
+        );
+        if self.mechanism.is_some() {
+            let _ = writeln!(s,
+                "  read periods found per request sent {}; syscall samples per request {}; lost samples {}",
+                self.periods_per_request.show_scaled(1.0, 3, ""),
+                self.samples_per_request.show_scaled(1.0, 2, ""),
+                self.lost_samples
+            );
+        }
+        s
+    }
+}

@@ -296,6 +296,59 @@ fn ratios(
     }
 }
 
+impl PreheatBench {
+    /// The report as text (what `preheat bench` prints without `--json`).
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s,
+            "preheat throughput [measured: {} lines ({:.0} KiB) in {} runs; {} repetitions x {} trials per method, interleaved, each after a 128 MiB sweep]",
+            self.lines,
+            (self.lines * 64) as f64 / 1024.0,
+            self.runs,
+            self.reps,
+            self.trials
+        );
+        for r in &self.methods {
+            let _ =
+                writeln!(s,
+                "  {:<15} p50 {:>8.1} µs (95% CI {:.1}–{:.1}, {} trials)  GB/s per repetition {}",
+                r.method,
+                r.time_us.p50,
+                r.time_us.p50_lo,
+                r.time_us.p50_hi,
+                r.time_us.n,
+                r.gb_per_s.show(2)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "  preheat-1 / limit = {} (goal >= 0.90)",
+            self.preheat1_over_limit.show(2)
+        );
+        let _ = writeln!(
+            s,
+            "  preheat-1 / plain-load = {}",
+            self.preheat1_over_plain.show(2)
+        );
+        let _ = writeln!(
+            s,
+            "  preheat-1 (deadline checked) / preheat-1-nodl = {}",
+            self.deadline_cost.show(2)
+        );
+        let _ = writeln!(
+            s,
+            "  preheat-2 / preheat-1 = {} (goal >= 1.6)",
+            self.preheat2_over_preheat1
+                .as_ref()
+                .map(|x| x.show(2))
+                .unwrap_or_else(|| "n/a (1 CPU)".into())
+        );
+        let _ = writeln!(s, "  (limit = the better of limit-prefetch and limit-load in each repetition; GB/s of a repetition = bytes / its trials' p50 time)");
+        s
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

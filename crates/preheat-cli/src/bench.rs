@@ -13,7 +13,6 @@
 
 use anyhow::Result;
 use preheat_model::comm::CommConfig;
-use preheat_model::stats::summarize;
 
 use crate::progress::Bars;
 
@@ -206,128 +205,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
 fn print_preheat(out: &preheat_bench::throughput::PreheatBench, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
+    } else {
+        print!("{}", out.render());
     }
-    println!(
-        "preheat throughput [measured: {} lines ({:.0} KiB) in {} runs; {} repetitions x {} trials per method, interleaved, each after a 128 MiB sweep]",
-        out.lines,
-        (out.lines * 64) as f64 / 1024.0,
-        out.runs,
-        out.reps,
-        out.trials
-    );
-    for r in &out.methods {
-        println!(
-            "  {:<15} p50 {:>8.1} µs (95% CI {:.1}–{:.1}, {} trials)  GB/s per repetition {}",
-            r.method,
-            r.time_us.p50,
-            r.time_us.p50_lo,
-            r.time_us.p50_hi,
-            r.time_us.n,
-            r.gb_per_s.show(2)
-        );
-    }
-    println!(
-        "  preheat-1 / limit = {} (goal >= 0.90)",
-        out.preheat1_over_limit.show(2)
-    );
-    println!(
-        "  preheat-1 / plain-load = {}",
-        out.preheat1_over_plain.show(2)
-    );
-    println!(
-        "  preheat-1 (deadline checked) / preheat-1-nodl = {}",
-        out.deadline_cost.show(2)
-    );
-    println!(
-        "  preheat-2 / preheat-1 = {} (goal >= 1.6)",
-        out.preheat2_over_preheat1
-            .as_ref()
-            .map(|x| x.show(2))
-            .unwrap_or_else(|| "n/a (1 CPU)".into())
-    );
-    println!("  (limit = the better of limit-prefetch and limit-load in each repetition; GB/s of a repetition = bytes / its trials' p50 time)");
     Ok(())
 }
 
 fn print_agent(out: &preheat_bench::agent::AgentBench, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
-    let with_label = if out.aa_control {
-        "without agent (A/A control)"
-    } else if out.passthrough {
-        "with agent, tracking off"
     } else {
-        "with agent"
-    };
-    println!(
-        "agent overhead on warm GETs to preheat-kv [measured: {} pairs; per pair a server without and one {} on the same CPU, {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each]",
-        out.pairs, with_label, out.requests_per_pair, out.blocks
-    );
-    println!(
-        "  without agent: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
-        out.without.p50, out.without.p50_lo, out.without.p50_hi, out.without.p99
-    );
-    println!(
-        "  {with_label}: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs",
-        out.with.p50, out.with.p50_lo, out.with.p50_hi, out.with.p99
-    );
-    println!(
-        "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
-        out.blocks,
-        out.throughput_loss_blockwise_per_pair
-            .show_scaled(100.0, 2, "%")
-    );
-    println!(
-        "  throughput loss per pair, each server's requests over the time of its blocks (a host stall in one block moves it) {}",
-        out.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
-    );
-    println!(
-        "  p50 delta per pair {} (goal <= 1 µs)",
-        out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
-    );
+        print!("{}", out.render());
+    }
     Ok(())
 }
 
 fn print_observe(out: &preheat_bench::observe::ObserveBench, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
-    let with_label = out.mechanism_detail.unwrap_or("no observer (A/A control)");
-    println!(
-        "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; per pair two servers on the same CPU, the second observed by {with_label}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
-        out.pairs, out.requests_per_pair, out.blocks, out.cpuidle
-    );
-    for (name, s) in [("unobserved", &out.without), ("observed", &out.with)] {
-        println!(
-            "  {name}: p50 {:.2} µs (95% CI {:.2}–{:.2}), p99 {:.2} µs, n = {}",
-            s.p50, s.p50_lo, s.p50_hi, s.p99, s.n
-        );
-    }
-    println!(
-        "  throughput loss per pair (median of its {} block ratios) {} (goal <= 1%)",
-        out.blocks,
-        out.throughput_loss_blockwise_per_pair
-            .show_scaled(100.0, 2, "%")
-    );
-    println!(
-        "  throughput loss per pair, whole blocks {}",
-        out.throughput_loss_per_pair.show_scaled(100.0, 2, "%")
-    );
-    println!(
-        "  p50 delta per pair {}",
-        out.p50_delta_us_per_pair.show_scaled(1.0, 3, " µs")
-    );
-    if out.mechanism.is_some() {
-        println!(
-            "  read periods found per request sent {}; syscall samples per request {}; lost samples {}",
-            out.periods_per_request.show_scaled(1.0, 3, ""),
-            out.samples_per_request.show_scaled(1.0, 2, ""),
-            out.lost_samples
-        );
+    } else {
+        print!("{}", out.render());
     }
     Ok(())
 }
@@ -348,40 +245,6 @@ fn print_comm(s: &preheat_comm::bench::Settings, json: bool) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&results)?);
         return Ok(());
     }
-    println!(
-        "communication detection on preheat-npb ({} threads, {} instances, {} iterations; \
-         {} pages per {} ms, at most {} faults/s, mechanism {}) — measured, {} repetitions",
-        s.threads,
-        s.instances,
-        s.iterations,
-        s.cfg.pages_per_round(),
-        s.cfg.period_ms,
-        s.cfg.budget,
-        s.cfg.mechanism.name(),
-        s.reps
-    );
-    println!(
-        "{:<7} {:>22} {:>16} {:>22} {:>14}",
-        "kernel",
-        "overhead (time ratio)",
-        "groups = truth",
-        "seconds to truth (p50)",
-        "faults/s (p50)"
-    );
-    for r in &results {
-        println!(
-            "{:<7} {:>8.3} [{:.3}–{:.3}] {:>11}/{:<4} {:>22} {:>14.0}",
-            r.kernel,
-            r.overhead_median,
-            r.overhead_min,
-            r.overhead_max,
-            r.correct_runs,
-            r.reps,
-            r.seconds_to_truth_median
-                .map_or("never".to_string(), |x| format!("{x:.2}")),
-            summarize(&r.faults_per_s).p50
-        );
-    }
-    println!("goal: overhead ≤ 1.05 (median); the paper's daemon re-evaluated every 5 s");
+    print!("{}", preheat_comm::bench::render(s, &results));
     Ok(())
 }

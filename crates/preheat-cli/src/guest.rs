@@ -129,24 +129,7 @@ fn build(a: ImageArgs, json: bool) -> Result<()> {
         );
         return Ok(());
     }
-    let m = &image.manifest;
-    let how = if image.built {
-        "built"
-    } else {
-        "found in the cache"
-    };
-    println!(
-        "guest image {how} in {:.1} s (measured, 1 run): {}",
-        t0.elapsed().as_secs_f64(),
-        image.dir.display()
-    );
-    println!(
-        "  kernel   {} {} (vmlinuz-{})",
-        m.kernel.name, m.kernel.version, m.kernel_release
-    );
-    println!("  busybox  {} {}", m.busybox.name, m.busybox.version);
-    println!("  preheat-npb (static) sha256 {}", &m.npb_sha256[..16]);
-    println!("  initramfs {} KiB", m.initrd_bytes / 1024);
+    print!("{}", image.render(t0.elapsed()));
     Ok(())
 }
 

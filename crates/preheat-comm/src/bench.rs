@@ -260,6 +260,54 @@ pub fn run(s: &Settings, on_trial: impl FnMut(Trial)) -> Result<Vec<KernelResult
     Ok(results)
 }
 
+/// The results as a text table (what `preheat bench comm` prints without `--json`).
+pub fn render(s: &Settings, results: &[KernelResult]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "communication detection on preheat-npb ({} threads, {} instances, {} iterations; \
+         {} pages per {} ms, at most {} faults/s, mechanism {}) — measured, {} repetitions",
+        s.threads,
+        s.instances,
+        s.iterations,
+        s.cfg.pages_per_round(),
+        s.cfg.period_ms,
+        s.cfg.budget,
+        s.cfg.mechanism.name(),
+        s.reps
+    );
+    let _ = writeln!(
+        out,
+        "{:<7} {:>22} {:>16} {:>22} {:>14}",
+        "kernel",
+        "overhead (time ratio)",
+        "groups = truth",
+        "seconds to truth (p50)",
+        "faults/s (p50)"
+    );
+    for r in results {
+        let _ = writeln!(
+            out,
+            "{:<7} {:>8.3} [{:.3}–{:.3}] {:>11}/{:<4} {:>22} {:>14.0}",
+            r.kernel,
+            r.overhead_median,
+            r.overhead_min,
+            r.overhead_max,
+            r.correct_runs,
+            r.reps,
+            r.seconds_to_truth_median
+                .map_or("never".to_string(), |x| format!("{x:.2}")),
+            preheat_model::stats::summarize(&r.faults_per_s).p50
+        );
+    }
+    let _ = writeln!(
+        out,
+        "goal: overhead ≤ 1.05 (median); the paper's daemon re-evaluated every 5 s"
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -60,6 +60,31 @@ pub struct Image {
     pub built: bool,
 }
 
+impl Image {
+    /// What the image is made of, for the user; `took`: how long finding or building it took.
+    pub fn render(&self, took: std::time::Duration) -> String {
+        let m = &self.manifest;
+        let how = if self.built {
+            "built"
+        } else {
+            "found in the cache"
+        };
+        format!(
+            "guest image {how} in {:.1} s (measured, 1 run): {}\n  kernel   {} {} (vmlinuz-{})\n  \
+             busybox  {} {}\n  preheat-npb (static) sha256 {}\n  initramfs {} KiB\n",
+            took.as_secs_f64(),
+            self.dir.display(),
+            m.kernel.name,
+            m.kernel.version,
+            m.kernel_release,
+            m.busybox.name,
+            m.busybox.version,
+            m.npb_sha256.get(..16).unwrap_or(&m.npb_sha256),
+            m.initrd_bytes / 1024
+        )
+    }
+}
+
 /// Where guest images and package files are cached.
 pub fn cache_root() -> PathBuf {
     preheat_engine::host::cache_dir().join("guest")
