@@ -19,7 +19,7 @@
 //! # Mechanism, chosen by measurement
 //!
 //! What runs: `perf_event_open` on `raw_syscalls:sys_enter`/`sys_exit` (tracepoint ids and
-//! record layouts from tracefs, which is mounted when missing, as `perf` does), bindings from
+//! record layouts from tracefs, mounted privately for that read where it is not), bindings from
 //! the `perf-event-open-sys` crate, samples `TID | TIME | RAW` with CLOCK_MONOTONIC times into
 //! one ring buffer per CPU that a thread drains every 5 ms ([`Observer::poll`]). Two ways to
 //! open the events, both kept and tested ([`Mechanism`]):

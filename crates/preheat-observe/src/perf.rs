@@ -202,7 +202,16 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Mount tracefs at `dir` (what `perf` does when it finds none).
+/// Detach the mount at `dir` (`umount2(MNT_DETACH)`).
+pub fn unmount(dir: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut p = dir.as_os_str().as_bytes().to_vec();
+    p.push(0);
+    // SAFETY: a NUL-terminated string that lives across the call.
+    check(unsafe { libc::umount2(p.as_ptr().cast(), libc::MNT_DETACH) })
+}
+
+/// Mount tracefs at `dir`.
 pub fn mount_tracefs(dir: &std::path::Path) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let mut p = dir.as_os_str().as_bytes().to_vec();

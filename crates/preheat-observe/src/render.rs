@@ -28,7 +28,7 @@ pub fn text(r: &Report, periods: bool) -> String {
     if r.tracefs_mounted_now {
         outln!(
             out,
-            "  (tracefs was not mounted: mounted it at /sys/kernel/tracing)"
+            "  (tracefs was not mounted: mounted it privately to read the tracepoints' ids, then unmounted it)"
         );
     }
     outln!(

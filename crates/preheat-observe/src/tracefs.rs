@@ -10,14 +10,26 @@ use crate::decode::Ids;
 const TRACEFS: &str = "/sys/kernel/tracing";
 const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
 
-/// tracefs, and whether this call mounted it.
+/// tracefs, and whether this call mounted it (then privately: unmounted and its directory
+/// removed on drop, so nothing is left mounted).
 pub struct Tracefs {
     pub dir: PathBuf,
     pub mounted_now: bool,
 }
 
-/// Find tracefs; where it is not mounted and we are root, mount it at `/sys/kernel/tracing` as
-/// `perf` does (it stays mounted: harmless, and what the next run expects).
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        if self.mounted_now {
+            let _ = crate::perf::unmount(&self.dir);
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+/// Find tracefs; where it is not mounted (and we are root), mount it on a private directory of
+/// our own for as long as the caller holds the [`Tracefs`] (the tracepoints' ids and layouts are
+/// read once; the events need no mount afterwards). The machine's own mount points are never
+/// touched.
 pub fn find_or_mount() -> Result<Tracefs> {
     for d in [TRACEFS, DEBUGFS_TRACING] {
         if Path::new(d).join("events/raw_syscalls").is_dir() {
@@ -30,16 +42,26 @@ pub fn find_or_mount() -> Result<Tracefs> {
     if !Path::new(TRACEFS).is_dir() {
         bail!("no tracefs: {TRACEFS} does not exist (a kernel without CONFIG_FTRACE?)");
     }
-    crate::perf::mount_tracefs(Path::new(TRACEFS)).with_context(|| {
-        format!("tracefs is not mounted and mounting it failed (try `mount -t tracefs nodev {TRACEFS}`)")
-    })?;
-    if !Path::new(TRACEFS).join("events/raw_syscalls").is_dir() {
+    // One directory per call: observers in one process (tests) mount and unmount apart.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("preheat-tracefs-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let t = Tracefs {
+        dir,
+        mounted_now: true,
+    };
+    if let Err(e) = crate::perf::mount_tracefs(&t.dir) {
+        let _ = std::fs::remove_dir(&t.dir);
+        std::mem::forget(t);
+        return Err(anyhow::Error::new(e).context(format!(
+            "tracefs is not mounted and mounting it failed (try `mount -t tracefs nodev {TRACEFS}`)"
+        )));
+    }
+    if !t.dir.join("events/raw_syscalls").is_dir() {
         bail!("tracefs has no raw_syscalls events (a kernel without syscall tracepoints: CONFIG_FTRACE_SYSCALLS)");
     }
-    Ok(Tracefs {
-        dir: TRACEFS.into(),
-        mounted_now: true,
-    })
+    Ok(t)
 }
 
 /// Offset and size of `field` in a tracepoint `format` file.
