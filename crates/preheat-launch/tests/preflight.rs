@@ -453,7 +453,9 @@ fn start_refuses_at_once_what_cannot_have_the_agent() {
         Duration::from_secs(20),
     );
     assert!(err.contains("statically linked"), "{err}");
-    assert!(took < Duration::from_secs(1), "refused in {took:?}");
+    // "At once" against the 20 s wait it replaces; the bound leaves room for a loaded machine
+    // (tests run in parallel on 2 CPUs: 1 s was exceeded once beside other tests).
+    assert!(took < Duration::from_secs(5), "refused in {took:?}");
     // Through a dynamic wrapper that execs it: refused as soon as it listens.
     let port = free_port();
     let wrapper = vec!["sh".into(), "-c".into(), format!("exec {s} {port}")];
