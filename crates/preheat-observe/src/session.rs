@@ -103,7 +103,7 @@ fn last_pid() -> Result<u32> {
 const FILTER_MAX: usize = 4000;
 
 /// The kernel filter of the system-wide events: the traced syscalls, of threads `tids` or any
-/// thread above `threshold`. A process with too many threads to name within [`FILTER_MAX`]
+/// thread above `threshold`. A process with too many threads to name within `FILTER_MAX`
 /// gets every thread from its lowest id on instead (more samples of other processes, dropped
 /// by pid in user space).
 pub fn system_wide_filter(tids: &[u32], threshold: u32, exit: bool) -> String {
