@@ -89,112 +89,120 @@ fn start_ticks(pid: u32) -> Option<u64> {
     (!matches!(f.first(), Some(&"Z"))).then(|| f.get(19)?.parse().ok())?
 }
 
-/// `guest run --idle` killed with SIGKILL: its QEMU does not survive it (the parent-death
-/// signal kills it at once; `guest cleanup`, reading the journal, would otherwise), and the
-/// journal is empty afterwards.
-#[test]
-fn sigkill_leaves_no_guest_running() {
-    if common::find_program("qemu-system-x86_64").is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "scripts/test.sh installs QEMU under CI"
-        );
-        preheat_testsupport::skip!("qemu-system-x86_64", "QEMU is not installed");
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    let rd = run_dir(&tmp);
-    let mut cli = Command::new(env!("CARGO_BIN_EXE_preheat"))
-        .args([
-            "guest",
-            "run",
-            "--vcpus",
-            "1",
-            "--idle",
-            "--name",
-            "test-kill",
-        ])
-        .env("PREHEAT_RUN_DIR", &rd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut qemu = None;
-    for line in BufReader::new(cli.stdout.take().unwrap()).lines() {
-        let line = line.unwrap();
-        if let Some(rest) = line.split("QEMU pid ").nth(1) {
-            qemu = rest.split(',').next().and_then(|p| p.parse::<u32>().ok());
-        }
-        if line.contains("idles") {
-            break;
-        }
-    }
-    let qemu = qemu.expect("the CLI names QEMU's pid");
-    let ticks = start_ticks(qemu).expect("QEMU runs");
-    assert!(
-        rd.join(format!("guests/qemu-{qemu}.json")).exists(),
-        "journaled"
-    );
-    cli.kill().unwrap();
-    cli.wait().unwrap();
-    let t0 = Instant::now();
-    while start_ticks(qemu) == Some(ticks) && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let out = ok(&["guest", "cleanup"], &rd);
-    assert!(out.contains("orphaned guest(s) handled"), "{out}");
-    assert_ne!(
-        start_ticks(qemu),
-        Some(ticks),
-        "QEMU {qemu} outlived its command"
-    );
-    let left: Vec<_> = std::fs::read_dir(rd.join("guests"))
-        .unwrap()
-        .flatten()
-        .collect();
-    assert!(left.is_empty(), "journal entries left: {left:?}");
-}
+/// Tests that boot QEMU guests (TCG keeps both CPUs busy while they run): `scripts/test.sh`
+/// runs every `timing::` test after all others, one at a time, so their load never meets a
+/// test that measures, and theirs is not disturbed either.
+mod timing {
+    use super::*;
 
-/// A VM that is a QEMU guest: `cosched run --policy full` boots it, coschedules its two
-/// `CPU n/TCG` threads until the kernel inside ends and the guest powers off, and leaves no
-/// QEMU behind. Nothing timed is asserted (the co-run fraction is the cosched tests' subject).
-#[test]
-fn cosched_runs_a_real_guest() {
-    if !qemu_or_skip() || !common::realtime_or_skip("cosched_runs_a_real_guest") {
-        return;
+    /// `guest run --idle` killed with SIGKILL: its QEMU does not survive it (the parent-death
+    /// signal kills it at once; `guest cleanup`, reading the journal, would otherwise), and the
+    /// journal is empty afterwards.
+    #[test]
+    fn sigkill_leaves_no_guest_running() {
+        if common::find_program("qemu-system-x86_64").is_none() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "scripts/test.sh installs QEMU under CI"
+            );
+            preheat_testsupport::skip!("qemu-system-x86_64", "QEMU is not installed");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let mut cli = Command::new(env!("CARGO_BIN_EXE_preheat"))
+            .args([
+                "guest",
+                "run",
+                "--vcpus",
+                "1",
+                "--idle",
+                "--name",
+                "test-kill",
+            ])
+            .env("PREHEAT_RUN_DIR", &rd)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut qemu = None;
+        for line in BufReader::new(cli.stdout.take().unwrap()).lines() {
+            let line = line.unwrap();
+            if let Some(rest) = line.split("QEMU pid ").nth(1) {
+                qemu = rest.split(',').next().and_then(|p| p.parse::<u32>().ok());
+            }
+            if line.contains("idles") {
+                break;
+            }
+        }
+        let qemu = qemu.expect("the CLI names QEMU's pid");
+        let ticks = start_ticks(qemu).expect("QEMU runs");
+        assert!(
+            rd.join(format!("guests/qemu-{qemu}.json")).exists(),
+            "journaled"
+        );
+        cli.kill().unwrap();
+        cli.wait().unwrap();
+        let t0 = Instant::now();
+        while start_ticks(qemu) == Some(ticks) && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = ok(&["guest", "cleanup"], &rd);
+        assert!(out.contains("orphaned guest(s) handled"), "{out}");
+        assert_ne!(
+            start_ticks(qemu),
+            Some(ticks),
+            "QEMU {qemu} outlived its command"
+        );
+        let left: Vec<_> = std::fs::read_dir(rd.join("guests"))
+            .unwrap()
+            .flatten()
+            .collect();
+        assert!(left.is_empty(), "journal entries left: {left:?}");
     }
-    let _serial = common::serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let rd = run_dir(&tmp);
-    let cfg = tmp.path().join("vms.json");
-    let vms = r#"{"vms": [{"name": "g", "vcpus": 2, "guest": {"kernel": "mg", "seconds": 3}}]}"#;
-    std::fs::write(&cfg, vms).unwrap();
-    let cfg = cfg.to_str().unwrap();
-    let out = ok(
-        &[
-            "cosched",
-            "run",
-            "--config",
-            cfg,
-            "--policy",
-            "full",
-            "--duration",
-            "60",
-            "--json",
-        ],
-        &rd,
-    );
-    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-    let vm = &v["vms"][0];
-    let (pid, threads) = (
-        vm["pid"].as_u64().unwrap() as u32,
-        vm["threads"].as_array().unwrap(),
-    );
-    assert_eq!(threads.len(), 2, "{out}");
-    assert!(v["report"]["slices"].as_u64().unwrap() > 0, "{out}");
-    assert!(
-        v["report"]["elapsed_s"].as_f64().unwrap() < 50.0,
-        "ended with the guest: {out}"
-    );
-    assert_eq!(start_ticks(pid), None, "QEMU {pid} is gone");
+
+    /// A VM that is a QEMU guest: `cosched run --policy full` boots it, coschedules its two
+    /// `CPU n/TCG` threads until the kernel inside ends and the guest powers off, and leaves no
+    /// QEMU behind. Nothing timed is asserted (the co-run fraction is the cosched tests' subject).
+    #[test]
+    fn cosched_runs_a_real_guest() {
+        if !qemu_or_skip() || !common::realtime_or_skip("cosched_runs_a_real_guest") {
+            return;
+        }
+        let _serial = common::serial();
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let cfg = tmp.path().join("vms.json");
+        let vms =
+            r#"{"vms": [{"name": "g", "vcpus": 2, "guest": {"kernel": "mg", "seconds": 3}}]}"#;
+        std::fs::write(&cfg, vms).unwrap();
+        let cfg = cfg.to_str().unwrap();
+        let out = ok(
+            &[
+                "cosched",
+                "run",
+                "--config",
+                cfg,
+                "--policy",
+                "full",
+                "--duration",
+                "60",
+                "--json",
+            ],
+            &rd,
+        );
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        let vm = &v["vms"][0];
+        let (pid, threads) = (
+            vm["pid"].as_u64().unwrap() as u32,
+            vm["threads"].as_array().unwrap(),
+        );
+        assert_eq!(threads.len(), 2, "{out}");
+        assert!(v["report"]["slices"].as_u64().unwrap() > 0, "{out}");
+        assert!(
+            v["report"]["elapsed_s"].as_f64().unwrap() < 50.0,
+            "ended with the guest: {out}"
+        );
+        assert_eq!(start_ticks(pid), None, "QEMU {pid} is gone");
+    }
 }

@@ -64,71 +64,6 @@ fn check_progress(name: &str, p: &[Progress]) {
 }
 
 #[test]
-fn one_and_two_vcpu_guests_run_mg_and_report_progress() {
-    if !qemu_or_skip() {
-        return;
-    }
-    let image = ensure_image(&ImageSpec::default()).expect("the guest image");
-    let mut s1 = GuestSpec::new("test-vm1", 1);
-    s1.workload = Some(Workload::npb("mg", 1, 3.0));
-    let mut s2 = GuestSpec::new("test-vm2", 2);
-    s2.workload = Some(Workload::npb("mg", 2, 600.0));
-    let mut g1 = Guest::start(&image, &s1).unwrap();
-    let mut g2 = Guest::start(&image, &s2).unwrap();
-    for (g, n) in [(&mut g1, 1), (&mut g2, 2)] {
-        assert!(journaled(g.pid()), "{} is journaled", g.spec.name);
-        let (_, _, cpus) = g.wait_up(BOOT).unwrap();
-        assert_eq!(cpus, n, "{}: CPUs seen inside", g.spec.name);
-        let threads = g.threads();
-        let vcpus: Vec<&str> = threads
-            .iter()
-            .filter(|t| t.vcpu.is_some())
-            .map(|t| t.name.as_str())
-            .collect();
-        let want: Vec<String> = (0..n).map(|i| format!("CPU {i}/TCG")).collect();
-        assert_eq!(vcpus, want, "{}: {threads:?}", g.spec.name);
-        assert!(
-            threads.iter().any(|t| t.vcpu.is_none()),
-            "QEMU's main loop thread is there too: {threads:?}"
-        );
-    }
-    // The 2-vCPU guest: a few reports, then stopped from the host.
-    let p2 = progress(&mut g2, 3);
-    check_progress("test-vm2", &p2);
-    assert_eq!(p2[0].phases.len(), 1, "one instance");
-    let pid2 = g2.pid();
-    g2.stop();
-    assert!(!alive(pid2) && !journaled(pid2), "stopped and forgotten");
-    // The 1-vCPU guest: runs its 3 s and powers off on its own.
-    let p1 = progress(&mut g1, usize::MAX);
-    check_progress("test-vm1", &p1);
-    let summary = g1
-        .history
-        .iter()
-        .any(|t| matches!(t.event, Event::Summary(_)));
-    assert!(
-        summary,
-        "the workload's summary arrived: {}",
-        g1.last_words()
-    );
-    assert!(
-        g1.history
-            .iter()
-            .any(|t| t.event == Event::Done { status: 0 }),
-        "the workload succeeded: {}",
-        g1.last_words()
-    );
-    assert_eq!(
-        g1.wait_exit(Duration::from_secs(60)).unwrap(),
-        Some(0),
-        "powered off"
-    );
-    let pid1 = g1.pid();
-    drop(g1);
-    assert!(!alive(pid1) && !journaled(pid1));
-}
-
-#[test]
 fn image_is_cached() {
     if !qemu_or_skip() {
         return;
@@ -156,4 +91,76 @@ fn a_missing_kernel_package_is_named() {
         e.contains("linux-image-0.0.0-none-amd64 is not available"),
         "{e}"
     );
+}
+
+/// Tests that boot QEMU guests (TCG keeps both CPUs busy while they run): `scripts/test.sh`
+/// runs every `timing::` test after all others, one at a time, so their load never meets a
+/// test that measures, and theirs is not disturbed either.
+mod timing {
+    use super::*;
+
+    #[test]
+    fn one_and_two_vcpu_guests_run_mg_and_report_progress() {
+        if !qemu_or_skip() {
+            return;
+        }
+        let image = ensure_image(&ImageSpec::default()).expect("the guest image");
+        let mut s1 = GuestSpec::new("test-vm1", 1);
+        s1.workload = Some(Workload::npb("mg", 1, 3.0));
+        let mut s2 = GuestSpec::new("test-vm2", 2);
+        s2.workload = Some(Workload::npb("mg", 2, 600.0));
+        let mut g1 = Guest::start(&image, &s1).unwrap();
+        let mut g2 = Guest::start(&image, &s2).unwrap();
+        for (g, n) in [(&mut g1, 1), (&mut g2, 2)] {
+            assert!(journaled(g.pid()), "{} is journaled", g.spec.name);
+            let (_, _, cpus) = g.wait_up(BOOT).unwrap();
+            assert_eq!(cpus, n, "{}: CPUs seen inside", g.spec.name);
+            let threads = g.threads();
+            let vcpus: Vec<&str> = threads
+                .iter()
+                .filter(|t| t.vcpu.is_some())
+                .map(|t| t.name.as_str())
+                .collect();
+            let want: Vec<String> = (0..n).map(|i| format!("CPU {i}/TCG")).collect();
+            assert_eq!(vcpus, want, "{}: {threads:?}", g.spec.name);
+            assert!(
+                threads.iter().any(|t| t.vcpu.is_none()),
+                "QEMU's main loop thread is there too: {threads:?}"
+            );
+        }
+        // The 2-vCPU guest: a few reports, then stopped from the host.
+        let p2 = progress(&mut g2, 3);
+        check_progress("test-vm2", &p2);
+        assert_eq!(p2[0].phases.len(), 1, "one instance");
+        let pid2 = g2.pid();
+        g2.stop();
+        assert!(!alive(pid2) && !journaled(pid2), "stopped and forgotten");
+        // The 1-vCPU guest: runs its 3 s and powers off on its own.
+        let p1 = progress(&mut g1, usize::MAX);
+        check_progress("test-vm1", &p1);
+        let summary = g1
+            .history
+            .iter()
+            .any(|t| matches!(t.event, Event::Summary(_)));
+        assert!(
+            summary,
+            "the workload's summary arrived: {}",
+            g1.last_words()
+        );
+        assert!(
+            g1.history
+                .iter()
+                .any(|t| t.event == Event::Done { status: 0 }),
+            "the workload succeeded: {}",
+            g1.last_words()
+        );
+        assert_eq!(
+            g1.wait_exit(Duration::from_secs(60)).unwrap(),
+            Some(0),
+            "powered off"
+        );
+        let pid1 = g1.pid();
+        drop(g1);
+        assert!(!alive(pid1) && !journaled(pid1));
+    }
 }
