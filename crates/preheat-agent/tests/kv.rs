@@ -45,14 +45,20 @@ fn load_is_served_correctly_and_attributed_to_the_port() {
     );
 }
 
-#[test]
-fn announcements_are_counted_and_acted_on() {
+/// preheat-kv with the agent, after one request (so the port has a busy period and a CPU to
+/// preheat on): the server, that connection and the agent's control connection.
+fn kv_served_once() -> (Server, Mc, AgentClient) {
     let srv = start_kv(&[]);
-    // One request so the port has a busy period (and a CPU to preheat on).
     let mut mc = Mc::connect(srv.port);
     assert_eq!(mc.get("key:3").unwrap(), Some(kv_value(3)));
     let mut agent = srv.agent();
     assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    (srv, mc, agent)
+}
+
+#[test]
+fn announcements_are_counted_and_acted_on() {
+    let (srv, mut mc, mut agent) = kv_served_once();
     let pid = srv.pid();
     let wake_lines = Strategies::WAKE.union(Strategies::LINES);
     // Valid: wake+lines (no profile loaded: lines counts no_profile), then the forced spin.
@@ -122,11 +128,7 @@ fn announcements_are_counted_and_acted_on() {
 /// `auto_unmeasured`) where none was set; a choice that is itself `auto` is refused.
 #[test]
 fn auto_announcements_follow_the_measured_choice() {
-    let srv = start_kv(&[]);
-    let mut mc = Mc::connect(srv.port);
-    assert_eq!(mc.get("key:3").unwrap(), Some(kv_value(3)));
-    let mut agent = srv.agent();
-    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    let (srv, mut mc, mut agent) = kv_served_once();
     let pid = srv.pid();
     let woke = |s: &preheat_model::proto::PreheatStats| s.wake_spins + s.wake_polled;
     // No choice: wake+lines (no profile loaded, so lines counts no_profile).

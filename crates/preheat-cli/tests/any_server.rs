@@ -205,31 +205,9 @@ fn python_site() -> Option<PythonSite> {
 fn demo_on_a_preforking_python_server() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    // `_tmp` keeps the directory alive to the end of the test.
-    let Some(PythonSite {
-        python,
-        tmp: _tmp,
-        rd,
-        www,
-    }) = python_site()
-    else {
+    let Some((_tmp, rd, v)) = demo_on_prefork_fixture(&[]) else {
         return;
     };
-    let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let fixture = prefork_fixture();
-    let v = demo(
-        &rd,
-        port,
-        "lines,replay",
-        &[
-            python.to_str().unwrap(),
-            fixture.to_str().unwrap(),
-            &port_s,
-            www.to_str().unwrap(),
-            "2",
-        ],
-    );
     let pids = agent_pids_of(&rd, "python");
     assert!(pids.len() >= 3, "the fixture did not fork: agents {pids:?}");
     assert_eq!(v["record"]["external"], true, "{}", v["record"]);
@@ -264,31 +242,9 @@ fn demo_on_a_preforking_python_server() {
 fn demo_on_a_preforking_python_server_that_closes_connections() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
     let _one = serial();
-    let Some(PythonSite {
-        python,
-        tmp: _tmp,
-        rd,
-        www,
-    }) = python_site()
-    else {
+    let Some((_tmp, rd, v)) = demo_on_prefork_fixture(&["close"]) else {
         return;
     };
-    let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let fixture = prefork_fixture();
-    let v = demo(
-        &rd,
-        port,
-        "lines,replay",
-        &[
-            python.to_str().unwrap(),
-            fixture.to_str().unwrap(),
-            &port_s,
-            www.to_str().unwrap(),
-            "2",
-            "close",
-        ],
-    );
     // Both workers served the demo's requests and were announced to (not the master).
     let serving = v["serving_pids"].as_array().unwrap();
     assert_eq!(serving.len(), 2, "{}", v["serving_pids"]);
@@ -307,6 +263,33 @@ fn demo_on_a_preforking_python_server_that_closes_connections() {
     assert_acted(&v, "preheat:lines");
     assert_eq!(skip_reason(&v, "preheat:replay"), None);
     assert_no_agent_sockets(&rd);
+}
+
+/// `preheat demo --strategies lines,replay` on the preforking fixture with two workers (and
+/// `extra` arguments): the temp dir (keep it alive), the run dir and the demo's JSON; `None`
+/// (skipped, saying why) without python3.
+fn demo_on_prefork_fixture(
+    extra: &[&str],
+) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
+    let PythonSite {
+        python,
+        tmp,
+        rd,
+        www,
+    } = python_site()?;
+    let port = preheat_testsupport::free_port();
+    let port_s = port.to_string();
+    let fixture = prefork_fixture();
+    let mut command = vec![
+        python.to_str().unwrap(),
+        fixture.to_str().unwrap(),
+        &port_s,
+        www.to_str().unwrap(),
+        "2",
+    ];
+    command.extend_from_slice(extra);
+    let v = demo(&rd, port, "lines,replay", &command);
+    Some((tmp, rd, v))
 }
 
 /// The recording agent (the primary) sent its `replay` warm-ups on fresh connections: at least

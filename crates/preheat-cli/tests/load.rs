@@ -738,7 +738,7 @@ fn local_announcements_and_observe_with_the_agent_attached() {
     println!("{v}");
     check(&v, 30);
     assert_eq!(v["scheduled"], 30, "every request announced: {v}");
-    assert_eq!(v["strategy"], "wake+lines");
+    assert_eq!(v["strategy"], "auto");
     assert!(
         v["announce"].as_str().unwrap().starts_with("local 65 µs"),
         "{v}"
