@@ -51,6 +51,9 @@ fn run_takes_the_demos_auto_choice_and_announce_defaults_to_auto() {
         .arg(kv())
         .args(["--port", &port.to_string(), "--items", "10", "-q"])
         .env("PREHEAT_RUN_DIR", &rd)
+        // `preheat run` keeps its server's directory for a look afterwards (in the temp dir):
+        // here, inside the test's own, removed with it.
+        .env("TMPDIR", tmp.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
