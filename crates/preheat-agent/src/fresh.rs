@@ -170,15 +170,15 @@ fn read_done(s: &Slot, fd: RawFd, until: &[u8]) -> bool {
             Ok(0) => return true,
             Ok(n) => {
                 got = true;
-                let pos = match_terminator(
+                let (pos, done) = scan_terminator(
                     until,
                     s.match_pos.load(Ordering::Relaxed),
                     buf.get(..n).unwrap_or(&[]),
                 );
-                match pos {
-                    Matched::Done => return true,
-                    Matched::At(p) => s.match_pos.store(p, Ordering::Relaxed),
+                if done > 0 {
+                    return true;
                 }
+                s.match_pos.store(pos, Ordering::Relaxed);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 return got && until.is_empty();
@@ -190,28 +190,27 @@ fn read_done(s: &Slot, fd: RawFd, until: &[u8]) -> bool {
     false
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Matched {
-    Done,
-    At(usize),
-}
-
-/// Feed `data` to a terminator match that had matched `pos` bytes of `until`.
-fn match_terminator(until: &[u8], mut pos: usize, data: &[u8]) -> Matched {
+/// Feed `data` to a match of the reply terminator `until` that had matched `pos` bytes: the
+/// new position and how many terminators completed (the position restarts after each). The one
+/// terminator scan of the agent's warm-ups, persistent ([`crate::worker`]) or fresh. An empty
+/// `until` never completes.
+pub fn scan_terminator(until: &[u8], mut pos: usize, data: &[u8]) -> (usize, u32) {
+    let mut done = 0u32;
     if until.is_empty() {
-        return Matched::At(0);
+        return (0, 0);
     }
     for &b in data {
         if until.get(pos) == Some(&b) {
             pos = pos.saturating_add(1);
             if pos == until.len() {
-                return Matched::Done;
+                pos = 0;
+                done = done.saturating_add(1);
             }
         } else {
             pos = usize::from(until.first() == Some(&b));
         }
     }
-    Matched::At(pos)
+    (pos, done)
 }
 
 /// A non-blocking, Nagle-free, registered TCP connection to `127.0.0.1:port`, established (or
@@ -282,13 +281,12 @@ mod tests {
     #[test]
     fn terminator_across_chunks() {
         let until = b"</html>\n";
-        let Matched::At(p) = match_terminator(until, 0, b"abc</ht") else {
-            panic!("done too early")
-        };
+        let (p, done) = scan_terminator(until, 0, b"abc</ht");
+        assert_eq!(done, 0, "done too early");
         assert_eq!(p, 4);
-        assert_eq!(match_terminator(until, p, b"ml>\n"), Matched::Done);
-        assert_eq!(match_terminator(until, 0, b"<</html>\n"), Matched::Done);
-        assert_eq!(match_terminator(b"", 0, b"x"), Matched::At(0));
+        assert_eq!(scan_terminator(until, p, b"ml>\n").1, 1);
+        assert_eq!(scan_terminator(until, 0, b"<</html>\n").1, 1);
+        assert_eq!(scan_terminator(b"", 0, b"x"), (0, 0));
     }
 
     #[test]

@@ -541,22 +541,14 @@ fn drain(conn: &ReplayConn, fd: i32) -> bool {
 }
 
 fn match_terminator(conn: &ReplayConn, data: &[u8]) {
-    let until = &conn.until;
-    let mut pos = conn.match_pos.load(Ordering::Relaxed);
-    for &b in data {
-        if until.get(pos) == Some(&b) {
-            pos += 1;
-            if pos == until.len() {
-                pos = 0;
-                let _ = conn
-                    .outstanding
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                        Some(v.saturating_sub(1))
-                    });
-            }
-        } else {
-            pos = usize::from(until.first() == Some(&b));
-        }
+    let pos = conn.match_pos.load(Ordering::Relaxed);
+    let (pos, done) = crate::fresh::scan_terminator(&conn.until, pos, data);
+    if done > 0 {
+        let _ = conn
+            .outstanding
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(done))
+            });
     }
     conn.match_pos.store(pos, Ordering::Relaxed);
 }
