@@ -134,6 +134,10 @@ fn host_programs_do_not_notice() {
 mod timing {
     use super::*;
 
+    /// Each pair's threads share, the pairs share nothing. Sampling is random and the first
+    /// writer of a page in a round is the one recorded, so a run on a loaded machine may see
+    /// too little: up to three attempts for "pairs detected". "Nothing else" (no event across
+    /// pairs, none with an agent thread) must hold in every attempt.
     #[test]
     fn pairs_are_detected_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();
@@ -141,28 +145,49 @@ mod timing {
             return;
         };
         for mech in mechanisms() {
-            let (out, report) = run_detected(&prog, &["1500"], dir.path(), mech);
-            assert!(out.status.success(), "{mech}: {out:?}");
-            let r = report.expect("a report at exit");
-            assert!(r.mechanism.starts_with(mech), "{}", r.mechanism);
-            assert!(r.faults_induced > 20, "too few induced faults: {r:?}");
-            // Thread names tell the truth: pairN-tM.
-            let name = |i: usize| r.threads[i].name.clone();
-            let mut within = 0;
-            for i in 0..r.threads.len() {
-                for j in 0..r.threads.len() {
-                    let (a, b) = (name(i), name(j));
-                    if i == j || !a.starts_with("pair") || !b.starts_with("pair") {
-                        continue;
-                    }
-                    if a[..5] == b[..5] {
-                        within += r.matrix[i][j];
-                    } else {
-                        assert_eq!(r.matrix[i][j], 0, "{a} and {b} share nothing: {r:?}");
-                    }
+            let mut last = None;
+            for attempt in 1..=3 {
+                let (out, report) = run_detected(&prog, &["1500"], dir.path(), mech);
+                assert!(out.status.success(), "{mech}: {out:?}");
+                let r = report.expect("a report at exit");
+                assert!(r.mechanism.starts_with(mech), "{}", r.mechanism);
+                let within = within_pairs(&r);
+                if r.faults_induced > 20 && within > 10 {
+                    eprintln!("comm {mech}: pairs detected on attempt {attempt} ({within} events within pairs, measured)");
+                    last = None;
+                    break;
+                }
+                eprintln!("comm {mech}: attempt {attempt} saw too little: {r:?}");
+                last = Some(r);
+            }
+            if let Some(r) = last {
+                panic!("{mech}: pairs not detected in 3 attempts: {r:?}");
+            }
+        }
+    }
+
+    /// Events between threads of the same pair (thread names tell the truth: pairN-tM);
+    /// asserts that threads of different pairs share nothing and that no agent thread shows.
+    fn within_pairs(r: &CommReport) -> u64 {
+        let name = |i: usize| r.threads[i].name.clone();
+        let mut within = 0;
+        for i in 0..r.threads.len() {
+            assert!(
+                !name(i).starts_with("preheat-"),
+                "an agent thread in the matrix: {r:?}"
+            );
+            for j in 0..r.threads.len() {
+                let (a, b) = (name(i), name(j));
+                if i == j || !a.starts_with("pair") || !b.starts_with("pair") {
+                    continue;
+                }
+                if a[..5] == b[..5] {
+                    within += r.matrix[i][j];
+                } else {
+                    assert_eq!(r.matrix[i][j], 0, "{a} and {b} share nothing: {r:?}");
                 }
             }
-            assert!(within > 10, "{mech}: pairs not detected: {r:?}");
         }
+        within
     }
 }

@@ -65,27 +65,44 @@ static CONTROL: Mutex<(Option<CommConfig>, Option<String>)> = Mutex::new((None, 
 /// ever `try_lock`ed, as [`CONTROL`].
 static NAMES: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
 
-/// Remember the names of the threads in the matrix (sampler thread, once per round).
+/// Remember the names of the threads in the matrix (sampler thread, once per round). The
+/// names are read before the lock is taken, so the lock is held only for the merge and a
+/// report at exit racing this refresh still finds the cache (a thread missing from it is
+/// reported without a name).
 pub fn refresh_names() {
-    let tids = state::threads();
-    let Ok(mut names) = NAMES.try_lock() else {
+    let read: Vec<(u32, String)> = state::threads()
+        .into_iter()
+        .filter_map(|tid| {
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                .ok()
+                .map(|n| (tid, n.trim_end().to_string()))
+        })
+        .collect();
+    let Some(mut names) = lock_names() else {
         return;
     };
-    for tid in tids {
-        if let Ok(n) = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")) {
-            let n = n.trim_end().to_string();
-            match names.iter_mut().find(|(t, _)| *t == tid) {
-                Some(e) => e.1 = n,
-                None => names.push((tid, n)),
-            }
+    for (tid, n) in read {
+        match names.iter_mut().find(|(t, _)| *t == tid) {
+            Some(e) => e.1 = n,
+            None => names.push((tid, n)),
         }
     }
 }
 
+/// [`NAMES`], waiting a little for a holder (never blocking: a fork child may have inherited
+/// it locked, and then gets `None` after ~20 ms).
+fn lock_names() -> Option<std::sync::MutexGuard<'static, Vec<(u32, String)>>> {
+    for _ in 0..200 {
+        if let Ok(g) = NAMES.try_lock() {
+            return Some(g);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100));
+    }
+    None
+}
+
 fn cached_name(tid: u32) -> String {
-    NAMES
-        .try_lock()
-        .ok()
+    lock_names()
         .and_then(|g| g.iter().find(|(t, _)| *t == tid).map(|(_, n)| n.clone()))
         .unwrap_or_default()
 }
@@ -254,7 +271,13 @@ pub fn report() -> CommReport {
         .map(|g| (g.0, g.1.clone()))
         .unwrap_or((None, None));
     let active = RUN.load(Ordering::Acquire) && SAMPLER_ALIVE.load(Ordering::Acquire);
-    let tids = state::threads();
+    // An agent thread writes heap memory in its start-up code before it registers itself, so
+    // a fault there may have given it a matrix index: it is never reported as the program's.
+    let all = state::threads();
+    let keep: Vec<usize> = (0..all.len())
+        .filter(|&i| !crate::threads::is_agent_tid(all[i]))
+        .collect();
+    let tids: Vec<u32> = keep.iter().map(|&i| all[i]).collect();
     let threads = tids
         .iter()
         .map(|&tid| {
@@ -267,7 +290,11 @@ pub fn report() -> CommReport {
             }
         })
         .collect();
-    let matrix = state::matrix(tids.len());
+    let full = state::matrix(all.len());
+    let matrix: Vec<Vec<u64>> = keep
+        .iter()
+        .map(|&i| keep.iter().map(|&j| full[i][j]).collect())
+        .collect();
     let since = SINCE_NS.load(Ordering::Relaxed);
     let c = &COUNTERS;
     CommReport {
