@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::find_program;
@@ -15,7 +15,7 @@ use serde_json::Value;
 
 /// Every server a test started; killed (and reaped) on drop, panics included.
 #[derive(Default)]
-struct Servers(Vec<Child>);
+struct Servers(Vec<KillOnDrop>);
 
 impl Servers {
     /// Start a server that listens on `port` and wait until it accepts connections.
@@ -26,41 +26,13 @@ impl Servers {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        self.0.push(child);
-        wait_port(port, self);
-        port
+        self.0.push(KillOnDrop(child));
+        let last = &mut self.0.last_mut().unwrap().0;
+        preheat_testsupport::wait_port(port, last).unwrap()
     }
 }
 
-impl Drop for Servers {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-use preheat_testsupport::free_port;
-
-fn wait_port(port: u16, servers: &mut Servers) {
-    let t0 = Instant::now();
-    loop {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        if let Some(c) = servers.0.last_mut() {
-            if let Ok(Some(st)) = c.try_wait() {
-                panic!("the server for port {port} exited: {st}");
-            }
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "nothing listens on {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
+use preheat_testsupport::{free_port, KillOnDrop};
 
 /// Send `req` on a fresh connection and read until the reply ends with `until`.
 fn exchange(port: u16, req: &[u8], until: &[u8]) -> Vec<u8> {

@@ -223,6 +223,35 @@ pub fn free_port() -> u16 {
     preheat_engine::host::free_port().expect("binding a loopback port")
 }
 
+/// Wait (up to 20 s) until something accepts connections on 127.0.0.1:`port`, while `child`
+/// (the server that should) keeps running; an error says which of the two went wrong.
+pub fn wait_port(port: u16, child: &mut std::process::Child) -> Result<u16, String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Err(format!("the server for 127.0.0.1:{port} exited: {st}"));
+        }
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(20) {
+            return Err(format!("nothing listens on 127.0.0.1:{port} after 20 s"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A child process killed (SIGKILL) and reaped when this goes out of scope, also when the test
+/// panics.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A lighttpd site for a test: `dir/www` holds `files` (name, content), `dir/lighttpd.conf`
 /// serves it on 127.0.0.1:`port` with `extra` configuration lines appended. Returns the
 /// lighttpd executable and the configuration file, or `None` when lighttpd is not installed

@@ -307,17 +307,8 @@ pub fn compile_c(rel: &str, dir: &Path) -> Option<PathBuf> {
     preheat_testsupport::compile_c(&src, dir)
 }
 
-/// Wait until something accepts connections on 127.0.0.1:`port`.
-pub fn wait_port(port: u16, child: &mut Child) -> Result<u16, String> {
-    let ok = wait_until(Duration::from_secs(20), || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok() || !matches!(child.try_wait(), Ok(None))
-    });
-    if ok && matches!(child.try_wait(), Ok(None)) {
-        Ok(port)
-    } else {
-        Err(format!("nothing listens on 127.0.0.1:{port}"))
-    }
-}
+#[allow(unused_imports)] // not every test binary that includes this module starts a server
+pub use preheat_testsupport::wait_port;
 
 // ---------------------------------------------------------------------- agent client
 
