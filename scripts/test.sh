@@ -159,8 +159,8 @@ step "Python tests (pytest; the slowest ten listed)"
 
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
   for t in decode_profile decode_announcement decode_net; do
-    step "fuzzing $t for 20 s"
-    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time=20 -rss_limit_mb=1024 >/tmp/preheat-fuzz-$t.log 2>&1) \
+    step "fuzzing $t for 10 s"
+    (cd fuzz && cargo +nightly fuzz run "$t" -- -max_total_time=10 -rss_limit_mb=1024 >/tmp/preheat-fuzz-$t.log 2>&1) \
       || { echo "fuzz target $t failed:"; tail -30 /tmp/preheat-fuzz-$t.log; exit 1; }
   done
 elif ! rustup toolchain list 2>/dev/null | grep -q nightly; then
