@@ -17,10 +17,14 @@
 //! Inner nodes show d (eq. 1 between their children) and their tasks; leaves show their task
 //! and its label when it differs from the task number. The walk's decisions are marked: nodes
 //! it split, with the comparison that split them, and nodes that became sets, numbered as in
-//! [`Grouping::sets`], with the comparison that kept them together.
+//! [`Grouping::sets`], with the comparison that kept them together. With
+//! [`GroupMethod::Modularity`] the comparison is of Q: the node as one set against the best
+//! cut of its subtrees (`[split: Q 0.412 split > 0.000 kept]`).
 
 use std::fmt::Write;
 
+use crate::method::GroupMethod;
+use crate::modularity;
 use crate::split::{splits, Grouping};
 
 impl Grouping {
@@ -41,18 +45,7 @@ impl Grouping {
             match (node.left, node.right) {
                 (Some(l), Some(r)) => {
                     let _ = write!(out, "d={:.3} {{{}}}", node.d, join(&node.tasks));
-                    let (dl, dr) = (tree.node(l).d, tree.node(r).d);
-                    let m = dl.max(dr);
-                    let bar = self.t * node.d;
-                    let reason = if self.t.is_infinite() {
-                        "t = inf".to_string()
-                    } else if splits(node.d, dl, dr, self.t) && bar == 0.0 {
-                        format!("t x d = {} x {:.3} = 0", self.t, node.d)
-                    } else if m > bar {
-                        format!("{m:.3} > {} x {:.3}", self.t, node.d)
-                    } else {
-                        format!("{m:.3} <= {} x {:.3}", self.t, node.d)
-                    };
+                    let reason = self.reason(id);
                     let below = match set_no[id] {
                         Some(k) if walked => {
                             let _ = write!(out, "  [set {k}: {reason}]");
@@ -84,6 +77,39 @@ impl Grouping {
     }
 }
 
+impl Grouping {
+    /// Why the walk split inner node `id` or kept it as a set, as the comparison it made.
+    fn reason(&self, id: usize) -> String {
+        let tree = &self.tree;
+        let node = tree.node(id);
+        let (Some(l), Some(r)) = (node.left, node.right) else {
+            return String::new();
+        };
+        if self.method == GroupMethod::Modularity {
+            let (keep, below) = self.scores[id];
+            return if node.d == 0.0 {
+                "d = 0".to_string()
+            } else if modularity::splits(node.d, keep, below) {
+                format!("Q {below:.3} split > {keep:.3} kept")
+            } else {
+                format!("Q {keep:.3} kept >= {below:.3} split")
+            };
+        }
+        let (dl, dr) = (tree.node(l).d, tree.node(r).d);
+        let m = dl.max(dr);
+        let bar = self.t * node.d;
+        if self.t.is_infinite() {
+            "t = inf".to_string()
+        } else if splits(node.d, dl, dr, self.t) && bar == 0.0 {
+            format!("t x d = {} x {:.3} = 0", self.t, node.d)
+        } else if m > bar {
+            format!("{m:.3} > {} x {:.3}", self.t, node.d)
+        } else {
+            format!("{m:.3} <= {} x {:.3}", self.t, node.d)
+        }
+    }
+}
+
 /// Tasks as `0,1,3`.
 pub fn join(tasks: &[usize]) -> String {
     let mut s = String::new();
@@ -98,7 +124,29 @@ pub fn join(tasks: &[usize]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::{group, CommMatrix};
+    use crate::{group, group_with, CommMatrix, GroupMethod};
+
+    #[test]
+    fn modularity_marks_compare_q() {
+        let m = CommMatrix::new(vec![
+            vec![0.0, 10.0, 0.5, 0.5],
+            vec![10.0, 0.0, 0.5, 0.5],
+            vec![0.5, 0.5, 0.0, 10.0],
+            vec![0.5, 0.5, 10.0, 0.0],
+        ])
+        .unwrap();
+        let g = group_with(&m, GroupMethod::Modularity, 1.5).unwrap();
+        assert_eq!(
+            g.render_tree(&[]),
+            "d=0.500 {0,1,2,3}  [split: Q 0.409 split > 0.000 kept]\n\
+             \x20 d=10.000 {0,1}  [set 1: Q 0.205 kept >= -0.125 split]\n\
+             \x20   task 0\n\
+             \x20   task 1\n\
+             \x20 d=10.000 {2,3}  [set 2: Q 0.205 kept >= -0.125 split]\n\
+             \x20   task 2\n\
+             \x20   task 3\n"
+        );
+    }
 
     #[test]
     fn marks_splits_sets_and_labels() {
