@@ -4,9 +4,8 @@
 //! numbers `preheat groups compare` prints and the README quotes.
 
 use preheat_group::compare::{compare, compare_default, NOISE_LEVELS};
-use preheat_group::modularity::modularity;
 use preheat_group::planted::Spec;
-use preheat_group::{group, group_with, CommMatrix, GroupMethod};
+use preheat_group::{group, group_with, GroupMethod};
 use proptest::prelude::*;
 
 /// Recovered counts (paper, modularity) per noise level of `compare`.
@@ -114,33 +113,7 @@ fn known_limits_one_group_and_lone_tasks() {
     );
 }
 
-/// A symmetric matrix of `n` tasks from an upper triangle of continuous entries.
-fn continuous() -> impl Strategy<Value = CommMatrix> {
-    (1usize..=12).prop_flat_map(|n| {
-        proptest::collection::vec(0.0f64..100.0, n * n).prop_map(move |v| {
-            let rows = (0..n)
-                .map(|i| (0..n).map(|j| v[i.min(j) * n + i.max(j)]).collect())
-                .collect();
-            CommMatrix::new(rows).unwrap()
-        })
-    })
-}
-
 proptest! {
-    #[test]
-    fn the_best_cut_of_the_tree(m in continuous(), t in 0.0f64..5.0) {
-        let g = group_with(&m, GroupMethod::Modularity, t).unwrap();
-        let mut all: Vec<usize> = g.sets.iter().flatten().copied().collect();
-        all.sort_unstable();
-        prop_assert_eq!(all, (0..m.len()).collect::<Vec<_>>());
-        let q = g.modularity.unwrap();
-        prop_assert!((q - modularity(&m, &g.sets)).abs() < 1e-9, "{} vs {}", q, modularity(&m, &g.sets));
-        // The paper's sets are a cut of the same tree, and so is one set of all tasks (Q = 0).
-        let paper = group(&m, t).unwrap();
-        prop_assert!(q >= modularity(&m, &paper.sets) - 1e-9);
-        prop_assert!(q >= -1e-12);
-    }
-
     #[test]
     fn equal_groups_without_noise_are_recovered(
         k in 1usize..=5,
@@ -158,39 +131,5 @@ proptest! {
         let p = spec.generate(seed, 0.0);
         let g = group_with(&p.matrix, GroupMethod::Modularity, 1.5).unwrap();
         prop_assert_eq!(g.sets, p.sets);
-    }
-
-    #[test]
-    fn renumbering_tasks_renumbers_the_sets(
-        (m, perm) in continuous().prop_flat_map(|m| {
-            let n = m.len();
-            (Just(m), Just((0..n).collect::<Vec<usize>>()).prop_shuffle())
-        }),
-    ) {
-        let n = m.len();
-        let rows = (0..n)
-            .map(|i| {
-                (0..n)
-                    .map(|j| {
-                        let (a, b) = (perm.iter().position(|&p| p == i), perm.iter().position(|&p| p == j));
-                        m.get(a.unwrap(), b.unwrap())
-                    })
-                    .collect()
-            })
-            .collect();
-        let permuted = CommMatrix::new(rows).unwrap();
-        let a = group_with(&m, GroupMethod::Modularity, 1.5).unwrap();
-        let b = group_with(&permuted, GroupMethod::Modularity, 1.5).unwrap();
-        let mut mapped: Vec<Vec<usize>> = a
-            .sets
-            .iter()
-            .map(|s| {
-                let mut s: Vec<usize> = s.iter().map(|&x| perm[x]).collect();
-                s.sort_unstable();
-                s
-            })
-            .collect();
-        mapped.sort();
-        prop_assert_eq!(mapped, b.sets);
     }
 }
