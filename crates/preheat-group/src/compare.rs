@@ -10,7 +10,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::method::{group_with, GroupMethod};
+use crate::group_with;
+use crate::method::GroupMethod;
 use crate::planted::Spec;
 use crate::split::DEFAULT_T;
 

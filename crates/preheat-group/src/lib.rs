@@ -88,6 +88,17 @@ pub mod split;
 pub mod tree;
 
 pub use matrix::{CommMatrix, MatrixError, MAX_TASKS};
-pub use method::{group_with, GroupMethod};
+pub use method::GroupMethod;
 pub use split::{group, Grouping, ThresholdError, DEFAULT_T};
 pub use tree::{Node, Tree};
+
+/// Build the tree for `m` and choose its sets with `method` (`t`: the paper's threshold, checked
+/// with either method, used by [`GroupMethod::PaperSplit`] only).
+pub fn group_with(m: &CommMatrix, method: GroupMethod, t: f64) -> Result<Grouping, ThresholdError> {
+    let t = split::check_threshold(t)?;
+    let tree = Tree::build(m);
+    match method {
+        GroupMethod::PaperSplit => Grouping::select(tree, t),
+        GroupMethod::Modularity => Ok(Grouping::select_modularity(tree, m, t)),
+    }
+}

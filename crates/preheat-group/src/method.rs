@@ -1,14 +1,11 @@
 //! Which rule chooses the sets from the dependency tree: the paper's split rule (the default)
-//! or the cut with the highest modularity ([`crate::modularity`]).
+//! or the cut with the highest modularity ([`crate::modularity`]); [`crate::group_with`] groups
+//! with either.
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-
-use crate::matrix::CommMatrix;
-use crate::split::{check_threshold, Grouping, ThresholdError};
-use crate::tree::Tree;
 
 /// How the sets are chosen from the tree. Both walk the same tree (eq. 1, average linkage);
 /// they differ in where they cut it.
@@ -52,17 +49,6 @@ impl FromStr for GroupMethod {
             .into_iter()
             .find(|m| m.name() == s)
             .ok_or_else(|| format!("unknown grouping method {s:?} (paper or modularity)"))
-    }
-}
-
-/// Build the tree for `m` and choose its sets with `method` (`t`: the paper's threshold, checked
-/// with either method, used by [`GroupMethod::PaperSplit`] only).
-pub fn group_with(m: &CommMatrix, method: GroupMethod, t: f64) -> Result<Grouping, ThresholdError> {
-    let t = check_threshold(t)?;
-    let tree = Tree::build(m);
-    match method {
-        GroupMethod::PaperSplit => Grouping::select(tree, t),
-        GroupMethod::Modularity => Ok(Grouping::select_modularity(tree, m, t)),
     }
 }
 
