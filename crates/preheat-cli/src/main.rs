@@ -121,25 +121,8 @@ Examples:\n  preheat comm --out m.json -- preheat-npb mg --threads 4 --instances
 preheat groups m.json\n  preheat comm --pid 1234 --duration 10 --out m.json"
     )]
     Comm(comm::CommArgs),
-    /// Group tasks into coscheduling sets from a communication matrix (partial coscheduling, eq. 1, threshold t).
-    #[command(
-        long_about = "Group tasks into coscheduling sets from a communication matrix (Busse et al., \
-Partial Coscheduling of Virtual Machines Based on Memory Access Patterns, SAC'15, §3).\n\n\
-Input (JSON, a file or `-` for standard input): an array of rows, CE(i,j) = communication events \
-between tasks i and j (square, symmetric, non-negative; the diagonal is ignored and may be null), \
-e.g. [[0,6,1],[6,0,2],[1,2,0]]; or an object with that array in a \"matrix\" field and optionally \
-\"labels\" (n strings) or \"threads\" (n objects with tid/name) naming the tasks.\n\n\
-Tree: the dependency between two disjoint task sets X and Y is eq. 1, d = sum of CE(x,y) over \
-x in X, y in Y, divided by |X|*|Y|. Starting from one leaf per task (d = 0), the two subtrees with \
-the highest d are merged into a node carrying that d, until one tree is left (ties: the pair with \
-the lowest smallest tasks).\n\n\
-Sets: walking from the root, a node splits into its two subtrees when the larger of their d is \
-more than t times its own d (or t*d = 0); otherwise its tasks form one coscheduling set. Larger t \
-keeps more tasks together: t = 0 puts every task alone, t = inf gives one set. The paper uses \
-t = 1.5.\n\n\
-Prints the tree (each node's d and tasks, with the walk's decisions) and the sets; --json prints \
-{\"t\", \"sets\", \"set_nodes\", \"tree\", \"labels\"}."
-    )]
+    /// Group tasks into coscheduling sets from a communication matrix (partial coscheduling, eq. 1, threshold t or modularity).
+    #[command(long_about = preheat_group::render::GROUPS_HELP)]
     Groups(groups::GroupsArgs),
     /// Partial coscheduling: a user-space coscheduler, the paper's experiments, a host simulator.
     Cosched(cosched::CoschedArgs),

@@ -116,3 +116,54 @@ fn bad_input_fails_with_the_file_and_the_problem() {
         &["threshold t must be a number >= 0"],
     );
 }
+
+#[test]
+fn methods_and_the_simulated_comparison() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let file = tmp.path().join("fig3.json");
+    std::fs::write(&file, FIGURE_3).unwrap();
+    let f = file.to_str().unwrap();
+    let json =
+        |args: &[&str]| -> serde_json::Value { serde_json::from_str(&ok(args, &rd)).unwrap() };
+    let paper = json(&["groups", f, "--json"]);
+    assert_eq!(paper["method"], "paper");
+    assert!(paper.get("modularity").is_none(), "{paper}");
+    // Task 2's one event with each task is what its total predicts: modularity keeps it.
+    let m = json(&["groups", f, "--method", "modularity", "--json"]);
+    assert_eq!(m["method"], "modularity");
+    assert_eq!(m["sets"], serde_json::json!([[0, 1, 2, 3, 4]]));
+    assert_eq!(m["modularity"], 0.0);
+    let text = ok(&["groups", f, "--method", "modularity"], &rd);
+    assert!(
+        text.contains("[set 1: Q 0.000 kept >= -0.004 split]"),
+        "{text}"
+    );
+    assert!(text.contains("sets by modularity"), "{text}");
+
+    let table = ok(&["groups", "compare", "--seeds", "20"], &rd);
+    assert!(table.starts_with("simulated: "), "{table}");
+    for needle in ["20 seeds (0..20)", "paper (t = 1.5)", "modularity", "/20 "] {
+        assert!(table.contains(needle), "no {needle:?} in\n{table}");
+    }
+    let c = json(&["groups", "compare", "--seeds", "20", "--json"]);
+    assert_eq!(c["simulated"], true);
+    assert_eq!(c["methods"], serde_json::json!(["paper", "modularity"]));
+    let rows = c["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5);
+    assert_eq!(rows[0]["noise"], 0.0);
+    assert_eq!(rows[0]["recovered"], serde_json::json!([20, 20]));
+
+    let help = ok(&["groups", "--help"], &rd);
+    for needle in [
+        "--method paper",
+        "--method modularity",
+        "groups compare",
+        "simulated",
+    ] {
+        assert!(help.contains(needle), "help lacks {needle:?}");
+    }
+    let o = preheat(&["groups", f, "--method", "louvain"], &rd);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("paper or modularity"));
+}

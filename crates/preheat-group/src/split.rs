@@ -22,7 +22,8 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::matrix::CommMatrix;
-use crate::tree::Tree;
+use crate::method::GroupMethod;
+use crate::tree::{Node, Tree};
 
 /// The paper's threshold (§3, Figure 4c and all experiments in §5).
 pub const DEFAULT_T: f64 = 1.5;
@@ -32,10 +33,13 @@ pub const DEFAULT_T: f64 = 1.5;
 #[error("threshold t must be a number >= 0 (inf for one set), got {0}")]
 pub struct ThresholdError(pub f64);
 
-/// The sets chosen at threshold `t`, with the tree they came from.
+/// The sets chosen from the tree (at threshold `t`, or by modularity), with the tree.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Grouping {
-    /// The threshold (JSON: `null` for +∞, which JSON cannot express).
+    /// How the sets were chosen (JSON: `"paper"` or `"modularity"`).
+    pub method: GroupMethod,
+    /// The threshold (JSON: `null` for +∞, which JSON cannot express). Used by the paper's
+    /// rule only; kept as given with [`GroupMethod::Modularity`].
     pub t: f64,
     /// The sets: each ascending, ordered by smallest task; every task in exactly one.
     pub sets: Vec<Vec<usize>>,
@@ -43,6 +47,14 @@ pub struct Grouping {
     pub set_nodes: Vec<usize>,
     /// The dependency tree.
     pub tree: Tree,
+    /// [`GroupMethod::Modularity`] only: the modularity Q of the sets (JSON: absent with the
+    /// paper's rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modularity: Option<f64>,
+    /// [`GroupMethod::Modularity`] only, by node id: (Q of the node's tasks as one set, the
+    /// highest Q of a cut of its two subtrees), for [`render_tree`](Self::render_tree).
+    #[serde(skip)]
+    pub(crate) scores: Vec<(f64, f64)>,
 }
 
 /// Whether the walk splits a node of dependency `d_node` whose children have `d_left` and
@@ -74,26 +86,15 @@ impl Grouping {
     /// Select the sets of `tree` at threshold `t` (see the module docs).
     pub fn select(tree: Tree, t: f64) -> Result<Grouping, ThresholdError> {
         let t = check_threshold(t)?;
-        let mut found: Vec<(Vec<usize>, usize)> = Vec::new();
-        // An explicit stack: a chain-shaped tree of 4096 tasks is 4095 levels deep.
-        let mut stack = vec![tree.root];
-        while let Some(id) = stack.pop() {
-            let node = tree.node(id);
-            match (node.left, node.right) {
-                (Some(l), Some(r)) if splits(node.d, tree.node(l).d, tree.node(r).d, t) => {
-                    stack.push(r);
-                    stack.push(l);
-                }
-                _ => found.push((node.tasks.clone(), id)),
-            }
-        }
-        found.sort_by_key(|(tasks, _)| tasks[0]);
-        let (sets, set_nodes) = found.into_iter().unzip();
+        let (sets, set_nodes) = cut(&tree, |node, l, r| splits(node.d, l.d, r.d, t));
         Ok(Grouping {
+            method: GroupMethod::PaperSplit,
             t,
             sets,
             set_nodes,
             tree,
+            modularity: None,
+            scores: Vec::new(),
         })
     }
 
@@ -107,6 +108,30 @@ impl Grouping {
         }
         of
     }
+}
+
+/// The walk shared by both methods: from the root, split an inner node (walk on into its
+/// children) when `split(node, left, right)`, else its tasks form one set. Returns the sets
+/// (ordered by smallest task) and their nodes.
+pub(crate) fn cut(
+    tree: &Tree,
+    split: impl Fn(&Node, &Node, &Node) -> bool,
+) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut found: Vec<(Vec<usize>, usize)> = Vec::new();
+    // An explicit stack: a chain-shaped tree of 4096 tasks is 4095 levels deep.
+    let mut stack = vec![tree.root];
+    while let Some(id) = stack.pop() {
+        let node = tree.node(id);
+        match (node.left, node.right) {
+            (Some(l), Some(r)) if split(node, tree.node(l), tree.node(r)) => {
+                stack.push(r);
+                stack.push(l);
+            }
+            _ => found.push((node.tasks.clone(), id)),
+        }
+    }
+    found.sort_by_key(|(tasks, _)| tasks[0]);
+    found.into_iter().unzip()
 }
 
 #[cfg(test)]

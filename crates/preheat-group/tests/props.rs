@@ -1,8 +1,10 @@
 //! Properties of the grouping of Busse et al. (SAC'15) §3 on random matrices: eq. 1 at every
-//! node, the split rule's limits, invariance under renumbering the tasks, and agreement with a
-//! direct (slow) transcription of the merge rule, ties included.
+//! node, the split rule's limits, invariance under renumbering the tasks (both methods), the
+//! modularity cut as the best cut of the tree, and agreement with a direct (slow)
+//! transcription of the merge rule, ties included.
 
-use preheat_group::{group, CommMatrix, Tree};
+use preheat_group::modularity::modularity;
+use preheat_group::{group, group_with, CommMatrix, GroupMethod, Tree};
 use proptest::prelude::*;
 
 /// A symmetric matrix from its upper triangle (row by row, zero diagonal).
@@ -126,19 +128,22 @@ proptest! {
                 permuted[perm[i]][perm[j]] = rows[i][j];
             }
         }
-        let a = group(&CommMatrix::new(rows).unwrap(), t).unwrap();
-        let b = group(&CommMatrix::new(permuted).unwrap(), t).unwrap();
-        let mut mapped: Vec<Vec<usize>> = a
-            .sets
-            .iter()
-            .map(|s| {
-                let mut s: Vec<usize> = s.iter().map(|&x| perm[x]).collect();
-                s.sort_unstable();
-                s
-            })
-            .collect();
-        mapped.sort();
-        prop_assert_eq!(&mapped, &b.sets);
+        let (m, mp) = (CommMatrix::new(rows).unwrap(), CommMatrix::new(permuted).unwrap());
+        let (a, b) = (group(&m, t).unwrap(), group(&mp, t).unwrap());
+        for method in GroupMethod::ALL {
+            let (a, b) = (group_with(&m, method, t).unwrap(), group_with(&mp, method, t).unwrap());
+            let mut mapped: Vec<Vec<usize>> = a
+                .sets
+                .iter()
+                .map(|s| {
+                    let mut s: Vec<usize> = s.iter().map(|&x| perm[x]).collect();
+                    s.sort_unstable();
+                    s
+                })
+                .collect();
+            mapped.sort();
+            prop_assert_eq!(&mapped, &b.sets, "{}", method);
+        }
         // The whole tree renumbers too: the same subtrees with the same d.
         let subtrees = |g: &preheat_group::Grouping, map: &dyn Fn(usize) -> usize| {
             let mut v: Vec<(Vec<usize>, f64)> = g.tree.nodes[n..]
@@ -158,6 +163,20 @@ proptest! {
             prop_assert_eq!(ta, tb);
             prop_assert!(close(*da, *db));
         }
+    }
+
+    #[test]
+    fn modularity_is_the_best_cut_of_the_tree(rows in continuous(), t in 0.0f64..5.0) {
+        let m = CommMatrix::new(rows).unwrap();
+        let g = group_with(&m, GroupMethod::Modularity, t).unwrap();
+        let mut all: Vec<usize> = g.sets.iter().flatten().copied().collect();
+        all.sort_unstable();
+        prop_assert_eq!(all, (0..m.len()).collect::<Vec<_>>());
+        let q = g.modularity.unwrap();
+        prop_assert!((q - modularity(&m, &g.sets)).abs() < 1e-9);
+        // The paper's sets are a cut of the same tree, and so is one set of all tasks (Q = 0).
+        prop_assert!(q >= modularity(&m, &group(&m, t).unwrap().sets) - 1e-9);
+        prop_assert!(q >= -1e-12);
     }
 
     #[test]
