@@ -51,16 +51,27 @@ fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
 
 /// `preheat demo` on a server given by its command; the parsed JSON.
 fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
-    let port = port.to_string();
-    let mut args = vec!["demo", "--rounds", "3"];
-    args.extend(common::QUICK_DEMO);
-    args.extend([
-        // A lead this shared 2-vCPU machine meets reliably: the test is about reaching the
-        // right process, not about the shortest lead.
+    // A lead this shared 2-vCPU machine meets reliably: the test is about reaching the right
+    // process, not about the shortest lead.
+    let opts = [
+        "--rounds",
+        "3",
         "--lead-us",
         "300",
         "--strategies",
         strategies,
+    ];
+    demo_with(rd, port, &opts, command)
+}
+
+/// `preheat demo` with the quick options, `opts`, and an HTTP request for `/index.html` on
+/// `port`, on a server given by its command; the parsed JSON.
+fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -> Value {
+    let port = port.to_string();
+    let mut args = vec!["demo"];
+    args.extend(common::QUICK_DEMO);
+    args.extend_from_slice(opts);
+    args.extend([
         "--port",
         &port,
         "--protocol",
@@ -482,9 +493,7 @@ mod timing {
         let conf = proxy_conf(site.tmp.path(), port, back);
         let (nginx_s, conf_s) = (nginx.to_str().unwrap(), conf.to_str().unwrap());
         let prefix = site.tmp.path().to_str().unwrap();
-        let port_s = port.to_string();
-        let args = [
-            "demo",
+        let opts = [
             "--rounds",
             "16",
             "--pilot-rounds",
@@ -493,26 +502,9 @@ mod timing {
             "200",
             "--strategies",
             "auto,replay",
-            "--port",
-            &port_s,
-            "--protocol",
-            "http",
-            "--request",
-            "/index.html",
-            "--json",
-            "--",
-            nginx_s,
-            "-p",
-            prefix,
-            "-c",
-            conf_s,
-            "-e",
-            "stderr",
         ];
-        let mut all = args[..1].to_vec();
-        all.extend(common::QUICK_DEMO);
-        all.extend(&args[1..]);
-        let v: Value = serde_json::from_str(&ok(&all, &site.rd)).unwrap();
+        let command = [nginx_s, "-p", prefix, "-c", conf_s, "-e", "stderr"];
+        let v = demo_with(&site.rd, port, &opts, &command);
         let auto = &v["auto"];
         let helped: Vec<&str> = auto["candidates"]
             .as_array()
