@@ -91,7 +91,7 @@ def cells_table(exp: dict) -> pd.DataFrame:
             r[f"vm{i + 1}_run_time_s"] = _num(t)
         for k in ("total_run_time_s", "corun_fraction", "corun_lower", "idle_cpu_share",
                   "planned_idle_share", "leak_share", "slice_us_p50", "slice_us_p99",
-                  "apply_us_p50"):
+                  "apply_us_p50", "others_share", "steal_share"):
             r[k] = _num(c.get(k))
         r["instance_rates"] = "; ".join(f"vm{int(vm) + 1} {_num(rate) or 0:.1f}/s"
                                         for vm, rate in (c.get("instance_rates") or []))
@@ -110,7 +110,7 @@ def rows_table(exp: dict) -> pd.DataFrame:
     if df.empty:
         return df
     for col in ("simulated", "simulated_within_ci", "corun_fraction_median",
-                "idle_cpu_share_median", "predicted", "ci_lo", "ci_hi"):
+                "idle_cpu_share_median", "predicted", "ci_lo", "ci_hi", "foreign_load_runs"):
         if col not in df:
             df[col] = None
     df["label"] = "measured (predicted: modeled; simulated: simulated)"
@@ -135,6 +135,7 @@ def validation_table(rows: pd.DataFrame) -> pd.DataFrame:
                     "simulated": sim, "predicted": _num(r.get("predicted")),
                     "corun_fraction_median": _num(r.get("corun_fraction_median")),
                     "idle_cpu_share_median": _num(r.get("idle_cpu_share_median")),
+                    "foreign_load_runs": int(_num(r.get("foreign_load_runs")) or 0),
                     "inside": inside, "inside_check": check,
                     "verdict": ("no simulated value" if inside is None
                                 else "inside" if inside else "outside")})
@@ -156,6 +157,13 @@ def validation_sentence(v: pd.DataFrame) -> str:
         s += " Per policy: " + "; ".join(parts) + "."
     if len(v) > len(with_sim):
         s += f" {len(v) - len(with_sim)} row(s) have no simulated value (the CLI gave none)."
+    if "foreign_load_runs" in v:
+        loaded = v[v["foreign_load_runs"] > 0]
+        if len(loaded):
+            s += (f" {len(loaded)} row(s) overlapped load from outside (other processes or the "
+                  "hypervisor took > 5% of the machine's CPU time in "
+                  f"{int(loaded['foreign_load_runs'].sum())} run(s); measured): those say as much "
+                  "about that load as about the policy.")
     bad = v[(v["inside_check"].notna()) & (v["inside"] != v["inside_check"])]
     if len(bad):
         s += (f" WARNING: for {len(bad)} row(s) the CLI's simulated_within_ci disagrees with "

@@ -147,6 +147,18 @@ def test_validation_without_the_cli_flag_and_with_a_wrong_one():
     assert "WARNING" in s and "disagrees" in s
 
 
+def test_validation_says_which_rows_overlapped_foreign_load():
+    exp = _exp()
+    assert "load from outside" not in cosched.validation_sentence(
+        cosched.validation_table(cosched.rows_table(exp)))
+    exp["rows"][0]["foreign_load_runs"] = 2
+    exp["rows"][1]["foreign_load_runs"] = 1
+    v = cosched.validation_table(cosched.rows_table(exp))
+    assert int(v["foreign_load_runs"].sum()) == 3
+    s = cosched.validation_sentence(v)
+    assert "2 row(s) overlapped load from outside" in s and "in 3 run(s)" in s
+
+
 def test_simulate_rows_are_tolerant():
     rows = cosched.sim_policy_rows(json.loads((FIX / "simulate-8cpu-double.json").read_text()))
     assert [r["policy"] for r in rows] == ["full", "partial-static", "partial-auto"]

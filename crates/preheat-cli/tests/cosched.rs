@@ -485,8 +485,15 @@ mod timing {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["label"], "measured");
+        // Every run says how much of the machine other processes and the hypervisor took.
+        for c in v["cells"].as_array().unwrap() {
+            let others = c["others_share"].as_f64().expect("others_share measured");
+            assert!((0.0..=1.0).contains(&others), "{c}");
+            assert!(c["steal_share"].as_f64().is_some(), "{c}");
+        }
         let rows = v["rows"].as_array().unwrap();
         assert_eq!(rows.len(), 1, "{v}");
+        assert!(rows[0]["foreign_load_runs"].is_u64(), "{v}");
         for r in rows {
             let m = r["improvement_over_full"].as_f64().unwrap();
             let sim = r["simulated"].as_f64().unwrap();

@@ -85,7 +85,25 @@ pub struct Cell {
     pub first_regroup_s: Option<f64>,
     /// partial-auto: the last communication matrix of each VM (vCPU order; measured).
     pub matrices: Vec<Option<Vec<Vec<u64>>>>,
+    /// Shares of the machine's CPU time during the run used by other processes (not this one
+    /// or its workloads) and stolen by the hypervisor (measured, `/proc/stat`); `None` where
+    /// unreadable.
+    pub others_share: Option<f64>,
+    pub steal_share: Option<f64>,
     pub notes: Vec<String>,
+}
+
+/// A run during which other processes used more than this share of the machine's CPU time, or
+/// the hypervisor stole more, is flagged: its times say as much about that load as about the
+/// policy (a `--quick` run beside two busy processes read plain Linux −27…−91% against full).
+pub const FOREIGN_LOAD_FLAG: f64 = 0.05;
+
+impl Cell {
+    /// Whether the run overlapped load from outside ([`FOREIGN_LOAD_FLAG`]).
+    pub fn foreign_load(&self) -> bool {
+        self.others_share.unwrap_or(0.0) > FOREIGN_LOAD_FLAG
+            || self.steal_share.unwrap_or(0.0) > FOREIGN_LOAD_FLAG
+    }
 }
 
 /// Per kernel × scenario × policy: the improvement over full.
@@ -107,6 +125,9 @@ pub struct Row {
     pub simulated_within_ci: Option<bool>,
     pub corun_fraction_median: Option<f64>,
     pub idle_cpu_share_median: Option<f64>,
+    /// Runs of this row or of its full-coscheduling baseline that overlapped load from outside
+    /// ([`Cell::foreign_load`]).
+    pub foreign_load_runs: usize,
 }
 
 /// The experiment's JSON.
@@ -395,6 +416,16 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         progress.inc(1);
     }
     progress.finish();
+    let loaded = cells.iter().filter(|c| c.foreign_load()).count();
+    if loaded > 0 {
+        notes.push(format!(
+            "{loaded} of {} runs overlapped load from outside (other processes or the \
+             hypervisor took more than {:.0}% of the machine's CPU time; measured): rows with \
+             foreign_load_runs > 0 say as much about that load as about the policy",
+            cells.len(),
+            100.0 * FOREIGN_LOAD_FLAG
+        ));
+    }
     let rows = summarise(e, cpus, &scenarios, &policies, &calibration, &cells)?;
     Ok(Results {
         label: "measured",
@@ -452,8 +483,23 @@ fn measure_cell(
         reset_after_ms: 400,
         ..options(p, e.slice_ms, e.seconds, e.watchdog.clone())
     };
+    let before = preheat_engine::procstat::machine_use();
     let out = run::execute(&spec, &opts, false, say)
         .with_context(|| format!("{k} {s} {p} repetition {}", rep + 1))?;
+    let load = before
+        .zip(preheat_engine::procstat::machine_use())
+        .and_then(|(b, a)| preheat_engine::procstat::foreign_load(&b, &a));
+    let mut notes = out.report.notes.clone();
+    if let Some((others, steal)) = load {
+        if others > FOREIGN_LOAD_FLAG || steal > FOREIGN_LOAD_FLAG {
+            notes.push(format!(
+                "foreign load: other processes used {:.0}% of the machine's CPU time and the \
+                 hypervisor stole {:.0}% during this run (measured)",
+                100.0 * others,
+                100.0 * steal
+            ));
+        }
+    }
     let mut instance_rates_v = Vec::new();
     let mut vm_run = Vec::new();
     for (vi, vm) in out.vms.iter().enumerate() {
@@ -496,7 +542,9 @@ fn measure_cell(
             .first()
             .map(|g| g.at_s - (START_DELAY_MS as f64 / 1e3 - out.controller_start_s)),
         matrices: out.matrices.clone(),
-        notes: r.notes.clone(),
+        others_share: load.map(|l| l.0),
+        steal_share: load.map(|l| l.1),
+        notes,
     })
 }
 
@@ -633,6 +681,13 @@ fn row_of(
         simulated_within_ci: simulated.map(|v| v >= sm.p50_lo && v <= sm.p50_hi),
         corun_fraction_median: of(&|c: &Cell| c.corun_fraction),
         idle_cpu_share_median: of(&|c: &Cell| c.idle_cpu_share),
+        foreign_load_runs: cells
+            .iter()
+            .filter(|c| {
+                c.kernel == k && c.scenario == s && (c.policy == p || c.policy == Policy::Full)
+            })
+            .filter(|c| c.foreign_load())
+            .count(),
     })
 }
 

@@ -21,6 +21,7 @@
 mod auto;
 pub mod bench;
 pub mod experiment;
+pub mod experiment_report;
 pub mod host;
 pub mod run;
 pub mod watchdog;

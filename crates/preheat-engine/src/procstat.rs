@@ -153,6 +153,37 @@ pub fn own_ticks() -> Option<u64> {
     read_pid_stat_at(Path::new("/proc/self/stat")).map(|s| s.ticks())
 }
 
+/// The machine's CPU time (all CPUs) and this process's, with the children it waited for, at
+/// one moment (see [`foreign_load`]).
+#[derive(Debug, Clone, Copy)]
+pub struct MachineUse {
+    all: CpuTicks,
+    own: u64,
+}
+
+/// Read [`MachineUse`] now (`/proc/stat`, `/proc/self/stat`); `None` if either is unreadable.
+pub fn machine_use() -> Option<MachineUse> {
+    let all = read(Path::new("/proc/stat")).ok()?.all;
+    let own = read_pid_stat_at(Path::new("/proc/self/stat"))?.ticks_with_children();
+    Some(MachineUse { all, own })
+}
+
+/// Load from outside a measurement between two [`machine_use`] readings, as shares of the
+/// machine's CPU time: (other processes — neither this one nor the children it waited for in
+/// between —, time the hypervisor ran something else on our vCPUs, "steal"). `None` if no tick
+/// passed. Children still running at `after` count as other processes: reap them first.
+pub fn foreign_load(before: &MachineUse, after: &MachineUse) -> Option<(f64, f64)> {
+    let total = after.all.total().checked_sub(before.all.total())?;
+    if total == 0 {
+        return None;
+    }
+    let steal = after.all.steal.saturating_sub(before.all.steal);
+    let busy = after.all.busy().saturating_sub(before.all.busy());
+    let own = after.own.saturating_sub(before.own);
+    let others = busy.saturating_sub(steal).saturating_sub(own);
+    Some((others as f64 / total as f64, steal as f64 / total as f64))
+}
+
 /// The share of the machine's CPU time that processes other than this one used between two
 /// readings of ([`ProcStat`] of `/proc/stat`, [`own_ticks`]); `None` if no tick passed.
 pub fn others_share(before: (&CpuTicks, u64), after: (&CpuTicks, u64)) -> Option<f64> {
@@ -187,6 +218,30 @@ mod tests {
         assert_eq!(c1.busy(), c1.total() - 4238);
         assert_eq!(s.btime, Some(1_764_200_000));
         assert!(s.cpu(2).is_none());
+    }
+
+    #[test]
+    fn foreign_load_separates_others_steal_and_own() {
+        let t = |user, idle, steal| CpuTicks {
+            user,
+            idle,
+            steal,
+            ..CpuTicks::default()
+        };
+        let a = MachineUse {
+            all: t(100, 100, 0),
+            own: 50,
+        };
+        // 100 ticks pass: 40 user (30 ours, 10 others), 50 idle, 10 steal.
+        let b = MachineUse {
+            all: t(140, 150, 10),
+            own: 80,
+        };
+        let (others, steal) = foreign_load(&a, &b).unwrap();
+        assert!((others - 0.10).abs() < 1e-9 && (steal - 0.10).abs() < 1e-9);
+        assert_eq!(foreign_load(&a, &a), None);
+        let now = machine_use().expect("/proc is readable");
+        assert!(foreign_load(&now, &now).is_none());
     }
 
     #[test]

@@ -16,6 +16,10 @@ pub struct PidStat {
     pub utime: u64,
     /// Field 15: kernel-mode CPU time, ticks.
     pub stime: u64,
+    /// Fields 16 and 17: user- and kernel-mode CPU time of its children that it waited for,
+    /// ticks.
+    pub cutime: u64,
+    pub cstime: u64,
     /// Field 22: start time, ticks after boot.
     pub starttime: u64,
 }
@@ -29,6 +33,11 @@ impl PidStat {
     /// CPU time, user + system, ticks.
     pub fn ticks(&self) -> u64 {
         self.utime + self.stime
+    }
+
+    /// CPU time with that of the children it waited for, ticks.
+    pub fn ticks_with_children(&self) -> u64 {
+        self.ticks() + self.cutime + self.cstime
     }
 }
 
@@ -45,13 +54,17 @@ pub fn parse_pid_stat(text: &str) -> Option<PidStat> {
     let pgrp = u32::try_from(num(0)?).ok()?;
     let utime = num(8)?; // fields 6..=13 skipped
     let stime = num(0)?;
-    let starttime = num(6)?; // fields 16..=21 skipped
+    let cutime = num(0)?;
+    let cstime = num(0)?;
+    let starttime = num(4)?; // fields 18..=21 skipped
     Some(PidStat {
         state,
         ppid,
         pgrp,
         utime,
         stime,
+        cutime,
+        cstime,
         starttime,
     })
 }
@@ -64,7 +77,7 @@ mod tests {
     fn line(comm: &str, state: char) -> String {
         format!(
             "4321 ({comm}) {state} 4300 4299 4299 34816 4321 4194560 1375 0 0 0 \
-             7 3 0 0 20 0 1 0 123456 10629120 847 18446744073709551615"
+             7 3 5 2 20 0 1 0 123456 10629120 847 18446744073709551615"
         )
     }
 
@@ -79,11 +92,14 @@ mod tests {
                 pgrp: 4299,
                 utime: 7,
                 stime: 3,
+                cutime: 5,
+                cstime: 2,
                 starttime: 123_456,
             }
         );
         assert!(!s.is_zombie());
         assert_eq!(s.ticks(), 10);
+        assert_eq!(s.ticks_with_children(), 17);
         // An empty name, and one that is only parentheses.
         assert_eq!(parse_pid_stat(&line("", 'R')).map(|s| s.ppid), Some(4300));
         assert_eq!(parse_pid_stat(&line(")(", 'R')).map(|s| s.pgrp), Some(4299));

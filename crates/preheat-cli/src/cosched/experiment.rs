@@ -2,7 +2,7 @@
 //! `preheat_cosched_run::experiment`).
 
 use anyhow::{Context, Result};
-use preheat_cosched_run::experiment::{self, ExperimentSpec, Results};
+use preheat_cosched_run::experiment::{self, ExperimentSpec};
 use preheat_cosim::scenario::{Policy, Scenario};
 
 use crate::progress::Bars;
@@ -71,68 +71,10 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
     if a.json {
         println!("{json}");
     } else {
-        print!("{}", table(&results));
+        print!(
+            "{}",
+            preheat_cosched_run::experiment_report::table(&results)
+        );
     }
     Ok(())
-}
-
-fn pct(v: f64) -> String {
-    format!("{:+.0}%", 100.0 * v)
-}
-
-fn table(r: &Results) -> String {
-    let mut s = format!(
-        "Partial coscheduling at this machine's size: {} CPUs, VM1 = {} vCPUs, VM2 = {} \
-         (measured; {} repetitions per cell, {} s runs, {} ms slices; improvement over full \
-         coscheduling = T_full / T_policy − 1, median [95% interval])\n",
-        r.cpus, r.vm_vcpus[0], r.vm_vcpus[1], r.reps, r.seconds, r.slice_ms
-    );
-    s += &format!(
-        "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
-        "kernel", "scenario", "policy", "measured", "predicted", "simulated", "co-run", "idle"
-    );
-    for row in &r.rows {
-        s += &format!(
-            "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
-            row.kernel,
-            row.scenario.to_string(),
-            row.policy.to_string(),
-            format!(
-                "{} [{}, {}] n={}",
-                pct(row.improvement_over_full),
-                pct(row.ci_lo),
-                pct(row.ci_hi),
-                row.n
-            ),
-            pct(row.predicted),
-            match (row.simulated, row.simulated_within_ci) {
-                (Some(v), Some(true)) => format!("{} (in CI)", pct(v)),
-                (Some(v), _) => format!("{} (outside)", pct(v)),
-                _ => "-".into(),
-            },
-            row.corun_fraction_median
-                .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
-            row.idle_cpu_share_median
-                .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
-        );
-    }
-    for c in &r.calibration {
-        s += &format!(
-            "calibration {}: iteration alone {:.0} µs, contention {:+.0}% when both instances \
-             compute (measured, median of {} runs)\n",
-            c.kernel,
-            c.alone_iteration_us,
-            100.0 * c.contention,
-            c.runs
-        );
-    }
-    s += "predicted = the setup's closed form (modeled: no contention, no costs); simulated = \
-          preheat cosched simulate with the measured iteration time, contention and controller \
-          cost (simulated). The paper (8 CPUs, \
-          Gainestown): static partial close to +33% in quad, below it in double, up to +100% \
-          in single for BT and EP; automatic lower (the paper's own figures).\n";
-    for n in &r.notes {
-        s += &format!("note: {n}\n");
-    }
-    s
 }
