@@ -385,6 +385,70 @@ fn a_vm_that_exits_mid_run() {
     assert!(!journal.exists());
 }
 
+/// partial-auto with the second grouping method (`--group-method modularity`): it regroups
+/// from the agents' matrices, every grouping a partition of the VM's vCPUs; an unknown method
+/// is refused by name. (Whether detection finds the truth is `comm.rs`'s test.)
+#[test]
+fn partial_auto_groups_with_modularity() {
+    let _serial = serial();
+    if !realtime_or_skip("partial_auto_groups_with_modularity") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let vm = NpbVm {
+        name: "vm1",
+        vcpus: 2,
+        kernel: "mg",
+        threads: 2,
+        seconds: "2.5",
+        sets: json!([[0, 1]]),
+    };
+    let cfg = npb_vms(tmp.path(), &[vm]);
+    let journal = tmp.path().join("journal.json").display().to_string();
+    let args = [
+        "cosched",
+        "run",
+        "--config",
+        &cfg,
+        "--policy",
+        "partial-auto",
+        "--group-method",
+        "modularity",
+        "--regroup-s",
+        "0.5",
+        "--duration",
+        "4",
+        "--json",
+        "--journal",
+        &journal,
+    ];
+    let o = preheat(&args, &rd);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    let regroups = v["report"]["regroups"].as_array().unwrap();
+    assert!(!regroups.is_empty(), "no regroup: {v}");
+    for g in regroups {
+        let mut members: Vec<u64> = g["sets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()))
+            .collect();
+        members.sort_unstable();
+        assert_eq!(members, [0, 1], "not a partition of the vCPUs: {g}");
+    }
+    let mut bad = args.to_vec();
+    bad[7] = "louvain";
+    let o = preheat(&bad, &rd);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("louvain") && err.contains("modularity"),
+        "{err}"
+    );
+}
+
 /// Without permission for real-time scheduling: a clear message, and `none` still works.
 #[test]
 fn unprivileged_gets_a_clear_message() {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
-use preheat_group::{group, CommMatrix};
+use preheat_group::{group_with, CommMatrix, GroupMethod};
 
 use crate::host::{vm_sets, LiveVm};
 use preheat_launch::agentctl::{self, AgentClient};
@@ -49,6 +49,7 @@ impl VmView {
 /// The agents of the VMs, and what the last grouping found.
 pub struct Auto {
     clients: Vec<Option<AgentClient>>,
+    method: GroupMethod,
     t: f64,
     cpus: usize,
     /// Human-readable notes (a VM without an agent, a refused report).
@@ -65,7 +66,7 @@ impl Auto {
         vms: &[LiveVm],
         own_run_dir: &Path,
         user_run_dir: &Path,
-        t: f64,
+        (method, t): (GroupMethod, f64),
         cpus: usize,
     ) -> Auto {
         let mut notes = Vec::new();
@@ -92,6 +93,7 @@ impl Auto {
             .collect();
         Auto {
             clients,
+            method,
             t,
             cpus,
             notes,
@@ -180,7 +182,7 @@ impl Auto {
                 .collect();
             let Some(g) = CommMatrix::new(rows)
                 .ok()
-                .and_then(|matrix| group(&matrix, self.t).ok())
+                .and_then(|matrix| group_with(&matrix, self.method, self.t).ok())
             else {
                 sets.extend(whole);
                 continue;

@@ -48,6 +48,8 @@ pub struct ExperimentSpec {
     pub regroup_s: f64,
     /// partial-auto: the grouping threshold.
     pub t: f64,
+    /// partial-auto: how the sets are chosen from the tree.
+    pub group_method: preheat_group::GroupMethod,
     /// Seed of the shuffle (and of the simulator).
     pub seed: u64,
     /// The runs' watchdog (`None`: none).
@@ -248,6 +250,7 @@ pub fn options(
         cpus: Vec::new(),
         regroup_s: 5.0,
         t: preheat_group::DEFAULT_T,
+        group_method: preheat_group::GroupMethod::default(),
         reset_after_ms: 500,
         journal: None,
         watchdog,
@@ -480,6 +483,7 @@ fn measure_cell(
     let opts = Params {
         regroup_s: e.regroup_s,
         t: e.t,
+        group_method: e.group_method,
         reset_after_ms: 400,
         ..options(p, e.slice_ms, e.seconds, e.watchdog.clone())
     };
@@ -722,6 +726,7 @@ mod tests {
             slice_ms: 10.0,
             regroup_s: 1.0,
             t: 1.5,
+            group_method: preheat_group::GroupMethod::default(),
             seed: 1,
             watchdog: None,
         };

@@ -34,8 +34,10 @@ pub struct Params {
     pub cpus: Vec<usize>,
     /// partial-auto: re-evaluate the sets every this many seconds.
     pub regroup_s: f64,
-    /// partial-auto: the grouping threshold t.
+    /// partial-auto: the grouping threshold t (of the paper's rule).
     pub t: f64,
+    /// partial-auto: how the sets are chosen from the tree (the paper's rule by default).
+    pub group_method: preheat_group::GroupMethod,
     /// partial-auto: reset the communication matrix this long after the VMs start.
     pub reset_after_ms: u64,
     /// The journal file (`None`: the run directory's).
@@ -185,7 +187,7 @@ fn start_auto(
     )
     .context("partial-auto needs the agent in every VM it starts")?;
     std::thread::sleep(Duration::from_millis(p.reset_after_ms));
-    let a = Auto::new(vms, run_dir, &paths::run_dir(), p.t, cpus);
+    let a = Auto::new(vms, run_dir, &paths::run_dir(), (p.group_method, p.t), cpus);
     Ok(a.spawn(
         vms.iter().map(VmView::of).collect(),
         vcpus.to_vec(),

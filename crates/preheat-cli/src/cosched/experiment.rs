@@ -39,6 +39,9 @@ pub struct ExperimentArgs {
     /// partial-auto: the grouping threshold.
     #[arg(long, default_value_t = preheat_group::DEFAULT_T)]
     pub t: f64,
+    /// partial-auto: how the sets are chosen (paper or modularity; see `preheat groups --help`).
+    #[arg(long, default_value_t = preheat_group::GroupMethod::PaperSplit)]
+    pub group_method: preheat_group::GroupMethod,
     /// Seed of the shuffle (and of the simulator).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -60,6 +63,7 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         slice_ms: a.slice_ms,
         regroup_s: a.regroup_s,
         t: a.t,
+        group_method: a.group_method,
         seed: a.seed,
         watchdog: Some(super::run::watchdog()),
     };

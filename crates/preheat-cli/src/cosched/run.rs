@@ -44,6 +44,10 @@ pub struct Options {
     /// partial-auto: the grouping threshold t (the paper: 1.5).
     #[arg(long, default_value_t = preheat_group::DEFAULT_T)]
     pub t: f64,
+    /// partial-auto: how the sets are chosen from the tree: paper (the split rule at --t) or
+    /// modularity (the cut with the highest modularity; see `preheat groups --help`).
+    #[arg(long, default_value_t = preheat_group::GroupMethod::PaperSplit)]
+    pub group_method: preheat_group::GroupMethod,
     /// partial-auto: reset the communication matrix this long after the VMs start (the paper
     /// resets it after start-up, so initialisation and shared libraries do not count).
     #[arg(long, default_value_t = 500)]
@@ -67,6 +71,7 @@ impl Options {
             cpus: self.cpus.clone(),
             regroup_s: self.regroup_s,
             t: self.t,
+            group_method: self.group_method,
             reset_after_ms: self.reset_after_ms,
             journal: self.journal.clone(),
             watchdog: (!self.no_watchdog).then(watchdog),
