@@ -159,7 +159,7 @@ const START_DELAY_MS: u64 = 1500;
 const JOB_ITERATIONS: f64 = 1000.0;
 
 /// The bundled kernel's command line for a coscheduled VM: `seconds` of measured work after
-/// [`START_DELAY_MS`].
+/// `START_DELAY_MS`.
 pub fn npb_argv(
     kernel: &str,
     threads: usize,
