@@ -103,6 +103,7 @@ impl CommArgs {
                 AccessArg::Any => CommAccess::Any,
             },
             mechanism: self.mechanism.into(),
+            ..CommConfig::default()
         }
     }
 }

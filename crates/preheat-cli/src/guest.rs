@@ -5,27 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use preheat_guest::session;
+use preheat_guest::{comm, session};
 use preheat_guest::{journal, GuestSpec, ImageSpec, Workload};
-
-/// `preheat guest --help`.
-pub const LONG_ABOUT: &str =
-    "Real virtual machines for the coscheduling experiments (issue 22): QEMU guests \
-with a known number of vCPUs, each vCPU one host thread (`CPU n/TCG`), running the bundled \
-NPB-style kernels and reporting their progress (barrier phases per second of the guest's own \
-clock) on the serial console.\n\n\
-The guest image is built on first use from Debian packages only and cached (in \
-$PREHEAT_CACHE_DIR, else $XDG_CACHE_HOME/preheat, else ~/.cache/preheat; under guest/, keyed by \
-the package versions and the preheat-npb binary): the kernel the metapackage linux-image-amd64 \
-names (downloaded with apt-get download, never installed), busybox-static, and a statically \
-linked preheat-npb (built with cargo from a source checkout, or $PREHEAT_NPB_STATIC_BIN). QEMU \
-comes from the Debian package qemu-system-x86. KVM is not used: /dev/kvm on our VMs cannot boot \
-stock kernels; multi-threaded TCG can (about 8 s from start to user space here).\n\n\
-No guest outlives the command: QEMU is stopped on exit, error and SIGINT/SIGTERM, dies with the \
-command (parent-death signal), and is journaled in $PREHEAT_RUN_DIR/guests so that the next \
-`guest run` or `guest cleanup` stops what a SIGKILLed command left.\n\n\
-Examples:\n  preheat guest build\n  preheat guest run --vcpus 2 --kernel mg --seconds 10\n  \
-preheat guest run --vcpus 1 --idle\n  preheat guest cleanup";
 
 #[derive(Args)]
 pub struct GuestArgs {
@@ -46,6 +27,23 @@ enum GuestCmd {
     /// Boot a guest, run an NPB-style kernel in it and print its progress; the guest powers off
     /// when the kernel ends (with --idle: runs until Ctrl-C).
     Run(RunArgs),
+    /// Host-side communication detection: 2-vCPU guests run KERNEL as one instance of two
+    /// threads (single) and two of one (double); prints the vCPU matrix against the truth.
+    Comm {
+        #[arg(long, default_value = "mg")]
+        kernel: String,
+        /// single, double or both.
+        #[arg(long, default_value = "both")]
+        scenario: String,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Sampling seconds per run (after a 1 s warm-up).
+        #[arg(long, default_value_t = 5.0)]
+        window_s: f64,
+        /// Fields of the detection's configuration to change, as JSON (`{"period_ms": 20}`).
+        #[arg(long)]
+        comm_config: Option<String>,
+    },
     /// Stop guests whose command was killed outright, and forget them.
     Cleanup,
 }
@@ -97,13 +95,20 @@ pub fn run(a: GuestArgs) -> Result<()> {
     match a.cmd {
         GuestCmd::Build { image, json } => build(image, json),
         GuestCmd::Run(r) => run_guest(r),
+        GuestCmd::Comm {
+            kernel: k,
+            scenario,
+            runs,
+            window_s,
+            comm_config: o,
+        } => {
+            let each = |r: &comm::Run| eprintln!("{k} {}: events {}", r.scenario.name(), r.cross);
+            let (s, d) = comm::compare(&k, &scenario, runs, window_s, o.as_deref(), each)?;
+            print!("{}", comm::render(&k, &s, &d));
+            Ok(())
+        }
         GuestCmd::Cleanup => {
-            let reaped = journal::reap_orphans(&journal::dir());
-            for r in &reaped {
-                let what = if r.killed { "stopped" } else { "already gone" };
-                println!("guest {} (QEMU pid {}): {what}", r.name, r.pid);
-            }
-            println!("{} orphaned guest(s) handled", reaped.len());
+            print!("{}", journal::cleanup());
             Ok(())
         }
     }

@@ -129,7 +129,7 @@ preheat groups m.json\n  preheat comm --pid 1234 --duration 10 --out m.json"
     /// Cache affinity: what interleaving and moving a task cost here, and preheating to win it back.
     Affinity(affinity::AffinityArgs),
     /// Real virtual machines: a guest image from Debian packages, QEMU guests with known vCPUs, their progress.
-    #[command(long_about = guest::LONG_ABOUT)]
+    #[command(long_about = preheat_guest::HELP)]
     Guest(guest::GuestArgs),
     /// What this machine offers: CPU features, caches, idle states, PMU, privileges, backends.
     Topology {

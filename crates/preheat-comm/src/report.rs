@@ -62,6 +62,9 @@ mod tests {
             pages_revoked: 0,
             pages_released: 0,
             threads_dropped: 0,
+            faults_uncounted: 0,
+            pages_written: 0,
+            focus: String::new(),
             elapsed_ns: 0,
             disabled_reason: None,
         }

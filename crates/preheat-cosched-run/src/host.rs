@@ -223,13 +223,6 @@ fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
         let Some(g) = vm.spec.guest.clone() else {
             continue;
         };
-        if how.comm.is_some() {
-            bail!(
-                "{}: partial-auto cannot see the sharing inside a QEMU guest yet (host-side \
-                 detection is issue 22's item 3): use full or partial-static",
-                vm.name
-            );
-        }
         let image = match &image {
             Some(i) => i,
             None => image.insert(preheat_guest::ensure_image(&ImageSpec::default())?),
@@ -238,6 +231,14 @@ fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
         let threads = g.threads.unwrap_or(vm.spec.vcpus);
         let instances = g.instances.unwrap_or(1);
         spec.workload = Some(Workload::npb(&g.kernel, threads, g.seconds).instances(instances));
+        // partial-auto: host-side detection in QEMU (`preheat-guest::comm`): the guest's RAM
+        // only, vCPU threads only, draws from the pages the guest wrote.
+        if how.comm.is_some() {
+            spec.comm = Some((
+                preheat_model::comm::CommConfig::guest(spec.memory_mb),
+                how.run_dir.to_path_buf(),
+            ));
+        }
         let guest = Guest::start(image, &spec)?;
         vm.pid = guest.pid();
         vm.spec.threads = "CPU ".into();

@@ -37,6 +37,21 @@ pub struct Reaped {
     pub killed: bool,
 }
 
+/// `preheat guest cleanup`: stop the guests of owners that are gone, and say what was done.
+pub fn cleanup() -> String {
+    render(&reap_orphans(&dir()))
+}
+
+/// What `preheat guest cleanup` prints about `reaped`.
+pub fn render(reaped: &[Reaped]) -> String {
+    let mut s = String::new();
+    for r in reaped {
+        let what = if r.killed { "stopped" } else { "already gone" };
+        s += &format!("guest {} (QEMU pid {}): {what}\n", r.name, r.pid);
+    }
+    s + &format!("{} orphaned guest(s) handled\n", reaped.len())
+}
+
 /// The journal's directory: `guests/` in the run directory (`PREHEAT_RUN_DIR`).
 pub fn dir() -> PathBuf {
     preheat_rundir::run_dir_from_env().join("guests")

@@ -105,6 +105,9 @@ pub struct GuestSpec {
     pub memory_mb: u32,
     /// `None`: the guest idles until stopped.
     pub workload: Option<Workload>,
+    /// Host-side communication detection in QEMU (the agent preloaded, detection on from the
+    /// start): its configuration and the run directory its control socket goes to.
+    pub comm: Option<(preheat_model::comm::CommConfig, PathBuf)>,
 }
 
 impl GuestSpec {
@@ -115,6 +118,7 @@ impl GuestSpec {
             vcpus,
             memory_mb: 256,
             workload: None,
+            comm: None,
         }
     }
 }
@@ -221,6 +225,16 @@ impl Guest {
             }
             None => Command::new(&qemu),
         };
+        if let Some((cfg, run_dir)) = &spec.comm {
+            preheat_launch::launch::attach_agent(
+                &mut cmd,
+                &qemu.display().to_string(),
+                preheat_launch::preflight::Needs::Load,
+            )?;
+            cmd.env("PREHEAT_RUN_DIR", run_dir)
+                .env("PREHEAT_COMM", "1")
+                .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);
+        }
         cmd.args(&args)
             .process_group(0)
             .stdin(Stdio::null())

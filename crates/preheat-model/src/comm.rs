@@ -61,8 +61,92 @@ impl CommMechanism {
     }
 }
 
+/// Which memory the sampler draws pages from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CommRegion {
+    /// Every eligible mapping (the heap, anonymous and shared memory).
+    #[default]
+    All,
+    /// Only eligible mappings of exactly this many bytes: a QEMU guest's RAM, which QEMU maps
+    /// as one anonymous mapping of exactly its `-m` size (measured with QEMU 7.2 TCG: see the
+    /// agent's `comm::sampler`), so that QEMU's own memory and TCG's code buffers are never
+    /// sampled.
+    MappingBytes(u64),
+}
+
+impl CommRegion {
+    /// Whether a mapping of `len` bytes may be sampled.
+    pub fn admits(self, len: u64) -> bool {
+        match self {
+            CommRegion::All => true,
+            CommRegion::MappingBytes(b) => len == b,
+        }
+    }
+}
+
+/// Whose faults count in the matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CommThreads {
+    /// Every thread of the program (but the agent's).
+    #[default]
+    All,
+    /// Only a hypervisor's vCPU threads ([`is_vcpu_thread`]): the matrix is vCPU × vCPU. Faults
+    /// by other threads (QEMU's main loop, its I/O workers) are handled and counted apart.
+    Vcpu,
+}
+
+/// Whether a thread named `name` is a QEMU vCPU thread (`CPU 0/TCG`, `CPU 3/KVM`).
+pub fn is_vcpu_thread(name: &str) -> bool {
+    name.strip_prefix("CPU ")
+        .and_then(|r| r.split_once('/'))
+        .is_some_and(|(n, accel)| {
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !accel.is_empty()
+        })
+}
+
+/// How a round's pages are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CommFocus {
+    /// SPCD's way: pages that faulted last round again, the rest drawn at random from the
+    /// resident pages.
+    #[default]
+    Random,
+    /// Concentrate on written memory: the kernel tracks which pages were written since the
+    /// last round (userfaultfd asynchronous write-protect read with `PAGEMAP_SCAN`, Linux ≥
+    /// 6.7), and the draws come from those ([`split_round`]). Falls back to `random` (the
+    /// report says why) where the kernel lacks it. Not with the `uffd` mechanism.
+    Written,
+}
+
+/// How a focused round's `n` pages divide: up to half re-sampled pages that faulted last round
+/// (`reuse` of them known), then pages written last round (`written` known), keeping an eighth
+/// (at least one page) for uniform random draws so that memory the tracker misses is still
+/// found. Returns `(reuse, written, random)`, summing to `n`.
+pub fn split_round(n: usize, reuse: usize, written: usize) -> (usize, usize, usize) {
+    let r = reuse.min(n / 2);
+    let explore = if n > 1 { (n / 8).max(1) } else { 0 };
+    let w = written.min(n - r - explore.min(n - r));
+    (r, w, n - r - w)
+}
+
+/// The page at index `k` of the pages of `ranges` (`(start, bytes)`, page-aligned), counted in
+/// order; `None` past the end.
+pub fn nth_page(ranges: &[(u64, u64)], mut k: u64, page: u64) -> Option<u64> {
+    for &(s, len) in ranges {
+        let pages = len / page;
+        if k < pages {
+            return Some(s + k * page);
+        }
+        k -= pages;
+    }
+    None
+}
+
 /// Sampler configuration (defaults: 64 pages every 100 ms, at most 1000 induced faults/s,
-/// one-page granules, write faults).
+/// one-page granules, write faults, all memory, all threads, random draws).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CommConfig {
@@ -77,6 +161,12 @@ pub struct CommConfig {
     pub budget: u32,
     pub access: CommAccess,
     pub mechanism: CommMechanism,
+    /// Which mappings are sampled.
+    pub region: CommRegion,
+    /// Whose faults count.
+    pub threads: CommThreads,
+    /// How pages are found.
+    pub focus: CommFocus,
 }
 
 impl Default for CommConfig {
@@ -88,6 +178,30 @@ impl Default for CommConfig {
             budget: 1000,
             access: CommAccess::Write,
             mechanism: CommMechanism::Auto,
+            region: CommRegion::All,
+            threads: CommThreads::All,
+            focus: CommFocus::Random,
+        }
+    }
+}
+
+impl CommConfig {
+    /// Host-side detection for a QEMU guest with `memory_mb` MiB: only its RAM is sampled,
+    /// only vCPU threads count, draws concentrate on written pages, pages revoked by
+    /// `mprotect`, in 10 ms rounds (at most 10,000 induced faults/s). Measured on `mg` (one
+    /// run each): 100 ms rounds could not tell a guest whose threads share from one whose
+    /// threads share nothing (117 vs 156 events); 10 ms rounds could (191 vs 85): a revoked
+    /// page yields at most one event per round, so short rounds favour pages the vCPUs write
+    /// alternately at a high rate (the workload's) over the guest kernel's slower sharing.
+    pub fn guest(memory_mb: u32) -> CommConfig {
+        CommConfig {
+            period_ms: 10,
+            budget: 10_000,
+            region: CommRegion::MappingBytes(u64::from(memory_mb) << 20),
+            threads: CommThreads::Vcpu,
+            focus: CommFocus::Written,
+            mechanism: CommMechanism::Mprotect,
+            ..CommConfig::default()
         }
     }
 }
@@ -128,6 +242,16 @@ impl CommConfig {
                  mprotect for reads too)"
                     .into(),
             );
+        }
+        if self.mechanism == CommMechanism::Uffd && self.focus == CommFocus::Written {
+            return Err(
+                "focus written tracks writes with a userfaultfd of its own: use mechanism \
+                 mprotect (or auto) with it"
+                    .into(),
+            );
+        }
+        if self.region == CommRegion::MappingBytes(0) {
+            return Err("region mapping_bytes must be at least one page".into());
         }
         Ok(())
     }
@@ -172,6 +296,16 @@ pub struct CommReport {
     pub pages_released: u64,
     /// Faults by threads beyond [`MAX_COMM_THREADS`] (not in the matrix).
     pub threads_dropped: u64,
+    /// Induced faults by threads the configuration does not count ([`CommThreads::Vcpu`]:
+    /// QEMU's other threads), handled but not in the matrix.
+    #[serde(default)]
+    pub faults_uncounted: u64,
+    /// Pages the written-page tracker reported, summed over rounds ([`CommFocus::Written`]).
+    #[serde(default)]
+    pub pages_written: u64,
+    /// How pages were found: the focus in use, or why `written` fell back to `random`.
+    #[serde(default)]
+    pub focus: String,
     /// Time covered by this report, ns (since start or the last reset).
     pub elapsed_ns: u64,
     /// Why detection stopped itself, if it did.
@@ -270,6 +404,71 @@ mod tests {
             },
             "writes only",
         );
+    }
+
+    #[test]
+    fn regions_threads_and_focus() {
+        let g = CommConfig::guest(256);
+        assert!(g.validate().is_ok());
+        assert!(g.region.admits(256 << 20));
+        assert!(!g.region.admits((256 << 20) + 4096));
+        assert!(CommRegion::All.admits(4096));
+        let j = serde_json::to_string(&g).unwrap();
+        assert!(j.contains(r#""region":{"mapping_bytes":268435456}"#), "{j}");
+        let back: CommConfig = serde_json::from_str(&j).unwrap();
+        assert_eq!(back, g);
+        let c: CommConfig =
+            serde_json::from_str(r#"{"threads": "vcpu", "focus": "written"}"#).unwrap();
+        assert_eq!(
+            (c.threads, c.focus),
+            (CommThreads::Vcpu, CommFocus::Written)
+        );
+        assert!(CommConfig {
+            mechanism: CommMechanism::Uffd,
+            ..g
+        }
+        .validate()
+        .unwrap_err()
+        .contains("mprotect"));
+        for (name, yes) in [
+            ("CPU 0/TCG", true),
+            ("CPU 12/KVM", true),
+            ("CPU 1/", false),
+            ("CPU x/TCG", false),
+            ("qemu-system-x86", false),
+            ("call_rcu", false),
+        ] {
+            assert_eq!(is_vcpu_thread(name), yes, "{name}");
+        }
+    }
+
+    #[test]
+    fn round_split_keeps_exploring() {
+        // Nothing known: all random.
+        assert_eq!(split_round(64, 0, 0), (0, 0, 64));
+        // Plenty known: half reuse, an eighth random, the rest written.
+        assert_eq!(split_round(64, 100, 1000), (32, 24, 8));
+        // Few written pages: the rest is random.
+        assert_eq!(split_round(64, 4, 10), (4, 10, 50));
+        assert_eq!(split_round(1, 5, 5), (0, 1, 0));
+        for n in 0..40 {
+            for r in 0..50 {
+                for w in [0, 3, 100] {
+                    let (a, b, c) = split_round(n, r, w);
+                    assert_eq!(a + b + c, n);
+                    assert!(a <= r && b <= w);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn nth_page_counts_across_ranges() {
+        let r = [(0x1000, 0x2000), (0x10000, 0x1000)];
+        assert_eq!(nth_page(&r, 0, 4096), Some(0x1000));
+        assert_eq!(nth_page(&r, 1, 4096), Some(0x2000));
+        assert_eq!(nth_page(&r, 2, 4096), Some(0x10000));
+        assert_eq!(nth_page(&r, 3, 4096), None);
     }
 
     #[test]

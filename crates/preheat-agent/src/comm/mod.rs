@@ -33,6 +33,7 @@ pub mod sampler;
 pub mod signal;
 pub mod state;
 pub mod uffd;
+pub mod written;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -50,6 +51,8 @@ pub use state::{altstack_ranges, note_altstack};
 pub static USE_UFFD: AtomicBool = AtomicBool::new(false);
 /// What the report says about the mechanism (set at start, control thread only).
 static MECHANISM: Mutex<String> = Mutex::new(String::new());
+/// What the report says about how pages are found (set by the sampler; only `try_lock`ed).
+pub static FOCUS: Mutex<String> = Mutex::new(String::new());
 
 /// The sampler should keep running.
 pub static RUN: AtomicBool = AtomicBool::new(false);
@@ -147,6 +150,7 @@ pub fn start(cfg: CommConfig, at_start: bool) -> Result<(), String> {
         *g = described;
     }
     state::GRANULE_SHIFT.store(cfg.granule.trailing_zeros(), Ordering::Relaxed);
+    state::reset_counted(cfg.threads == preheat_model::comm::CommThreads::Vcpu);
     let ex = exclusions();
     if let Ok(mut g) = CONTROL.try_lock() {
         *g = (Some(cfg), None);
@@ -311,6 +315,9 @@ pub fn report() -> CommReport {
         pages_revoked: c.pages_revoked.load(Ordering::Relaxed),
         pages_released: c.pages_released.load(Ordering::Relaxed),
         threads_dropped: c.threads_dropped.load(Ordering::Relaxed),
+        faults_uncounted: c.faults_uncounted.load(Ordering::Relaxed),
+        pages_written: c.pages_written.load(Ordering::Relaxed),
+        focus: FOCUS.try_lock().map(|g| g.clone()).unwrap_or_default(),
         elapsed_ns: if since == 0 {
             0
         } else {
@@ -340,6 +347,7 @@ pub fn reset_after_fork() {
     SAMPLER_ALIVE.store(false, Ordering::Relaxed);
     state::reset_counts();
     state::reset_threads();
+    state::reset_counted(false);
     if let Ok(mut g) = NAMES.try_lock() {
         g.clear();
     }

@@ -99,6 +99,7 @@ fn release_range(start: usize, len: usize, how: Release) {
                         COUNTERS.pages_released.fetch_add(1, Ordering::Relaxed);
                     }
                     state::trace(state::ev::HOOK_RELEASE, u64::from(st), page, prot as u64);
+                    state::note_restore();
                     s.page.store(0, Ordering::SeqCst);
                     s.state.store(FREE, Ordering::SeqCst);
                     break;
@@ -142,6 +143,7 @@ fn efault_release() -> bool {
             let page = s.page.load(Ordering::Relaxed);
             signal::raw_mprotect(page, PAGE, i32::from(s.prot.load(Ordering::Relaxed)));
             state::trace(state::ev::EFAULT, 0, page, 0);
+            state::note_restore();
             s.state.store(OPEN, Ordering::Release);
             any = true;
         }

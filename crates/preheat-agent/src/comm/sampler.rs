@@ -19,7 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use preheat_engine::maps;
-use preheat_model::comm::{CommAccess, CommConfig};
+use preheat_model::comm::{nth_page, split_round, CommAccess, CommConfig, CommFocus, CommRegion};
 use preheat_model::Mapping;
 use rand::rngs::StdRng as SmallRng;
 use rand::{Rng, SeedableRng};
@@ -167,6 +167,7 @@ fn retire(slot: &state::Slot, still_revoked: bool) -> bool {
                 } else {
                     state::trace(state::ev::RETIRE_OPEN, 0, page, 0);
                 }
+                state::note_restore();
                 slot.page.store(0, Ordering::Release);
                 slot.state.store(FREE, Ordering::Release);
                 return st == OPEN;
@@ -358,11 +359,13 @@ impl History {
     }
 }
 
-/// Pick up to `n` resident pages: first up to half from `reuse` (still eligible),
-/// then random ones that are not known to be private or idle.
+/// Pick up to `n` resident pages: first up to half from `reuse` (still eligible), then pages
+/// from `written` (the runs written last round, [`split_round`]), then random ones; drawn pages
+/// known to be private or idle are skipped.
 fn choose(
     ranges: &[Eligible],
     reuse: &[u64],
+    written: &[(u64, u64)],
     n: usize,
     rng: &mut SmallRng,
     skip: impl Fn(u64) -> bool,
@@ -383,8 +386,20 @@ fn choose(
             .find(|&&(s, l, _)| s <= p && p < s + l)
             .map(|&(_, _, prot)| prot)
     };
-    for &p in reuse.iter().take(n / 2) {
-        if let Some(prot) = prot_of(p) {
+    let reusable: Vec<(u64, u8)> = reuse
+        .iter()
+        .filter_map(|&p| prot_of(p).map(|prot| (p, prot)))
+        .collect();
+    let written_pages: u64 = written.iter().map(|&(_, l)| l / PAGE as u64).sum();
+    let (r, w, _) = split_round(n, reusable.len(), written_pages as usize);
+    out.extend_from_slice(&reusable[..r]);
+    let mut tries = 0;
+    while out.len() < r + w && tries < 16 * n {
+        tries += 1;
+        let Some(p) = nth_page(written, rng.gen_range(0..written_pages), PAGE as u64) else {
+            break;
+        };
+        if let Some(prot) = prot_of(p).filter(|_| !skip(p) && !out.iter().any(|&(q, _)| q == p)) {
             out.push((p, prot));
         }
     }
@@ -446,6 +461,131 @@ pub fn thread_persistently_blocking_segv(samples: u32, interval: Duration) -> Op
     Some(seen)
 }
 
+/// Let every vCPU thread of the process count ([`CommThreads::Vcpu`]), before a round's pages
+/// are revoked (a vCPU thread is named before it runs guest code).
+///
+/// [`CommThreads::Vcpu`]: preheat_model::comm::CommThreads::Vcpu
+fn count_vcpu_threads() {
+    let Ok(rd) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Ok(tid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if std::fs::read_to_string(e.path().join("comm"))
+            .is_ok_and(|n| preheat_model::comm::is_vcpu_thread(n.trim_end()))
+        {
+            state::add_counted(tid);
+        }
+    }
+}
+
+/// The sampled region once found, and the written-page tracker over it.
+#[derive(Default)]
+struct Focus {
+    /// `[start, end)` of the mapping [`CommRegion::MappingBytes`] picked (kept: our own
+    /// `mprotect`s split it into several mappings for a moment).
+    region: Option<(u64, u64)>,
+    tracker: Option<super::written::Tracker>,
+    /// The tracker was tried (started or refused).
+    tried: bool,
+}
+
+/// The first of `ranges` admitted by `region` (a mapping of exactly its size), as `[start, end)`.
+pub fn find_region(region: CommRegion, ranges: &[Eligible]) -> Option<(u64, u64)> {
+    ranges
+        .iter()
+        .find(|r| region.admits(r.end - r.start))
+        .map(|r| (r.start, r.end))
+}
+
+/// `ranges` cut to `[start, end)`.
+pub fn clip(ranges: Vec<Eligible>, (start, end): (u64, u64)) -> Vec<Eligible> {
+    ranges
+        .into_iter()
+        .filter(|r| r.end > start && r.start < end)
+        .map(|r| Eligible {
+            start: r.start.max(start),
+            end: r.end.min(end),
+            prot: r.prot,
+        })
+        .collect()
+}
+
+impl Focus {
+    /// The eligible ranges the configuration's region admits.
+    fn restrict(&mut self, region: CommRegion, ranges: Vec<Eligible>) -> Vec<Eligible> {
+        if region == CommRegion::All {
+            return ranges;
+        }
+        if self.region.is_none() {
+            self.region = find_region(region, &ranges);
+            if let Some((s, e)) = self.region {
+                crate::log::log(&format!(
+                    "comm: sampling only the mapping {s:#x}..{e:#x} ({} MiB)",
+                    (e - s) >> 20
+                ));
+            }
+        }
+        match self.region {
+            Some(r) => clip(ranges, r),
+            None => Vec::new(),
+        }
+    }
+
+    /// Start the written-page tracker over `ranges` (once), or note why not.
+    fn start_tracker(&mut self, focus: CommFocus, ranges: &[Eligible]) {
+        if self.tried || ranges.is_empty() {
+            return;
+        }
+        self.tried = true;
+        let note = match focus {
+            CommFocus::Random => "random (SPCD: re-sampled faulting pages, random draws)".into(),
+            CommFocus::Written => {
+                let rs: Vec<(u64, u64)> = ranges.iter().map(|r| (r.start, r.end)).collect();
+                match super::written::Tracker::start(&rs) {
+                    Ok(t) => {
+                        self.tracker = Some(t);
+                        format!(
+                            "written (userfaultfd async write-protect + PAGEMAP_SCAN over {} KiB)",
+                            rs.iter().map(|(s, e)| e - s).sum::<u64>() >> 10
+                        )
+                    }
+                    Err(e) => format!("random (written requested, unavailable: {e})"),
+                }
+            }
+        };
+        crate::log::log(&format!("comm: focus {note}"));
+        if let Ok(mut g) = super::FOCUS.try_lock() {
+            *g = note;
+        }
+    }
+
+    /// The runs written since the last call (empty without a tracker; a failing tracker is
+    /// dropped).
+    fn written(&mut self) -> Vec<(u64, u64)> {
+        let Some(t) = self.tracker.as_mut() else {
+            return Vec::new();
+        };
+        match t.scan(1 << 20) {
+            Ok(w) => {
+                let pages: u64 = w.iter().map(|&(_, l)| l / PAGE as u64).sum();
+                COUNTERS.pages_written.fetch_add(pages, Ordering::Relaxed);
+                w
+            }
+            Err(e) => {
+                crate::log::log(&format!("comm: written-page tracking stopped: {e}"));
+                if let Ok(mut g) = super::FOCUS.try_lock() {
+                    *g = format!("random (written tracking stopped: {e})");
+                }
+                self.tracker = None;
+                Vec::new()
+            }
+        }
+    }
+}
+
 /// The sampler thread's body: rounds until stopped.
 pub fn run(cfg: CommConfig, ex: Exclusions) {
     let period = Duration::from_millis(u64::from(cfg.period_ms));
@@ -453,6 +593,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
     let mut rng = SmallRng::seed_from_u64(u64::from(crate::sys::getpid()) ^ 0x5eed);
     let mut reuse: Vec<u64> = Vec::new();
     let mut history = History::default();
+    let mut focus = Focus::default();
     if super::USE_UFFD.load(Ordering::SeqCst) && !super::uffd::wait_serving(Duration::from_secs(5))
     {
         super::disable("the userfaultfd fault thread did not start within 5 s".into());
@@ -470,6 +611,9 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
         extra.ranges.extend(super::altstack_ranges());
         extra.ranges.extend(crate::sys::loaded_object_ranges());
         let uffd = super::USE_UFFD.load(Ordering::SeqCst);
+        if state::ONLY_COUNTED.load(Ordering::Acquire) {
+            count_vcpu_threads();
+        }
         match thread_blocking_segv().filter(|_| !uffd) {
             Some(tid) => {
                 if COUNTERS.rounds.load(Ordering::Relaxed).is_multiple_of(50) {
@@ -486,8 +630,11 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                         break;
                     }
                 };
+                let snap = (snap.0, focus.restrict(cfg.region, snap.1));
                 let ranges = &snap.1;
-                let pages = choose(ranges, &reuse, n, &mut rng, |p| history.skip(p));
+                focus.start_tracker(cfg.focus, ranges);
+                let written = focus.written();
+                let pages = choose(ranges, &reuse, &written, n, &mut rng, |p| history.skip(p));
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
                     let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
                     crate::log::log(&format!(
@@ -590,6 +737,41 @@ mod tests {
         assert!(e
             .iter()
             .all(|r| r.prot == (libc::PROT_READ | libc::PROT_WRITE) as u8));
+    }
+
+    #[test]
+    fn region_of_exactly_the_guest_size() {
+        let e = |start, end| Eligible {
+            start,
+            end,
+            prot: 3,
+        };
+        let ranges = vec![
+            e(0x1000, 0x9000),
+            e(0x10_0000, 0x10_0000 + (8 << 20)),
+            e(0x100_0000, 0x100_0000 + (16 << 20)),
+        ];
+        let r = CommRegion::MappingBytes(16 << 20);
+        assert_eq!(
+            find_region(r, &ranges),
+            Some((0x100_0000, 0x100_0000 + (16 << 20)))
+        );
+        assert_eq!(
+            find_region(CommRegion::MappingBytes(3 << 20), &ranges),
+            None
+        );
+        // Split by our own mprotect: the pieces inside the region stay.
+        let split = vec![
+            e(0x1000, 0x9000),
+            e(0x100_0000, 0x100_4000),
+            e(0x100_5000, 0x200_0000),
+        ];
+        let got = clip(split, (0x100_0000, 0x200_0000));
+        let got: Vec<(u64, u64)> = got.iter().map(|r| (r.start, r.end)).collect();
+        assert_eq!(
+            got,
+            vec![(0x100_0000, 0x100_4000), (0x100_5000, 0x200_0000)]
+        );
     }
 
     #[test]

@@ -129,7 +129,9 @@ fn on_fault(addr: usize) -> Verdict {
         state::trace(state::ev::CLAIM, tid, page, u64::from(st));
         if st == ARMED {
             COUNTERS.faults_induced.fetch_add(1, Ordering::Relaxed);
-            if !crate::track::is_agent_thread() {
+            if !state::counted(tid as u32) {
+                COUNTERS.faults_uncounted.fetch_add(1, Ordering::Relaxed);
+            } else if !crate::track::is_agent_thread() {
                 match state::thread_index(tid as u32) {
                     Some(t) => state::record_access(t, addr),
                     None => {
@@ -150,20 +152,29 @@ fn on_fault(addr: usize) -> Verdict {
 const UNCLAIMED_LEN: usize = 256;
 static UNCLAIMED: [AtomicU64; UNCLAIMED_LEN] = [const { AtomicU64::new(0) }; UNCLAIMED_LEN];
 
+/// [`state::RESTORE_GEN`] at each thread's last unclaimed fault, beside [`UNCLAIMED`].
+static UNCLAIMED_GEN: [AtomicU64; UNCLAIMED_LEN] = [const { AtomicU64::new(0) }; UNCLAIMED_LEN];
+
 /// A fault no slot claims may still be ours: the access faulted on a revoked page, and the
 /// sampler restored and retired that page before this handler looked. Re-executing tells: a
-/// stale fault succeeds, a genuine one faults again at the same address. So the first
-/// unclaimed access fault of a thread at an address is retried once; the second goes on.
+/// stale fault succeeds, a genuine one faults again at the same address. So an unclaimed access
+/// fault of a thread at an address is retried; a second one at the same address goes on — unless
+/// a page was given back since the first ([`state::RESTORE_GEN`]): then it may be the same race
+/// again, a round later (a thread hammering one address, a QEMU vCPU on a guest's barrier word
+/// with 10 ms rounds, met it: measured, QEMU was killed), and it is retried too.
 fn retry_unclaimed(tid: u32, addr: usize) -> bool {
     let key = (u64::from(tid) << 48) ^ (addr as u64 & 0xffff_ffff_ffff);
-    let Some(slot) = UNCLAIMED.get(tid as usize % UNCLAIMED_LEN) else {
+    let i = tid as usize % UNCLAIMED_LEN;
+    let (Some(slot), Some(gen)) = (UNCLAIMED.get(i), UNCLAIMED_GEN.get(i)) else {
         return false;
     };
-    if slot.load(Ordering::Relaxed) == key {
+    let now = state::RESTORE_GEN.load(Ordering::SeqCst);
+    if slot.load(Ordering::Relaxed) == key && gen.load(Ordering::Relaxed) == now {
         slot.store(0, Ordering::Relaxed);
         false
     } else {
         slot.store(key, Ordering::Relaxed);
+        gen.store(now, Ordering::Relaxed);
         true
     }
 }

@@ -24,7 +24,7 @@
     clippy::unimplemented
 )]
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use preheat_model::comm::MAX_COMM_THREADS;
 
@@ -68,6 +68,17 @@ pub static MAP_GEN: AtomicU64 = AtomicU64::new(0);
 /// Hooked calls that change mappings and are in progress right now.
 pub static MAP_BUSY: AtomicU32 = AtomicU32::new(0);
 
+/// Bumped every time a slot is given up (its page restored or released): an access fault no
+/// slot claims is stale (the page was given back between the fault and its handler) only if a
+/// slot was given up since that thread's last unclaimed fault at the same address
+/// (`signal::retry_unclaimed`).
+pub static RESTORE_GEN: AtomicU64 = AtomicU64::new(0);
+
+/// Note that a slot is being given up (before its state becomes FREE).
+pub fn note_restore() {
+    RESTORE_GEN.fetch_add(1, Ordering::SeqCst);
+}
+
 /// Slots possibly in use (a hint that lets hooks skip the scan entirely when zero).
 pub static ARMED_COUNT: AtomicU32 = AtomicU32::new(0);
 
@@ -95,6 +106,8 @@ pub struct Counters {
     pub pages_revoked: AtomicU64,
     pub pages_released: AtomicU64,
     pub threads_dropped: AtomicU64,
+    pub faults_uncounted: AtomicU64,
+    pub pages_written: AtomicU64,
 }
 
 pub static COUNTERS: Counters = Counters {
@@ -106,7 +119,43 @@ pub static COUNTERS: Counters = Counters {
     pages_revoked: AtomicU64::new(0),
     pages_released: AtomicU64::new(0),
     threads_dropped: AtomicU64::new(0),
+    faults_uncounted: AtomicU64::new(0),
+    pages_written: AtomicU64::new(0),
 };
+
+/// Only the threads in [`COUNTED`] count ([`CommThreads::Vcpu`](preheat_model::comm::CommThreads)).
+pub static ONLY_COUNTED: AtomicBool = AtomicBool::new(false);
+/// The threads that count when [`ONLY_COUNTED`] (tids; 0 = empty). Only ever added to, by the
+/// sampler, before it revokes pages in a round.
+pub static COUNTED: [AtomicU32; 64] = [const { AtomicU32::new(0) }; 64];
+
+/// Whether faults by `tid` go into the matrix (allocation-free: the handlers ask).
+pub fn counted(tid: u32) -> bool {
+    !ONLY_COUNTED.load(Ordering::Acquire)
+        || COUNTED.iter().any(|t| t.load(Ordering::Acquire) == tid)
+}
+
+/// Let `tid` count (sampler thread; a full table drops it).
+pub fn add_counted(tid: u32) {
+    if COUNTED.iter().any(|t| t.load(Ordering::Acquire) == tid) {
+        return;
+    }
+    for t in COUNTED.iter() {
+        if t.compare_exchange(0, tid, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Forget the counted threads (a new session or a fork child).
+pub fn reset_counted(only: bool) {
+    for t in COUNTED.iter() {
+        t.store(0, Ordering::Relaxed);
+    }
+    ONLY_COUNTED.store(only, Ordering::Release);
+}
 
 /// log2 of the granule size (12 = one page).
 pub static GRANULE_SHIFT: AtomicU32 = AtomicU32::new(12);
@@ -346,6 +395,8 @@ pub fn reset_counts() {
         &c.pages_revoked,
         &c.pages_released,
         &c.threads_dropped,
+        &c.faults_uncounted,
+        &c.pages_written,
     ] {
         a.store(0, Ordering::Relaxed);
     }

@@ -266,7 +266,9 @@ fn answer(fd: RawFd, m: &UffdMsg) {
             protect(fd, page, false);
             COUNTERS.faults_induced.fetch_add(1, Ordering::Relaxed);
             state::trace(state::ev::CLAIM, u64::from(tid), page as usize, 1);
-            if !crate::threads::is_agent_tid(tid) {
+            if !state::counted(tid) {
+                COUNTERS.faults_uncounted.fetch_add(1, Ordering::Relaxed);
+            } else if !crate::threads::is_agent_tid(tid) {
                 match state::thread_index(tid) {
                     Some(t) => state::record_access(t, m.address as usize),
                     None => {
