@@ -199,7 +199,8 @@ pub fn compare(
         "both" => vec![Scenario::Single, Scenario::Double],
         s => vec![Scenario::parse(s)?],
     };
-    let work = tempfile_dir()?;
+    // Removed when dropped, by the SIGINT/SIGTERM handler, and after a SIGKILL by the next run.
+    let work = preheat_launch::launch::scratch_dir("guest-comm")?;
     let (mut single, mut double) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         for &sc in &which {
@@ -207,7 +208,7 @@ pub fn compare(
                 config,
                 ..Spec::new(kernel, sc, window_s)
             };
-            let r = run(&image, &spec, &work.0);
+            let r = run(&image, &spec, work.path());
             let r = r.with_context(|| format!("{kernel} {}", sc.name()))?;
             each(&r);
             match sc {
@@ -235,21 +236,6 @@ pub fn guest_config(memory_mb: u32, overrides: Option<&str>) -> Result<CommConfi
     let c: CommConfig = serde_json::from_value(v).context("--comm-config")?;
     c.validate().map_err(anyhow::Error::msg)?;
     Ok(c)
-}
-
-/// A scratch run directory for the agents in QEMU, removed when dropped.
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempfile_dir() -> Result<Scratch> {
-    let p = std::env::temp_dir().join(format!("preheat-guest-comm-{}", std::process::id()));
-    std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
-    Ok(Scratch(p))
 }
 
 fn connect(run_dir: &Path, pid: u32, timeout: Duration) -> Result<AgentClient> {
