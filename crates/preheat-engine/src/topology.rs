@@ -26,6 +26,9 @@ pub struct CpuInfo {
     pub caches: Vec<CacheInfo>,
     /// cpuidle state names, e.g. ["POLL", "halt"].
     pub idle_states: Vec<String>,
+    /// The names of the states disabled by an administrator (`stateN/disable` = 1): with
+    /// `POLL` disabled, no latency constraint makes the CPU poll in idle.
+    pub disabled_idle_states: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,13 +113,17 @@ fn read_cpu(root: &Path, cpu: u32) -> CpuInfo {
                 .unwrap_or_default(),
         });
     }
-    let mut idle_states = Vec::new();
+    let (mut idle_states, mut disabled_idle_states) = (Vec::new(), Vec::new());
     for k in 0.. {
         let s = dir.join("cpuidle").join(format!("state{k}"));
         if !s.is_dir() {
             break;
         }
-        idle_states.push(read_trim(&s.join("name")).unwrap_or_default());
+        let name = read_trim(&s.join("name")).unwrap_or_default();
+        if read_trim(&s.join("disable")).is_some_and(|d| d != "0") {
+            disabled_idle_states.push(name.clone());
+        }
+        idle_states.push(name);
     }
     CpuInfo {
         cpu,
@@ -124,6 +131,7 @@ fn read_cpu(root: &Path, cpu: u32) -> CpuInfo {
         package_id: num(dir.join("topology/physical_package_id")).unwrap_or(0),
         caches,
         idle_states,
+        disabled_idle_states,
     }
 }
 
@@ -267,6 +275,8 @@ mod tests {
         w("cpu0/cache/index1/size", "garbage\n");
         w("cpu0/cpuidle/state0/name", "POLL\n");
         w("cpu0/cpuidle/state1/name", "C1\n");
+        w("cpu0/cpuidle/state0/disable", "1\n");
+        w("cpu0/cpuidle/state1/disable", "0\n");
         w("cpu2/topology/core_id", "1\n");
         w("cpu2/topology/physical_package_id", "1\n");
         w("cpuidle/current_governor_ro", "menu\n");
@@ -276,6 +286,7 @@ mod tests {
         assert_eq!(t.cpuidle_governor.as_deref(), Some("menu"));
         let c0 = t.cpu(0).unwrap();
         assert_eq!(c0.idle_states, vec!["POLL", "C1"]);
+        assert_eq!(c0.disabled_idle_states, vec!["POLL"]);
         assert_eq!(c0.caches.len(), 2);
         assert_eq!(c0.caches[0].size_bytes, 48 * 1024);
         assert_eq!(c0.caches[1].size_bytes, 0);

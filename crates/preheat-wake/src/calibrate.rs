@@ -46,6 +46,14 @@ pub struct MachineKey {
     /// `cpuidle/current_driver` (`none` without a driver, `absent` where the file is missing).
     pub cpuidle_driver: String,
     pub cpu_model: String,
+    /// `cpuidle/current_governor` (empty where unknown): it decides whether a latency
+    /// constraint makes idle CPUs poll.
+    #[serde(default)]
+    pub cpuidle_governor: String,
+    /// Idle states disabled on some CPU, as `cpuN/NAME` (disabling `POLL` keeps PM QoS from
+    /// making CPUs poll: the calibration of another setting is not this one's).
+    #[serde(default)]
+    pub disabled_idle_states: Vec<String>,
 }
 
 fn read_trim(p: &str) -> String {
@@ -58,6 +66,7 @@ impl MachineKey {
     /// The machine this process runs on.
     pub fn current() -> MachineKey {
         let driver = read_trim("/sys/devices/system/cpu/cpuidle/current_driver");
+        let topo = preheat_engine::topology::read();
         MachineKey {
             boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
             kernel: read_trim("/proc/sys/kernel/osrelease"),
@@ -67,6 +76,16 @@ impl MachineKey {
                 driver
             },
             cpu_model: preheat_engine::topology::cpu_model(),
+            cpuidle_governor: topo.cpuidle_governor.clone().unwrap_or_default(),
+            disabled_idle_states: topo
+                .cpus
+                .iter()
+                .flat_map(|c| {
+                    c.disabled_idle_states
+                        .iter()
+                        .map(move |s| format!("cpu{}/{s}", c.cpu))
+                })
+                .collect(),
         }
     }
 }
@@ -187,8 +206,17 @@ impl Calibration {
             Some(s) => format!("; other processes {:.0}% of the CPUs", s * 100.0),
             None => String::new(),
         };
+        let disabled = if self.machine.disabled_idle_states.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", idle states disabled: {}",
+                self.machine.disabled_idle_states.join(" ")
+            )
+        };
         format!(
-            "{verdict} (measured: futex wake-up p50 after {} ms idle: {}; cpuidle driver {}{load})",
+            "{verdict} (measured: futex wake-up p50 after {} ms idle: {}; cpuidle driver \
+             {}{disabled}{load})",
             self.gap_us / 1000,
             all.join(", "),
             self.machine.cpuidle_driver
@@ -346,6 +374,16 @@ mod tests {
         c.machine.boot_id = "another boot".into();
         store(dir.path(), &c).unwrap();
         assert_eq!(cached(dir.path()), None);
+        // An idle state switched off since: not this setting's calibration either.
+        c.machine = MachineKey::current();
+        c.machine.disabled_idle_states.push("cpu0/POLL".into());
+        store(dir.path(), &c).unwrap();
+        assert_eq!(cached(dir.path()), None);
+        assert!(
+            c.summary().contains("idle states disabled: cpu0/POLL"),
+            "{}",
+            c.summary()
+        );
         // Garbage in the cache is no calibration either.
         std::fs::write(cache_path(dir.path()), "{").unwrap();
         assert_eq!(cached(dir.path()), None);
