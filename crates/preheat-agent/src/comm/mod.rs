@@ -33,6 +33,7 @@ pub mod sampler;
 pub mod signal;
 pub mod state;
 pub mod uffd;
+mod uffd_abi;
 pub mod written;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

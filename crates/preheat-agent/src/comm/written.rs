@@ -25,46 +25,17 @@ use std::os::fd::RawFd;
 
 use libc::{c_int, c_void};
 
-const UFFD_API: u64 = 0xAA;
-const UFFD_FEATURE_WP_UNPOPULATED: u64 = 1 << 13;
-const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
-const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
-const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1 << 0;
+use super::uffd_abi::{
+    iowr, UffdioApi, UffdioRange, UffdioRegister, UffdioWriteprotect, UFFDIO_API, UFFDIO_REGISTER,
+    UFFDIO_REGISTER_MODE_WP, UFFDIO_WRITEPROTECT, UFFDIO_WRITEPROTECT_MODE_WP, UFFD_API,
+    UFFD_FEATURE_WP_ASYNC, UFFD_FEATURE_WP_UNPOPULATED,
+};
 
-/// `_IOWR(ty, nr, size)`.
-const fn iowr(ty: u64, nr: u64, size: u64) -> u64 {
-    (3 << 30) | (size << 16) | (ty << 8) | nr
-}
-const UFFDIO_API: u64 = iowr(0xAA, 0x3F, 24);
-const UFFDIO_REGISTER: u64 = iowr(0xAA, 0x00, 32);
-const UFFDIO_WRITEPROTECT: u64 = iowr(0xAA, 0x06, 24);
 /// `PAGEMAP_SCAN` of `<linux/fs.h>`: `_IOWR('f', 16, struct pm_scan_arg)`.
 const PAGEMAP_SCAN: u64 = iowr(b'f' as u64, 16, 96);
 const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
 const PM_SCAN_CHECK_WPASYNC: u64 = 1 << 1;
 const PAGE_IS_WRITTEN: u64 = 1 << 1;
-
-#[repr(C)]
-struct UffdioApi {
-    api: u64,
-    features: u64,
-    ioctls: u64,
-}
-
-#[repr(C)]
-struct UffdioRegister {
-    start: u64,
-    len: u64,
-    mode: u64,
-    ioctls: u64,
-}
-
-#[repr(C)]
-struct UffdioWriteprotect {
-    start: u64,
-    len: u64,
-    mode: u64,
-}
 
 /// `struct pm_scan_arg`.
 #[repr(C)]
@@ -155,8 +126,10 @@ impl Tracker {
         t.pagemap = pm;
         for &(s, e) in ranges {
             let mut reg = UffdioRegister {
-                start: s,
-                len: e - s,
+                range: UffdioRange {
+                    start: s,
+                    len: e - s,
+                },
                 mode: UFFDIO_REGISTER_MODE_WP,
                 ioctls: 0,
             };
@@ -167,8 +140,10 @@ impl Tracker {
                 ));
             }
             let mut wp = UffdioWriteprotect {
-                start: s,
-                len: e - s,
+                range: UffdioRange {
+                    start: s,
+                    len: e - s,
+                },
                 mode: UFFDIO_WRITEPROTECT_MODE_WP,
             };
             if ioctl(uffd, UFFDIO_WRITEPROTECT, &mut wp) != 0 {
