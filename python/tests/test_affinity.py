@@ -476,9 +476,10 @@ def _need_real(*sub: str):
 
 @pytest.mark.slow
 def test_end_to_end_quick_real_binary(tmp_path: Path, monkeypatch):
-    """`preheat lab affinity --quick` through the real binary, 60 ms of CPU per run (half a
-    minute on 2 CPUs; --quick's 150 ms took 72 s of a 23-minute suite): the structure and gross
-    sanity only — no pass/fail on timing or on the effects' sizes."""
+    """`preheat lab affinity --quick` through the real binary (~1 minute on 2 CPUs): the
+    structure and gross sanity only — no pass/fail on timing or on the effects' sizes. (Runs of
+    60 ms of CPU instead of --quick's 150 ms halved it, but a suite run then read chase with
+    preheat 2.3× its undisturbed rate, outside the sanity bounds: too short to mean anything.)"""
     monkeypatch.delenv("PREHEAT_BIN", raising=False)
     for k in FAKE_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -486,7 +487,7 @@ def test_end_to_end_quick_real_binary(tmp_path: Path, monkeypatch):
     _need_real("affinity", "run")
     out = tmp_path / "lab"
     t0 = time.monotonic()
-    code = lab.main(["affinity", "--out", str(out), "--quick", "--cpu-ms", "60"])
+    code = lab.main(["affinity", "--out", str(out), "--quick"])
     took = time.monotonic() - t0
     print(f"end-to-end --quick took {took:.0f} s")
     sj = json.loads((out / "summary.json").read_text())
