@@ -178,8 +178,9 @@ fn start_auto(
     preheat_launch::agentctl::wait_for_agents(
         run_dir,
         || {
+            // The VMs we started: programs and QEMU guests (the agent in QEMU).
             vms.iter()
-                .filter(|v| v.program.is_some())
+                .filter(|v| v.program.is_some() || v.guest.is_some())
                 .map(|v| v.pid)
                 .collect()
         },
