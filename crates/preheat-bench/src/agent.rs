@@ -13,6 +13,8 @@ use preheat_launch::servers::{self, ServerKind};
 use preheat_model::stats::{summarize, Spread, Summary};
 use serde::Serialize;
 
+use crate::pairs::Pairs;
+
 /// The result of `bench agent` (its JSON).
 #[derive(Serialize)]
 pub struct AgentBench {
@@ -142,23 +144,11 @@ pub fn measure(
     }
     let blocks = blocks.max(1);
     let per_block = (requests / blocks).max(1);
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    let (mut loss, mut loss_blk, mut dp50) = (Vec::new(), Vec::new(), Vec::new());
+    let mut acc = Pairs::default();
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, second, i % 2)?;
-        let tput = |k: usize| (per_block * r.secs[k].len()) as f64 / r.secs[k].iter().sum::<f64>();
-        loss.push(1.0 - tput(1) / tput(0));
-        let ratios: Vec<f64> = r.secs[0]
-            .iter()
-            .zip(&r.secs[1])
-            .map(|(wo, w)| wo / w)
-            .collect();
-        loss_blk.push(1.0 - summarize(&ratios).p50);
-        dp50.push(summarize(&r.lat[1]).p50 - summarize(&r.lat[0]).p50);
-        let [l0, l1] = r.lat;
-        without.extend(l0);
-        with.extend(l1);
+        acc.add(per_block, &r.secs, r.lat);
         progress.inc(1);
     }
     progress.finish();
@@ -169,11 +159,11 @@ pub fn measure(
         blocks,
         aa_control: aa,
         passthrough: passthrough && !aa,
-        without: summarize(&without),
-        with: summarize(&with),
-        throughput_loss_per_pair: Spread::of(&loss),
-        throughput_loss_blockwise_per_pair: Spread::of(&loss_blk),
-        p50_delta_us_per_pair: Spread::of(&dp50),
+        without: summarize(&acc.without),
+        with: summarize(&acc.with),
+        throughput_loss_per_pair: Spread::of(&acc.loss),
+        throughput_loss_blockwise_per_pair: Spread::of(&acc.loss_blk),
+        p50_delta_us_per_pair: Spread::of(&acc.dp50),
     };
     Ok(out)
 }

@@ -15,4 +15,5 @@
 
 pub mod agent;
 pub mod observe;
+mod pairs;
 pub mod throughput;

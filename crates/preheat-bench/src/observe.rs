@@ -19,6 +19,7 @@ use preheat_observe::{Mechanism, Observer, Options, Report};
 use serde::Serialize;
 
 use crate::agent::{bench_block, bench_server};
+use crate::pairs::Pairs;
 
 /// The result of `bench observe` (its JSON).
 #[derive(Serialize)]
@@ -141,31 +142,19 @@ pub fn measure(
     }
     let blocks = blocks.max(1);
     let per_block = (requests / blocks).max(1);
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    let (mut loss, mut loss_blk, mut dp50) = (Vec::new(), Vec::new(), Vec::new());
+    let mut acc = Pairs::default();
     let (mut ppr, mut spr) = (Vec::new(), Vec::new());
     let mut lost = 0;
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
-        let tput = |k: usize| (per_block * r.secs[k].len()) as f64 / r.secs[k].iter().sum::<f64>();
-        loss.push(1.0 - tput(1) / tput(0));
-        let ratios: Vec<f64> = r.secs[0]
-            .iter()
-            .zip(&r.secs[1])
-            .map(|(wo, w)| wo / w)
-            .collect();
-        loss_blk.push(1.0 - summarize(&ratios).p50);
-        dp50.push(summarize(&r.lat[1]).p50 - summarize(&r.lat[0]).p50);
         if let Some(rep) = &r.report {
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
             ppr.push(reads as f64 / (per_block * blocks) as f64);
             spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
             lost += rep.lost_samples;
         }
-        let [l0, l1] = r.lat;
-        without.extend(l0);
-        with.extend(l1);
+        acc.add(per_block, &r.secs, r.lat);
         progress.inc(1);
     }
     progress.finish();
@@ -177,11 +166,11 @@ pub fn measure(
         pairs,
         blocks,
         cpuidle: cpuidle(),
-        without: summarize(&without),
-        with: summarize(&with),
-        throughput_loss_per_pair: Spread::of(&loss),
-        throughput_loss_blockwise_per_pair: Spread::of(&loss_blk),
-        p50_delta_us_per_pair: Spread::of(&dp50),
+        without: summarize(&acc.without),
+        with: summarize(&acc.with),
+        throughput_loss_per_pair: Spread::of(&acc.loss),
+        throughput_loss_blockwise_per_pair: Spread::of(&acc.loss_blk),
+        p50_delta_us_per_pair: Spread::of(&acc.dp50),
         periods_per_request: Spread::of(&ppr),
         samples_per_request: Spread::of(&spr),
         lost_samples: lost,

@@ -177,6 +177,44 @@ fn observe_refuses_at_once() {
     assert!(t0.elapsed() < std::time::Duration::from_secs(5));
 }
 
+/// The paired benchmarks end to end with tiny settings: every pair gives a loss, a block-wise
+/// loss and a p50 delta (what they share, `preheat-bench`'s `Pairs`); no number is judged.
+#[test]
+fn paired_benches_report_every_pair() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let args = [
+        "--pairs",
+        "2",
+        "--requests",
+        "800",
+        "--blocks",
+        "2",
+        "--json",
+    ];
+    for bench in ["agent", "observe"] {
+        let mut a = vec!["bench", bench];
+        a.extend(args);
+        let o = preheat(&a, &rd);
+        let err = String::from_utf8_lossy(&o.stderr);
+        if bench == "observe" && !o.status.success() && err.contains("root") {
+            preheat_testsupport::skip("root", &format!("bench observe: {err}"));
+            continue;
+        }
+        assert!(o.status.success(), "bench {bench}: {err}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["label"], "measured", "{v}");
+        for k in [
+            "throughput_loss_per_pair",
+            "throughput_loss_blockwise_per_pair",
+            "p50_delta_us_per_pair",
+        ] {
+            assert_eq!(v[k]["n"], 2, "bench {bench} {k}: {v}");
+        }
+        assert_eq!(v["with"]["n"], v["without"]["n"], "{v}");
+    }
+}
+
 fn has_pmu() -> bool {
     let o = Command::new(env!("CARGO_BIN_EXE_preheat"))
         .args(["topology", "--json"])
