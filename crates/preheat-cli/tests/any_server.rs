@@ -282,6 +282,30 @@ fn demo_on_a_preforking_python_server_that_closes_connections() {
 fn demo_on_prefork_fixture(
     extra: &[&str],
 ) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
+    demo_on_python(|port, www| {
+        let mut args = prefork_args(port, www);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    })
+}
+
+/// The preforking fixture's arguments after python3: two workers on `port` serving `www`.
+fn prefork_args(port: &str, www: &str) -> Vec<String> {
+    let fixture = prefork_fixture();
+    vec![
+        fixture.to_str().unwrap().into(),
+        port.into(),
+        www.into(),
+        "2".into(),
+    ]
+}
+
+/// `preheat demo --strategies lines,replay` on a python3 server whose arguments after
+/// `python3` are `args(port, docroot)`: the temp dir (keep it alive), the run dir and the
+/// demo's JSON; `None` (skipped, saying why) without python3.
+fn demo_on_python(
+    args: impl FnOnce(&str, &str) -> Vec<String>,
+) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
     let PythonSite {
         python,
         tmp,
@@ -289,16 +313,9 @@ fn demo_on_prefork_fixture(
         www,
     } = python_site()?;
     let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let fixture = prefork_fixture();
-    let mut command = vec![
-        python.to_str().unwrap(),
-        fixture.to_str().unwrap(),
-        &port_s,
-        www.to_str().unwrap(),
-        "2",
-    ];
-    command.extend_from_slice(extra);
+    let args = args(&port.to_string(), www.to_str().unwrap());
+    let mut command = vec![python.to_str().unwrap()];
+    command.extend(args.iter().map(String::as_str));
     let v = demo(&rd, port, "lines,replay", &command);
     Some((tmp, rd, v))
 }
@@ -396,27 +413,21 @@ fn demo_on_python_http_server() {
 /// (with `extra` arguments): the temp dir (keep it alive), the run dir and the demo's JSON; `None`
 /// (skipped, saying why) without python3.
 fn demo_on_python_http(extra: &[&str]) -> Option<(tempfile::TempDir, std::path::PathBuf, Value)> {
-    let PythonSite {
-        python,
-        tmp,
-        rd,
-        www,
-    } = python_site()?;
-    let port = preheat_testsupport::free_port();
-    let port_s = port.to_string();
-    let mut command = vec![
-        python.to_str().unwrap(),
-        "-m",
-        "http.server",
-        &port_s,
-        "--bind",
-        "127.0.0.1",
-        "--directory",
-        www.to_str().unwrap(),
-    ];
-    command.extend_from_slice(extra);
-    let v = demo(&rd, port, "lines,replay", &command);
-    Some((tmp, rd, v))
+    demo_on_python(|port, www| {
+        let mut args: Vec<String> = [
+            "-m",
+            "http.server",
+            port,
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            www,
+        ]
+        .map(String::from)
+        .to_vec();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    })
 }
 
 /// The threaded server with keep-alive (`-p HTTP/1.1`): the handler thread serves every request
@@ -480,10 +491,7 @@ mod timing {
         let back = preheat_testsupport::free_port();
         let mut backend = KillOnDrop(
             std::process::Command::new(&site.python)
-                .arg(prefork_fixture())
-                .arg(back.to_string())
-                .arg(&site.www)
-                .arg("2")
+                .args(prefork_args(&back.to_string(), site.www.to_str().unwrap()))
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap(),

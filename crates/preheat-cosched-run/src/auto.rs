@@ -73,7 +73,7 @@ impl Auto {
         let clients = vms
             .iter()
             .map(|vm| {
-                let run_dir = if vm.program.is_some() || vm.guest.is_some() {
+                let run_dir = if vm.started_by_us() {
                     own_run_dir
                 } else {
                     user_run_dir

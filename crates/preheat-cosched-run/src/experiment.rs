@@ -493,17 +493,6 @@ fn measure_cell(
     let load = before
         .zip(preheat_engine::procstat::machine_use())
         .and_then(|(b, a)| preheat_engine::procstat::foreign_load(&b, &a));
-    let mut notes = out.report.notes.clone();
-    if let Some((others, steal)) = load {
-        if others > FOREIGN_LOAD_FLAG || steal > FOREIGN_LOAD_FLAG {
-            notes.push(format!(
-                "foreign load: other processes used {:.0}% of the machine's CPU time and the \
-                 hypervisor stole {:.0}% during this run (measured)",
-                100.0 * others,
-                100.0 * steal
-            ));
-        }
-    }
     let mut instance_rates_v = Vec::new();
     let mut vm_run = Vec::new();
     for (vi, vm) in out.vms.iter().enumerate() {
@@ -523,7 +512,7 @@ fn measure_cell(
         instance_rates_v.extend(rates.iter().map(|&r| (vi, r)));
     }
     let r = &out.report;
-    Ok(Cell {
+    let mut cell = Cell {
         kernel: k,
         scenario: s,
         policy: p,
@@ -548,8 +537,17 @@ fn measure_cell(
         matrices: out.matrices.clone(),
         others_share: load.map(|l| l.0),
         steal_share: load.map(|l| l.1),
-        notes,
-    })
+        notes: r.notes.clone(),
+    };
+    if let (true, Some((others, steal))) = (cell.foreign_load(), load) {
+        cell.notes.push(format!(
+            "foreign load: other processes used {:.0}% of the machine's CPU time and the \
+             hypervisor stole {:.0}% during this run (measured)",
+            100.0 * others,
+            100.0 * steal
+        ));
+    }
+    Ok(cell)
 }
 
 fn median_of(v: &[f64]) -> Option<f64> {

@@ -150,6 +150,14 @@ pub struct LiveVm {
     pub guest: Option<preheat_guest::Guest>,
 }
 
+impl LiveVm {
+    /// Whether this run started it (a program or a QEMU guest: its agent is in the run's own
+    /// directory), rather than attaching to a running process by pid.
+    pub fn started_by_us(&self) -> bool {
+        self.program.is_some() || self.guest.is_some()
+    }
+}
+
 /// How to start the VMs.
 pub struct Start<'a> {
     /// Attach the agent with communication detection (partial-auto).

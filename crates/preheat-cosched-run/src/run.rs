@@ -178,9 +178,8 @@ fn start_auto(
     preheat_launch::agentctl::wait_for_agents(
         run_dir,
         || {
-            // The VMs we started: programs and QEMU guests (the agent in QEMU).
             vms.iter()
-                .filter(|v| v.program.is_some() || v.guest.is_some())
+                .filter(|v| v.started_by_us())
                 .map(|v| v.pid)
                 .collect()
         },

@@ -184,16 +184,11 @@ pub fn foreign_load(before: &MachineUse, after: &MachineUse) -> Option<(f64, f64
     Some((others as f64 / total as f64, steal as f64 / total as f64))
 }
 
-/// The share of the machine's CPU time that processes other than this one used between two
-/// readings of ([`ProcStat`] of `/proc/stat`, [`own_ticks`]); `None` if no tick passed.
-pub fn others_share(before: (&CpuTicks, u64), after: (&CpuTicks, u64)) -> Option<f64> {
-    let total = after.0.total().checked_sub(before.0.total())?;
-    if total == 0 {
-        return None;
-    }
-    let busy = after.0.busy().saturating_sub(before.0.busy());
-    let own = after.1.saturating_sub(before.1);
-    Some(busy.saturating_sub(own) as f64 / total as f64)
+/// The share of the machine's CPU time that anything but this process (and the children it
+/// waited for) used between two [`machine_use`] readings, the hypervisor's steal included:
+/// [`foreign_load`]'s two shares together. `None` if no tick passed.
+pub fn others_share(before: &MachineUse, after: &MachineUse) -> Option<f64> {
+    foreign_load(before, after).map(|(others, steal)| others + steal)
 }
 
 #[cfg(test)]
@@ -273,8 +268,9 @@ mod tests {
             idle: 220,
             ..CpuTicks::default()
         };
-        assert_eq!(others_share((&a, 10), (&b, 40)), Some(0.25));
-        assert_eq!(others_share((&a, 0), (&a, 0)), None);
+        let at = |all, own| MachineUse { all, own };
+        assert_eq!(others_share(&at(a, 10), &at(b, 40)), Some(0.25));
+        assert_eq!(others_share(&at(a, 0), &at(a, 0)), None);
     }
 
     #[test]

@@ -65,16 +65,14 @@ fn read_trim(p: &str) -> String {
 impl MachineKey {
     /// The machine this process runs on.
     pub fn current() -> MachineKey {
-        let driver = read_trim("/sys/devices/system/cpu/cpuidle/current_driver");
         let topo = preheat_engine::topology::read();
         MachineKey {
             boot_id: read_trim("/proc/sys/kernel/random/boot_id"),
             kernel: read_trim("/proc/sys/kernel/osrelease"),
-            cpuidle_driver: if driver.is_empty() {
-                "absent".into()
-            } else {
-                driver
-            },
+            cpuidle_driver: topo
+                .cpuidle_driver
+                .clone()
+                .unwrap_or_else(|| "absent".into()),
             cpu_model: preheat_engine::topology::cpu_model(),
             cpuidle_governor: topo.cpuidle_governor.clone().unwrap_or_default(),
             disabled_idle_states: topo
@@ -254,17 +252,12 @@ pub fn calibrate(rounds: usize) -> Result<Calibration> {
         waker_cpu: 0,
         json: true,
     };
-    let stat = || {
-        let all = preheat_engine::procstat::read(Path::new("/proc/stat"))
-            .ok()?
-            .all;
-        Some((all, preheat_engine::procstat::own_ticks()?))
-    };
-    let before = stat();
+    use preheat_engine::procstat::{machine_use, others_share};
+    let before = machine_use();
     let report = crate::bench::bench(&args).context("measuring wake-up latency")?;
     let others_cpu_share = before
-        .zip(stat())
-        .and_then(|(b, a)| preheat_engine::procstat::others_share((&b.0, b.1), (&a.0, a.1)));
+        .zip(machine_use())
+        .and_then(|(b, a)| others_share(&b, &a));
     let results: Vec<MechResult> = report.cells.iter().map(MechResult::from).collect();
     Ok(Calibration {
         label: "measured".into(),

@@ -105,10 +105,9 @@ fn lock_names() -> Option<std::sync::MutexGuard<'static, Vec<(u32, String)>>> {
     None
 }
 
-fn cached_name(tid: u32) -> String {
-    lock_names()
-        .and_then(|g| g.iter().find(|(t, _)| *t == tid).map(|(_, n)| n.clone()))
-        .unwrap_or_default()
+/// A copy of the names seen by the sampler (empty if the lock stays taken).
+fn cached_names() -> Vec<(u32, String)> {
+    lock_names().map(|g| g.clone()).unwrap_or_default()
 }
 
 /// The main thread's thread pointer (its TLS block and the kernel's rseq area are next to it).
@@ -283,6 +282,8 @@ pub fn report() -> CommReport {
         .filter(|&i| !crate::threads::is_agent_tid(all[i]))
         .collect();
     let tids: Vec<u32> = keep.iter().map(|&i| all[i]).collect();
+    // The sampler's names, copied once, and only if a thread has exited.
+    let mut cache: Option<Vec<(u32, String)>> = None;
     let threads = tids
         .iter()
         .map(|&tid| {
@@ -291,7 +292,11 @@ pub fn report() -> CommReport {
             CommThread {
                 tid,
                 alive: name.is_ok(),
-                name: name.unwrap_or_else(|_| cached_name(tid)),
+                name: name.unwrap_or_else(|_| {
+                    let names = cache.get_or_insert_with(cached_names);
+                    let known = names.iter().find(|(t, _)| *t == tid);
+                    known.map(|(_, n)| n.clone()).unwrap_or_default()
+                }),
             }
         })
         .collect();
