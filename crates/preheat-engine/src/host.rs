@@ -64,11 +64,24 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// A loopback TCP port that is free right now (bound and released at once: a server started
-/// right after gets it unless something else took it meanwhile).
+/// right after gets it unless something else took it meanwhile). Never one this process was
+/// handed before: the kernel may give a released port out again at once, and two callers in
+/// one process (tests running in parallel) would then start their servers on the same port.
 pub fn free_port() -> io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    static HANDED: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..64 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut handed = HANDED.lock().unwrap_or_else(|e| e.into_inner());
+        if !handed.contains(&port) {
+            handed.push(port);
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other(
+        "no loopback port this process was not handed before (64 tries)",
+    ))
 }
 
 /// This process's real and effective user and group ids and its `no_new_privs` flag (under
@@ -211,5 +224,13 @@ mod tests {
         let p = free_port().unwrap();
         assert!(p > 0);
         std::net::TcpListener::bind(("127.0.0.1", p)).unwrap();
+    }
+
+    #[test]
+    fn a_free_port_is_never_handed_out_twice() {
+        let mut seen: Vec<u16> = (0..300).map(|_| free_port().unwrap()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 300);
     }
 }
