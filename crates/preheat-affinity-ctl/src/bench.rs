@@ -17,7 +17,6 @@ use crate::proc::WorkerCmd;
 use crate::run::{self, Experiment, MainSpec, RunSpec};
 use preheat_engine::workloads::Kind;
 use preheat_launch::progress::Progress;
-use preheat_model::stats::summarize;
 
 /// One benchmark: `reps` repetitions of three runs of `workload` (chase, stream or branchy) with
 /// `ws_bytes` of working set, `cpu_ms` of CPU time each, interleaved every `quantum_ms`.
@@ -58,12 +57,7 @@ pub struct BenchResult {
 /// The median of the model's order statistics: the lower middle of an even sample, over the
 /// finite values (NaN if there is none).
 fn median(v: &[f64]) -> f64 {
-    let s = summarize(v);
-    if s.n == 0 {
-        f64::NAN
-    } else {
-        s.p50
-    }
+    preheat_model::stats::median(v).unwrap_or(f64::NAN)
 }
 
 /// Measure the controller's overhead and quantum accuracy (see the module docs), reporting one

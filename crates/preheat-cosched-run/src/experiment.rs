@@ -27,7 +27,7 @@ use crate::run::{self, Params};
 use crate::watchdog::WatchdogCmd;
 use preheat_launch::paths;
 use preheat_launch::progress::Progress;
-use preheat_model::stats::summarize;
+use preheat_model::stats::{median, summarize};
 
 /// The experiment's parameters (`preheat cosched experiment`'s options).
 #[derive(Debug, Clone)]
@@ -361,10 +361,7 @@ fn calibrate(kernel: &str, cpus: usize) -> Result<Calibration> {
             pair.push(rs.iter().sum::<f64>() / rs.len() as f64);
         }
     }
-    let (a, p) = (
-        median_of(&alone).unwrap_or(0.0),
-        median_of(&pair).unwrap_or(0.0),
-    );
+    let (a, p) = (median(&alone).unwrap_or(0.0), median(&pair).unwrap_or(0.0));
     if a <= 0.0 || p <= 0.0 {
         bail!("{kernel}: the calibration runs completed no iteration");
     }
@@ -550,10 +547,6 @@ fn measure_cell(
     Ok(cell)
 }
 
-fn median_of(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| summarize(v).p50)
-}
-
 fn summarise(
     e: &ExperimentSpec,
     cpus: usize,
@@ -596,7 +589,7 @@ fn sim_params(
     cal: &Calibration,
     cells: &[Cell],
 ) -> SimParams {
-    let switch_us = median_of(
+    let switch_us = median(
         &cells
             .iter()
             .filter(|c| c.policy != Policy::None)
@@ -606,7 +599,7 @@ fn sim_params(
     .unwrap_or(5.0);
     // partial-auto: the simulated detection delay is the measured one (the first
     // regroup, in time of the workloads' run), not the nominal period.
-    let detect_s = median_of(
+    let detect_s = median(
         &cells
             .iter()
             .filter(|c| c.kernel == k && c.scenario == s && c.policy == Policy::PartialAuto)
@@ -662,7 +655,7 @@ fn row_of(
             .and_then(|r| r.improvement_over_full)
     });
     let of = |f: &dyn Fn(&Cell) -> Option<f64>| {
-        median_of(
+        median(
             &cells
                 .iter()
                 .filter(|c| c.kernel == k && c.scenario == s && c.policy == p)

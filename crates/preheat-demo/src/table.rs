@@ -72,8 +72,7 @@ pub struct Decomposition {
 /// The median (the model's order statistic: the lower middle of an even sample, as the lab's),
 /// `None` for no finite value.
 fn median(v: Vec<f64>) -> Option<f64> {
-    let s = summarize(&v);
-    (s.n > 0).then_some(s.p50)
+    preheat_model::stats::median(&v)
 }
 
 /// Whether the hot floor is one in this run: warm − hot per round (the rounds that measured

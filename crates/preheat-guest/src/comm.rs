@@ -257,9 +257,9 @@ fn connect(run_dir: &Path, pid: u32, timeout: Duration) -> Result<AgentClient> {
 }
 
 /// The median of `v` (the lower middle for an even count); 0 when empty.
-pub fn median(mut v: Vec<u64>) -> u64 {
-    v.sort_unstable();
-    v.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
+pub fn median(v: Vec<u64>) -> u64 {
+    let v: Vec<f64> = v.into_iter().map(|x| x as f64).collect();
+    preheat_model::stats::median(&v).map_or(0, |m| m as u64)
 }
 
 /// Runs of one kernel in both scenarios, side by side: per run the vCPU 0–1 events, induced

@@ -61,6 +61,13 @@ pub fn quantile_ci(sorted: &[f64], q: f64) -> (f64, f64, f64) {
     )
 }
 
+/// The median of the finite values (the lower middle of an even count, as in [`summarize`]);
+/// `None` when there is none. Every median in the project is this one.
+pub fn median(values: &[f64]) -> Option<f64> {
+    let s = summarize(values);
+    (s.n > 0).then_some(s.p50)
+}
+
 pub fn summarize(values: &[f64]) -> Summary {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -129,6 +136,19 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn median_is_the_lower_middle_of_the_finite_values() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[f64::NAN]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[f64::NAN, 5.0, 1.0]), Some(1.0));
+        assert_eq!(
+            median(&[4.0, 1.0, 3.0, 2.0]),
+            Some(summarize(&[1.0, 2.0, 3.0, 4.0]).p50)
+        );
+    }
 
     #[test]
     fn median_and_ci_bracket_the_truth() {

@@ -188,12 +188,7 @@ impl<K: Hash + Eq + Clone> RuntimeHistory<K> {
 /// The median of the window: the project's one median ([`preheat_model::stats::quantile_ci`]:
 /// the lower middle of an even count, as every table and report takes it).
 fn median(it: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = it.collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    Some(preheat_model::stats::quantile_ci(&v, 0.5).0)
+    preheat_model::stats::median(&it.collect::<Vec<f64>>())
 }
 
 #[cfg(test)]
