@@ -293,12 +293,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-demo/src/render.rs", "render", 142),
     ("preheat-stage/src/bench/render.rs", "render", 175),
     ("preheat-power/src/cli.rs", "print_bench", 132),
-    // A test: one scenario, step by step.
-    (
-        "preheat-engine/src/probe/tests.rs",
-        "probe_finds_touched_lines_pinned",
-        151,
-    ),
 ];
 
 /// Every `.rs` file under `dir`, recursively.

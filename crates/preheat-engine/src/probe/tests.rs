@@ -175,10 +175,111 @@ fn context_switches() -> i64 {
     ru.ru_nvcsw + ru.ru_nivcsw
 }
 
+/// What [`quiet_passes`] gathered: per line, in how many undisturbed passes it read as cached;
+/// per pass, hits among the touched lines and among the others; passes thrown away and why.
+struct Passes {
+    counts: BTreeMap<u64, u32>,
+    single_tp: usize,
+    single_fp: usize,
+    rejected_switch: u64,
+    rejected_evicted: u64,
+}
+
+/// Flush `range`, touch `canaries` and `order` (shuffled each time), reload; `passes` times
+/// among up to 4 × `passes` attempts. Quiet gate: a pass during which this thread was switched
+/// out, or during which something else evicted our lines (the canaries, touched with the set,
+/// must still be cached after the reload: other vCPUs and tenants share caches with us, and an
+/// eviction would count as a probe miss), is discarded. `Err` says why there were too few.
+fn quiet_passes(
+    range: &[Range],
+    order: &mut [u64],
+    touched: &BTreeSet<u64>,
+    canaries: &[usize],
+    threshold: u32,
+    passes: u64,
+    rng: &mut SmallRng,
+) -> Result<Passes, String> {
+    let lines = range[0].len / LINE as u64;
+    let mut p = Passes {
+        counts: BTreeMap::new(),
+        single_tp: 0,
+        single_fp: 0,
+        rejected_switch: 0,
+        rejected_evicted: 0,
+    };
+    let mut hits = Vec::new();
+    let (mut pass, mut attempt) = (0u64, 0u64);
+    while pass < passes {
+        if attempt == 4 * passes {
+            return Err(format!(
+                "only {pass} of {passes} passes were undisturbed ({} context switches, {} \
+                 evictions): machine too busy",
+                p.rejected_switch, p.rejected_evicted
+            ));
+        }
+        attempt += 1;
+        let before = context_switches();
+        // SAFETY: the caller's `range` and `order` lie inside its live buffer, `canaries`
+        // inside another live buffer of the caller, both kept until after this returns.
+        unsafe { flush(range) }.unwrap();
+        order.shuffle(rng);
+        // SAFETY: as above.
+        let (n, canaries_cached) = unsafe {
+            let mut s = 0u8;
+            for &a in canaries {
+                s = s.wrapping_add(load_byte(a));
+            }
+            for &a in order.iter() {
+                s = s.wrapping_add(load_byte(a as usize));
+            }
+            std::hint::black_box(s);
+            hits.clear();
+            let n = reload(range, threshold, 16, attempt, &mut hits).unwrap();
+            let cached = canaries
+                .iter()
+                .filter(|&&a| time_load(a) < threshold)
+                .count();
+            (n, cached)
+        };
+        assert_eq!(n, lines);
+        if context_switches() != before {
+            p.rejected_switch += 1;
+            continue;
+        }
+        if canaries_cached < canaries.len() * 15 / 16 {
+            p.rejected_evicted += 1;
+            continue;
+        }
+        pass += 1;
+        let tp = hits.iter().filter(|a| touched.contains(a)).count();
+        p.single_tp += tp;
+        p.single_fp += hits.len() - tp;
+        for &a in &hits {
+            *p.counts.entry(a).or_default() += 1;
+        }
+    }
+    Ok(p)
+}
+
+/// A random tenth of the `lines` lines from `base`, and the lines next to them (inside the
+/// range): touched, adjacent.
+fn touched_lines(base: u64, lines: u64, rng: &mut SmallRng) -> (BTreeSet<u64>, BTreeSet<u64>) {
+    let mut touched = BTreeSet::new();
+    while touched.len() < lines as usize / 10 {
+        touched.insert(base + rng.gen_range(0..lines) * 64);
+    }
+    let adjacent = touched
+        .iter()
+        .flat_map(|&a| [a - 64, a + 64])
+        .filter(|a| (base..base + lines * 64).contains(a))
+        .collect();
+    (touched, adjacent)
+}
+
 fn probe_finds_touched_lines_pinned() {
     crate::os::pin_current_thread(crate::os::current_cpu() as usize).unwrap();
     // Best effort: as SCHED_FIFO no normal task preempts us mid-pass (this thread ends with
-    // the test; RT throttling bounds it anyway). Without the privilege the quiet gate below
+    // the test; RT throttling bounds it anyway). Without the privilege the quiet gate
     // still discards disturbed passes.
     let param = libc::sched_param { sched_priority: 1 };
     // SAFETY: valid sched_param; pid 0 = this (short-lived) test thread.
@@ -195,102 +296,57 @@ fn probe_finds_touched_lines_pinned() {
     let base = (buf.as_ptr() as u64 + 4095) & !4095;
     let lines = (BYTES / LINE) as u64;
     let mut rng = SmallRng::seed_from_u64(7);
-    let mut touched = BTreeSet::new();
-    while touched.len() < lines as usize / 10 {
-        touched.insert(base + rng.gen_range(0..lines) * 64);
-    }
-    let adjacent: BTreeSet<u64> = touched
-        .iter()
-        .flat_map(|&a| [a - 64, a + 64])
-        .filter(|a| (base..base + BYTES as u64).contains(a))
-        .collect();
+    let (touched, adjacent) = touched_lines(base, lines, &mut rng);
     let mut order: Vec<u64> = touched.iter().copied().collect();
     let range = [Range {
         start: base,
         len: BYTES as u64,
     }];
-    let mut counts: BTreeMap<u64, u32> = BTreeMap::new();
-    let mut hits = Vec::new();
-    let (mut single_tp, mut single_fp) = (0usize, 0usize);
-    // Quiet gate: discard a pass during which this thread was switched out, or during which
-    // something else evicted our lines: 64 canary lines in another buffer are touched with
-    // the set and must still be cached after the reload (other vCPUs and tenants share
-    // caches with us; an eviction would count as a probe miss). If the machine is too busy
-    // to give us PASSES quiet passes in 4 × PASSES attempts, skip rather than judge the
-    // probe on disturbed samples.
+    // 64 canary lines in another buffer (see quiet_passes). If the machine is too busy to
+    // give us PASSES quiet passes, skip rather than judge the probe on disturbed samples.
     let canary_buf = vec![5u8; 64 * 1024 + 4096];
     let canary_base = (canary_buf.as_ptr() as usize + 4095) & !4095;
     let canaries: Vec<usize> = (0..64)
         .map(|i| canary_base + i * 1024 + 64 * (i % 7))
         .collect();
-    let (mut rejected_switch, mut rejected_evicted) = (0u64, 0u64);
-    let mut pass = 0u64;
-    let mut attempt = 0u64;
-    while pass < PASSES {
-        if attempt == 4 * PASSES {
-            return preheat_testsupport::skip!(
-                "quiet-machine",
-                "only {pass} of {PASSES} passes were undisturbed ({rejected_switch} context \
-                 switches, {rejected_evicted} evictions): machine too busy"
-            );
-        }
-        attempt += 1;
-        let before = context_switches();
-        // SAFETY: `range` (and below, `order`) lie inside `buf`, the canaries inside
-        // `canary_buf`: live heap allocations of this function, dropped only at its end.
-        unsafe { flush(&range) }.unwrap();
-        order.shuffle(&mut rng);
-        // SAFETY: as above.
-        let (n, canaries_cached) = unsafe {
-            let mut s = 0u8;
-            for &a in &canaries {
-                s = s.wrapping_add(load_byte(a));
-            }
-            for &a in &order {
-                s = s.wrapping_add(load_byte(a as usize));
-            }
-            std::hint::black_box(s);
-            hits.clear();
-            let n = reload(&range, cal.threshold, 16, attempt, &mut hits).unwrap();
-            let cached = canaries
-                .iter()
-                .filter(|&&a| time_load(a) < cal.threshold)
-                .count();
-            (n, cached)
-        };
-        assert_eq!(n, lines);
-        if context_switches() != before {
-            rejected_switch += 1;
-            continue;
-        }
-        if canaries_cached < canaries.len() * 15 / 16 {
-            rejected_evicted += 1;
-            continue;
-        }
-        pass += 1;
-        let tp = hits.iter().filter(|a| touched.contains(a)).count();
-        single_tp += tp;
-        single_fp += hits.len() - tp;
-        for &a in &hits {
-            *counts.entry(a).or_default() += 1;
-        }
-    }
+    let p = match quiet_passes(
+        &range,
+        &mut order,
+        &touched,
+        &canaries,
+        cal.threshold,
+        PASSES,
+        &mut rng,
+    ) {
+        Ok(p) => p,
+        Err(why) => return preheat_testsupport::skip!("quiet-machine", "{why}"),
+    };
     println!(
-        "passes discarded: {rejected_switch} after a context switch, {rejected_evicted} after \
-         an eviction"
+        "passes discarded: {} after a context switch, {} after an eviction",
+        p.rejected_switch, p.rejected_evicted
     );
     let untouched = lines as usize - touched.len();
     println!(
         "single pass: recall {:.3}, untouched lines read as hits {:.3}",
-        single_tp as f64 / (PASSES as usize * touched.len()) as f64,
-        single_fp as f64 / (PASSES as usize * untouched) as f64
+        p.single_tp as f64 / (PASSES as usize * touched.len()) as f64,
+        p.single_fp as f64 / (PASSES as usize * untouched) as f64
     );
     let kept = |k: u32| -> BTreeSet<u64> {
-        counts
+        p.counts
             .iter()
             .filter(|(_, &c)| c >= k)
             .map(|(&a, _)| a)
             .collect()
+    };
+    // (recall, precision vs touched, precision vs touched ∪ adjacent) of the lines kept.
+    let judge = |kk: &BTreeSet<u64>| {
+        let tp = kk.intersection(&touched).count() as f64;
+        let explained = kk
+            .iter()
+            .filter(|a| touched.contains(a) || adjacent.contains(a))
+            .count() as f64;
+        let n = kk.len().max(1) as f64;
+        (tp / touched.len() as f64, tp / n, explained / n)
     };
     for k in [
         PASSES as u32 / 2,
@@ -299,27 +355,14 @@ fn probe_finds_touched_lines_pinned() {
         PASSES as u32 * 7 / 8,
     ] {
         let kk = kept(k);
-        let tp = kk.intersection(&touched).count() as f64;
+        let (recall, vs_touched, vs_adjacent) = judge(&kk);
         println!(
-            "kept ≥ {k}/{PASSES}: {} lines, recall {:.3}, precision vs touched {:.3}, \
-             vs touched ∪ adjacent {:.3}",
+            "kept ≥ {k}/{PASSES}: {} lines, recall {recall:.3}, precision vs touched \
+             {vs_touched:.3}, vs touched ∪ adjacent {vs_adjacent:.3}",
             kk.len(),
-            tp / touched.len() as f64,
-            tp / kk.len().max(1) as f64,
-            kk.iter()
-                .filter(|a| touched.contains(a) || adjacent.contains(a))
-                .count() as f64
-                / kk.len().max(1) as f64
         );
     }
-    let kk = kept(KEEP);
-    let tp = kk.intersection(&touched).count() as f64;
-    let recall = tp / touched.len() as f64;
-    let explained = kk
-        .iter()
-        .filter(|a| touched.contains(a) || adjacent.contains(a))
-        .count() as f64;
-    let precision = explained / kk.len().max(1) as f64;
+    let (recall, _, precision) = judge(&kept(KEEP));
     assert!(recall >= 0.9, "recall {recall}");
     assert!(
         precision >= 0.9,
