@@ -19,7 +19,7 @@
 //!
 //! # Abort safety
 //!
-//! The hooks are `extern "C"`: since Rust 1.81 (the workspace requires 1.87) a panic that
+//! The hooks are `extern "C"`: since Rust 1.81 (the workspace requires 1.89) a panic that
 //! reaches such a boundary aborts the process instead of unwinding into C — which would still
 //! kill the host. So nothing on the hooked path may panic, and that is checked, not hoped for:
 //! every file the hooks run code from (this one, [`crate::track`], [`crate::sys`],
