@@ -215,6 +215,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     cs.add_argument("--from", dest="from_file", type=Path,
                     help="render this `preheat cosched experiment --json` output instead of measuring")
     cs.add_argument("--no-measure", action="store_true", help="simulations only")
+    cs.add_argument("--guests", action="store_true",
+                    help="every VM a real QEMU guest (preheat cosched experiment --guests; "
+                         "kernels mg,cg,is; guests booted per run; --quick: mg, 3 s runs)")
     cs.add_argument("--sim-seeds", type=int, help="simulator seeds per configuration "
                                                   "(default 5; --quick: 2; 0: no simulations)")
 
@@ -279,7 +282,7 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
     if a.cmd == "cosched":
         try:
             o = cosched_plan.Options.make(a.quick, a.kernels, a.reps, a.seconds, a.sim_seeds,
-                                          not a.no_measure, a.from_file)
+                                          not a.no_measure, a.from_file, a.guests)
         except ValueError as e:
             ap.error(str(e))
         with needed_for(a.cmd):

@@ -126,8 +126,9 @@ def run(out: Path, o: Options) -> int:
     n_sim, est_sim = len(guess), min(estimate_sims_s(guess), budget)
     print(f"preheat lab cosched: expected duration ~{minutes(est_exp + est_sim)}: "
           + (f"measured experiment ~{minutes(est_exp)} ({measured_cells(o)} runs of "
-             f"{o.seconds:g} s + ~{0.5 + CELL_OVERHEAD_S:g} s each, calibration "
-             f"~{len(o.kernels) * ALONE_S:.0f} s)"
+             f"{o.seconds:g} s + ~{0.5 + o.cell_overhead_s:g} s each"
+             + (", QEMU guests booted per run" if o.guests else "")
+             + f", calibration ~{o.calibration_s:.0f} s)"
              if measuring else "no measurement" + (f" (rendering {o.from_file})" if o.from_file else ""))
           + f"; {n_sim} simulator runs ≤ {minutes(est_sim)} ("
             + ("release" if _release_build() else "debug") + " build)", flush=True)

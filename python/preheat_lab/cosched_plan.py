@@ -25,6 +25,14 @@ BARRIERS = {"mg": 2, "is": 2, "cg": 1, "ep": 0}
 CELL_OVERHEAD_S = 1.9
 #: Per kernel: the calibration runs (3 alone runs of 1 s) that measure the iteration time.
 ALONE_S = 4.0
+#: With --guests (QEMU guests, booted for every run): per cell beyond --seconds + 0.5, the boot
+#: (~8 s from QEMU's start to the controller, two guests at once), the guests' 2.5 s start delay
+#: and power-off; per kernel, 3 calibration boots of two 1-vCPU guests (~20 s each). Measured on
+#: a 2-CPU machine.
+GUEST_CELL_OVERHEAD_S = 12.5
+GUEST_ALONE_S = 60.0
+#: Kernels a guest can run: its progress is counted in barrier phases, and ep has no barrier.
+GUEST_KERNELS = ("mg", "cg", "is")
 #: Wall time of `preheat cosched simulate` (debug build, measured on 2 CPUs): per simulated
 #: thread phase, per CPU × slice, start-up per run and per host CPU; a release build is ~12×
 #: faster.
@@ -92,22 +100,41 @@ class Options:
     sim_hosts: tuple[SimHost, ...] = SIM_HOSTS
     sim_scenarios: tuple[str, ...] = SCENARIOS
     quick: bool = False
+    #: every VM a real QEMU guest (`preheat cosched experiment --guests`)
+    guests: bool = False
+
+    @property
+    def cell_overhead_s(self) -> float:
+        return GUEST_CELL_OVERHEAD_S if self.guests else CELL_OVERHEAD_S
+
+    @property
+    def calibration_s(self) -> float:
+        return len(self.kernels) * (GUEST_ALONE_S if self.guests else ALONE_S)
 
     @classmethod
     def make(cls, quick: bool = False, kernels: str | None = None, reps: int | None = None,
              seconds: float | None = None, sim_seeds: int | None = None,
-             measure: bool = True, from_file: Path | None = None) -> Options:
+             measure: bool = True, from_file: Path | None = None,
+             guests: bool = False) -> Options:
         """The command line's options (`--quick`: mg,ep; single,double; 2 repetitions of 2 s;
-        regrouping every 0.7 s; 2 simulator seeds). ValueError on a bad value."""
-        o = cls(quick=quick, measure=measure, from_file=Path(from_file) if from_file else None)
+        regrouping every 0.7 s; 2 simulator seeds; with `--guests`: QEMU guests, mg,cg, 3
+        repetitions of 8 s, so the measured part stays near 20 min with a boot per run; --quick
+        mg, 1 repetition of 3 s, since guests come up ~1 s apart). ValueError on a bad value."""
+        o = cls(quick=quick, measure=measure, from_file=Path(from_file) if from_file else None,
+                guests=guests)
+        known = GUEST_KERNELS if guests else KERNELS
+        if guests:
+            o.kernels, o.reps, o.seconds = ("mg", "cg"), 3, 8.0
         if quick:
             o.kernels, o.reps, o.seconds, o.regroup_s, o.sim_seeds = ("mg", "ep"), 2, 2.0, 0.7, 2
+            if guests:
+                o.kernels, o.reps, o.seconds = ("mg",), 1, 3.0
         if kernels is not None:
             ks = tuple(k.strip() for k in kernels.split(",") if k.strip())
-            bad = [k for k in ks if k not in KERNELS]
+            bad = [k for k in ks if k not in known]
             if bad or not ks:
                 raise ValueError(f"--kernels: unknown or no kernel(s) {', '.join(bad)} "
-                                 f"(known: {', '.join(KERNELS)})")
+                                 f"(known{' with --guests' if guests else ''}: {', '.join(known)})")
             o.kernels = ks
         if reps is not None:
             if reps < 1:
@@ -137,7 +164,7 @@ def measured_cells(o: Options) -> int:
 
 
 def estimate_experiment_s(o: Options) -> float:
-    return measured_cells(o) * (o.seconds + 0.5 + CELL_OVERHEAD_S) + len(o.kernels) * ALONE_S
+    return measured_cells(o) * (o.seconds + 0.5 + o.cell_overhead_s) + o.calibration_s
 
 
 def _release_build() -> bool:

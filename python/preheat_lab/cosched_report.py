@@ -203,7 +203,8 @@ def render(out: Path, exp: dict | None, records: Sequence[dict], state: dict,
     if exp:
         cpus = exp.get("cpus", "?")
         vm = "+".join(map(str, exp.get("vm_vcpus") or []))
-        where = f"{cpus} CPUs, VMs {vm}"
+        kind = "QEMU guests" if exp.get("vms") == "guests" else "thread groups"
+        where = f"{cpus} CPUs, VMs {vm}, {kind}"
         body.heading(f"Measured on this machine ({where})")
         body.text(f"`preheat cosched experiment`: {exp.get('reps')} repetition(s) per cell, "
                   f"{exp.get('seconds')} s runs, {exp.get('slice_ms')} ms slices, repetitions "

@@ -72,13 +72,21 @@ def _fake(monkeypatch, **env):
 # Pure analysis
 
 
-def test_options():
+def test_options(monkeypatch):
     q = cosched.Options.make(quick=True)
     assert (q.kernels, q.scenarios, q.reps, q.seconds, q.regroup_s, q.sim_seeds) == (
         ("mg", "ep"), ("single", "double"), 2, 2.0, 0.7, 2)
     d = cosched.Options.make()
     assert d.kernels == ("mg", "cg", "is", "ep") and d.reps == 5 and d.seconds == 6.0
     assert cosched.Options.make(quick=True, kernels="cg", reps=3).kernels == ("cg",)
+    # --guests: QEMU guests, only kernels with barriers (a guest's progress is its phases).
+    g, gq = cosched.Options.make(guests=True), cosched.Options.make(quick=True, guests=True)
+    assert (g.kernels, g.reps, g.seconds, gq.kernels, gq.reps) == (("mg", "cg"), 3, 8.0, ("mg",), 1)
+    monkeypatch.setenv("PREHEAT_BIN", "preheat")
+    assert "--guests" in cosched.experiment_argv(g) and "--guests" not in cosched.experiment_argv(d)
+    assert cosched.estimate_experiment_s(g) < 25 * 60 and cosched.estimate_experiment_s(gq) < 5 * 60
+    with pytest.raises(ValueError):
+        cosched.Options.make(guests=True, kernels="ep")
     for bad in ({"kernels": "mg,xx"}, {"reps": 0}, {"seconds": 0}, {"sim_seeds": -1},
                 {"from_file": Path("/nonexistent.json")}):
         with pytest.raises(ValueError):

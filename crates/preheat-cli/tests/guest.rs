@@ -163,61 +163,149 @@ mod timing {
 
     /// A VM that is a QEMU guest: `cosched run` boots it, coschedules its two `CPU n/TCG`
     /// threads until the kernel inside ends and the guest powers off, and leaves no QEMU behind
-    /// — under `full`, and under `partial-auto`, which regroups from the agent in QEMU
-    /// (host-side detection; the merged code timed out waiting for it). Nothing timed is
-    /// asserted (the co-run fraction is the cosched tests' subject, detection the guest comm
-    /// test's).
+    /// — under `full` (partial-auto on guests, which regroups from the agent in QEMU, runs in
+    /// `cosched_experiment_on_real_guests`). Nothing timed is asserted (the co-run fraction is
+    /// the cosched tests' subject, detection the guest comm test's).
     #[test]
     fn cosched_runs_a_real_guest() {
         if !qemu_or_skip() || !common::realtime_or_skip("cosched_runs_a_real_guest") {
             return;
         }
         let _serial = common::serial();
-        for policy in ["full", "partial-auto"] {
-            let tmp = tempfile::tempdir().unwrap();
-            let rd = run_dir(&tmp);
-            let cfg = tmp.path().join("vms.json");
-            let vms =
-                r#"{"vms": [{"name": "g", "vcpus": 2, "guest": {"kernel": "mg", "seconds": 3}}]}"#;
-            std::fs::write(&cfg, vms).unwrap();
-            let cfg = cfg.to_str().unwrap();
-            let args = [
-                "cosched",
-                "run",
-                "--config",
-                cfg,
-                "--policy",
-                policy,
-                "--regroup-s",
-                "1",
-                "--duration",
-                "60",
-                "--json",
-            ];
-            let out = ok(&args, &rd);
-            let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-            let vm = &v["vms"][0];
-            let (pid, threads) = (
-                vm["pid"].as_u64().unwrap() as u32,
-                vm["threads"].as_array().unwrap(),
-            );
-            assert_eq!(threads.len(), 2, "{policy}: {out}");
-            assert!(
-                v["report"]["slices"].as_u64().unwrap() > 0,
-                "{policy}: {out}"
-            );
-            assert!(
-                v["report"]["elapsed_s"].as_f64().unwrap() < 50.0,
-                "{policy}: ended with the guest: {out}"
-            );
-            if policy == "partial-auto" {
-                let regroups = v["report"]["regroups"].as_array().unwrap();
+        let policy = "full";
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let cfg = tmp.path().join("vms.json");
+        let vms =
+            r#"{"vms": [{"name": "g", "vcpus": 2, "guest": {"kernel": "mg", "seconds": 3}}]}"#;
+        std::fs::write(&cfg, vms).unwrap();
+        let cfg = cfg.to_str().unwrap();
+        let args = [
+            "cosched",
+            "run",
+            "--config",
+            cfg,
+            "--policy",
+            policy,
+            "--regroup-s",
+            "1",
+            "--duration",
+            "60",
+            "--json",
+        ];
+        let out = ok(&args, &rd);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        let vm = &v["vms"][0];
+        let (pid, threads) = (
+            vm["pid"].as_u64().unwrap() as u32,
+            vm["threads"].as_array().unwrap(),
+        );
+        assert_eq!(threads.len(), 2, "{policy}: {out}");
+        assert!(
+            v["report"]["slices"].as_u64().unwrap() > 0,
+            "{policy}: {out}"
+        );
+        assert!(
+            v["report"]["elapsed_s"].as_f64().unwrap() < 50.0,
+            "{policy}: ended with the guest: {out}"
+        );
+        assert_eq!(start_ticks(pid), None, "{policy}: QEMU {pid} is gone");
+    }
+
+    /// `cosched experiment --guests` at its smallest (one kernel, double, every policy, one
+    /// repetition of 3 s, one calibration boot): every policy's row with its prediction and the
+    /// simulator beside it, the co-run fraction of full's 2-vCPU set, every run's foreign load
+    /// and measured window, partial-auto regrouping from the agent in QEMU, and no QEMU left
+    /// running. Nothing timed is asserted: the measured improvements are the README's.
+    #[test]
+    fn cosched_experiment_on_real_guests() {
+        if !qemu_or_skip() || !common::realtime_or_skip("cosched_experiment_on_real_guests") {
+            return;
+        }
+        let _serial = common::serial();
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let args = [
+            "cosched",
+            "experiment",
+            "--guests",
+            "--kernels",
+            "mg",
+            "--scenarios",
+            "double",
+            "--policies",
+            "none,full,partial-static,partial-auto",
+            "--reps",
+            "1",
+            "--seconds",
+            "3",
+            "--calibration-runs",
+            "1",
+            "--regroup-s",
+            "1",
+            "--json",
+        ];
+        let out = ok(&args, &rd);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(
+            (v["label"].as_str(), v["vms"].as_str()),
+            (Some("measured"), Some("guests"))
+        );
+        let cells = v["cells"].as_array().unwrap();
+        assert_eq!(cells.len(), 4, "{v}");
+        for c in cells {
+            assert!(c["window_s"].as_f64().unwrap() > 0.5, "{c}");
+            assert!(c["others_share"].as_f64().is_some(), "{c}");
+            assert!(c["steal_share"].as_f64().is_some(), "{c}");
+            let rates = c["instance_rates"].as_array().unwrap();
+            assert_eq!(rates.len(), 3, "two instances in VM1, one in VM2: {c}");
+            if c["policy"] == "partial-auto" {
                 assert!(
-                    !regroups.is_empty(),
-                    "no regroup from the agent in QEMU: {out}"
+                    !c["regroups"].as_array().unwrap().is_empty(),
+                    "no regroup: {c}"
                 );
             }
-            assert_eq!(start_ticks(pid), None, "{policy}: QEMU {pid} is gone");
         }
+        let rows = v["rows"].as_array().unwrap();
+        let mut policies: Vec<&str> = rows.iter().filter_map(|r| r["policy"].as_str()).collect();
+        policies.sort_unstable();
+        assert_eq!(policies, ["none", "partial-auto", "partial-static"], "{v}");
+        for r in rows {
+            for k in ["improvement_over_full", "predicted", "simulated"] {
+                assert!(r[k].as_f64().is_some_and(f64::is_finite), "{k}: {r}");
+            }
+            let full = r["full_corun_fraction_median"]
+                .as_f64()
+                .expect("full's co-run");
+            assert!((0.0..=1.0).contains(&full), "{r}");
+        }
+        assert!(v["calibration"][0]["alone_iteration_us"].as_f64().unwrap() > 0.0);
+        assert!(
+            qemu_of(&rd).is_empty(),
+            "QEMU left running: {:?}",
+            qemu_of(&rd)
+        );
+        let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
+            .map(|d| d.flatten().collect())
+            .unwrap_or_default();
+        assert!(journal.is_empty(), "journal entries left: {journal:?}");
     }
+}
+
+/// QEMU processes started with this run directory (they inherit `PREHEAT_RUN_DIR` from the
+/// command that started them; other users' guests on a shared machine do not match).
+fn qemu_of(rd: &std::path::Path) -> Vec<u32> {
+    let want = format!("PREHEAT_RUN_DIR={}", rd.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            comm.starts_with("qemu") && env.split(|b| *b == 0).any(|kv| kv == want.as_bytes())
+        })
+        .collect()
 }

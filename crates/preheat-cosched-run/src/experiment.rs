@@ -1,15 +1,19 @@
 //! The paper's experiments (§4, Figures 6/7) at this machine's size (`cosched experiment`),
 //! measured, with the simulator's prediction for the same configuration beside them.
 //!
-//! Two "VMs" whose vCPUs are threads of bundled NPB-style programs (`preheat-npb`,
-//! barrier-synchronised kernels whose waiters spin, as OpenMP ranks do): VM1 has as many vCPUs
+//! Two "VMs" running bundled NPB-style programs (`preheat-npb`, barrier-synchronised kernels
+//! whose waiters spin, as OpenMP ranks do), of either kind ([`VmKind`], `experiment_vms`):
+//! thread groups, whose vCPUs are a process's threads, or real QEMU guests (`--guests`), whose
+//! vCPUs are QEMU's vCPU threads, the kernel running inside. One loop for both: the kind says
+//! what a scenario's VMs are, how the simulator is calibrated and what a run measured. VM1 has as many vCPUs
 //! as the host has CPUs (n), VM2 half (n/2) and runs one instance on all of them. Scenarios for
 //! VM1: single (one instance on n/2 vCPUs, the rest idle), double (two instances of n/2), quad
 //! (four of n/4; needs n ≥ 4, so on 2 CPUs it is simulated only). Every cell (kernel ×
 //! scenario × policy) runs `--reps` times, repetitions interleaved and shuffled so drift from
 //! other tenants spreads over all cells. The metric is the paper's: run time of VM2's instance
 //! plus the mean run time of VM1's instances, for a fixed job (a run time is the job divided by
-//! the instance's measured iteration rate); improvement over full = T_full / T_policy − 1,
+//! the instance's measured iteration rate: a guest's from its barrier phases per second of guest
+//! time); improvement over full = T_full / T_policy − 1,
 //! paired within a repetition, summarised as the median with a 95% interval over repetitions.
 
 use anyhow::{bail, Context, Result};
@@ -17,15 +21,14 @@ use preheat_cosim::compare::{compare, Comparison};
 use preheat_cosim::scenario::{Policy, Scenario, Setup};
 use preheat_cosim::sim::SimParams;
 use preheat_cosim::workload::PhaseDist;
-use preheat_npb::Kernel;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
 
-use crate::host::{HostSpec, VmSpec};
+use crate::experiment_vms::{barriers, Measured};
+pub use crate::experiment_vms::{instance_rates, npb_argv, options, Calibration, VmKind};
 use crate::run::{self, Params};
 use crate::watchdog::WatchdogCmd;
-use preheat_launch::paths;
 use preheat_launch::progress::Progress;
 use preheat_model::stats::{median, summarize};
 
@@ -40,6 +43,10 @@ pub struct ExperimentSpec {
     pub policies: Vec<Policy>,
     /// Repetitions of every cell (interleaved and shuffled).
     pub reps: usize,
+    /// What the VMs are: thread groups or QEMU guests.
+    pub vms: VmKind,
+    /// Calibration runs per kernel (alone and side by side).
+    pub calibration_runs: usize,
     /// Seconds each run lasts.
     pub seconds: f64,
     /// Slice length, ms.
@@ -79,11 +86,15 @@ pub struct Cell {
     pub apply_us_p50: f64,
     /// partial-auto: each regroup (time since the controller started, the sets).
     pub regroups: Vec<preheat_cosched::control::Regroup>,
-    /// Seconds from starting the programs to the controller's first slice (the workloads
-    /// start computing `START_DELAY_MS` after they start).
+    /// Seconds from starting the programs (booting the guests) to the controller's first slice
+    /// (the workloads start computing after a start delay).
     pub controller_start_s: f64,
-    /// partial-auto: when the first regroup came, in seconds of the workloads' measured run
-    /// (negative: before they started computing).
+    /// The measured window: when it began (seconds after the VMs were started) and how long it
+    /// lasted (thread groups: the workloads' run; guests: while every guest computed).
+    pub window_start_s: f64,
+    pub window_s: f64,
+    /// partial-auto: when the first regroup came, in seconds of the measured window
+    /// (negative: before it began).
     pub first_regroup_s: Option<f64>,
     /// partial-auto: the last communication matrix of each VM (vCPU order; measured).
     pub matrices: Vec<Option<Vec<Vec<u64>>>>,
@@ -125,7 +136,11 @@ pub struct Row {
     pub simulated: Option<f64>,
     /// Whether the simulated value lies within the measured interval.
     pub simulated_within_ci: Option<bool>,
+    /// Medians over the row's runs: the co-run fraction of its multi-vCPU sets (`None`: it
+    /// has none, e.g. partial-static in double), the same for full coscheduling (its
+    /// baseline), the CPUs' idle share.
     pub corun_fraction_median: Option<f64>,
+    pub full_corun_fraction_median: Option<f64>,
     pub idle_cpu_share_median: Option<f64>,
     /// Runs of this row or of its full-coscheduling baseline that overlapped load from outside
     /// ([`Cell::foreign_load`]).
@@ -136,6 +151,8 @@ pub struct Row {
 #[derive(Debug, Serialize)]
 pub struct Results {
     pub label: &'static str,
+    /// What the VMs were.
+    pub vms: VmKind,
     pub cpus: usize,
     pub vm_vcpus: Vec<usize>,
     pub seconds: f64,
@@ -151,227 +168,16 @@ pub struct Results {
     pub notes: Vec<String>,
 }
 
-/// The workloads sleep this long after creating their threads, so the coscheduler (and for
-/// partial-auto the reset of the matrix) is in place before the measured work begins.
-const START_DELAY_MS: u64 = 1500;
+/// The kernels an experiment runs when none are named: all four, or with guests those with a
+/// barrier (a guest's progress is counted in barrier phases).
+pub fn default_kernels(guests: bool) -> Vec<String> {
+    let all = ["mg", "cg", "is", "ep"];
+    let n = if guests { 3 } else { 4 };
+    all[..n].iter().map(|k| k.to_string()).collect()
+}
 
 /// Job size: iterations every instance must complete (run time = job / rate).
 const JOB_ITERATIONS: f64 = 1000.0;
-
-/// The bundled kernel's command line for a coscheduled VM: `seconds` of measured work after
-/// `START_DELAY_MS`.
-pub fn npb_argv(
-    kernel: &str,
-    threads: usize,
-    instances: usize,
-    seconds: f64,
-) -> Result<Vec<String>> {
-    npb_argv_delayed(kernel, threads, instances, seconds, START_DELAY_MS)
-}
-
-fn npb_argv_delayed(
-    kernel: &str,
-    threads: usize,
-    instances: usize,
-    seconds: f64,
-    start_delay_ms: u64,
-) -> Result<Vec<String>> {
-    Ok(vec![
-        paths::npb_bin()?.display().to_string(),
-        kernel.to_string(),
-        "--threads".into(),
-        threads.to_string(),
-        "--instances".into(),
-        instances.to_string(),
-        "--seconds".into(),
-        format!("{seconds}"),
-        "--start-delay-ms".into(),
-        start_delay_ms.to_string(),
-        "--json".into(),
-    ])
-}
-
-/// The two VMs of a scenario on `cpus` CPUs.
-fn host_of(kernel: &str, scenario: Scenario, cpus: usize, seconds: f64) -> Result<HostSpec> {
-    let half = cpus / 2;
-    let (threads, instances) = match scenario {
-        Scenario::Single => (half, 1),
-        Scenario::Double => (cpus, 2),
-        Scenario::Quad => {
-            if cpus < 4 {
-                bail!(
-                    "quad needs at least 4 CPUs (four instances of a quarter of VM1); this \
-                     machine has {cpus}: use `preheat cosched simulate --scenario quad`"
-                );
-            }
-            (cpus, 4)
-        }
-    };
-    let per = threads / instances;
-    let vm1_sets: Vec<Vec<usize>> = (0..instances)
-        .map(|i| (i * per..(i + 1) * per).collect())
-        .collect();
-    Ok(HostSpec {
-        vms: vec![
-            VmSpec {
-                name: Some("vm1".into()),
-                vcpus: cpus,
-                command: npb_argv(kernel, threads, instances, seconds)?,
-                pid: None,
-                guest: None,
-                threads: "npb-".into(),
-                sets: vm1_sets,
-            },
-            VmSpec {
-                name: Some("vm2".into()),
-                vcpus: half,
-                command: npb_argv(kernel, half, 1, seconds)?,
-                pid: None,
-                guest: None,
-                threads: "npb-".into(),
-                sets: vec![(0..half).collect()],
-            },
-        ],
-    })
-}
-
-/// How to coschedule bundled-kernel workloads of `seconds` (and their start delay) under
-/// `policy`: the run ends when the workloads exit; the rest is `run`'s defaults.
-pub fn options(
-    policy: Policy,
-    slice_ms: f64,
-    seconds: f64,
-    watchdog: Option<WatchdogCmd>,
-) -> Params {
-    Params {
-        policy,
-        slice_ms,
-        duration: seconds + START_DELAY_MS as f64 / 1e3 + 5.0,
-        cpus: Vec::new(),
-        regroup_s: 5.0,
-        t: preheat_group::DEFAULT_T,
-        group_method: preheat_group::GroupMethod::default(),
-        reset_after_ms: 500,
-        journal: None,
-        watchdog,
-    }
-}
-
-/// Iterations per second of each instance of one npb run, from its JSON summary.
-pub fn instance_rates(stdout: &str) -> Result<Vec<f64>> {
-    let v: serde_json::Value = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .context("the workload printed no JSON summary")?;
-    let wall = v["wall_s"].as_f64().context("summary without wall_s")?;
-    let instances = v["instances"]
-        .as_u64()
-        .context("summary without instances")? as usize;
-    let mut iters = vec![u64::MAX; instances];
-    for t in v["per_thread"]
-        .as_array()
-        .context("summary without per_thread")?
-    {
-        let i = t["instance"].as_u64().unwrap_or(0) as usize;
-        let n = t["iterations"].as_u64().unwrap_or(0);
-        if i < instances {
-            iters[i] = iters[i].min(n);
-        }
-    }
-    if wall <= 0.0 {
-        bail!("the workload ran for no time");
-    }
-    Ok(iters
-        .iter()
-        .map(|&n| if n == u64::MAX { 0.0 } else { n as f64 / wall })
-        .collect())
-}
-
-/// Barriers per iteration of a bundled kernel (0 for a name it does not know).
-fn barriers(kernel: &str) -> u32 {
-    kernel_of(kernel).map_or(0, Kernel::barriers_per_iteration)
-}
-
-/// The bundled kernel of this name.
-fn kernel_of(name: &str) -> Option<Kernel> {
-    Kernel::ALL.into_iter().find(|k| k.name() == name)
-}
-
-/// Seconds of each calibration run (no coscheduler to wait for: no start delay). An iteration
-/// of the bundled kernels takes 1.3–3.4 ms on this machine kind (measured), so a run completes
-/// about 300 or more.
-const CALIBRATION_S: f64 = 1.0;
-
-/// Iterations per second of `copies` processes of one instance of `threads` threads each,
-/// started together, [`CALIBRATION_S`] of work, copy k pinned to CPUs k·threads ..
-/// (k+1)·threads − 1 (no coscheduler). Pinning keeps the scheduler's placement out of the
-/// measurement: two copies on their own CPUs differ from one alone only by what they share
-/// (caches, memory).
-fn rates_of_copies(kernel: &str, threads: usize, copies: usize) -> Result<Vec<f64>> {
-    let argv = npb_argv_delayed(kernel, threads, 1, CALIBRATION_S, 0)?;
-    let mut children = Vec::new();
-    for k in 0..copies {
-        let cpus: Vec<usize> = (k * threads..(k + 1) * threads).collect();
-        let mut cmd = std::process::Command::new(&argv[0]);
-        cmd.args(&argv[1..])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        children.push(
-            preheat_launch::launch::spawn_pinned(&mut cmd, &cpus)
-                .with_context(|| format!("running {}", argv[0]))?,
-        );
-    }
-    let mut rates = Vec::new();
-    for c in children {
-        let out = c.wait_with_output()?;
-        if !out.status.success() {
-            bail!(
-                "{} failed: {}",
-                argv[0],
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        rates.extend(instance_rates(&String::from_utf8_lossy(&out.stdout))?);
-    }
-    Ok(rates)
-}
-
-/// What the simulator needs to know of a kernel on this machine (measured, median of 3
-/// alternating runs): the iteration time of an instance of n/2 threads alone on its CPUs, and
-/// the contention: how much slower each of two such instances (two processes, as VM1 and VM2
-/// are, each pinned to its half of the CPUs) runs when both compute at once on all n CPUs
-/// (alone rate / pair rate − 1).
-#[derive(Debug, Clone, Serialize)]
-pub struct Calibration {
-    pub kernel: String,
-    pub alone_iteration_us: f64,
-    pub contention: f64,
-    pub runs: usize,
-}
-
-fn calibrate(kernel: &str, cpus: usize) -> Result<Calibration> {
-    let (mut alone, mut pair) = (Vec::new(), Vec::new());
-    for _ in 0..3 {
-        if let Some(&r) = rates_of_copies(kernel, cpus / 2, 1)?.first() {
-            alone.push(r);
-        }
-        let rs = rates_of_copies(kernel, cpus / 2, 2)?;
-        if !rs.is_empty() {
-            pair.push(rs.iter().sum::<f64>() / rs.len() as f64);
-        }
-    }
-    let (a, p) = (median(&alone).unwrap_or(0.0), median(&pair).unwrap_or(0.0));
-    if a <= 0.0 || p <= 0.0 {
-        bail!("{kernel}: the calibration runs completed no iteration");
-    }
-    Ok(Calibration {
-        kernel: kernel.into(),
-        alone_iteration_us: 1e6 / a,
-        contention: (a / p - 1.0).max(0.0),
-        runs: alone.len(),
-    })
-}
 
 /// Run the experiment on this machine: calibrate every kernel, measure every cell `reps` times
 /// in shuffled order (one step of `progress` per cell), and summarise. `say` hears what was
@@ -382,10 +188,7 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         bail!("the experiment needs an even number of CPUs (VM2 has half of them); this machine has {cpus}");
     }
     for k in &e.kernels {
-        if kernel_of(k).is_none() {
-            let known: Vec<&str> = Kernel::ALL.iter().map(|k| k.name()).collect();
-            bail!("unknown kernel {k:?} ({})", known.join(", "));
-        }
+        e.vms.check_kernel(k)?;
     }
     if e.reps == 0 {
         bail!("--reps must be at least 1");
@@ -397,7 +200,7 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
     let mut notes = Vec::new();
     let mut scenarios = Vec::new();
     for &s in &e.scenarios {
-        match host_of("mg", s, cpus, e.seconds) {
+        match e.vms.host_of("mg", s, cpus, e.seconds) {
             Ok(_) => scenarios.push(s),
             Err(err) => notes.push(format!("{s}: skipped: {err:#}")),
         }
@@ -407,7 +210,8 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
     progress.label("calibrating");
     let mut calibration = Vec::new();
     for k in &e.kernels {
-        calibration.push(calibrate(k, cpus)?);
+        let w = e.watchdog.as_ref();
+        calibration.push(e.vms.calibrate(k, cpus, e.calibration_runs, w, say)?);
     }
     let mut cells = Vec::new();
     for (k, s, p, rep) in order {
@@ -429,6 +233,7 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
     let rows = summarise(e, cpus, &scenarios, &policies, &calibration, &cells)?;
     Ok(Results {
         label: "measured",
+        vms: e.vms,
         cpus,
         vm_vcpus: vec![cpus, cpus / 2],
         seconds: e.seconds,
@@ -476,7 +281,7 @@ fn measure_cell(
     rep: usize,
     say: &dyn Fn(&str),
 ) -> Result<Cell> {
-    let spec = host_of(&k, s, cpus, e.seconds)?;
+    let spec = e.vms.host_of(&k, s, cpus, e.seconds)?;
     let opts = Params {
         regroup_s: e.regroup_s,
         t: e.t,
@@ -490,31 +295,18 @@ fn measure_cell(
     let load = before
         .zip(preheat_engine::procstat::machine_use())
         .and_then(|(b, a)| preheat_engine::procstat::foreign_load(&b, &a));
-    let mut instance_rates_v = Vec::new();
-    let mut vm_run = Vec::new();
-    for (vi, vm) in out.vms.iter().enumerate() {
-        let rates =
-            instance_rates(&vm.stdout).with_context(|| format!("{k} {s} {p}: {}", vm.name))?;
-        let times: Vec<f64> = rates
-            .iter()
-            .map(|&r| {
-                if r > 0.0 {
-                    JOB_ITERATIONS / r
-                } else {
-                    f64::INFINITY
-                }
-            })
-            .collect();
-        vm_run.push(times.iter().sum::<f64>() / times.len().max(1) as f64);
-        instance_rates_v.extend(rates.iter().map(|&r| (vi, r)));
-    }
+    let m = e
+        .vms
+        .measured(&k, &out)
+        .with_context(|| format!("{k} {s} {p} repetition {}", rep + 1))?;
+    let vm_run = vm_run_times(&m, out.vms.len());
     let r = &out.report;
     let mut cell = Cell {
         kernel: k,
         scenario: s,
         policy: p,
         rep,
-        instance_rates: instance_rates_v,
+        instance_rates: m.rates.clone(),
         total_run_time_s: vm_run.iter().sum(),
         vm_run_time_s: vm_run,
         corun_fraction: r.corun_fraction,
@@ -527,10 +319,12 @@ fn measure_cell(
         apply_us_p50: r.apply_us_p50,
         regroups: r.regroups.clone(),
         controller_start_s: out.controller_start_s,
+        window_start_s: m.window_start_s,
+        window_s: m.window_s,
         first_regroup_s: r
             .regroups
             .first()
-            .map(|g| g.at_s - (START_DELAY_MS as f64 / 1e3 - out.controller_start_s)),
+            .map(|g| g.at_s - (m.window_start_s - out.controller_start_s)),
         matrices: out.matrices.clone(),
         others_share: load.map(|l| l.0),
         steal_share: load.map(|l| l.1),
@@ -545,6 +339,28 @@ fn measure_cell(
         ));
     }
     Ok(cell)
+}
+
+/// Per VM: the mean run time of its instances for the job ([`JOB_ITERATIONS`] at each one's
+/// measured rate; infinite for an instance that made no progress).
+fn vm_run_times(m: &Measured, vms: usize) -> Vec<f64> {
+    (0..vms)
+        .map(|vi| {
+            let times: Vec<f64> = m
+                .rates
+                .iter()
+                .filter(|(v, _)| *v == vi)
+                .map(|&(_, r)| {
+                    if r > 0.0 {
+                        JOB_ITERATIONS / r
+                    } else {
+                        f64::INFINITY
+                    }
+                })
+                .collect();
+            times.iter().sum::<f64>() / times.len().max(1) as f64
+        })
+        .collect()
 }
 
 fn summarise(
@@ -615,7 +431,15 @@ fn sim_params(
             us: cal.alone_iteration_us / barriers(k).max(1) as f64,
         },
         contention: cal.contention,
-        duration_s: e.seconds,
+        // The measured window (thread groups: --seconds; guests: while all computed).
+        duration_s: median(
+            &cells
+                .iter()
+                .filter(|c| c.kernel == k && c.scenario == s && c.window_s > 0.0)
+                .map(|c| c.window_s)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(e.seconds),
         detect_s,
         seed: e.seed,
         ..SimParams::default()
@@ -654,7 +478,7 @@ fn row_of(
             .find(|r| r.policy == p)
             .and_then(|r| r.improvement_over_full)
     });
-    let of = |f: &dyn Fn(&Cell) -> Option<f64>| {
+    let of_policy = |p: Policy, f: &dyn Fn(&Cell) -> Option<f64>| {
         median(
             &cells
                 .iter()
@@ -674,8 +498,9 @@ fn row_of(
         predicted: preheat_cosim::predict::predicted_improvement(setup, p),
         simulated,
         simulated_within_ci: simulated.map(|v| v >= sm.p50_lo && v <= sm.p50_hi),
-        corun_fraction_median: of(&|c: &Cell| c.corun_fraction),
-        idle_cpu_share_median: of(&|c: &Cell| c.idle_cpu_share),
+        corun_fraction_median: of_policy(p, &|c: &Cell| c.corun_fraction),
+        full_corun_fraction_median: of_policy(Policy::Full, &|c: &Cell| c.corun_fraction),
+        idle_cpu_share_median: of_policy(p, &|c: &Cell| c.idle_cpu_share),
         foreign_load_runs: cells
             .iter()
             .filter(|c| {
@@ -691,22 +516,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn instance_rates_take_each_instances_slowest_thread() {
-        let out = "starting\n{\"wall_s\": 2.0, \"instances\": 2, \"per_thread\": [\
-            {\"instance\": 0, \"iterations\": 10}, {\"instance\": 0, \"iterations\": 8}, \
-            {\"instance\": 1, \"iterations\": 4}]}\n";
-        assert_eq!(instance_rates(out).unwrap(), vec![4.0, 2.0]);
-        assert!(instance_rates("no summary").is_err());
-    }
-
-    #[test]
-    fn kernels_by_their_command_line_names() {
-        assert_eq!(kernel_of("cg"), Some(Kernel::Cg));
-        assert_eq!(kernel_of("CG"), None);
-        assert_eq!(barriers("nope"), 0);
-    }
-
-    #[test]
     fn every_repetition_holds_every_cell_once() {
         let e = ExperimentSpec {
             kernels: vec!["mg".into(), "ep".into()],
@@ -719,6 +528,8 @@ mod tests {
             t: 1.5,
             group_method: preheat_group::GroupMethod::default(),
             seed: 1,
+            vms: VmKind::ThreadGroups,
+            calibration_runs: 1,
             watchdog: None,
         };
         let order = order_of(&e, &e.scenarios, &e.policies);

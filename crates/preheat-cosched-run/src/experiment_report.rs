@@ -1,6 +1,7 @@
 //! The text report of `preheat cosched experiment` (the CLI prints it).
 
-use crate::experiment::Results;
+use crate::experiment::{Results, VmKind};
+use preheat_model::stats::median;
 
 fn pct(v: f64) -> String {
     format!("{:+.0}%", 100.0 * v)
@@ -10,18 +11,18 @@ fn pct(v: f64) -> String {
 /// legend and the notes.
 pub fn table(r: &Results) -> String {
     let mut s = format!(
-        "Partial coscheduling at this machine's size: {} CPUs, VM1 = {} vCPUs, VM2 = {} \
-         (measured; {} repetitions per cell, {} s runs, {} ms slices; improvement over full \
-         coscheduling = T_full / T_policy − 1, median [95% interval])\n",
-        r.cpus, r.vm_vcpus[0], r.vm_vcpus[1], r.reps, r.seconds, r.slice_ms
+        "Partial coscheduling at this machine's size: {} CPUs, VM1 = {} vCPUs, VM2 = {}, the \
+         VMs {} (measured; {} repetitions per cell, {} s runs, {} ms slices; improvement over \
+         full coscheduling = T_full / T_policy − 1, median [95% interval])\n",
+        r.cpus, r.vm_vcpus[0], r.vm_vcpus[1], r.vms, r.reps, r.seconds, r.slice_ms
     );
     s += &format!(
-        "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
-        "kernel", "scenario", "policy", "measured", "predicted", "simulated", "co-run", "idle"
+        "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>11} {:>7}\n",
+        "kernel", "scenario", "policy", "measured", "predicted", "simulated", "co-run/full", "idle"
     );
     for row in &r.rows {
         s += &format!(
-            "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>9} {:>7}\n",
+            "{:<6} {:<8} {:<15} {:>26} {:>10} {:>16} {:>11} {:>7}\n",
             row.kernel,
             row.scenario.to_string(),
             row.policy.to_string(),
@@ -38,8 +39,13 @@ pub fn table(r: &Results) -> String {
                 (Some(v), _) => format!("{} (outside)", pct(v)),
                 _ => "-".into(),
             },
-            row.corun_fraction_median
-                .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
+            format!(
+                "{}/{}",
+                row.corun_fraction_median
+                    .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
+                row.full_corun_fraction_median
+                    .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v))
+            ),
             row.idle_cpu_share_median
                 .map_or("-".into(), |v| format!("{:.0}%", 100.0 * v)),
         );
@@ -60,6 +66,9 @@ pub fn table(r: &Results) -> String {
             c.runs
         );
     }
+    s += &windows(r);
+    s += "co-run/full = median co-run fraction of the policy's multi-vCPU sets / of full \
+          coscheduling's (measured; - = no such set); idle = the CPUs' idle share (measured).\n";
     s += "predicted = the setup's closed form (modeled: no contention, no costs); simulated = \
           preheat cosched simulate with the measured iteration time, contention and controller \
           cost (simulated). The paper (8 CPUs, \
@@ -69,4 +78,26 @@ pub fn table(r: &Results) -> String {
         s += &format!("note: {n}\n");
     }
     s
+}
+
+/// The runs' start-up and measured windows (for guests: the boot, and the window in which every
+/// guest computed).
+fn windows(r: &Results) -> String {
+    let of = |f: &dyn Fn(&crate::experiment::Cell) -> f64| {
+        let v: Vec<f64> = r.cells.iter().map(f).collect();
+        let m = median(&v).unwrap_or(f64::NAN);
+        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{m:.1} s (range {lo:.1}–{hi:.1}, n={})", v.len())
+    };
+    let start = match r.vms {
+        VmKind::Guests => "booting the guests",
+        VmKind::ThreadGroups => "starting the programs",
+    };
+    format!(
+        "per run (measured, median): {start} to the controller's first slice {}; measured \
+         window {}\n",
+        of(&|c| c.controller_start_s),
+        of(&|c| c.window_s)
+    )
 }

@@ -74,6 +74,12 @@ pub struct GuestVm {
     pub instances: Option<usize>,
     /// How long it runs, seconds of guest time.
     pub seconds: f64,
+    /// It starts computing this long after its threads exist, guest ms [default: 0].
+    #[serde(default)]
+    pub start_delay_ms: Option<u64>,
+    /// Its progress reports come every this many guest ms [default: 1000].
+    #[serde(default)]
+    pub progress_ms: Option<u64>,
 }
 
 /// A run configuration: the VMs.
@@ -238,7 +244,11 @@ fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
         let mut spec = GuestSpec::new(&vm.name, vm.spec.vcpus as u32);
         let threads = g.threads.unwrap_or(vm.spec.vcpus);
         let instances = g.instances.unwrap_or(1);
-        spec.workload = Some(Workload::npb(&g.kernel, threads, g.seconds).instances(instances));
+        let mut w = Workload::npb(&g.kernel, threads, g.seconds)
+            .instances(instances)
+            .start_delay_ms(g.start_delay_ms.unwrap_or(0));
+        w.progress_ms = g.progress_ms.unwrap_or(w.progress_ms);
+        spec.workload = Some(w);
         // partial-auto: host-side detection in QEMU (`preheat-guest::comm`): the guest's RAM
         // only, vCPU threads only, draws from the pages the guest wrote.
         if how.comm.is_some() {

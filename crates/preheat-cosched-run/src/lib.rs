@@ -11,9 +11,10 @@
 //!   executable given as [`watchdog::WatchdogCmd`]: the `preheat` binary's `cosched restore
 //!   --watch`), the restore it and `restore` do, scratch directories left behind.
 //! * [`experiment`] — the paper's experiments (Figures 6/7) at this machine's size, with the
-//!   simulator's prediction beside them; [`bench`](mod@bench) — the controller's overhead.
+//!   simulator's prediction beside them, on thread-group VMs or real QEMU guests (`experiment_vms`:
+//!   the two kinds behind one loop); [`bench`](mod@bench) — the controller's overhead.
 //!
-//! Modules in one direction: `host watchdog` ← `auto` ← `run` ← `experiment` ← `bench`. No
+//! Modules in one direction: `host watchdog` ← `auto` ← `run` ← `experiment_vms` ← `experiment` ← `bench`. No
 //! `unsafe`: scheduling goes through `preheat-cosched` and `preheat-engine`, processes are
 //! started and stopped through `preheat-launch`. Prints nothing: notes go to the caller's
 //! closure, progress to a `preheat_launch::progress::Progress`.
@@ -22,6 +23,7 @@ mod auto;
 pub mod bench;
 pub mod experiment;
 pub mod experiment_report;
+mod experiment_vms;
 pub mod host;
 pub mod run;
 pub mod watchdog;

@@ -68,6 +68,11 @@ pub struct VmOutcome {
     /// The standard output of a program we started (its last line, if JSON, parsed).
     #[serde(skip)]
     pub stdout: String,
+    /// A guest: its workload's progress reports as they arrived, each with the host time, in
+    /// seconds since the run started its VMs (the console is read by QEMU's main loop, so a
+    /// line may arrive late; the report's own time is the guest's).
+    #[serde(skip)]
+    pub progress: Vec<(f64, preheat_npb::Progress)>,
 }
 
 /// The CPUs to use: the given ones (checked) or all online.
@@ -161,7 +166,7 @@ pub fn execute(spec: &HostSpec, p: &Params, verbose: bool, say: &dyn Fn(&str)) -
     let (report, auto_state) = control_loop(&cfg, vcpus, sets, p, &journal, auto_thread)?;
     Ok(Outcome {
         report,
-        vms: stop_vms(&mut vms),
+        vms: stop_vms(&mut vms, launched),
         matrices: auto_state.map(|a| a.matrices).unwrap_or_default(),
         controller_start_s,
     })
@@ -236,8 +241,9 @@ fn control_loop(
 }
 
 /// Let programs that end by themselves (a bounded workload) finish and print, then stop the
-/// rest; what each VM was and printed (a guest: its kernel's summary line, from its console).
-fn stop_vms(vms: &mut [LiveVm]) -> Vec<VmOutcome> {
+/// rest; what each VM was and printed (a guest: its kernel's summary line and progress reports,
+/// from its console, timed from `launched`).
+fn stop_vms(vms: &mut [LiveVm], launched: Instant) -> Vec<VmOutcome> {
     let t0 = Instant::now();
     let wait = || Duration::from_secs(5).saturating_sub(t0.elapsed());
     let mut printed = Vec::with_capacity(vms.len());
@@ -254,23 +260,45 @@ fn stop_vms(vms: &mut [LiveVm]) -> Vec<VmOutcome> {
         // A guest powers off once its kernel has printed its summary.
         printed.push(vm.guest.as_mut().map(|g| {
             let _ = g.wait_exit(wait());
-            g.summary().map(|v| v.to_string()).unwrap_or_default()
+            let summary = g.summary().map(|v| v.to_string()).unwrap_or_default();
+            (summary, guest_progress(g, launched))
         }));
         vm.guest = None;
     }
     vms.iter()
         .zip(printed)
-        .map(|(vm, printed)| VmOutcome {
-            name: vm.name.clone(),
-            pid: vm.pid,
-            vcpus: vm.spec.vcpus,
-            threads: vm.threads.iter().map(|t| t.tid).collect(),
-            stdout: printed.unwrap_or_else(|| {
-                vm.stdout
+        .map(|(vm, printed)| {
+            let (stdout, progress) = printed.unwrap_or_else(|| {
+                let out = vm
+                    .stdout
                     .as_ref()
-                    .and_then(|p| std::fs::read_to_string(p).ok())
-                    .unwrap_or_default()
-            }),
+                    .and_then(|p| std::fs::read_to_string(p).ok());
+                (out.unwrap_or_default(), Vec::new())
+            });
+            VmOutcome {
+                name: vm.name.clone(),
+                pid: vm.pid,
+                vcpus: vm.spec.vcpus,
+                threads: vm.threads.iter().map(|t| t.tid).collect(),
+                stdout,
+                progress,
+            }
+        })
+        .collect()
+}
+
+/// A guest's progress reports, each with its arrival in seconds since `launched`.
+fn guest_progress(
+    g: &preheat_guest::Guest,
+    launched: Instant,
+) -> Vec<(f64, preheat_npb::Progress)> {
+    // QEMU started this long after `launched` (both clocks read now).
+    let offset = launched.elapsed().as_secs_f64() - g.elapsed().as_secs_f64();
+    g.history
+        .iter()
+        .filter_map(|t| match &t.event {
+            preheat_guest::Event::Progress(p) => Some((offset + t.at.as_secs_f64(), p.clone())),
+            _ => None,
         })
         .collect()
 }

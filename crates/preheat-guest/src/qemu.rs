@@ -75,6 +75,14 @@ impl Workload {
         self
     }
 
+    /// The same with `--start-delay-ms MS`: the kernel starts computing this long after its
+    /// threads exist (so a coscheduler can be in place first).
+    pub fn start_delay_ms(mut self, ms: u64) -> Workload {
+        self.args
+            .extend(["--start-delay-ms".into(), ms.to_string()]);
+        self
+    }
+
     /// The kernel command line's `preheat.args=` value (comma-separated), refused when an
     /// argument holds a character the command line or `/init`'s splitting would change.
     pub fn cmdline_value(&self) -> Result<String> {
