@@ -28,14 +28,20 @@ tmp_before=$(tmp_listing)
 # of them fails the run.
 installed=(preheat)
 need=()
+# Go builds the static net/http servers of the pre-flight and observation tests: the official
+# release in /usr/local/go where there is one (this machine kind has it, not always on PATH),
+# else Debian's golang-go.
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  export PATH="$PATH:/usr/local/go/bin"
+fi
 # The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), a
-# server outside the catalog (lighttpd), and the programs the cache-affinity experiments run on
-# fixed inputs (gzip, xz, sqlite3, gcc), and QEMU for the real guests (their image is made from
-# packages apt downloads, never installs: see the guest-image step below).
+# server outside the catalog (lighttpd), the programs the cache-affinity experiments run on
+# fixed inputs (gzip, xz, sqlite3, gcc), QEMU for the real guests (their image is made from
+# packages apt downloads, never installs: see the guest-image step below), and Go.
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
     redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
     lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv \
-    qemu-system-x86:qemu-system-x86_64; do
+    qemu-system-x86:qemu-system-x86_64 golang-go:go; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   installed+=("$bin")
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")

@@ -87,11 +87,16 @@ def run_json(args: Sequence[str], timeout: float = 900) -> Any:
 
 def failure_reason(stderr: str, rc: int | None) -> str:
     """The line that explains a failed CLI run: the one naming scripts/setup-lab.sh or the
-    Debian package, else the last `Error:` / panic line, else the tail of stderr."""
+    Debian package, else the CLI's own `preheat: error: ...` (whole: a refusal of the
+    pre-flight says why and what to do on that line), else the last `Error:` / panic line,
+    else the tail of stderr."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     for i, ln in enumerate(lines):
         if "setup-lab.sh" in ln or "not installed" in ln.lower():
             return " ".join(lines[max(0, i - 1):i + 2])[:600]
+    for i, ln in enumerate(lines):
+        if ln.startswith("preheat: error:"):
+            return " ".join(lines[i:i + 8])[:2000]
     for i, ln in enumerate(lines):
         if ln.startswith("Error") or "panicked" in ln:
             return " ".join(lines[i:i + 3])[:600]

@@ -160,6 +160,14 @@ def test_failure_reason_names_the_setup_script():
     assert "exit code 3" in table1.failure_reason("boom\n", 3)
 
 
+def test_failure_reason_keeps_the_clis_whole_error():
+    fix = "What to do: " + "x" * 700
+    err = ("demo: starting ./srv 8080 on CPU 1\npreheat: error: the agent cannot be loaded into "
+           f"./srv: ./srv is statically linked. {fix}\n")
+    reason = table1.failure_reason(err, 1)
+    assert reason.startswith("preheat: error: the agent cannot be loaded") and fix in reason
+
+
 # ---------------------------------------------------------------------------------------------
 # Real runs
 

@@ -180,17 +180,23 @@ fn start_auto(
     cpus: usize,
     vcpus: &[Vcpu],
 ) -> Result<AutoThread> {
-    preheat_launch::agentctl::wait_for_agents(
-        run_dir,
-        || {
-            vms.iter()
-                .filter(|v| v.started_by_us())
-                .map(|v| v.pid)
-                .collect()
-        },
-        Duration::from_secs(10),
-    )
-    .context("partial-auto needs the agent in every VM it starts")?;
+    let started = || -> Vec<u32> {
+        vms.iter()
+            .filter(|v| v.started_by_us())
+            .map(|v| v.pid)
+            .collect()
+    };
+    if let Err(e) =
+        preheat_launch::agentctl::wait_for_agents(run_dir, started, Duration::from_secs(10))
+    {
+        // Started programs passed the pre-flight: say what each process is now (one may have
+        // run another program the agent cannot reach).
+        let found: String = preheat_launch::preflight::diagnose(&started(), &paths::agent_so()?)
+            .iter()
+            .map(|l| format!("\n  {l}"))
+            .collect();
+        bail!("partial-auto needs the agent in every VM it starts: {e:#}{found}");
+    }
     std::thread::sleep(Duration::from_millis(p.reset_after_ms));
     let a = Auto::new(vms, run_dir, &paths::run_dir(), (p.group_method, p.t), cpus);
     Ok(a.spawn(

@@ -3,14 +3,17 @@
 //! The one parser of them: the launcher's pre-flight asks whether the agent can be loaded into
 //! a program, [`crate::maps`] reads load segments and build-ids through it.
 //!
-//! [`parse_header`] and [`parse_program_headers`] work on bytes and never panic: a truncated or
-//! garbage file is an [`ElfError`] naming what is wrong. [`read`] reads a file with bounded
-//! reads (never more than [`MAX_READ`] at once).
+//! [`parse_header`], [`parse_program_headers`] and [`parse_section_headers`] work on bytes and
+//! never panic: a truncated or garbage file is an [`ElfError`] naming what is wrong. [`read`]
+//! reads a file with bounded reads (never more than [`MAX_READ`] at once); [`section`] finds a
+//! section by name. A Go program's build information: [`go`].
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+
+pub mod go;
 
 /// `p_type` of a loadable segment.
 pub const PT_LOAD: u32 = 1;
@@ -26,6 +29,12 @@ pub const ET_EXEC: u16 = 2;
 pub const ET_DYN: u16 = 3;
 /// `p_flags` bit of an executable segment.
 pub const PF_X: u32 = 1;
+/// `p_flags` bit of a writable segment.
+pub const PF_W: u32 = 2;
+/// `sh_type` of a notes section.
+pub const SHT_NOTE: u32 = 7;
+/// `sh_type` of a section that takes no room in the file (`.bss`).
+pub const SHT_NOBITS: u32 = 8;
 
 /// The most bytes one read of [`read`] takes (headers and interpreter paths are tiny; this only
 /// stops a malformed header from making us allocate gigabytes).
@@ -51,6 +60,12 @@ pub struct Header {
     pub phoff: u64,
     pub phentsize: u16,
     pub phnum: u16,
+    /// Where the section header table is (0: none), its entries' size and number, and the
+    /// index of the section holding the sections' names.
+    pub shoff: u64,
+    pub shentsize: u16,
+    pub shnum: u16,
+    pub shstrndx: u16,
 }
 
 /// One program header (segment).
@@ -169,9 +184,9 @@ pub fn parse_header(b: &[u8]) -> Result<Header, ElfError> {
     };
     let f = Fields { b, le };
     let t = || ElfError::Truncated("file header");
-    let (phoff, ph) = match class {
-        Class::Elf32 => (28, 42),
-        Class::Elf64 => (32, 54),
+    let (phoff, shoff, ph) = match class {
+        Class::Elf32 => (28, 32, 42),
+        Class::Elf64 => (32, 40, 54),
     };
     Ok(Header {
         class,
@@ -181,6 +196,10 @@ pub fn parse_header(b: &[u8]) -> Result<Header, ElfError> {
         phoff: f.word(class, phoff).ok_or_else(t)?,
         phentsize: f.u16(ph).ok_or_else(t)?,
         phnum: f.u16(ph + 2).ok_or_else(t)?,
+        shoff: f.word(class, shoff).ok_or_else(t)?,
+        shentsize: f.u16(ph + 4).ok_or_else(t)?,
+        shnum: f.u16(ph + 6).ok_or_else(t)?,
+        shstrndx: f.u16(ph + 8).ok_or_else(t)?,
     })
 }
 
@@ -216,44 +235,130 @@ impl Header {
     }
 }
 
-/// The program headers from the bytes of their table (as [`Header::program_table`] locates it).
-pub fn parse_program_headers(h: &Header, table: &[u8]) -> Result<Vec<ProgramHeader>, ElfError> {
-    let (_, len) = h.program_table()?;
+/// The `count` entries of `size` bytes each of a header table (`len` bytes of `table`, named
+/// `what` in errors), each read by `entry` from the fields at its offset.
+fn entries<T>(
+    h: &Header,
+    table: &[u8],
+    (len, count, size): (u64, u16, u16),
+    what: &'static str,
+    entry: impl Fn(Fields<'_>, usize) -> Option<T>,
+) -> Result<Vec<T>, ElfError> {
     if (table.len() as u64) < len {
-        return Err(ElfError::Truncated("program headers"));
+        return Err(ElfError::Truncated(what));
     }
     let f = Fields {
         b: table,
         le: h.little_endian,
     };
-    let t = || ElfError::Truncated("program headers");
-    (0..usize::from(h.phnum))
-        .map(|i| {
-            let e = i * usize::from(h.phentsize);
-            Ok(match h.class {
-                Class::Elf32 => ProgramHeader {
-                    kind: f.u32(e).ok_or_else(t)?,
-                    offset: f.u32(e + 4).ok_or_else(t)?.into(),
-                    filesz: f.u32(e + 16).ok_or_else(t)?.into(),
-                    flags: f.u32(e + 24).ok_or_else(t)?,
-                    align: f.u32(e + 28).ok_or_else(t)?.into(),
-                },
-                Class::Elf64 => ProgramHeader {
-                    kind: f.u32(e).ok_or_else(t)?,
-                    flags: f.u32(e + 4).ok_or_else(t)?,
-                    offset: f.u64(e + 8).ok_or_else(t)?,
-                    filesz: f.u64(e + 32).ok_or_else(t)?,
-                    align: f.u64(e + 48).ok_or_else(t)?,
-                },
-            })
-        })
+    (0..usize::from(count))
+        .map(|i| entry(f, i * usize::from(size)).ok_or(ElfError::Truncated(what)))
         .collect()
+}
+
+/// The program headers from the bytes of their table (as [`Header::program_table`] locates it).
+pub fn parse_program_headers(h: &Header, table: &[u8]) -> Result<Vec<ProgramHeader>, ElfError> {
+    let (_, len) = h.program_table()?;
+    let shape = (len, h.phnum, h.phentsize);
+    entries(h, table, shape, "program headers", |f, e| {
+        Some(match h.class {
+            Class::Elf32 => ProgramHeader {
+                kind: f.u32(e)?,
+                offset: f.u32(e + 4)?.into(),
+                filesz: f.u32(e + 16)?.into(),
+                flags: f.u32(e + 24)?,
+                align: f.u32(e + 28)?.into(),
+            },
+            Class::Elf64 => ProgramHeader {
+                kind: f.u32(e)?,
+                flags: f.u32(e + 4)?,
+                offset: f.u64(e + 8)?,
+                filesz: f.u64(e + 32)?,
+                align: f.u64(e + 48)?,
+            },
+        })
+    })
+}
+
+/// One section header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SectionHeader {
+    /// Offset of its name in the section-name table.
+    pub name: u32,
+    /// `sh_type` ([`SHT_NOTE`], [`SHT_NOBITS`], ...).
+    pub kind: u32,
+    pub offset: u64,
+    pub size: u64,
+    pub align: u64,
+}
+
+impl Header {
+    /// Where the section header table is: file offset and length in bytes; `None` if there is
+    /// none we read (no table, extended numbering, entries too small, over [`MAX_READ`]).
+    pub fn section_table(&self) -> Option<(u64, u64)> {
+        let min = match self.class {
+            Class::Elf32 => 40,
+            Class::Elf64 => 64,
+        };
+        if self.shoff == 0 || self.shnum == 0 || self.shentsize < min {
+            return None;
+        }
+        let len = u64::from(self.shentsize) * u64::from(self.shnum);
+        (len <= MAX_READ).then_some((self.shoff, len))
+    }
+}
+
+/// The section headers from the bytes of their table (as [`Header::section_table`] locates it).
+pub fn parse_section_headers(h: &Header, table: &[u8]) -> Result<Vec<SectionHeader>, ElfError> {
+    let Some((_, len)) = h.section_table() else {
+        return Ok(Vec::new());
+    };
+    let (off, size, align) = match h.class {
+        Class::Elf32 => (16, 20, 32),
+        Class::Elf64 => (24, 32, 48),
+    };
+    let shape = (len, h.shnum, h.shentsize);
+    entries(h, table, shape, "section headers", |f, e| {
+        Some(SectionHeader {
+            name: f.u32(e)?,
+            kind: f.u32(e + 4)?,
+            offset: f.word(h.class, e + off)?,
+            size: f.word(h.class, e + size)?,
+            align: f.word(h.class, e + align)?,
+        })
+    })
+}
+
+/// The section headers of the open ELF file `f` (of length `len`) with header `h`; `None` if
+/// it has no table we read.
+pub(crate) fn section_headers(f: &File, len: u64, h: &Header) -> Option<Vec<SectionHeader>> {
+    let (off, size) = h.section_table()?;
+    let table = read_at(f, len, off, size)?;
+    parse_section_headers(h, &table).ok()
+}
+
+/// The section named `name` of the ELF file at `path` (by the section-name table); `None` if
+/// it has none, no section headers, or is no ELF file we read.
+pub fn section(path: &Path, name: &str) -> Option<SectionHeader> {
+    let f = File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    let h = parse_header(&read_at(&f, len, 0, len.min(64))?).ok()?;
+    let sections = section_headers(&f, len, &h)?;
+    let names = sections.get(usize::from(h.shstrndx))?;
+    let names = read_at(&f, len, names.offset, names.size)?;
+    sections.into_iter().find(|s| {
+        usize::try_from(s.name)
+            .ok()
+            .and_then(|at| names.get(at..))
+            .and_then(|n| n.split(|c| *c == 0).next())
+            == Some(name.as_bytes())
+    })
 }
 
 /// One note of a notes segment or section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Note<'a> {
-    /// The owner's name without its terminating NUL ("GNU", "Go", ...).
+    /// The owner's name without its terminating NULs ("GNU", "Go", ...).
     pub name: &'a [u8],
     pub kind: u32,
     pub desc: &'a [u8],
@@ -276,8 +381,10 @@ pub fn notes(data: &[u8], align: u64) -> Vec<Note<'_>> {
         let desc_start = up(name_end)?;
         let desc_end = desc_start.checked_add(descsz)?;
         let name = data.get(name_start..name_end)?;
+        // The size counts the terminating NUL, and the Go linker pads its "Go" to 4 bytes.
+        let name_len = name.iter().rposition(|c| *c != 0).map_or(0, |i| i + 1);
         out.push(Note {
-            name: name.strip_suffix(b"\0").unwrap_or(name),
+            name: name.get(..name_len).unwrap_or(name),
             kind,
             desc: data.get(desc_start..desc_end)?,
         });
@@ -447,8 +554,9 @@ mod tests {
 
     #[test]
     fn notes_are_read_up_to_the_first_malformed_one() {
+        // As the Go linker writes it: the name's size 4, "Go" padded with two NULs.
         let mut go = Vec::new();
-        go.extend(3u32.to_le_bytes());
+        go.extend(4u32.to_le_bytes());
         go.extend(2u32.to_le_bytes());
         go.extend(4u32.to_le_bytes());
         go.extend(b"Go\0\0ab\0\0");
@@ -467,6 +575,41 @@ mod tests {
         assert!(notes(&[0xff; 11], 4).is_empty());
         let huge = [0xffu8; 12];
         assert!(notes(&huge, 8).is_empty());
+    }
+
+    #[test]
+    fn sections_by_name_in_a_crafted_file_and_this_binary() {
+        // Two sections after the header: the names, then ".go.buildinfo" (both 32 bytes).
+        let names = b"\0.shstrtab\0.go.buildinfo\0\0\0\0\0\0\0";
+        let data_at = 64 + 56;
+        let mut b = elf64(ET_EXEC, &[(PT_LOAD, 0, 64)], names);
+        b.extend([7u8; 32]);
+        let shoff = b.len() as u64;
+        for (name, kind, off) in [(0u32, 0u32, 0u64), (1, 3, data_at), (11, 1, data_at + 32)] {
+            let mut e = vec![0u8; 64];
+            e[..4].copy_from_slice(&name.to_le_bytes());
+            e[4..8].copy_from_slice(&kind.to_le_bytes());
+            e[24..32].copy_from_slice(&off.to_le_bytes());
+            e[32..40].copy_from_slice(&32u64.to_le_bytes());
+            b.extend(e);
+        }
+        b[40..48].copy_from_slice(&shoff.to_le_bytes());
+        b[58..60].copy_from_slice(&64u16.to_le_bytes());
+        b[60..62].copy_from_slice(&3u16.to_le_bytes());
+        b[62..64].copy_from_slice(&1u16.to_le_bytes());
+        let f = file(&b);
+        let s = section(f.path(), ".go.buildinfo").unwrap();
+        assert_eq!((s.offset, s.size, s.kind), (data_at + 32, 32, 1));
+        assert_eq!(section(f.path(), ".shstrtab").unwrap().kind, 3);
+        assert_eq!(section(f.path(), ".go"), None, "whole names only");
+        // A table cut short is no table; so are entries too small for their class.
+        assert_eq!(section(file(&b[..b.len() - 1]).path(), ".shstrtab"), None);
+        b[58..60].copy_from_slice(&32u16.to_le_bytes());
+        assert_eq!(section(file(&b).path(), ".shstrtab"), None);
+        let me = Path::new("/proc/self/exe");
+        assert!(section(me, ".text").is_some_and(|s| s.size > 0));
+        assert_eq!(section(me, ".go.buildinfo"), None);
+        assert_eq!(section(Path::new("/dev/null"), ".text"), None);
     }
 
     #[test]

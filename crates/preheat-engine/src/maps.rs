@@ -177,30 +177,12 @@ pub fn elf_load_segments(path: &str) -> Option<Vec<ElfSegment>> {
     )
 }
 
-fn u16_at(b: &[u8], o: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
-}
-fn u32_at(b: &[u8], o: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
-}
-fn u64_at(b: &[u8], o: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
-}
-
 fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
-    const SHT_NOTE: u32 = 7;
-    let h = read_at(f, file_len, 0, 64)?;
-    if h[0..4] != *b"\x7fELF" || h[4] != 2 /* ELFCLASS64 */ || h[5] != 1
-    /* ELFDATA2LSB */
-    {
+    let header = elf::parse_header(&read_at(f, file_len, 0, file_len.min(64))?).ok()?;
+    if !header.little_endian {
         return None;
     }
-    let shoff = u64_at(&h, 0x28)?;
-    let shentsize = u16_at(&h, 0x3a)? as u64;
-    let shnum = u16_at(&h, 0x3c)? as u64;
-
     // Program headers: PT_NOTE segments (present in every linked executable and library).
-    let header = elf::parse_header(&h).ok()?;
     let table = header
         .program_table()
         .ok()
@@ -215,23 +197,12 @@ fn build_id_of(f: &File, file_len: u64) -> Option<Vec<u8>> {
         }
     }
     // Section headers: SHT_NOTE sections (object files, or stripped program headers).
-    if shoff != 0 && shentsize >= 64 && shnum > 0 {
-        if let Some(tab) = read_at(f, file_len, shoff, shentsize * shnum) {
-            for i in 0..shnum as usize {
-                let e = &tab[i * shentsize as usize..];
-                if u32_at(e, 4)? != SHT_NOTE {
-                    continue;
-                }
-                let (off, size, align) = (u64_at(e, 24)?, u64_at(e, 32)?, u64_at(e, 48)?);
-                if let Some(id) =
-                    read_at(f, file_len, off, size).and_then(|n| find_gnu_build_id(&n, align))
-                {
-                    return Some(id);
-                }
-            }
-        }
-    }
-    None
+    elf::section_headers(f, file_len, &header)?
+        .iter()
+        .filter(|s| s.kind == elf::SHT_NOTE)
+        .find_map(|s| {
+            read_at(f, file_len, s.offset, s.size).and_then(|n| find_gnu_build_id(&n, s.align))
+        })
 }
 
 /// The descriptor of the first `NT_GNU_BUILD_ID` note named "GNU" in `data`.

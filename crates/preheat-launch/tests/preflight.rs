@@ -135,6 +135,13 @@ impl Built {
         preflight::check(program.to_str().unwrap(), &self.probe, Needs::Hooks)
     }
 
+    /// The refusal of `program` where the agent `needs` only to load (communication detection).
+    fn refused_to_load(&self, program: &Path) -> String {
+        preflight::check(program.to_str().unwrap(), &self.probe, Needs::Load)
+            .unwrap_err()
+            .to_string()
+    }
+
     /// The pre-flight's verdict on `program`, which runs `last` in the end, agrees with a real
     /// run, and it is `expect_ok`; a refusal names `word`. Returns the refusal's text.
     fn agrees(&self, program: &Path, expect_ok: bool, word: &str) -> String {
@@ -342,7 +349,7 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
     let e = b.check(&i386).unwrap_err().to_string();
     assert!(e.contains("32-bit i386") && e.contains("64-bit"), "{e}");
     // A dynamically linked Go program (crafted: its interpreter, a Go build-id note): the agent
-    // loads, but its hooks would see no request.
+    // would load, but its hooks would see no request, nor detection work.
     let go = crafted_go(&interp);
     let path = d.join("go-server");
     std::fs::write(&path, &go).unwrap();
@@ -352,7 +359,8 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
         e.contains("is a Go program") && e.contains("C library"),
         "{e}"
     );
-    preflight::check(path.to_str().unwrap(), &b.probe, Needs::Load).unwrap();
+    let e = b.refused_to_load(&path);
+    assert!(e.contains("communication detection"), "{e}");
     // Not executable, not there.
     let plain = write(d, "plain", PROG_C, 0o644);
     assert!(b
@@ -382,6 +390,68 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
     refused(&a, "levels of #! interpreters");
 }
 
+/// A Go program that does nothing.
+const GO_PROG: &str = "package main\n\nfunc main() {}\n";
+
+#[test]
+fn real_go_programs_static_bare_and_dynamic() {
+    let Some(b) = build() else { return };
+    let d = b.dir.path();
+    let go = |name: &str, env: &[(&str, &str)], flags: &[&str]| {
+        let out = d.join(name);
+        match preheat_testsupport::try_go_build(GO_PROG, &out, env, flags)? {
+            Ok(p) => Some(p),
+            Err(e) => panic!("go build of {name}: {e}"),
+        }
+    };
+    // CGO_ENABLED=0, Go's default for many deployments: static, and said to be Go.
+    let Some(stat) = go("go-static", &[("CGO_ENABLED", "0")], &[]) else {
+        return;
+    };
+    let text = b.agrees(&stat, false, "is a statically linked Go program (go1.");
+    assert!(text.contains("built with CGO_ENABLED=0"), "{text}");
+    assert!(
+        text.contains("preheat observe --pid") && text.contains("-linkmode=external"),
+        "says what to do: {text}"
+    );
+    // Nor for preheat comm: rebuilt, the agent would load, but detection fails in Go.
+    let e = b.refused_to_load(&stat);
+    assert!(
+        e.contains("communication detection") && e.contains("What to do: none with the agent"),
+        "{e}"
+    );
+    // A reproducible build (no build-id note, no symbols) is known by its build information.
+    let bare = go(
+        "go-bare",
+        &[("CGO_ENABLED", "0")],
+        &["-trimpath", "-ldflags=-s -w -buildid="],
+    )
+    .unwrap();
+    assert!(
+        !preheat_engine::elf::read(&bare).unwrap().is_go(),
+        "no Go build-id note"
+    );
+    b.agrees(&bare, false, "statically linked Go program");
+    // Dynamically linked (cgo, the C linker; no build-id note either): the agent loads, as
+    // the message says, but neither its hooks nor communication detection would work.
+    let dynamic = go(
+        "go-dynamic",
+        &[("CGO_ENABLED", "1")],
+        &["-ldflags=-linkmode=external -buildid="],
+    )
+    .unwrap();
+    assert!(b.loads(&dynamic).unwrap(), "the probe loads into it");
+    let e = b.check(&dynamic).unwrap_err().to_string();
+    assert!(
+        e.contains("is a Go program (go1.")
+            && e.contains("CGO_ENABLED=1): the agent would load, but its hooks would see no")
+            && e.contains("preheat observe --pid"),
+        "{e}"
+    );
+    let e = b.refused_to_load(&dynamic);
+    assert!(e.contains("communication detection"), "{e}");
+}
+
 /// A 64-bit x86-64 ELF header with an interpreter `interp` and a Go build-id note.
 fn crafted_go(interp: &str) -> Vec<u8> {
     let mut b = vec![0u8; 64];
@@ -392,8 +462,9 @@ fn crafted_go(interp: &str) -> Vec<u8> {
     b[54] = 56; // e_phentsize
     b[56] = 2; // e_phnum
     let data = 64 + 2 * 56;
+    // As the Go linker writes it: the owner's size 4 ("Go" and two NULs), 2 bytes of id.
     let mut note = Vec::new();
-    for v in [3u32, 2, 4] {
+    for v in [4u32, 2, 4] {
         note.extend(v.to_le_bytes());
     }
     note.extend(b"Go\0\0id\0\0");

@@ -192,32 +192,10 @@ fn static_go_http_server() {
     if !permitted() {
         return;
     }
-    let Some(go) = preheat_engine::host::find_program("go") else {
-        preheat_testsupport::skip(
-            "go",
-            "no Go toolchain (go) to build the static net/http server",
-        );
+    let dir = tempfile::tempdir().unwrap();
+    let Some(exe) = preheat_testsupport::go_static_http_server(dir.path()) else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        servers_dir().join("http_server.go"),
-        dir.path().join("main.go"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("go.mod"), "module obsgo\n\ngo 1.21\n").unwrap();
-    let o = Command::new(go)
-        .args(["build", "-o", "srv", "."])
-        .env("CGO_ENABLED", "0")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "go build: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    let exe = dir.path().join("srv");
     let elf = std::fs::read(&exe).unwrap();
     assert!(
         !elf.windows(7).any(|w| w == b"ld-linux"),

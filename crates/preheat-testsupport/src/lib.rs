@@ -216,6 +216,94 @@ pub fn try_compile_c(src: &Path, out: &Path, flags: &[&str]) -> Option<Result<Pa
     })
 }
 
+/// The Go toolchain: `go` on `PATH`, else the official release's `/usr/local/go/bin/go`;
+/// `None` when there is none (the skip is reported as `go`, naming `what` needed it).
+pub fn go_toolchain(what: &str) -> Option<PathBuf> {
+    let go = find_program("go").or_else(|| {
+        let p = PathBuf::from("/usr/local/go/bin/go");
+        p.is_file().then_some(p)
+    });
+    if go.is_none() {
+        skip("go", &format!("no Go toolchain (go) to build {what}"));
+    }
+    go
+}
+
+/// Build the Go program `source` (the text of one `package main` file) into `out` with `go
+/// build FLAGS` and the environment `env` (e.g. `CGO_ENABLED=0`): `None` when there is no Go
+/// toolchain (the skip is reported as `go`), `Err` with go's messages when the build fails.
+/// Its module is made in `OUT.src` beside `out` (so it goes with the caller's temporary
+/// directory); no module is downloaded (`GOFLAGS=-mod=mod`, no dependencies), nor a toolchain
+/// (`GOTOOLCHAIN=local`). Go's build cache is its default (a rebuild takes seconds), or inside
+/// `OUT.src` where there is no home directory for it.
+pub fn try_go_build(
+    source: &str,
+    out: &Path,
+    env: &[(&str, &str)],
+    flags: &[&str],
+) -> Option<Result<PathBuf, String>> {
+    let go = go_toolchain(&out.display().to_string())?;
+    let dir = out.with_extension("src");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("main.go"), source))
+        .and_then(|()| std::fs::write(dir.join("go.mod"), "module preheattest\n\ngo 1.19\n"));
+    if let Err(e) = written {
+        return Some(Err(format!("writing the module in {}: {e}", dir.display())));
+    }
+    let mut cmd = std::process::Command::new(go);
+    cmd.args(["build", "-o"])
+        .arg(out)
+        .args(flags)
+        .arg(".")
+        .current_dir(&dir)
+        .stdin(std::process::Stdio::null())
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local")
+        .envs(env.iter().copied());
+    let homeless = ["HOME", "XDG_CACHE_HOME"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_none_or(|h| h.is_empty()));
+    if homeless {
+        cmd.env("GOCACHE", dir.join("gocache"))
+            .env("GOPATH", dir.join("gopath"));
+    }
+    let o = cmd.output().expect("running go build");
+    Some(if o.status.success() {
+        Ok(out.to_path_buf())
+    } else {
+        Err(String::from_utf8_lossy(&o.stderr).into_owned())
+    })
+}
+
+/// A Go `net/http` server on 127.0.0.1:`PORT` (its one argument) that answers every request
+/// "pong\n". Built with [`try_go_build`] and `CGO_ENABLED=0` it is statically linked, as Go's
+/// default for many deployments.
+pub const GO_HTTP_SERVER: &str = r#"package main
+
+import (
+	"net/http"
+	"os"
+)
+
+func main() {
+	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("pong\n")) })
+	if err := http.ListenAndServe("127.0.0.1:"+os.Args[1], nil); err != nil {
+		os.Stderr.WriteString(err.Error() + "\n")
+		os.Exit(1)
+	}
+}
+"#;
+
+/// [`GO_HTTP_SERVER`] built statically (`CGO_ENABLED=0`) into `dir/go-http-server`; `None`
+/// when there is no Go toolchain (the skip is reported as `go`). A failing build panics.
+pub fn go_static_http_server(dir: &Path) -> Option<PathBuf> {
+    let out = dir.join("go-http-server");
+    match try_go_build(GO_HTTP_SERVER, &out, &[("CGO_ENABLED", "0")], &[])? {
+        Ok(p) => Some(p),
+        Err(e) => panic!("building the Go net/http server failed: {e}"),
+    }
+}
+
 /// A free loopback TCP port (the engine's [`preheat_engine::host::free_port`]; good enough for
 /// a test server that is started right after: it retries or fails clearly if the port was taken
 /// meanwhile).
