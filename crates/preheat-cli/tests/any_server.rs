@@ -180,6 +180,96 @@ fn demo_on_a_prefork_lighttpd() {
     assert_no_agent_sockets(&rd);
 }
 
+/// lighttpd with two event-loop workers and keep-alive off: every request is a new connection
+/// that either worker may accept, and which one does changes with the moment (measured: one
+/// worker served all of the demo's first requests, then 7–29 of 60 measured requests per mode
+/// went to the other, unannounced one). A worker that serves a measured request unannounced
+/// joins the announced set at once: each worker is missed at most once. The working set is
+/// recorded with keep-alive on (the probe cannot choose the worker of a fresh connection).
+#[test]
+fn demo_on_a_prefork_lighttpd_that_closes_connections() {
+    let _one = serial();
+    let tmp = tmpdir();
+    let rd = run_dir(&tmp);
+    let body = page();
+    let site = |dir: &str, port: u16, extra: &str| {
+        let d = tmp.path().join(dir);
+        std::fs::create_dir_all(&d).unwrap();
+        preheat_testsupport::lighttpd_site(&d, port, &[("index.html", body.as_bytes())], extra)
+    };
+    let (ka_port, port) = (
+        preheat_testsupport::free_port(),
+        preheat_testsupport::free_port(),
+    );
+    let Some((exe, ka_conf)) = site("keepalive", ka_port, "server.max-worker = 2\n") else {
+        return preheat_testsupport::skip("lighttpd", "lighttpd is not installed");
+    };
+    let (_, conf) = site(
+        "close",
+        port,
+        "server.max-worker = 2\nserver.max-keep-alive-requests = 0\n",
+    )
+    .unwrap();
+    let profile = tmp.path().join("lighttpd.phws");
+    let ka = ka_port.to_string();
+    ok(
+        &[
+            "record",
+            "--backend",
+            "probe",
+            "--samples",
+            "4",
+            "--keep",
+            "3",
+            "--out",
+            profile.to_str().unwrap(),
+            "--port",
+            &ka,
+            "--request",
+            "GET /index.html HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n",
+            "--until",
+            "</html>\\n",
+            "--",
+            exe.to_str().unwrap(),
+            "-D",
+            "-f",
+            ka_conf.to_str().unwrap(),
+        ],
+        &rd,
+    );
+    let opts = [
+        "--rounds",
+        "12",
+        "--lead-us",
+        "300",
+        "--strategies",
+        "replay,wake+lines+replay",
+        "--profile",
+        profile.to_str().unwrap(),
+    ];
+    let v = demo_with(
+        &rd,
+        port,
+        &opts,
+        &[exe.to_str().unwrap(), "-D", "-f", conf.to_str().unwrap()],
+    );
+    let announced = v["serving_pids"].as_array().unwrap().len();
+    let missed = v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["served_by_preheated"] == false)
+        .count();
+    assert!(
+        missed < announced,
+        "{missed} measured requests reached no announced worker, {announced} announced \
+         ({:?}): a worker that served one unannounced did not join",
+        v["serving_pids"]
+    );
+    assert_acted(&v, "preheat:replay");
+    assert_no_agent_sockets(&rd);
+}
+
 /// What the Python servers' tests share: python3, a temp dir (keep it alive), its run dir, and
 /// `www/index.html` to serve.
 struct PythonSite {

@@ -5,11 +5,12 @@
 //! * [`hot`] – the hot floor: every CPU kept out of idle while a warm request is served;
 //! * [`read_saved_choice`] – a demo's `auto` choice read back from its `--out` JSON.
 //!
-//! Modules in one direction: `hot custom params mode` ← `measure table` ← `pilot` ← `run` ←
+//! Modules in one direction: `hot custom params mode` ← `join` ← `measure table` ← `pilot` ← `run` ←
 //! `render`; `saved` stands alone.
 
 mod custom;
 pub mod hot;
+mod join;
 mod measure;
 mod mode;
 mod params;

@@ -9,6 +9,7 @@ use anyhow::Result;
 use preheat_model::proto::{Announcement, Strategies};
 
 use crate::hot::KeepAwake;
+use crate::join::Join;
 use crate::mode::{agent_preheat, AgentView, Mode, Sample, WakeAs};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
@@ -21,6 +22,10 @@ pub(crate) struct Bench<'a> {
     /// to any worker (each is announced to, like `agent`).
     pub others: Vec<AgentClient>,
     pub announcer: Announcer,
+    /// The server's other agents, which join `others` once one serves a measured request.
+    pub join: Join,
+    /// The agents' run directory (a joining agent's trigger socket is there).
+    pub run_dir: std::path::PathBuf,
     pub sweep: preheat_engine::sweep::EvictionBuffer,
     pub keep_awake: Option<&'a KeepAwake>,
     pub wake: WakeAs,
@@ -132,6 +137,12 @@ impl Bench<'_> {
             return Ok(s);
         };
         let view = &views[i];
+        if before.is_some() && self.spare_served(&views, t_send)? {
+            // A worker that was not announced to served it: what it measured is not a
+            // preheated process's (and from the next request on, it is announced to).
+            s.served_by_preheated = Some(false);
+            return Ok(s);
+        }
         if view.last_start_ns >= t_send.saturating_sub(self.lead_us * 1000) {
             s.server_start_us = (view.last_start_ns as f64 - t_send as f64) / 1e3;
         }
@@ -147,6 +158,25 @@ impl Bench<'_> {
             s.fill_agent(&b[i].preheat, &view.preheat);
         }
         Ok(s)
+    }
+
+    /// Whether a spare served the request sent at `t_send` (no announced agent's busy period
+    /// started then, a spare's did); that spare then joins the announced agents.
+    fn spare_served(&mut self, views: &[AgentView], t_send: u64) -> Result<bool> {
+        let from = t_send.saturating_sub(crate::join::SLACK_NS);
+        if self.join.spares.is_empty() || views.iter().any(|v| v.last_start_ns >= from) {
+            return Ok(false);
+        }
+        let Some((pid, c)) = self.join.served_by_spare(t_send)? else {
+            return Ok(false);
+        };
+        eprintln!(
+            "demo: pid {pid} served a measured request without being announced to: it gets the \
+             working set and the warm-up and is announced to from now on"
+        );
+        self.announcer.add(&self.run_dir, pid);
+        self.others.push(c);
+        Ok(true)
     }
 
     /// What every preheated agent saw: `agent` first, then `others`.

@@ -41,6 +41,7 @@ use preheat_launch::progress::Progress;
 use preheat_launch::servers;
 
 use crate::custom;
+use crate::join::{configure, Join};
 use crate::measure::Bench;
 use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
 use crate::params::DemoParams;
@@ -411,12 +412,14 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let ws_stats = working_set(&profile_path, port)?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     let can_replay = configure_replay(&mut agent, &w, port, &mut modes, &mut skipped)?;
-    let others = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
+    let (others, join) = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
     let mut bench = Bench {
         client,
         agent,
         others,
         announcer: Announcer::new(&server.run_dir, &serving.all)?,
+        join,
+        run_dir: server.run_dir.clone(),
         sweep: preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
         keep_awake: keep_awake.as_ref(),
         wake,
@@ -440,12 +443,13 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
+    let serving_pids = [serving.all, std::mem::take(&mut bench.join.joined)].concat();
     drop(bench);
     drop(keep_awake);
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
     Ok(Output {
-        serving_pids: serving.all,
+        serving_pids,
         server: server.spec.name.clone(),
         machine: machine(ncpu),
         label: "measured",
@@ -493,31 +497,35 @@ fn find_serving(
 
 /// The agents of the server's processes other than the primary that serve the port (see
 /// [`serving_agents`]): each gets the profile and, where the primary replays, the same warm-up.
+/// The server's remaining agents go to `join`'s spares (they join once one serves a measured
+/// request: [`crate::join`]).
 fn configure_others(
     server: &preheat_launch::launch::Server,
     serving: &preheat_estimate::serving::Serving,
-    profile: &std::path::Path,
+    profile: &Path,
     w: &servers::Workload,
     replay: bool,
-) -> Result<Vec<AgentClient>> {
+) -> Result<(Vec<AgentClient>, Join)> {
+    let mut join = Join {
+        port: server.spec.port,
+        profile: profile.to_path_buf(),
+        warm_up: replay.then(|| warm_up_request(w)),
+        spares: Vec::new(),
+        joined: Vec::new(),
+    };
     let mut out = Vec::new();
     for &pid in serving.all.iter().filter(|p| **p != serving.primary) {
         let mut c = AgentClient::connect(&server.run_dir, pid)?;
-        c.call(&Request::LoadProfile {
-            path: profile.to_string_lossy().into_owned(),
-        })?;
-        if replay {
-            let (replay, replay_until) = warm_up_request(w);
-            c.call(&Request::Configure {
-                port: server.spec.port,
-                replay,
-                replay_until,
-                split_cpus: vec![],
-            })?;
-        }
+        configure(&mut c, join.port, &join.profile, join.warm_up.as_ref())?;
         out.push(c);
     }
-    Ok(out)
+    for pid in server.agent_pids() {
+        if !serving.all.contains(&pid) {
+            join.spares
+                .push((pid, AgentClient::connect(&server.run_dir, pid)?));
+        }
+    }
+    Ok((out, join))
 }
 
 /// (online CPUs, the server's CPU, the client's CPU): the server on `--server-cpu` or the

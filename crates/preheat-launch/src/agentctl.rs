@@ -121,6 +121,11 @@ impl Announcer {
         })
     }
 
+    /// Announce to the agent of `pid` too, from the next [`Announcer::send`] on.
+    pub fn add(&mut self, run_dir: &Path, pid: u32) {
+        self.targets.push(paths::trigger_socket(run_dir, pid));
+    }
+
     /// Send `a` (its seq is filled in) to every target; returns how many accepted it.
     pub fn send(&mut self, mut a: Announcement) -> usize {
         self.seq += 1;
