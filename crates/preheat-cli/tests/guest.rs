@@ -261,15 +261,7 @@ mod timing {
             assert_eq!(x.len(), 2, "{k}: {v}");
             assert!(x.iter().all(|x| x.as_f64().unwrap() > 0.5), "{k}: {v}");
         }
-        assert!(
-            qemu_of(&rd).is_empty(),
-            "QEMU left running: {:?}",
-            qemu_of(&rd)
-        );
-        let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
-            .map(|d| d.flatten().collect())
-            .unwrap_or_default();
-        assert!(journal.is_empty(), "journal entries left: {journal:?}");
+        nothing_left(&rd);
     }
 
     /// `cosched experiment --guests` at its smallest (one kernel, double, every policy, one
@@ -340,16 +332,21 @@ mod timing {
             assert!((0.0..=1.0).contains(&full), "{r}");
         }
         assert!(v["calibration"][0]["alone_iteration_us"].as_f64().unwrap() > 0.0);
-        assert!(
-            qemu_of(&rd).is_empty(),
-            "QEMU left running: {:?}",
-            qemu_of(&rd)
-        );
-        let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
-            .map(|d| d.flatten().collect())
-            .unwrap_or_default();
-        assert!(journal.is_empty(), "journal entries left: {journal:?}");
+        nothing_left(&rd);
     }
+}
+
+/// No QEMU of this run directory left running, no guest left in its journal.
+fn nothing_left(rd: &std::path::Path) {
+    assert!(
+        qemu_of(rd).is_empty(),
+        "QEMU left running: {:?}",
+        qemu_of(rd)
+    );
+    let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(journal.is_empty(), "journal entries left: {journal:?}");
 }
 
 /// QEMU processes started with this run directory (they inherit `PREHEAT_RUN_DIR` from the
