@@ -74,12 +74,15 @@ pub enum Which {
         /// Paired repetitions (>= 5 for a headline).
         #[arg(long, default_value_t = 5)]
         reps: usize,
-        /// Seconds per run.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
+        /// Seconds per run [default: 3; 8 with --guest].
+        #[arg(long)]
+        seconds: Option<f64>,
         /// Slice length, ms.
         #[arg(long, default_value_t = 10.0)]
         slice_ms: f64,
+        /// One 2-vCPU QEMU guest (booted per run; goal >= 0.95) instead of a thread group.
+        #[arg(long)]
+        guest: bool,
     },
     /// Simulator speed: simulated CPU-seconds per wall second (`preheat cosched simulate`).
     Cosim {
@@ -172,7 +175,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             reps,
             seconds,
             slice_ms,
-        } => crate::cosched::bench::run(&kernel, reps, seconds, slice_ms, a.json),
+            guest,
+        } => crate::cosched::bench::run(&kernel, reps, (seconds, guest), slice_ms, a.json),
         Which::Comm {
             kernels,
             reps,

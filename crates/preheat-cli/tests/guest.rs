@@ -212,6 +212,58 @@ mod timing {
         assert_eq!(start_ticks(pid), None, "{policy}: QEMU {pid} is gone");
     }
 
+    /// `bench cosched --guest` at its smallest (one pair of 2 s runs): the guest's phases/s
+    /// under plain Linux and under full, their ratio with its sample count and the goal, every
+    /// run's window and boot, labeled measured, and no QEMU or journal entry left. In `timing`
+    /// for its load (two boots keep both CPUs busy); no measured value is asserted.
+    #[test]
+    fn bench_cosched_on_a_real_guest() {
+        if !qemu_or_skip() || !common::realtime_or_skip("bench_cosched_on_a_real_guest") {
+            return;
+        }
+        let _serial = common::serial();
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let args = [
+            "bench",
+            "cosched",
+            "--guest",
+            "--reps",
+            "1",
+            "--seconds",
+            "2",
+            "--json",
+        ];
+        let out = ok(&args, &rd);
+        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(
+            (
+                v["label"].as_str(),
+                v["rate_unit"].as_str(),
+                v["order"].as_str()
+            ),
+            (Some("measured"), Some("phases/s"), Some("ABBA")),
+            "{v}"
+        );
+        assert_eq!(v["goal"].as_f64(), Some(0.95));
+        assert!(
+            v["vm"].as_str().unwrap().contains("2-vCPU QEMU guest"),
+            "{v}"
+        );
+        assert_eq!(v["ratio"]["n"].as_u64(), Some(1), "{v}");
+        for k in ["none_rates", "full_rates", "ratios"] {
+            let x = v[k].as_array().unwrap();
+            assert_eq!(x.len(), 1, "{k}: {v}");
+            assert!(x[0].as_f64().is_some_and(|x| x > 0.0), "{k}: {v}");
+        }
+        for k in ["windows_s", "boot_s"] {
+            let x = v[k].as_array().unwrap();
+            assert_eq!(x.len(), 2, "{k}: {v}");
+            assert!(x.iter().all(|x| x.as_f64().unwrap() > 0.5), "{k}: {v}");
+        }
+        nothing_left(&rd);
+    }
+
     /// `cosched experiment --guests` at its smallest (one kernel, double, every policy, one
     /// repetition of 3 s, one calibration boot): every policy's row with its prediction and the
     /// simulator beside it, the co-run fraction of full's 2-vCPU set, every run's foreign load
@@ -280,16 +332,21 @@ mod timing {
             assert!((0.0..=1.0).contains(&full), "{r}");
         }
         assert!(v["calibration"][0]["alone_iteration_us"].as_f64().unwrap() > 0.0);
-        assert!(
-            qemu_of(&rd).is_empty(),
-            "QEMU left running: {:?}",
-            qemu_of(&rd)
-        );
-        let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
-            .map(|d| d.flatten().collect())
-            .unwrap_or_default();
-        assert!(journal.is_empty(), "journal entries left: {journal:?}");
+        nothing_left(&rd);
     }
+}
+
+/// No QEMU of this run directory left running, no guest left in its journal.
+fn nothing_left(rd: &std::path::Path) {
+    assert!(
+        qemu_of(rd).is_empty(),
+        "QEMU left running: {:?}",
+        qemu_of(rd)
+    );
+    let journal: Vec<_> = std::fs::read_dir(rd.join("guests"))
+        .map(|d| d.flatten().collect())
+        .unwrap_or_default();
+    assert!(journal.is_empty(), "journal entries left: {journal:?}");
 }
 
 /// QEMU processes started with this run directory (they inherit `PREHEAT_RUN_DIR` from the

@@ -135,7 +135,7 @@ impl VmKind {
     }
 
     /// One VM of `vcpus` vCPUs running `instances` instances of `threads` threads in all.
-    fn vm(
+    pub(crate) fn vm(
         self,
         name: &str,
         kernel: &str,

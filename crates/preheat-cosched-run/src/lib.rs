@@ -12,7 +12,7 @@
 //!   --watch`), the restore it and `restore` do, scratch directories left behind.
 //! * [`experiment`] — the paper's experiments (Figures 6/7) at this machine's size, with the
 //!   simulator's prediction beside them, on thread-group VMs or real QEMU guests (`experiment_vms`:
-//!   the two kinds behind one loop); [`bench`](mod@bench) — the controller's overhead.
+//!   the two kinds behind one loop); [`bench`](mod@bench) — the controller's overhead (a thread group, or one real guest).
 //!
 //! Modules in one direction: `host watchdog` ← `auto` ← `run` ← `experiment_vms` ← `experiment` ← `bench`. No
 //! `unsafe`: scheduling goes through `preheat-cosched` and `preheat-engine`, processes are

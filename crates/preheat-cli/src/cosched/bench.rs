@@ -6,9 +6,21 @@ use preheat_cosched_run::bench;
 
 use crate::progress::Bars;
 
-pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -> Result<()> {
+pub fn run(
+    kernel: &str,
+    reps: usize,
+    (seconds, guest): (Option<f64>, bool),
+    slice_ms: f64,
+    json: bool,
+) -> Result<()> {
     let watchdog = super::run::watchdog();
-    let res = bench::measure(
+    let seconds = seconds.unwrap_or(if guest { bench::GUEST_SECONDS } else { 3.0 });
+    let measure = if guest {
+        bench::measure_guest
+    } else {
+        bench::measure
+    };
+    let res = measure(
         kernel,
         reps,
         seconds,
@@ -17,25 +29,25 @@ pub fn run(kernel: &str, reps: usize, seconds: f64, slice_ms: f64, json: bool) -
         &Bars::new(json),
         &super::run::say,
     )?;
-    let cpus = res.cpus;
     if json {
         println!("{}", serde_json::to_string(&res)?);
     } else {
         println!(
-            "coscheduler overhead ({} kernel, {} threads on {} CPUs, one set, {} ms slices, {} s \
-             runs; measured, {} paired repetitions): useful work under the coscheduler / plain \
-             Linux = {:.3} median [{:.3}-{:.3}] (goal >= {}); controller cost per slice p50 \
+            "coscheduler overhead ({} kernel, {}, one set, {} ms slices, {} s runs; measured, \
+             {} paired repetitions, {}): useful work ({}) under the coscheduler / plain Linux = \
+             {} (goal >= {}); plain Linux {}, coscheduled {}; controller cost per slice p50 \
              {:.1} µs",
             res.kernel,
-            cpus,
-            cpus,
+            res.vm,
             slice_ms,
             seconds,
             reps,
-            res.ratio_median,
-            res.ratio_min,
-            res.ratio_max,
+            res.order,
+            res.rate_unit,
+            res.ratio.show(3),
             res.goal,
+            res.none.show(0),
+            res.full.show(0),
             res.apply_us_p50
         );
     }
