@@ -55,7 +55,7 @@ pub struct BenchResult {
     pub ratio_median: f64,
     pub ratio_min: f64,
     pub ratio_max: f64,
-    /// The ratio, rates under none and under full as median [range], n (measured).
+    /// The ratio, rates under none and under full as median \[range\], n (measured).
     pub ratio: Spread,
     pub none: Spread,
     pub full: Spread,
@@ -76,7 +76,7 @@ pub const GUEST_SECONDS: f64 = 8.0;
 /// vCPUs of the benchmark's guest.
 const GUEST_VCPUS: usize = 2;
 
-/// Measure one [`GUEST_VCPUS`]-vCPU QEMU guest running `kernel` for `seconds` (guest time)
+/// Measure one 2-vCPU (`GUEST_VCPUS`) QEMU guest running `kernel` for `seconds` (guest time)
 /// alone, under none and full, `pairs` paired boots in ABBA order (one step of `progress` per
 /// run); the rates are its barrier phases per second.
 pub fn measure_guest(
