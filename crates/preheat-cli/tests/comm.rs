@@ -29,6 +29,20 @@ fn truth(kernel: &str, names: &[String]) -> Vec<Vec<String>> {
     sets
 }
 
+/// The agents' log files in `rd`, for a failure's message (a run on 2026-11-27 saw the program
+/// die of SIGSEGV 0.18 s into its first `comm` run, once in the suite, not again in 66 runs).
+fn agent_logs(rd: &std::path::Path) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(rd).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "log") {
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            out += &format!("--- {}\n{text}", p.display());
+        }
+    }
+    out
+}
+
 #[test]
 fn attaches_to_a_running_process() {
     let tmp = tempfile::tempdir().unwrap();
@@ -165,9 +179,10 @@ mod timing {
                 );
                 assert!(
                     o.status.success(),
-                    "{kernel}: {}\n{}",
+                    "{kernel}: {}\n{}\nagent logs:\n{}",
                     String::from_utf8_lossy(&o.stderr),
-                    String::from_utf8_lossy(&o.stdout)
+                    String::from_utf8_lossy(&o.stdout),
+                    agent_logs(&rd)
                 );
                 let report: serde_json::Value =
                     serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
