@@ -375,9 +375,8 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         .map(preheat_demo::read_saved_choice)
         .transpose()?;
     let dir = tempdir("run")?;
-    // A server refused or never started leaves nothing worth a look: remove the (empty) dir.
     let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))
-        .inspect_err(|_| drop(std::fs::remove_dir(&dir)))?;
+        .inspect_err(|_| launch::remove_if_empty(&dir))?;
     let pids = server.agent_pids();
     let mut configured = 0;
     for &pid in &pids {

@@ -69,8 +69,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     .inspect_err(|_| {
         // A server that never started (not installed, port in use) leaves nothing worth a look
         // (no file, no log): remove the directory we made for it then.
-        if fresh && !holds_a_file(&dir) {
-            let _ = std::fs::remove_dir_all(&dir);
+        if fresh {
+            preheat_launch::launch::remove_if_empty(&dir);
         }
     })?;
     let server = &started.server;
@@ -114,17 +114,6 @@ pub fn run(a: ServeArgs) -> Result<()> {
             );
         }
     }
-}
-
-/// Whether `dir` or a directory below it holds anything but directories (unreadable: assume so).
-fn holds_a_file(dir: &std::path::Path) -> bool {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return true;
-    };
-    rd.flatten().any(|e| match e.file_type() {
-        Ok(t) if t.is_dir() => holds_a_file(&e.path()),
-        _ => true,
-    })
 }
 
 /// `preheat lab ARGS`: the Python experiment runner (`python3 -m preheat_lab ARGS`), with the

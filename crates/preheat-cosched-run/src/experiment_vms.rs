@@ -280,12 +280,11 @@ fn common_window(reports: &[&[(f64, Progress)]], controller_start_s: f64) -> Res
     let mut from = controller_start_s;
     let mut to = f64::INFINITY;
     for r in reports {
-        let p = placed(r);
-        let (Some(first), Some(last)) = (p.first(), p.last()) else {
+        let (Some(start), Some(&(last, _))) = (compute_start(r), placed(r).last()) else {
             bail!("a guest reported no progress");
         };
-        from = from.max(first.0 - first.1.t_ms as f64 / 1e3);
-        to = to.min(last.0);
+        from = from.max(start);
+        to = to.min(last);
     }
     if to <= from {
         bail!("the guests never computed at the same time under the controller ({from:.1} s to {to:.1} s)");

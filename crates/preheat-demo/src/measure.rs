@@ -24,8 +24,6 @@ pub(crate) struct Bench<'a> {
     pub announcer: Announcer,
     /// The server's other agents, which join `others` once one serves a measured request.
     pub join: Join,
-    /// The agents' run directory (a joining agent's trigger socket is there).
-    pub run_dir: std::path::PathBuf,
     pub sweep: preheat_engine::sweep::EvictionBuffer,
     pub keep_awake: Option<&'a KeepAwake>,
     pub wake: WakeAs,
@@ -174,7 +172,7 @@ impl Bench<'_> {
             "demo: pid {pid} served a measured request without being announced to: it gets the \
              working set and the warm-up and is announced to from now on"
         );
-        self.announcer.add(&self.run_dir, pid);
+        self.announcer.add(pid);
         self.others.push(c);
         Ok(true)
     }

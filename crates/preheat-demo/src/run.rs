@@ -419,7 +419,6 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         others,
         announcer: Announcer::new(&server.run_dir, &serving.all)?,
         join,
-        run_dir: server.run_dir.clone(),
         sweep: preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
         keep_awake: keep_awake.as_ref(),
         wake,

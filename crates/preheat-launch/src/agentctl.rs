@@ -103,6 +103,8 @@ pub fn wait_for_agents(
 /// Sends announcements to agents' trigger sockets.
 pub struct Announcer {
     sock: UnixDatagram,
+    /// The run directory the agents' trigger sockets are in.
+    run_dir: PathBuf,
     targets: Vec<PathBuf>,
     pub seq: u64,
 }
@@ -113,6 +115,7 @@ impl Announcer {
         sock.set_nonblocking(true)?;
         Ok(Announcer {
             sock,
+            run_dir: run_dir.to_path_buf(),
             targets: pids
                 .iter()
                 .map(|p| paths::trigger_socket(run_dir, *p))
@@ -122,8 +125,8 @@ impl Announcer {
     }
 
     /// Announce to the agent of `pid` too, from the next [`Announcer::send`] on.
-    pub fn add(&mut self, run_dir: &Path, pid: u32) {
-        self.targets.push(paths::trigger_socket(run_dir, pid));
+    pub fn add(&mut self, pid: u32) {
+        self.targets.push(paths::trigger_socket(&self.run_dir, pid));
     }
 
     /// Send `a` (its seq is filled in) to every target; returns how many accepted it.

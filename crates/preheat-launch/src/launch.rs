@@ -62,6 +62,23 @@ pub fn tempdir(what: &str) -> Result<PathBuf> {
     Ok(d)
 }
 
+/// Remove `dir` (a [`tempdir`]) when it holds no file, at most empty directories: a server that
+/// was refused or never started leaves nothing worth a look there.
+pub fn remove_if_empty(dir: &Path) {
+    fn holds_a_file(dir: &Path) -> bool {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return true;
+        };
+        rd.flatten().any(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => holds_a_file(&e.path()),
+            _ => true,
+        })
+    }
+    if !holds_a_file(dir) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
 pub fn sweep_scratch(dir: &Path, prefix: &str) {
     let Ok(rd) = std::fs::read_dir(dir) else {

@@ -344,12 +344,11 @@ fn go_refusal(program: &str, path: &Path, f: &ElfFile, g: &GoBuild, needs: Needs
         (None, true) => "statically linked (static-pie) ",
     };
     let load = if f.interp.is_some() {
-        "the agent would load".to_string()
+        "the agent would load"
     } else {
         "it has no dynamic linker, and only the dynamic linker reads LD_PRELOAD; rebuilt \
          dynamically linked (CGO_ENABLED=1 go build -ldflags=-linkmode=external) it would take \
          the agent"
-            .to_string()
     };
     let (why, fix) = match needs {
         Needs::Hooks => (
