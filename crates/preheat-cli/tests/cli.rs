@@ -426,13 +426,19 @@ mod timing {
                 "serve_removed",
             ] {
                 if let Some(x) = r[k].as_f64() {
-                    assert!(
+                    // Against warm (its CPU slept through the lead) more than all of it is
+                    // expected where a mode kept the CPU awake: only a loss that large is odd.
+                    let fine = if k == "removed_vs_warm" {
+                        x >= -1.0
+                    } else {
                         x.abs() <= 1.0
-                            || r["flags"]
-                                .as_array()
-                                .unwrap()
-                                .iter()
-                                .any(|f| { f.as_str().unwrap().contains("outside ±100%") }),
+                    };
+                    assert!(
+                        fine || r["flags"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|f| { f.as_str().unwrap().contains("outside ±100%") }),
                         "{k} {x} of {} not flagged",
                         r["mode"]
                     );

@@ -1,7 +1,17 @@
 //! One measured request of one mode, from the same starting point every time: a priming request
-//! (every mode starts from a just-served state), the mode's way to go cold, the announcement for
-//! preheat modes, the request, and what the agent saw of it. The table's rounds and `auto`'s
-//! pilot both measure through [`Bench::sample`].
+//! (every mode starts from a just-served state), the mode's way to go cold, the lead, the
+//! request, and what the agent saw of it. The table's rounds and `auto`'s pilot both measure
+//! through [`Bench::sample`].
+//!
+//! **The client does the same in every mode; only the server's state differs** (the paper's
+//! client, on cores with their own last-level cache, flushes or not, triggers preheating or
+//! not, then sends). So every mode's client spins through the lead before it sends — announced
+//! modes because the request arrives `lead` after its announcement, the others so that their
+//! client side (its CPU awake, its send path as warm) matches. Until commit 9682226 only the
+//! announced modes did: hot and warm were a request sent right behind the priming one (the server
+//! thread had barely blocked), cold a request sent by a client just back from its sleep. Hot is
+//! therefore a server kept awake with warm caches that idled one lead, and warm one whose CPU
+//! slept through it.
 
 use std::time::Duration;
 
@@ -71,13 +81,14 @@ impl Bench<'_> {
     }
 
     /// Announce `st` (as the calibrated wake mechanism runs it) `lead` ahead and wait for the
-    /// arrival; the send time (the arrival). Nothing to announce: now.
+    /// arrival; the send time (the arrival). Nothing to announce: the same wait, unannounced.
     fn announce(&mut self, st: Strategies) -> u64 {
         let now = preheat_engine::time::now_ns();
-        if st.is_empty() {
-            return now;
-        }
         let arrival = now + self.lead_us * 1000;
+        if st.is_empty() {
+            spin_until(arrival);
+            return arrival;
+        }
         self.announcer.send(Announcement {
             strategies: self.wake.apply(st),
             port: self.port,
@@ -108,7 +119,12 @@ impl Bench<'_> {
         };
         let t_send = match announced {
             Some(st) => self.announce(st),
-            None => preheat_engine::time::now_ns(),
+            None => {
+                // The same lead as an announced request, nothing announced (module docs).
+                let t = preheat_engine::time::now_ns() + self.lead_us * 1000;
+                spin_until(t);
+                t
+            }
         };
         let ok = self.client.request()?;
         let t_done = preheat_engine::time::now_ns();

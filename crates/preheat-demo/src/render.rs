@@ -148,10 +148,11 @@ pub fn render(o: &Output) -> String {
         }
     );
     if mixed_kinds(&o.samples) {
-        w!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (the paper's baseline);");
+        w!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);");
     } else {
-        w!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (the paper's baseline);");
+        w!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);");
     }
+    w!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client side is the same in every row;", lead = o.lead_us);
     w!("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;");
     w!("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);");
     w!("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.");
