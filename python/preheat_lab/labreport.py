@@ -42,9 +42,12 @@ METHOD = (
     "quantities (differences, shares of the overhead removed) get a paired bootstrap over "
     "rounds, which keeps each round's modes together. The share removed is (cold − mode) / "
     "(cold − floor) with cold = cold-sweep and floor = hot where it was measured (else warm); "
-    "the same share against warm (the paper's baseline) stands beside it. It is undefined when "
-    "a resample has no overhead (the share of such resamples is reported); a share outside "
-    "±100% is flagged (the floor or the baseline is then not what it claims). Every number here is measured on this machine "
+    "the same share against warm (caches warm, CPUs not kept awake through the lead: above 100% "
+    "where a mode also removed the wake-up) stands beside it. Every mode's client waits the same "
+    "lead before it sends, so only the server's state differs between rows. A share is undefined "
+    "when a resample has no overhead (the share of such resamples is reported); a share outside "
+    "±100% (against warm: below −100%) is flagged (the floor or the baseline is then not what it "
+    "claims). Every number here is measured on this machine "
     "unless it is labeled paper; n is the number of samples behind it."
 )
 

@@ -397,3 +397,12 @@ def test_the_floor_is_hot_only_where_the_cli_verified_it():
     assert floor_mode(modes, {"floor_check": {"verified": True}}) == HOT
     assert floor_mode(modes, {"floor_check": {"verified": False}}) == WARM
     assert floor_mode([WARM, "cold-sweep"], {"floor_check": None}) == WARM
+
+
+def test_share_flags_follow_the_cli_rule():
+    """Outside ±100% is flagged; against warm only a loss beyond −100% (the CLI's rule)."""
+    from preheat_lab.table1_analysis import share_flag
+    assert share_flag("preheat:replay", "hot", removed=0.9, removed_vs_warm=1.1) == ""
+    assert "removed 120%" in share_flag("preheat:replay", "hot", removed=1.2)
+    assert "removed vs warm -130%" in share_flag("preheat:wake", "hot", removed_vs_warm=-1.3)
+    assert share_flag("preheat:wake", "hot", removed=float("nan"), removed_vs_warm=None) == ""
