@@ -36,6 +36,9 @@ pub const MAX_OTHERS_SHARE: f64 = 0.15;
 /// Samples per mechanism by default.
 pub const DEFAULT_ROUNDS: usize = 25;
 
+/// The keep-awake mechanisms a calibration may choose from by default.
+pub const MECHANISMS: [&str; 3] = ["pmqos", "dma", "spin"];
+
 /// What identifies the machine a calibration is valid for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MachineKey {
@@ -134,6 +137,10 @@ pub struct Calibration {
     /// The mechanism with the lowest p50 among those whose p50 CI lies entirely below plain
     /// idle's; `None` when no mechanism measured faster than idle.
     pub best: Option<Mechanism>,
+    /// The mechanisms it was allowed to choose from, where fewer than [`MECHANISMS`]
+    /// (`wake calibrate --mechs`); empty: all of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limited_to: Vec<String>,
 }
 
 /// The mechanism of a result's name (`None` for plain idle).
@@ -196,6 +203,14 @@ impl Calibration {
             Some(m) => format!("best: {m}"),
             None => "no mechanism woke threads faster than plain idle".into(),
         };
+        let verdict = if self.limited_to.is_empty() {
+            verdict
+        } else {
+            format!(
+                "{verdict} among {} (limited by `wake calibrate --mechs`)",
+                self.limited_to.join(", ")
+            )
+        };
         let load = match self.others_cpu_share {
             Some(s) if self.disturbed() => format!(
                 "; other processes used {:.0}% of the CPUs meanwhile: a disturbed measurement",
@@ -237,15 +252,40 @@ pub fn cached(run_dir: &Path) -> Option<Calibration> {
 /// Measure every mechanism now (about `rounds` × 4 × 11 ms, plus starting a planner per
 /// mechanism; needs two CPUs). Unprivileged, only `none` and `spin` are measured.
 pub fn calibrate(rounds: usize) -> Result<Calibration> {
+    calibrate_among(rounds, &MECHANISMS.map(String::from))
+}
+
+/// [`calibrate`] with the best chosen among `mechs` only (a subset of [`MECHANISMS`]; plain
+/// idle is always measured).
+pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
     let online = preheat_engine::os::online_cpus();
     anyhow::ensure!(
         online >= 2,
         "calibration needs two CPUs (a sleeper and a waker)"
     );
+    for m in mechs {
+        anyhow::ensure!(
+            MECHANISMS.contains(&m.as_str()),
+            "unknown keep-awake mechanism {m:?} (choose from {})",
+            MECHANISMS.join(", ")
+        );
+    }
+    anyhow::ensure!(!mechs.is_empty(), "--mechs needs at least one mechanism");
+    let limited_to = if MECHANISMS.iter().all(|m| mechs.iter().any(|x| x == m)) {
+        Vec::new()
+    } else {
+        MECHANISMS
+            .iter()
+            .filter(|m| mechs.iter().any(|x| x == *m))
+            .map(|m| m.to_string())
+            .collect()
+    };
     let args = BenchArgs {
         gaps_us: vec![GAP_US],
         rounds,
-        mechs: ["none", "pmqos", "dma", "spin"].map(String::from).to_vec(),
+        mechs: std::iter::once("none".to_string())
+            .chain(limited_or_all(&limited_to))
+            .collect(),
         waiters: vec!["futex".into()],
         held: true,
         sleeper_cpu: 1,
@@ -272,7 +312,17 @@ pub fn calibrate(rounds: usize) -> Result<Calibration> {
         results,
         skipped: report.skipped,
         others_cpu_share,
+        limited_to,
     })
+}
+
+/// The mechanisms to measure: `limited_to`, or all where it is empty.
+fn limited_or_all(limited_to: &[String]) -> Vec<String> {
+    if limited_to.is_empty() {
+        MECHANISMS.map(String::from).to_vec()
+    } else {
+        limited_to.to_vec()
+    }
 }
 
 /// Write `c` to the cache of `run_dir` (atomically: a temporary file renamed over it).
@@ -357,6 +407,7 @@ mod tests {
             skipped: vec![],
             best: Some(Mechanism::DmaLatency),
             others_cpu_share: Some(0.5),
+            limited_to: vec![],
         };
         assert!(c.disturbed());
         assert!(c.summary().contains("disturbed"), "{}", c.summary());
@@ -374,6 +425,14 @@ mod tests {
         assert_eq!(cached(dir.path()), None);
         assert!(
             c.summary().contains("idle states disabled: cpu0/POLL"),
+            "{}",
+            c.summary()
+        );
+        // A limited calibration says so wherever it is shown.
+        c.limited_to = vec!["spin".into()];
+        assert!(
+            c.summary()
+                .contains("among spin (limited by `wake calibrate --mechs`)"),
             "{}",
             c.summary()
         );

@@ -104,8 +104,21 @@ pub enum WakeCmd {
         rounds: usize,
         /// Show the cached calibration of this boot without measuring (an error if there is
         /// none).
-        #[arg(long, conflicts_with = "rounds")]
+        #[arg(long, conflicts_with_all = ["rounds", "mechs"])]
         show: bool,
+        /// The mechanisms the best may be chosen from (comma list of pmqos, dma, spin; plain
+        /// idle is always measured to compare with). Limiting them keeps preheat off a
+        /// mechanism on this machine (e.g. `spin` alone where system-wide PM QoS is unwanted),
+        /// and emulates a machine where the others do not work: on one without a cpuidle
+        /// driver PM QoS cannot make idle CPUs poll, and the calibration there picks `spin`.
+        /// Kept with the calibration and named wherever it is shown.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_parser = clap::builder::PossibleValuesParser::new(calibrate::MECHANISMS),
+            default_values_t = calibrate::MECHANISMS.map(String::from)
+        )]
+        mechs: Vec<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -172,7 +185,12 @@ pub fn run(args: WakeArgs) -> Result<()> {
     match args.cmd {
         WakeCmd::Serve(s) => serve(run_dir, s),
         WakeCmd::Bench(b) => crate::bench::run(b),
-        WakeCmd::Calibrate { rounds, show, json } => {
+        WakeCmd::Calibrate {
+            rounds,
+            show,
+            mechs,
+            json,
+        } => {
             let c = if show {
                 calibrate::cached(&run_dir).with_context(|| {
                     format!(
@@ -186,7 +204,7 @@ pub fn run(args: WakeArgs) -> Result<()> {
                     "preheat wake: measuring wake-up latency after {} ms idle, {rounds} samples per mechanism",
                     calibrate::GAP_US / 1000
                 );
-                let c = calibrate::calibrate(rounds)?;
+                let c = calibrate::calibrate_among(rounds, &mechs)?;
                 calibrate::store(&run_dir, &c)?;
                 if c.disturbed() {
                     eprintln!(
