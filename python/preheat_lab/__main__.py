@@ -210,6 +210,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     cs.add_argument("--quick", action="store_true",
                     help="mg,ep; single,double; 2 reps of 2 s; regroup 0.7 s; 2 seeds (minutes)")
     cs.add_argument("--kernels", help="comma list of mg,cg,is,ep (default all; --quick: mg,ep)")
+    cs.add_argument("--scenarios", help="comma list of single,double (default both)")
     cs.add_argument("--reps", type=int, help="repetitions per cell (default 5; --quick: 2)")
     cs.add_argument("--seconds", type=float, help="seconds per run (default 6; --quick: 2)")
     cs.add_argument("--from", dest="from_file", type=Path,
@@ -282,7 +283,8 @@ def _run(ap: argparse.ArgumentParser, t1: argparse.ArgumentParser, a: argparse.N
     if a.cmd == "cosched":
         try:
             o = cosched_plan.Options.make(a.quick, a.kernels, a.reps, a.seconds, a.sim_seeds,
-                                          not a.no_measure, a.from_file, a.guests)
+                                          not a.no_measure, a.from_file, a.guests,
+                                          scenarios=a.scenarios)
         except ValueError as e:
             ap.error(str(e))
         with needed_for(a.cmd):

@@ -115,7 +115,7 @@ class Options:
     def make(cls, quick: bool = False, kernels: str | None = None, reps: int | None = None,
              seconds: float | None = None, sim_seeds: int | None = None,
              measure: bool = True, from_file: Path | None = None,
-             guests: bool = False) -> Options:
+             guests: bool = False, scenarios: str | None = None) -> Options:
         """The command line's options (`--quick`: mg,ep; single,double; 2 repetitions of 2 s;
         regrouping every 0.7 s; 2 simulator seeds; with `--guests`: QEMU guests, mg,cg, 3
         repetitions of 8 s, so the measured part stays near 20 min with a boot per run; --quick
@@ -136,6 +136,13 @@ class Options:
                 raise ValueError(f"--kernels: unknown or no kernel(s) {', '.join(bad)} "
                                  f"(known{' with --guests' if guests else ''}: {', '.join(known)})")
             o.kernels = ks
+        if scenarios is not None:
+            ss = tuple(x.strip() for x in scenarios.split(",") if x.strip())
+            bad = [x for x in ss if x not in ("single", "double")]
+            if bad or not ss:
+                raise ValueError(f"--scenarios: unknown or no scenario(s) {', '.join(bad)} "
+                                 "(known: single, double)")
+            o.scenarios = ss
         if reps is not None:
             if reps < 1:
                 raise ValueError("--reps must be at least 1")

@@ -5,9 +5,12 @@ stand-in and 2 through the real simulator); and one end-to-end `--quick` run thr
 binary (marked slow; skipped when the binary lacks `cosched`, a failure when CI is set)."""
 
 import json
+import math
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from html import unescape
@@ -87,7 +90,8 @@ def test_options(monkeypatch):
     assert cosched.estimate_experiment_s(g) < 25 * 60 and cosched.estimate_experiment_s(gq) < 5 * 60
     with pytest.raises(ValueError):
         cosched.Options.make(guests=True, kernels="ep")
-    for bad in ({"kernels": "mg,xx"}, {"reps": 0}, {"seconds": 0}, {"sim_seeds": -1},
+    assert cosched.Options.make(scenarios="double").scenarios == ("double",)
+    for bad in ({"kernels": "mg,xx"}, {"scenarios": "quad"}, {"scenarios": ","}, {"reps": 0}, {"seconds": 0}, {"sim_seeds": -1},
                 {"from_file": Path("/nonexistent.json")}):
         with pytest.raises(ValueError):
             cosched.Options.make(**bad)
@@ -396,3 +400,70 @@ def test_end_to_end_quick_real_binary(tmp_path: Path, monkeypatch):
               "improvement-simulated-8cpu.png", "improvement-simulated-64cpu.png", "report.html"):
         assert (out / f).exists(), f
     print(f"end-to-end --quick took {took:.0f} s")
+
+
+def _qemu_of(run_dir: Path) -> list[int]:
+    """QEMU processes started with RUN_DIR (they inherit PREHEAT_RUN_DIR)."""
+    want = f"PREHEAT_RUN_DIR={run_dir}".encode()
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if "qemu" in (p / "comm").read_text() and want in (p / "environ").read_bytes():
+                found.append(int(p.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_end_to_end_guests_quick_real_binary(tmp_path: Path, monkeypatch, request):
+    """`preheat lab cosched --guests --quick` through the real binary and real QEMU guests, cut
+    to the double scenario (VM1 = 2 vCPUs with one instance each, VM2 = 1 vCPU), one 3 s
+    repetition per policy and one simulator seed: the measured rows with the prediction and the
+    simulation beside them, co-run and foreign load per run, partial-auto's regroups, the
+    real-VM figures, and no QEMU or journal entry left behind."""
+    monkeypatch.delenv("PREHEAT_BIN", raising=False)
+    _need_real("cosched", "experiment")
+    _need_real("cosched", "simulate")
+    if not any((Path(d) / "qemu-system-x86_64").exists()
+               for d in os.environ.get("PATH", "").split(os.pathsep)):
+        if os.environ.get("CI"):
+            pytest.fail("scripts/test.sh installs QEMU under CI")
+        needs("qemu-system-x86_64", "QEMU is not installed")
+    # A short run directory: the agents' Unix socket paths must fit in 107 bytes, and pytest's
+    # tmp_path plus the experiment's scratch directory do not.
+    rd = Path(tempfile.mkdtemp(prefix="ph-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(rd, ignore_errors=True))
+    monkeypatch.setenv("PREHEAT_RUN_DIR", str(rd))
+    out = tmp_path / "lab"
+    code = lab.main(["cosched", "--guests", "--quick", "--scenarios", "double", "--reps", "1",
+                     "--seconds", "3", "--sim-seeds", "1", "--out", str(out)])
+    sj = json.loads((out / "summary.json").read_text())
+    assert code == 0, sj["failures"]
+    assert sj["state"] == "complete"
+    v = json.loads((out / "raw" / "experiment.json").read_text())
+    assert (v["label"], v["vms"]) == ("measured", "guests")
+    assert len(v["cells"]) == 4, v["cells"]
+    for c in v["cells"]:
+        assert c["window_s"] > 0.5, c
+        assert c["others_share"] is not None and c["steal_share"] is not None, c
+        assert len(c["instance_rates"]) == 3, f"two instances in VM1, one in VM2: {c}"
+        if c["policy"] == "partial-auto":
+            assert c["regroups"], f"no regroup: {c}"
+    rows = v["rows"]
+    assert sorted(r["policy"] for r in rows) == ["none", "partial-auto", "partial-static"]
+    for r in rows:
+        for k in ("improvement_over_full", "predicted", "simulated"):
+            assert r[k] is not None and math.isfinite(r[k]), (k, r)
+        assert 0.0 <= r["full_corun_fraction_median"] <= 1.0, r
+    assert v["calibration"][0]["alone_iteration_us"] > 0
+    val = pd.read_csv(out / "validation.csv")
+    assert set(val["kernel"]) == {"mg"} and set(val["scenario"]) == {"double"}
+    for f in ("improvement-measured.png", "corun-idle-measured.png", "report.html"):
+        assert (out / f).exists(), f
+    assert "QEMU guests" in (out / "report.html").read_text()
+    assert not _qemu_of(rd), f"QEMU left running: {_qemu_of(rd)}"
+    journal = list((rd / "guests").iterdir()) if (rd / "guests").is_dir() else []
+    assert not journal, f"journal entries left: {journal}"

@@ -264,76 +264,9 @@ mod timing {
         nothing_left(&rd);
     }
 
-    /// `cosched experiment --guests` at its smallest (one kernel, double, every policy, one
-    /// repetition of 3 s, one calibration boot): every policy's row with its prediction and the
-    /// simulator beside it, the co-run fraction of full's 2-vCPU set, every run's foreign load
-    /// and measured window, partial-auto regrouping from the agent in QEMU, and no QEMU left
-    /// running. Nothing timed is asserted: the measured improvements are the README's.
-    #[test]
-    fn cosched_experiment_on_real_guests() {
-        if !qemu_or_skip() || !common::realtime_or_skip("cosched_experiment_on_real_guests") {
-            return;
-        }
-        let _serial = common::serial();
-        let tmp = tempfile::tempdir().unwrap();
-        let rd = run_dir(&tmp);
-        let args = [
-            "cosched",
-            "experiment",
-            "--guests",
-            "--kernels",
-            "mg",
-            "--scenarios",
-            "double",
-            "--policies",
-            "none,full,partial-static,partial-auto",
-            "--reps",
-            "1",
-            "--seconds",
-            "3",
-            "--calibration-runs",
-            "1",
-            "--regroup-s",
-            "1",
-            "--json",
-        ];
-        let out = ok(&args, &rd);
-        let v: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-        assert_eq!(
-            (v["label"].as_str(), v["vms"].as_str()),
-            (Some("measured"), Some("guests"))
-        );
-        let cells = v["cells"].as_array().unwrap();
-        assert_eq!(cells.len(), 4, "{v}");
-        for c in cells {
-            assert!(c["window_s"].as_f64().unwrap() > 0.5, "{c}");
-            assert!(c["others_share"].as_f64().is_some(), "{c}");
-            assert!(c["steal_share"].as_f64().is_some(), "{c}");
-            let rates = c["instance_rates"].as_array().unwrap();
-            assert_eq!(rates.len(), 3, "two instances in VM1, one in VM2: {c}");
-            if c["policy"] == "partial-auto" {
-                assert!(
-                    !c["regroups"].as_array().unwrap().is_empty(),
-                    "no regroup: {c}"
-                );
-            }
-        }
-        let rows = v["rows"].as_array().unwrap();
-        let mut policies: Vec<&str> = rows.iter().filter_map(|r| r["policy"].as_str()).collect();
-        policies.sort_unstable();
-        assert_eq!(policies, ["none", "partial-auto", "partial-static"], "{v}");
-        for r in rows {
-            for k in ["improvement_over_full", "predicted", "simulated"] {
-                assert!(r[k].as_f64().is_some_and(f64::is_finite), "{k}: {r}");
-            }
-            let full = r["full_corun_fraction_median"]
-                .as_f64()
-                .expect("full's co-run");
-            assert!((0.0..=1.0).contains(&full), "{r}");
-        }
-        assert!(v["calibration"][0]["alone_iteration_us"].as_f64().unwrap() > 0.0);
-        nothing_left(&rd);
-    }
+    // `cosched experiment --guests` at its smallest runs through the lab: python/tests/
+    // test_cosched.py::test_end_to_end_guests_quick_real_binary (the same assertions, plus the
+    // lab's real-VM figures and report).
 }
 
 /// No QEMU of this run directory left running, no guest left in its journal.

@@ -125,9 +125,9 @@ fn start(f: &Follow, run_dir: &Path) -> Result<Started> {
     };
     let mut cmd = Command::new(prog);
     let ready = launch::attach_agent(&mut cmd, prog, preflight::Needs::Load)?;
+    launch::agent_run_dir(&mut cmd, run_dir)?;
     cmd.args(&f.argv[1..])
         .stdin(Stdio::null())
-        .env("PREHEAT_RUN_DIR", run_dir)
         .env("PREHEAT_COMM", "1")
         .env("PREHEAT_COMM_CONFIG", serde_json::to_string(&f.cfg)?)
         .env("PREHEAT_COMM_OUT", &final_path);

@@ -201,6 +201,7 @@ pub fn start(spec: &HostSpec, how: &Start<'_>) -> Result<Vec<LiveVm>> {
                 if let Some(cfg) = how.comm {
                     attach_agent(&mut cmd, &vm.command[0], Needs::Load)
                         .with_context(|| format!("{name}: partial-auto needs the agent"))?;
+                    preheat_launch::launch::agent_run_dir(&mut cmd, how.run_dir)?;
                     cmd.env("PREHEAT_COMM", "1")
                         .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);
                 }

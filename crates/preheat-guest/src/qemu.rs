@@ -239,8 +239,8 @@ impl Guest {
                 &qemu.display().to_string(),
                 preheat_launch::preflight::Needs::Load,
             )?;
-            cmd.env("PREHEAT_RUN_DIR", run_dir)
-                .env("PREHEAT_COMM", "1")
+            preheat_launch::launch::agent_run_dir(&mut cmd, run_dir)?;
+            cmd.env("PREHEAT_COMM", "1")
                 .env("PREHEAT_COMM_CONFIG", serde_json::to_string(cfg)?);
         }
         cmd.args(&args)

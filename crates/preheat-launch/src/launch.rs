@@ -357,6 +357,15 @@ pub fn port_in_use(port: u16) -> bool {
 /// first ([`preflight::check`]: a program the agent cannot reach is an error naming the reason
 /// and what to do, before anything starts), then `LD_PRELOAD`. The one way a command starts a
 /// program with the agent.
+/// Give `cmd` (a program the agent is attached to) `run_dir` as its agents' run directory,
+/// after checking that their sockets fit there (a clear error instead of an agent that cannot
+/// listen and a caller that waits for it).
+pub fn agent_run_dir(cmd: &mut Command, run_dir: &Path) -> Result<()> {
+    preheat_rundir::check_socket_paths_fit(run_dir).map_err(anyhow::Error::msg)?;
+    cmd.env("PREHEAT_RUN_DIR", run_dir);
+    Ok(())
+}
+
 pub fn attach_agent(
     cmd: &mut Command,
     program: &str,
@@ -405,7 +414,9 @@ pub fn start(
     };
     let mut cmd = Command::new(prog);
     let ready = if spec.agent {
-        Some(attach_agent(&mut cmd, prog, preflight::Needs::Hooks)?)
+        let ready = attach_agent(&mut cmd, prog, preflight::Needs::Hooks)?;
+        agent_run_dir(&mut cmd, run_dir)?;
+        Some(ready)
     } else {
         None
     };

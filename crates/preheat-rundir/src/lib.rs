@@ -44,6 +44,25 @@ pub fn socket_paths(run_dir: &Path, pid: u32) -> SocketPaths {
     }
 }
 
+/// The longest path of a Unix socket on Linux (`sun_path` holds 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Whether the agents' sockets fit in `run_dir` (their longest name, that of the largest pid,
+/// within [`MAX_SOCKET_PATH`]); otherwise what is wrong and what to do. An agent whose socket
+/// path is too long cannot listen, and its process would look like one started without it.
+pub fn check_socket_paths_fit(run_dir: &Path) -> Result<(), String> {
+    let p = socket_paths(run_dir, u32::MAX);
+    let n = p.control.as_os_str().len().max(p.trigger.as_os_str().len());
+    if n <= MAX_SOCKET_PATH {
+        return Ok(());
+    }
+    Err(format!(
+        "the run directory {} is too long for the agents' Unix sockets ({n} bytes with a socket \
+         name, at most {MAX_SOCKET_PATH}): set PREHEAT_RUN_DIR to a shorter directory",
+        run_dir.display()
+    ))
+}
+
 /// Whether process `pid` exists and is not a zombie (pid 0 never does). A zombie's agent is gone
 /// (it exited, or died of a signal without removing its sockets) even while nobody has reaped
 /// it yet — e.g. a prefork worker orphaned when its master exited first.
@@ -102,6 +121,13 @@ mod tests {
 
     #[test]
     fn socket_names() {
+        assert!(check_socket_paths_fit(Path::new("/tmp/preheat")).is_ok());
+        let long = format!("/tmp/{}", "d".repeat(90));
+        let e = check_socket_paths_fit(Path::new(&long)).unwrap_err();
+        assert!(
+            e.contains("too long") && e.contains("PREHEAT_RUN_DIR"),
+            "{e}"
+        );
         let p = socket_paths(Path::new("/run/x"), 42);
         assert_eq!(p.control, Path::new("/run/x/agent-42.sock"));
         assert_eq!(p.trigger, Path::new("/run/x/agent-42.trig"));
