@@ -252,18 +252,24 @@ fn eligible_now(page: u64, ranges: &[Eligible]) -> Option<u8> {
 
 /// Revoke `pages`; returns how many were revoked.
 ///
-/// Candidates come from the snapshot `(gen, ranges)` passed in (re-taken when a map change
-/// intervenes, and each page is checked against it), and a page is revoked only if no hooked
-/// map change was in progress at that snapshot and none began or ended since — or if a change that begins now will see the page in its slot and wait for
-/// us: we store the page in the slot and then read [`state::MAP_GEN`] and [`state::MAP_BUSY`];
-/// a hook raises both and then reads the slots (all sequentially consistent), so at least one
-/// of the two sees the other. On a change we take a new snapshot (a few times per round).
-fn arm(
-    pages: &[(u64, u8)],
-    access: CommAccess,
-    ex: &Exclusions,
-    (mut gen, mut ranges): (u64, Vec<Eligible>),
-) -> u64 {
+/// Each page is checked against a snapshot of the maps taken here, right before the first
+/// `mprotect`, not against the one the pages were chosen from: map changes that do not go
+/// through our hooks (glibc's own `mmap`/`munmap`/`mprotect`: a freed large `malloc` chunk
+/// unmapped, a new thread's stack mapped in its place) are invisible to [`state::MAP_GEN`], so
+/// between the choice (which reads residency over every eligible range) and the revocation the
+/// page may have become part of something that must never be revoked — a thread stack, whose
+/// thread may write it with every signal blocked (glibc's thread start) or need it for the
+/// signal frame of the fault, and the kernel then kills the process with SIGSEGV without
+/// asking the handler. The fresh snapshot shrinks that window to one read of the maps.
+///
+/// A page is revoked only if no hooked map change was in progress at that snapshot and none
+/// began or ended since — or if a change that begins now will see the page in its slot and wait
+/// for us: we store the page in the slot and then read [`state::MAP_GEN`] and
+/// [`state::MAP_BUSY`]; a hook raises both and then reads the slots (all sequentially
+/// consistent), so at least one of the two sees the other. On a change we take a new snapshot
+/// (a few times per round).
+fn arm(pages: &[(u64, u8)], access: CommAccess, ex: &Exclusions) -> u64 {
+    let (mut gen, mut ranges) = snapshot(ex).unwrap_or((u64::MAX, Vec::new()));
     let revoked = revoked_prot(access);
     ARMED_COUNT.store(pages.len() as u32, Ordering::SeqCst);
     // A snapshot counts only if no hooked map change was in progress when it began.
@@ -623,15 +629,16 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 }
             }
             None => {
-                let snap = match snapshot(&extra) {
-                    Ok(snap) => snap,
+                // The ranges to choose from (`arm` checks the chosen pages against maps read
+                // again just before it revokes them).
+                let ranges = match snapshot(&extra) {
+                    Ok((_, ranges)) => focus.restrict(cfg.region, ranges),
                     Err(e) => {
                         super::disable(format!("cannot read /proc/self/maps: {e}"));
                         break;
                     }
                 };
-                let snap = (snap.0, focus.restrict(cfg.region, snap.1));
-                let ranges = &snap.1;
+                let ranges = &ranges;
                 focus.start_tracker(cfg.focus, ranges);
                 let written = focus.written();
                 let pages = choose(ranges, &reuse, &written, n, &mut rng, |p| history.skip(p));
@@ -653,7 +660,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 let armed = if uffd {
                     super::uffd::arm(&pages)
                 } else {
-                    arm(&pages, cfg.access, &extra, snap)
+                    arm(&pages, cfg.access, &extra)
                 };
                 COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
             }
@@ -772,6 +779,49 @@ mod tests {
             got,
             vec![(0x100_0000, 0x100_4000), (0x100_5000, 0x200_0000)]
         );
+    }
+
+    /// A page chosen while it was ordinary anonymous memory is not revoked if, by the time it
+    /// would be, it has become a thread stack through calls our hooks never see (glibc frees a
+    /// large `malloc` chunk with its own `munmap`, and `pthread_create` maps the next stack,
+    /// guard page first, at the same address: measured here, it lands exactly there). A
+    /// revoked stack page kills the process: its thread writes it with every signal blocked
+    /// (glibc's thread start), or the kernel cannot write the fault's signal frame there.
+    #[test]
+    fn a_page_that_became_a_thread_stack_after_the_choice_is_not_revoked() {
+        let pg = PAGE;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh private anonymous mapping of our own, written whole; its first page
+        // read-only so the rest is not taken for a stack above a guard.
+        let base = unsafe {
+            let p = libc::syscall(libc::SYS_mmap, 0usize, 4 * pg, rw, anon, -1, 0) as usize;
+            assert_ne!(p as *mut libc::c_void, libc::MAP_FAILED);
+            std::ptr::write_bytes(p as *mut u8, 1, 4 * pg);
+            assert_eq!(libc::syscall(libc::SYS_mprotect, p, pg, libc::PROT_READ), 0);
+            p
+        };
+        let page = (base + 2 * pg) as u64;
+        let ex = Exclusions::default();
+        // The choice: eligible and resident.
+        let (_, before) = snapshot(&ex).unwrap();
+        let prot = eligible_now(page, &before).expect("an ordinary anonymous page");
+        // Replaced behind the hooks (raw system calls, as glibc's own): a guard page, then a
+        // stack written by its thread.
+        // SAFETY: our own mapping, replaced in place and written.
+        unsafe {
+            let g = base + pg;
+            let r = libc::syscall(libc::SYS_mmap, g, 3 * pg, 0, anon | libc::MAP_FIXED, -1, 0);
+            assert_eq!(r as usize, g);
+            assert_eq!(libc::syscall(libc::SYS_mprotect, g + pg, 2 * pg, rw), 0);
+            std::ptr::write_bytes((g + pg) as *mut u8, 2, 2 * pg);
+        }
+        let armed = arm(&[(page, prot)], CommAccess::Write, &ex);
+        // Give back whatever was revoked before asserting (the test process has no handler).
+        retire_all(CommAccess::Write);
+        // SAFETY: our own mapping.
+        unsafe { libc::syscall(libc::SYS_munmap, base, 4 * pg) };
+        assert_eq!(armed, 0, "a page of a thread stack was revoked");
     }
 
     #[test]

@@ -69,6 +69,40 @@ enum Verdict {
     NotOurs,
 }
 
+/// What [`take`] did with a slot.
+#[derive(Debug, PartialEq, Eq)]
+enum Take {
+    /// The slot is ours (BUSY) and holds the faulting page.
+    Owned,
+    /// Its state was no longer the one read: look again.
+    Changed,
+    /// It was retired and reused for another page meanwhile: left as it was.
+    Other,
+}
+
+/// Move `slot` from state `st` (ARMED or OPEN, as just read) to BUSY for `page`.
+///
+/// The slot's page was checked before, but between that read and the exchange the sampler may
+/// have retired the slot and armed it again for another page (`ARMED → … → FREE → BUSY →
+/// ARMED`: the same state, so the exchange alone succeeds): restoring our page then would leave
+/// the other page revoked under a slot marked OPEN, and count a fault on a page that is not
+/// revoked. So the page is read again once the slot is ours, and the slot is given back
+/// unchanged if it no longer holds `page` (nobody else changes a BUSY slot).
+fn take(slot: &state::Slot, st: u8, page: usize) -> Take {
+    if slot
+        .state
+        .compare_exchange(st, BUSY, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return Take::Changed;
+    }
+    if slot.page.load(Ordering::Acquire) == page {
+        return Take::Owned;
+    }
+    slot.state.store(st, Ordering::Release);
+    Take::Other
+}
+
 /// Handle a fault at `addr` if it is on a page we hold (a slot in any state but FREE).
 ///
 /// Whatever the slot's state says, a fault on a page we hold is answered by restoring the
@@ -103,12 +137,13 @@ fn on_fault(addr: usize) -> Verdict {
         if slot.page.load(Ordering::Acquire) != page {
             return Verdict::NotOurs;
         }
-        if slot
-            .state
-            .compare_exchange(st, BUSY, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            continue;
+        match take(slot, st, page) {
+            Take::Owned => {}
+            Take::Changed => continue,
+            Take::Other => {
+                state::trace(state::ev::REUSED, tid, page, u64::from(st));
+                return Verdict::NotOurs;
+            }
         }
         let prot = c_int::from(slot.prot.load(Ordering::Relaxed));
         if !raw_mprotect(page, PAGE, prot) {
@@ -202,4 +237,29 @@ fn foreign(addr: usize) {
     let page = addr & !(PAGE - 1);
     state::trace(state::ev::CHAIN, raw_tid() as u64, page, 0);
     COUNTERS.faults_foreign.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    /// A slot reused for another page between the handler's reads and its exchange (same
+    /// state both times) is left alone, with its page and state as they were.
+    #[test]
+    fn a_slot_reused_for_another_page_is_not_taken() {
+        let (p, q) = (0x7000_0000_usize, 0x7000_1000_usize);
+        let slot = state::Slot::new();
+        slot.page.store(q, Ordering::SeqCst);
+        slot.state.store(ARMED, Ordering::SeqCst);
+        // The handler read (ARMED, p); the slot now holds q, ARMED again.
+        assert_eq!(take(&slot, ARMED, p), Take::Other);
+        assert_eq!(slot.state.load(Ordering::SeqCst), ARMED);
+        assert_eq!(slot.page.load(Ordering::SeqCst), q);
+        // A state that changed since it was read: look again.
+        assert_eq!(take(&slot, OPEN, q), Take::Changed);
+        // The slot's own page: taken.
+        assert_eq!(take(&slot, ARMED, q), Take::Owned);
+        assert_eq!(slot.state.load(Ordering::SeqCst), BUSY);
+    }
 }

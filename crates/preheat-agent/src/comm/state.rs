@@ -48,7 +48,7 @@ pub struct Slot {
 }
 
 impl Slot {
-    const fn new() -> Slot {
+    pub(crate) const fn new() -> Slot {
         Slot {
             page: AtomicUsize::new(0),
             state: AtomicU8::new(FREE),
@@ -467,6 +467,8 @@ pub mod ev {
     pub const STATE: u64 = 11;
     pub const EFAULT: u64 = 12;
     pub const HOOK_RELEASE: u64 = 13;
+    /// A handler found its slot retired and reused for another page (`signal::take`).
+    pub const REUSED: u64 = 14;
 }
 
 /// Event words: `kind << 56 | (tid & 0xffffff) << 32 | extra`.
