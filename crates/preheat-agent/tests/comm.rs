@@ -68,6 +68,19 @@ fn run_detected(
     (out, report)
 }
 
+/// Every agent log in `run_dir`, for a failure's message.
+fn agent_logs(run_dir: &Path) -> String {
+    std::fs::read_dir(run_dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
 fn signal_of(out: &Output) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt;
     out.status.signal()
@@ -120,7 +133,11 @@ fn host_programs_do_not_notice() {
         );
         let r = report.unwrap_or_else(|| panic!("{mode}: no report"));
         assert!(r.rounds > 5, "{mode}: detection did not run: {r:?}");
-        assert!(r.faults_induced > 0, "{mode}: nothing sampled: {r:?}");
+        assert!(
+            r.faults_induced > 0,
+            "{mode}: nothing sampled: {r:?}\nagent logs:\n{}",
+            agent_logs(&dir.path().join("run"))
+        );
         eprintln!(
             "comm {mech} {mode}: {} induced, {} passed on, {} EFAULT retries, {} released (measured)",
             r.faults_induced, r.faults_foreign, r.efault_retries, r.pages_released

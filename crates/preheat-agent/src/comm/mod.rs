@@ -27,6 +27,7 @@
 //! ([`MapChange`]); threads are not allowed to keep SIGSEGV blocked while we sample
 //! ([`strip_segv`]); any internal error stops detection ([`disable`]) and restores every page.
 
+pub mod changes;
 pub mod hooks;
 pub mod release;
 pub mod sampler;

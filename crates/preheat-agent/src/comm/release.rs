@@ -18,8 +18,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::signal;
 use super::state::{self, ARMED, ARMED_COUNT, BUSY, COUNTERS, FREE, OPEN, PAGE, SLOTS};
+use super::{changes, signal};
 
 /// What a hooked map change does with a revoked page in its range.
 #[derive(Clone, Copy)]
@@ -35,23 +35,36 @@ pub enum Release {
 /// While one exists the sampler revokes nothing new (see `sampler::arm`).
 pub struct MapChange {
     active: bool,
+    /// The range announced at the start (noted again at the end: `super::changes`).
+    start: usize,
+    end: usize,
 }
 
 impl MapChange {
     /// Announce a change and give back every revoked page in `[start, start + len)`.
     pub fn begin(start: usize, len: usize, how: Release) -> MapChange {
+        let end = start.saturating_add(len);
         if !signal::INSTALLED.load(Ordering::Relaxed) {
-            return MapChange { active: false };
+            return MapChange {
+                active: false,
+                start,
+                end,
+            };
         }
         state::MAP_BUSY.fetch_add(1, Ordering::SeqCst);
-        state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
+        changes::note(start, end);
         release_range(start, len, how);
-        MapChange { active: true }
+        MapChange {
+            active: true,
+            start,
+            end,
+        }
     }
 
     /// Give back revoked pages in a further range (the new mapping, after the real call).
     pub fn also(&self, start: usize, len: usize, how: Release) {
         if self.active {
+            changes::note(start, start.saturating_add(len));
             release_range(start, len, how);
         }
     }
@@ -60,7 +73,7 @@ impl MapChange {
 impl Drop for MapChange {
     fn drop(&mut self) {
         if self.active {
-            state::MAP_GEN.fetch_add(1, Ordering::SeqCst);
+            changes::note(self.start, self.end);
             state::MAP_BUSY.fetch_sub(1, Ordering::SeqCst);
         }
     }
