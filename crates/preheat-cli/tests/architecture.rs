@@ -290,7 +290,7 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-lab/src/servers.rs", "plan", 174),
     ("preheatd/src/metrics.rs", "render", 147),
     ("preheat-affinity/src/table2.rs", "plan_table2", 140),
-    ("preheat-demo/src/render.rs", "render", 142),
+    ("preheat-demo/src/render.rs", "render", 135),
     ("preheat-stage/src/bench/render.rs", "render", 175),
     ("preheat-power/src/cli.rs", "print_bench", 132),
 ];

@@ -147,17 +147,9 @@ pub fn render(o: &Output) -> String {
             "n/a (no hardware PMU on this machine: cycles and instructions cannot be counted)"
         }
     );
-    if mixed_kinds(&o.samples) {
-        w!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);");
-    } else {
-        w!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);");
+    for line in legend(o, floor) {
+        w!("{line}");
     }
-    w!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client side is the same in every row;", lead = o.lead_us);
-    w!("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;");
-    w!("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);");
-    w!("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.");
-    w!("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);");
-    w!("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).");
     out
 }
 
@@ -196,4 +188,21 @@ fn auto_notes(o: &Output) -> Vec<String> {
         out.push(format!("  pilot [measured] {}", cand.describe()));
     }
     out
+}
+
+/// What every column and share of the table means (the lines after it).
+fn legend(o: &Output, floor: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    if mixed_kinds(&o.samples) {
+        v.push(format!("removed = median over rounds of (cold-sweep − mode) / median over rounds of (cold-sweep − {floor}): the request kinds differ between rounds (every mode of a round runs the same kind), so p50s of different modes would compare different mixes; vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);"));
+    } else {
+        v.push(format!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);"));
+    }
+    v.push(format!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client side is the same in every row;", lead = o.lead_us));
+    v.push("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;".into());
+    v.push("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);".into());
+    v.push("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.".into());
+    v.push("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);".into());
+    v.push("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).".into());
+    v
 }

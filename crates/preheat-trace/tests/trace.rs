@@ -216,25 +216,38 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
         std::thread::sleep(Duration::from_millis(50));
     }
     // The last period is written when the server re-enters epoll_wait; give it time.
+    // The GETs are the serving thread's periods: the thread with the most complete periods (one
+    // connection is served by one thread). Other threads may add periods of their own in between
+    // — the accept on the main thread, and a background thread's (memcached's LRU maintainer
+    // under Valgrind did, once in a suite run) — so "the last 10 periods" is not enough.
     let mut periods: Vec<BusyPeriod> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(20);
+    let serving = |periods: &[BusyPeriod]| -> Vec<BusyPeriod> {
+        let complete = periods.iter().filter(|p| p.complete);
+        let mut per_tid: std::collections::BTreeMap<u32, usize> = Default::default();
+        for p in complete.clone() {
+            *per_tid.entry(p.tid).or_default() += 1;
+        }
+        let tid = per_tid.iter().max_by_key(|(_, &n)| n).map(|(&t, _)| t);
+        complete.filter(|p| Some(p.tid) == tid).cloned().collect()
+    };
     loop {
         periods.extend(server.read_new_periods().unwrap());
-        if periods.iter().filter(|p| p.complete).count() >= 10 || Instant::now() > deadline {
+        if serving(&periods).len() >= 10 || Instant::now() > deadline {
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let complete: Vec<&BusyPeriod> = periods.iter().filter(|p| p.complete).collect();
+    let complete = serving(&periods);
     assert!(
         complete.len() >= 10,
-        "{name}: expected >= 10 complete busy periods, got {}:\n{}",
+        "{name}: expected >= 10 complete busy periods of the serving thread, got {}:\n{}",
         complete.len(),
         server.log()
     );
     assert!(periods.windows(2).all(|w| w[0].seq < w[1].seq));
-    // The last 10 periods are the 10 GETs (earlier ones: accept, possibly merged with GET 1).
-    let gets = &complete[complete.len() - 10..];
+    // Its last 10 periods are the 10 GETs (an earlier one may be GET 1 merged with the accept).
+    let gets: Vec<&BusyPeriod> = complete[complete.len() - 10..].iter().collect();
     let pid = server.pid();
     for (i, p) in gets.iter().enumerate() {
         let (code, data, none) = code_data_split(pid, &p.lines);
@@ -250,7 +263,6 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
             "{name}: GET {i} touched {} lines",
             p.lines.len()
         );
-        assert_eq!(p.tid, gets[0].tid, "one connection, one thread");
     }
     let mut worst = 1.0f64;
     for w in gets[1..].windows(2) {

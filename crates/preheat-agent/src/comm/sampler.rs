@@ -615,6 +615,33 @@ impl Focus {
     }
 }
 
+/// Log what a round chose from (every 100th round).
+fn log_round(ranges: &[Eligible], chosen: usize, uffd: bool) {
+    let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    crate::log::log(&format!(
+        "comm: round {}: {} eligible ranges ({} KiB), {chosen} pages chosen{}",
+        COUNTERS.rounds.load(Ordering::Relaxed),
+        ranges.len(),
+        bytes >> 10,
+        if uffd {
+            format!("; userfaultfd fault thread at {}", super::uffd::priority())
+        } else {
+            String::new()
+        }
+    ));
+}
+
+/// Log a round that revoked nothing, with what may explain it.
+fn log_nothing_revoked(ranges: usize, chosen: usize) {
+    crate::log::log(&format!(
+        "comm: round {}: nothing revoked ({ranges} eligible ranges, {chosen} pages chosen; \
+         hooked map changes in progress {}, generation {})",
+        COUNTERS.rounds.load(Ordering::Relaxed),
+        state::MAP_BUSY.load(Ordering::SeqCst),
+        state::MAP_GEN.load(Ordering::SeqCst),
+    ));
+}
+
 /// The sampler thread's body: rounds until stopped.
 pub fn run(cfg: CommConfig, ex: Exclusions) {
     let period = Duration::from_millis(u64::from(cfg.period_ms));
@@ -668,19 +695,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 let written = focus.written();
                 let pages = choose(ranges, &reuse, &written, n, &mut rng, |p| history.skip(p));
                 if COUNTERS.rounds.load(Ordering::Relaxed) % 100 == 1 {
-                    let bytes: u64 = ranges.iter().map(|r| r.end - r.start).sum();
-                    crate::log::log(&format!(
-                        "comm: round {}: {} eligible ranges ({} KiB), {} pages chosen{}",
-                        COUNTERS.rounds.load(Ordering::Relaxed),
-                        ranges.len(),
-                        bytes >> 10,
-                        pages.len(),
-                        if uffd {
-                            format!("; userfaultfd fault thread at {}", super::uffd::priority())
-                        } else {
-                            String::new()
-                        }
-                    ));
+                    log_round(ranges, pages.len(), uffd);
                 }
                 let armed = if uffd {
                     super::uffd::arm(&pages)
@@ -690,15 +705,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
                 COUNTERS.pages_revoked.fetch_add(armed, Ordering::Relaxed);
                 if armed == 0 && quiet_rounds < 3 {
                     quiet_rounds += 1;
-                    crate::log::log(&format!(
-                        "comm: round {}: nothing revoked ({} eligible ranges, {} pages chosen; \
-                         hooked map changes in progress {}, generation {})",
-                        COUNTERS.rounds.load(Ordering::Relaxed),
-                        ranges.len(),
-                        pages.len(),
-                        state::MAP_BUSY.load(Ordering::SeqCst),
-                        state::MAP_GEN.load(Ordering::SeqCst),
-                    ));
+                    log_nothing_revoked(ranges.len(), pages.len());
                 }
             }
         }
