@@ -267,17 +267,39 @@ mod timing {
             "the arbiter's announcements reached the agent through preheatd for only {announced} of 60 requests"
         );
 
-        // Two client hosts at once: the arbiter schedules both.
+        // Two client hosts at once: the arbiter schedules both. A request whose slot answer
+        // comes later than the sender's timeout is sent unscheduled (fail-open, by design); a
+        // stall of the host (one run here: 88 ms, one request of 80 unscheduled) does that, so
+        // the pair is tried up to three times and must be scheduled whole once.
         let lab_ref = &lab;
-        let (a, b) = std::thread::scope(|s| {
-            let h1 = s.spawn(|| through_arbiter(lab_ref, 2, "40", "5", &[]));
-            let h2 = s.spawn(|| through_arbiter(lab_ref, 3, "40", "5", &[]));
-            (h1.join().unwrap(), h2.join().unwrap())
-        });
-        for v in [&a, &b] {
-            assert_eq!(v["errors"], 0, "{v}");
-            assert_eq!(v["scheduled"], 40, "{v}");
+        let mut tries = Vec::new();
+        for _ in 0..3 {
+            let (a, b) = std::thread::scope(|s| {
+                let h1 = s.spawn(|| through_arbiter(lab_ref, 2, "40", "5", &[]));
+                let h2 = s.spawn(|| through_arbiter(lab_ref, 3, "40", "5", &[]));
+                (h1.join().unwrap(), h2.join().unwrap())
+            });
+            for v in [&a, &b] {
+                assert_eq!(v["errors"], 0, "{v}");
+                assert_eq!(
+                    v["scheduled"].as_u64().unwrap() + v["unscheduled"].as_u64().unwrap(),
+                    40,
+                    "{v}"
+                );
+            }
+            let whole = a["scheduled"] == 40 && b["scheduled"] == 40;
+            tries.push((a, b));
+            if whole {
+                break;
+            }
         }
+        assert!(
+            tries
+                .last()
+                .is_some_and(|(a, b)| a["scheduled"] == 40 && b["scheduled"] == 40),
+            "two hosts at once were not scheduled whole in {} tries: {tries:?}",
+            tries.len()
+        );
 
         // Fail-open 1: preheatd dies. The arbiter still schedules, the server still serves.
         lab.kill(pd);
