@@ -68,19 +68,6 @@ fn run_detected(
     (out, report)
 }
 
-/// Every agent log in `run_dir`, for a failure's message.
-fn agent_logs(run_dir: &Path) -> String {
-    std::fs::read_dir(run_dir)
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
-                .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default()
-}
-
 fn signal_of(out: &Output) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt;
     out.status.signal()
@@ -136,7 +123,7 @@ fn host_programs_do_not_notice() {
         assert!(
             r.faults_induced > 0,
             "{mode}: nothing sampled: {r:?}\nagent logs:\n{}",
-            agent_logs(&dir.path().join("run"))
+            support::agent_logs(&dir.path().join("run"))
         );
         eprintln!(
             "comm {mech} {mode}: {} induced, {} passed on, {} EFAULT retries, {} released (measured)",

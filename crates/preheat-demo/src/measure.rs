@@ -117,15 +117,8 @@ impl Bench<'_> {
             Some(_) => Some(self.views()?),
             None => None,
         };
-        let t_send = match announced {
-            Some(st) => self.announce(st),
-            None => {
-                // The same lead as an announced request, nothing announced (module docs).
-                let t = preheat_engine::time::now_ns() + self.lead_us * 1000;
-                spin_until(t);
-                t
-            }
-        };
+        // The same lead for every mode, announced or not (module docs).
+        let t_send = self.announce(announced.unwrap_or(Strategies::NONE));
         let ok = self.client.request()?;
         let t_done = preheat_engine::time::now_ns();
         if let Some(k) = hot {

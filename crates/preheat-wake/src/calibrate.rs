@@ -271,21 +271,21 @@ pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
         );
     }
     anyhow::ensure!(!mechs.is_empty(), "--mechs needs at least one mechanism");
-    let limited_to = if MECHANISMS.iter().all(|m| mechs.iter().any(|x| x == m)) {
-        Vec::new()
+    // The allowed mechanisms in their usual order; a limit only where some are left out.
+    let allowed: Vec<String> = MECHANISMS
+        .iter()
+        .filter(|m| mechs.iter().any(|x| x == *m))
+        .map(|m| m.to_string())
+        .collect();
+    let limited_to = if allowed.len() < MECHANISMS.len() {
+        allowed.clone()
     } else {
-        MECHANISMS
-            .iter()
-            .filter(|m| mechs.iter().any(|x| x == *m))
-            .map(|m| m.to_string())
-            .collect()
+        Vec::new()
     };
     let args = BenchArgs {
         gaps_us: vec![GAP_US],
         rounds,
-        mechs: std::iter::once("none".to_string())
-            .chain(limited_or_all(&limited_to))
-            .collect(),
+        mechs: std::iter::once("none".to_string()).chain(allowed).collect(),
         waiters: vec!["futex".into()],
         held: true,
         sleeper_cpu: 1,
@@ -314,15 +314,6 @@ pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
         others_cpu_share,
         limited_to,
     })
-}
-
-/// The mechanisms to measure: `limited_to`, or all where it is empty.
-fn limited_or_all(limited_to: &[String]) -> Vec<String> {
-    if limited_to.is_empty() {
-        MECHANISMS.map(String::from).to_vec()
-    } else {
-        limited_to.to_vec()
-    }
 }
 
 /// Write `c` to the cache of `run_dir` (atomically: a temporary file renamed over it).

@@ -64,6 +64,24 @@ pub fn artifacts() -> &'static Artifacts {
 }
 
 /// Poll `f` every 10 ms until it returns true or `timeout` passes.
+/// Every agent log in `run_dir`, each under its path (for a failure's message).
+pub fn agent_logs(run_dir: &Path) -> String {
+    std::fs::read_dir(run_dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .map(|e| {
+                    format!(
+                        "--- {}\n{}",
+                        e.path().display(),
+                        std::fs::read_to_string(e.path()).unwrap_or_default()
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let t0 = Instant::now();
     loop {
@@ -107,20 +125,7 @@ impl Server {
 
     pub fn log_tail(&self) -> String {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let agent_logs: String = std::fs::read_dir(&self.run_dir)
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-                    .map(|e| {
-                        format!(
-                            "--- {}\n{}",
-                            e.path().display(),
-                            std::fs::read_to_string(e.path()).unwrap_or_default()
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let agent_logs = agent_logs(&self.run_dir);
         let tail: String = s
             .lines()
             .rev()
