@@ -19,8 +19,9 @@ skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
   echo "test.sh: SKIP $1: $3"
 }
 # What existed in /tmp before the run: whatever /tmp/preheat-* appears and stays was left behind by
-# this run (this script's own logs excepted).
-tmp_listing() { find /tmp -maxdepth 1 -name 'preheat-*' 2>/dev/null | sort; }
+# this run (this script's own logs excepted); the same for the network namespaces `demo --netns`
+# makes (/run/netns/preheat-PID).
+tmp_listing() { find /tmp /run/netns -maxdepth 1 -name 'preheat-*' 2>/dev/null | sort; }
 tmp_before=$(tmp_listing)
 
 # The components this script provides itself (Debian binaries and PyPI packages below, the preheat
@@ -58,7 +59,7 @@ finish() {
   left=$(comm -13 <(printf '%s\n' "$tmp_before") <(tmp_listing) \
     | grep -vE '^/tmp/preheat-(test\.log|cargo-fuzz-install\.log|fuzz-.*\.log)$' || true)
   if [ -n "$left" ]; then
-    echo "test.sh: left behind in /tmp by this run (tests and the demo must remove what they create):"
+    echo "test.sh: left behind in /tmp or /run/netns by this run (tests and the demo must remove what they create):"
     printf '  %s\n' $left
     if [ -n "${CI:-}" ]; then
       echo "test.sh: FAILED (CI): the run left files behind"

@@ -56,8 +56,11 @@ pub(crate) fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
         ServerKind::Kv,
         None,
         scratch.path(),
-        vec![ncpu - 1],
-        agent.is_some(),
+        servers::Placement {
+            cpus: vec![ncpu - 1],
+            agent: agent.is_some(),
+            netns: None,
+        },
     )?;
     if agent == Some(false) {
         let mut c = preheat_launch::agentctl::AgentClient::connect(

@@ -368,6 +368,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
         cpus: vec![],
         env: vec![],
         agent_only: None,
+        netns: None,
     };
     let auto = a
         .auto_choice

@@ -51,7 +51,16 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
     let server_cpu = a.server_cpu.unwrap_or_else(crate::default_server_cpu);
     let (spec, workload, plan) = match (a.server, a.command.is_empty()) {
         (Some(k), _) => {
-            let (spec, plan) = servers::plan(k, a.port, dir, vec![server_cpu], true)?;
+            let (spec, plan) = servers::plan(
+                k,
+                a.port,
+                dir,
+                servers::Placement {
+                    cpus: vec![server_cpu],
+                    agent: true,
+                    netns: None,
+                },
+            )?;
             (spec, servers::Workload::of(&plan), Some(plan))
         }
         (None, false) => {
@@ -66,6 +75,7 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
                 cpus: vec![server_cpu],
                 env: vec![],
                 agent_only: None,
+                netns: None,
             };
             let w = servers::Workload::custom(
                 launch::unescape(req).into_bytes(),

@@ -63,8 +63,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         a.server,
         a.port,
         &dir,
-        a.cpu.map(|c| vec![c]).unwrap_or_default(),
-        agent,
+        servers::Placement {
+            cpus: a.cpu.map(|c| vec![c]).unwrap_or_default(),
+            agent,
+            netns: None,
+        },
     )
     .inspect_err(|_| {
         // A server that never started (not installed, port in use) leaves nothing worth a look

@@ -73,6 +73,77 @@ fn load(lab: &NetLab, host: usize, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// The `preheat-<pid>` network namespaces that exist now.
+fn preheat_namespaces() -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("preheat-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `preheat demo --netns`: the server in a namespace of its own, requests over a veth pair;
+/// every mode measured, `replay` included (the agent's own connection reaches the server inside
+/// the namespace), and the namespace gone afterwards — also when the server is refused.
+#[test]
+fn demo_over_a_veth_pair() {
+    if let Err(e) = NetLab::new(&["probe"]) {
+        preheat_testsupport::skip!("netns", "cannot create network namespaces: {e}");
+        return;
+    }
+    let before = preheat_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = common::run_dir(&tmp);
+    let args = [
+        &["demo", "--netns", "--rounds", "3", "--lead-us", "1000"][..],
+        &["--strategies", "wake,replay", "--json"],
+        &common::QUICK_DEMO,
+    ]
+    .concat();
+    let out = common::ok(&args, &rd);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let transport = v["transport"].as_str().unwrap();
+    assert!(
+        transport.starts_with("veth 10.234.") && !transport.contains("NOT verified"),
+        "{transport}"
+    );
+    for m in [
+        "hot",
+        "warm",
+        "cold-sweep",
+        "preheat:wake",
+        "preheat:replay",
+    ] {
+        let r = v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["mode"] == m);
+        let r = r.unwrap_or_else(|| panic!("mode {m} missing: {}", v["rows"]));
+        assert_eq!(r["latency"]["n"], 3, "{r}");
+    }
+    assert!(
+        v["agent_counters"]["replays"].as_u64().unwrap() >= 3,
+        "{}",
+        v["agent_counters"]
+    );
+    common::assert_no_agent_sockets(&rd);
+    // MariaDB is refused (its grants admit 127.0.0.1 only) before it starts, namespace removed.
+    let o = common::preheat(&["demo", "--netns", "--server", "mariadb"], &rd);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("network namespace") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+    let mut left = preheat_namespaces();
+    left.retain(|n| !before.contains(n));
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
 /// Tests whose outcome depends on the machine's timing (caches, wake-ups, deadlines):
 /// `scripts/test.sh` runs every `timing::` test after all others, one at a time, so no other
 /// test loads the two CPUs meanwhile.

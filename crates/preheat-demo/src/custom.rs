@@ -5,6 +5,9 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+use preheat_engine::netns::VethHost;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,8 +43,14 @@ pub(crate) struct CustomServer<'a> {
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl CustomServer<'_> {
-    /// Start the server pinned to `cpus` with the agent attached, and learn its workload.
-    pub fn start(&self, dir: &Path, cpus: Vec<usize>) -> Result<(Server, Workload)> {
+    /// Start the server pinned to `cpus` with the agent attached (in `netns` if given: it must
+    /// listen on 0.0.0.0 or the namespace's address there), and learn its workload.
+    pub fn start(
+        &self,
+        dir: &Path,
+        cpus: Vec<usize>,
+        netns: Option<Arc<VethHost>>,
+    ) -> Result<(Server, Workload)> {
         let Some(port) = self.port else {
             bail!("a server given by its command needs --port (the port it listens on)");
         };
@@ -63,6 +72,7 @@ impl CustomServer<'_> {
             cpus,
             env: vec![],
             agent_only: None,
+            netns,
         };
         let server = launch::start(spec, &preheat_launch::paths::run_dir(), dir, START_TIMEOUT)?;
         let w = self.workload(server.addr(), request)?;

@@ -51,6 +51,9 @@ pub struct DemoParams {
     pub records: Option<PathBuf>,
     /// Server CPU (default: the last CPU); the client uses another one.
     pub server_cpu: Option<usize>,
+    /// Run the server in a network namespace of its own, reached over a veth pair, instead of
+    /// on the loopback (root and iproute2; [`preheat_engine::netns`]).
+    pub netns: bool,
 }
 
 impl Default for DemoParams {
@@ -75,6 +78,7 @@ impl Default for DemoParams {
             gap_merge: 0,
             records: None,
             server_cpu: None,
+            netns: false,
         }
     }
 }

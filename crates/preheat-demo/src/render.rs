@@ -31,8 +31,8 @@ pub fn render(o: &Output) -> String {
     }
     w!();
     w!(
-        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs]",
-        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us
+        "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs; over {}]",
+        o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us, o.transport
     );
     if let Some(r) = &o.record {
         w!(

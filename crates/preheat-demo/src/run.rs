@@ -28,12 +28,14 @@
 //! on this machine unless labeled otherwise; the paper's numbers are printed as the paper's.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use preheat_model::proto::{Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
+use preheat_engine::netns::VethHost;
 use preheat_estimate::serving::serving_agents;
 use preheat_estimate::{read_profile, record, write_profile, RecordParams, RecordStats};
 use preheat_launch::agentctl::{AgentClient, Announcer};
@@ -68,6 +70,9 @@ pub struct Output {
     pub lead_us: u64,
     pub server_cpu: usize,
     pub client_cpu: usize,
+    /// How requests reach the server: the loopback, or a veth pair into the network namespace
+    /// the server runs in (checked on the server's process).
+    pub transport: String,
     pub record: Option<RecordStats>,
     pub prepared: preheat_lab::servers::Prepared,
     /// Whether a hardware PMU exists; CPI is only measured with one (`null` otherwise).
@@ -128,8 +133,25 @@ fn start_server(
     servers::Workload,
     preheat_lab::servers::Prepared,
 )> {
+    let netns = if a.netns {
+        let ns = VethHost::create().map_err(|e| anyhow::anyhow!("--netns: {e}"))?;
+        eprintln!(
+            "demo: the server runs in network namespace {}, reached over a veth pair ({} -> {})",
+            ns.name(),
+            ns.local,
+            ns.remote
+        );
+        Some(Arc::new(ns))
+    } else {
+        None
+    };
     if a.command.is_empty() {
-        let started = servers::start(a.server, None, dir, vec![server_cpu], true)?;
+        let at = servers::Placement {
+            cpus: vec![server_cpu],
+            agent: true,
+            netns,
+        };
+        let started = servers::start(a.server, None, dir, at)?;
         return Ok((started.server, started.workload, started.prepared));
     }
     let custom = custom::CustomServer {
@@ -139,7 +161,7 @@ fn start_server(
         request: a.request.as_deref(),
         until: &a.until,
     };
-    let (server, w) = custom.start(dir, vec![server_cpu])?;
+    let (server, w) = custom.start(dir, vec![server_cpu], netns)?;
     Ok((server, w, Default::default()))
 }
 
@@ -456,6 +478,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         lead_us: a.lead_us,
         server_cpu,
         client_cpu,
+        transport: transport(&server),
         record: rec_stats,
         prepared,
         pmu: preheat_engine::topology::has_pmu(),
@@ -472,6 +495,24 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         samples,
         ws: ws_stats,
     })
+}
+
+/// How requests reach `server` (see [`Output::transport`]).
+fn transport(server: &preheat_launch::launch::Server) -> String {
+    match &server.spec.netns {
+        None => "loopback".into(),
+        Some(ns) => format!(
+            "veth {} -> {} (server in network namespace {}{})",
+            ns.local,
+            ns.remote,
+            ns.name(),
+            if ns.holds(server.pid()) {
+                ""
+            } else {
+                ": NOT verified on its process"
+            }
+        ),
+    }
 }
 
 /// The agents of the processes that serve the port ([`serving_agents`]); where that is more

@@ -122,6 +122,11 @@ impl Creds {
     }
 }
 
+/// Our effective uid (`None` if `/proc/self/status` cannot be read).
+pub fn effective_uid() -> Option<u32> {
+    Creds::current().ok().map(|c| c.euid)
+}
+
 fn c_path(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
 }

@@ -95,6 +95,7 @@ pub mod host;
 pub mod idle;
 pub mod machine;
 pub mod maps;
+pub mod netns;
 pub mod os;
 pub mod perf;
 pub mod pidlock;

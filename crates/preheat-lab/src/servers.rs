@@ -7,8 +7,9 @@
 //! stopping belong to the caller's launcher (`preheat-launch`), so process cleanup lives
 //! in one place.
 //!
-//! Every server listens on 127.0.0.1:PORT, runs in the foreground (no daemonizing), keeps its
-//! configuration, data, pid file and logs inside the work directory, and runs as root too.
+//! Every server listens on 127.0.0.1:PORT (0.0.0.0 in a network namespace of its own), runs
+//! in the foreground (no daemonizing), keeps its configuration, data, pid file and logs inside
+//! the work directory, and runs as root too.
 //!
 //! What "one request" is, per server (the unit whose response time is measured):
 //!
@@ -101,6 +102,10 @@ pub struct PlanOptions {
     /// [`SYSTEM_DIRS`] (Debian installs nginx and mariadbd in `/usr/sbin`, which a non-root
     /// `$PATH` often lacks).
     pub search_path: Option<Vec<PathBuf>>,
+    /// Listen on every address (0.0.0.0) instead of 127.0.0.1: for a server in a network
+    /// namespace of its own, reached over a veth pair. Not for MariaDB (its grant tables admit
+    /// root from 127.0.0.1 only).
+    pub any_address: bool,
 }
 
 /// Searched after `$PATH`.
@@ -154,11 +159,22 @@ pub fn value_for(i: usize) -> String {
 
 /// Check the server is installed (else: an error naming the Debian package and
 /// `scripts/setup-lab.sh`), write its configuration and data directory under `workdir`, and
-/// return its command line for `port` on 127.0.0.1.
+/// return its command line for `port` on 127.0.0.1 (every address with `opts.any_address`).
 pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> Result<Plan> {
     if port == 0 {
         bail!("plan {}: a fixed port is needed (got 0)", kind.name());
     }
+    if opts.any_address && kind == ServerKind::Mariadb {
+        bail!(
+            "mariadb cannot run in a network namespace of its own here: its grant tables admit \
+             root from 127.0.0.1 only (use another server, or the loopback)"
+        );
+    }
+    let host = if opts.any_address {
+        "0.0.0.0"
+    } else {
+        "127.0.0.1"
+    };
     // Check the program first: a missing program should not leave an empty work directory.
     let program = match kind {
         ServerKind::Kv => kv_program(opts)?,
@@ -198,8 +214,8 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
         ServerKind::Kv => {
             plan.argv = strings(&[
                 &prog,
-                "--port",
-                &p,
+                "--listen",
+                &format!("{host}:{p}"),
                 "--items",
                 &KV_ITEMS.to_string(),
                 "--value-size",
@@ -216,7 +232,7 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
                 "-p",
                 &p,
                 "-l",
-                "127.0.0.1",
+                host,
                 "-U",
                 "0",
                 "-t",
@@ -232,7 +248,7 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
         ServerKind::Nginx => {
             let index = write_site(&workdir)?;
             let info = nginx_build_info(&program);
-            let conf = nginx_conf(&info, &workdir, port)?;
+            let conf = nginx_conf(&info, &workdir, host, port)?;
             let conf_path = workdir.join("nginx.conf");
             write(&conf_path, conf.as_bytes())?;
             let mut argv = strings(&[&prog, "-p", &format!("{dir}/"), "-c", path_str(&conf_path)?]);
@@ -257,7 +273,7 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
                 "--port",
                 &p,
                 "--bind",
-                "127.0.0.1",
+                host,
                 "--save",
                 "",
                 "--appendonly",
@@ -578,7 +594,7 @@ fn nginx_supports_e(info: &str) -> bool {
 }
 
 /// `info`: [`nginx_build_info`] (which modules are compiled out).
-fn nginx_conf(info: &str, workdir: &Path, port: u16) -> Result<String> {
+fn nginx_conf(info: &str, workdir: &Path, host: &str, port: u16) -> Result<String> {
     let dir = path_str(workdir)?;
     if dir.contains(['"', '\\', '$', '\n', ';', '{', '}']) {
         bail!(
@@ -623,7 +639,7 @@ fn nginx_conf(info: &str, workdir: &Path, port: u16) -> Result<String> {
          \x20   types {{\n        text/html html;\n        text/css css;\n        text/plain txt;\n    }}\n\
          \x20   default_type application/octet-stream;\n\
          \x20   server {{\n\
-         \x20       listen 127.0.0.1:{port};\n\
+         \x20       listen {host}:{port};\n\
          \x20       server_name localhost;\n\
          \x20       root \"{dir}/site\";\n\
          \x20       location / {{\n        }}\n\

@@ -135,6 +135,7 @@ pub fn install_cleanup() {
             for d in dirs {
                 let _ = std::fs::remove_dir_all(d);
             }
+            preheat_engine::netns::remove_own();
             std::process::exit(128 + sig);
         }
     });
@@ -238,9 +239,23 @@ pub struct ServerSpec {
     pub env: Vec<(String, String)>,
     /// Only attach the agent to processes with this executable basename.
     pub agent_only: Option<String>,
+    /// Start the server in this network namespace, reached over a veth pair (`None`: ours,
+    /// on the loopback). Kept alive as long as the server.
+    pub netns: Option<std::sync::Arc<preheat_engine::netns::VethHost>>,
 }
 
-/// A running server; stopped on drop.
+impl ServerSpec {
+    /// Where clients reach the server: 127.0.0.1, or the namespace's end of the veth pair.
+    pub fn addr(&self) -> SocketAddr {
+        let ip = match &self.netns {
+            Some(ns) => ns.remote,
+            None => std::net::Ipv4Addr::LOCALHOST,
+        };
+        SocketAddr::from((ip, self.port))
+    }
+}
+
+/// A running server; stopped on drop (then its network namespace, if it has one, is removed).
 pub struct Server {
     pub spec: ServerSpec,
     child: Child,
@@ -269,8 +284,9 @@ impl Server {
             .collect()
     }
 
+    /// Where clients reach it: 127.0.0.1, or the namespace's end of the veth pair.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.spec.port))
+        self.spec.addr()
     }
 
     pub fn log_tail(&self) -> String {
@@ -346,11 +362,12 @@ impl Drop for Program {
 
 /// Whether something already listens on 127.0.0.1:`port`.
 pub fn port_in_use(port: u16) -> bool {
-    TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], port)),
-        Duration::from_millis(200),
-    )
-    .is_ok()
+    listens(SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// Whether something accepts connections at `addr`.
+fn listens(addr: SocketAddr) -> bool {
+    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
 /// Load the agent into the program `cmd` starts (`program`, its first argument): the pre-flight
@@ -403,7 +420,7 @@ pub fn start(
     log_dir: &Path,
     timeout: Duration,
 ) -> Result<Server> {
-    if port_in_use(spec.port) {
+    if spec.netns.is_none() && port_in_use(spec.port) {
         bail!(
             "port {} is already in use on 127.0.0.1: stop whatever listens there or pick another port",
             spec.port
@@ -438,6 +455,9 @@ pub fn start(
     if let Some(only) = spec.agent_only.as_ref().filter(|_| spec.agent) {
         cmd.env("PREHEAT_AGENT_ONLY", only);
     }
+    if let Some(ns) = &spec.netns {
+        ns.enter_on_spawn(&mut cmd)?;
+    }
     let child =
         spawn_pinned(&mut cmd, &spec.cpus).with_context(|| format!("cannot start {prog}"))?;
     STARTED.lock().map(|mut v| v.push(child.id())).ok();
@@ -457,14 +477,14 @@ pub fn start(
                 srv.log_tail()
             );
         }
-        if port_in_use(srv.spec.port) {
+        if listens(srv.addr()) {
             break;
         }
         if t0.elapsed() > timeout {
             bail!(
-                "{} did not listen on port {} within {:?}; its log:\n{}",
+                "{} did not listen on {} within {:?}; its log:\n{}",
                 srv.spec.name,
-                srv.spec.port,
+                srv.addr(),
                 timeout,
                 srv.log_tail()
             );

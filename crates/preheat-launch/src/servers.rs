@@ -168,13 +168,22 @@ impl Requester {
     }
 }
 
+/// Where a catalog server runs: its CPUs, whether the agent is attached, and its network
+/// namespace (`None`: ours, listening on 127.0.0.1; else the namespace of a veth pair,
+/// listening on 0.0.0.0 there so the agent's own connections to 127.0.0.1 still reach it).
+#[derive(Debug, Clone, Default)]
+pub struct Placement {
+    pub cpus: Vec<usize>,
+    pub agent: bool,
+    pub netns: Option<std::sync::Arc<preheat_engine::netns::VethHost>>,
+}
+
 /// Plan `kind` on `port` (default: a free one) in `workdir` and turn it into a launcher spec.
 pub fn plan(
     kind: ServerKind,
     port: Option<u16>,
     workdir: &Path,
-    cpus: Vec<usize>,
-    agent: bool,
+    at: Placement,
 ) -> Result<(ServerSpec, Plan)> {
     let port = match port {
         Some(p) => p,
@@ -186,6 +195,7 @@ pub fn plan(
         } else {
             None
         },
+        any_address: at.netns.is_some(),
         ..Default::default()
     };
     let workdir = workdir.join(kind.name());
@@ -195,10 +205,11 @@ pub fn plan(
         name: plan.name.clone(),
         argv: plan.argv.clone(),
         port,
-        agent,
-        cpus,
+        agent: at.agent,
+        cpus: at.cpus,
         env: plan.env.clone(),
         agent_only: plan.agent_only.clone(),
+        netns: at.netns,
     };
     Ok((spec, plan))
 }
@@ -211,15 +222,14 @@ pub struct Started {
     pub prepared: preheat_lab::servers::Prepared,
 }
 
-/// Plan, start (agent attached when `agent`) and load `kind`; `workdir` holds its files and log.
+/// Plan, start (placed `at`) and load `kind`; `workdir` holds its files and log.
 pub fn start(
     kind: ServerKind,
     port: Option<u16>,
     workdir: &Path,
-    cpus: Vec<usize>,
-    agent: bool,
+    at: Placement,
 ) -> Result<Started> {
-    let (spec, plan) = plan(kind, port, workdir, cpus, agent)?;
+    let (spec, plan) = plan(kind, port, workdir, at)?;
     let server = launch::start(spec, &paths::run_dir(), workdir, plan.start_timeout)?;
     let prepared = prepare(&plan, server.addr())?;
     let workload = Workload::of(&plan);

@@ -497,6 +497,7 @@ fn start_fails(argv: Vec<String>, port: u16, timeout: Duration) -> (String, Dura
         cpus: vec![],
         env: vec![],
         agent_only: None,
+        netns: None,
     };
     let t0 = Instant::now();
     let err = match launch::start(spec, &tmp.path().join("run"), tmp.path(), timeout) {

@@ -196,12 +196,7 @@ pub fn cgroup_mounts() -> CgroupMounts {
         .unwrap_or_default()
 }
 
-/// The effective uid of this process, from `/proc/self/status`.
-pub fn effective_uid() -> Option<u32> {
-    let status = fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
+pub use preheat_engine::host::effective_uid;
 
 fn kernel_at_least(major: u32, minor: u32) -> bool {
     let Ok(rel) = fs::read_to_string("/proc/sys/kernel/osrelease") else {

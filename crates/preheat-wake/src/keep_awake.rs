@@ -133,12 +133,7 @@ impl SysPaths {
     }
 }
 
-/// Effective uid of this process (from `/proc/self/status`), if readable.
-pub fn effective_uid() -> Option<u32> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(2)?.parse().ok()
-}
+pub use preheat_engine::host::effective_uid;
 
 /// A value a PM QoS file may legitimately hold (`n/a` or a decimal number of µs).
 fn valid_pm_qos_value(v: &str) -> bool {

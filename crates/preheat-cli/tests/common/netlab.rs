@@ -5,26 +5,12 @@
 
 use std::process::{Child, Command, Stdio};
 
+use preheat_engine::netns::ip;
+
 pub struct NetLab {
     bridge_ns: String,
     hosts: Vec<(String, String)>, // (netns, ip)
     children: Vec<Child>,
-}
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let o = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip (iproute2): {e}"))?;
-    if o.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ))
-    }
 }
 
 impl NetLab {
