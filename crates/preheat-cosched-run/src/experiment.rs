@@ -84,6 +84,8 @@ pub struct Cell {
     pub slice_us_p50: f64,
     pub slice_us_p99: f64,
     pub apply_us_p50: f64,
+    /// Of which reading every vCPU thread's readiness, µs (median per slice).
+    pub ready_us_p50: f64,
     /// partial-auto: each regroup (time since the controller started, the sets).
     pub regroups: Vec<preheat_cosched::control::Regroup>,
     /// Seconds from starting the programs (booting the guests) to the controller's first slice
@@ -317,6 +319,7 @@ fn measure_cell(
         slice_us_p50: r.slice_us_p50,
         slice_us_p99: r.slice_us_p99,
         apply_us_p50: r.apply_us_p50,
+        ready_us_p50: r.ready_us_p50,
         regroups: r.regroups.clone(),
         controller_start_s: out.controller_start_s,
         window_start_s: m.window_start_s,

@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use crate::journal::{self, Entry, Journal};
 use crate::measure::{self, SetCorun};
-use crate::thread::{RunClock, ThreadRef};
+use crate::ready;
+use crate::thread::{RunClock, StateProbe, ThreadRef};
 
 /// Priority of the thread(s) chosen for the current slice.
 pub const PRIO_RUN: i32 = 2;
@@ -71,6 +72,11 @@ pub struct Report {
     /// Controller time to enforce one slice (plan + syscalls), µs.
     pub apply_us_p50: f64,
     pub apply_us_p99: f64,
+    /// Controller time to read every managed thread's readiness once (part of `apply_us`), µs,
+    /// and how many threads a reading covers.
+    pub ready_us_p50: f64,
+    pub ready_us_p99: f64,
+    pub ready_threads: usize,
     /// Scheduling syscalls issued.
     pub syscalls: u64,
     /// Per set (members as vCPU indices): co-run estimate and lower bound.
@@ -112,6 +118,10 @@ struct Enforcer<'a> {
     cfg: &'a Config,
     vcpus: Vec<Vcpu>,
     state: Vec<State>,
+    /// Each vCPU's stat line, re-read at every slice decision.
+    probes: Vec<Option<StateProbe>>,
+    /// Each vCPU's readiness at the last decision (`None`: no thread); see [`crate::ready`].
+    runnable: Vec<Option<bool>>,
     syscalls: u64,
     notes: Vec<String>,
 }
@@ -172,20 +182,39 @@ impl Enforcer<'_> {
         (chosen, busy)
     }
 
+    /// Read every vCPU's readiness (one `pread` of its stat line each). A thread whose line
+    /// cannot be read is not runnable (it has exited; the clocks drop it).
+    fn read_runnable(&mut self) {
+        for (v, probe) in self.probes.iter_mut().enumerate() {
+            self.runnable[v] = match (&self.vcpus[v].thread, probe) {
+                (Some(_), Some(p)) => Some(p.runnable().unwrap_or(false)),
+                _ => None,
+            };
+        }
+    }
+
+    /// Which sets of `sets` have a runnable member (see [`ready::sets_ready`]).
+    fn sets_ready(&self, sets: &[CoSet]) -> Vec<bool> {
+        let members: Vec<&[usize]> = sets.iter().map(|s| &s.members[..]).collect();
+        ready::sets_ready(&members, &self.runnable)
+    }
+
     /// First half of a switch to `next`: every managed thread `next` does not choose is lowered
-    /// and moved off the CPUs `next` leaves idle. Lowering a thread that was running stops it
-    /// and brings its schedstat up to date, so the clocks read right after this are exact for
-    /// every thread whose state changes (a thread that keeps running reads up to a tick stale;
-    /// its lag moves between two of its own slices, never into a leak).
+    /// and moved behind a chosen thread that is runnable ([`ready::park_cpus`]): off the CPUs
+    /// `next` leaves idle and off those whose chosen thread is halted. Lowering a thread that
+    /// was running stops it and brings its schedstat up to date, so the clocks read right after
+    /// this are exact for every thread whose state changes (a thread that keeps running reads
+    /// up to a tick stale; its lag moves between two of its own slices, never into a leak).
     fn demote(&mut self, next: &Slice) -> Result<()> {
-        let (chosen, busy) = self.chosen(next);
-        let park = busy.iter().position(|&b| b).unwrap_or(0);
+        let (chosen, _) = self.chosen(next);
+        let good = ready::park_cpus(&next.cpu, &chosen, &self.runnable);
+        let park = good.iter().position(|&b| b).unwrap_or(0);
         for (v, &ch) in chosen.iter().enumerate() {
             if ch || self.vcpus[v].thread.is_none() {
                 continue;
             }
             self.set_prio(v, PRIO_PARK)?;
-            if !matches!(self.state[v].cpu, Some(c) if busy[c]) {
+            if !matches!(self.state[v].cpu, Some(c) if good[c]) {
                 self.set_cpu(v, park)?;
             }
         }
@@ -205,13 +234,6 @@ impl Enforcer<'_> {
         }
         Ok(())
     }
-}
-
-/// Which sets have something to run.
-fn ready(sets: &[CoSet], vcpus: &[Vcpu]) -> Vec<bool> {
-    sets.iter()
-        .map(|s| s.members.iter().any(|&m| vcpus[m].thread.is_some()))
-        .collect()
 }
 
 /// Run the coscheduler. `sets` are the initial sets (ignored under `none`, except for measuring
@@ -273,6 +295,11 @@ pub fn run(
             };
             vcpus.len()
         ],
+        probes: vcpus
+            .iter()
+            .map(|v| v.thread.as_ref().map(StateProbe::open))
+            .collect(),
+        runnable: vec![None; vcpus.len()],
         vcpus,
         syscalls: 0,
         notes: Vec::new(),
@@ -346,8 +373,10 @@ fn main_loop(
         // Plan the next slice and stop what it does not choose.
         let next = match (planner.as_mut(), stopping) {
             (Some(p), false) => {
-                let r = ready(p.sets(), &enf.vcpus);
-                let s = p.next_slice(&r);
+                let t = Instant::now();
+                enf.read_runnable();
+                tally.ready_us.push(t.elapsed().as_nanos() as f64 / 1e3);
+                let s = p.next_slice(&enf.sets_ready(p.sets()));
                 enf.demote(&s)?;
                 Some(s)
             }
@@ -445,6 +474,7 @@ struct Tally {
     regroups: Vec<Regroup>,
     slice_us: Vec<f64>,
     apply_us: Vec<f64>,
+    ready_us: Vec<f64>,
     leak_ns: u64,
     all_ns: u64,
     planned_idle: u64,
@@ -474,6 +504,7 @@ impl Tally {
             regroups: Vec::new(),
             slice_us: Vec::new(),
             apply_us: Vec::new(),
+            ready_us: Vec::new(),
             leak_ns: 0,
             all_ns: 0,
             planned_idle: 0,
@@ -591,6 +622,7 @@ impl Tally {
         let elapsed_s = t0.elapsed().as_secs_f64();
         let su = summarize(&self.slice_us);
         let au = summarize(&self.apply_us);
+        let ru = summarize(&self.ready_us);
         let set_list: Vec<SetCorun> = self.corun.into_values().collect();
         let overall = measure::overall(&set_list);
         Report {
@@ -604,6 +636,9 @@ impl Tally {
             slice_us_max: su.max,
             apply_us_p50: au.p50,
             apply_us_p99: au.p99,
+            ready_us_p50: ru.p50,
+            ready_us_p99: ru.p99,
+            ready_threads: enf.probes.iter().flatten().count(),
             syscalls: enf.syscalls,
             sets: set_list
                 .iter()

@@ -12,7 +12,13 @@
 //!   A thread chosen for the slice gets the high priority and is pinned to its CPU; every other
 //!   managed thread gets the low priority and is parked on a CPU that runs a chosen thread, so it
 //!   cannot run while that thread is runnable. A CPU the plan leaves idle has no managed thread
-//!   on it at all (that is the waste full coscheduling causes). The controller thread itself runs
+//!   on it at all (that is the waste full coscheduling causes).
+//! * **Readiness** ([`ready`]): at every slice decision each managed thread's state is read from
+//!   its stat line (`R` runnable; a halted QEMU vCPU sleeps). A set none of whose members is
+//!   runnable is skipped (the planner falls through to the next set), and unchosen threads park
+//!   only behind a chosen thread that is runnable, so a CPU whose chosen vCPU is halted idles
+//!   instead of running another VM's vCPU (strict coscheduling). A chosen thread that halts
+//!   *during* a slice still lets what is parked behind it run until the next decision (leak). The controller thread itself runs
 //!   at a higher real-time priority and sleeps between slices. Measured alternatives and why we
 //!   chose this: the cgroup-v1 freezer needs ~130 µs per freeze and the controller must poll
 //!   `freezer.state`; SIGSTOP acts on whole processes; `sched_rr_timeslice_ms` rounds to jiffies
@@ -37,4 +43,5 @@
 pub mod control;
 pub mod journal;
 pub mod measure;
+pub mod ready;
 pub mod thread;

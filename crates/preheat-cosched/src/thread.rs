@@ -99,6 +99,36 @@ impl RunClock {
     }
 }
 
+/// A thread's stat line, kept open and re-read with `pread`: its scheduling state now (one read
+/// per slice decision, see [`crate::ready`]).
+pub struct StateProbe {
+    file: Option<File>,
+    buf: Vec<u8>,
+}
+
+impl StateProbe {
+    /// Open the stat line of `t` (a thread that is gone gives a probe that always reads `None`).
+    pub fn open(t: &ThreadRef) -> StateProbe {
+        StateProbe {
+            file: File::open(t.dir().join("stat")).ok(),
+            buf: vec![0; 1024],
+        }
+    }
+
+    /// Whether the thread is runnable (state `R`: running or waiting for a CPU); `None` once it
+    /// is gone.
+    pub fn runnable(&mut self) -> Option<bool> {
+        let f = self.file.as_ref()?;
+        let Ok(n) = f.read_at(&mut self.buf, 0) else {
+            self.file = None;
+            return None;
+        };
+        let text = std::str::from_utf8(&self.buf[..n]).ok()?;
+        let stat = preheat_model::procstat::parse_pid_stat(text)?;
+        Some(stat.state == 'R')
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +152,18 @@ mod tests {
         assert!(t.alive());
         let mut clock = RunClock::open(&t);
         assert!(clock.run_ns().is_some());
+        // It waits on the channel (sleeping); this thread, reading, runs.
+        let mut probe = StateProbe::open(&t);
+        let me = ThreadRef::of(pid, preheat_engine::os::gettid()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while probe.runnable() != Some(false) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiting thread never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(StateProbe::open(&me).runnable(), Some(true));
         // A different start time is a different thread.
         let other = ThreadRef {
             start_ticks: t.start_ticks + 1,
@@ -132,6 +174,7 @@ mod tests {
         h.join().unwrap();
         assert!(!t.alive());
         assert_eq!(clock.run_ns(), None);
+        assert_eq!(probe.runnable(), None);
         assert!(process_start_ticks(pid).is_some());
     }
 }
