@@ -223,28 +223,7 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
                 "--quiet",
             ]);
         }
-        ServerKind::Memcached => {
-            // One worker thread (-t 1), no UDP, 64 MB; the LRU crawler and maintainer threads
-            // are off so the only activity is request handling. -u root: memcached refuses to
-            // run as root without -u (and ignores it otherwise). It logs to stderr only.
-            plan.argv = strings(&[
-                &prog,
-                "-p",
-                &p,
-                "-l",
-                host,
-                "-U",
-                "0",
-                "-t",
-                "1",
-                "-m",
-                "64",
-                "-u",
-                "root",
-                "-o",
-                "no_lru_crawler,no_lru_maintainer",
-            ]);
-        }
+        ServerKind::Memcached => plan.argv = memcached_argv(&prog, &p, host),
         ServerKind::Nginx => {
             let index = write_site(&workdir)?;
             let info = nginx_build_info(&program);
@@ -265,85 +244,118 @@ pub fn plan(kind: ServerKind, port: u16, workdir: &Path, opts: &PlanOptions) -> 
                 tpcc: None,
             };
         }
-        ServerKind::Redis => {
-            // No persistence (--save "" --appendonly no), one I/O thread, no jemalloc background
-            // thread, warnings only, logged into the work directory.
-            plan.argv = strings(&[
-                &prog,
-                "--port",
-                &p,
-                "--bind",
-                host,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                dir,
-                "--protected-mode",
-                "no",
-                "--daemonize",
-                "no",
-                "--supervised",
-                "no",
-                "--io-threads",
-                "1",
-                "--jemalloc-bg-thread",
-                "no",
-                "--loglevel",
-                "warning",
-                "--logfile",
-                &format!("{dir}/redis.log"),
-            ]);
-        }
-        ServerKind::Mariadb => {
-            let datadir = workdir.join("data");
-            init_mariadb(&datadir, &workdir, opts)?;
-            let tmp = workdir.join("tmp");
-            std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-            let socket = mariadb_socket(&workdir, port);
-            // Thread per connection (explicit; MariaDB's default on Linux) so a request is
-            // served by its connection's own thread, as in the paper. Root logs in over TCP
-            // without a password: mariadb-install-db --auth-root-authentication-method=normal
-            // creates root@localhost, root@127.0.0.1 and root@::1 with empty passwords (checked
-            // by the tests); --skip-name-resolve makes a TCP client from 127.0.0.1 match
-            // root@127.0.0.1 without a reverse DNS lookup on every connect. The grant tables
-            // stay on (no --skip-grant-tables), so the server behaves like a normal install.
-            plan.argv = vec![
-                prog,
-                "--no-defaults".to_string(),
-                format!("--datadir={}", path_str(&datadir)?),
-                format!("--socket={}", path_str(&socket)?),
-                format!("--port={port}"),
-                "--bind-address=127.0.0.1".to_string(),
-                "--user=root".to_string(),
-                "--skip-log-bin".to_string(),
-                "--skip-name-resolve".to_string(),
-                "--thread-handling=one-thread-per-connection".to_string(),
-                "--innodb-buffer-pool-size=64M".to_string(),
-                "--innodb-flush-log-at-trx-commit=2".to_string(),
-                "--performance-schema=OFF".to_string(),
-                format!("--tmpdir={}", path_str(&tmp)?),
-                format!("--log-error={dir}/mariadb.err"),
-                format!("--pid-file={dir}/mariadb.pid"),
-            ];
-            plan.start_timeout = Duration::from_secs(60);
-            plan.workload = WorkloadSpec {
-                protocol: Protocol::Mysql,
-                key: String::new(),
-                expect: None,
-                tpcc: Some(TpccConfig {
-                    warehouses: if opts.warehouses == 0 {
-                        2
-                    } else {
-                        opts.warehouses
-                    },
-                    ..TpccConfig::default()
-                }),
-            };
-        }
+        ServerKind::Redis => plan.argv = redis_argv(&prog, &p, host, dir),
+        ServerKind::Mariadb => plan_mariadb(&mut plan, prog, opts)?,
     }
     Ok(plan)
+}
+
+/// memcached's command line (see [`plan`]).
+fn memcached_argv(prog: &str, port: &str, host: &str) -> Vec<String> {
+    // One worker thread (-t 1), no UDP, 64 MB; the LRU crawler and maintainer threads
+    // are off so the only activity is request handling. -u root: memcached refuses to
+    // run as root without -u (and ignores it otherwise). It logs to stderr only.
+    strings(&[
+        prog,
+        "-p",
+        port,
+        "-l",
+        host,
+        "-U",
+        "0",
+        "-t",
+        "1",
+        "-m",
+        "64",
+        "-u",
+        "root",
+        "-o",
+        "no_lru_crawler,no_lru_maintainer",
+    ])
+}
+
+/// redis's command line (see [`plan`]).
+fn redis_argv(prog: &str, port: &str, host: &str, dir: &str) -> Vec<String> {
+    // No persistence (--save "" --appendonly no), one I/O thread, no jemalloc background
+    // thread, warnings only, logged into the work directory.
+    strings(&[
+        prog,
+        "--port",
+        port,
+        "--bind",
+        host,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        dir,
+        "--protected-mode",
+        "no",
+        "--daemonize",
+        "no",
+        "--supervised",
+        "no",
+        "--io-threads",
+        "1",
+        "--jemalloc-bg-thread",
+        "no",
+        "--loglevel",
+        "warning",
+        "--logfile",
+        &format!("{dir}/redis.log"),
+    ])
+}
+
+/// MariaDB's data directory, command line and TPC-C-like workload (see [`plan`]).
+fn plan_mariadb(plan: &mut Plan, prog: String, opts: &PlanOptions) -> Result<()> {
+    let (workdir, port) = (plan.workdir.clone(), plan.port);
+    let dir = path_str(&workdir)?;
+    let datadir = workdir.join("data");
+    init_mariadb(&datadir, &workdir, opts)?;
+    let tmp = workdir.join("tmp");
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let socket = mariadb_socket(&workdir, port);
+    // Thread per connection (explicit; MariaDB's default on Linux) so a request is
+    // served by its connection's own thread, as in the paper. Root logs in over TCP
+    // without a password: mariadb-install-db --auth-root-authentication-method=normal
+    // creates root@localhost, root@127.0.0.1 and root@::1 with empty passwords (checked
+    // by the tests); --skip-name-resolve makes a TCP client from 127.0.0.1 match
+    // root@127.0.0.1 without a reverse DNS lookup on every connect. The grant tables
+    // stay on (no --skip-grant-tables), so the server behaves like a normal install.
+    plan.argv = vec![
+        prog,
+        "--no-defaults".to_string(),
+        format!("--datadir={}", path_str(&datadir)?),
+        format!("--socket={}", path_str(&socket)?),
+        format!("--port={port}"),
+        "--bind-address=127.0.0.1".to_string(),
+        "--user=root".to_string(),
+        "--skip-log-bin".to_string(),
+        "--skip-name-resolve".to_string(),
+        "--thread-handling=one-thread-per-connection".to_string(),
+        "--innodb-buffer-pool-size=64M".to_string(),
+        "--innodb-flush-log-at-trx-commit=2".to_string(),
+        "--performance-schema=OFF".to_string(),
+        format!("--tmpdir={}", path_str(&tmp)?),
+        format!("--log-error={dir}/mariadb.err"),
+        format!("--pid-file={dir}/mariadb.pid"),
+    ];
+    plan.start_timeout = Duration::from_secs(60);
+    plan.workload = WorkloadSpec {
+        protocol: Protocol::Mysql,
+        key: String::new(),
+        expect: None,
+        tpcc: Some(TpccConfig {
+            warehouses: if opts.warehouses == 0 {
+                2
+            } else {
+                opts.warehouses
+            },
+            ..TpccConfig::default()
+        }),
+    };
+    Ok(())
 }
 
 /// Once the server listens on `addr`: load the data its workload reads (memcached/redis keys,
