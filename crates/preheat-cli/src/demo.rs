@@ -103,10 +103,8 @@ pub struct DemoArgs {
     /// Server CPU (default: the last CPU); the client uses another one.
     #[arg(long)]
     pub server_cpu: Option<usize>,
-    /// Run the server in a network namespace of its own, reached over a veth pair
-    /// (10.234.x.y/30), instead of on the loopback: requests cross a network device and another
-    /// namespace's stack. Needs root and iproute2; a catalog server listens on 0.0.0.0 there,
-    /// a server given after `--` must do so itself. Not for mariadb.
+    /// Run the server in a network namespace of its own, reached over a veth pair, instead of
+    /// on the loopback (root, iproute2; a server after `--` must listen on 0.0.0.0; not mariadb).
     #[arg(long)]
     pub netns: bool,
     /// Write all results (per-request records and the table) as JSON here.

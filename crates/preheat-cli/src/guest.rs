@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use preheat_guest::{comm, session};
-use preheat_guest::{journal, GuestSpec, ImageSpec, Workload};
+use preheat_guest::{comm, journal, session, GuestSpec, ImageSpec, Workload};
 
 #[derive(Args)]
 pub struct GuestArgs {
@@ -29,23 +28,29 @@ enum GuestCmd {
     Run(RunArgs),
     /// Host-side communication detection: 2-vCPU guests run KERNEL as one instance of two
     /// threads (single) and two of one (double); prints the vCPU matrix against the truth.
-    Comm {
-        #[arg(long, default_value = "mg")]
-        kernel: String,
-        /// single, double or both.
-        #[arg(long, default_value = "both")]
-        scenario: String,
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        /// Sampling seconds per run (after a 1 s warm-up).
-        #[arg(long, default_value_t = 5.0)]
-        window_s: f64,
-        /// Fields of the detection's configuration to change, as JSON (`{"period_ms": 20}`).
-        #[arg(long)]
-        comm_config: Option<String>,
-    },
+    Comm(CommArgs),
     /// Stop guests whose command was killed outright, and forget them.
     Cleanup,
+}
+
+#[derive(Args)]
+struct CommArgs {
+    #[arg(long, default_value = "mg")]
+    kernel: String,
+    /// single, double or both.
+    #[arg(long, default_value = "both")]
+    scenario: String,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Sampling seconds per run (after a 1 s warm-up).
+    #[arg(long, default_value_t = 5.0)]
+    window_s: f64,
+    /// Fields of the detection's configuration to change, as JSON (`{"period_ms": 20}`).
+    #[arg(long)]
+    comm_config: Option<String>,
+    /// Extra 4 KiB pages each communicating pair shares (`preheat-npb --shared-pages`).
+    #[arg(long, default_value_t = 0)]
+    shared_pages: usize,
 }
 
 #[derive(Args)]
@@ -95,16 +100,19 @@ pub fn run(a: GuestArgs) -> Result<()> {
     match a.cmd {
         GuestCmd::Build { image, json } => build(image, json),
         GuestCmd::Run(r) => run_guest(r),
-        GuestCmd::Comm {
-            kernel: k,
-            scenario,
-            runs,
-            window_s,
-            comm_config: o,
-        } => {
+        GuestCmd::Comm(c) => {
+            let k = &c.kernel;
             let each = |r: &comm::Run| eprintln!("{k} {}: events {}", r.scenario.name(), r.cross);
-            let (s, d) = comm::compare(&k, &scenario, runs, window_s, o.as_deref(), each)?;
-            print!("{}", comm::render(&k, &s, &d));
+            let cmp = comm::Comparison {
+                kernel: k,
+                scenarios: &c.scenario,
+                runs: c.runs,
+                window_s: c.window_s,
+                overrides: c.comm_config.as_deref(),
+                shared_pages: c.shared_pages,
+            };
+            let (s, d) = comm::compare(&cmp, each)?;
+            print!("{}", comm::render(k, &s, &d));
             Ok(())
         }
         GuestCmd::Cleanup => {
@@ -125,13 +133,7 @@ fn build(a: ImageArgs, json: bool) -> Result<()> {
     let t0 = std::time::Instant::now();
     let image = preheat_guest::ensure_image(&image_spec(a))?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(&serde_json::json!({
-                "dir": image.dir, "kernel": image.kernel, "initrd": image.initrd,
-                "built": image.built, "manifest": image.manifest,
-            }))?
-        );
+        println!("{}", serde_json::to_string(&image)?);
         return Ok(());
     }
     print!("{}", image.render(t0.elapsed()));

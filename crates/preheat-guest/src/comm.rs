@@ -60,6 +60,8 @@ pub struct Spec {
     pub window_s: f64,
     pub memory_mb: u32,
     pub config: CommConfig,
+    /// Extra pages each communicating pair of the kernel shares (`preheat-npb --shared-pages`).
+    pub shared_pages: usize,
 }
 
 impl Spec {
@@ -71,6 +73,7 @@ impl Spec {
             window_s,
             memory_mb: 256,
             config: CommConfig::guest(256),
+            shared_pages: 0,
         }
     }
 }
@@ -134,7 +137,7 @@ pub fn run(image: &Image, spec: &Spec, run_dir: &Path) -> Result<Run> {
     let mut g = GuestSpec::new(&format!("comm-{}", spec.kernel), 2);
     g.memory_mb = spec.memory_mb;
     let seconds = WARMUP.as_secs_f64() + spec.window_s + 3.0;
-    let w = Workload::npb(&spec.kernel, 2, seconds);
+    let w = Workload::npb(&spec.kernel, 2, seconds).shared_pages(spec.shared_pages);
     g.workload = Some(match spec.scenario {
         Scenario::Single => w,
         Scenario::Double => w.instances(2),
@@ -181,31 +184,40 @@ pub fn run(image: &Image, spec: &Spec, run_dir: &Path) -> Result<Run> {
     })
 }
 
-/// `runs` runs of `kernel` in each of `scenarios` (`single`, `double` or `both`), one after the
-/// other on the cached image, each `window_s` seconds of sampling; `each` sees every run as it
-/// ends. Returns the single and the double runs.
-pub fn compare(
-    kernel: &str,
-    scenarios: &str,
-    runs: usize,
-    window_s: f64,
-    overrides: Option<&str>,
-    mut each: impl FnMut(&Run),
-) -> Result<(Vec<Run>, Vec<Run>)> {
-    let config = guest_config(256, overrides)?;
+/// What [`compare`] runs.
+#[derive(Debug, Clone)]
+pub struct Comparison<'a> {
+    pub kernel: &'a str,
+    /// `single`, `double` or `both`.
+    pub scenarios: &'a str,
+    pub runs: usize,
+    pub window_s: f64,
+    /// Fields of the detection's configuration to change, as JSON ([`guest_config`]).
+    pub overrides: Option<&'a str>,
+    /// Extra pages each communicating pair shares ([`Spec::shared_pages`]).
+    pub shared_pages: usize,
+}
+
+/// `runs` runs of `kernel` in each of `scenarios`, one after the other on the cached image,
+/// each `window_s` seconds of sampling; `each` sees every run as it ends. Returns the single
+/// and the double runs.
+pub fn compare(c: &Comparison, mut each: impl FnMut(&Run)) -> Result<(Vec<Run>, Vec<Run>)> {
+    let (kernel, window_s) = (c.kernel, c.window_s);
+    let config = guest_config(256, c.overrides)?;
     crate::qemu::find_qemu()?;
     let image = crate::ensure_image(&crate::ImageSpec::default())?;
-    let which: Vec<Scenario> = match scenarios {
+    let which: Vec<Scenario> = match c.scenarios {
         "both" => vec![Scenario::Single, Scenario::Double],
         s => vec![Scenario::parse(s)?],
     };
     // Removed when dropped, by the SIGINT/SIGTERM handler, and after a SIGKILL by the next run.
     let work = preheat_launch::launch::scratch_dir("guest-comm")?;
     let (mut single, mut double) = (Vec::new(), Vec::new());
-    for _ in 0..runs {
+    for _ in 0..c.runs {
         for &sc in &which {
             let spec = Spec {
                 config,
+                shared_pages: c.shared_pages,
                 ..Spec::new(kernel, sc, window_s)
             };
             let r = run(&image, &spec, work.path());

@@ -49,8 +49,8 @@ pub struct Manifest {
     pub initrd_bytes: u64,
 }
 
-/// A built image.
-#[derive(Debug, Clone)]
+/// A built image (`guest build --json` prints it).
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Image {
     pub dir: PathBuf,
     pub kernel: PathBuf,

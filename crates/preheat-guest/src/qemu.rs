@@ -75,6 +75,15 @@ impl Workload {
         self
     }
 
+    /// The same with `--shared-pages N` (each communicating pair shares N more pages; 0
+    /// changes nothing).
+    pub fn shared_pages(mut self, n: usize) -> Workload {
+        if n > 0 {
+            self.args.extend(["--shared-pages".into(), n.to_string()]);
+        }
+        self
+    }
+
     /// The same with `--start-delay-ms MS`: the kernel starts computing this long after its
     /// threads exist (so a coscheduler can be in place first).
     pub fn start_delay_ms(mut self, ms: u64) -> Workload {

@@ -176,8 +176,15 @@ mod timing {
             return;
         }
         let kernel = KERNEL;
-        let (single, double) =
-            preheat_guest::comm::compare(kernel, "both", 1, 3.0, None, |_| {}).unwrap();
+        let c = preheat_guest::comm::Comparison {
+            kernel,
+            scenarios: "both",
+            runs: 1,
+            window_s: 3.0,
+            overrides: None,
+            shared_pages: 0,
+        };
+        let (single, double) = preheat_guest::comm::compare(&c, |_| {}).unwrap();
         let (s, d) = (&single[0], &double[0]);
         for r in [s, d] {
             let rp = &r.report;

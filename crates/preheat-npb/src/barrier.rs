@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn barrier_orders_writes_across_rounds() {
-        let region = Region::new(0);
+        let region = Region::new(0, 0);
         let data: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
         let barrier = Barrier::new(region.barrier_page(), 4);
         std::thread::scope(|s| {
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn stop_is_published_once() {
-        let region = Region::new(0);
+        let region = Region::new(0, 0);
         let b = Barrier::new(region.barrier_page(), 1);
         assert_eq!(b.stop_after(), NEVER);
         b.publish_stop(5);

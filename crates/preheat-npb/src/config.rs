@@ -28,6 +28,9 @@ pub struct Config {
     pub limit: Limit,
     /// Compute units per iteration.
     pub work: u32,
+    /// Shared pages per communicating pair beyond its mailbox page
+    /// ([`crate::layout::shared_offsets`]).
+    pub shared_pages: usize,
     /// Seed of data and of the `cg` pattern.
     pub seed: u64,
     /// Pin thread `j` to CPU `j mod online CPUs`.
@@ -50,6 +53,7 @@ impl Config {
             instances: 1,
             limit: Limit::Iterations(DEFAULT_ITERATIONS),
             work: DEFAULT_WORK,
+            shared_pages: 0,
             seed: 1,
             pin: false,
             start_delay: Duration::ZERO,

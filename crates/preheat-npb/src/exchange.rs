@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::barrier::Barrier;
-use crate::layout::{pages_of, slot_offset, PAGE_BYTES, SLOT_WORDS};
+use crate::layout::{pages_of, shared_offsets, slot_offset, PAGE_BYTES, SLOT_WORDS};
 use crate::pattern::Link;
 use crate::spec::Limit;
 
@@ -38,6 +38,8 @@ impl PageSets {
 #[derive(Debug)]
 pub struct Exchange<'a> {
     region: &'a [AtomicU64],
+    /// Shared pages per mailbox ([`crate::layout::shared_offsets`]).
+    extra: usize,
     barrier: Barrier<'a>,
     rank: usize,
     limit: Limit,
@@ -46,10 +48,12 @@ pub struct Exchange<'a> {
 }
 
 impl<'a> Exchange<'a> {
-    /// A handle for `rank` on `region`, whose barrier is `barrier`; `trace` turns page
-    /// recording on (tests only: it allocates while the kernel runs).
+    /// A handle for `rank` on `region` (mailboxes of `extra` shared pages each), whose barrier
+    /// is `barrier`; `trace` turns page recording on (tests only: it allocates while the kernel
+    /// runs).
     pub fn new(
         region: &'a [AtomicU64],
+        extra: usize,
         barrier: Barrier<'a>,
         rank: usize,
         limit: Limit,
@@ -57,6 +61,7 @@ impl<'a> Exchange<'a> {
     ) -> Exchange<'a> {
         Exchange {
             region,
+            extra,
             barrier,
             rank,
             limit,
@@ -81,15 +86,23 @@ impl<'a> Exchange<'a> {
     }
 
     fn slot(&self, link: Link, side: usize, parity: usize) -> &'a [AtomicU64] {
-        let o = slot_offset(link.edge, side, parity);
+        let o = slot_offset(link.edge, self.extra, side, parity);
         &self.region[o..o + SLOT_WORDS]
     }
 
-    /// Write `src` (at most [`SLOT_WORDS`] words) into this rank's slot of `link`'s mailbox.
+    /// Write `src` (at most [`SLOT_WORDS`] words) into this rank's slot of `link`'s mailbox,
+    /// and this rank's line of each of the mailbox's shared pages.
     pub fn send(&mut self, link: Link, parity: usize, src: &[u64]) {
         let slot = self.slot(link, link.side, parity);
         for (d, &s) in slot.iter().zip(src) {
             d.store(s, Ordering::Relaxed);
+        }
+        let stamp = src.first().copied().unwrap_or(0);
+        for o in shared_offsets(link.edge, self.extra, link.side) {
+            self.region[o].store(stamp, Ordering::Relaxed);
+            if let Some(log) = &mut self.log {
+                PageSets::note(&mut log.written, &self.region[o..o + 1]);
+            }
         }
         if let Some(log) = &mut self.log {
             PageSets::note(&mut log.written, slot);
@@ -101,6 +114,12 @@ impl<'a> Exchange<'a> {
         let slot = self.slot(link, 1 - link.side, parity);
         for (i, w) in slot.iter().enumerate() {
             f(i, w.load(Ordering::Relaxed));
+        }
+        for o in shared_offsets(link.edge, self.extra, 1 - link.side) {
+            std::hint::black_box(self.region[o].load(Ordering::Relaxed));
+            if let Some(log) = &mut self.log {
+                PageSets::note(&mut log.read, &self.region[o..o + 1]);
+            }
         }
         if let Some(log) = &mut self.log {
             PageSets::note(&mut log.read, slot);
@@ -153,7 +172,7 @@ mod tests {
 
     #[test]
     fn mailbox_round_trip_and_pages() {
-        let region = Region::new(1);
+        let region = Region::new(1, 0);
         let link0 = Link {
             partner: 1,
             edge: 0,
@@ -166,8 +185,8 @@ mod tests {
         };
         let b = Barrier::new(region.barrier_page(), 1);
         let lim = Limit::Iterations(1);
-        let mut x0 = Exchange::new(region.words(), b, 0, lim, true);
-        let mut x1 = Exchange::new(region.words(), b, 1, lim, true);
+        let mut x0 = Exchange::new(region.words(), 0, b, 0, lim, true);
+        let mut x1 = Exchange::new(region.words(), 0, b, 1, lim, true);
         x0.send(link0, 1, &[1, 2, 3]);
         let mut got = Vec::new();
         x1.receive(link1, 1, |i, w| {
@@ -187,10 +206,42 @@ mod tests {
     }
 
     #[test]
-    fn seconds_limit_stops_one_iteration_later() {
-        let region = Region::new(0);
+    fn shared_pages_are_written_and_read_by_the_pair() {
+        // Two edges of two shared pages each; the pair of edge 1 uses pages 4, 5 and 6.
+        let region = Region::new(2, 2);
+        let link = |side| Link {
+            partner: 1 - side,
+            edge: 1,
+            side,
+        };
         let b = Barrier::new(region.barrier_page(), 1);
-        let mut x = Exchange::new(region.words(), b, 0, Limit::Seconds(Duration::ZERO), false);
+        let lim = Limit::Iterations(1);
+        let mut x0 = Exchange::new(region.words(), 2, b, 0, lim, true);
+        let mut x1 = Exchange::new(region.words(), 2, b, 1, lim, true);
+        x0.send(link(0), 0, &[9]);
+        x1.send(link(1), 0, &[8]);
+        x0.receive(link(0), 0, |_, _| {});
+        x1.receive(link(1), 0, |_, _| {});
+        let want: Vec<usize> = (4..7).map(|p| region.page_addr(p)).collect();
+        for x in [x0, x1] {
+            let p = x.into_pages().unwrap();
+            assert_eq!(p.written.iter().copied().collect::<Vec<_>>(), want);
+            assert_eq!(p.read.iter().copied().collect::<Vec<_>>(), want);
+        }
+    }
+
+    #[test]
+    fn seconds_limit_stops_one_iteration_later() {
+        let region = Region::new(0, 0);
+        let b = Barrier::new(region.barrier_page(), 1);
+        let mut x = Exchange::new(
+            region.words(),
+            0,
+            b,
+            0,
+            Limit::Seconds(Duration::ZERO),
+            false,
+        );
         x.start();
         x.propose_stop(3);
         x.barrier();

@@ -11,7 +11,8 @@
 //! | page | content | touched by |
 //! |---|---|---|
 //! | 0 | the instance's barrier and its stop word ([`crate::barrier`]) | every rank of the instance |
-//! | 1 + e | the mailbox of pattern edge `e = (a, b)`, `a < b` | exactly ranks `a` and `b` |
+//! | 1 + e·(1 + x) | the mailbox of pattern edge `e = (a, b)`, `a < b` | exactly ranks `a` and `b` |
+//! | the next x | the edge's shared pages (`--shared-pages x`, default 0) | exactly ranks `a` and `b` |
 //! | rest | padding up to [`MIN_REGION_PAGES`] (never touched) | nobody |
 //!
 //! A mailbox page holds [`SLOT_WORDS`] words per (parity, side): words
@@ -19,6 +20,12 @@
 //! its own side and reads its partner's, so each mailbox page is written *and* read by exactly
 //! its pair. The parity (iteration number mod 2) double-buffers kernels with one barrier per
 //! iteration.
+//!
+//! A mailbox is one page, so a pair shares one page (and the barrier page): little for a
+//! sampling detector to find. `x` shared pages per edge grow what a pair shares without
+//! changing the kernel: with every send a rank also writes one line of its side
+//! ([`SHARED_SIDE_WORDS`]) on each of them, and with every receive reads its partner's, so
+//! each is written and read by exactly the pair, every iteration.
 
 use std::ops::Range;
 use std::sync::atomic::AtomicU64;
@@ -34,6 +41,8 @@ pub const MIN_REGION_PAGES: usize = 32;
 pub const SLOT_WORDS: usize = PAGE_WORDS / 4;
 /// Page index of the barrier inside a region.
 pub const BARRIER_PAGE: usize = 0;
+/// Word offset of side 1's line on a shared page (side 0's is at 0): half a page apart.
+pub const SHARED_SIDE_WORDS: usize = PAGE_WORDS / 2;
 
 /// A page-aligned run of whole pages of 8-byte elements inside one over-allocated `Vec`.
 #[derive(Debug)]
@@ -72,20 +81,29 @@ impl<T> Pages<T> {
     }
 }
 
-/// Page index of the mailbox of edge `edge` inside a region.
-pub fn pair_page(edge: usize) -> usize {
-    1 + edge
+/// Page index of the mailbox of edge `edge` inside a region whose edges have `extra` shared
+/// pages each (they follow the mailbox).
+pub fn pair_page(edge: usize, extra: usize) -> usize {
+    1 + edge * (1 + extra)
 }
 
-/// Pages of a region holding `edges` mailboxes.
-pub fn region_pages(edges: usize) -> usize {
-    (1 + edges).max(MIN_REGION_PAGES)
+/// Pages of a region holding `edges` mailboxes of `extra` shared pages each.
+pub fn region_pages(edges: usize, extra: usize) -> usize {
+    (1 + edges * (1 + extra)).max(MIN_REGION_PAGES)
 }
 
 /// Word offset, inside a region, of the slot of `side` for `parity` in the mailbox of `edge`.
-pub fn slot_offset(edge: usize, side: usize, parity: usize) -> usize {
+pub fn slot_offset(edge: usize, extra: usize, side: usize, parity: usize) -> usize {
     debug_assert!(side < 2 && parity < 2);
-    pair_page(edge) * PAGE_WORDS + (parity * 2 + side) * SLOT_WORDS
+    pair_page(edge, extra) * PAGE_WORDS + (parity * 2 + side) * SLOT_WORDS
+}
+
+/// Word offsets, inside a region, of `side`'s line on each of the `extra` shared pages of
+/// `edge`.
+pub fn shared_offsets(edge: usize, extra: usize, side: usize) -> impl Iterator<Item = usize> {
+    debug_assert!(side < 2);
+    let first = pair_page(edge, extra) + 1;
+    (first..first + extra).map(move |p| p * PAGE_WORDS + side * SHARED_SIDE_WORDS)
 }
 
 /// The page addresses spanned by `words`.
@@ -100,14 +118,20 @@ pub fn pages_of<T>(words: &[T]) -> Range<usize> {
 pub struct Region {
     pages: Pages<AtomicU64>,
     edges: usize,
+    extra: usize,
 }
 
 impl Region {
-    /// A zeroed region for `edges` mailboxes, barrier initialised. Allocated (and so touched)
-    /// by the calling thread, which is the main thread before any worker runs.
-    pub fn new(edges: usize) -> Region {
-        let pages = Pages::new(region_pages(edges), || AtomicU64::new(0));
-        let region = Region { pages, edges };
+    /// A zeroed region for `edges` mailboxes of `extra` shared pages each, barrier
+    /// initialised. Allocated (and so touched) by the calling thread, which is the main thread
+    /// before any worker runs.
+    pub fn new(edges: usize, extra: usize) -> Region {
+        let pages = Pages::new(region_pages(edges, extra), || AtomicU64::new(0));
+        let region = Region {
+            pages,
+            edges,
+            extra,
+        };
         crate::barrier::init(region.barrier_page());
         region
     }
@@ -123,9 +147,14 @@ impl Region {
         &w[BARRIER_PAGE * PAGE_WORDS..(BARRIER_PAGE + 1) * PAGE_WORDS]
     }
 
-    /// Number of mailbox pages.
+    /// Number of mailboxes.
     pub fn edges(&self) -> usize {
         self.edges
+    }
+
+    /// Shared pages per mailbox (beyond the mailbox page).
+    pub fn extra(&self) -> usize {
+        self.extra
     }
 
     /// Address range of the whole region.
@@ -156,21 +185,47 @@ mod tests {
 
     #[test]
     fn slots_stay_inside_their_page() {
-        for edge in 0..3 {
-            for side in 0..2 {
-                for parity in 0..2 {
-                    let o = slot_offset(edge, side, parity);
-                    assert_eq!(o / PAGE_WORDS, pair_page(edge));
-                    assert_eq!((o + SLOT_WORDS - 1) / PAGE_WORDS, pair_page(edge));
+        for extra in [0, 3] {
+            for edge in 0..3 {
+                for side in 0..2 {
+                    for parity in 0..2 {
+                        let o = slot_offset(edge, extra, side, parity);
+                        assert_eq!(o / PAGE_WORDS, pair_page(edge, extra));
+                        assert_eq!((o + SLOT_WORDS - 1) / PAGE_WORDS, pair_page(edge, extra));
+                    }
                 }
             }
         }
     }
 
     #[test]
+    fn shared_pages_follow_their_mailbox_and_no_other() {
+        let extra = 3;
+        let mut owner = vec![None; region_pages(4, extra)];
+        for edge in 0..4 {
+            owner[pair_page(edge, extra)] = Some(edge);
+            for side in 0..2 {
+                let pages: Vec<usize> = shared_offsets(edge, extra, side)
+                    .map(|o| o / PAGE_WORDS)
+                    .collect();
+                assert_eq!(pages.len(), extra);
+                for p in pages {
+                    assert!(owner[p].is_none() || owner[p] == Some(edge), "page {p}");
+                    owner[p] = Some(edge);
+                }
+            }
+        }
+        // Mailbox and shared pages of the four edges: 4 · (1 + 3) pages after the barrier.
+        assert_eq!(owner.iter().flatten().count(), 16);
+        assert!(owner[BARRIER_PAGE].is_none());
+        assert_eq!(shared_offsets(0, 0, 0).count(), 0);
+    }
+
+    #[test]
     fn regions_are_at_least_128_kib() {
-        let r = Region::new(2);
+        let r = Region::new(2, 0);
         assert!(r.addr_range().len() >= 128 * 1024);
-        assert_eq!(Region::new(100).addr_range().len(), 101 * PAGE_BYTES);
+        assert_eq!(Region::new(100, 0).addr_range().len(), 101 * PAGE_BYTES);
+        assert_eq!(Region::new(100, 2).addr_range().len(), 301 * PAGE_BYTES);
     }
 }

@@ -42,6 +42,11 @@ struct Args {
     /// Compute units per iteration (one unit is about 1 µs).
     #[arg(long, default_value_t = DEFAULT_WORK)]
     work: u32,
+    /// Extra pages each communicating pair shares beyond its mailbox page: with every exchange
+    /// each thread of the pair writes one line of its own on each and reads its partner's
+    /// (grows the shared working set a page-level detector must find; the truth counts them).
+    #[arg(long, default_value_t = 0)]
+    shared_pages: usize,
     /// Seed of the data and of the cg pattern.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -74,6 +79,7 @@ fn config(a: &Args) -> Result<Config, String> {
         instances: a.instances,
         limit,
         work: a.work,
+        shared_pages: a.shared_pages,
         seed: a.seed,
         pin: a.pin,
         start_delay: Duration::from_millis(a.start_delay_ms),

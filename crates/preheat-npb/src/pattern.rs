@@ -146,15 +146,17 @@ pub fn truth(kernel: Kernel, threads: usize, instances: usize) -> Vec<Vec<usize>
     }
 }
 
-/// Mailbox pages shared by each pair of threads (`threads × threads`, zero diagonal).
-pub fn pair_page_matrix(pattern: &Pattern, instances: usize) -> Vec<Vec<u32>> {
+/// Mailbox pages (each with its `extra` shared pages) shared by each pair of threads
+/// (`threads × threads`, zero diagonal).
+pub fn pair_page_matrix(pattern: &Pattern, instances: usize, extra: usize) -> Vec<Vec<u32>> {
+    let per_edge = 1 + extra as u32;
     let ranks = pattern.ranks();
     let threads = ranks * instances;
     let mut m = vec![vec![0u32; threads]; threads];
     for i in 0..instances {
         for &(a, b) in pattern.edges() {
-            m[i * ranks + a][i * ranks + b] += 1;
-            m[i * ranks + b][i * ranks + a] += 1;
+            m[i * ranks + a][i * ranks + b] += per_edge;
+            m[i * ranks + b][i * ranks + a] += per_edge;
         }
     }
     m
@@ -166,7 +168,7 @@ pub fn pair_page_matrix(pattern: &Pattern, instances: usize) -> Vec<Vec<u32>> {
 /// [`pair_page_matrix`] tells the mailbox edges apart from the barrier-only ones.
 pub fn pattern_matrix(kernel: Kernel, pattern: &Pattern, instances: usize) -> Vec<Vec<u8>> {
     let ranks = pattern.ranks();
-    let pairs = pair_page_matrix(pattern, instances);
+    let pairs = pair_page_matrix(pattern, instances, 0);
     let threads = ranks * instances;
     (0..threads)
         .map(|x| {
@@ -217,7 +219,7 @@ mod tests {
         let m = pattern_matrix(Kernel::Mg, &p, 2);
         assert_eq!(m[0][2], 1, "barrier-only pair is marked");
         assert_eq!(m[0][4], 0, "instances never share");
-        let pp = pair_page_matrix(&p, 2);
+        let pp = pair_page_matrix(&p, 2, 0);
         assert_eq!((pp[0][2], pp[0][1], pp[4][7]), (0, 1, 1));
         let e = pattern_matrix(Kernel::Ep, &Pattern::for_kernel(Kernel::Ep, 2, 0), 1);
         assert_eq!(e, vec![vec![0, 0], vec![0, 0]]);

@@ -131,7 +131,7 @@ impl Summary {
             checksum: format!("{:016x}", run.checksum()),
             truth: truth(c.kernel, c.threads, c.instances),
             pattern: pattern_matrix(c.kernel, &run.pattern, c.instances),
-            pair_pages: pair_page_matrix(&run.pattern, c.instances),
+            pair_pages: pair_page_matrix(&run.pattern, c.instances, c.shared_pages),
             pair_pages_all_to_all: run.pattern.is_all_to_all(),
             per_thread,
             regions: run
@@ -142,7 +142,9 @@ impl Summary {
                     start: format!("{:#x}", r.range.start),
                     end: format!("{:#x}", r.range.end),
                     shared_pages: std::iter::once(r.barrier_page)
-                        .chain(r.mailboxes.iter().map(|m| m.page))
+                        .chain(r.mailboxes.iter().flat_map(|m| {
+                            (0..m.pages).map(move |i| m.page + i * crate::layout::PAGE_BYTES)
+                        }))
                         .map(|p| format!("{p:#x}"))
                         .collect(),
                 })

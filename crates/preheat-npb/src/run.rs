@@ -85,11 +85,13 @@ pub struct ThreadReport {
     pub pin_error: Option<String>,
 }
 
-/// A mailbox page and the two threads it is designed for.
+/// A mailbox page (and the shared pages after it) and the two threads it is designed for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mailbox {
     /// Page address.
     pub page: usize,
+    /// Pages from `page` on that only this pair touches: the mailbox and its shared pages.
+    pub pages: usize,
     /// Global indices of the pair.
     pub threads: (usize, usize),
 }
@@ -201,6 +203,7 @@ fn rank_main(
     let barrier = Barrier::new(region.barrier_page(), spec.ranks);
     let mut x = Exchange::new(
         region.words(),
+        region.extra(),
         barrier,
         spec.rank,
         config.limit,
@@ -252,7 +255,7 @@ pub fn run_observed(
     let ranks = config.ranks();
     let pattern = Pattern::for_kernel(config.kernel, ranks, config.seed);
     let regions: Vec<Region> = (0..config.instances)
-        .map(|_| Region::new(pattern.edges().len()))
+        .map(|_| Region::new(pattern.edges().len(), config.shared_pages))
         .collect();
     let pid = std::process::id();
 
@@ -422,7 +425,8 @@ fn region_infos(regions: &[Region], pattern: &Pattern, ranks: usize) -> Vec<Regi
                 .iter()
                 .enumerate()
                 .map(|(e, &(a, b))| Mailbox {
-                    page: r.page_addr(pair_page(e)),
+                    page: r.page_addr(pair_page(e, r.extra())),
+                    pages: 1 + r.extra(),
                     threads: (instance * ranks + a, instance * ranks + b),
                 })
                 .collect(),

@@ -9,8 +9,9 @@ use std::ops::Range;
 use preheat_npb::layout::PAGE_BYTES;
 use preheat_npb::{run, Config, Kernel, Limit, RunOutcome, Summary};
 
-fn traced(kernel: Kernel, threads: usize, instances: usize) -> RunOutcome {
+fn traced(kernel: Kernel, threads: usize, instances: usize, shared: usize) -> RunOutcome {
     let mut c = Config::new(kernel);
+    c.shared_pages = shared;
     c.threads = threads;
     c.instances = instances;
     c.limit = Limit::Iterations(4);
@@ -36,15 +37,25 @@ fn designed(out: &RunOutcome) -> BTreeMap<usize, BTreeSet<usize>> {
             m.insert(r.barrier_page, all);
         }
         for mb in &r.mailboxes {
-            m.insert(mb.page, [mb.threads.0, mb.threads.1].into());
+            for i in 0..mb.pages {
+                m.insert(
+                    mb.page + i * PAGE_BYTES,
+                    [mb.threads.0, mb.threads.1].into(),
+                );
+            }
         }
     }
     m
 }
 
 fn check(kernel: Kernel, threads: usize, instances: usize) {
-    let out = traced(kernel, threads, instances);
-    let what = format!("{} {threads}/{instances}", kernel.name());
+    check_shared(kernel, threads, instances, 0);
+}
+
+/// [`check`] with `shared` shared pages per mailbox.
+fn check_shared(kernel: Kernel, threads: usize, instances: usize, shared: usize) {
+    let out = traced(kernel, threads, instances, shared);
+    let what = format!("{} {threads}/{instances} +{shared}", kernel.name());
 
     // Regions and private buffers are disjoint, page-aligned and at least 128 KiB.
     let mut owned: Vec<Range<usize>> = out.regions.iter().map(|r| r.range.clone()).collect();
@@ -110,6 +121,16 @@ fn every_kernel_keeps_to_the_layout_with_pairs() {
 }
 
 #[test]
+fn shared_pages_are_shared_by_their_pair_only() {
+    for kernel in Kernel::ALL {
+        check_shared(kernel, 8, 2, 5);
+    }
+    // The truth counts them: a ring's neighbours share 1 + 5 pages.
+    let s = Summary::new(&traced(Kernel::Mg, 4, 1, 5));
+    assert_eq!(s.pair_pages[0][1], 6, "{:?}", s.pair_pages);
+}
+
+#[test]
 fn every_kernel_keeps_to_the_layout_with_four_ranks() {
     for kernel in Kernel::ALL {
         check(kernel, 8, 2);
@@ -118,7 +139,7 @@ fn every_kernel_keeps_to_the_layout_with_four_ranks() {
 
 #[test]
 fn four_rank_ring_and_sparse_patterns_are_not_all_to_all() {
-    let out = traced(Kernel::Mg, 8, 2);
+    let out = traced(Kernel::Mg, 8, 2, 0);
     let s = Summary::new(&out);
     assert!(!s.pair_pages_all_to_all);
     assert_eq!(
@@ -127,7 +148,7 @@ fn four_rank_ring_and_sparse_patterns_are_not_all_to_all() {
     );
     assert_eq!(s.pattern[0][2], 1, "but share the barrier page");
     assert_eq!(s.pattern[0][4], 0);
-    let cg = Summary::new(&traced(Kernel::Cg, 8, 2));
+    let cg = Summary::new(&traced(Kernel::Cg, 8, 2, 0));
     assert!(
         !cg.pair_pages_all_to_all,
         "at most 4 of 6 pairs with 4 ranks"
@@ -135,6 +156,6 @@ fn four_rank_ring_and_sparse_patterns_are_not_all_to_all() {
     assert!(cg.pair_pages[0..4]
         .iter()
         .all(|row| row.iter().any(|&n| n > 0)));
-    let is = Summary::new(&traced(Kernel::Is, 8, 2));
+    let is = Summary::new(&traced(Kernel::Is, 8, 2, 0));
     assert!(is.pair_pages_all_to_all);
 }
