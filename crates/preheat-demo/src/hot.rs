@@ -150,33 +150,19 @@ fn journal_path(run_dir: &Path, pid: u32) -> PathBuf {
 /// restore). Every `preheat` command calls this at start; it reads one directory.
 pub fn restore_stale(run_dir: &Path) {
     let paths = SysPaths::default();
-    let Ok(rd) = std::fs::read_dir(run_dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(JOURNAL_PREFIX)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        match keep_awake::restore_journal(&paths, &e.path()) {
+    for (path, pid) in preheat_engine::host::left_by_the_dead(run_dir, JOURNAL_PREFIX) {
+        match keep_awake::restore_journal(&paths, &path) {
             Ok(outcomes) => {
                 for o in outcomes {
                     eprintln!("preheat: hot floor of a killed run (pid {pid}): {o}");
                 }
-                if Journal::load(&e.path()).is_ok_and(|j| j.entries.is_empty()) {
-                    let _ = std::fs::remove_file(e.path());
+                if Journal::load(&path).is_ok_and(|j| j.entries.is_empty()) {
+                    let _ = std::fs::remove_file(&path);
                 }
             }
             Err(err) => eprintln!(
                 "preheat: could not restore {} (left in place): {err}",
-                e.path().display()
+                path.display()
             ),
         }
     }
@@ -188,13 +174,11 @@ mod tests {
 
     #[test]
     fn journal_names_carry_the_pid() {
-        let p = journal_path(Path::new("/x"), 42);
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        let pid: u32 = name
-            .strip_prefix(JOURNAL_PREFIX)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse().ok())
-            .unwrap();
-        assert_eq!(pid, 42);
+        // No process has pid u32::MAX - 1 (pid_max is at most 2^22).
+        let dir = tempfile::tempdir().unwrap();
+        let p = journal_path(dir.path(), u32::MAX - 1);
+        std::fs::write(&p, "{}").unwrap();
+        let found = preheat_engine::host::left_by_the_dead(dir.path(), JOURNAL_PREFIX);
+        assert_eq!(found, [(p, u32::MAX - 1)]);
     }
 }

@@ -122,6 +122,27 @@ impl Creds {
     }
 }
 
+/// The entries of `dir` named `<prefix><pid>` or `<prefix><pid>-…` whose process no longer
+/// runs — what a command killed outright left behind (scratch directories, journals,
+/// namespaces) — with those pids. Empty where `dir` cannot be read.
+pub fn left_by_the_dead(dir: &Path, prefix: &str) -> Vec<(std::path::PathBuf, u32)> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .strip_prefix(prefix)?
+                .split('-')
+                .next()?
+                .parse::<u32>()
+                .ok()?;
+            (!Path::new(&format!("/proc/{pid}")).exists()).then(|| (e.path(), pid))
+        })
+        .collect()
+}
+
 /// Our effective uid (`None` if `/proc/self/status` cannot be read).
 pub fn effective_uid() -> Option<u32> {
     Creds::current().ok().map(|c| c.euid)
@@ -164,6 +185,28 @@ pub fn on_nosuid_mount(p: &Path) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn left_by_the_dead_names_only_entries_of_gone_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        // No process has pid u32::MAX - 1 (pid_max is at most 2^22); we run.
+        let dead = u32::MAX - 1;
+        let me = std::process::id();
+        for name in [
+            format!("p-{dead}"),
+            format!("p-{dead}-x"),
+            format!("p-{me}-x"),
+            format!("q-{dead}"),
+            "p-abc".to_string(),
+        ] {
+            std::fs::create_dir(dir.path().join(name)).unwrap();
+        }
+        let mut found = left_by_the_dead(dir.path(), "p-");
+        found.sort();
+        let want = [format!("p-{dead}"), format!("p-{dead}-x")].map(|n| (dir.path().join(n), dead));
+        assert_eq!(found, want);
+        assert!(left_by_the_dead(&dir.path().join("none"), "p-").is_empty());
+    }
 
     #[test]
     fn finds_only_executable_files_in_order() {

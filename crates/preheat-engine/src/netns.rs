@@ -156,19 +156,9 @@ pub fn remove_own() {
 /// Delete the `preheat-<pid>` namespaces of processes that no longer run (a command killed
 /// outright); quietly does nothing where there are none or `ip` is missing.
 pub fn sweep_stale() {
-    let Ok(rd) = std::fs::read_dir(NETNS_DIR) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(PREFIX)
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = ip(&["netns", "del", &name]);
+    for (path, _) in crate::host::left_by_the_dead(Path::new(NETNS_DIR), PREFIX) {
+        if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+            let _ = ip(&["netns", "del", name]);
         }
     }
 }

@@ -81,21 +81,8 @@ pub fn remove_if_empty(dir: &Path) {
 
 /// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
 pub fn sweep_scratch(dir: &Path, prefix: &str) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix(prefix)
-            .and_then(|r| r.split('-').next())
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
+    for (path, _) in preheat_engine::host::left_by_the_dead(dir, prefix) {
+        let _ = std::fs::remove_dir_all(path);
     }
 }
 
