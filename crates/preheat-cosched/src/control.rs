@@ -167,19 +167,15 @@ impl Enforcer<'_> {
         Ok(())
     }
 
-    /// Which vCPUs `slice` chooses (with a live thread), and which CPUs it keeps busy.
-    fn chosen(&self, slice: &Slice) -> (Vec<bool>, Vec<bool>) {
-        let mut busy = vec![false; self.cfg.cpus.len()];
+    /// Which vCPUs `slice` chooses (with a live thread).
+    fn chosen(&self, slice: &Slice) -> Vec<bool> {
         let mut chosen = vec![false; self.vcpus.len()];
-        for (c, v) in slice.cpu.iter().enumerate() {
-            if let Some(v) = *v {
-                if self.vcpus[v].thread.is_some() {
-                    chosen[v] = true;
-                    busy[c] = true;
-                }
+        for &v in slice.cpu.iter().flatten() {
+            if self.vcpus[v].thread.is_some() {
+                chosen[v] = true;
             }
         }
-        (chosen, busy)
+        chosen
     }
 
     /// Read every vCPU's readiness (one `pread` of its stat line each). A thread whose line
@@ -206,7 +202,7 @@ impl Enforcer<'_> {
     /// this are exact for every thread whose state changes (a thread that keeps running reads
     /// up to a tick stale; its lag moves between two of its own slices, never into a leak).
     fn demote(&mut self, next: &Slice) -> Result<()> {
-        let (chosen, _) = self.chosen(next);
+        let chosen = self.chosen(next);
         let good = ready::park_cpus(&next.cpu, &chosen, &self.runnable);
         let park = good.iter().position(|&b| b).unwrap_or(0);
         for (v, &ch) in chosen.iter().enumerate() {
@@ -223,7 +219,7 @@ impl Enforcer<'_> {
 
     /// Second half: every thread `next` chooses is pinned to its CPU and raised.
     fn raise(&mut self, next: &Slice) -> Result<()> {
-        let (chosen, _) = self.chosen(next);
+        let chosen = self.chosen(next);
         for (c, v) in next.cpu.iter().enumerate() {
             if let Some(v) = *v {
                 if chosen[v] {

@@ -69,62 +69,62 @@ pub fn threads_named(pid: u32, prefix: &str) -> Vec<(u32, String)> {
     out
 }
 
-/// A thread's `schedstat`, kept open and re-read with `pread` (no path walk per read).
-pub struct RunClock {
+/// One of a thread's `/proc` files, kept open and re-read with `pread` (no path walk per read);
+/// `N` bytes are enough for its whole text.
+struct KeptOpen<const N: usize> {
     file: Option<File>,
-    buf: [u8; 96],
+    buf: [u8; N],
 }
 
-impl RunClock {
-    /// Open the schedstat of `t` (a thread that is gone gives a clock that always reads `None`).
-    pub fn open(t: &ThreadRef) -> RunClock {
-        RunClock {
-            file: File::open(t.dir().join("schedstat")).ok(),
-            buf: [0; 96],
+impl<const N: usize> KeptOpen<N> {
+    /// Open `name` of `t` (a thread that is gone gives a file that always reads `None`).
+    fn open(t: &ThreadRef, name: &str) -> Self {
+        KeptOpen {
+            file: File::open(t.dir().join(name)).ok(),
+            buf: [0; N],
         }
     }
 
-    /// Nanoseconds the thread has run on a CPU so far (`None` once it is gone).
-    pub fn run_ns(&mut self) -> Option<u64> {
-        let f = self.file.as_ref()?;
-        let n = match f.read_at(&mut self.buf, 0) {
-            Ok(n) => n,
-            Err(_) => {
-                self.file = None;
-                return None;
-            }
-        };
-        let text = std::str::from_utf8(&self.buf[..n]).ok()?;
-        text.split_whitespace().next()?.parse().ok()
-    }
-}
-
-/// A thread's stat line, kept open and re-read with `pread`: its scheduling state now (one read
-/// per slice decision, see [`crate::ready`]).
-pub struct StateProbe {
-    file: Option<File>,
-    buf: Vec<u8>,
-}
-
-impl StateProbe {
-    /// Open the stat line of `t` (a thread that is gone gives a probe that always reads `None`).
-    pub fn open(t: &ThreadRef) -> StateProbe {
-        StateProbe {
-            file: File::open(t.dir().join("stat")).ok(),
-            buf: vec![0; 1024],
-        }
-    }
-
-    /// Whether the thread is runnable (state `R`: running or waiting for a CPU); `None` once it
-    /// is gone.
-    pub fn runnable(&mut self) -> Option<bool> {
+    /// The file's text now; `None` once the thread is gone (the file is then dropped).
+    fn read(&mut self) -> Option<&str> {
         let f = self.file.as_ref()?;
         let Ok(n) = f.read_at(&mut self.buf, 0) else {
             self.file = None;
             return None;
         };
-        let text = std::str::from_utf8(&self.buf[..n]).ok()?;
-        let stat = preheat_model::procstat::parse_pid_stat(text)?;
+        std::str::from_utf8(&self.buf[..n]).ok()
+    }
+}
+
+/// A thread's `schedstat`, kept open.
+pub struct RunClock(KeptOpen<96>);
+
+impl RunClock {
+    /// Open the schedstat of `t` (a thread that is gone gives a clock that always reads `None`).
+    pub fn open(t: &ThreadRef) -> RunClock {
+        RunClock(KeptOpen::open(t, "schedstat"))
+    }
+
+    /// Nanoseconds the thread has run on a CPU so far (`None` once it is gone).
+    pub fn run_ns(&mut self) -> Option<u64> {
+        self.0.read()?.split_whitespace().next()?.parse().ok()
+    }
+}
+
+/// A thread's stat line, kept open: its scheduling state now (one read per slice decision,
+/// see [`crate::ready`]).
+pub struct StateProbe(KeptOpen<1024>);
+
+impl StateProbe {
+    /// Open the stat line of `t` (a thread that is gone gives a probe that always reads `None`).
+    pub fn open(t: &ThreadRef) -> StateProbe {
+        StateProbe(KeptOpen::open(t, "stat"))
+    }
+
+    /// Whether the thread is runnable (state `R`: running or waiting for a CPU); `None` once it
+    /// is gone.
+    pub fn runnable(&mut self) -> Option<bool> {
+        let stat = preheat_model::procstat::parse_pid_stat(self.0.read()?)?;
         Some(stat.state == 'R')
     }
 }

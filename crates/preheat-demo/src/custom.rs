@@ -5,13 +5,12 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
-
-use preheat_engine::netns::VethHost;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use preheat_engine::netns::VethHost;
 use preheat_lab::driver::{http_path, Protocol, WorkloadSpec};
 
 use preheat_launch::launch::{self, Server, ServerSpec};

@@ -31,8 +31,6 @@ pub struct VethHost {
     pub local: Ipv4Addr,
     /// The namespace's end (its servers listen here, or on 0.0.0.0).
     pub remote: Ipv4Addr,
-    /// Our end's interface name.
-    pub local_if: String,
     ns: File,
 }
 
@@ -45,6 +43,11 @@ fn addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
         Ipv4Addr::new(10, 234, x, y + 1),
         Ipv4Addr::new(10, 234, x, y + 2),
     )
+}
+
+/// This process's namespace name.
+fn own_name() -> String {
+    format!("{PREFIX}{}", std::process::id())
 }
 
 /// Run `ip ARGS` (iproute2); the error names the command and what `ip` said.
@@ -76,7 +79,7 @@ impl VethHost {
         }
         sweep_stale();
         let pid = std::process::id();
-        let name = format!("{PREFIX}{pid}");
+        let name = own_name();
         let (local, remote) = addresses(pid);
         let (a, b) = (format!("phv{pid}h"), format!("phv{pid}n"));
         ip(&["netns", "add", &name])?;
@@ -89,7 +92,6 @@ impl VethHost {
             name,
             local,
             remote,
-            local_if: a.clone(),
             ns,
         };
         let n = host.name.as_str();
@@ -131,9 +133,9 @@ impl VethHost {
     /// Whether process `pid` runs in this namespace.
     pub fn holds(&self, pid: u32) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let ino = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
-        let ours = ino(&Path::new(NETNS_DIR).join(&self.name));
-        ours.is_some() && ours == ino(Path::new(&format!("/proc/{pid}/ns/net")))
+        let id = |m: std::fs::Metadata| (m.dev(), m.ino());
+        let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net")).map(id);
+        matches!((self.ns.metadata().map(id), theirs), (Ok(a), Ok(b)) if a == b)
     }
 }
 
@@ -147,7 +149,7 @@ impl Drop for VethHost {
 /// Delete this process's namespace, if it made one (the signal handler's cleanup: a
 /// [`VethHost`] is not dropped when the process exits from a handler).
 pub fn remove_own() {
-    let name = format!("{PREFIX}{}", std::process::id());
+    let name = own_name();
     if Path::new(NETNS_DIR).join(&name).exists() {
         let _ = ip(&["netns", "del", &name]);
     }

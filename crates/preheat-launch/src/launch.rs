@@ -357,10 +357,6 @@ fn listens(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
 }
 
-/// Load the agent into the program `cmd` starts (`program`, its first argument): the pre-flight
-/// first ([`preflight::check`]: a program the agent cannot reach is an error naming the reason
-/// and what to do, before anything starts), then `LD_PRELOAD`. The one way a command starts a
-/// program with the agent.
 /// Give `cmd` (a program the agent is attached to) `run_dir` as its agents' run directory,
 /// after checking that their sockets fit there (a clear error instead of an agent that cannot
 /// listen and a caller that waits for it).
@@ -370,6 +366,10 @@ pub fn agent_run_dir(cmd: &mut Command, run_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Load the agent into the program `cmd` starts (`program`, its first argument): the pre-flight
+/// first ([`preflight::check`]: a program the agent cannot reach is an error naming the reason
+/// and what to do, before anything starts), then `LD_PRELOAD`. The one way a command starts a
+/// program with the agent.
 pub fn attach_agent(
     cmd: &mut Command,
     program: &str,
@@ -431,8 +431,7 @@ pub fn start(
     cmd.args(&spec.argv[1..])
         .stdin(Stdio::null())
         .stdout(logf.try_clone()?)
-        .stderr(logf)
-        .env("PREHEAT_RUN_DIR", run_dir);
+        .stderr(logf);
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }

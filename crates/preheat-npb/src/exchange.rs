@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::barrier::Barrier;
-use crate::layout::{pages_of, shared_offsets, slot_offset, PAGE_BYTES, SLOT_WORDS};
+use crate::layout::{pages_of, shared_offsets, slot_offset, Region, PAGE_BYTES, SLOT_WORDS};
 use crate::pattern::Link;
 use crate::spec::Limit;
 
@@ -48,20 +48,18 @@ pub struct Exchange<'a> {
 }
 
 impl<'a> Exchange<'a> {
-    /// A handle for `rank` on `region` (mailboxes of `extra` shared pages each), whose barrier
-    /// is `barrier`; `trace` turns page recording on (tests only: it allocates while the kernel
-    /// runs).
+    /// A handle for `rank` on `region`, whose barrier is `barrier`; `trace` turns page
+    /// recording on (tests only: it allocates while the kernel runs).
     pub fn new(
-        region: &'a [AtomicU64],
-        extra: usize,
+        region: &'a Region,
         barrier: Barrier<'a>,
         rank: usize,
         limit: Limit,
         trace: bool,
     ) -> Exchange<'a> {
         Exchange {
-            region,
-            extra,
+            region: region.words(),
+            extra: region.extra(),
             barrier,
             rank,
             limit,
@@ -167,7 +165,6 @@ impl<'a> Exchange<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Region;
     use std::time::Duration;
 
     #[test]
@@ -185,8 +182,8 @@ mod tests {
         };
         let b = Barrier::new(region.barrier_page(), 1);
         let lim = Limit::Iterations(1);
-        let mut x0 = Exchange::new(region.words(), 0, b, 0, lim, true);
-        let mut x1 = Exchange::new(region.words(), 0, b, 1, lim, true);
+        let mut x0 = Exchange::new(&region, b, 0, lim, true);
+        let mut x1 = Exchange::new(&region, b, 1, lim, true);
         x0.send(link0, 1, &[1, 2, 3]);
         let mut got = Vec::new();
         x1.receive(link1, 1, |i, w| {
@@ -216,8 +213,8 @@ mod tests {
         };
         let b = Barrier::new(region.barrier_page(), 1);
         let lim = Limit::Iterations(1);
-        let mut x0 = Exchange::new(region.words(), 2, b, 0, lim, true);
-        let mut x1 = Exchange::new(region.words(), 2, b, 1, lim, true);
+        let mut x0 = Exchange::new(&region, b, 0, lim, true);
+        let mut x1 = Exchange::new(&region, b, 1, lim, true);
         x0.send(link(0), 0, &[9]);
         x1.send(link(1), 0, &[8]);
         x0.receive(link(0), 0, |_, _| {});
@@ -234,14 +231,7 @@ mod tests {
     fn seconds_limit_stops_one_iteration_later() {
         let region = Region::new(0, 0);
         let b = Barrier::new(region.barrier_page(), 1);
-        let mut x = Exchange::new(
-            region.words(),
-            0,
-            b,
-            0,
-            Limit::Seconds(Duration::ZERO),
-            false,
-        );
+        let mut x = Exchange::new(&region, b, 0, Limit::Seconds(Duration::ZERO), false);
         x.start();
         x.propose_stop(3);
         x.barrier();

@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::pattern::{pair_page_matrix, pattern_matrix, truth};
-use crate::run::RunOutcome;
+use crate::run::{Mailbox, RunOutcome};
 use crate::spec::{Kernel, Limit};
 
 /// One thread's line of the summary.
@@ -142,9 +142,7 @@ impl Summary {
                     start: format!("{:#x}", r.range.start),
                     end: format!("{:#x}", r.range.end),
                     shared_pages: std::iter::once(r.barrier_page)
-                        .chain(r.mailboxes.iter().flat_map(|m| {
-                            (0..m.pages).map(move |i| m.page + i * crate::layout::PAGE_BYTES)
-                        }))
+                        .chain(r.mailboxes.iter().flat_map(Mailbox::page_addrs))
                         .map(|p| format!("{p:#x}"))
                         .collect(),
                 })

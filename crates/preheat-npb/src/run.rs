@@ -96,6 +96,13 @@ pub struct Mailbox {
     pub threads: (usize, usize),
 }
 
+impl Mailbox {
+    /// The addresses of its pages: the mailbox page and the shared pages after it.
+    pub fn page_addrs(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.pages).map(|i| self.page + i * crate::layout::PAGE_BYTES)
+    }
+}
+
 /// Where an instance's shared region lay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionInfo {
@@ -201,14 +208,7 @@ fn rank_main(
     // (allocated by this thread) and the slices of the region (cached on this stack).
     let mut private = kernels::setup(&spec, &pattern.links(spec.rank));
     let barrier = Barrier::new(region.barrier_page(), spec.ranks);
-    let mut x = Exchange::new(
-        region.words(),
-        region.extra(),
-        barrier,
-        spec.rank,
-        config.limit,
-        config.trace_pages,
-    );
+    let mut x = Exchange::new(region, barrier, spec.rank, config.limit, config.trace_pages);
     // Read before the start: reading allocates, and a heap arena may be shared by threads.
     let cpu_start = thread_cpu_ns();
     channels

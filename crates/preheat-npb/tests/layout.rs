@@ -37,11 +37,8 @@ fn designed(out: &RunOutcome) -> BTreeMap<usize, BTreeSet<usize>> {
             m.insert(r.barrier_page, all);
         }
         for mb in &r.mailboxes {
-            for i in 0..mb.pages {
-                m.insert(
-                    mb.page + i * PAGE_BYTES,
-                    [mb.threads.0, mb.threads.1].into(),
-                );
+            for p in mb.page_addrs() {
+                m.insert(p, [mb.threads.0, mb.threads.1].into());
             }
         }
     }
