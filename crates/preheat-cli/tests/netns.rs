@@ -90,8 +90,8 @@ fn preheat_namespaces() -> Vec<String> {
 /// the namespace), and the namespace gone afterwards — also when the server is refused.
 #[test]
 fn demo_over_a_veth_pair() {
-    if let Err(e) = NetLab::new(&["probe"]) {
-        preheat_testsupport::skip!("netns", "cannot create network namespaces: {e}");
+    if preheat_engine::host::effective_uid() != Some(0) {
+        preheat_testsupport::skip("netns", "network namespaces need root");
         return;
     }
     let before = preheat_namespaces();
@@ -142,6 +142,35 @@ fn demo_over_a_veth_pair() {
     let mut left = preheat_namespaces();
     left.retain(|n| !before.contains(n));
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
+}
+
+/// Run `send` (one or more client hosts' `preheat load` results, `n` requests each) up to
+/// `tries` times until every request of every host was sent in its slot; every try must have
+/// no error and account for all `n` requests as scheduled or unscheduled. A request whose slot
+/// answer comes later than the sender's timeout is sent unscheduled (fail-open, by design), and
+/// a stall of the host does that (suite runs here: one request of 80 after an 88 ms stall, two
+/// of 60 with a 53 ms one), so the arbiter must schedule a whole try, not every try. Returns
+/// the whole try.
+fn scheduled_whole(
+    what: &str,
+    n: u64,
+    tries: usize,
+    mut send: impl FnMut() -> Vec<serde_json::Value>,
+) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
+    for _ in 0..tries {
+        let vs = send();
+        for v in &vs {
+            assert_eq!(v["errors"], 0, "{what}: {v}");
+            let (s, u) = (v["scheduled"].as_u64(), v["unscheduled"].as_u64());
+            assert_eq!(s.unwrap() + u.unwrap(), n, "{what}: {v}");
+        }
+        if vs.iter().all(|v| v["scheduled"] == n) {
+            return vs;
+        }
+        seen.push(vs);
+    }
+    panic!("{what}: not scheduled whole in {tries} tries: {seen:?}");
 }
 
 /// Tests whose outcome depends on the machine's timing (caches, wake-ups, deadlines):
@@ -321,9 +350,14 @@ mod timing {
             2,
             &["--target", &srv, "--requests", n, "--gap-ms", "10"],
         );
-        let before = agent_announcements(&run_dir);
-        let pre = through_arbiter(&lab, 2, n, "10", &[]);
-        let announced = agent_announcements(&run_dir) - before;
+        let mut announced = 0;
+        let pre = scheduled_whole("every request got a slot", 60, 3, || {
+            let before = agent_announcements(&run_dir);
+            let v = through_arbiter(&lab, 2, n, "10", &[]);
+            announced = agent_announcements(&run_dir) - before;
+            vec![v]
+        })
+        .remove(0);
         for (name, v) in [("warm", &warm), ("cold", &cold), ("preheated", &pre)] {
             println!(
                 "[emulated hosts in netns on one 2-vCPU VM, {} samples] {name:>9}: p50 {:.1} µs p99 {:.1} µs (scheduled {}, unscheduled {}, errors {})",
@@ -332,51 +366,26 @@ mod timing {
             );
             assert_eq!(v["errors"], 0, "{name}: {v}");
         }
-        assert_eq!(pre["scheduled"], 60, "every request got a slot: {pre}");
         assert!(
             announced >= 30,
             "the arbiter's announcements reached the agent through preheatd for only {announced} of 60 requests"
         );
 
-        // Two client hosts at once: the arbiter schedules both. A request whose slot answer
-        // comes later than the sender's timeout is sent unscheduled (fail-open, by design); a
-        // stall of the host (one run here: 88 ms, one request of 80 unscheduled) does that, so
-        // the pair is tried up to three times and must be scheduled whole once.
+        // Two client hosts at once: the arbiter schedules both (see `scheduled_whole`).
         let lab_ref = &lab;
-        let mut tries = Vec::new();
-        for _ in 0..3 {
-            let (a, b) = std::thread::scope(|s| {
+        scheduled_whole("two hosts at once", 40, 3, || {
+            std::thread::scope(|s| {
                 let h1 = s.spawn(|| through_arbiter(lab_ref, 2, "40", "5", &[]));
                 let h2 = s.spawn(|| through_arbiter(lab_ref, 3, "40", "5", &[]));
-                (h1.join().unwrap(), h2.join().unwrap())
-            });
-            for v in [&a, &b] {
-                assert_eq!(v["errors"], 0, "{v}");
-                assert_eq!(
-                    v["scheduled"].as_u64().unwrap() + v["unscheduled"].as_u64().unwrap(),
-                    40,
-                    "{v}"
-                );
-            }
-            let whole = a["scheduled"] == 40 && b["scheduled"] == 40;
-            tries.push((a, b));
-            if whole {
-                break;
-            }
-        }
-        assert!(
-            tries
-                .last()
-                .is_some_and(|(a, b)| a["scheduled"] == 40 && b["scheduled"] == 40),
-            "two hosts at once were not scheduled whole in {} tries: {tries:?}",
-            tries.len()
-        );
+                vec![h1.join().unwrap(), h2.join().unwrap()]
+            })
+        });
 
         // Fail-open 1: preheatd dies. The arbiter still schedules, the server still serves.
         lab.kill(pd);
-        let no_pd = through_arbiter(&lab, 2, "20", "5", &[]);
-        assert_eq!(no_pd["errors"], 0, "{no_pd}");
-        assert_eq!(no_pd["scheduled"], 20, "{no_pd}");
+        scheduled_whole("without preheatd", 20, 3, || {
+            vec![through_arbiter(&lab, 2, "20", "5", &[])]
+        });
 
         // Fail-open 2: the arbiter dies. Senders time out and send unscheduled; nothing fails.
         lab.kill(arb);

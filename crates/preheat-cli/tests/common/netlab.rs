@@ -23,9 +23,12 @@ impl NetLab {
         if uid.split_whitespace().nth(2) != Some("0") {
             return Err("network namespaces need root".into());
         }
+        // Unique per lab, also for two labs of one test process at once.
+        static LABS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = LABS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 10;
         let pid = std::process::id();
-        let subnet = 16 + pid % 200;
-        let tag = format!("ph{}", pid % 100_000);
+        let subnet = 16 + (pid + 97 * k) % 200;
+        let tag = format!("ph{}{k}", pid % 100_000);
         let mut lab = NetLab {
             bridge_ns: format!("{tag}-br"),
             hosts: Vec::new(),
