@@ -503,3 +503,42 @@ pub fn loaded_object_ranges() -> Vec<(u64, u64)> {
     });
     out
 }
+
+/// The memory image (its `PT_LOAD` segments, `.bss` included) of the loaded object that holds
+/// `addr`, as `[start, end)` ranges; empty if no loaded object holds it.
+pub fn object_image_ranges(addr: u64) -> Vec<(u64, u64)> {
+    let mut all: Vec<(u64, u64, u64)> = Vec::new();
+    for_each_program_header(|base, ph| {
+        if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
+            let start = base.wrapping_add(ph.p_vaddr);
+            all.push((base, start, start.wrapping_add(ph.p_memsz)));
+        }
+    });
+    let Some(&(base, _, _)) = all.iter().find(|(_, s, e)| (*s..*e).contains(&addr)) else {
+        return Vec::new();
+    };
+    all.into_iter()
+        .filter(|(b, _, _)| *b == base)
+        .map(|(_, s, e)| (s, e))
+        .collect()
+}
+
+/// The calling thread's stack block `[low, high)` as the C library reports it
+/// (`pthread_getattr_np`): for a thread it created, the whole block above the guard, its
+/// thread control block and static TLS included.
+pub fn current_thread_stack() -> Option<(u64, u64)> {
+    // SAFETY: pthread_attr_t is plain data; pthread_getattr_np initialises it before we read
+    // it, and we destroy it exactly once after a successful init.
+    unsafe {
+        let mut attr: libc::pthread_attr_t = std::mem::zeroed();
+        if libc::pthread_getattr_np(libc::pthread_self(), &mut attr) != 0 {
+            return None;
+        }
+        let mut addr: *mut c_void = std::ptr::null_mut();
+        let mut size: libc::size_t = 0;
+        let r = libc::pthread_attr_getstack(&attr, &mut addr, &mut size);
+        libc::pthread_attr_destroy(&mut attr);
+        (r == 0 && !addr.is_null())
+            .then(|| (addr as u64, (addr as u64).saturating_add(size as u64)))
+    }
+}

@@ -602,16 +602,6 @@ pub fn reset_after_fork() {
     reset_thread_cache();
 }
 
-/// Addresses inside the agent's static tables (to exclude them from probe candidates).
-pub fn static_addresses() -> [u64; 4] {
-    [
-        THREADS.as_ptr() as u64,
-        PORTS.as_ptr() as u64,
-        FD_PORT.as_ptr() as u64,
-        LISTEN_PORT.as_ptr() as u64,
-    ]
-}
-
 /// This process's busy periods of `port` so far (0 if it never served it).
 pub fn port_busy_periods(port: u16) -> u64 {
     port_slot(port, false).map_or(0, |p| p.busy_periods.load(Ordering::Acquire))

@@ -124,7 +124,8 @@ pub(crate) fn map_anonymous(len: usize) -> io::Result<*mut u8> {
     Ok(p as *mut u8)
 }
 
-pub(crate) fn page_size() -> usize {
+/// The system's page size in bytes (4096 where sysconf cannot say).
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p <= 0 {

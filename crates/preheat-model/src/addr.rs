@@ -43,3 +43,58 @@ pub struct RegionLine {
     pub region: u32,
     pub line: u64,
 }
+
+/// `[start, end)` minus every range of `cut`, each widened to whole pages of `page` bytes.
+pub fn subtract_ranges(start: u64, end: u64, cut: &[(u64, u64)], page: u64) -> Vec<(u64, u64)> {
+    let mut pieces = vec![(start, end)];
+    for &(cs, ce) in cut {
+        let (cs, ce) = (cs & !(page - 1), ce.div_ceil(page) * page);
+        pieces = pieces
+            .into_iter()
+            .flat_map(|(s, e)| {
+                if ce <= s || cs >= e {
+                    return vec![(s, e)];
+                }
+                let mut v = Vec::with_capacity(2);
+                if s < cs {
+                    v.push((s, cs));
+                }
+                if ce < e {
+                    v.push((ce, e));
+                }
+                v
+            })
+            .collect();
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subtract_cuts_whole_pages_and_keeps_the_rest() {
+        let p = 0x1000;
+        assert_eq!(
+            subtract_ranges(0x10000, 0x20000, &[], p),
+            vec![(0x10000, 0x20000)]
+        );
+        // A cut in the middle, not page-aligned: widened outward.
+        assert_eq!(
+            subtract_ranges(0x10000, 0x20000, &[(0x14010, 0x15001)], p),
+            vec![(0x10000, 0x14000), (0x16000, 0x20000)]
+        );
+        // A cut covering one end, one outside, one covering everything.
+        assert_eq!(
+            subtract_ranges(
+                0x10000,
+                0x20000,
+                &[(0x1c000, 0x30000), (0x40000, 0x41000)],
+                p
+            ),
+            vec![(0x10000, 0x1c000)]
+        );
+        assert!(subtract_ranges(0x10000, 0x20000, &[(0x0, 0x20000)], p).is_empty());
+    }
+}

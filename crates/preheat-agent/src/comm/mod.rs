@@ -221,16 +221,12 @@ fn choose_mechanism(mechanism: CommMechanism) -> (bool, String) {
     }
 }
 
-/// What the sampler never protects: the agent's own library, the agent's and the detector's
-/// static addresses, the main thread's static TLS and thread control block.
+/// What the sampler never protects, besides what it adds every round (loaded objects' images,
+/// agent stacks, alternate signal stacks): the agent's own library, the main thread's static TLS
+/// and thread control block.
 fn exclusions() -> sampler::Exclusions {
     sampler::Exclusions {
         agent_so: crate::config::agent_so_path().map(str::to_string),
-        addresses: {
-            let mut a = crate::track::static_addresses().to_vec();
-            a.extend(state::static_addresses());
-            a
-        },
         ranges: {
             // The main thread's static TLS block lies just below its thread pointer, its
             // thread control block (with the kernel's rseq area) just above; glibc adds a

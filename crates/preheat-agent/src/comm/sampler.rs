@@ -37,41 +37,11 @@ const MAX_GUARD: u64 = 1 << 20;
 pub struct Exclusions {
     /// The agent's shared object (path as in the maps).
     pub agent_so: Option<String>,
-    /// Addresses inside memory that must stay accessible (agent thread stacks): the whole
-    /// mapping containing each is excluded.
-    pub addresses: Vec<u64>,
     /// Exact address ranges `[start, end)` that must stay accessible (every loaded object's
-    /// image including its .bss — the agent's own tables among them —, the main thread's TLS
-    /// block, alternate signal stacks). Anonymous mappings merge with their neighbours, so
+    /// image including its .bss — the agent's own tables among them —, the agent threads'
+    /// stacks, the main thread's TLS block, alternate signal stacks). Anonymous mappings merge with their neighbours, so
     /// these are cut out of a mapping rather than excluding the whole mapping.
     pub ranges: Vec<(u64, u64)>,
-}
-
-/// `[start, end)` minus every range of `cut` (page-aligned outward).
-fn subtract(start: u64, end: u64, cut: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let page = PAGE as u64;
-    let mut pieces = vec![(start, end)];
-    for &(cs, ce) in cut {
-        let (cs, ce) = (cs & !(page - 1), ce.div_ceil(page) * page);
-        pieces = pieces
-            .into_iter()
-            .flat_map(|(s, e)| {
-                if ce <= s || cs >= e {
-                    vec![(s, e)]
-                } else {
-                    let mut v = Vec::new();
-                    if s < cs {
-                        v.push((s, cs));
-                    }
-                    if ce < e {
-                        v.push((ce, e));
-                    }
-                    v
-                }
-            })
-            .collect();
-    }
-    pieces
 }
 
 /// A sampleable range and its protection (`PROT_*`).
@@ -117,11 +87,10 @@ pub fn eligible(maps: &[Mapping], ex: &Exclusions) -> Vec<Eligible> {
                 continue;
             }
         }
-        if ex.addresses.iter().any(|&a| a >= m.start && a < m.end) {
-            continue;
-        }
         let prot = libc::PROT_READ | libc::PROT_WRITE | if m.exec { libc::PROT_EXEC } else { 0 };
-        for (start, end) in subtract(m.start, m.end, &ex.ranges) {
+        for (start, end) in
+            preheat_model::addr::subtract_ranges(m.start, m.end, &ex.ranges, PAGE as u64)
+        {
             out.push(Eligible {
                 start,
                 end,
@@ -663,9 +632,7 @@ pub fn run(cfg: CommConfig, ex: Exclusions) {
             break;
         }
         let mut extra = ex.clone();
-        extra
-            .addresses
-            .extend(crate::threads::agent_stack_addresses());
+        extra.ranges.extend(crate::threads::agent_stack_ranges());
         extra.ranges.extend(super::altstack_ranges());
         extra.ranges.extend(crate::sys::loaded_object_ranges());
         let uffd = super::USE_UFFD.load(Ordering::SeqCst);
@@ -764,12 +731,11 @@ mod tests {
             m(0x40000, 0x41000, "rw-", false, "[stack]"),
             m(0x50000, 0x51000, "r--", false, ""),
             m(0x60000, 0x61000, "rw-", false, "/agent.so"),
-            m(0x70000, 0x71000, "rw-", false, ""), // holds an excluded address
+            m(0x70000, 0x71000, "rw-", false, ""), // wholly inside an excluded range
         ];
         let ex = Exclusions {
             agent_so: Some("/agent.so".into()),
-            addresses: vec![0x70010],
-            ranges: vec![(0x84000, 0x85800)],
+            ranges: vec![(0x70000, 0x71000), (0x84000, 0x85800)],
         };
         let e = eligible(&maps, &ex);
         let mut got: Vec<(u64, u64)> = e.iter().map(|r| (r.start, r.end)).collect();

@@ -195,18 +195,6 @@ pub fn altstack_ranges() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Addresses inside the detector's tables (the mappings holding them are never sampled: the
-/// fault handler must never fault on its own state).
-pub fn static_addresses() -> [u64; 5] {
-    [
-        SLOTS.as_ptr() as u64,
-        MATRIX.as_ptr() as u64,
-        MATRIX.as_ptr().wrapping_add(MATRIX.len().saturating_sub(1)) as u64,
-        GRANULE_KEY.as_ptr() as u64,
-        GRANULE_SHARERS.as_ptr() as u64,
-    ]
-}
-
 /// The slot holding `page`, if any (any state but FREE).
 pub fn find_slot(page: usize) -> Option<&'static Slot> {
     if ARMED_COUNT.load(Ordering::Acquire) == 0 {

@@ -3,11 +3,12 @@
 //! now.
 
 use preheat_engine::maps;
+use preheat_model::addr::subtract_ranges;
 use preheat_model::proto::{Range, Reply};
 use preheat_model::Mapping;
 
 use crate::log::log;
-use crate::{config, threads, track};
+use crate::threads;
 
 /// Probe candidates are capped at this many bytes.
 pub const CANDIDATE_CAP: u64 = 256 << 20;
@@ -50,36 +51,26 @@ pub(super) fn validate_ranges(ranges: &[Range]) -> Result<Vec<Range>, String> {
     Ok(out)
 }
 
-/// Resident ranges of the process's usable mappings, excluding the agent's own library, data
-/// and thread stacks, capped at [`CANDIDATE_CAP`].
+/// Resident ranges of the process's usable mappings minus the agent's own memory (its image
+/// and its threads' stacks, cut out exactly: see [`crate::own`]), capped at [`CANDIDATE_CAP`].
 pub(super) fn candidates() -> Result<Reply, String> {
     let maps = maps::read_maps(None).map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
-    let so = config::agent_so_path();
-    let mut own: Vec<u64> = threads::agent_stack_addresses();
-    own.extend(track::static_addresses());
-    own.push(candidates as *const () as u64);
+    let own = threads::own_memory();
+    let page = preheat_engine::sweep::page_size() as u64;
     let mut ranges = Vec::new();
     let mut total = 0u64;
     let mut capped = false;
-    'maps: for m in &maps {
-        if !probe_safe(m) {
-            continue;
-        }
-        let path = m.file.as_ref().map(|f| f.path.as_str()).unwrap_or(&m.name);
-        if so.is_some_and(|so| so == path || so == m.name) {
-            continue;
-        }
-        if own.iter().any(|&a| a >= m.start && a < m.end) {
-            continue;
-        }
+    'maps: for m in maps.iter().filter(|m| probe_safe(m)) {
         for (s, l) in maps::resident_ranges(m.start, m.len()) {
-            let l = l.min(CANDIDATE_CAP - total);
-            if l == 0 {
-                capped = true;
-                break 'maps;
+            for (a, b) in subtract_ranges(s, s + l, &own, page) {
+                let l = (b - a).min(CANDIDATE_CAP - total);
+                if l == 0 {
+                    capped = true;
+                    break 'maps;
+                }
+                ranges.push(Range { start: a, len: l });
+                total += l;
             }
-            ranges.push(Range { start: s, len: l });
-            total += l;
         }
     }
     if capped || total >= CANDIDATE_CAP {
