@@ -20,10 +20,11 @@ use sha2::{Digest, Sha256};
 use crate::console::INIT;
 use crate::cpio::{self, Entry};
 use crate::debian::{self, Package};
+use crate::pvh;
 
-/// Bumped when the image's layout changes.
-const FORMAT: u32 = 1;
-/// Images kept in the cache (the newest built); each is about 13 MB.
+/// Bumped when the image's layout changes (2: the kernel unpacked for its PVH entry).
+const FORMAT: u32 = 2;
+/// Images kept in the cache (the newest built); each is about 70 MB with an unpacked kernel.
 const KEEP_IMAGES: usize = 3;
 
 /// What to build the image from.
@@ -42,11 +43,35 @@ pub struct Manifest {
     pub kernel: Package,
     /// The kernel release (`vmlinuz-<release>`).
     pub kernel_release: String,
+    /// How QEMU starts the kernel.
+    pub kernel_entry: KernelEntry,
+    /// Why the kernel is not started at its PVH entry, if it is not.
+    pub kernel_note: Option<String>,
     pub busybox: Package,
     /// SHA-256 of the `preheat-npb` binary, hex.
     pub npb_sha256: String,
     /// Bytes of the initramfs.
     pub initrd_bytes: u64,
+}
+
+/// How QEMU starts an image's kernel (see [`crate::pvh`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KernelEntry {
+    /// The unpacked ELF (`vmlinux`) at its PVH entry: no decompression in the guest.
+    Pvh,
+    /// The bzImage as packaged (`vmlinuz`), through firmware and its own decompressor.
+    Bzimage,
+}
+
+impl KernelEntry {
+    /// The kernel's file name in an image directory.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            KernelEntry::Pvh => "vmlinux",
+            KernelEntry::Bzimage => "vmlinuz",
+        }
+    }
 }
 
 /// A built image (`guest build --json` prints it).
@@ -69,8 +94,15 @@ impl Image {
         } else {
             "found in the cache"
         };
+        let entry = match (m.kernel_entry, &m.kernel_note) {
+            (KernelEntry::Pvh, _) => "unpacked, started at its PVH entry".to_string(),
+            (KernelEntry::Bzimage, note) => format!(
+                "bzImage, decompressed by the guest ({})",
+                note.as_deref().unwrap_or("not unpacked")
+            ),
+        };
         format!(
-            "guest image {how} in {:.1} s (measured, 1 run): {}\n  kernel   {} {} (vmlinuz-{})\n  \
+            "guest image {how} in {:.1} s (measured, 1 run): {}\n  kernel   {} {} (vmlinuz-{}; {entry})\n  \
              busybox  {} {}\n  preheat-npb (static) sha256 {}\n  initramfs {} KiB\n",
             took.as_secs_f64(),
             self.dir.display(),
@@ -97,10 +129,11 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The cache key of an image made of these parts.
-fn key(kernel: &Package, busybox: &Package, npb_sha: &str) -> String {
+/// The cache key of an image made of these parts (`unxz`: whether `xz` is there to unpack the
+/// kernel, so an image built without it is rebuilt once it is installed).
+fn key(kernel: &Package, busybox: &Package, npb_sha: &str, unxz: bool) -> String {
     let text = format!(
-        "{FORMAT}\n{}={}\n{}={}\n{npb_sha}\n{}",
+        "{FORMAT}\n{}={}\n{}={}\n{npb_sha}\n{}\n{unxz}",
         kernel.name,
         kernel.version,
         busybox.name,
@@ -124,7 +157,15 @@ pub fn ensure(spec: &ImageSpec) -> Result<Image> {
     std::fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
     let lock = File::create(root.join(".lock")).context("creating the image cache's lock")?;
     lock.lock().context("locking the image cache")?;
-    let dir = root.join(format!("image-{}", key(&kernel, &busybox, &npb_sha256)));
+    let dir = root.join(format!(
+        "image-{}",
+        key(
+            &kernel,
+            &busybox,
+            &npb_sha256,
+            preheat_engine::host::find_program("xz").is_some(),
+        )
+    ));
     if let Ok(image) = open(&dir) {
         return Ok(image);
     }
@@ -192,7 +233,10 @@ fn prune_images(root: &Path, keep: usize) {
 fn open(dir: &Path) -> Result<Image> {
     let text = std::fs::read_to_string(dir.join("manifest.json"))?;
     let manifest: Manifest = serde_json::from_str(&text)?;
-    let (kernel, initrd) = (dir.join("vmlinuz"), dir.join("initrd.cpio"));
+    let (kernel, initrd) = (
+        dir.join(manifest.kernel_entry.file_name()),
+        dir.join("initrd.cpio"),
+    );
     anyhow::ensure!(kernel.is_file() && initrd.is_file(), "incomplete image");
     Ok(Image {
         dir: dir.to_path_buf(),
@@ -230,7 +274,16 @@ fn build(
         .with_context(|| format!("{} holds no boot/vmlinuz-*", kernel.name))?;
     let kernel_release =
         vmlinuz.file_name().unwrap_or_default().to_string_lossy()["vmlinuz-".len()..].to_string();
-    std::fs::rename(&vmlinuz, out.join("vmlinuz"))?;
+    let (kernel_entry, kernel_note) = match pvh::unpack(&std::fs::read(&vmlinuz)?) {
+        Ok(elf) => {
+            std::fs::write(out.join(KernelEntry::Pvh.file_name()), elf)?;
+            (KernelEntry::Pvh, None)
+        }
+        Err(why) => {
+            std::fs::rename(&vmlinuz, out.join(KernelEntry::Bzimage.file_name()))?;
+            (KernelEntry::Bzimage, Some(why))
+        }
+    };
     let busybox_bytes = std::fs::read(unpack.join("bin/busybox"))?;
     let initrd = initramfs(busybox_bytes, npb.to_vec());
     std::fs::write(out.join("initrd.cpio"), &initrd)?;
@@ -239,6 +292,8 @@ fn build(
         format: FORMAT,
         kernel,
         kernel_release,
+        kernel_entry,
+        kernel_note,
         busybox,
         npb_sha256,
         initrd_bytes: initrd.len() as u64,
@@ -321,11 +376,12 @@ mod tests {
     #[test]
     fn key_follows_every_part() {
         let (k, b) = (pkg("linux-image-x", "1"), pkg("busybox-static", "1:1.35"));
-        let base = key(&k, &b, "aa");
+        let base = key(&k, &b, "aa", true);
         assert_eq!(base.len(), 16);
-        assert_eq!(key(&k, &b, "aa"), base);
-        assert_ne!(key(&pkg("linux-image-x", "2"), &b, "aa"), base);
-        assert_ne!(key(&k, &pkg("busybox-static", "1:1.36"), "aa"), base);
-        assert_ne!(key(&k, &b, "ab"), base);
+        assert_eq!(key(&k, &b, "aa", true), base);
+        assert_ne!(key(&pkg("linux-image-x", "2"), &b, "aa", true), base);
+        assert_ne!(key(&k, &pkg("busybox-static", "1:1.36"), "aa", true), base);
+        assert_ne!(key(&k, &b, "ab", true), base);
+        assert_ne!(key(&k, &b, "aa", false), base);
     }
 }

@@ -13,6 +13,7 @@
 //! | [`comm`] | host-side communication detection in QEMU, the matrix against the truth |
 //! | [`cpio`] | the initramfs archive format (newc) |
 //! | [`image`] | the cached image: kernel, busybox, `/init`, static `preheat-npb` |
+//! | [`pvh`] | the kernel unpacked from its bzImage, for QEMU to start at its PVH entry |
 //! | [`console`] | `/init`, and the console lines it and the workload print, read |
 //! | [`qemu`] | one guest: QEMU started, its threads (`CPU n/TCG`), its console, stopped |
 //! | [`journal`] | running guests on record, so a SIGKILLed owner's are stopped next time |
@@ -32,6 +33,7 @@ pub mod cpio;
 pub mod debian;
 pub mod image;
 pub mod journal;
+pub mod pvh;
 pub mod qemu;
 pub mod session;
 

@@ -74,6 +74,18 @@ fn image_is_cached() {
     assert_eq!(a.dir, b.dir);
     assert!(a.manifest.kernel.name.starts_with("linux-image-"));
     assert!(a.manifest.initrd_bytes > 1 << 20);
+    // Debian's amd64 kernels are xz-compressed bzImages built with CONFIG_PVH: the image holds
+    // the unpacked kernel, and QEMU starts it at its PVH entry (xz-utils is installed by the
+    // test command).
+    assert_eq!(
+        (a.manifest.kernel_entry, &a.manifest.kernel_note),
+        (preheat_guest::image::KernelEntry::Pvh, &None),
+        "{}",
+        a.render(std::time::Duration::ZERO)
+    );
+    assert!(preheat_guest::pvh::has_pvh_entry(
+        &std::fs::read(&a.kernel).unwrap()
+    ));
 }
 
 #[test]
