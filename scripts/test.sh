@@ -161,8 +161,15 @@ else
   skip "Python types (mypy)" mypy "mypy could not be installed (pip install mypy)"
 fi
 # The lab drives the release CLI when it exists, else the debug one built above.
-step "Python tests (pytest; the slowest ten listed)"
-(cd python && python3 -m pytest -q --durations=10) || exit 1
+# The tests that do not measure run on both CPUs (pytest-xdist); the slow end-to-end runs, which
+# measure, after them and alone, one at a time (as the Rust timing pass).
+both_cpus=(-n 2)
+python3 -c "import xdist" 2>/dev/null \
+  || { echo "test.sh: pytest-xdist is missing: the Python tests run on one CPU"; both_cpus=(); }
+step "Python tests (pytest on both CPUs; the slowest five listed)"
+(cd python && python3 -m pytest -q "${both_cpus[@]}" -m "not slow" --durations=5) || exit 1
+step "Python end-to-end runs that measure (pytest -m slow, one at a time)"
+(cd python && python3 -m pytest -q -m slow --durations=5) || exit 1
 
 if command -v cargo-fuzz >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q nightly; then
   for t in decode_profile decode_announcement decode_net; do

@@ -26,11 +26,11 @@ CELL_OVERHEAD_S = 1.9
 #: Per kernel: the calibration runs (3 alone runs of 1 s) that measure the iteration time.
 ALONE_S = 4.0
 #: With --guests (QEMU guests, booted for every run): per cell beyond --seconds + 0.5, the boot
-#: (~8 s from QEMU's start to the controller, two guests at once), the guests' 2.5 s start delay
-#: and power-off; per kernel, 3 calibration boots of two 1-vCPU guests (~20 s each). Measured on
-#: a 2-CPU machine.
-GUEST_CELL_OVERHEAD_S = 12.5
-GUEST_ALONE_S = 60.0
+#: (~7.5 s from QEMU's start to the controller, two guests at once), the guests' 2.5 s start
+#: delay and power-off; per calibration run, one boot of two 1-vCPU guests (~16 s). Measured on
+#: a 2-CPU machine with the PVH kernel: 4 cells of 3 s and 3 calibration runs took 103 s.
+GUEST_CELL_OVERHEAD_S = 10.0
+GUEST_CALIBRATION_RUN_S = 16.0
 #: Kernels a guest can run: its progress is counted in barrier phases, and ep has no barrier.
 GUEST_KERNELS = ("mg", "cg", "is")
 #: Wall time of `preheat cosched simulate` (debug build, measured on 2 CPUs): per simulated
@@ -102,6 +102,8 @@ class Options:
     quick: bool = False
     #: every VM a real QEMU guest (`preheat cosched experiment --guests`)
     guests: bool = False
+    #: calibration runs per kernel (`--calibration-runs`; guests: one boot each)
+    calibration_runs: int = 3
 
     @property
     def cell_overhead_s(self) -> float:
@@ -109,7 +111,9 @@ class Options:
 
     @property
     def calibration_s(self) -> float:
-        return len(self.kernels) * (GUEST_ALONE_S if self.guests else ALONE_S)
+        if self.guests:
+            return len(self.kernels) * self.calibration_runs * GUEST_CALIBRATION_RUN_S
+        return len(self.kernels) * ALONE_S
 
     @classmethod
     def make(cls, quick: bool = False, kernels: str | None = None, reps: int | None = None,
@@ -119,7 +123,8 @@ class Options:
         """The command line's options (`--quick`: mg,ep; single,double; 2 repetitions of 2 s;
         regrouping every 0.7 s; 2 simulator seeds; with `--guests`: QEMU guests, mg,cg, 3
         repetitions of 8 s, so the measured part stays near 20 min with a boot per run; --quick
-        mg, 1 repetition of 3 s, since guests come up ~1 s apart). ValueError on a bad value."""
+        mg, 1 repetition of 3 s, since guests come up ~1 s apart, and 1 calibration boot instead
+        of 3). ValueError on a bad value."""
         o = cls(quick=quick, measure=measure, from_file=Path(from_file) if from_file else None,
                 guests=guests)
         known = GUEST_KERNELS if guests else KERNELS
@@ -128,7 +133,7 @@ class Options:
         if quick:
             o.kernels, o.reps, o.seconds, o.regroup_s, o.sim_seeds = ("mg", "ep"), 2, 2.0, 0.7, 2
             if guests:
-                o.kernels, o.reps, o.seconds = ("mg",), 1, 3.0
+                o.kernels, o.reps, o.seconds, o.calibration_runs = ("mg",), 1, 3.0, 1
         if kernels is not None:
             ks = tuple(k.strip() for k in kernels.split(",") if k.strip())
             bad = [k for k in ks if k not in known]

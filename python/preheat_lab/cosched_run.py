@@ -24,7 +24,8 @@ def experiment_argv(o: Options) -> list[str]:
             "--kernels", ",".join(o.kernels), "--scenarios", ",".join(o.scenarios),
             "--policies", ",".join(POLICIES), "--reps", str(o.reps), "--seconds", f"{o.seconds:g}",
             "--slice-ms", f"{o.slice_ms:g}", "--regroup-s", f"{o.regroup_s:g}",
-            "--seed", str(o.seed)] + (["--guests"] if o.guests else [])
+            "--seed", str(o.seed), "--calibration-runs", str(o.calibration_runs)] + (
+                ["--guests"] if o.guests else [])
 
 
 def run_experiment(o: Options, raw: Path, prog: Progress) -> dict:

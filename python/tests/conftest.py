@@ -17,10 +17,13 @@ from preheat_lab import skips  # noqa: E402  (importable only after the path abo
 # The preheat CLI and the servers it starts put their scratch directories (a demo's server data
 # can be hundreds of MB) under $TMPDIR. Point the child processes of this session at a directory
 # the session owns and removes when it ends, so a child killed before it could clean up (a
-# timeout, SIGKILL) leaves nothing behind. This process keeps its own temp dir: pytest's
-# tmp_path is already resolved against it (gettempdir caches the first answer).
-tempfile.gettempdir()
-_CHILD_TMP = tempfile.mkdtemp(prefix="preheat-pytest-")
+# timeout, SIGKILL) leaves nothing behind. This process keeps the temp dir the session started
+# with: pytest's tmp_path is resolved against it. pytest-xdist's workers inherit the controller's
+# $TMPDIR, so the original one travels in $PREHEAT_PYTEST_BASE_TMP (nesting one session's
+# directory in another's made Unix socket paths longer than their 107 bytes).
+_BASE_TMP = os.environ.setdefault("PREHEAT_PYTEST_BASE_TMP", tempfile.gettempdir())
+tempfile.tempdir = _BASE_TMP
+_CHILD_TMP = tempfile.mkdtemp(prefix="preheat-pytest-", dir=_BASE_TMP)
 os.environ["TMPDIR"] = _CHILD_TMP
 
 
@@ -32,8 +35,21 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CHILD_TMP, ignore_errors=True)
 
 
+# Whether this process is a pytest-xdist worker (set by pytest_configure; a nested pytest run a
+# test starts inherits PYTEST_XDIST_WORKER from its environment, so that cannot tell).
+_XDIST_WORKER = False
+
+
+def pytest_configure(config):
+    global _XDIST_WORKER
+    _XDIST_WORKER = hasattr(config, "workerinput")
+
+
 def pytest_runtest_logreport(report):
-    """One line in $PREHEAT_SKIP_LOG per skipped test (setup or call), with its component."""
+    """One line in $PREHEAT_SKIP_LOG per skipped test (setup or call), with its component (by
+    the controller alone under pytest-xdist, which sees every worker's reports)."""
+    if _XDIST_WORKER:
+        return
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr
