@@ -382,6 +382,27 @@ fn a_vm_that_exits_mid_run() {
         .collect();
     assert!(ran[1] > ran[0], "the long VM ran {ran:?}");
     assert!(r["elapsed_s"].as_f64().unwrap() > 1.0, "{r}");
+    // Where the controller's time goes: every stage of a switch timed in every slice, and the
+    // scheduling calls counted one by one (together, every syscall the report counts).
+    let cost = &r["cost"];
+    let stages: Vec<&str> = cost["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        stages,
+        ["readiness", "plan", "demote", "clocks", "account", "raise"],
+        "{cost}"
+    );
+    let calls: u64 = cost["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(calls, r["syscalls"].as_u64().unwrap(), "{cost}");
     assert!(!journal.exists());
 }
 

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::cost::{Call, CostReport, Costs, Stage};
 use anyhow::{bail, Context, Result};
 use preheat_cosim::plan::{CoSet, Planner, Slice};
 use preheat_cosim::scenario::Policy;
@@ -79,6 +80,8 @@ pub struct Report {
     pub ready_threads: usize,
     /// Scheduling syscalls issued.
     pub syscalls: u64,
+    /// Where `apply_us` goes: each stage of a switch, each kind of scheduling call.
+    pub cost: CostReport,
     /// Per set (members as vCPU indices): co-run estimate and lower bound.
     pub sets: Vec<SetReport>,
     /// Over all sets with ≥ 2 members: (estimate, lower bound).
@@ -124,16 +127,22 @@ struct Enforcer<'a> {
     runnable: Vec<Option<bool>>,
     syscalls: u64,
     notes: Vec<String>,
+    /// Where the controller's time goes (see [`crate::cost`]).
+    costs: Costs,
 }
 
 impl Enforcer<'_> {
-    /// Apply `f` to vCPU `v`'s thread; a vanished thread is dropped (noted), other errors abort.
-    fn sys(&mut self, v: usize, f: impl FnOnce(u32) -> io::Result<()>) -> Result<bool> {
+    /// Apply `f`, a scheduling call of kind `call`, to vCPU `v`'s thread; a vanished thread is
+    /// dropped (noted), other errors abort.
+    fn sys(&mut self, v: usize, call: Call, f: impl FnOnce(u32) -> io::Result<()>) -> Result<bool> {
         let Some(t) = self.vcpus[v].thread else {
             return Ok(false);
         };
         self.syscalls += 1;
-        match f(t.tid) {
+        let t0 = Instant::now();
+        let r = f(t.tid);
+        self.costs.call(call, t0);
+        match r {
             Ok(()) => Ok(true),
             Err(e) if sched::is_gone(&e) || !t.alive() => {
                 self.notes.push(format!(
@@ -151,7 +160,9 @@ impl Enforcer<'_> {
     fn set_cpu(&mut self, v: usize, c: usize) -> Result<()> {
         if self.state[v].cpu != Some(c) {
             let cpu = self.cfg.cpus[c];
-            if self.sys(v, |tid| sched::set_thread_affinity(tid, &[cpu]))? {
+            if self.sys(v, Call::Affinity, |tid| {
+                sched::set_thread_affinity(tid, &[cpu])
+            })? {
                 self.state[v].cpu = Some(c);
             }
         }
@@ -160,7 +171,9 @@ impl Enforcer<'_> {
 
     fn set_prio(&mut self, v: usize, p: i32) -> Result<()> {
         if self.state[v].prio != Some(p)
-            && self.sys(v, |tid| sched::set_thread_sched(tid, ThreadSched::fifo(p)))?
+            && self.sys(v, Call::Priority, |tid| {
+                sched::set_thread_sched(tid, ThreadSched::fifo(p))
+            })?
         {
             self.state[v].prio = Some(p);
         }
@@ -187,6 +200,21 @@ impl Enforcer<'_> {
                 _ => None,
             };
         }
+    }
+
+    /// Read every thread's readiness, plan the next slice with `p` and demote what it does not
+    /// choose (each stage timed).
+    fn plan_and_demote(&mut self, p: &mut Planner) -> Result<Slice> {
+        let t = Instant::now();
+        self.read_runnable();
+        self.costs.stage(Stage::Readiness, t);
+        let t = Instant::now();
+        let s = p.next_slice(&self.sets_ready(p.sets()));
+        self.costs.stage(Stage::Plan, t);
+        let t = Instant::now();
+        self.demote(&s)?;
+        self.costs.stage(Stage::Demote, t);
+        Ok(s)
     }
 
     /// Which sets of `sets` have a runnable member (see [`ready::sets_ready`]).
@@ -299,6 +327,7 @@ pub fn run(
         vcpus,
         syscalls: 0,
         notes: Vec::new(),
+        costs: Costs::default(),
     };
     let result = (|| -> Result<Report> {
         if managed {
@@ -368,14 +397,7 @@ fn main_loop(
         }
         // Plan the next slice and stop what it does not choose.
         let next = match (planner.as_mut(), stopping) {
-            (Some(p), false) => {
-                let t = Instant::now();
-                enf.read_runnable();
-                tally.ready_us.push(t.elapsed().as_nanos() as f64 / 1e3);
-                let s = p.next_slice(&enf.sets_ready(p.sets()));
-                enf.demote(&s)?;
-                Some(s)
-            }
+            (Some(p), false) => Some(enf.plan_and_demote(p)?),
             _ => None,
         };
         let next_members: Vec<Vec<usize>> = match (&next, planner.as_ref()) {
@@ -386,7 +408,10 @@ fn main_loop(
                 .collect(),
             _ => Vec::new(),
         };
+        let t = Instant::now();
         tally.read_clocks(enf);
+        enf.costs.stage(Stage::Clocks, t);
+        let t = Instant::now();
         if let Some((slice, members, started)) = &prev {
             let len = now.duration_since(*started).as_nanos() as u64;
             tally.account_slice(slice, len, managed);
@@ -396,13 +421,16 @@ fn main_loop(
                 sets.iter().map(|s| s.members.clone()).collect()
             };
             tally.account_corun(&measured, &next_members, managed && !stopping, len);
+            enf.costs.stage(Stage::Account, t);
         }
         if stopping {
             break;
         }
         let slice = match next {
             Some(s) => {
+                let t = Instant::now();
                 enf.raise(&s)?;
+                enf.costs.stage(Stage::Raise, t);
                 tally.count_planned(&s, &enf.vcpus);
                 s
             }
@@ -470,7 +498,6 @@ struct Tally {
     regroups: Vec<Regroup>,
     slice_us: Vec<f64>,
     apply_us: Vec<f64>,
-    ready_us: Vec<f64>,
     leak_ns: u64,
     all_ns: u64,
     planned_idle: u64,
@@ -500,7 +527,6 @@ impl Tally {
             regroups: Vec::new(),
             slice_us: Vec::new(),
             apply_us: Vec::new(),
-            ready_us: Vec::new(),
             leak_ns: 0,
             all_ns: 0,
             planned_idle: 0,
@@ -618,7 +644,7 @@ impl Tally {
         let elapsed_s = t0.elapsed().as_secs_f64();
         let su = summarize(&self.slice_us);
         let au = summarize(&self.apply_us);
-        let ru = summarize(&self.ready_us);
+        let ru = summarize(enf.costs.readiness());
         let set_list: Vec<SetCorun> = self.corun.into_values().collect();
         let overall = measure::overall(&set_list);
         Report {
@@ -636,6 +662,7 @@ impl Tally {
             ready_us_p99: ru.p99,
             ready_threads: enf.probes.iter().flatten().count(),
             syscalls: enf.syscalls,
+            cost: enf.costs.report(),
             sets: set_list
                 .iter()
                 .map(|s| SetReport {

@@ -28,7 +28,8 @@
 //!   `/proc/PID/task/TID/schedstat` read at every slice boundary (an estimate with bounds: in one
 //!   slice, members that ran d₁…dₙ ns overlapped at most min dᵢ and at least Σdᵢ − (n−1)·L), the
 //!   run time of threads that were *not* chosen (leak), and each CPU's idle share from
-//!   `/proc/stat`.
+//!   `/proc/stat`; where the controller's own time per slice goes, stage by stage and call by
+//!   call ([`cost`]).
 //! * **Restore** ([`journal`]): before the first change, every managed thread's class, priority
 //!   and affinity is written to a journal; a clean exit restores and removes it; a watchdog
 //!   process restores it if the controller dies (also SIGKILL); the next start restores a journal
@@ -41,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 pub mod control;
+pub mod cost;
 pub mod journal;
 pub mod measure;
 pub mod ready;

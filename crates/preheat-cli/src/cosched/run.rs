@@ -131,10 +131,7 @@ pub fn text_report(o: &Outcome) -> String {
             "  controller cost per slice: p50 {:.1} / p99 {:.1} µs; {} scheduling syscalls\n",
             r.apply_us_p50, r.apply_us_p99, r.syscalls
         );
-        s += &format!(
-            "  of which reading {} threads' readiness: p50 {:.1} / p99 {:.1} µs\n",
-            r.ready_threads, r.ready_us_p50, r.ready_us_p99
-        );
+        s += &r.cost.render(r.ready_threads);
         s += &format!(
             "  leak (run time of threads not chosen for the slice): {:.2}%\n",
             100.0 * r.leak_share
