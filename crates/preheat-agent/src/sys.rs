@@ -542,3 +542,30 @@ pub fn current_thread_stack() -> Option<(u64, u64)> {
             .then(|| (addr as u64, (addr as u64).saturating_add(size as u64)))
     }
 }
+
+/// Run `f` on the calling thread inside the network namespace of the file `path` (such as
+/// `/proc/PID/ns/net`), then move the thread back to the one it had: a socket `f` creates stays
+/// in the namespace it was created in. Only the calling thread moves (a network namespace is
+/// per thread). Err if the namespace cannot be entered (no such file, not a network namespace,
+/// no `CAP_SYS_ADMIN`), or if the way back failed (then the thread is left in `path`'s
+/// namespace, which the error says; holding a descriptor of its own namespace and having just
+/// been allowed to enter one, it does not happen short of a kernel fault).
+pub fn in_netns<T>(path: &str, f: impl FnOnce() -> T) -> io::Result<T> {
+    use std::os::fd::AsRawFd;
+    let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+    let target = std::fs::File::open(path)?;
+    // SAFETY: setns with a descriptor we own and CLONE_NEWNET only changes the calling thread's
+    // network namespace; no memory is passed.
+    if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let r = f();
+    // SAFETY: as above, back to the namespace this thread had (a descriptor we own).
+    if unsafe { libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::other(format!(
+            "could not return to its own network namespace from {path}: {e}"
+        )));
+    }
+    Ok(r)
+}

@@ -373,6 +373,7 @@ fn profiles_load_refuse_and_preheat() {
         replay: None,
         replay_until: None,
         split_cpus: vec![0],
+        replay_via: None,
     });
     srv.announce(srv.pid(), Strategies::LINES, LEAD_NS, 2);
     let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.preheats == 2);
@@ -383,6 +384,7 @@ fn profiles_load_refuse_and_preheat() {
         replay: None,
         replay_until: None,
         split_cpus: vec![4096],
+        replay_via: None,
     });
     assert!(msg.contains("4096"), "{msg}");
 
@@ -501,6 +503,7 @@ fn replay_sends_warmup_requests() {
         replay: Some("get __preheat_warmup__\r\n".into()),
         replay_until: Some("END\r\n".into()),
         split_cpus: vec![],
+        replay_via: None,
     });
     let base = agent.status().busy_periods(srv.port);
     for i in 0..3 {
@@ -532,6 +535,7 @@ fn replay_sends_warmup_requests() {
         replay: Some("quit\r\n".into()),
         replay_until: None,
         split_cpus: vec![],
+        replay_via: None,
     });
     assert!(msg.contains("closed the connection"), "{msg}");
     srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 30);
@@ -543,6 +547,7 @@ fn replay_sends_warmup_requests() {
         replay: Some("get __preheat_warmup__\r\n".into()),
         replay_until: Some("NEVER".into()),
         split_cpus: vec![],
+        replay_via: None,
     });
     assert!(msg.contains("was not answered"), "{msg}");
     // Configure of a port nobody listens on fails cleanly.
@@ -551,6 +556,7 @@ fn replay_sends_warmup_requests() {
         replay: Some("x\r\n".into()),
         replay_until: None,
         split_cpus: vec![],
+        replay_via: None,
     });
     assert!(msg.contains("replay connection"), "{msg}");
     assert_eq!(mc.get("key:2").unwrap(), Some(kv_value(2)));

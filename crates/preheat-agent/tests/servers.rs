@@ -75,6 +75,7 @@ fn memcached_with_agent() {
         replay: Some("get __preheat_warmup__\r\n".into()),
         replay_until: Some("END\r\n".into()),
         split_cpus: vec![],
+        replay_via: None,
     });
     for i in 0..3u64 {
         srv.announce(

@@ -401,6 +401,7 @@ fn cmd_run(a: RunArgs) -> Result<()> {
             replay: a.replay.as_deref().map(launch::unescape),
             replay_until: Some(launch::unescape(&a.replay_until)),
             split_cpus: vec![],
+            replay_via: None,
         }) {
             Ok(_) => configured += 1,
             Err(e) if pids.len() > 1 => eprintln!("preheat: pid {pid} not configured: {e:#}"),

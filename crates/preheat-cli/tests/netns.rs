@@ -130,6 +130,22 @@ fn demo_over_a_veth_pair() {
         "{}",
         v["agent_counters"]
     );
+    // The warm-ups take the clients' path: the agent opened its replay connection in the
+    // demo's network namespace, to the server's end of the pair.
+    assert!(
+        transport.contains("replay warm-ups come over the veth pair"),
+        "{transport}"
+    );
+    let logs: String = std::fs::read_dir(&rd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("agent-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
+    assert!(
+        logs.contains("replay connection open (10.234.") && logs.contains("/ns/net)"),
+        "{logs}"
+    );
     common::assert_no_agent_sockets(&rd);
     // MariaDB is refused (its grants admit 127.0.0.1 only) before it starts, namespace removed.
     let o = common::preheat(&["demo", "--netns", "--server", "mariadb"], &rd);

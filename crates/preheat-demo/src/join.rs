@@ -51,6 +51,7 @@ pub(crate) fn configure(
             replay: replay.clone(),
             replay_until: replay_until.clone(),
             split_cpus: vec![],
+            replay_via: None,
         })?;
     }
     Ok(())

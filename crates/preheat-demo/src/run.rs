@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use preheat_model::proto::{Request, Strategies};
+use preheat_model::proto::{ReplayVia, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
@@ -220,20 +220,30 @@ fn warm_up_request(w: &servers::Workload) -> (Option<String>, Option<String>) {
 /// Configure `port`'s warm-up request in the agent. Where the agent cannot open a replay
 /// connection its process serves (e.g. the server closes every connection after its reply),
 /// the replay modes are dropped into `skipped`, saying why; anything else fails the demo.
+///
+/// A server in a network namespace of its own (`--netns`) gets its warm-ups from this
+/// process's namespace, to the server's end of the veth pair: the path the client's requests
+/// take (the agent opens that connection in our namespace).
 fn configure_replay(
     agent: &mut AgentClient,
     w: &servers::Workload,
-    port: u16,
+    server: &preheat_launch::launch::Server,
     modes: &mut Vec<Mode>,
     skipped: &mut Vec<Skipped>,
 ) -> Result<bool> {
+    let port = server.spec.port;
     let (replay, replay_until) = warm_up_request(w);
     let wants_replay = replay.is_some();
+    let replay_via = server.spec.netns.as_ref().map(|veth| ReplayVia {
+        netns: format!("/proc/{}/ns/net", std::process::id()),
+        addr: veth.remote.into(),
+    });
     let Err(e) = agent.call(&Request::Configure {
         port,
         replay,
         replay_until,
         split_cpus: vec![],
+        replay_via,
     }) else {
         return Ok(wants_replay);
     };
@@ -245,6 +255,7 @@ fn configure_replay(
         replay: None,
         replay_until: None,
         split_cpus: vec![],
+        replay_via: None,
     })?;
     let reason = format!("{e:#}");
     for m in modes.iter().filter(|m| m.replays()) {
@@ -433,7 +444,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let (profile_path, rec_stats) = estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
     let ws_stats = working_set(&profile_path, port)?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    let can_replay = configure_replay(&mut agent, &w, port, &mut modes, &mut skipped)?;
+    let can_replay = configure_replay(&mut agent, &w, &server, &mut modes, &mut skipped)?;
     let (others, join) = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
     let mut bench = Bench {
         client,
@@ -478,7 +489,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         lead_us: a.lead_us,
         server_cpu,
         client_cpu,
-        transport: transport(&server),
+        transport: transport(&server, can_replay),
         record: rec_stats,
         prepared,
         pmu: preheat_engine::topology::has_pmu(),
@@ -497,12 +508,13 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     })
 }
 
-/// How requests reach `server` (see [`Output::transport`]).
-fn transport(server: &preheat_launch::launch::Server) -> String {
+/// How requests reach `server` (see [`Output::transport`]), and where a replay's warm-ups come
+/// from (`replays`: the replay modes run).
+fn transport(server: &preheat_launch::launch::Server, replays: bool) -> String {
     match &server.spec.netns {
         None => "loopback".into(),
         Some(ns) => format!(
-            "veth {} -> {} (server in network namespace {}{})",
+            "veth {} -> {} (server in network namespace {}{}){}",
             ns.local,
             ns.remote,
             ns.name(),
@@ -510,6 +522,11 @@ fn transport(server: &preheat_launch::launch::Server) -> String {
                 ""
             } else {
                 ": NOT verified on its process"
+            },
+            if replays {
+                "; replay warm-ups come over the veth pair too"
+            } else {
+                ""
             }
         ),
     }

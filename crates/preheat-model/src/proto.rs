@@ -228,6 +228,17 @@ pub struct Range {
     pub len: u64,
 }
 
+/// Where a replay connection comes from when the server is reached over a network device rather
+/// than its loopback (a server in a network namespace of its own behind a veth pair): opened in
+/// the network namespace `netns` (a file such as `/proc/PID/ns/net`) to `addr`, so the warm-up
+/// takes the path the clients' requests take. (The persistent replay connection only: a server
+/// that closes every connection still gets its fresh warm-up connections on its loopback.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayVia {
+    pub netns: String,
+    pub addr: std::net::IpAddr,
+}
+
 /// Control requests (CLI → agent), one JSON object per line, tagged by `cmd`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -288,13 +299,16 @@ pub enum Request {
     /// Drop the loaded profile.
     UnloadProfile,
     /// Configure a port: the warm-up request for the `replay` strategy (raw bytes as a string
-    /// with `\r\n` already decoded), the response terminator to drain, and the CPUs used to
-    /// split a `lines` preheat (empty: only the serving core).
+    /// with `\r\n` already decoded), the response terminator to drain, the CPUs used to
+    /// split a `lines` preheat (empty: only the serving core), and where the replay connection
+    /// comes from (`None`: this process's loopback).
     Configure {
         port: u16,
         replay: Option<String>,
         replay_until: Option<String>,
         split_cpus: Vec<u32>,
+        #[serde(default)]
+        replay_via: Option<ReplayVia>,
     },
     /// What an `auto` announcement for `port` does (`None`: forget the choice, so `auto` does
     /// [`Strategies::AUTO_UNMEASURED`]); set from a measured choice (`preheat run --auto`).

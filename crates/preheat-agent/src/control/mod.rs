@@ -331,7 +331,8 @@ impl Control {
                 replay,
                 replay_until,
                 split_cpus,
-            } => self.configure(port, replay, replay_until, split_cpus),
+                replay_via,
+            } => self.configure(port, (replay, replay_until, replay_via), split_cpus),
             Request::SetAuto { port, strategies } => {
                 if strategies.is_some_and(|s| s.contains(Strategies::AUTO)) {
                     return Err("set_auto: a choice cannot itself be auto".into());

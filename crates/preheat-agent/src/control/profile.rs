@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use preheat_engine::preheat::{split_runs, ParallelPreheater};
 use preheat_engine::{maps, os};
-use preheat_model::proto::{LoadedClass, Reply};
+use preheat_model::proto::{LoadedClass, ReplayVia, Reply};
 use preheat_model::resolve::check_binary;
 use preheat_model::{decode_profile, resolve_class, AbsRun, RegionTable};
 
@@ -28,6 +28,8 @@ pub(super) struct LoadedProfile {
 #[derive(Default)]
 pub(super) struct PortConfig {
     replay: Option<Arc<ReplayConn>>,
+    /// Where `replay`'s connection comes from (`None`: this process's loopback).
+    replay_via: Option<ReplayVia>,
     split_cpus: Vec<u32>,
     par: Option<Arc<ParallelPreheater>>,
 }
@@ -78,7 +80,7 @@ impl Control {
                 failed = true;
                 continue;
             }
-            match connect_replay(*port, &conn.request, &conn.until) {
+            match connect_replay(*port, pc.replay_via.as_ref(), &conn.request, &conn.until) {
                 Ok(ReplayTarget::Fresh(why)) => {
                     failed = true;
                     log(&format!(
@@ -162,11 +164,11 @@ impl Control {
         })
     }
 
+    /// `replay`: the warm-up request, its reply's end, and where its connection comes from.
     pub(super) fn configure(
         &mut self,
         port: u16,
-        replay: Option<String>,
-        replay_until: Option<String>,
+        (replay, replay_until, via): (Option<String>, Option<String>, Option<ReplayVia>),
         split_cpus: Vec<u32>,
     ) -> Result<Reply, String> {
         if port == 0 {
@@ -206,7 +208,10 @@ impl Control {
         });
         let same = match (&want, &pc.replay) {
             (Some((req, until)), Some(c)) => {
-                c.request == *req && c.until == *until && !c.broken.load(Ordering::Acquire)
+                c.request == *req
+                    && c.until == *until
+                    && pc.replay_via == via
+                    && !c.broken.load(Ordering::Acquire)
             }
             (None, None) => true,
             _ => false,
@@ -216,11 +221,15 @@ impl Control {
             if let Some(old) = pc.replay.take() {
                 old.replace_fd(-1);
             }
+            pc.replay_via = via.clone();
             if let Some((req, until)) = want {
-                match connect_replay(port, &req, &until) {
+                match connect_replay(port, via.as_ref(), &req, &until) {
                     Ok(ReplayTarget::Persistent(fd)) => {
                         pc.replay = Some(Arc::new(ReplayConn::new(port, req, until, fd)));
-                        log(&format!("port {port}: replay connection open"));
+                        log(&format!(
+                            "port {port}: replay connection open ({})",
+                            super::served::describe(port, via.as_ref())
+                        ));
                     }
                     Ok(ReplayTarget::Fresh(why)) => {
                         pc.replay = Some(Arc::new(ReplayConn::fresh(port, req, until)));
@@ -231,7 +240,8 @@ impl Control {
                     }
                     Err(e) => {
                         result = Err(format!(
-                            "configure: cannot open the replay connection to 127.0.0.1:{port}: {e}"
+                            "configure: cannot open the replay connection ({}): {e}",
+                            super::served::describe(port, via.as_ref())
                         ))
                     }
                 }
@@ -294,8 +304,13 @@ enum ReplayTarget {
 /// [`super::served`]) — or, where the server closes every connection after its reply or where
 /// only other processes of the server (a prefork server's sibling workers) answer while this
 /// one is busy, a fresh connection per warm-up.
-fn connect_replay(port: u16, request: &[u8], until: &[u8]) -> Result<ReplayTarget, String> {
-    match super::served::connect_served(port, request, until) {
+fn connect_replay(
+    port: u16,
+    via: Option<&ReplayVia>,
+    request: &[u8],
+    until: &[u8],
+) -> Result<ReplayTarget, String> {
+    match super::served::connect_served(port, via, request, until) {
         Ok(s) => Ok(match s.stream {
             Some(st) => {
                 let fd = st.into_raw_fd();

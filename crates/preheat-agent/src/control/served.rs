@@ -25,6 +25,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
+use preheat_model::proto::ReplayVia;
+
 use crate::{sys, track};
 
 /// Connections tried before concluding this process does not serve the port.
@@ -58,11 +60,26 @@ pub(super) fn connect_served_here(
     request: &[u8],
     until: &[u8],
 ) -> Result<Served, String> {
-    connect_served(port, request, until).map_err(|e| e.message)
+    connect_served(port, None, request, until).map_err(|e| e.message)
 }
 
-/// [`connect_served_here`], saying whether other processes answered.
-pub(super) fn connect_served(port: u16, request: &[u8], until: &[u8]) -> Result<Served, NotHere> {
+/// Where a connection to `port` goes, for messages: `127.0.0.1:PORT`, or the address and the
+/// network namespace it is opened in.
+pub(super) fn describe(port: u16, via: Option<&ReplayVia>) -> String {
+    match via {
+        None => format!("127.0.0.1:{port}"),
+        Some(v) => format!("{}:{port} from the network namespace {}", v.addr, v.netns),
+    }
+}
+
+/// [`connect_served_here`] from `via` (`None`: this process's loopback), saying whether other
+/// processes answered.
+pub(super) fn connect_served(
+    port: u16,
+    via: Option<&ReplayVia>,
+    request: &[u8],
+    until: &[u8],
+) -> Result<Served, NotHere> {
     let failed = |message: String| NotHere {
         message,
         answered_elsewhere: false,
@@ -71,14 +88,15 @@ pub(super) fn connect_served(port: u16, request: &[u8], until: &[u8]) -> Result<
     let mut elsewhere = 0;
     for _ in 0..ATTEMPTS {
         let before = track::port_busy_periods(port);
-        let st = open(port).map_err(failed)?;
+        let st = open(port, via).map_err(failed)?;
         super::cycle::exchange(st.as_raw_fd(), request, until, &mut reply, REPLY_TIMEOUT_NS)
             .map_err(|e| {
                 failed(format!(
-                    "a new connection to 127.0.0.1:{port} was not answered as configured ({e}): \
+                    "a new connection to {} was not answered as configured ({e}): \
                  the reply does not end with the configured bytes, or the server closed the \
                  connection instead of answering, or every worker is busy serving another \
-                 connection (workers that serve one connection at a time)"
+                 connection (workers that serve one connection at a time)",
+                    describe(port, via)
                 ))
             })?;
         if !served_since(port, before) {
@@ -92,10 +110,11 @@ pub(super) fn connect_served(port: u16, request: &[u8], until: &[u8]) -> Result<
     }
     Err(NotHere {
         message: format!(
-            "none of {ATTEMPTS} connections to 127.0.0.1:{port} was served by this process (pid \
+            "none of {ATTEMPTS} connections to {} was served by this process (pid \
              {}; {elsewhere} answered by another one): it does not accept the port's \
              connections (a prefork master), or not while it serves another one (a worker that \
              serves one connection at a time)",
+            describe(port, via),
             sys::getpid()
         ),
         answered_elsewhere: elsewhere == ATTEMPTS,
@@ -111,16 +130,23 @@ pub(super) fn fresh_exchange(
     reply: &mut [u8],
 ) -> Result<bool, String> {
     let before = track::port_busy_periods(port);
-    let st = open(port)?;
+    let st = open(port, None)?;
     super::cycle::exchange(st.as_raw_fd(), request, until, reply, REPLY_TIMEOUT_NS)?;
     drop(st);
     Ok(served_since(port, before))
 }
 
-fn open(port: u16) -> Result<TcpStream, String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let st = TcpStream::connect_timeout(&addr, Duration::from_secs(1))
-        .map_err(|e| format!("connection to port {port}: {e}"))?;
+/// A connection to `port` on this process's loopback, or from `via` (opened in its network
+/// namespace, see [`sys::in_netns`]).
+fn open(port: u16, via: Option<&ReplayVia>) -> Result<TcpStream, String> {
+    let connect = |addr: SocketAddr| TcpStream::connect_timeout(&addr, Duration::from_secs(1));
+    let st = match via {
+        None => connect(SocketAddr::from(([127, 0, 0, 1], port))),
+        Some(v) => {
+            sys::in_netns(&v.netns, || connect(SocketAddr::new(v.addr, port))).and_then(|r| r)
+        }
+    }
+    .map_err(|e| format!("connection to {}: {e}", describe(port, via)))?;
     st.set_nodelay(true).map_err(|e| e.to_string())?;
     st.set_nonblocking(true).map_err(|e| e.to_string())?;
     Ok(st)
