@@ -319,13 +319,7 @@ impl Control {
                 probe::Phase { stride, phase },
             ),
             Request::LoadProfile { path } => self.load_profile(&path),
-            Request::UnloadProfile => {
-                if let Some(p) = self.profile.take() {
-                    log(&format!("profile {} unloaded", p.path));
-                }
-                self.republish();
-                Ok(Reply::Ok)
-            }
+            Request::UnloadProfile => Ok(self.unload_profile()),
             Request::Configure {
                 port,
                 replay,

@@ -164,6 +164,15 @@ impl Control {
         })
     }
 
+    /// `Request::UnloadProfile`: drop the loaded profile (if any) and publish the plan without it.
+    pub(super) fn unload_profile(&mut self) -> Reply {
+        if let Some(p) = self.profile.take() {
+            log(&format!("profile {} unloaded", p.path));
+        }
+        self.republish();
+        Reply::Ok
+    }
+
     /// `replay`: the warm-up request, its reply's end, and where its connection comes from.
     pub(super) fn configure(
         &mut self,
