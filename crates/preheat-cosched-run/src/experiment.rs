@@ -218,7 +218,23 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
     let mut cells = Vec::new();
     for (k, s, p, rep) in order {
         progress.label(&format!("{k} {s} {p} rep {}", rep + 1));
-        cells.push(measure_cell(e, cpus, k, s, p, rep, say)?);
+        let mut cell = measure_cell(e, cpus, k.clone(), s, p, rep, say)?;
+        // A void run: an instance made no progress in the measured window (guests that came
+        // up too far apart, so one computed alone before the others began): run it once more.
+        if let Some(why) = void_run(&cell) {
+            let again = measure_cell(e, cpus, k.clone(), s, p, rep, say)?;
+            let still = void_run(&again);
+            notes.push(format!(
+                "{k} {s} {p} repetition {}: {why}; run again{}",
+                rep + 1,
+                match &still {
+                    Some(w) => format!(", and again void ({w}): no row for it in this repetition"),
+                    None => String::new(),
+                }
+            ));
+            cell = again;
+        }
+        cells.push(cell);
         progress.inc(1);
     }
     progress.finish();
@@ -247,6 +263,26 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         cells,
         rows,
         notes,
+    })
+}
+
+/// Why `cell`'s run measured nothing for some instance (`None`: every instance progressed).
+fn void_run(cell: &Cell) -> Option<String> {
+    void_rates(&cell.instance_rates, cell.window_s, cell.controller_start_s)
+}
+
+/// [`void_run`] of a run's instance rates, measured window and controller start.
+fn void_rates(rates: &[(usize, f64)], window_s: f64, controller_start_s: f64) -> Option<String> {
+    let idle: Vec<usize> = rates
+        .iter()
+        .filter(|(_, r)| !(r.is_finite() && *r > 0.0))
+        .map(|(vm, _)| *vm)
+        .collect();
+    (!idle.is_empty()).then(|| {
+        format!(
+            "an instance of VM {idle:?} made no progress in the {window_s:.1} s measured \
+             window (the controller started {controller_start_s:.1} s after the VMs)"
+        )
     })
 }
 
@@ -517,6 +553,21 @@ fn row_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_with_an_instance_that_made_no_progress_is_void() {
+        assert_eq!(
+            void_rates(&[(0, 210.0), (0, 190.5), (1, 150.0)], 2.5, 4.6),
+            None
+        );
+        // Seen in a suite run: partial-auto, VM2's guest computed before the window began.
+        let why = void_rates(&[(0, 223.5), (0, 211.8), (1, 0.0)], 2.16, 8.36).unwrap();
+        assert!(
+            why.contains("VM [1]") && why.contains("2.2 s") && why.contains("8.4 s"),
+            "{why}"
+        );
+        assert!(void_rates(&[(0, f64::NAN)], 1.0, 1.0).is_some());
+    }
 
     #[test]
     fn every_repetition_holds_every_cell_once() {
