@@ -491,29 +491,31 @@ pub fn static_tls_bytes() -> u64 {
     total
 }
 
-/// The memory image (every `PT_LOAD` segment, `.bss` included) of every loaded object, as
-/// `[start, end)` ranges.
-pub fn loaded_object_ranges() -> Vec<(u64, u64)> {
+/// Every `PT_LOAD` segment (`.bss` included) of every loaded object: (load base, start, end).
+fn load_segments() -> Vec<(u64, u64, u64)> {
     let mut out = Vec::new();
     for_each_program_header(|base, ph| {
         if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
             let start = base.wrapping_add(ph.p_vaddr);
-            out.push((start, start.wrapping_add(ph.p_memsz)));
+            out.push((base, start, start.wrapping_add(ph.p_memsz)));
         }
     });
     out
 }
 
-/// The memory image (its `PT_LOAD` segments, `.bss` included) of the loaded object that holds
-/// `addr`, as `[start, end)` ranges; empty if no loaded object holds it.
+/// The memory image (every `PT_LOAD` segment, `.bss` included) of every loaded object, as
+/// `[start, end)` ranges.
+pub fn loaded_object_ranges() -> Vec<(u64, u64)> {
+    load_segments()
+        .into_iter()
+        .map(|(_, s, e)| (s, e))
+        .collect()
+}
+
+/// The memory image of the one loaded object that holds `addr`, as `[start, end)` ranges;
+/// empty if no loaded object holds it.
 pub fn object_image_ranges(addr: u64) -> Vec<(u64, u64)> {
-    let mut all: Vec<(u64, u64, u64)> = Vec::new();
-    for_each_program_header(|base, ph| {
-        if ph.p_type == libc::PT_LOAD && ph.p_memsz > 0 {
-            let start = base.wrapping_add(ph.p_vaddr);
-            all.push((base, start, start.wrapping_add(ph.p_memsz)));
-        }
-    });
+    let all = load_segments();
     let Some(&(base, _, _)) = all.iter().find(|(_, s, e)| (*s..*e).contains(&addr)) else {
         return Vec::new();
     };

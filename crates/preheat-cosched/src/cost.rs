@@ -8,10 +8,10 @@
 
 use std::time::Instant;
 
-use preheat_model::stats::summarize;
+use preheat_model::stats::{summarize, Summary};
 use serde::Serialize;
 
-/// The stages of a switch, in order.
+/// The stages of a switch, in order (the discriminant indexes [`STAGE_NAMES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stage {
     Readiness,
@@ -22,23 +22,16 @@ pub(crate) enum Stage {
     Raise,
 }
 
-const STAGES: [(Stage, &str); 6] = [
-    (Stage::Readiness, "readiness"),
-    (Stage::Plan, "plan"),
-    (Stage::Demote, "demote"),
-    (Stage::Clocks, "clocks"),
-    (Stage::Account, "account"),
-    (Stage::Raise, "raise"),
-];
+const STAGE_NAMES: [&str; 6] = ["readiness", "plan", "demote", "clocks", "account", "raise"];
 
-/// The kinds of scheduling call.
+/// The kinds of scheduling call (the discriminant indexes [`CALL_NAMES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
     Affinity,
     Priority,
 }
 
-const CALLS: [(Call, &str); 2] = [(Call::Affinity, "affinity"), (Call::Priority, "priority")];
+const CALL_NAMES: [&str; 2] = ["affinity", "priority"];
 
 /// One stage's time per slice, µs (slices where it ran).
 #[derive(Debug, Clone, Serialize)]
@@ -100,9 +93,7 @@ impl CostReport {
             calls.join(", ")
         };
         format!(
-            "  of which, per slice (p50 / p99 µs): {}
-  scheduling calls (µs): {calls}
-",
+            "  of which, per slice (p50 / p99 µs): {}\n  scheduling calls (µs): {calls}\n",
             stages.join(", ")
         )
     }
@@ -115,55 +106,55 @@ pub(crate) struct Costs {
     calls: [Vec<f64>; 2],
 }
 
-fn index<T: PartialEq>(table: &[(T, &str)], k: T) -> usize {
-    table.iter().position(|(t, _)| *t == k).unwrap_or(0)
+/// Each named kind that was timed at least once: its name, its count and their summary.
+fn timed<'a>(
+    names: &'a [&'static str],
+    samples: &'a [Vec<f64>],
+) -> impl Iterator<Item = (&'static str, usize, Summary)> + 'a {
+    names
+        .iter()
+        .zip(samples)
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(name, v)| (*name, v.len(), summarize(v)))
+}
+
+fn us_since(t: Instant) -> f64 {
+    t.elapsed().as_nanos() as f64 / 1e3
 }
 
 impl Costs {
     /// Record that `stage` took from `since` to now.
     pub(crate) fn stage(&mut self, stage: Stage, since: Instant) {
-        self.stages[index(&STAGES, stage)].push(since.elapsed().as_nanos() as f64 / 1e3);
+        self.stages[stage as usize].push(us_since(since));
     }
 
     /// Record one `call` that took from `since` to now.
     pub(crate) fn call(&mut self, call: Call, since: Instant) {
-        self.calls[index(&CALLS, call)].push(since.elapsed().as_nanos() as f64 / 1e3);
+        self.calls[call as usize].push(us_since(since));
     }
 
     /// The readiness readings so far, µs (the report's `ready_us`).
     pub(crate) fn readiness(&self) -> &[f64] {
-        &self.stages[index(&STAGES, Stage::Readiness)]
+        &self.stages[Stage::Readiness as usize]
     }
 
     pub(crate) fn report(&self) -> CostReport {
         CostReport {
-            stages: STAGES
-                .iter()
-                .zip(&self.stages)
-                .filter(|(_, v)| !v.is_empty())
-                .map(|((_, name), v)| {
-                    let s = summarize(v);
-                    StageCost {
-                        stage: name,
-                        p50_us: s.p50,
-                        p99_us: s.p99,
-                        slices: v.len(),
-                    }
+            stages: timed(&STAGE_NAMES, &self.stages)
+                .map(|(stage, slices, s)| StageCost {
+                    stage,
+                    p50_us: s.p50,
+                    p99_us: s.p99,
+                    slices,
                 })
                 .collect(),
-            calls: CALLS
-                .iter()
-                .zip(&self.calls)
-                .filter(|(_, v)| !v.is_empty())
-                .map(|((_, name), v)| {
-                    let s = summarize(v);
-                    CallCost {
-                        call: name,
-                        count: v.len(),
-                        mean_us: s.mean,
-                        p50_us: s.p50,
-                        p99_us: s.p99,
-                    }
+            calls: timed(&CALL_NAMES, &self.calls)
+                .map(|(call, count, s)| CallCost {
+                    call,
+                    count,
+                    mean_us: s.mean,
+                    p50_us: s.p50,
+                    p99_us: s.p99,
                 })
                 .collect(),
         }

@@ -39,8 +39,9 @@ pub struct Exclusions {
     pub agent_so: Option<String>,
     /// Exact address ranges `[start, end)` that must stay accessible (every loaded object's
     /// image including its .bss — the agent's own tables among them —, the agent threads'
-    /// stacks, the main thread's TLS block, alternate signal stacks). Anonymous mappings merge with their neighbours, so
-    /// these are cut out of a mapping rather than excluding the whole mapping.
+    /// stacks, the main thread's TLS block, alternate signal stacks). Anonymous mappings merge
+    /// with their neighbours, so these are cut out of a mapping rather than excluding the whole
+    /// mapping.
     pub ranges: Vec<(u64, u64)>,
 }
 

@@ -52,7 +52,8 @@ pub(super) fn validate_ranges(ranges: &[Range]) -> Result<Vec<Range>, String> {
 }
 
 /// Resident ranges of the process's usable mappings minus the agent's own memory (its image
-/// and its threads' stacks, cut out exactly: see [`crate::own`]), capped at [`CANDIDATE_CAP`].
+/// and its threads' stacks, cut out exactly: see [`threads::own_memory`]), capped at
+/// [`CANDIDATE_CAP`].
 pub(super) fn candidates() -> Result<Reply, String> {
     let maps = maps::read_maps(None).map_err(|e| format!("cannot read /proc/self/maps: {e}"))?;
     let own = threads::own_memory();
