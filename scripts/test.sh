@@ -20,8 +20,12 @@ skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
 }
 # What existed in /tmp before the run: whatever /tmp/preheat-* appears and stays was left behind by
 # this run (this script's own logs excepted); the same for the network namespaces `demo --netns`
-# makes (/run/netns/preheat-PID).
-tmp_listing() { find /tmp /run/netns -maxdepth 1 -name 'preheat-*' 2>/dev/null | sort; }
+# makes (/run/netns/preheat-PID) and for the Rust tests' temporary files and directories
+# (tempfile's /tmp/.tmpXXXXXX, and anything written beside them).
+tmp_listing() {
+  { find /tmp /run/netns -maxdepth 1 -name 'preheat-*'; find /tmp -maxdepth 1 -name '.tmp*'; } \
+    2>/dev/null | sort
+}
 tmp_before=$(tmp_listing)
 
 # The components this script provides itself (Debian binaries and PyPI packages below, the preheat

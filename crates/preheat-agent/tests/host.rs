@@ -6,13 +6,16 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::*;
 
+/// `/bin/sh -c script` with the agent, in a process group of its own (see [`KillGroup`]).
 fn sh(script: &str, run_dir: &std::path::Path) -> std::process::Child {
     let mut cmd = Command::new("/bin/sh");
+    cmd.process_group(0);
     for k in AGENT_ENV {
         cmd.env_remove(k);
     }
@@ -26,6 +29,18 @@ fn sh(script: &str, run_dir: &std::path::Path) -> std::process::Child {
         .expect("starting /bin/sh")
 }
 
+/// Kills the process group of an [`sh`] child when dropped (the test's end or its panic): the
+/// shell's own children carry the agent too and would otherwise outlive the test and write their
+/// logs into its removed temporary directory.
+struct KillGroup(u32);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group this test started; no memory is involved.
+        unsafe { libc::kill(-(self.0 as libc::pid_t), libc::SIGKILL) };
+    }
+}
+
 #[test]
 fn agent_survives_the_host_closing_its_fds() {
     let dir = tempfile::tempdir().unwrap();
@@ -35,6 +50,7 @@ fn agent_survives_the_host_closing_its_fds() {
         "for fd in 3 4 5 6 7 8 9; do eval \"exec $fd>&-\"; done; echo closed; sleep 5",
         &run_dir,
     );
+    let _group = KillGroup(child.id());
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -192,7 +208,6 @@ fn fdtable_host(
     shared: bool,
 ) -> (std::process::Child, std::net::TcpStream) {
     use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let peer = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
     let (host_side, _) = l.accept().unwrap();

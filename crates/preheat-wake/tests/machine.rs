@@ -493,6 +493,8 @@ impl Drop for ChildDaemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The log sits beside the test's temporary directory, which does not remove it.
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

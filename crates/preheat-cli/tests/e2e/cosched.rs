@@ -2,7 +2,7 @@
 //! controller killed with SIGKILL leaves no thread at a real-time priority (the watchdog, or the
 //! next `restore`, puts them back), and bad configurations are refused clearly.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

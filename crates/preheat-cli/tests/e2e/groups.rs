@@ -1,7 +1,7 @@
 //! `preheat groups`: the group detection of Busse et al. (SAC'15) §3 from the command line, on
 //! the paper's Figure 3 matrix, and its refusals of bad input.
 
-mod common;
+use crate::common;
 
 use common::{ok, preheat, run_dir};
 use std::io::Write;

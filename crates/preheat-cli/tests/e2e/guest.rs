@@ -3,7 +3,7 @@
 //! and `preheat cosched run` on a real guest (its vCPU threads coscheduled). The tests that
 //! boot guests hold `serial()`: one of them puts the vCPUs at real-time priorities.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

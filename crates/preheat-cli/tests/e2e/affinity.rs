@@ -4,7 +4,7 @@
 //! reported, never pass/fail), bad input refused clearly, and nothing left running afterwards —
 //! also when the controller is stopped with SIGTERM or killed with SIGKILL.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! bundled preheat-kv, redis, nginx), each started by the test and stopped by a guard. A test
 //! whose program is missing reports a skip (`preheat_testsupport::skip`). No wall-clock performance assertions.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

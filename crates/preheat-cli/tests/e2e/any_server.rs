@@ -4,7 +4,7 @@
 //! in `recv` instead of waiting in epoll/poll/select. Real servers on loopback, the real demo and
 //! recorder.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

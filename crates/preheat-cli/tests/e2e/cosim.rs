@@ -1,7 +1,7 @@
 //! `preheat cosched simulate` from the command line: the paper's 8-CPU double scenario gives
 //! its expected improvement, and impossible setups are refused with one clear line.
 
-mod common;
+use crate::common;
 
 use common::{ok, preheat, run_dir};
 

@@ -3,7 +3,7 @@
 //! picks it where ptrace is permitted; without permission `--backend hybrid` refuses clearly and
 //! `auto` falls back to the probe with a note.
 
-mod common;
+use crate::common;
 
 use common::{ok, run_dir, serial};
 use std::path::Path;

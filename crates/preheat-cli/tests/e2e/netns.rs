@@ -7,7 +7,7 @@
 //! All hosts share this machine's 2 vCPUs (emulated hosts): the latencies printed are labeled as
 //! such; the assertions are about behaviour, not speed.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::path::Path;
@@ -110,18 +110,16 @@ fn demo_over_a_veth_pair() {
         transport.starts_with("veth 10.234.") && !transport.contains("NOT verified"),
         "{transport}"
     );
-    for m in [
-        "hot",
-        "warm",
-        "cold-sweep",
-        "preheat:wake",
-        "preheat:replay",
-    ] {
-        let r = v["rows"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["mode"] == m);
+    let rows = v["rows"].as_array().unwrap();
+    // The hot row is shown only where this run verified it as a floor (hot below warm by its
+    // CI); with 3 rounds on a loaded machine it may not be, and the shares are then against warm.
+    let floor = rows[0]["floor"].as_str().unwrap();
+    let hot = (floor == "hot").then_some("hot");
+    for m in hot
+        .into_iter()
+        .chain(["warm", "cold-sweep", "preheat:wake", "preheat:replay"])
+    {
+        let r = rows.iter().find(|r| r["mode"] == m);
         let r = r.unwrap_or_else(|| panic!("mode {m} missing: {}", v["rows"]));
         assert_eq!(r["latency"]["n"], 3, "{r}");
     }

@@ -1,5 +1,4 @@
-//! Helpers shared by the integration tests.
-#![allow(dead_code)] // each test binary uses a different subset
+//! Helpers shared by the CLI's end-to-end tests.
 
 pub mod netlab;
 
@@ -36,7 +35,6 @@ pub fn run_dir(tmp: &tempfile::TempDir) -> PathBuf {
 
 /// The demo's options for a short test run: few probe samples, a short idle gap, a small sweep
 /// (the tests add `--rounds` and what they measure).
-#[allow(dead_code)] // not every test file that includes this module runs the demo
 pub const QUICK_DEMO: [&str; 8] = [
     "--samples",
     "4",

@@ -2,7 +2,7 @@
 //! recording around externally sent requests, replay reported as not applicable) and
 //! `preheat serve` (ready line, real requests, SIGTERM stops the server it started).
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

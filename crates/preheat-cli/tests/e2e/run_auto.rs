@@ -2,7 +2,7 @@
 //! `auto` reaches the server's agent, and `preheat announce`'s default (`auto`) then does it —
 //! with the bundled server, real sockets and the real CLI.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -2,7 +2,7 @@
 //! its own so no other test loads the machine while it measures (cargo runs test binaries one
 //! after another).
 
-mod common;
+use crate::common;
 
 use common::{ok, preheat, run_dir};
 use std::path::Path;

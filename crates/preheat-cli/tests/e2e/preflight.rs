@@ -3,7 +3,7 @@
 //! Go server — fail within seconds with the reason and what to do, instead of waiting for an
 //! agent that cannot come, and leave nothing running.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

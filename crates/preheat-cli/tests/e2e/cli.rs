@@ -1,6 +1,6 @@
 //! End-to-end tests of the `preheat` command: real servers on loopback, real files.
 
-mod common;
+use crate::common;
 
 use common::{assert_no_agent_sockets, ok, preheat, run_dir};
 use std::path::Path;

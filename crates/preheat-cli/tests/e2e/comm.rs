@@ -2,7 +2,7 @@
 //! their true coscheduling sets through `preheat groups`, attaches to a running process, and
 //! refuses bad arguments clearly.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
