@@ -477,23 +477,32 @@ mod tests {
             MIN_REFERENCE_AGE_NS + 1_000_000,
         ));
         // A deadline 2 ms ahead: not passed at once; passed by the time the clock says so, and
-        // not much earlier than the clock (the rate is right to well under 1%).
+        // not much earlier than the clock (the rate is right to well under 1%). Each check is
+        // bracketed by clock reads so that a preemption (the suite runs tests side by side) can
+        // only make the bounds looser, never fail them: "early" compares the clock read *after*
+        // the check that said passed, "late" the clock read *before* the last check that said
+        // not yet.
         let d = Deadline::at(now_ns() + 2_000_000);
         assert!(d.uses_tsc());
         assert!(!d.passed());
-        while !d.passed() {
+        let mut last_not_yet = 0;
+        let passed_by = loop {
+            let before = now_ns();
+            if d.passed() {
+                break now_ns();
+            }
+            last_not_yet = before;
             std::hint::spin_loop();
-        }
-        let now = now_ns();
-        let early = d.ns().saturating_sub(now);
+        };
+        let early = d.ns().saturating_sub(passed_by);
         assert!(
             early < 50_000,
             "passed {early} ns before the clock deadline"
         );
-        let late = now.saturating_sub(d.ns());
+        let late = last_not_yet.saturating_sub(d.ns());
         assert!(
             late < 1_000_000,
-            "passed {late} ns after the clock deadline"
+            "not passed {late} ns after the clock deadline"
         );
         // Past deadlines have passed; without a reference pair, clock reads decide.
         assert!(Deadline::at(now_ns().saturating_sub(1)).passed());
