@@ -18,6 +18,7 @@
 //! * [`predict`]: the closed-form ideal (fluid shares, perfect packing, no costs) behind the
 //!   paper's expectations of 33% (double, quad) and 100% (single).
 //! * [`mod@compare`]: policies side by side against full coscheduling.
+//! * [`render`]: a comparison as the text table `preheat cosched simulate` prints.
 //!
 //! Invariants: no I/O, no `unsafe`, no clocks, no global state; every result is deterministic
 //! for a seed (`StdRng::seed_from_u64`). Everything the simulator reports is *simulated*.
@@ -27,6 +28,7 @@ pub mod compare;
 mod engine;
 pub mod plan;
 pub mod predict;
+pub mod render;
 pub mod scenario;
 pub mod sim;
 pub mod workload;
