@@ -212,6 +212,14 @@ def render(out: Path, exp: dict | None, records: Sequence[dict], state: dict,
                   "median over repetitions (measured).")
         for n in exp.get("notes") or []:
             body.note(f"experiment note: {n}")
+        for f in exp.get("noise_floors") or []:
+            fl = f.get("floor") or {}
+            body.text(f"partial-auto's noise floor for {f.get('kernel')}: "
+                      f"{fl.get('events_per_fault', float('nan')):.3f} events per vCPU fault "
+                      f"(measured: {f.get('events')} events over {f.get('vcpu_faults')} vCPU "
+                      "faults, a 2-vCPU guest whose two instances share nothing); events "
+                      f"within {fl.get('margin')}× that are taken off each guest's matrix "
+                      "before grouping.")
         rows = _guard(failures, "rows", rows_table, exp)
         rows = rows if rows is not None else pd.DataFrame()
         cells = _guard(failures, "cells", cells_table, exp)

@@ -13,6 +13,10 @@
 //! CPUs is cut into consecutive pieces of at most that size, in the tree's leaf order (so
 //! tasks the tree put side by side stay together); idle vCPUs (no thread) are singletons; a VM
 //! whose agent does not answer keeps one set of all its vCPUs.
+//!
+//! Beyond the paper, for QEMU guests: with a [`NoiseFloor`] (the guest kernel's own sharing,
+//! calibrated by the experiment), each VM's matrix loses the noise its vCPU faults would give
+//! before it is grouped; the report keeps the matrix as detected.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
-use preheat_group::{group_with, CommMatrix, GroupMethod};
+use preheat_group::{group_with, CommMatrix, GroupMethod, NoiseFloor};
 
 use crate::host::{vm_sets, LiveVm};
 use preheat_launch::agentctl::{self, AgentClient};
@@ -51,6 +55,7 @@ pub struct Auto {
     clients: Vec<Option<AgentClient>>,
     method: GroupMethod,
     t: f64,
+    floor: Option<NoiseFloor>,
     cpus: usize,
     /// Human-readable notes (a VM without an agent, a refused report).
     pub notes: Vec<String>,
@@ -66,7 +71,7 @@ impl Auto {
         vms: &[LiveVm],
         own_run_dir: &Path,
         user_run_dir: &Path,
-        (method, t): (GroupMethod, f64),
+        (method, t, floor): (GroupMethod, f64, Option<NoiseFloor>),
         cpus: usize,
     ) -> Auto {
         let mut notes = Vec::new();
@@ -95,6 +100,7 @@ impl Auto {
             clients,
             method,
             t,
+            floor,
             cpus,
             notes,
             matrices: vec![None; vms.len()],
@@ -176,6 +182,16 @@ impl Auto {
                 })
                 .collect();
             self.matrices[i] = Some(m.clone());
+            let m = match &self.floor {
+                // The faults of the vCPU threads (the matrix's), not of QEMU's other threads.
+                Some(f) => f.above(
+                    &m,
+                    report
+                        .faults_induced
+                        .saturating_sub(report.faults_uncounted),
+                ),
+                None => m,
+            };
             let rows = m
                 .iter()
                 .map(|r| r.iter().map(|&v| v as f64).collect())

@@ -27,6 +27,7 @@ use serde::Serialize;
 
 use crate::experiment_vms::{barriers, Measured};
 pub use crate::experiment_vms::{instance_rates, npb_argv, options, Calibration, VmKind};
+use crate::guest_floor::{self, FloorCalibration};
 use crate::run::{self, Params};
 use crate::watchdog::WatchdogCmd;
 use preheat_launch::progress::Progress;
@@ -57,6 +58,10 @@ pub struct ExperimentSpec {
     pub t: f64,
     /// partial-auto: how the sets are chosen from the tree.
     pub group_method: preheat_group::GroupMethod,
+    /// partial-auto on guests: calibrate the guest kernel's own sharing per kernel and take it
+    /// off the matrices, this many times over (`None`: the matrices as detected; thread-group
+    /// VMs never have one).
+    pub noise_margin: Option<f64>,
     /// Seed of the shuffle (and of the simulator).
     pub seed: u64,
     /// The runs' watchdog (`None`: none).
@@ -165,6 +170,8 @@ pub struct Results {
     pub t: f64,
     /// Per kernel, measured for the simulator: iteration time alone and contention.
     pub calibration: Vec<Calibration>,
+    /// partial-auto on guests: per kernel, the guest kernel's own sharing (measured).
+    pub noise_floors: Vec<FloorCalibration>,
     pub cells: Vec<Cell>,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
@@ -215,14 +222,16 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         let w = e.watchdog.as_ref();
         calibration.push(e.vms.calibrate(k, cpus, e.calibration_runs, w, say)?);
     }
+    let noise_floors = noise_floors(e, &policies, progress)?;
     let mut cells = Vec::new();
     for (k, s, p, rep) in order {
         progress.label(&format!("{k} {s} {p} rep {}", rep + 1));
-        let mut cell = measure_cell(e, cpus, k.clone(), s, p, rep, say)?;
+        let floor = noise_floors.iter().find(|f| f.kernel == k).map(|f| f.floor);
+        let mut cell = measure_cell(e, cpus, (k.clone(), floor), s, p, rep, say)?;
         // A void run: an instance made no progress in the measured window (guests that came
         // up too far apart, so one computed alone before the others began): run it once more.
         if let Some(why) = void_run(&cell) {
-            let again = measure_cell(e, cpus, k.clone(), s, p, rep, say)?;
+            let again = measure_cell(e, cpus, (k.clone(), floor), s, p, rep, say)?;
             let still = void_run(&again);
             notes.push(format!(
                 "{k} {s} {p} repetition {}: {why}; run again{}",
@@ -260,10 +269,32 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         regroup_s: e.regroup_s,
         t: e.t,
         calibration,
+        noise_floors,
         cells,
         rows,
         notes,
     })
+}
+
+/// partial-auto on guests with a margin: each kernel's noise floor, as many calibration boots
+/// each as the simulator's calibration has (none otherwise).
+fn noise_floors(
+    e: &ExperimentSpec,
+    policies: &[Policy],
+    progress: &dyn Progress,
+) -> Result<Vec<FloorCalibration>> {
+    let (Some(margin), VmKind::Guests) = (e.noise_margin, e.vms) else {
+        return Ok(Vec::new());
+    };
+    if !policies.contains(&Policy::PartialAuto) {
+        return Ok(Vec::new());
+    }
+    let mut floors = Vec::new();
+    for k in &e.kernels {
+        progress.label(&format!("{k}: partial-auto's noise floor"));
+        floors.push(guest_floor::calibrate(k, margin, e.calibration_runs)?);
+    }
+    Ok(floors)
 }
 
 /// Why `cell`'s run measured nothing for some instance (`None`: every instance progressed).
@@ -313,7 +344,7 @@ fn order_of(
 fn measure_cell(
     e: &ExperimentSpec,
     cpus: usize,
-    k: String,
+    (k, noise_floor): (String, Option<preheat_group::NoiseFloor>),
     s: Scenario,
     p: Policy,
     rep: usize,
@@ -325,6 +356,7 @@ fn measure_cell(
         t: e.t,
         group_method: e.group_method,
         reset_after_ms: 400,
+        noise_floor,
         ..options(p, e.slice_ms, e.seconds, e.watchdog.clone())
     };
     let before = preheat_engine::procstat::machine_use();
@@ -581,6 +613,7 @@ mod tests {
             regroup_s: 1.0,
             t: 1.5,
             group_method: preheat_group::GroupMethod::default(),
+            noise_margin: None,
             seed: 1,
             vms: VmKind::ThreadGroups,
             calibration_runs: 1,

@@ -66,6 +66,10 @@ pub fn table(r: &Results) -> String {
             c.runs
         );
     }
+    for f in &r.noise_floors {
+        s += &f.describe();
+        s += "\n";
+    }
     s += &windows(r);
     s += "co-run/full = median co-run fraction of the policy's multi-vCPU sets / of full \
           coscheduling's (measured; - = no such set); idle = the CPUs' idle share (measured).\n";

@@ -413,6 +413,7 @@ pub fn options(
         t: preheat_group::DEFAULT_T,
         group_method: preheat_group::GroupMethod::default(),
         reset_after_ms: 500,
+        noise_floor: None,
         journal: None,
         watchdog,
     }

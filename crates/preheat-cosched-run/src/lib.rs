@@ -7,6 +7,8 @@
 //!   sets each policy starts with.
 //! * [`run`] — one run: start the VMs, coschedule them ([`run::execute`]), stop them.
 //! * `auto` — partial-auto: the sets regrouped at run time from the agents' SPCD matrices.
+//! * [`guest_floor`] — partial-auto on guests: the guest kernel's own sharing, calibrated on a
+//!   guest whose vCPUs share nothing, taken off the matrices before grouping.
 //! * [`watchdog`] — the process that restores the threads if the controller dies (an
 //!   executable given as [`watchdog::WatchdogCmd`]: the `preheat` binary's `cosched restore
 //!   --watch`), the restore it and `restore` do, scratch directories left behind.
@@ -14,7 +16,7 @@
 //!   simulator's prediction beside them, on thread-group VMs or real QEMU guests (`experiment_vms`:
 //!   the two kinds behind one loop); [`bench`](mod@bench) — the controller's overhead (a thread group, or one real guest).
 //!
-//! Modules in one direction: `host watchdog` ← `auto` ← `run` ← `experiment_vms` ← `experiment` ← `bench`. No
+//! Modules in one direction: `host watchdog guest_floor` ← `auto` ← `run` ← `experiment_vms` ← `experiment` ← `bench`. No
 //! `unsafe`: scheduling goes through `preheat-cosched` and `preheat-engine`, processes are
 //! started and stopped through `preheat-launch`. Prints nothing: notes go to the caller's
 //! closure, progress to a `preheat_launch::progress::Progress`.
@@ -24,6 +26,7 @@ pub mod bench;
 pub mod experiment;
 pub mod experiment_report;
 mod experiment_vms;
+pub mod guest_floor;
 pub mod host;
 pub mod run;
 pub mod watchdog;

@@ -40,6 +40,9 @@ pub struct Params {
     pub group_method: preheat_group::GroupMethod,
     /// partial-auto: reset the communication matrix this long after the VMs start.
     pub reset_after_ms: u64,
+    /// partial-auto: the guest kernel's own sharing, taken off each VM's matrix before grouping
+    /// (`None`: the matrix as detected, the paper's way; see [`preheat_group::floor`]).
+    pub noise_floor: Option<preheat_group::NoiseFloor>,
     /// The journal file (`None`: the run directory's).
     pub journal: Option<PathBuf>,
     /// The watchdog that restores the threads if this process dies (`None`: no watchdog; the
@@ -198,7 +201,8 @@ fn start_auto(
         bail!("partial-auto needs the agent in every VM it starts: {e:#}{found}");
     }
     std::thread::sleep(Duration::from_millis(p.reset_after_ms));
-    let a = Auto::new(vms, run_dir, &paths::run_dir(), (p.group_method, p.t), cpus);
+    let grouping = (p.group_method, p.t, p.noise_floor);
+    let a = Auto::new(vms, run_dir, &paths::run_dir(), grouping, cpus);
     Ok(a.spawn(
         vms.iter().map(VmView::of).collect(),
         vcpus.to_vec(),

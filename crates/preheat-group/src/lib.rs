@@ -19,6 +19,10 @@
 //!   tree, the one whose sets have the highest modularity Q (no threshold). More robust on
 //!   noisy matrices; the module doc says why and where it is weaker. [`GroupMethod`] chooses
 //!   ([`GroupMethod::PaperSplit`] is the default), [`group_with`] groups with either.
+//! * [`floor`]: a noise floor for matrices detected from outside a guest, not in the paper:
+//!   the guest kernel's own sharing (events per fault, calibrated on a guest whose vCPUs share
+//!   nothing) taken off before grouping, so that the relative rule can separate two vCPUs at
+//!   all ([`NoiseFloor`]).
 //! * [`planted`] and [`compare`]: generated noisy block matrices with a planted answer
 //!   (seeded, **simulated**), and how often each method recovers it per noise level.
 //!
@@ -78,6 +82,7 @@
 
 mod chain;
 pub mod compare;
+pub mod floor;
 pub mod json;
 pub mod matrix;
 pub mod method;
@@ -87,6 +92,7 @@ pub mod render;
 pub mod split;
 pub mod tree;
 
+pub use floor::NoiseFloor;
 pub use matrix::{CommMatrix, MatrixError, MAX_TASKS};
 pub use method::GroupMethod;
 pub use split::{group, Grouping, ThresholdError, DEFAULT_T};

@@ -313,8 +313,72 @@ pub fn render(kernel: &str, single: &[Run], double: &[Run]) -> String {
     }
     if !single.is_empty() && !double.is_empty() {
         s += &format!("  {}\n", verdict(single, double));
+        if let Some(f) = floor_verdict(single, double, preheat_group::floor::DEFAULT_MARGIN) {
+            s += &format!("  {f}\n");
+        }
     }
     s
+}
+
+/// The vCPU faults of a run (the matrix's: QEMU's other threads' are not counted).
+fn vcpu_faults(r: &Run) -> u64 {
+    r.report
+        .faults_induced
+        .saturating_sub(r.report.faults_uncounted)
+}
+
+/// The noise floor partial-auto calibrates (`cosched experiment --guests`) applied to these
+/// runs: how many single runs it keeps as one set and how many double runs it splits. The floor
+/// is the median events per vCPU fault of the double runs, for a double run of the *other*
+/// double runs (leave one out, so no run judges itself); `None` with fewer than 2 double runs.
+pub fn floor_verdict(single: &[Run], double: &[Run], margin: f64) -> Option<String> {
+    use preheat_group::{group, CommMatrix, NoiseFloor, DEFAULT_T};
+    if double.len() < 2 {
+        return None;
+    }
+    let floor_of = |runs: &[&Run]| -> Option<NoiseFloor> {
+        let rates: Vec<f64> = runs
+            .iter()
+            .filter(|r| vcpu_faults(r) > 0)
+            .map(|r| r.cross as f64 / vcpu_faults(r) as f64)
+            .collect();
+        let rate = preheat_model::stats::median(&rates)?;
+        Some(NoiseFloor {
+            events_per_fault: rate,
+            margin,
+        })
+    };
+    let kept_together = |f: &NoiseFloor, r: &Run| -> bool {
+        let m = f.above(&r.matrix, vcpu_faults(r));
+        let rows = m
+            .iter()
+            .map(|row| row.iter().map(|&v| v as f64).collect())
+            .collect();
+        CommMatrix::new(rows)
+            .ok()
+            .and_then(|m| group(&m, DEFAULT_T).ok())
+            .is_some_and(|g| g.sets.len() == 1)
+    };
+    let all: Vec<&Run> = double.iter().collect();
+    let floor = floor_of(&all)?;
+    let singles_kept = single.iter().filter(|r| kept_together(&floor, r)).count();
+    let doubles_split = (0..double.len())
+        .filter(|&i| {
+            let others: Vec<&Run> = (0..double.len())
+                .filter(|&j| j != i)
+                .map(|j| &double[j])
+                .collect();
+            floor_of(&others).is_some_and(|f| !kept_together(&f, &double[i]))
+        })
+        .count();
+    Some(format!(
+        "partial-auto's noise floor (median of the double runs, {:.3} events per vCPU fault; \
+         each double run judged by the others' median; margin {margin}×): {singles_kept} of {} \
+         single runs kept as one set, {doubles_split} of {} double runs split",
+        floor.events_per_fault,
+        single.len(),
+        double.len()
+    ))
 }
 
 /// Whether the scenarios' medians are told apart as the truth says: sharing detected where the
@@ -359,6 +423,46 @@ mod tests {
         };
         assert_eq!(vcpu_matrix(&r, 2), vec![vec![0, 9], vec![9, 0]]);
         assert_eq!(vcpu_matrix(&r, 3)[2], vec![0, 0, 0]);
+    }
+
+    /// A run of `scenario` with `events` between the vCPUs over `faults` vCPU faults.
+    fn run_of(scenario: Scenario, events: u64, faults: u64) -> Run {
+        let report: CommReport = serde_json::from_str(&format!(
+            r#"{{"active":true,"mechanism":"","config":{{}},"threads":[],"matrix":[],
+            "events":{events},"faults_induced":{faults},"faults_foreign":0,"efault_retries":0,
+            "rounds":0,"pages_revoked":0,"pages_released":0,"threads_dropped":0,
+            "elapsed_ns":0,"disabled_reason":null}}"#
+        ))
+        .unwrap();
+        Run {
+            kernel: "mg".into(),
+            scenario,
+            matrix: vec![vec![0, events], vec![events, 0]],
+            cross: events,
+            truth_shared: scenario == Scenario::Single,
+            shared_pages: vec![2],
+            window_s: 3.0,
+            report,
+        }
+    }
+
+    #[test]
+    fn the_floor_verdict_judges_each_double_run_by_the_others() {
+        let single: Vec<Run> = [(474, 1841), (429, 2161), (700, 2392)]
+            .iter()
+            .map(|&(e, f)| run_of(Scenario::Single, e, f))
+            .collect();
+        let double: Vec<Run> = [(200, 1561), (225, 1927), (145, 1594)]
+            .iter()
+            .map(|&(e, f)| run_of(Scenario::Double, e, f))
+            .collect();
+        let v = floor_verdict(&single, &double, 1.5).unwrap();
+        assert!(v.contains("3 of 3 single runs kept as one set"), "{v}");
+        assert!(v.contains("3 of 3 double runs split"), "{v}");
+        // A margin of 3 splits every sharing run too; one double run cannot judge itself.
+        let v = floor_verdict(&single, &double, 3.0).unwrap();
+        assert!(v.contains("0 of 3 single runs kept"), "{v}");
+        assert_eq!(floor_verdict(&single, &double[..1], 1.5), None);
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub struct ExperimentArgs {
     /// barrier phases per second (kernels mg, cg, is: ep has no barrier to count).
     #[arg(long)]
     pub guests: bool,
+    /// partial-auto on guests: group the matrices as detected, without first taking off the
+    /// guest kernel's own sharing (a noise floor calibrated per kernel by one boot).
+    #[arg(long)]
+    pub no_noise_floor: bool,
     /// Calibration runs per kernel (alone and side by side; guests: one boot each).
     #[arg(long, default_value_t = 3)]
     pub calibration_runs: usize,
@@ -81,6 +85,7 @@ pub fn run(a: &ExperimentArgs) -> Result<()> {
         regroup_s: a.regroup_s,
         t: a.t,
         group_method: a.group_method,
+        noise_margin: (!a.no_noise_floor).then_some(preheat_group::floor::DEFAULT_MARGIN),
         seed: a.seed,
         watchdog: Some(super::run::watchdog()),
     };

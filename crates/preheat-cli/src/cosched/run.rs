@@ -73,6 +73,7 @@ impl Options {
             t: self.t,
             group_method: self.group_method,
             reset_after_ms: self.reset_after_ms,
+            noise_floor: None,
             journal: self.journal.clone(),
             watchdog: (!self.no_watchdog).then(watchdog),
         }
