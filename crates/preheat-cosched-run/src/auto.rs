@@ -15,8 +15,9 @@
 //! whose agent does not answer keeps one set of all its vCPUs.
 //!
 //! Beyond the paper, for QEMU guests: with a [`NoiseFloor`] (the guest kernel's own sharing,
-//! calibrated by the experiment), each VM's matrix loses the noise its vCPU faults would give
-//! before it is grouped; the report keeps the matrix as detected.
+//! calibrated by the experiment), each VM's matrix is judged period by period (its increase
+//! since the last regroup, less the noise its vCPU faults would give) and its sets change only
+//! when two periods in a row agree ([`PeriodTracker`]); the report keeps the matrix as detected.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use preheat_cosched::control::Vcpu;
 use preheat_cosim::plan::CoSet;
+use preheat_group::floor::PeriodTracker;
 use preheat_group::{group_with, CommMatrix, GroupMethod, NoiseFloor};
 
 use crate::host::{vm_sets, LiveVm};
@@ -56,6 +58,8 @@ pub struct Auto {
     method: GroupMethod,
     t: f64,
     floor: Option<NoiseFloor>,
+    /// With a floor: each VM's matrix judged period by period, with hysteresis.
+    trackers: Vec<PeriodTracker>,
     cpus: usize,
     /// Human-readable notes (a VM without an agent, a refused report).
     pub notes: Vec<String>,
@@ -101,6 +105,7 @@ impl Auto {
             method,
             t,
             floor,
+            trackers: vec![PeriodTracker::default(); vms.len()],
             cpus,
             notes,
             matrices: vec![None; vms.len()],
@@ -182,14 +187,12 @@ impl Auto {
                 })
                 .collect();
             self.matrices[i] = Some(m.clone());
+            // The faults of the vCPU threads (the matrix's), not of QEMU's other threads.
+            let faults = report
+                .faults_induced
+                .saturating_sub(report.faults_uncounted);
             let m = match &self.floor {
-                // The faults of the vCPU threads (the matrix's), not of QEMU's other threads.
-                Some(f) => f.above(
-                    &m,
-                    report
-                        .faults_induced
-                        .saturating_sub(report.faults_uncounted),
-                ),
+                Some(f) => self.trackers[i].period(f, &m, faults),
                 None => m,
             };
             let rows = m
@@ -203,8 +206,12 @@ impl Auto {
                 sets.extend(whole);
                 continue;
             };
+            let chosen = match self.floor {
+                Some(_) => self.trackers[i].settle(g.sets),
+                None => g.sets,
+            };
             // Sets in vCPU indices, each cut into pieces the host can hold.
-            let local = g.sets.iter().flat_map(|s| {
+            let local = chosen.iter().flat_map(|s| {
                 let members: Vec<usize> = s.iter().map(|&r| ks[r]).collect();
                 members
                     .chunks(self.cpus.max(1))
