@@ -36,8 +36,7 @@ struct KillGroup(u32);
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on the process group this test started; no memory is involved.
-        unsafe { libc::kill(-(self.0 as libc::pid_t), libc::SIGKILL) };
+        let _ = preheat_engine::os::send_signal(self.0, libc::SIGKILL, true);
     }
 }
 

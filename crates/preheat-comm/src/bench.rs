@@ -85,12 +85,7 @@ fn groups_of(r: &CommReport) -> Option<(Vec<String>, Vec<Vec<usize>>)> {
     if sub.threads.is_empty() {
         return None;
     }
-    let rows: Vec<Vec<f64>> = sub
-        .matrix
-        .iter()
-        .map(|row| row.iter().map(|&v| v as f64).collect())
-        .collect();
-    let m = preheat_group::CommMatrix::new(rows).ok()?;
+    let m = preheat_group::CommMatrix::from_counts(&sub.matrix).ok()?;
     let g = preheat_group::group(&m, preheat_group::DEFAULT_T).ok()?;
     let mut sets = g.sets;
     sets.sort();

@@ -187,19 +187,11 @@ impl Auto {
                 })
                 .collect();
             self.matrices[i] = Some(m.clone());
-            // The faults of the vCPU threads (the matrix's), not of QEMU's other threads.
-            let faults = report
-                .faults_induced
-                .saturating_sub(report.faults_uncounted);
             let m = match &self.floor {
-                Some(f) => self.trackers[i].period(f, &m, faults),
+                Some(f) => self.trackers[i].period(f, &m, report.counted_faults()),
                 None => m,
             };
-            let rows = m
-                .iter()
-                .map(|r| r.iter().map(|&v| v as f64).collect())
-                .collect();
-            let Some(g) = CommMatrix::new(rows)
+            let Some(g) = CommMatrix::from_counts(&m)
                 .ok()
                 .and_then(|matrix| group_with(&matrix, self.method, self.t).ok())
             else {

@@ -49,8 +49,7 @@ impl FloorCalibration {
 }
 
 /// Boot the calibration guest for `kernel` `boots` times (at least once) and measure its floor
-/// (`margin` above it): the median rate, since a boot now and then reads high (the guest
-/// moving a thread between its vCPUs makes private pages look shared).
+/// (`margin` above it; the median over the boots: [`preheat_guest::comm::noise_floor`]).
 pub fn calibrate(kernel: &str, margin: f64, boots: usize) -> Result<FloorCalibration> {
     use preheat_guest::comm::{run, Scenario, Spec};
     let image = preheat_guest::ensure_image(&preheat_guest::ImageSpec::default())?;
@@ -61,27 +60,15 @@ pub fn calibrate(kernel: &str, margin: f64, boots: usize) -> Result<FloorCalibra
     for _ in 0..boots.max(1) {
         let r = run(&image, &spec, work.path())
             .with_context(|| format!("{kernel}: calibrating partial-auto's noise floor"))?;
-        let faults = r
-            .report
-            .faults_induced
-            .saturating_sub(r.report.faults_uncounted);
-        runs.push((r.cross, faults));
+        runs.push((r.cross, r.report.counted_faults()));
     }
-    let rates: Vec<f64> = runs
-        .iter()
-        .filter(|(_, f)| *f > 0)
-        .map(|&(e, f)| e as f64 / f as f64)
-        .collect();
-    let rate = preheat_model::stats::median(&rates).with_context(|| {
+    let floor = preheat_guest::comm::noise_floor(&runs, margin).with_context(|| {
         format!("{kernel}: the noise-floor guest's vCPUs took no sampled fault")
     })?;
     Ok(FloorCalibration {
         kernel: kernel.into(),
         runs,
         window_s: FLOOR_WINDOW_S,
-        floor: NoiseFloor {
-            events_per_fault: rate,
-            margin,
-        },
+        floor,
     })
 }

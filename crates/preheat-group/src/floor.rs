@@ -161,11 +161,7 @@ mod tests {
     }
 
     fn sets(m: &[Vec<u64>]) -> Vec<Vec<usize>> {
-        let rows = m
-            .iter()
-            .map(|r| r.iter().map(|&v| v as f64).collect())
-            .collect();
-        group(&CommMatrix::new(rows).unwrap(), DEFAULT_T)
+        group(&CommMatrix::from_counts(m).unwrap(), DEFAULT_T)
             .unwrap()
             .sets
     }

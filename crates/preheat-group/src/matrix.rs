@@ -161,6 +161,15 @@ impl CommMatrix {
         )
     }
 
+    /// [`CommMatrix::new`] of event counts (SPCD's matrices count whole events).
+    pub fn from_counts(rows: &[Vec<u64>]) -> Result<Self, MatrixError> {
+        Self::new(
+            rows.iter()
+                .map(|r| r.iter().map(|&v| v as f64).collect())
+                .collect(),
+        )
+    }
+
     /// Validate rows as read from JSON: sizes first, then every entry in row-major order, then
     /// symmetry, so the first problem reported is the first one a reader would find.
     pub(crate) fn from_rows(rows: Vec<RowIn>) -> Result<Self, MatrixError> {

@@ -298,7 +298,7 @@ pub fn render(kernel: &str, single: &[Run], double: &[Run]) -> String {
                  {:>7}  rounds {:>3}  window {:.1} s\n",
                 r.matrix,
                 r.cross,
-                rp.faults_induced - rp.faults_uncounted,
+                rp.counted_faults(),
                 rp.faults_uncounted,
                 rp.pages_written,
                 rp.rounds,
@@ -320,11 +320,20 @@ pub fn render(kernel: &str, single: &[Run], double: &[Run]) -> String {
     s
 }
 
-/// The vCPU faults of a run (the matrix's: QEMU's other threads' are not counted).
-fn vcpu_faults(r: &Run) -> u64 {
-    r.report
-        .faults_induced
-        .saturating_sub(r.report.faults_uncounted)
+/// The noise floor of runs whose vCPUs share nothing, each given as (events between the vCPUs,
+/// vCPU faults): the median of their events per fault (runs without faults left out), `margin`
+/// above it; `None` when no run took a fault. A single run can read far high (the guest moving
+/// a thread between its vCPUs makes private pages look shared), hence the median.
+pub fn noise_floor(runs: &[(u64, u64)], margin: f64) -> Option<preheat_group::NoiseFloor> {
+    let rates: Vec<f64> = runs
+        .iter()
+        .filter(|(_, f)| *f > 0)
+        .map(|&(e, f)| e as f64 / f as f64)
+        .collect();
+    Some(preheat_group::NoiseFloor {
+        events_per_fault: preheat_model::stats::median(&rates)?,
+        margin,
+    })
 }
 
 /// The noise floor partial-auto calibrates (`cosched experiment --guests`) applied to these
@@ -337,24 +346,15 @@ pub fn floor_verdict(single: &[Run], double: &[Run], margin: f64) -> Option<Stri
         return None;
     }
     let floor_of = |runs: &[&Run]| -> Option<NoiseFloor> {
-        let rates: Vec<f64> = runs
+        let samples: Vec<(u64, u64)> = runs
             .iter()
-            .filter(|r| vcpu_faults(r) > 0)
-            .map(|r| r.cross as f64 / vcpu_faults(r) as f64)
+            .map(|r| (r.cross, r.report.counted_faults()))
             .collect();
-        let rate = preheat_model::stats::median(&rates)?;
-        Some(NoiseFloor {
-            events_per_fault: rate,
-            margin,
-        })
+        noise_floor(&samples, margin)
     };
     let kept_together = |f: &NoiseFloor, r: &Run| -> bool {
-        let m = f.above(&r.matrix, vcpu_faults(r));
-        let rows = m
-            .iter()
-            .map(|row| row.iter().map(|&v| v as f64).collect())
-            .collect();
-        CommMatrix::new(rows)
+        let m = f.above(&r.matrix, r.report.counted_faults());
+        CommMatrix::from_counts(&m)
             .ok()
             .and_then(|m| group(&m, DEFAULT_T).ok())
             .is_some_and(|g| g.sets.len() == 1)
