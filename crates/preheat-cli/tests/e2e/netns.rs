@@ -123,10 +123,14 @@ fn demo_over_a_veth_pair() {
         let r = r.unwrap_or_else(|| panic!("mode {m} missing: {}", v["rows"]));
         assert_eq!(r["latency"]["n"], 3, "{r}");
     }
+    // Every replay round's announcement warmed up, unless it reached the agent after its
+    // arrival time (dropped as late: a stall of the 1 ms lead, which tests running side by side
+    // can cause); at least one warm-up did run.
+    let counters = &v["agent_counters"];
+    let replays = counters["replays"].as_u64().unwrap();
     assert!(
-        v["agent_counters"]["replays"].as_u64().unwrap() >= 3,
-        "{}",
-        v["agent_counters"]
+        replays >= 1 && replays + counters["late"].as_u64().unwrap() >= 3,
+        "{counters}"
     );
     // The warm-ups take the clients' path: the agent opened its replay connection in the
     // demo's network namespace, to the server's end of the pair.
