@@ -238,8 +238,14 @@ struct RecordArgs {
     keep_noise: bool,
     /// Probe every STRIDE-th line per pass, keeping the others cached, so lines the hardware
     /// prefetchers pull in next to a demand miss are not counted (1: plain flush+reload).
-    #[arg(long, default_value_t = 2)]
-    stride: u32,
+    /// Default: with --window-pages, 2; without either, the layout is chosen by a short pilot
+    /// on the server's memory (the one whose request-less samples read the fewest false hits).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    stride: Option<u32>,
+    /// Probe the lines of WINDOW_PAGES pages in one random order (wider windows hide the
+    /// probe's own order from the prefetchers). Default: with --stride, 16; else see --stride.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    window_pages: Option<u32>,
     /// CPU to pin the server to (default: the last CPU).
     #[arg(long)]
     server_cpu: Option<usize>,

@@ -1,8 +1,9 @@
 //! `preheat record`: the arguments turned into a `preheat-estimate` session, and its report.
 
 use anyhow::{bail, Result};
+use preheat_estimate::layout::{self, Layout};
 use preheat_estimate::session::{choose_backend, Session};
-use preheat_estimate::{write_profile, RecordParams};
+use preheat_estimate::{write_profile, RecordParams, RecordStats};
 use preheat_launch::launch::{self, scratch_dir};
 use preheat_launch::servers;
 
@@ -45,7 +46,7 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
         filter,
         chunk_bytes: a.chunk_kib * 1024,
         subtract_noise: !a.keep_noise,
-        stride: a.stride,
+        layout: given_layout(a.stride, a.window_pages),
         ..Default::default()
     };
     let server_cpu = a.server_cpu.unwrap_or_else(crate::default_server_cpu);
@@ -120,6 +121,9 @@ pub fn run(a: RecordArgs) -> Result<()> {
         rec.stats.samples,
         rec.stats.threshold_ticks
     );
+    if !rec.stats.lines_per_sample.is_empty() {
+        print_probe_stats(&rec.stats);
+    }
     if rec.stats.cycles_repeated > 0 {
         println!(
             "probe: {} cycle(s) repeated because the server's mappings changed while it served the request",
@@ -133,4 +137,62 @@ pub fn run(a: RecordArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// "median [min..max] (n)" of counts, or "n/a" without any.
+fn spread(v: &[u64]) -> String {
+    let mut v = v.to_vec();
+    v.sort_unstable();
+    match (v.first(), v.last()) {
+        (Some(lo), Some(hi)) => format!("{} [{lo}..{hi}] ({})", v[(v.len() - 1) / 2], v.len()),
+        _ => "n/a".into(),
+    }
+}
+
+/// The probe layout the user gave (either flag; the other at its default), or `None` to choose
+/// it by the pilot.
+fn given_layout(stride: Option<u32>, window_pages: Option<u32>) -> Option<Layout> {
+    (stride.is_some() || window_pages.is_some()).then(|| Layout {
+        stride: stride.unwrap_or(layout::DEFAULT.stride),
+        window_pages: window_pages.unwrap_or(layout::DEFAULT.window_pages),
+    })
+}
+
+/// What the probe did: its layout (and the pilot that chose it), what its samples saw.
+fn print_probe_stats(st: &RecordStats) {
+    let pilot = if st.layout_trials.is_empty() {
+        "given".to_string()
+    } else {
+        let trials: Vec<String> = st
+            .layout_trials
+            .iter()
+            .map(|t| {
+                format!(
+                    "{}/{} {:.1}%",
+                    t.layout.stride,
+                    t.layout.window_pages,
+                    100.0 * t.hit_share
+                )
+            })
+            .collect();
+        format!(
+            "chosen by a pilot of {} request-less samples each, lines read as hits: {}",
+            st.layout_trials[0].samples,
+            trials.join(", ")
+        )
+    };
+    println!(
+        "probe [measured]: stride {} over {}-page windows ({pilot}); threshold {} ticks (hit {}, miss {}; {} calibration(s))",
+        st.stride, st.window_pages, st.threshold_ticks, st.hit_ticks_p50, st.miss_ticks_p50, st.calibrations
+    );
+    println!(
+        "probe [measured]: {} KiB of candidates in {} chunk(s); lines seen per sample {}, per sample without a request {} ({:.1}% of the lines probed); {} lines seen in >= {} request-less samples removed",
+        st.candidate_bytes / 1024,
+        st.chunks,
+        spread(&st.lines_per_sample),
+        spread(&st.lines_per_noise_sample),
+        100.0 * st.noise_hit_share,
+        st.noise_lines_removed,
+        st.noise_k
+    );
 }

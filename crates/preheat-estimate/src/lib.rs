@@ -16,6 +16,7 @@
 
 pub mod compare;
 pub mod hybrid;
+pub mod layout;
 pub mod params;
 pub mod profile;
 pub mod record;

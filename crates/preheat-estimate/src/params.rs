@@ -3,6 +3,8 @@
 //! module for them).
 
 use preheat_model::{FilterParams, Profile};
+
+use crate::layout::{Layout, Trial};
 use serde::Serialize;
 
 /// Which backend records (see the crate's documentation).
@@ -25,14 +27,14 @@ pub struct RecordParams {
     pub filter: FilterParams,
     /// Largest probe pass, bytes.
     pub chunk_bytes: u64,
-    pub window_pages: u32,
     /// Subtract lines that also show up in no-request samples.
     pub subtract_noise: bool,
-    /// A line seen in at least this many of the n no-request samples is noise.
+    /// A line seen in at least this many of the n no-request samples is noise (the least such
+    /// vote: a probe reading many false hits raises it, see [`crate::layout::noise_k`]).
     pub noise_k: u32,
-    /// Strided probing (see `preheat_engine::probe::prepare_phase`): each sample takes `stride`
-    /// passes per chunk, each probing every `stride`-th line.
-    pub stride: u32,
+    /// The probe layout (stride and window, see [`crate::layout`]); `None`: chosen by a pilot
+    /// on the server's memory.
+    pub layout: Option<Layout>,
     pub quiet: bool,
 }
 
@@ -41,10 +43,9 @@ impl Default for RecordParams {
         RecordParams {
             filter: FilterParams::default(),
             chunk_bytes: 1 << 20,
-            window_pages: 16,
             subtract_noise: true,
             noise_k: 2,
-            stride: 2,
+            layout: None,
             quiet: false,
         }
     }
@@ -59,11 +60,24 @@ pub struct RecordStats {
     pub candidate_bytes: u64,
     pub chunks: u64,
     pub threshold_ticks: u32,
+    /// The probe layout recorded with (stride 0 for backends without a probe).
     pub stride: u32,
+    pub window_pages: u32,
+    /// The pilot's measurements, one per candidate layout (empty where the layout was given).
+    pub layout_trials: Vec<Trial>,
+    /// Median share of probed lines read as hits in the request-less samples.
+    pub noise_hit_share: f64,
+    /// The noise vote used: lines in at least this many request-less samples were removed.
+    pub noise_k: u32,
+    /// Threshold calibrations the agent was asked for (more than one: an earlier one did not
+    /// separate hits from misses).
+    pub calibrations: u32,
     pub hit_ticks_p50: u32,
     pub miss_ticks_p50: u32,
     /// Lines per sample before filtering (relative lines, all chunks).
     pub lines_per_sample: Vec<u64>,
+    /// Lines per no-request (noise) sample, as `lines_per_sample`.
+    pub lines_per_noise_sample: Vec<u64>,
     /// Median flush-to-reload window of the request passes, µs.
     pub window_us_p50: f64,
     /// Lines seen in ≥ noise_k noise samples and removed.

@@ -68,6 +68,30 @@ pub fn median(values: &[f64]) -> Option<f64> {
     (s.n > 0).then_some(s.p50)
 }
 
+/// P(X ≥ k) for X ~ Binomial(n, p): the chance that an event of probability `p` per trial
+/// happens in at least `k` of `n` independent trials.
+pub fn binomial_tail(n: u32, p: f64, k: u32) -> f64 {
+    let p = p.clamp(0.0, 1.0);
+    if k == 0 {
+        return 1.0;
+    }
+    if k > n || p == 0.0 {
+        return 0.0;
+    }
+    if p == 1.0 {
+        return 1.0;
+    }
+    // 1 − Σ_{i<k} C(n,i) p^i (1−p)^(n−i), each term from the last by their ratio (exact enough
+    // for the small n here).
+    let mut term = (1.0 - p).powi(n as i32);
+    let mut below = 0.0;
+    for i in 0..k {
+        below += term;
+        term *= (n - i) as f64 / (i + 1) as f64 * p / (1.0 - p);
+    }
+    (1.0 - below).clamp(0.0, 1.0)
+}
+
 pub fn summarize(values: &[f64]) -> Summary {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
     v.sort_by(|a, b| a.total_cmp(b));
@@ -136,6 +160,19 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binomial_tail_matches_hand_counts() {
+        // 8 fair coins: P(≥ 7 heads) = (8 + 1) / 256.
+        assert!((binomial_tail(8, 0.5, 7) - 9.0 / 256.0).abs() < 1e-12);
+        // P(≥ 2 of 8) at 2%: 1 - 0.98^8 - 8·0.02·0.98^7.
+        let want = 1.0 - 0.98f64.powi(8) - 8.0 * 0.02 * 0.98f64.powi(7);
+        assert!((binomial_tail(8, 0.02, 2) - want).abs() < 1e-12);
+        assert_eq!(binomial_tail(8, 0.3, 0), 1.0);
+        assert_eq!(binomial_tail(8, 0.3, 9), 0.0);
+        assert_eq!(binomial_tail(8, 0.0, 1), 0.0);
+        assert!((binomial_tail(8, 1.0, 8) - 1.0).abs() < 1e-12);
+    }
 
     #[test]
     fn median_is_the_lower_middle_of_the_finite_values() {

@@ -75,6 +75,34 @@ pub fn filter_k_of_n(samples: &[LineSet], k: usize) -> LineSet {
     )
 }
 
+/// The lines of `lines` that are not noise: a line is noise if it shows up in at least `k` of
+/// the request-less samples `noise` **and** in nearly as many of them as of the request
+/// samples `samples` (at most `slack` fewer). A line a request needs shows up in (nearly) every
+/// request sample; if something else — the recording agent's own use of libc, say — brings it
+/// in now and then without a request, it is still the request's line and stays. Only lines that
+/// come about as often without the request as with it are taken for the noise they are.
+pub fn remove_noise(
+    lines: &LineSet,
+    samples: &[LineSet],
+    noise: &[LineSet],
+    k: usize,
+    slack: usize,
+) -> LineSet {
+    let k = k.max(1);
+    let count = |sets: &[LineSet], l: &RegionLine| sets.iter().filter(|s| s.contains(l)).count();
+    LineSet(
+        lines
+            .0
+            .iter()
+            .filter(|l| {
+                let quiet = count(noise, l);
+                quiet < k || quiet + slack < count(samples, l)
+            })
+            .copied()
+            .collect(),
+    )
+}
+
 /// A run of consecutive lines inside one region: lines `start .. start + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Run {
@@ -223,6 +251,46 @@ mod tests {
 
     fn ls(v: &[(u32, u64)]) -> LineSet {
         LineSet::from_lines(v.iter().map(|&(region, line)| RegionLine { region, line }))
+    }
+
+    #[test]
+    fn noise_is_what_comes_as_often_without_the_request() {
+        // Line 1: every request sample, 3 of 8 without (the agent's libc now and then): kept.
+        // Line 2: every sample either way (the agent's own): removed. Line 3: 6 of 8 with the
+        // request, 5 of 8 without: removed with slack 2. Line 4: once without: kept.
+        let with: Vec<LineSet> = (0..8)
+            .map(|i| ls(&[(0, 1), (0, 2), (0, if i < 6 { 3 } else { 9 }), (0, 4)]))
+            .collect();
+        let without: Vec<LineSet> = (0..8)
+            .map(|i| {
+                let mut v = vec![(0, 2)];
+                if i < 3 {
+                    v.push((0, 1));
+                }
+                if i < 5 {
+                    v.push((0, 3));
+                }
+                if i == 0 {
+                    v.push((0, 4));
+                }
+                ls(&v)
+            })
+            .collect();
+        let lines = filter_k_of_n(&with, 6);
+        assert_eq!(lines, ls(&[(0, 1), (0, 2), (0, 3), (0, 4)]));
+        assert_eq!(
+            remove_noise(&lines, &with, &without, 2, 2),
+            ls(&[(0, 1), (0, 4)])
+        );
+        // A stricter vote keeps line 3 too; no slack removes only what is as frequent.
+        assert_eq!(
+            remove_noise(&lines, &with, &without, 6, 2),
+            ls(&[(0, 1), (0, 3), (0, 4)])
+        );
+        assert_eq!(
+            remove_noise(&lines, &with, &without, 2, 0),
+            ls(&[(0, 1), (0, 3), (0, 4)])
+        );
     }
 
     #[test]

@@ -86,11 +86,9 @@ fn hybrid_is_step_code_plus_probe_data() {
     assert_eq!(data["tested"], data["truth"], "{d}");
     assert_eq!(data["true_positives"], data["truth"], "{d}");
     assert_eq!(d["tested_anon_lines"], d["truth_anon_lines"], "{d}");
-    // The probe's over-reported code lines are gone.
-    assert!(
-        d["code"]["tested"].as_u64() < d["code"]["truth"].as_u64(),
-        "{d}"
-    );
+    // Whether the probe part over- or under-reports code is the CPU's: more lines than step on
+    // the EPYC hosts (instruction prefetch), fewer on a Xeon host (575 step lines against 528
+    // probe lines in one run). Either way the hybrid's code is step's, checked above.
 }
 
 #[test]
