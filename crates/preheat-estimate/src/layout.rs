@@ -28,18 +28,18 @@ pub struct Layout {
     pub window_pages: u32,
 }
 
-/// The layouts tried, cheapest first (stride s costs s requests per chunk and sample).
-pub const CANDIDATES: [Layout; 3] = [
+/// The layouts tried, cheapest first (stride s costs s requests per chunk and sample). Stride 8
+/// over 64-page windows read fewer false hits still on the Xeon host (~1.0% against 1.1–4.2%),
+/// but with the noise rule of [`crate::record`] it recorded no better (recall 0.92, 0.92, 0.92
+/// against 0.87, 0.92, 0.92) at twice the requests, which in the suite's debug builds made the
+/// end-to-end tests that record take 409 s instead of ~130 s.
+pub const CANDIDATES: [Layout; 2] = [
     Layout {
         stride: 2,
         window_pages: 16,
     },
     Layout {
         stride: 4,
-        window_pages: 64,
-    },
-    Layout {
-        stride: 8,
         window_pages: 64,
     },
 ];
@@ -110,15 +110,13 @@ mod tests {
 
     #[test]
     fn the_cheapest_layout_that_ties_the_lowest_hit_share_wins() {
-        // The Xeon host's pilot: the default reads ~10%, the wider ones ~1-2%.
-        assert_eq!(pick(&[t(0, 0.10), t(1, 0.015), t(2, 0.011)]), CANDIDATES[1]);
+        // The Xeon host's pilot: the default reads 17-31%, the wider one 1-4%.
+        assert_eq!(pick(&[t(0, 0.17), t(1, 0.031)]), CANDIDATES[1]);
         // A CPU where the default is as clean: it stays (fewer requests).
-        assert_eq!(
-            pick(&[t(0, 0.012), t(1, 0.010), t(2, 0.009)]),
-            CANDIDATES[0]
-        );
-        // Only the widest is clean.
-        assert_eq!(pick(&[t(0, 0.2), t(1, 0.08), t(2, 0.01)]), CANDIDATES[2]);
+        assert_eq!(pick(&[t(0, 0.012), t(1, 0.010)]), CANDIDATES[0]);
+        // Within the tie by the absolute half point alone.
+        assert_eq!(pick(&[t(0, 0.004), t(1, 0.0)]), CANDIDATES[0]);
+        assert_eq!(pick(&[t(0, 0.006), t(1, 0.0)]), CANDIDATES[1]);
         assert_eq!(pick(&[]), DEFAULT);
     }
 
