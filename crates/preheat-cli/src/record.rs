@@ -139,14 +139,14 @@ pub fn run(a: RecordArgs) -> Result<()> {
     Ok(())
 }
 
-/// "median [min..max] (n)" of counts, or "n/a" without any.
+/// Counts as "median [min–max], n = N" (the project's one median, `Spread`), or "n/a" without
+/// any.
 fn spread(v: &[u64]) -> String {
-    let mut v = v.to_vec();
-    v.sort_unstable();
-    match (v.first(), v.last()) {
-        (Some(lo), Some(hi)) => format!("{} [{lo}..{hi}] ({})", v[(v.len() - 1) / 2], v.len()),
-        _ => "n/a".into(),
+    if v.is_empty() {
+        return "n/a".into();
     }
+    let v: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    preheat_model::stats::Spread::of(&v).show(0)
 }
 
 /// The probe layout the user gave (either flag; the other at its default), or `None` to choose

@@ -287,6 +287,11 @@ fn stable_lines(
     lines
 }
 
+/// The share of `probed` lines a sample read as hits.
+fn hit_share(hits: &[u64], probed: u64) -> f64 {
+    hits.len() as f64 / probed.max(1) as f64
+}
+
 /// The probe cycles of one recording: what each asks the agent for, and the probe windows
 /// of the request passes so far.
 struct ProbeRun<'a> {
@@ -318,20 +323,26 @@ impl ProbeRun<'_> {
             (layout::PILOT_SAMPLES * cycles) as u64 * self.chunks.len() as u64,
             "probe layout",
         );
+        let trials = self.trials(stats, pb);
+        pb.finish();
+        self.chunks = all;
+        let trials = trials?;
+        let chosen = layout::pick(&trials);
+        stats.layout_trials = trials;
+        Ok(chosen)
+    }
+
+    /// One [`Trial`] per candidate layout, [`layout::PILOT_SAMPLES`] request-less samples of
+    /// the current chunks each.
+    fn trials(&mut self, stats: &mut RecordStats, pb: &dyn Progress) -> Result<Vec<Trial>> {
         let mut trials = Vec::new();
-        let mut result = Ok(());
-        'layouts: for l in layout::CANDIDATES {
+        for l in layout::CANDIDATES {
             self.stride = l.stride;
             self.window_pages = l.window_pages;
             let mut shares = Vec::new();
             for s in 0..layout::PILOT_SAMPLES {
-                match self.sample(s, false, stats, pb) {
-                    Ok((hits, probed)) => shares.push(hits.len() as f64 / probed.max(1) as f64),
-                    Err(e) => {
-                        result = Err(e);
-                        break 'layouts;
-                    }
-                }
+                let (hits, probed) = self.sample(s, false, stats, pb)?;
+                shares.push(hit_share(&hits, probed));
             }
             trials.push(Trial {
                 layout: l,
@@ -339,12 +350,7 @@ impl ProbeRun<'_> {
                 samples: layout::PILOT_SAMPLES,
             });
         }
-        pb.finish();
-        self.chunks = all;
-        result?;
-        let chosen = layout::pick(&trials);
-        stats.layout_trials = trials;
-        Ok(chosen)
+        Ok(trials)
     }
 
     /// The recording's samples, `p.filter.n` with the request and as many without (with
@@ -366,7 +372,7 @@ impl ProbeRun<'_> {
             for with_request in [true, false].into_iter().take(rounds as usize) {
                 let (hits, probed) = self.sample(s, with_request, stats, pb)?;
                 if !with_request {
-                    shares.push(hits.len() as f64 / probed.max(1) as f64);
+                    shares.push(hit_share(&hits, probed));
                 }
                 let (set, unmapped) = table.relative_lines(hits.iter().copied());
                 stats.unmapped_hits += unmapped;
