@@ -12,7 +12,7 @@
 //!   perform the page walk, which matters because the host backs guest memory with 4 KiB pages.
 //!   [`load_runs`] does real loads for comparison in benchmarks.
 //! * **a deadline**: the paper's prototype overshot its 30 µs budget (§5); we check the
-//!   deadline every [`CHECK_EVERY`] lines (with the unordered TSC once
+//!   deadline ever more often as it nears (spaced by the time left; with the unordered TSC once
 //!   [`crate::time::enable_tsc_deadlines`] ran: a `CLOCK_MONOTONIC` read drains the prefetches in
 //!   flight) and stop when the announced arrival time has passed, so a preheat never delays the request it was meant to speed up. Runs come in
 //!   priority order (code first, see `preheat_model::resolve`), so what is cut is the tail.
@@ -38,12 +38,75 @@ use crate::cache::{prefetch_line, LINE};
 use crate::os::{futex_wait, futex_wake};
 use crate::time::{now_ns, Deadline};
 
-/// Lines issued between two deadline checks. A check is an unordered TSC read (see
-/// [`crate::time::Deadline`]); 32 scattered lines issue in ~0.7 µs at this machine's
-/// scattered-line rate (~23 ns per line, memory-bound), so a preheat overshoots its deadline by
-/// at most about that. Measured with `preheat bench preheat` (3 repetitions each): checks every
-/// 16 lines cost 5% of the walk's throughput, every 32 lines 2%.
-pub const CHECK_EVERY: u32 = 32;
+/// Lines issued between two deadline checks at most (and before the first check of a walk
+/// whose deadline is far). The checks are spaced by the time left (see `Pacer`).
+pub const CHECK_EVERY_MAX: u32 = 1 << 16;
+
+/// Lines issued between two deadline checks at least: near the deadline the checks come every
+/// this many lines, so a preheat overshoots by about their issue time (~0.2–0.3 µs).
+pub const CHECK_EVERY_MIN: u32 = 8;
+
+/// A pessimistic time to issue one line (ns), for spacing the checks: a scattered line from
+/// DRAM with a page walk issues in ~23–37 ns on this project's hosts (EPYC and Xeon), so
+/// lines this slow mean the thread lost its CPU.
+pub const SLOW_LINE_NS: u64 = 100;
+
+/// Spaces a walk's deadline checks: after each check (and at the start), the lines to the next
+/// check are those that fit in a quarter of the time left at [`SLOW_LINE_NS`] per line, or at
+/// the rate the last interval measured if that was slower; clamped to
+/// [[`CHECK_EVERY_MIN`], [`CHECK_EVERY_MAX`]]. So a walk far from its deadline checks a few
+/// times, and one that runs into it checks ever more often as it nears it.
+///
+/// Why not a fixed count: a check reads the unordered TSC, which costs ~15 ns on the EPYC hosts
+/// but 100–130 ns on a Xeon host amid outstanding prefetches (measured with a C loop of 3072
+/// scattered prefetches: +12.8 µs for `rdtsc` every 32 lines, +40 µs every 8, against 17 ns
+/// for back-to-back `rdtsc`): checks every 32 lines cost 15–18% of the walk there.
+struct Pacer {
+    dl: Deadline,
+    end: u64,
+    last: u64,
+    /// [`SLOW_LINE_NS`] in the deadline's units.
+    slow: u64,
+    every: u32,
+}
+
+impl Pacer {
+    #[inline(always)]
+    fn new(dl: Deadline) -> Pacer {
+        let now = dl.now();
+        let slow = (SLOW_LINE_NS * dl.units_per_us() / 1000).max(1);
+        let mut p = Pacer {
+            end: dl.end(),
+            last: now,
+            slow,
+            every: CHECK_EVERY_MIN,
+            dl,
+        };
+        p.space(now, slow);
+        p
+    }
+
+    /// Lines to the next check from `now`, at `per_line` units per line (at least `slow`).
+    #[inline(always)]
+    fn space(&mut self, now: u64, per_line: u64) {
+        let quarter = self.end.saturating_sub(now) / 4;
+        let lines = quarter / per_line.max(self.slow);
+        self.every = lines.clamp(CHECK_EVERY_MIN as u64, CHECK_EVERY_MAX as u64) as u32;
+    }
+
+    /// Whether the deadline passed; else spaces the next check ([`every`](Self::every)).
+    #[inline(always)]
+    fn passed(&mut self) -> bool {
+        let now = self.dl.now();
+        if now >= self.end {
+            return true;
+        }
+        let per_line = now.wrapping_sub(self.last) / self.every.max(1) as u64;
+        self.last = now;
+        self.space(now, per_line);
+        false
+    }
+}
 
 /// Runs of at most this many lines are walked without a length-dependent branch (see `walk`).
 const SHORT_RUN: u32 = 4;
@@ -88,7 +151,7 @@ impl PreheatReport {
 }
 
 /// Walk `runs` line by line in order, calling `touch` on each line address, checking the clock
-/// every [`CHECK_EVERY`] lines. Allocation-free. `touch` is only ever given line addresses of
+/// as a [`Pacer`] spaces the checks. Allocation-free. `touch` is only ever given line addresses of
 /// `runs` (`r.addr + i × 64` for `i < r.lines`).
 #[inline(always)]
 fn walk<F: FnMut(VirtAddr)>(
@@ -98,17 +161,13 @@ fn walk<F: FnMut(VirtAddr)>(
 ) -> PreheatReport {
     let start = now_ns();
     let lines_total: u64 = runs.iter().map(|r| r.lines as u64).sum();
-    let (deadline, check_every) = match deadline_ns {
-        Some(d) => (d, CHECK_EVERY),
-        None => (u64::MAX, u32::MAX),
-    };
     // Checked with the unordered TSC where enabled: a clock read would drain the prefetches in
     // flight at every check.
-    let dl = deadline_ns.map(Deadline::at);
+    let mut pacer = deadline_ns.map(|d| Pacer::new(Deadline::at(d)));
     let mut runs_done = 0u64;
     let mut lines_done = 0u64;
-    let mut budget = check_every;
-    let mut stopped = deadline_ns.is_some() && start >= deadline && lines_total > 0;
+    let mut budget = pacer.as_ref().map_or(u32::MAX, |p| p.every);
+    let mut stopped = deadline_ns.is_some_and(|d| start >= d) && lines_total > 0;
     if !stopped {
         'runs: for r in runs {
             let mut addr = r.addr;
@@ -130,11 +189,16 @@ fn walk<F: FnMut(VirtAddr)>(
             }
             while left > 0 {
                 if budget == 0 {
-                    if dl.is_some_and(|d| d.passed()) {
-                        stopped = true;
-                        break 'runs;
+                    // Only reached with a deadline (else the budget never runs out).
+                    if let Some(p) = pacer.as_mut() {
+                        if p.passed() {
+                            stopped = true;
+                            break 'runs;
+                        }
+                        budget = p.every;
+                    } else {
+                        budget = u32::MAX;
                     }
-                    budget = check_every;
                 }
                 let n = left.min(budget);
                 for _ in 0..n {
@@ -778,7 +842,50 @@ mod tests {
         let runs = vec![run(0x7000_0000_0000, 1 << 20)];
         let r = preheat_runs(&runs, Some(now_ns() + 20_000));
         assert!(!r.completed);
-        assert!(r.lines_done < 1 << 20 && r.lines_done & (CHECK_EVERY as u64 - 1) == 0);
+        assert!(r.lines_done < 1 << 20);
+    }
+
+    #[test]
+    fn checks_come_more_often_as_the_deadline_nears() {
+        let _shared = crate::test_lock::shared();
+        // Far away (1 s): the spacing is at its bound.
+        let mut p = Pacer::new(Deadline::at(now_ns() + 1_000_000_000));
+        assert_eq!(p.every, CHECK_EVERY_MAX);
+        assert!(!p.passed());
+        assert_eq!(p.every, CHECK_EVERY_MAX);
+        // 2 ms away: a quarter of the time left at SLOW_LINE_NS per line. Bracketed by clock
+        // reads (a preemption only widens the bracket), ±2% for the TSC conversion.
+        let d = now_ns() + 2_000_000;
+        let before = now_ns();
+        let p = Pacer::new(Deadline::at(d));
+        let after = now_ns();
+        let lines = |t: u64| d.saturating_sub(t) as f64 / 4.0 / SLOW_LINE_NS as f64;
+        let every = p.every as f64;
+        assert!(
+            every >= lines(after) * 0.98 - 1.0 && every <= lines(before) * 1.02 + 1.0,
+            "{every} lines for {} to {}",
+            lines(after),
+            lines(before)
+        );
+        // Checks after a slow interval: spaced by the measured rate. 16 µs for `every` lines
+        // is slower than SLOW_LINE_NS per line for every spacing below 160 lines.
+        let mut p = Pacer::new(Deadline::at(now_ns() + 40_000));
+        p.every = 64;
+        let t = now_ns();
+        while now_ns() < t + 16_000 {
+            std::hint::spin_loop();
+        }
+        assert!(!p.passed());
+        // ≤ 24 µs left, at ≥ 250 ns per line: at most 24 lines to the next check.
+        assert!(p.every <= 24, "{}", p.every);
+        // Near the deadline, the least spacing; past it, passed.
+        let mut p = Pacer::new(Deadline::at(now_ns() + 500));
+        assert_eq!(p.every, CHECK_EVERY_MIN);
+        let t = now_ns();
+        while now_ns() < t + 1_000 {
+            std::hint::spin_loop();
+        }
+        assert!(p.passed());
     }
 
     fn test_cpus() -> Vec<usize> {

@@ -168,6 +168,8 @@ pub fn enable_tsc_deadlines() -> bool {
 pub struct Deadline {
     ns: u64,
     tsc: Option<u64>,
+    /// Units of [`now`](Self::now) per microsecond: TSC ticks, or 1000 (ns).
+    per_us: u64,
 }
 
 impl Deadline {
@@ -178,11 +180,12 @@ impl Deadline {
             let rate = reference_rate(ns, tsc, MIN_REFERENCE_AGE_NS)?;
             // Whole ticks to go (0 when already passed); saturating float-to-int cast.
             let ticks = (deadline_ns.saturating_sub(ns) as f64 * rate) as u64;
-            Some(tsc.saturating_add(ticks))
+            Some((tsc.saturating_add(ticks), ((rate * 1000.0) as u64).max(1)))
         });
         Deadline {
             ns: deadline_ns,
-            tsc,
+            tsc: tsc.map(|(t, _)| t),
+            per_us: tsc.map_or(1000, |(_, per_us)| per_us),
         }
     }
 
@@ -196,13 +199,31 @@ impl Deadline {
         self.tsc.is_some()
     }
 
+    /// The time now in this deadline's units (unordered TSC ticks, or CLOCK_MONOTONIC ns
+    /// where the TSC does not check it): one `rdtsc` or one clock read.
+    #[inline(always)]
+    pub fn now(&self) -> u64 {
+        match self.tsc {
+            Some(_) => imp::rdtsc(),
+            None => now_ns(),
+        }
+    }
+
+    /// The deadline in the units of [`now`](Self::now).
+    #[inline(always)]
+    pub fn end(&self) -> u64 {
+        self.tsc.unwrap_or(self.ns)
+    }
+
+    /// Units of [`now`](Self::now) per microsecond (TSC ticks, or 1000).
+    pub fn units_per_us(&self) -> u64 {
+        self.per_us
+    }
+
     /// Whether the deadline has passed.
     #[inline(always)]
     pub fn passed(&self) -> bool {
-        match self.tsc {
-            Some(t) => imp::rdtsc() >= t,
-            None => now_ns() >= self.ns,
-        }
+        self.now() >= self.end()
     }
 }
 
@@ -509,8 +530,17 @@ mod tests {
         let c = Deadline {
             ns: now_ns() + 1_000_000_000,
             tsc: None,
+            per_us: 1000,
         };
         assert!(!c.passed());
+        assert_eq!(c.end(), c.ns());
+        // A TSC deadline counts in ticks: as many per µs as the measured rate says.
+        let rate = calibrate_tsc(5) * 1000.0;
+        let per_us = d.units_per_us() as f64;
+        assert!(
+            (per_us - rate).abs() < rate * 0.05,
+            "{per_us} against {rate}"
+        );
     }
 
     #[test]
