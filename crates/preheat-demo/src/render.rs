@@ -164,6 +164,13 @@ fn prefork_notes(o: &Output) -> Vec<String> {
             o.serving_pids
         ));
     }
+    if !o.joined_pids.is_empty() {
+        out.push(format!(
+            "{} of them (pids {:?}) joined during the measurement: each served one measured request before it was announced to (flagged in its mode's row).",
+            o.joined_pids.len(),
+            o.joined_pids
+        ));
+    }
     let c = &o.agent_counters;
     if c.replays_fresh > 0 {
         out.push(format!(

@@ -63,6 +63,10 @@ pub struct Output {
     /// The processes announced to: one, or every worker where the server's requests go to any
     /// of them.
     pub serving_pids: Vec<u32>,
+    /// Those of `serving_pids` that joined during the measurement: each served one measured
+    /// request unannounced (a sample flagged as not reaching a preheated process), then was
+    /// announced to (see `join`).
+    pub joined_pids: Vec<u32>,
     pub server: String,
     pub machine: String,
     pub label: &'static str,
@@ -475,13 +479,15 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
-    let serving_pids = [serving.all, std::mem::take(&mut bench.join.joined)].concat();
+    let joined_pids = std::mem::take(&mut bench.join.joined);
+    let serving_pids = [serving.all, joined_pids.clone()].concat();
     drop(bench);
     drop(keep_awake);
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
     Ok(Output {
         serving_pids,
+        joined_pids,
         server: server.spec.name.clone(),
         machine: machine(ncpu),
         label: "measured",

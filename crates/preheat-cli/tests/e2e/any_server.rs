@@ -97,15 +97,22 @@ fn assert_rows(v: &Value, modes: &[&str], n: u64) {
     }
     let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
     assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
-    // Every preheated request reached the preheated process.
-    for r in rows {
-        let flags = r["flags"].to_string();
-        assert!(
-            !flags.contains("preheated process"),
-            "{}: {flags}",
-            r["mode"]
-        );
-    }
+    // Every preheated request reached a preheated process, but for one per worker that joined
+    // the announced set during the measurement (a prefork server that closes its connections
+    // hands a request to any worker; the demo announces to a worker from the request after
+    // the first it served unannounced).
+    let missed = v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["served_by_preheated"] == false)
+        .count();
+    let joined = v["joined_pids"].as_array().unwrap().len();
+    assert!(
+        missed <= joined,
+        "{missed} measured requests reached no announced process, {joined} joined: {:?}",
+        rows.iter().map(|r| &r["flags"]).collect::<Vec<_>>()
+    );
 }
 
 /// The samples of `mode`.
