@@ -13,7 +13,9 @@
 //! a tight loop while the probe runs at its highest rate; the agent's fault handler must turn
 //! every such fault of its own into a skipped round. `tests/probe/faulter.c` faults on its own
 //! while the agent probes it: its faults must reach its own handlers, or kill it, exactly as
-//! without the agent.
+//! without the agent. `tests/probe/parker.c` has a thread that waited once and then blocks
+//! where the agent does not hook (as a JVM's workers do): it must not hold every probe cycle
+//! until the quiescence bound.
 
 // Test programs signal and inspect the processes they start (kill, geteuid): libc calls.
 #![allow(unsafe_code)]
@@ -374,5 +376,60 @@ fn the_hosts_own_faults_during_a_probe_pass_go_where_they_would_without_the_agen
             "oneshot" => assert!(out.contains("handled\n"), "{mode}:\n{out}"),
             _ => {}
         }
+    }
+}
+
+/// Tests whose outcome depends on the machine's timing: `scripts/test.sh` runs every
+/// `timing::` test after all others, one at a time.
+mod timing {
+    use super::*;
+
+    /// Issue 23: a server thread the agent saw wait once and that then blocks where the agent
+    /// does not hook (a JVM worker parked on a futex) must not hold every probe cycle for the
+    /// 50 ms quiescence bound. `tests/probe/parker.c`'s second thread polls once, then waits
+    /// on a condition variable forever. The flush-to-reload window of a cycle (which includes
+    /// the wait for quiet threads after the request) was ≥ 50 ms in every cycle before the
+    /// agent looked at the threads' CPU time; now a thread that does not run for 2 ms is
+    /// quiet. The bound below (25 ms, median of 20 cycles) is half the old wait.
+    #[test]
+    fn a_thread_blocked_outside_the_hooked_waits_does_not_hold_the_probe() {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(prog) = compile_c("probe/parker", dir.path()) else {
+            return;
+        };
+        let (mut server, f) = start_ready("parker", &prog, &["120"]);
+        let (port, buf) = match f.as_slice() {
+            [p, a, l] => (*p as u16, Range { start: *a, len: *l }),
+            other => panic!("parker ready line: {other:?}"),
+        };
+        let mut agent = server.agent();
+        let mut windows = Vec::new();
+        for i in 0..20u64 {
+            let reply = agent.try_call(&Request::ProbeCycle {
+                ranges: vec![buf],
+                threshold: 200,
+                window_pages: 16,
+                seed: i,
+                port,
+                request: Some("x\n".into()),
+                until: "\n".into(),
+                idle_ns: 0,
+                stride: 2,
+                phase: (i % 2) as u32,
+            });
+            assert_alive(&mut server, &format!("probe cycle {i}"), &reply);
+            match reply {
+                Ok(Reply::Probed { window_ns, .. }) => windows.push(window_ns),
+                other => panic!("probe cycle {i}: {other:?}\n{}", server.log_tail()),
+            }
+        }
+        windows.sort_unstable();
+        let median_ms = windows[windows.len() / 2] as f64 / 1e6;
+        eprintln!("flush-to-reload windows: median {median_ms:.2} ms, {windows:?} ns");
+        assert!(
+            median_ms < 25.0,
+            "the probe waited for a thread that is blocked outside the hooked waits: median \
+             window {median_ms:.1} ms"
+        );
     }
 }

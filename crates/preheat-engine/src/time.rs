@@ -67,6 +67,29 @@ pub fn thread_cpu_ns() -> u64 {
         .wrapping_add(ts.tv_nsec as u64)
 }
 
+/// CPU time in nanoseconds of thread `tid` of the calling process, through the per-thread CPU
+/// clock Linux derives from a thread id; `None` if there is no such thread (any more). It
+/// advances while the thread runs, including its current slice, and stands still while it is
+/// blocked — whatever it blocks in. A system call (about a microsecond in a VM), no allocation.
+pub fn thread_cpu_ns_of(tid: u32) -> Option<u64> {
+    // Linux's encoding of a thread's CPU clock (`MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)`):
+    // the bitwise complement of the tid shifted left by 3, the per-thread flag (4) and
+    // CPUCLOCK_SCHED (2).
+    let clock = ((!(tid as libc::clockid_t)) << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable `timespec` owned by this frame; for a clock id that
+    // names no thread of this process the call fails with EINVAL and writes nothing.
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
+    (r == 0).then(|| {
+        (ts.tv_sec as u64)
+            .wrapping_mul(1_000_000_000)
+            .wrapping_add(ts.tv_nsec as u64)
+    })
+}
+
 /// Read the time-stamp counter (serialising enough for probe timing: `rdtscp` + `lfence`).
 ///
 /// `rdtscp` waits until all earlier instructions have executed (so a load issued before it has
@@ -541,6 +564,41 @@ mod tests {
             (per_us - rate).abs() < rate * 0.05,
             "{per_us} against {rate}"
         );
+    }
+
+    #[test]
+    fn another_threads_cpu_time_stands_still_while_it_blocks() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(crate::os::gettid()).unwrap();
+            let _ = go_rx.recv();
+            // Spin 5 ms of CPU time.
+            let t0 = thread_cpu_ns();
+            while thread_cpu_ns() < t0 + 5_000_000 {
+                std::hint::spin_loop();
+            }
+        });
+        let tid = rx.recv().unwrap();
+        // Blocked in recv (a futex): its CPU time does not move.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let a = thread_cpu_ns_of(tid).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let b = thread_cpu_ns_of(tid).unwrap();
+        assert!(b - a < 1_000_000, "a blocked thread ran {} ns", b - a);
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+        // Once it ended (joined), its clock is gone too.
+        assert!(b >= a);
+        assert_eq!(thread_cpu_ns_of(tid), None);
+        // Our own thread's clock agrees with CLOCK_THREAD_CPUTIME_ID.
+        let me = crate::os::gettid();
+        let (x, y, z) = (
+            thread_cpu_ns(),
+            thread_cpu_ns_of(me).unwrap(),
+            thread_cpu_ns(),
+        );
+        assert!(x <= y && y <= z, "{x} {y} {z}");
     }
 
     #[test]

@@ -50,15 +50,52 @@ const FRESH_ATTEMPTS: u32 = 16;
 const QUIESCE_MAX: Duration = Duration::from_millis(50);
 const QUIESCE_POLL: Duration = Duration::from_micros(50);
 
-/// Wait (bounded) until every server thread seen in a wait call is back in it, so the request
-/// that was just served has finished its busy period. Slots of threads that died are freed.
+/// Threads outside their wait calls are looked at this often (ns): one that did not run
+/// between two looks is blocked somewhere the agent does not hook and counts as quiet. Long
+/// enough that a thread that is runnable but waiting for its CPU (behind this spinning thread,
+/// say: the scheduler's base slice is 0.75 ms) runs in between.
+const STILL_NS: u64 = 2_000_000;
+
+/// Whether every thread of `busy` stood still (its CPU time unchanged, or the thread gone)
+/// since `cpu` was taken, a thread missing from `cpu` counting as moving; then `cpu` holds
+/// their CPU times now. `busy` threads are outside every wait call the agent hooks, but a
+/// runtime's worker may be blocked elsewhere: a JVM thread that once waited in `epoll_wait`
+/// parks on a futex, so it never looks quiet to [`track::busy_threads`] (measured: every
+/// probe cycle of a JVM HTTP server waited out the 50 ms bound three times, and a recording
+/// did not end in 15 minutes). No allocation when `cpu` has room for `busy`.
+fn all_still(busy: &[u32], cpu: &mut Vec<(u32, u64)>) -> bool {
+    let mut still = !busy.is_empty();
+    for &tid in busy {
+        let now = time::thread_cpu_ns_of(tid);
+        let before = cpu.iter().find(|(t, _)| *t == tid).map(|&(_, c)| c);
+        still &= now.is_none() || (before.is_some() && before == now);
+    }
+    cpu.clear();
+    cpu.extend(
+        busy.iter()
+            .filter_map(|&tid| time::thread_cpu_ns_of(tid).map(|c| (tid, c))),
+    );
+    still
+}
+
+/// Wait (bounded) until every server thread seen in a wait call is back in it or blocked
+/// elsewhere (see [`all_still`]), so the request that was just served has finished its busy
+/// period. Slots of threads that died are freed.
 pub(super) fn quiesce() {
     let t0 = Instant::now();
-    let mut busy = Vec::new();
+    let mut busy = Vec::with_capacity(track::MAX_THREADS);
+    let mut cpu = Vec::with_capacity(track::MAX_THREADS);
+    let mut last_look = t0;
     loop {
         track::busy_threads(&mut busy);
         if busy.is_empty() {
             return;
+        }
+        if last_look.elapsed() >= Duration::from_nanos(STILL_NS) || cpu.is_empty() {
+            if all_still(&busy, &mut cpu) {
+                return;
+            }
+            last_look = Instant::now();
         }
         if t0.elapsed() >= QUIESCE_MAX {
             for &tid in &busy {
@@ -96,6 +133,7 @@ pub(super) fn probe_cycle(
 ) -> Result<Reply, String> {
     const REPLY_MAX: usize = 1 << 20;
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
+    let mut cpu: Vec<(u32, u64)> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
     if let Some(req) = request {
         probe_connect(conn_slot, port, req, until)?;
@@ -105,7 +143,7 @@ pub(super) fn probe_cycle(
     // A server that closes every connection: the measured request opens its own.
     let fresh = conn.is_some_and(|c| c.stream.is_none());
     let t_quiet = time::now_ns();
-    quiesce_spin(&mut busy, t_quiet + 50_000_000);
+    quiesce_spin(&mut busy, &mut cpu, t_quiet + 50_000_000);
     let pin = pinning(port);
     // Validate only now, after the (unmeasured) first request on a new connection and with the
     // server's threads quiet: the prepare pass below loads and flushes every line, so it must
@@ -135,7 +173,7 @@ pub(super) fn probe_cycle(
             (None, Some(req)) if fresh => {
                 if !fresh_request(conn_slot, port, req, until, &mut reply, attempts)? {
                     attempts += 1;
-                    quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+                    quiesce_spin(&mut busy, &mut cpu, time::now_ns() + 50_000_000);
                     unchanged_since_validation(&valid, port)?;
                     continue;
                 }
@@ -145,7 +183,7 @@ pub(super) fn probe_cycle(
         }
         break t_flushed;
     };
-    quiesce_spin(&mut busy, time::now_ns() + 50_000_000);
+    quiesce_spin(&mut busy, &mut cpu, time::now_ns() + 50_000_000);
     // The server may have unmapped (or given back) memory while it served the request: a reload
     // of a page that is gone would kill it. Look again right before reloading and skip the round
     // if anything changed (issue 13, bug 1).
@@ -344,13 +382,22 @@ pub(super) fn exchange(
     }
 }
 
-/// Spin (no sleeping, no allocation: `busy` is pre-sized) until no server thread is busy or
-/// `deadline_ns` passes.
-fn quiesce_spin(busy: &mut Vec<u32>, deadline_ns: u64) {
+/// Spin (no sleeping, no allocation: `busy` and `cpu` are pre-sized) until no server thread is
+/// busy (outside its wait call and running, see [`all_still`]) or `deadline_ns` passes.
+fn quiesce_spin(busy: &mut Vec<u32>, cpu: &mut Vec<(u32, u64)>, deadline_ns: u64) {
+    cpu.clear();
+    let mut next_look = 0;
     loop {
         track::busy_threads(busy);
-        if busy.is_empty() || time::now_ns() > deadline_ns {
+        let now = time::now_ns();
+        if busy.is_empty() || now > deadline_ns {
             return;
+        }
+        if now >= next_look {
+            if all_still(busy, cpu) {
+                return;
+            }
+            next_look = now + STILL_NS;
         }
         std::hint::spin_loop();
     }
