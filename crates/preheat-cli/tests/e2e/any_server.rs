@@ -16,7 +16,7 @@ fn prefork_fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prefork_http.py")
 }
 
-fn tmpdir() -> tempfile::TempDir {
+pub(crate) fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("preheat-any-")
         .tempdir()
@@ -29,7 +29,7 @@ fn page() -> String {
 
 /// Pids whose agent attached to a program whose path contains `program` (agent logs stay in the
 /// run directory after the processes are gone).
-fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
+pub(crate) fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
     let mut pids: Vec<String> = std::fs::read_dir(rd)
         .unwrap()
         .flatten()
@@ -50,7 +50,7 @@ fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
 }
 
 /// `preheat demo` on a server given by its command; the parsed JSON.
-fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
+pub(crate) fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
     // A lead this shared 2-vCPU machine meets reliably: the test is about reaching the right
     // process, not about the shortest lead.
     let opts = [
@@ -66,7 +66,7 @@ fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> Value {
 
 /// `preheat demo` with the quick options, `opts`, and an HTTP request for `/index.html` on
 /// `port`, on a server given by its command; the parsed JSON.
-fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -> Value {
+pub(crate) fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -> Value {
     let port = port.to_string();
     let mut args = vec!["demo"];
     args.extend(common::QUICK_DEMO);
@@ -86,7 +86,7 @@ fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -> Value {
 }
 
 /// Every mode in `modes` measured `n` times.
-fn assert_rows(v: &Value, modes: &[&str], n: u64) {
+pub(crate) fn assert_rows(v: &Value, modes: &[&str], n: u64) {
     let rows = v["rows"].as_array().unwrap();
     for m in modes {
         let r = rows
@@ -116,7 +116,7 @@ fn assert_rows(v: &Value, modes: &[&str], n: u64) {
 }
 
 /// The samples of `mode`.
-fn samples<'a>(v: &'a Value, mode: &str) -> Vec<&'a Value> {
+pub(crate) fn samples<'a>(v: &'a Value, mode: &str) -> Vec<&'a Value> {
     v["samples"]
         .as_array()
         .unwrap()
@@ -126,7 +126,7 @@ fn samples<'a>(v: &'a Value, mode: &str) -> Vec<&'a Value> {
 }
 
 /// The agent acted on at least one announcement of `mode` (a late or unrouted one has no lead).
-fn assert_acted(v: &Value, mode: &str) {
+pub(crate) fn assert_acted(v: &Value, mode: &str) {
     let s = samples(v, mode);
     assert!(
         s.iter().any(|s| s["worker_lead_us"].as_f64().is_some()),
@@ -135,7 +135,7 @@ fn assert_acted(v: &Value, mode: &str) {
 }
 
 /// The reason a mode was skipped, if it was.
-fn skip_reason(v: &Value, mode: &str) -> Option<String> {
+pub(crate) fn skip_reason(v: &Value, mode: &str) -> Option<String> {
     v["skipped"]
         .as_array()?
         .iter()

@@ -22,3 +22,4 @@ mod netns;
 mod preflight;
 mod probe_accuracy;
 mod run_auto;
+mod runtimes;
