@@ -101,18 +101,7 @@ fn probing_a_server_that_unmaps_memory_never_kills_it() {
         if !mapped {
             gone_before += 1;
         }
-        let reply = agent.try_call(&Request::ProbeCycle {
-            ranges: vec![Range { start, len }],
-            threshold: 200,
-            window_pages: 16,
-            seed: i,
-            port,
-            request: Some("x\n".into()),
-            until: "\n".into(),
-            idle_ns: 0,
-            stride: 2,
-            phase: (i % 2) as u32,
-        });
+        let reply = agent.try_call(&request_cycle(Range { start, len }, port, i));
         assert_alive(&mut server, &format!("probe cycle {i}"), &reply);
         match reply {
             Ok(Reply::Probed { .. }) => probed += 1,
@@ -164,6 +153,23 @@ fn probing_a_server_that_unmaps_memory_never_kills_it() {
         log.contains("round skipped"),
         "the agent's log does not say it skipped rounds:\n{log}"
     );
+}
+
+/// Probe cycle `i` over `range` around one "x\n" request to `port` (its reply one line), which
+/// the agent sends between its flush and its reload.
+fn request_cycle(range: Range, port: u16, i: u64) -> Request {
+    Request::ProbeCycle {
+        ranges: vec![range],
+        threshold: 200,
+        window_pages: 16,
+        seed: i,
+        port,
+        request: Some("x\n".into()),
+        until: "\n".into(),
+        idle_ns: 0,
+        stride: 2,
+        phase: (i % 2) as u32,
+    }
 }
 
 /// A request-less probe cycle over `ranges` (the highest rate the probe runs at: no request,
@@ -405,18 +411,7 @@ mod timing {
         let mut agent = server.agent();
         let mut windows = Vec::new();
         for i in 0..20u64 {
-            let reply = agent.try_call(&Request::ProbeCycle {
-                ranges: vec![buf],
-                threshold: 200,
-                window_pages: 16,
-                seed: i,
-                port,
-                request: Some("x\n".into()),
-                until: "\n".into(),
-                idle_ns: 0,
-                stride: 2,
-                phase: (i % 2) as u32,
-            });
+            let reply = agent.try_call(&request_cycle(buf, port, i));
             assert_alive(&mut server, &format!("probe cycle {i}"), &reply);
             match reply {
                 Ok(Reply::Probed { window_ns, .. }) => windows.push(window_ns),

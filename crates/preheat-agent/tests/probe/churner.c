@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "line_server.h"
+
 #define ANON_MAX (1024 * 1024)
 #define FILE_LEN (256 * 1024)
 
@@ -60,35 +62,16 @@ static void *churn(void *arg) {
     return NULL;
 }
 
+static int answer_ok(char *out, size_t cap) {
+    (void)cap;
+    out[0] = 'o', out[1] = 'k', out[2] = '\n';
+    return 3;
+}
+
 /* Answer "ok\n" to every line on 127.0.0.1:port until `secs` seconds passed. */
 static void serve(int port, long secs) {
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-                            .sin_port = htons((unsigned short)port)};
-    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 16) != 0) exit(6);
-    struct pollfd fds[17] = {{.fd = l, .events = POLLIN}};
-    int n = 1;
-    time_t end = time(NULL) + secs;
-    while (time(NULL) < end) {
-        if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
-        if ((fds[0].revents & POLLIN) && n < 17) {
-            int c = accept(l, NULL, NULL);
-            if (c >= 0) fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
-        }
-        for (int i = n - 1; i >= 1; i--) {
-            if (!fds[i].revents) continue;
-            char buf[512];
-            ssize_t r = read(fds[i].fd, buf, sizeof buf);
-            if (r <= 0) {
-                close(fds[i].fd);
-                fds[i] = fds[--n];
-                continue;
-            }
-            for (ssize_t k = 0; k < r; k++)
-                if (buf[k] == '\n' && write(fds[i].fd, "ok\n", 3) != 3) exit(9);
-        }
-    }
+    int bound;
+    serve_lines(listen_loopback(port, &bound), secs, answer_ok);
 }
 
 int main(int argc, char **argv) {

@@ -101,18 +101,23 @@ pub(crate) fn assert_rows(v: &Value, modes: &[&str], n: u64) {
     // the announced set during the measurement (a prefork server that closes its connections
     // hands a request to any worker; the demo announces to a worker from the request after
     // the first it served unannounced).
-    let missed = v["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["served_by_preheated"] == false)
-        .count();
+    let missed = missed_requests(v);
     let joined = v["joined_pids"].as_array().unwrap().len();
     assert!(
         missed <= joined,
         "{missed} measured requests reached no announced process, {joined} joined: {:?}",
         rows.iter().map(|r| &r["flags"]).collect::<Vec<_>>()
     );
+}
+
+/// Measured requests that reached no announced process.
+fn missed_requests(v: &Value) -> usize {
+    v["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["served_by_preheated"] == false)
+        .count()
 }
 
 /// The samples of `mode`.
@@ -261,12 +266,7 @@ fn demo_on_a_prefork_lighttpd_that_closes_connections() {
         &[exe.to_str().unwrap(), "-D", "-f", conf.to_str().unwrap()],
     );
     let announced = v["serving_pids"].as_array().unwrap().len();
-    let missed = v["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["served_by_preheated"] == false)
-        .count();
+    let missed = missed_requests(&v);
     assert!(
         missed < announced,
         "{missed} measured requests reached no announced worker, {announced} announced \
