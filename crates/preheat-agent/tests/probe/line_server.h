@@ -1,10 +1,13 @@
-/* The poll(2) line server the probe's test programs share (churner.c, parker.c): one thread
-   answers every line on 127.0.0.1 with what `answer` writes, until `secs` seconds passed. An
-   event-loop server to the agent (it waits in poll). */
+/* The poll(2) line server the probe's test programs share (churner.c, parker.c, unmapper.c):
+   one thread answers every line on 127.0.0.1 with what `answer` writes (TCP_NODELAY, at most
+   16 connections), until `secs` seconds passed (forever if `secs` < 0). An event-loop server
+   to the agent (it waits in poll). */
 #ifndef PREHEAT_LINE_SERVER_H
 #define PREHEAT_LINE_SERVER_H
 
+#include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,13 +35,20 @@ static int listen_loopback(int port, int *bound) {
 
 static void serve_lines(int l, long secs, line_answer answer) {
     struct pollfd fds[17] = {{.fd = l, .events = POLLIN}};
-    int n = 1;
+    int n = 1, one = 1;
     time_t end = time(NULL) + secs;
-    while (time(NULL) < end) {
-        if (poll(fds, (nfds_t)n, 1000) <= 0) continue;
-        if ((fds[0].revents & POLLIN) && n < 17) {
+    while (secs < 0 || time(NULL) < end) {
+        int ready = poll(fds, (nfds_t)n, 1000);
+        if (ready < 0 && errno != EINTR) exit(8);
+        if (ready <= 0) continue;
+        if (fds[0].revents & POLLIN) {
             int c = accept(l, NULL, NULL);
-            if (c >= 0) fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
+            if (c >= 0 && n < 17) {
+                setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
+            } else if (c >= 0) {
+                close(c);
+            }
         }
         for (int i = n - 1; i >= 1; i--) {
             if (!fds[i].revents) continue;

@@ -11,19 +11,14 @@
 
    Single-threaded, poll(2)-based: the agent's wait hooks see it as an event-loop server. */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include "line_server.h"
+
 #define REGION (256 * 1024)
-#define MAX_CLIENTS 16
 
 static char *region;
 static int mapped;
@@ -65,61 +60,25 @@ static void toggle(void) {
     write_state();
 }
 
+static unsigned long served;
+
+/* Toggle the region, then "ok <requests so far>\n". */
+static int answer_toggle(char *out, size_t cap) {
+    toggle();
+    return snprintf(out, cap, "ok %lu\n", ++served);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     state_path = argv[2];
     map_region(NULL);
     write_state();
-    int l = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (argc > 3) a.sin_port = htons((unsigned short)atoi(argv[3])); /* else any free port */
-    socklen_t alen = sizeof a;
-    if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 16) != 0) return 6;
-    getsockname(l, (struct sockaddr *)&a, &alen);
+    int port;
+    int l = listen_loopback(argc > 3 ? atoi(argv[3]) : 0, &port);
     FILE *rf = fopen(argv[1], "w");
     if (!rf) return 7;
-    fprintf(rf, "ready %d\n", ntohs(a.sin_port));
+    fprintf(rf, "ready %d\n", port);
     fclose(rf);
-    struct pollfd fds[1 + MAX_CLIENTS];
-    int n = 1;
-    fds[0].fd = l;
-    fds[0].events = POLLIN;
-    unsigned long served = 0;
-    for (;;) {
-        if (poll(fds, n, -1) < 0) {
-            if (errno == EINTR) continue;
-            return 8;
-        }
-        if (fds[0].revents & POLLIN) {
-            int c = accept(l, NULL, NULL);
-            if (c >= 0 && n < 1 + MAX_CLIENTS) {
-                setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                fds[n].fd = c;
-                fds[n].events = POLLIN;
-                fds[n].revents = 0;
-                n++;
-            } else if (c >= 0) {
-                close(c);
-            }
-        }
-        for (int i = n - 1; i >= 1; i--) {
-            if (!fds[i].revents) continue;
-            char buf[512];
-            ssize_t r = read(fds[i].fd, buf, sizeof buf);
-            if (r <= 0) {
-                close(fds[i].fd);
-                fds[i] = fds[--n];
-                continue;
-            }
-            for (ssize_t k = 0; k < r; k++) {
-                if (buf[k] != '\n') continue;
-                toggle();
-                char out[64];
-                int len = snprintf(out, sizeof out, "ok %lu\n", ++served);
-                if (write(fds[i].fd, out, (size_t)len) != len) return 9;
-            }
-        }
-    }
+    serve_lines(l, -1, answer_toggle);
+    return 0;
 }
