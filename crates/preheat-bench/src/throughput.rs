@@ -13,8 +13,8 @@
 //! `preheat-1` and `preheat-2` run with a deadline that is checked but never reached, as the
 //! agent runs them: [`DEADLINE_AHEAD_NS`] ahead, an announcement lead within the range the demo
 //! and lab use (65 µs–1 ms) and about 5× the walk's time at the default size (the checks come
-//! more often as a deadline nears, so how far it is matters). The whole set repeats (default 5); each ratio is computed per repetition and
-//! reported as the median with its range. Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6×
+//! more often as a deadline nears, so how far it is matters). The whole set repeats (default
+//! 5); each ratio is computed per repetition and reported as the median with its range. Goals: preheat-1 ≥ 90% of limit; preheat-2 ≥ 1.6×
 //! preheat-1. The time of a `preheat_runs` call is the time to *issue* the prefetches; the last
 //! few are still in flight when it returns (a bounded error of about one memory latency).
 

@@ -63,7 +63,6 @@ pub const SLOW_LINE_NS: u64 = 100;
 /// for back-to-back `rdtsc`): checks every 32 lines cost 15–18% of the walk there.
 struct Pacer {
     dl: Deadline,
-    end: u64,
     last: u64,
     /// [`SLOW_LINE_NS`] in the deadline's units.
     slow: u64,
@@ -76,7 +75,6 @@ impl Pacer {
         let now = dl.now();
         let slow = (SLOW_LINE_NS * dl.units_per_us() / 1000).max(1);
         let mut p = Pacer {
-            end: dl.end(),
             last: now,
             slow,
             every: CHECK_EVERY_MIN,
@@ -89,7 +87,7 @@ impl Pacer {
     /// Lines to the next check from `now`, at `per_line` units per line (at least `slow`).
     #[inline(always)]
     fn space(&mut self, now: u64, per_line: u64) {
-        let quarter = self.end.saturating_sub(now) / 4;
+        let quarter = self.dl.end().saturating_sub(now) / 4;
         let lines = quarter / per_line.max(self.slow);
         self.every = lines.clamp(CHECK_EVERY_MIN as u64, CHECK_EVERY_MAX as u64) as u32;
     }
@@ -98,7 +96,7 @@ impl Pacer {
     #[inline(always)]
     fn passed(&mut self) -> bool {
         let now = self.dl.now();
-        if now >= self.end {
+        if now >= self.dl.end() {
             return true;
         }
         let per_line = now.wrapping_sub(self.last) / self.every.max(1) as u64;

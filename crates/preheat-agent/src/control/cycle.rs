@@ -4,7 +4,7 @@
 
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use preheat_engine::{os, probe, time};
 use preheat_model::proto::{Range, Reply};
@@ -57,55 +57,80 @@ const QUIESCE_POLL: Duration = Duration::from_micros(50);
 const STILL_NS: u64 = 2_000_000;
 
 /// Whether every thread of `busy` stood still (its CPU time unchanged, or the thread gone)
-/// since `cpu` was taken, a thread missing from `cpu` counting as moving; then `cpu` holds
-/// their CPU times now. `busy` threads are outside every wait call the agent hooks, but a
-/// runtime's worker may be blocked elsewhere: a JVM thread that once waited in `epoll_wait`
-/// parks on a futex, so it never looks quiet to [`track::busy_threads`] (measured: every
-/// probe cycle of a JVM HTTP server waited out the 50 ms bound three times, and a recording
-/// did not end in 15 minutes). No allocation when `cpu` has room for `busy`.
+/// since `cpu` last held it, a thread `cpu` does not hold yet counting as moving; `cpu` then
+/// holds their CPU times now (one clock read per thread). `busy` threads are outside every
+/// wait call the agent hooks, but a runtime's worker may be blocked elsewhere: a JVM thread
+/// that once waited in `epoll_wait` parks on a futex, so it never looks quiet to
+/// [`track::busy_threads`] (measured: every probe cycle of a JVM HTTP server waited out the
+/// 50 ms bound three times, and a recording did not end in 15 minutes). No allocation when
+/// `cpu` has room for `busy`.
 fn all_still(busy: &[u32], cpu: &mut Vec<(u32, u64)>) -> bool {
+    cpu.retain(|(t, _)| busy.contains(t));
     let mut still = !busy.is_empty();
     for &tid in busy {
-        let now = time::thread_cpu_ns_of(tid);
-        let before = cpu.iter().find(|(t, _)| *t == tid).map(|&(_, c)| c);
-        still &= now.is_none() || (before.is_some() && before == now);
+        let Some(now) = time::thread_cpu_ns_of(tid) else {
+            continue; // gone: quiet
+        };
+        match cpu.iter_mut().find(|(t, _)| *t == tid) {
+            Some(e) => {
+                still &= e.1 == now;
+                e.1 = now;
+            }
+            None => {
+                still = false;
+                cpu.push((tid, now));
+            }
+        }
     }
-    cpu.clear();
-    cpu.extend(
-        busy.iter()
-            .filter_map(|&tid| time::thread_cpu_ns_of(tid).map(|c| (tid, c))),
-    );
     still
 }
 
-/// Wait (bounded) until every server thread seen in a wait call is back in it or blocked
-/// elsewhere (see [`all_still`]), so the request that was just served has finished its busy
-/// period. Slots of threads that died are freed.
+/// Wait until no server thread is busy (outside its wait call and running, see
+/// [`all_still`]) or `deadline_ns` passes, sleeping `poll` between looks (spinning without
+/// one). Returns whether they are quiet. No allocation: `busy` and `cpu` are pre-sized.
+fn wait_quiet(
+    busy: &mut Vec<u32>,
+    cpu: &mut Vec<(u32, u64)>,
+    deadline_ns: u64,
+    poll: Option<Duration>,
+) -> bool {
+    cpu.clear();
+    let mut next_look = 0;
+    loop {
+        track::busy_threads(busy);
+        if busy.is_empty() {
+            return true;
+        }
+        let now = time::now_ns();
+        if now >= next_look {
+            if all_still(busy, cpu) {
+                return true;
+            }
+            next_look = now + STILL_NS;
+        }
+        if now > deadline_ns {
+            return false;
+        }
+        match poll {
+            Some(d) => std::thread::sleep(d),
+            None => std::hint::spin_loop(),
+        }
+    }
+}
+
+/// Wait (bounded by [`QUIESCE_MAX`]) until every server thread seen in a wait call is back in it
+/// or blocked elsewhere, so the request that was just served has finished its busy period.
+/// Slots of threads that died are freed.
 pub(super) fn quiesce() {
-    let t0 = Instant::now();
     let mut busy = Vec::with_capacity(track::MAX_THREADS);
     let mut cpu = Vec::with_capacity(track::MAX_THREADS);
-    let mut last_look = t0;
-    loop {
-        track::busy_threads(&mut busy);
-        if busy.is_empty() {
-            return;
-        }
-        if last_look.elapsed() >= Duration::from_nanos(STILL_NS) || cpu.is_empty() {
-            if all_still(&busy, &mut cpu) {
-                return;
+    let deadline = time::now_ns() + QUIESCE_MAX.as_nanos() as u64;
+    if !wait_quiet(&mut busy, &mut cpu, deadline, Some(QUIESCE_POLL)) {
+        for &tid in &busy {
+            if !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() {
+                track::release_thread(tid);
             }
-            last_look = Instant::now();
         }
-        if t0.elapsed() >= QUIESCE_MAX {
-            for &tid in &busy {
-                if !std::path::Path::new(&format!("/proc/self/task/{tid}")).exists() {
-                    track::release_thread(tid);
-                }
-            }
-            return;
-        }
-        std::thread::sleep(QUIESCE_POLL);
     }
 }
 
@@ -382,23 +407,7 @@ pub(super) fn exchange(
     }
 }
 
-/// Spin (no sleeping, no allocation: `busy` and `cpu` are pre-sized) until no server thread is
-/// busy (outside its wait call and running, see [`all_still`]) or `deadline_ns` passes.
+/// [`wait_quiet`], spinning (between a flush and its reload the probe thread does not sleep).
 fn quiesce_spin(busy: &mut Vec<u32>, cpu: &mut Vec<(u32, u64)>, deadline_ns: u64) {
-    cpu.clear();
-    let mut next_look = 0;
-    loop {
-        track::busy_threads(busy);
-        let now = time::now_ns();
-        if busy.is_empty() || now > deadline_ns {
-            return;
-        }
-        if now >= next_look {
-            if all_still(busy, cpu) {
-                return;
-            }
-            next_look = now + STILL_NS;
-        }
-        std::hint::spin_loop();
-    }
+    wait_quiet(busy, cpu, deadline_ns, None);
 }

@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use crate::any_server::{agent_pids_of, assert_acted, assert_rows, demo, skip_reason, tmpdir};
+use crate::any_server::{
+    agent_pids_of, assert_acted, assert_rows, demo, samples, skip_reason, tmpdir,
+};
 use crate::common::{assert_no_agent_sockets, find_program, run_dir, serial};
 
 /// The Node.js fixture server.
@@ -58,12 +60,7 @@ fn demo_on_a_node_http_server() {
     assert_acted(&v, "preheat:lines");
     assert_acted(&v, "preheat:replay");
     // The event loop's busy periods were tracked: every warm request has a server start.
-    let warm: Vec<_> = v["samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["mode"] == "warm")
-        .collect();
+    let warm = samples(&v, "warm");
     assert!(
         warm.iter().all(|s| s["server_start_us"].as_f64().is_some()),
         "node's event loop was not tracked: {warm:?}"
