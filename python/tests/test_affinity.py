@@ -522,12 +522,15 @@ def test_end_to_end_quick_real_binary(tmp_path: Path, monkeypatch):
     assert sorted(wb["experiment"]) == ["table2", "table3"]
     assert (wb[["low_n", "low_pre_n", "high_n", "high_pre_n"]] == 2).all().all()
     assert wb["recovered_note"].str.contains("not assessed").all()  # 2 rounds: no verdicts
-    # Gross sanity: no chase condition 20× slower or 2× faster than chase undisturbed (BV_0,
-    # high retention); the sizes of the effects are the report's business, not the test's.
+    # Gross sanity (a rate in the wrong unit, a run that measured nothing): no chase condition
+    # 20× slower or 3× faster than the median of chase's conditions; the sizes of the effects
+    # are the report's business, not the test's. (Against chase undisturbed alone, 2 rounds of
+    # one condition were the reference: a noisy host once read it at 16.4 M/s while two other
+    # conditions read 32 and 36 M/s, and the test failed on timing, which it must not judge.)
     chase = ok[ok["workload"] == "chase"]
-    ref = chase.loc[chase["cond"] == "t2-chase-BV_0.high.q2", "rate"].mean()
     means = chase.groupby("cond")["rate"].mean()
-    assert ((means > ref / 20) & (means < 2 * ref)).all(), (ref, means.to_dict())
+    ref = means.median()
+    assert ((means > ref / 20) & (means < 3 * ref)).all(), (ref, means.to_dict())
     # The 2 ms Table 2 runs were interleaved at about 2 ms (p50 of the main workload's quanta
     # within 20%).
     q2 = ok[(ok["experiment"] == "table2") & (ok["quantum_ms"] == 2)]

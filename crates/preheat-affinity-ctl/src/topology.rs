@@ -75,23 +75,39 @@ pub struct EvictionRow {
     pub kind: &'static str,
 }
 
-/// Measure every sized vector's eviction of its own level on `cpu` (pinned; restored after).
-pub fn verify(plan: &Plan, cpu: u32, samples: usize) -> Result<Vec<EvictionRow>> {
+/// Measure every sized vector's eviction of its own level on `cpu` (pinned; restored after);
+/// only the vectors named in `only`, where it names any (an unknown name is an error).
+pub fn verify(plan: &Plan, cpu: u32, samples: usize, only: &[String]) -> Result<Vec<EvictionRow>> {
+    let sized: Vec<&str> = plan
+        .vectors
+        .iter()
+        .filter(|v| v.target.is_some() && v.kind != VectorKind::Zero)
+        .map(|v| v.name.as_str())
+        .collect();
+    if let Some(bad) = only.iter().find(|n| !sized.contains(&n.as_str())) {
+        anyhow::bail!(
+            "no base vector {bad} to verify here; the sized ones are {}",
+            sized.join(", ")
+        );
+    }
     let saved = preheat_engine::os::get_affinity();
     preheat_engine::os::pin_current_thread(cpu as usize)
         .with_context(|| format!("pinning to CPU {cpu}"))?;
-    let r = verify_pinned(plan, samples);
+    let r = verify_pinned(plan, samples, only);
     let _ = preheat_engine::os::set_affinity(&saved);
     r
 }
 
-fn verify_pinned(plan: &Plan, samples: usize) -> Result<Vec<EvictionRow>> {
+fn verify_pinned(plan: &Plan, samples: usize, only: &[String]) -> Result<Vec<EvictionRow>> {
     let mut out = Vec::new();
     let last = plan.vectors.iter().rfind(|v| v.kind == VectorKind::Data);
     for v in &plan.vectors {
         let Some(level) = v.target.clone() else {
             continue;
         };
+        if !only.is_empty() && !only.contains(&v.name) {
+            continue;
+        }
         let bytes = v.bytes as usize;
         let is_last = last.is_some_and(|l| l.name == v.name);
         let (probe, mut vector, mut refv, reference) = match v.kind {

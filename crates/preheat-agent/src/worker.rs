@@ -405,12 +405,7 @@ fn handle(w: &WorkerSlot, job: &Job, gen: u32, polite: bool, idle_poll: &mut Idl
 }
 
 fn lines(p: &plan::PortPlan, a: &Announcement, now: u64) {
-    let deadline = if a.budget_ns > 0 {
-        let base = if a.sent_ns > 0 { a.sent_ns } else { now };
-        base.saturating_add(a.budget_ns)
-    } else {
-        a.arrival_ns
-    };
+    let deadline = a.preheat_deadline(now);
     let rep = match &p.split {
         Some(s) => {
             let mut refs: [&[AbsRun]; MAX_SPLIT] = [&[]; MAX_SPLIT];

@@ -34,6 +34,29 @@ impl From<CustomProtocol> for preheat_demo::CustomProtocol {
     }
 }
 
+/// Where the loopback's receive processing runs (`preheat_demo::SteerRx`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SteerRx {
+    /// Measure both (paired pilot rounds of one preheat mode) and keep steering only where it
+    /// was measured faster: it helps on some machines and hurts on others.
+    Auto,
+    /// Steer lo's receive processing to the server's CPU (RPS; root), as a NIC's interrupt
+    /// affinity would; restored afterwards.
+    On,
+    /// Leave it on the sending CPU (the kernel's default).
+    Off,
+}
+
+impl From<SteerRx> for preheat_demo::SteerRx {
+    fn from(s: SteerRx) -> Self {
+        match s {
+            SteerRx::Auto => Self::Auto,
+            SteerRx::On => Self::On,
+            SteerRx::Off => Self::Off,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct DemoArgs {
     /// Server to run the demo on (a catalog server); or give any server's command after `--`
@@ -107,6 +130,16 @@ pub struct DemoArgs {
     /// on the loopback (root, iproute2; a server after `--` must listen on 0.0.0.0; not mariadb).
     #[arg(long)]
     pub netns: bool,
+    /// Where the loopback's receive processing runs during the table (the machine's masks are
+    /// restored afterwards, also after a crash: the next run puts back what a killed one left).
+    #[arg(long, value_enum, default_value_t = SteerRx::Auto)]
+    pub steer_rx: SteerRx,
+    /// Where the agent runs: auto = inside the server where it loads, else outside it (a static
+    /// binary, a Go program: wake, replay and lines of its code and read-only data from a thread
+    /// on the server's CPU, busy periods from syscall tracepoints, root; no heap lines); inside =
+    /// refuse such a server; outside = outside even where it could load (to compare)
+    #[arg(long, default_value = "auto", value_parser = ["auto", "inside", "outside"])]
+    pub agent: String,
     /// Write all results (per-request records and the table) as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -138,6 +171,8 @@ impl DemoArgs {
             records: self.records,
             server_cpu: self.server_cpu,
             netns: self.netns,
+            steer_rx: self.steer_rx.into(),
+            agent: preheat_demo::AgentPlace::parse(&self.agent),
         }
     }
 }

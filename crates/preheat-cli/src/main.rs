@@ -23,11 +23,9 @@ mod topo;
 mod ws;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use preheat_launch::launch::tempdir;
 use preheat_launch::{agentctl, launch, paths, servers};
 use preheat_model::proto::{Announcement, Request, Strategies};
 use preheat_model::FilterParams;
@@ -276,6 +274,15 @@ struct RunArgs {
     /// (its pilot's). Without it, `auto` does wake+lines (counted as auto_unmeasured).
     #[arg(long, value_name = "FILE")]
     auto_choice: Option<PathBuf>,
+    /// Where the agent runs: auto = inside the server where it loads, else outside it (a static
+    /// binary, a Go program; root); inside = refuse such a server; outside = outside even where
+    /// it could load
+    #[arg(long, default_value = "auto", value_parser = ["auto", "inside", "outside"])]
+    agent: String,
+    /// Preheated from outside: the CPU the server is pinned to and the outside worker runs on
+    /// (default: the last CPU)
+    #[arg(long)]
+    cpu: Option<usize>,
     #[arg(last = true, required = true)]
     command: Vec<String>,
 }
@@ -317,6 +324,10 @@ fn main() {
     }
     // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
     preheat_demo::hot::restore_stale(&paths::run_dir());
+    // A demo killed by SIGKILL left lo's receive processing steered: put it back.
+    if let Err(e) = preheat_engine::rxsteer::restore_left() {
+        eprintln!("preheat: could not put back the receive steering a killed run left: {e}");
+    }
     if let Err(e) = run(cli) {
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
@@ -366,81 +377,20 @@ fn default_server_cpu() -> usize {
 }
 
 fn cmd_run(a: RunArgs) -> Result<()> {
-    let spec = launch::ServerSpec {
-        name: "server".into(),
-        argv: a.command.clone(),
+    let running = preheat_demo::run_server(&preheat_demo::RunServer {
+        command: a.command,
         port: a.port,
-        agent: true,
-        cpus: vec![],
-        env: vec![],
-        agent_only: None,
-        netns: None,
-    };
-    let auto = a
-        .auto_choice
-        .as_deref()
-        .map(preheat_demo::read_saved_choice)
-        .transpose()?;
-    let dir = tempdir("run")?;
-    let server = launch::start(spec, &paths::run_dir(), &dir, Duration::from_secs(20))
-        .inspect_err(|_| launch::remove_if_empty(&dir))?;
-    let pids = server.agent_pids();
-    let mut configured = 0;
-    for &pid in &pids {
-        let mut c = agentctl::AgentClient::connect(&server.run_dir, pid)?;
-        if let Some(p) = &a.profile {
-            let r = c.call(&Request::LoadProfile {
-                path: std::fs::canonicalize(p)?.to_string_lossy().into_owned(),
-            })?;
-            println!("pid {pid}: {}", serde_json::to_string(&r)?);
-        }
-        // A prefork server's master (and any process that does not serve the port) cannot open
-        // a replay connection it serves itself: said per process, an error only if none could.
-        if let Some(choice) = &auto {
-            c.call(&Request::SetAuto {
-                port: a.port,
-                strategies: Some(choice.strategies),
-            })?;
-        }
-        match c.call(&Request::Configure {
-            port: a.port,
-            replay: a.replay.as_deref().map(launch::unescape),
-            replay_until: Some(launch::unescape(&a.replay_until)),
-            split_cpus: vec![],
-            replay_via: None,
-        }) {
-            Ok(_) => configured += 1,
-            Err(e) if pids.len() > 1 => eprintln!("preheat: pid {pid} not configured: {e:#}"),
-            Err(e) => return Err(e),
-        }
+        profile: a.profile,
+        replay: a.replay,
+        replay_until: a.replay_until,
+        auto_choice: a.auto_choice,
+        agent: preheat_demo::AgentPlace::parse(&a.agent),
+        cpu: a.cpu.unwrap_or_else(default_server_cpu),
+    })?;
+    for line in &running.report {
+        println!("{line}");
     }
-    if configured == 0 && !pids.is_empty() {
-        bail!(
-            "no agent of the server could be configured for port {} (see above)",
-            a.port
-        );
-    }
-    match &auto {
-        Some(c) => println!("auto for port {}: {}", a.port, c.describe()),
-        None => println!(
-            "auto for port {}: {} (no measured choice: give --auto-choice a demo's --out file)",
-            a.port,
-            Strategies::AUTO_UNMEASURED.name()
-        ),
-    }
-    println!(
-        "server pid {} on port {} with agents {:?}; log {}; Ctrl-C stops it",
-        server.pid(),
-        a.port,
-        server.agent_pids(),
-        server.log.display()
-    );
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        if !std::path::Path::new(&format!("/proc/{}", server.pid())).exists() {
-            bail!("server exited; log:\n{}", server.log_tail());
-        }
-    }
+    running.wait()
 }
 
 fn cmd_announce(a: AnnounceArgs) -> Result<()> {

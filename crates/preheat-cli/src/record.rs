@@ -124,10 +124,17 @@ pub fn run(a: RecordArgs) -> Result<()> {
     if !rec.stats.lines_per_sample.is_empty() {
         print_probe_stats(&rec.stats);
     }
-    if rec.stats.cycles_repeated > 0 {
+    let st = &rec.stats;
+    let remapped = st.cycles_repeated - st.probe_reconnects;
+    if remapped > 0 {
         println!(
-            "probe: {} cycle(s) repeated because the server's mappings changed while it served the request",
-            rec.stats.cycles_repeated
+            "probe: {remapped} cycle(s) repeated because the server's mappings changed while it served the request"
+        );
+    }
+    if st.probe_reconnects > 0 {
+        println!(
+            "probe: {} cycle(s) repeated on a new probe connection because the server had closed the agent's (an idle timeout of its keep-alive connections)",
+            st.probe_reconnects
         );
     }
     if let Some(h) = rec.stats.hybrid {
@@ -185,6 +192,9 @@ fn print_probe_stats(st: &RecordStats) {
         "probe [measured]: stride {} over {}-page windows ({pilot}); threshold {} ticks (hit {}, miss {}; {} calibration(s))",
         st.stride, st.window_pages, st.threshold_ticks, st.hit_ticks_p50, st.miss_ticks_p50, st.calibrations
     );
+    for note in st.redo_notes() {
+        println!("probe [measured]: {note}");
+    }
     println!(
         "probe [measured]: {} KiB of candidates in {} chunk(s); lines seen per sample {}, per sample without a request {} ({:.1}% of the lines probed); {} lines seen in >= {} request-less samples removed",
         st.candidate_bytes / 1024,

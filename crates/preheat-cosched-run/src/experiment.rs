@@ -228,8 +228,10 @@ pub fn run(e: &ExperimentSpec, progress: &dyn Progress, say: &dyn Fn(&str)) -> R
         progress.label(&format!("{k} {s} {p} rep {}", rep + 1));
         let floor = noise_floors.iter().find(|f| f.kernel == k).map(|f| f.floor);
         let mut cell = measure_cell(e, cpus, (k.clone(), floor), s, p, rep, say)?;
-        // A void run: an instance made no progress in the measured window (guests that came
-        // up too far apart, so one computed alone before the others began): run it once more.
+        // A void run: an instance made no progress in the measured window, or too little to
+        // measure (guests that came up too far apart, so one computed alone before the others
+        // began, or the window they all computed in held under two of its progress reports):
+        // run it once more.
         if let Some(why) = void_run(&cell) {
             let again = measure_cell(e, cpus, (k.clone(), floor), s, p, rep, say)?;
             let still = void_run(&again);
@@ -311,8 +313,8 @@ fn void_rates(rates: &[(usize, f64)], window_s: f64, controller_start_s: f64) ->
         .collect();
     (!idle.is_empty()).then(|| {
         format!(
-            "an instance of VM {idle:?} made no progress in the {window_s:.1} s measured \
-             window (the controller started {controller_start_s:.1} s after the VMs)"
+            "an instance of VM {idle:?} made no measurable progress in the {window_s:.1} s \
+             measured window (the controller started {controller_start_s:.1} s after the VMs)"
         )
     })
 }

@@ -229,11 +229,19 @@ pub fn start(spec: &HostSpec, how: &Start<'_>) -> Result<Vec<LiveVm>> {
     Ok(out)
 }
 
+/// How long a guest may take to reach user space (~8–12 s under TCG here, two guests booting
+/// at once) before it is booted again.
+const BOOT_WAIT: Duration = Duration::from_secs(90);
+
 /// Boot the VMs that are QEMU guests, all at once, and wait until each one's user space is up
-/// (its kernel then starts); their vCPU threads are the `CPU n/…` threads.
+/// (its kernel then starts); their vCPU threads are the `CPU n/…` threads. A guest that does not
+/// come up within [`BOOT_WAIT`] is shut down and booted again, once, saying so on stderr (in one
+/// suite run of some dozens a TCG guest's kernel hung at boot, "soft lockup - CPU#1 stuck for
+/// 160s", before its init ran: not the workload's doing, and nothing measured yet).
 fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
     use preheat_guest::{Guest, GuestSpec, ImageSpec, Workload};
     let mut image = None;
+    let mut specs = Vec::new();
     for vm in vms.iter_mut() {
         let Some(g) = vm.spec.guest.clone() else {
             continue;
@@ -262,9 +270,29 @@ fn boot_guests(vms: &mut [LiveVm], how: &Start<'_>) -> Result<()> {
         vm.pid = guest.pid();
         vm.spec.threads = "CPU ".into();
         vm.guest = Some(guest);
+        specs.push(spec);
     }
-    for g in vms.iter_mut().filter_map(|vm| vm.guest.as_mut()) {
-        g.wait_up(Duration::from_secs(180))?;
+    let mut specs = specs.into_iter();
+    for vm in vms.iter_mut().filter(|vm| vm.guest.is_some()) {
+        let spec = specs.next().context("a guest without its spec")?;
+        let Some(Err(e)) = vm.guest.as_mut().map(|g| g.wait_up(BOOT_WAIT)) else {
+            continue;
+        };
+        let why = format!("{e:#}");
+        eprintln!(
+            "preheat: {}: the guest did not come up ({}); booting it again, once",
+            vm.name,
+            why.lines().next().unwrap_or_default()
+        );
+        // Shut down (its drop) before the new one starts.
+        vm.guest = None;
+        let image = image.as_ref().context("a guest without its image")?;
+        let mut guest = Guest::start(image, &spec)?;
+        vm.pid = guest.pid();
+        guest
+            .wait_up(BOOT_WAIT)
+            .with_context(|| format!("booted again after: {why}"))?;
+        vm.guest = Some(guest);
     }
     Ok(())
 }

@@ -42,13 +42,15 @@ pub(crate) struct CustomServer<'a> {
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl CustomServer<'_> {
-    /// Start the server pinned to `cpus` with the agent attached (in `netns` if given: it must
-    /// listen on 0.0.0.0 or the namespace's address there), and learn its workload.
+    /// Start the server pinned to `cpus`, with the agent attached if `agent` (in `netns` if
+    /// given: it must listen on 0.0.0.0 or the namespace's address there), and learn its
+    /// workload.
     pub fn start(
         &self,
         dir: &Path,
         cpus: Vec<usize>,
         netns: Option<Arc<VethHost>>,
+        agent: bool,
     ) -> Result<(Server, Workload)> {
         let Some(port) = self.port else {
             bail!("a server given by its command needs --port (the port it listens on)");
@@ -67,7 +69,7 @@ impl CustomServer<'_> {
             name,
             argv: self.command.to_vec(),
             port,
-            agent: true,
+            agent,
             cpus,
             env: vec![],
             agent_only: None,

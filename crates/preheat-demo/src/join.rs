@@ -11,7 +11,7 @@
 //! given the profile and the warm-up and announced to from the next request on, and the sample
 //! is counted as not reaching a preheated process (it did not).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 use preheat_launch::agentctl::AgentClient;
@@ -26,7 +26,8 @@ pub(crate) const SLACK_NS: u64 = 10_000;
 /// What a joining agent is given, and the agents that may still join.
 pub(crate) struct Join {
     pub port: u16,
-    pub profile: PathBuf,
+    /// The working set (`None`: none recorded, the agent is outside the server).
+    pub profile: Option<PathBuf>,
     /// The warm-up request and the end of its reply, where the announced agents replay.
     pub warm_up: Option<(Option<String>, Option<String>)>,
     /// (pid, agent) of the server's processes not announced to yet.
@@ -35,29 +36,26 @@ pub(crate) struct Join {
     pub joined: Vec<u32>,
 }
 
-/// Give the agent `c` the profile at `profile` and, where the demo replays, `port`'s warm-up.
-pub(crate) fn configure(
-    c: &mut AgentClient,
-    port: u16,
-    profile: &Path,
-    warm_up: Option<&(Option<String>, Option<String>)>,
-) -> Result<()> {
-    c.call(&Request::LoadProfile {
-        path: profile.to_string_lossy().into_owned(),
-    })?;
-    if let Some((replay, replay_until)) = warm_up {
-        c.call(&Request::Configure {
-            port,
-            replay: replay.clone(),
-            replay_until: replay_until.clone(),
-            split_cpus: vec![],
-            replay_via: None,
-        })?;
-    }
-    Ok(())
-}
-
 impl Join {
+    /// Give the agent `c` what every announced agent gets: the working set and the warm-up.
+    pub fn give(&self, c: &mut AgentClient) -> Result<()> {
+        if let Some(profile) = &self.profile {
+            c.call(&Request::LoadProfile {
+                path: profile.to_string_lossy().into_owned(),
+            })?;
+        }
+        if let Some((replay, replay_until)) = &self.warm_up {
+            c.call(&Request::Configure {
+                port: self.port,
+                replay: replay.clone(),
+                replay_until: replay_until.clone(),
+                split_cpus: vec![],
+                replay_via: None,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The spare that served the request sent at `t_send` (its busy period started then),
     /// configured and taken out of the spares; `None` when none did.
     pub fn served_by_spare(&mut self, t_send: u64) -> Result<Option<(u32, AgentClient)>> {
@@ -73,7 +71,7 @@ impl Join {
             return Ok(None);
         };
         let (pid, mut c) = self.spares.remove(i);
-        configure(&mut c, self.port, &self.profile, self.warm_up.as_ref())?;
+        self.give(&mut c)?;
         self.joined.push(pid);
         Ok(Some((pid, c)))
     }

@@ -3,27 +3,35 @@
 //!   `auto`, measure interleaved rounds of every mode, compute the table ([`Output`]);
 //! * [`render`] – the table as text; [`DemoParams`] – what a run is asked for;
 //! * [`hot`] – the hot floor: every CPU kept out of idle while a warm request is served;
-//! * [`read_saved_choice`] – a demo's `auto` choice read back from its `--out` JSON.
+//! * [`read_saved_choice`] – a demo's `auto` choice read back from its `--out` JSON;
+//! * `steer` – where the loopback's receive processing runs (`--steer-rx`), chosen by a pilot;
+//! * `outside` – the agent inside the server or, where it cannot load, outside it (`--agent`);
+//! * [`run_server`] – `preheat run`: a server kept running with its agent inside or outside it.
 //!
-//! Modules in one direction: `hot custom params mode` ← `join` ← `measure table` ← `pilot` ← `run` ←
-//! `render`; `saved` stands alone.
+//! Modules in one direction: `hot custom params mode` ← `join outside` ← `measure table` ←
+//! `pilot steer` ← `run` ← `render`; `saved` ← `runner` (with `outside`).
 
 mod custom;
 pub mod hot;
 mod join;
 mod measure;
 mod mode;
+mod outside;
 mod params;
 mod pilot;
 mod render;
 mod run;
+mod runner;
 mod saved;
+mod steer;
 mod table;
 
 pub use custom::CustomProtocol;
 pub use mode::Sample;
-pub use params::DemoParams;
+pub use params::{AgentPlace, DemoParams};
 pub use render::render;
 pub use run::{run, Output, Skipped};
+pub use runner::{run_server, RunServer, Running};
 pub use saved::{parse_saved_choice, read_saved_choice, SavedChoice};
+pub use steer::{SteerChoice, SteerRx};
 pub use table::{Decomposition, FloorCheck, Row};

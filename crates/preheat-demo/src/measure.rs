@@ -111,6 +111,9 @@ impl Bench<'_> {
             k.hold();
         }
         self.client.request_ok()?;
+        // The wire stage: the kernel stamps the connection's sends (enabled once; a connection
+        // reopened inside the request is not stamped and gives none).
+        self.client.stamp_sends();
         let sweep_us = self.go_cold(mode)?;
         let announced = mode.announced();
         let before = match announced {
@@ -121,6 +124,7 @@ impl Bench<'_> {
         let t_send = self.announce(announced.unwrap_or(Strategies::NONE));
         let ok = self.client.request()?;
         let t_done = preheat_engine::time::now_ns();
+        let wire = self.client.sent_at_ns();
         if let Some(k) = hot {
             k.release();
         }
@@ -134,6 +138,9 @@ impl Bench<'_> {
             (t_done - t_send) as f64 / 1e3,
             sweep_us,
         );
+        if let Some(w) = wire.filter(|&w| w <= t_done) {
+            s.wire_us = (w as f64 - t_send as f64).max(0.0) / 1e3;
+        }
         // Give the server thread and the agent's worker time to finish their bookkeeping (the
         // busy period ends when the server waits again) before reading it.
         std::thread::sleep(Duration::from_micros(300));

@@ -68,6 +68,10 @@ pub struct Sample {
     /// agent saw), relative to the send time (announced modes: the announced arrival), µs.
     /// Every mode has it: the first stage of the response time (arrival and wake-up).
     pub server_start_us: f64,
+    /// When the request left the client's transmit path (the kernel's software transmit stamp
+    /// at the network device, loopback or veth), relative to the send time, µs; part of
+    /// `server_start_us`. NaN where the client's socket gives no stamp.
+    pub wire_us: f64,
     pub sweep_us: f64,
     /// Preheat modes: the preheated process's busy periods of the port grew while this sample
     /// was measured — false where no request of it reached that process (another process, a
@@ -95,6 +99,7 @@ impl Sample {
             worker_lead_us: 0.0,
             trigger_lead_us: 0.0,
             server_start_us: f64::NAN,
+            wire_us: f64::NAN,
             sweep_us,
             served_by_preheated: None,
         }

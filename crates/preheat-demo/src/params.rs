@@ -54,6 +54,35 @@ pub struct DemoParams {
     /// Run the server in a network namespace of its own, reached over a veth pair, instead of
     /// on the loopback (root and iproute2; [`preheat_engine::netns`]).
     pub netns: bool,
+    /// Where the loopback's receive processing runs: measured (default), steered to the server's
+    /// CPU, or left on the sender's ([`crate::SteerRx`]).
+    pub steer_rx: crate::SteerRx,
+    /// Where the agent runs: inside the server where it loads, else outside (default).
+    pub agent: AgentPlace,
+}
+
+/// Where the demo's agent runs (`--agent`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentPlace {
+    /// Inside the server (`LD_PRELOAD`) wherever the pre-flight says it loads; outside a server
+    /// given by its command that it cannot enter (a static binary, a Go program).
+    Auto,
+    /// Inside only: a server the agent cannot enter is refused.
+    Inside,
+    /// Outside, even where it could load (to compare the two on one server).
+    Outside,
+}
+
+impl AgentPlace {
+    /// `inside` or `outside`; anything else is [`AgentPlace::Auto`] (the CLI offers only the
+    /// three names).
+    pub fn parse(s: &str) -> AgentPlace {
+        match s {
+            "inside" => AgentPlace::Inside,
+            "outside" => AgentPlace::Outside,
+            _ => AgentPlace::Auto,
+        }
+    }
 }
 
 impl Default for DemoParams {
@@ -79,6 +108,8 @@ impl Default for DemoParams {
             records: None,
             server_cpu: None,
             netns: false,
+            steer_rx: crate::SteerRx::Auto,
+            agent: AgentPlace::Auto,
         }
     }
 }

@@ -18,7 +18,6 @@ fn pct(v: Option<f64>) -> String {
 
 /// The text `preheat demo` prints for `o` (without `--json`), each line ending in a newline.
 pub fn render(o: &Output) -> String {
-    let ws = &o.ws;
     let mut out = String::new();
     // One line of the text (`w!()`: an empty one); writing to a String cannot fail.
     macro_rules! w {
@@ -34,15 +33,15 @@ pub fn render(o: &Output) -> String {
         "{} — response time, µs [measured on this machine: {}; server CPU {}, client CPU {}; {} rounds; lead {} µs; over {}]",
         o.server, o.machine, o.server_cpu, o.client_cpu, o.rounds, o.lead_us, o.transport
     );
-    if let Some(r) = &o.record {
-        w!(
-            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
-            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
-        );
+    if let Some(s) = &o.steer_rx {
+        w!("{}", s.describe());
+    }
+    for line in record_lines(o) {
+        w!("{line}");
     }
     let floor = o.rows.first().map_or("warm", |r| r.floor);
     w!(
-        "{:<26} {:>4} {:>20} {:>7} {:>7} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+        "{:<26} {:>4} {:>20} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8}",
         "mode",
         "n",
         "p50 (95% CI)",
@@ -50,6 +49,8 @@ pub fn render(o: &Output) -> String {
         "mean",
         "removed",
         "vs warm",
+        "@wire",
+        "wire",
         "start",
         "serve",
         "start rm",
@@ -58,7 +59,7 @@ pub fn render(o: &Output) -> String {
     for r in &o.rows {
         let l = &r.latency;
         w!(
-            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>8} {:>8} {:>7} {:>7} {:>8} {:>8}",
+            "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>8} {:>8} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8}",
             r.mode,
             l.n,
             format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
@@ -66,6 +67,8 @@ pub fn render(o: &Output) -> String {
             l.mean,
             pct(r.overhead_removed),
             pct(r.removed_vs_warm),
+            pct(r.removed_from_wire),
+            opt(r.wire_us_p50, 1),
             opt(r.start_us_p50, 1),
             opt(r.serve_us_p50, 1),
             pct(r.start_removed),
@@ -73,39 +76,8 @@ pub fn render(o: &Output) -> String {
         );
     }
     w!();
-    w!(
-        "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
-        "preheat mode",
-        "WS KiB",
-        "runs",
-        "enc B",
-        "preheat",
-        "GB/s",
-        "done",
-        "lead t/w",
-        "server start"
-    );
-    for r in o.rows.iter().filter(|r| r.mode.starts_with("preheat:")) {
-        w!(
-            "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
-            r.mode,
-            opt(r.ws_kib, 1),
-            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
-            r.encoded_bytes
-                .map(|x| x.to_string())
-                .unwrap_or_else(|| "-".into()),
-            opt(r.preheat_us_p50, 1),
-            opt(r.gb_per_s, 2),
-            pct(r.completed_share),
-            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
-                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
-                _ => "-".into(),
-            },
-            match (r.server_start_us_p50, r.server_start_us_p99) {
-                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
-                _ => "-".into(),
-            },
-        );
+    for line in preheat_lines(o) {
+        w!("{line}");
     }
     w!();
     for r in &o.rows {
@@ -125,6 +97,9 @@ pub fn render(o: &Output) -> String {
             d.wakeup_us.map_or("-".into(), |x| format!("{x:.1} µs")),
             d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
         );
+    }
+    if let Some(line) = residual_line(o) {
+        w!("{line}");
     }
     if let Some(h) = &o.hot_floor {
         w!("hot = warm caches, {h}.");
@@ -151,6 +126,71 @@ pub fn render(o: &Output) -> String {
         w!("{line}");
     }
     out
+}
+
+/// The recording's line and what its probe had to redo.
+fn record_lines(o: &Output) -> Vec<String> {
+    let mut out = String::new();
+    let ws = &o.ws;
+    macro_rules! w {
+        ($($t:tt)*) => {{
+            let _ = writeln!(out, $($t)*);
+        }};
+    }
+    if let Some(why) = &o.outside {
+        w!("agent outside the server: {why}");
+    }
+    if let Some(r) = &o.record {
+        w!(
+            "working set [measured, probe backend, keep >= k of {} samples]: {:.1} KiB, {} lines, {} runs, {} encoded bytes (raw {} B at 4 B/line); {} requests in {:.1} s",
+            r.samples, ws.kib, ws.lines, ws.runs, ws.encoded_bytes, ws.raw_bytes, r.requests_sent, r.seconds
+        );
+        for note in r.redo_notes() {
+            w!("  {note}");
+        }
+    }
+    out.lines().map(String::from).collect()
+}
+
+/// The preheat modes' table: working set, preheat time and rate, completion, leads, the
+/// server's start.
+fn preheat_lines(o: &Output) -> Vec<String> {
+    let mut v = Vec::new();
+    v.push(format!(
+        "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
+        "preheat mode",
+        "WS KiB",
+        "runs",
+        "enc B",
+        "preheat",
+        "GB/s",
+        "done",
+        "lead t/w",
+        "server start"
+    ));
+    for r in o.rows.iter().filter(|r| r.mode.starts_with("preheat:")) {
+        v.push(format!(
+            "{:<26} {:>7} {:>5} {:>6} {:>8} {:>6} {:>6} {:>9} {:>12}",
+            r.mode,
+            opt(r.ws_kib, 1),
+            r.runs.map(|x| x.to_string()).unwrap_or_else(|| "-".into()),
+            r.encoded_bytes
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
+            opt(r.preheat_us_p50, 1),
+            opt(r.gb_per_s, 2),
+            pct(r.completed_share),
+            match (r.trigger_lead_us_p50, r.worker_lead_us_p50) {
+                (Some(t), Some(w)) => format!("{t:.0}/{w:.0}"),
+                _ => "-".into(),
+            },
+            match (r.server_start_us_p50, r.server_start_us_p99) {
+                (Some(a), Some(b)) => format!("{a:.0}/{b:.0}"),
+                _ => "-".into(),
+            },
+        ));
+    }
+    v
 }
 
 /// What the demo did for a server with several worker processes: whom it announced to, and
@@ -197,6 +237,30 @@ fn auto_notes(o: &Output) -> Vec<String> {
     out
 }
 
+/// Where the remaining gap of the preheat mode that removed most (auto where it ran) lies,
+/// stage by stage.
+fn residual_line(o: &Output) -> Option<String> {
+    let rows = || o.rows.iter().filter(|r| r.residual.is_some());
+    let r = rows().find(|r| r.mode == "preheat:auto").or_else(|| {
+        rows().max_by(|a, b| {
+            let k = |r: &crate::table::Row| r.overhead_removed.unwrap_or(f64::MIN);
+            k(a).total_cmp(&k(b))
+        })
+    })?;
+    let d = r.residual.as_ref()?;
+    let us = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:+.1} µs"));
+    Some(match d.wire_us {
+        Some(_) => format!(
+            "left above the {} floor by {}: {:+.1} µs = wire (the client's own transmit) {} + start after the wire (the server's side) {} + serve {} [p50 differences, measured]",
+            r.floor, r.mode, d.total_us, us(d.wire_us), us(d.server_start_us), us(d.serve_us)
+        ),
+        None => format!(
+            "left above the {} floor by {}: {:+.1} µs = start {} + serve {} [p50 differences, measured; no transmit stamps from this client's socket]",
+            r.floor, r.mode, d.total_us, us(d.server_start_us), us(d.serve_us)
+        ),
+    })
+}
+
 /// What every column and share of the table means (the lines after it).
 fn legend(o: &Output, floor: &str) -> Vec<String> {
     let mut v = Vec::new();
@@ -205,8 +269,9 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
     } else {
         v.push(format!("removed = (cold-sweep p50 − mode p50) / (cold-sweep p50 − {floor} p50); vs warm = the same against warm (caches warm, CPUs not kept awake: above 100% where a mode also removed the wake-up);"));
     }
-    v.push(format!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client side is the same in every row;", lead = o.lead_us));
+    v.push(format!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client does the same in every row (its transmit path can still be colder: see wire);", lead = o.lead_us));
     v.push("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;".into());
+    v.push("wire = send → the request leaves the client's transmit path (the kernel's software transmit stamp at the network device), part of start: the client's own path, which a cold-making step on the server's CPU can also cool where the CPUs share caches; @wire = removed, computed on each response time less its wire (from the request on the wire on: the paper's measure, its client on another machine);".into());
     v.push("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);".into());
     v.push("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.".into());
     v.push("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);".into());

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use preheat_model::proto::{ReplayVia, Request, Strategies};
+use preheat_model::proto::{ReplayVia, Reply, Request, Strategies};
 use rand::seq::SliceRandom;
 use serde::Serialize;
 
@@ -43,7 +43,7 @@ use preheat_launch::progress::Progress;
 use preheat_launch::servers;
 
 use crate::custom;
-use crate::join::{configure, Join};
+use crate::join::Join;
 use crate::measure::Bench;
 use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
 use crate::params::DemoParams;
@@ -77,6 +77,8 @@ pub struct Output {
     /// How requests reach the server: the loopback, or a veth pair into the network namespace
     /// the server runs in (checked on the server's process).
     pub transport: String,
+    /// Where the loopback's receive processing ran, and why (`None`: not decided, no pilot).
+    pub steer_rx: Option<crate::SteerChoice>,
     pub record: Option<RecordStats>,
     pub prepared: preheat_lab::servers::Prepared,
     /// Whether a hardware PMU exists; CPI is only measured with one (`null` otherwise).
@@ -90,6 +92,9 @@ pub struct Output {
     pub floor_check: Option<FloorCheck>,
     /// What the `wake` strategy ran as (the calibrated mechanism).
     pub wake_mechanism: String,
+    /// `None`: the agent ran inside the server; else how the server was preheated from outside
+    /// it (the agent cannot be loaded into it, or `--agent outside`).
+    pub outside: Option<String>,
     /// This boot's keep-awake calibration (`None`: it failed; see skipped).
     pub calibration: Option<preheat_wake::calibrate::Calibration>,
     /// What `auto` chose, from which pilot (`None`: auto was not asked for).
@@ -127,16 +132,31 @@ fn wanted_modes(a: &DemoParams) -> Result<Vec<Mode>> {
     Ok(wanted)
 }
 
-/// Start the catalog server or the command after `--`, pinned to `server_cpu` with the agent.
+/// Start the catalog server or the command after `--`, pinned to `server_cpu`, with the agent
+/// inside it or (`outside::place`) outside it.
+#[allow(clippy::type_complexity)]
 fn start_server(
     a: &DemoParams,
     dir: &std::path::Path,
-    server_cpu: usize,
+    (server_cpu, client_cpu): (usize, usize),
 ) -> Result<(
     preheat_launch::launch::Server,
     servers::Workload,
     preheat_lab::servers::Prepared,
+    Option<preheat_outside::OutsideAgent>,
 )> {
+    let outside_why = crate::outside::place(a.agent, &a.command, a.netns, "demo")?;
+    let inside = outside_why.is_none();
+    let shown = if a.command.is_empty() {
+        a.server.name().to_string()
+    } else {
+        a.command.join(" ")
+    };
+    eprintln!(
+        "demo: starting {shown} on CPU {server_cpu}{} and loading its data; client on CPU \
+         {client_cpu}",
+        if inside { " with the agent" } else { "" }
+    );
     let netns = if a.netns {
         let ns = VethHost::create().map_err(|e| anyhow::anyhow!("--netns: {e}"))?;
         eprintln!(
@@ -149,14 +169,21 @@ fn start_server(
     } else {
         None
     };
+    let attach = |server: &preheat_launch::launch::Server| {
+        outside_why
+            .clone()
+            .map(|why| crate::outside::attach(server, server_cpu, why, "demo"))
+            .transpose()
+    };
     if a.command.is_empty() {
         let at = servers::Placement {
             cpus: vec![server_cpu],
-            agent: true,
+            agent: inside,
             netns,
         };
         let started = servers::start(a.server, None, dir, at)?;
-        return Ok((started.server, started.workload, started.prepared));
+        let outside = attach(&started.server)?;
+        return Ok((started.server, started.workload, started.prepared, outside));
     }
     let custom = custom::CustomServer {
         command: &a.command,
@@ -165,11 +192,14 @@ fn start_server(
         request: a.request.as_deref(),
         until: &a.until,
     };
-    let (server, w) = custom.start(dir, vec![server_cpu], netns)?;
-    Ok((server, w, Default::default()))
+    let (server, w) = custom.start(dir, vec![server_cpu], netns, inside)?;
+    let outside = attach(&server)?;
+    Ok((server, w, Default::default(), outside))
 }
 
-/// Record the working set (or take `--profile`), and load it into the agent of `pid`.
+/// Record the working set (or take `--profile`) and load it into the agent of `pid`: its
+/// file, the recording's statistics, its size.
+#[allow(clippy::type_complexity)]
 fn estimate(
     a: &DemoParams,
     server: &preheat_launch::launch::Server,
@@ -178,7 +208,7 @@ fn estimate(
     client: &mut servers::Requester,
     dir: &std::path::Path,
     progress: &dyn Progress,
-) -> Result<(PathBuf, Option<RecordStats>)> {
+) -> Result<(Option<PathBuf>, Option<RecordStats>, preheat_model::WsStats)> {
     let port = server.spec.port;
     let (path, stats) = match &a.profile {
         Some(p) => (relabel_port(p, port, dir)?, None),
@@ -201,10 +231,36 @@ fn estimate(
             (path, Some(rec.stats))
         }
     };
-    AgentClient::connect(&server.run_dir, pid)?.call(&Request::LoadProfile {
+    let loaded = AgentClient::connect(&server.run_dir, pid)?.call(&Request::LoadProfile {
         path: path.to_string_lossy().into_owned(),
     })?;
-    Ok((path, stats))
+    // Regions the agent could not use (from outside the server: its anonymous memory).
+    if let Reply::Loaded {
+        skipped_regions, ..
+    } = &loaded
+    {
+        for s in skipped_regions.iter().take(4) {
+            eprintln!("demo: the profile's {s}");
+        }
+        if skipped_regions.len() > 4 {
+            eprintln!(
+                "demo: and {} more of the profile's regions skipped",
+                skipped_regions.len() - 4
+            );
+        }
+    }
+    let ws = working_set(&path, port)?;
+    Ok((Some(path), stats, ws))
+}
+
+/// The strategies `auto` may choose from: `wake`, `lines`, `replay` where the warm-up was
+/// configured.
+fn available(replay: bool) -> Strategies {
+    let mut s = Strategies::WAKE.union(Strategies::LINES);
+    if replay {
+        s = s.union(Strategies::REPLAY);
+    }
+    s
 }
 
 /// The workload's warm-up request and the end of its reply, as the agent's `Configure` takes
@@ -277,17 +333,13 @@ fn configure_replay(
 fn choose_auto(
     bench: &mut Bench<'_>,
     modes: &mut [Mode],
-    can_replay: bool,
+    available: Strategies,
     rounds: usize,
     progress: &dyn Progress,
 ) -> Result<Option<preheat_model::auto::AutoChoice>> {
     let Some(slot) = modes.iter_mut().find(|m| matches!(m, Mode::Auto(_))) else {
         return Ok(None);
     };
-    let mut available = Strategies::WAKE.union(Strategies::LINES);
-    if can_replay {
-        available = available.union(Strategies::REPLAY);
-    }
     let cands = pilot::candidates(available);
     eprintln!(
         "demo: auto: piloting {} candidates against none, {rounds} rounds",
@@ -422,15 +474,8 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
 
     let scratch = preheat_launch::launch::scratch_dir("demo")?;
     let dir = scratch.path().to_path_buf();
-    let shown = if a.command.is_empty() {
-        a.server.name().to_string()
-    } else {
-        a.command.join(" ")
-    };
-    eprintln!(
-        "demo: starting {shown} on CPU {server_cpu} with the agent and loading its data; client on CPU {client_cpu}"
-    );
-    let (server, w, prepared) = start_server(a, &dir, server_cpu)?;
+    let (server, w, prepared, outside) = start_server(a, &dir, (server_cpu, client_cpu))?;
+    let outside_why = outside.as_ref().map(|o| o.describe());
     let port = server.spec.port;
     let mut client = w.connect(server.addr())?;
     let mut skipped = Vec::new();
@@ -445,11 +490,14 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     // per worker).
     let serving = find_serving(&server, &mut client)?;
     let pid = serving.primary;
-    let (profile_path, rec_stats) = estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
-    let ws_stats = working_set(&profile_path, port)?;
+    // Outside the server the same recording runs through the outside agent's probe, on the
+    // server's file-backed read-only memory only (`preheat_outside::probe`).
+    let (profile_path, rec_stats, ws_stats) =
+        estimate(a, &server, pid, &w, &mut client, &dir, recording)?;
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
     let can_replay = configure_replay(&mut agent, &w, &server, &mut modes, &mut skipped)?;
-    let (others, join) = configure_others(&server, &serving, &profile_path, &w, can_replay)?;
+    let (others, join) =
+        configure_others(&server, &serving, profile_path.as_deref(), &w, can_replay)?;
     let mut bench = Bench {
         client,
         agent,
@@ -468,14 +516,10 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         sweep_ns_recent: 5_000_000,
         bad_replies: 0,
     };
-    let auto = choose_auto(
-        &mut bench,
-        &mut modes,
-        can_replay,
-        a.pilot_rounds,
-        measuring,
-    )?;
-    let samples = measure_rounds(&mut bench, &modes, a.rounds, a.records.as_ref(), measuring)?;
+    let loopback = server.spec.netns.is_none();
+    let available = available(can_replay);
+    let (auto, steer_rx, samples) =
+        pilots_and_rounds(a, &mut bench, &mut modes, available, loopback, measuring)?;
 
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
@@ -496,6 +540,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         server_cpu,
         client_cpu,
         transport: transport(&server, can_replay),
+        steer_rx,
         record: rec_stats,
         prepared,
         pmu: preheat_engine::topology::has_pmu(),
@@ -503,7 +548,8 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         skipped,
         hot_floor,
         floor_check: floor_check(&samples),
-        wake_mechanism: wake.describe(),
+        wake_mechanism: crate::outside::wake_mechanism(outside_why.is_some(), wake),
+        outside: outside_why,
         calibration,
         auto,
         decomposition: decomposition(&samples),
@@ -512,6 +558,38 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         samples,
         ws: ws_stats,
     })
+}
+
+/// `auto`'s pilot, the receive-steering choice, then the table's rounds (steering put back
+/// after them).
+#[allow(clippy::type_complexity)]
+fn pilots_and_rounds(
+    a: &DemoParams,
+    bench: &mut Bench<'_>,
+    modes: &mut [Mode],
+    available: Strategies,
+    loopback: bool,
+    measuring: &dyn Progress,
+) -> Result<(
+    Option<preheat_model::auto::AutoChoice>,
+    Option<crate::SteerChoice>,
+    Vec<Sample>,
+)> {
+    let (steering, mut steer_rx) = crate::steer::open(a.steer_rx, loopback, bench.server_cpu);
+    let auto = choose_auto(bench, modes, available, a.pilot_rounds, measuring)?;
+    if let Some(s) = &steering {
+        steer_rx = Some(crate::steer::decide(
+            a.steer_rx,
+            s,
+            bench,
+            modes,
+            a.pilot_rounds,
+        )?);
+    }
+    let samples = measure_rounds(bench, modes, a.rounds, a.records.as_ref(), measuring)?;
+    // The machine's receive path back as it was before anything else happens.
+    drop(steering);
+    Ok((auto, steer_rx, samples))
 }
 
 /// How requests reach `server` (see [`Output::transport`]), and where a replay's warm-ups come
@@ -565,13 +643,13 @@ fn find_serving(
 fn configure_others(
     server: &preheat_launch::launch::Server,
     serving: &preheat_estimate::serving::Serving,
-    profile: &Path,
+    profile: Option<&Path>,
     w: &servers::Workload,
     replay: bool,
 ) -> Result<(Vec<AgentClient>, Join)> {
     let mut join = Join {
         port: server.spec.port,
-        profile: profile.to_path_buf(),
+        profile: profile.map(Path::to_path_buf),
         warm_up: replay.then(|| warm_up_request(w)),
         spares: Vec::new(),
         joined: Vec::new(),
@@ -579,7 +657,7 @@ fn configure_others(
     let mut out = Vec::new();
     for &pid in serving.all.iter().filter(|p| **p != serving.primary) {
         let mut c = AgentClient::connect(&server.run_dir, pid)?;
-        configure(&mut c, join.port, &join.profile, join.warm_up.as_ref())?;
+        join.give(&mut c)?;
         out.push(c);
     }
     for pid in server.agent_pids() {

@@ -20,6 +20,11 @@
 //!   whatever the caches lost, the kernel's send path and the client's receive). Each stage's
 //!   share removed is computed like the total's, on that stage's p50s. The cold overhead's
 //!   decomposition: wake-up = control − hot, cache and kernel-path loss = cold-sweep − control.
+//!   *Wire* (send → the request leaves the client's transmit path, from the kernel's software
+//!   transmit stamp) is the client's own part of *start*: on a machine whose CPUs share caches
+//!   with each other the cold-making step on the server's CPU can also cool the client's path,
+//!   which no preheating on the server's side can remove. Each preheat mode's [`Residual`]
+//!   splits what it leaves above the floor into wire, the rest of start, and serve.
 
 use preheat_model::proto::Strategies;
 use serde::Serialize;
@@ -35,9 +40,15 @@ pub struct Row {
     pub overhead_removed: Option<f64>,
     /// The same share against warm (caches warm, CPUs not kept awake), beside it.
     pub removed_vs_warm: Option<f64>,
+    /// The share removed from the wire on: computed like `overhead_removed` on each request's
+    /// response time less its wire stage (the client's own transmit), where stamps exist; the
+    /// paper's quantity, whose client sits on another machine.
+    pub removed_from_wire: Option<f64>,
     /// The floor of `overhead_removed`: "hot" or "warm" (no hot floor measured).
     pub floor: &'static str,
-    /// Stage p50s, µs: send → server thread runs, and server thread runs → reply read.
+    /// Stage p50s, µs: send → the request is on the wire (the client's transmit; part of
+    /// start), send → server thread runs, and server thread runs → reply read.
+    pub wire_us_p50: Option<f64>,
     pub start_us_p50: Option<f64>,
     pub serve_us_p50: Option<f64>,
     /// Share removed of each stage's cold overhead (against the floor's stage p50).
@@ -56,6 +67,20 @@ pub struct Row {
     /// Server thread start − announced arrival, µs: p50 and p99.
     pub server_start_us_p50: Option<f64>,
     pub server_start_us_p99: Option<f64>,
+    /// A preheat mode: what it leaves above the floor, by stage.
+    pub residual: Option<Residual>,
+}
+
+/// What a mode leaves above the floor, µs, by stage (differences of the stages' p50s, so the
+/// parts need not add up to the total exactly).
+#[derive(Debug, Clone, Serialize)]
+pub struct Residual {
+    pub total_us: f64,
+    /// The client's own transmit path (wire), where the client's socket gives stamps.
+    pub wire_us: Option<f64>,
+    /// The rest of start: on the wire → the server thread runs (start alone without stamps).
+    pub server_start_us: Option<f64>,
+    pub serve_us: Option<f64>,
 }
 
 /// The cold overhead and its split by cause, µs (p50 differences).
@@ -158,10 +183,15 @@ fn paired_share(samples: &[Sample], floor: &str, mode: &str) -> Option<f64> {
     }
 }
 
-/// The p50s of one mode: total, start stage, serve stage.
+/// The p50s of one mode: total, wire (part of start), start stage, start after the wire,
+/// serve stage.
 struct Stages {
     total: Option<f64>,
+    /// Response time less the wire stage.
+    from_wire: Option<f64>,
+    wire: Option<f64>,
     start: Option<f64>,
+    after_wire: Option<f64>,
     serve: Option<f64>,
 }
 
@@ -171,8 +201,16 @@ fn stages(samples: &[Sample], name: &str) -> Stages {
         .iter()
         .filter(|s| s.server_start_us.is_finite())
         .collect();
+    let wired = || with_start.iter().filter(|s| s.wire_us.is_finite());
     Stages {
         total: median(mine.iter().map(|s| s.latency_us).collect()),
+        wire: median(wired().map(|s| s.wire_us).collect()),
+        from_wire: median(wired().map(|s| s.latency_us - s.wire_us).collect()),
+        after_wire: median(
+            wired()
+                .map(|s| (s.server_start_us - s.wire_us).max(0.0))
+                .collect(),
+        ),
         start: median(
             with_start
                 .iter()
@@ -230,6 +268,11 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
             } else {
                 share(cold.total, fl.total, st.total)
             });
+            let from_wire = pick(if mixed {
+                None
+            } else {
+                share(cold.from_wire, fl.from_wire, st.from_wire)
+            });
             let start_removed = pick(share(cold.start, fl.start, st.start));
             let serve_removed = pick(share(cold.serve, fl.serve, st.serve));
             let vs_warm = if matches!(m, Mode::Hot | Mode::Warm | Mode::ColdSweep) {
@@ -241,6 +284,7 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
             };
             let flags = [
                 ("removed", removed, floor_name),
+                ("removed from the wire", from_wire, floor_name),
                 ("start removed", start_removed, floor_name),
                 ("serve removed", serve_removed, floor_name),
                 ("removed vs warm", vs_warm, "warm"),
@@ -270,7 +314,9 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
                 latency,
                 overhead_removed: removed,
                 removed_vs_warm: vs_warm,
+                removed_from_wire: from_wire,
                 floor: floor_name,
+                wire_us_p50: st.wire,
                 start_us_p50: st.start,
                 serve_us_p50: st.serve,
                 start_removed,
@@ -286,13 +332,31 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
                 trigger_lead_us_p50: None,
                 server_start_us_p50: None,
                 server_start_us_p99: None,
+                residual: None,
             };
-            if let Mode::Preheat(st) | Mode::Auto(st) = m {
-                preheat_columns(&mut row, *st, samples, &mine, ws);
+            if let Mode::Preheat(s) | Mode::Auto(s) = m {
+                preheat_columns(&mut row, *s, samples, &mine, ws);
+                row.residual = residual(&st, &fl);
             }
             row
         })
         .collect()
+}
+
+/// What `mode` leaves above the floor `fl`, by stage (`None` without both totals).
+fn residual(mode: &Stages, fl: &Stages) -> Option<Residual> {
+    let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
+    let wire = d(mode.wire, fl.wire);
+    Some(Residual {
+        total_us: d(mode.total, fl.total)?,
+        wire_us: wire,
+        server_start_us: if wire.is_some() {
+            d(mode.after_wire, fl.after_wire)
+        } else {
+            d(mode.start, fl.start)
+        },
+        serve_us: d(mode.serve, fl.serve),
+    })
 }
 
 /// The columns of a preheating mode (`st`: its strategies) in `row`, from its samples `mine`:
@@ -398,6 +462,69 @@ mod tests {
 
     fn sample(mode: &str, round: usize, kind: &str, latency_us: f64) -> Sample {
         Sample::new(mode.into(), round, kind.into(), latency_us, 0.0)
+    }
+
+    /// A mode that leaves 10 µs above hot, 8 of them in the client's own transmit (wire): the
+    /// residual names the stages, and the share from the wire on sees the server's part.
+    #[test]
+    fn the_wire_splits_what_a_mode_leaves() {
+        let mut s = Vec::new();
+        // (mode, total, wire, server start) per sample; serve = total − start.
+        let modes = [
+            ("hot", 20.0, 2.0, 10.0),
+            ("warm", 26.0, 2.0, 16.0),
+            ("cold-sweep", 120.0, 20.0, 75.0),
+            ("preheat:replay", 30.0, 10.0, 19.0),
+        ];
+        for r in 0..7 {
+            for &(m, total, wire, start) in &modes {
+                let mut x = sample(m, r, "request", total + r as f64 * 0.1);
+                x.wire_us = wire;
+                x.server_start_us = start;
+                s.push(x);
+            }
+        }
+        let ws = preheat_model::WorkingSet::default().stats();
+        let rows = table(
+            &[
+                Mode::Hot,
+                Mode::Warm,
+                Mode::ColdSweep,
+                Mode::Preheat(Strategies::REPLAY),
+            ],
+            &s,
+            &ws,
+        );
+        let p = rows.iter().find(|r| r.mode == "preheat:replay").unwrap();
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-6;
+        assert!(close(p.overhead_removed, 0.9), "{:?}", p.overhead_removed);
+        // From the wire on: hot 18, cold 100, mode 20 → 80/82.
+        assert!(
+            close(p.removed_from_wire, 80.0 / 82.0),
+            "{:?}",
+            p.removed_from_wire
+        );
+        assert!(close(p.wire_us_p50, 10.0));
+        let d = p.residual.as_ref().unwrap();
+        assert!((d.total_us - 10.0).abs() < 1e-6);
+        assert!(close(d.wire_us, 8.0));
+        assert!(close(d.server_start_us, 1.0), "{d:?}");
+        assert!(close(d.serve_us, 1.0), "{d:?}");
+        // Baselines have neither.
+        let hot = rows.iter().find(|r| r.mode == "hot").unwrap();
+        assert!(hot.removed_from_wire.is_none() && hot.residual.is_none());
+        // Without stamps: no wire, no share from it, start alone in the residual.
+        for x in &mut s {
+            x.wire_us = f64::NAN;
+        }
+        let rows = table(&[Mode::Hot, Mode::Preheat(Strategies::REPLAY)], &s, &ws);
+        let p = rows.iter().find(|r| r.mode == "preheat:replay").unwrap();
+        assert!(p.removed_from_wire.is_none() && p.wire_us_p50.is_none());
+        let d = p.residual.as_ref().unwrap();
+        assert!(
+            d.wire_us.is_none() && close(d.server_start_us, 9.0),
+            "{d:?}"
+        );
     }
 
     /// Five rounds of a cheap kind, four of a costly one (1 ms dearer); within every round but

@@ -22,6 +22,7 @@
 //! | [`perf`] | counting events of a thread or process (`perf_event_open`): IPC and misses per instruction where a PMU exists |
 //! | [`workloads`] | the cache-affinity bundled workloads (chase ≈ mcf, stream ≈ art, branchy ≈ gcc) |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
+//! | [`fileview`] | another process's read-only file-backed memory mapped here (the same page-cache lines): probing and preheating it from outside |
 //! | [`elf`] | ELF file and program headers: class, machine, interpreter (is a program dynamically linked?) |
 //! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
 //!
@@ -90,6 +91,7 @@ pub mod basevec;
 pub mod cache;
 pub mod codegen;
 pub mod elf;
+pub mod fileview;
 pub mod guard;
 pub mod host;
 pub mod idle;
@@ -102,11 +104,13 @@ pub mod pidlock;
 pub mod preheat;
 pub mod probe;
 pub mod procstat;
+pub mod rxsteer;
 pub mod sched;
 pub mod steptrace;
 pub mod sweep;
 pub mod time;
 pub mod topology;
+pub mod txstamp;
 pub mod workloads;
 
 /// Serialises the cache-timing test against the rest of the suite: the flush+reload test holds

@@ -27,6 +27,18 @@ pub fn get_affinity() -> Vec<usize> {
     crate::sched::thread_affinity(0).unwrap_or_default()
 }
 
+/// Run `f` with the calling thread pinned to `cpu`, then give the thread back the affinity mask
+/// it had. Fails without running `f` where the thread cannot be pinned there.
+pub fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> io::Result<T> {
+    let old = get_affinity();
+    pin_current_thread(cpu)?;
+    let r = f();
+    if !old.is_empty() {
+        set_affinity(&old)?;
+    }
+    Ok(r)
+}
+
 /// The CPU the calling thread runs on (sched_getcpu; rseq/vDSO-backed, no syscall on recent
 /// kernels). Returns 0 if the call fails. Hot path: allocation-free.
 #[inline]

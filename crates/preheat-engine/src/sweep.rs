@@ -83,13 +83,7 @@ impl EvictionBuffer {
     /// Sweep from `cpu`: pin the calling thread there, [`sweep`](Self::sweep), then restore
     /// the thread's previous affinity mask (also if pinning fails half-way). Returns elapsed ns.
     pub fn sweep_on_cpu(&self, cpu: usize) -> io::Result<u64> {
-        let old = crate::os::get_affinity();
-        crate::os::pin_current_thread(cpu)?;
-        let ns = self.sweep();
-        if !old.is_empty() {
-            crate::os::set_affinity(&old)?;
-        }
-        Ok(ns)
+        crate::os::on_cpu(cpu, || self.sweep())
     }
 }
 

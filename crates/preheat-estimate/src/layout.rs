@@ -13,6 +13,13 @@
 //! every [`CANDIDATES`] layout, and [`pick`] takes the cheapest whose share of lines read as
 //! hits ties the lowest. A user's `--stride`/`--window-pages` skip the pilot.
 //!
+//! A pilot can still mislead: on the Xeon host the default layout's request-less samples read
+//! 0.6% in one pilot, 7–31% in nine others, and 18–43% in eight recordings forced onto it (one of
+//! them kept 7361 lines where the wider layout keeps ~220). So a trial counts its *worst* sample,
+//! and a recording whose own request-less samples read more than [`UNRELIABLE_SHARE`] of their
+//! lines as hits is taken again with the next wider layout ([`wider`]); where none is left, the
+//! recording says its estimate is unreliable.
+//!
 //! The share left after the choice also sets the noise vote ([`noise_k`]): a line counts as the
 //! agent's own noise only if it shows up in more request-less samples than random false hits
 //! would put it in, so a request's lines are not subtracted as noise on a CPU whose probe
@@ -59,11 +66,40 @@ pub const PILOT_CHUNKS: usize = 4;
 /// counts as equal; the cheapest of those is chosen.
 pub const TIE: f64 = 1.5;
 
+/// A share of untouched lines read as hits above which a recording's estimate is unreliable
+/// (false hits in every sample survive the vote): on the Xeon host the wider layout read 0.9–6.0%
+/// in ten recordings, the default one 4.5% once and 18–43% otherwise.
+pub const UNRELIABLE_SHARE: f64 = 0.10;
+
+/// The layout to take a recording's samples again with: the next wider one, where the pilot
+/// chose `l` (`chosen_by_pilot`) and the recording's request-less samples read more than
+/// [`UNRELIABLE_SHARE`] of their lines as hits (`hit_share`). A user's layout is kept.
+pub fn retry(l: Layout, chosen_by_pilot: bool, hit_share: f64) -> Option<Layout> {
+    (chosen_by_pilot && hit_share > UNRELIABLE_SHARE)
+        .then(|| wider(l))
+        .flatten()
+}
+
+/// The next candidate after `l` (wider, dearer), if any.
+pub fn wider(l: Layout) -> Option<Layout> {
+    let i = CANDIDATES.iter().position(|c| *c == l)?;
+    CANDIDATES.get(i + 1).copied()
+}
+
 /// Chance, per line the server really touches, that random false hits alone make it look like
 /// the agent's own noise ([`noise_k`]).
 pub const NOISE_ALPHA: f64 = 0.01;
 
-/// One candidate's pilot: the median share of probed lines read as hits without a request.
+/// A layout a recording gave up on: the share of untouched lines its request-less samples
+/// read as hits.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Retried {
+    pub layout: Layout,
+    pub hit_share: f64,
+}
+
+/// One candidate's pilot: the largest share of probed lines read as hits by one of its
+/// request-less samples (the worst: see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Trial {
     pub layout: Layout,
@@ -118,6 +154,29 @@ mod tests {
         assert_eq!(pick(&[t(0, 0.004), t(1, 0.0)]), CANDIDATES[0]);
         assert_eq!(pick(&[t(0, 0.006), t(1, 0.0)]), CANDIDATES[1]);
         assert_eq!(pick(&[]), DEFAULT);
+    }
+
+    #[test]
+    fn each_layout_but_the_widest_has_a_wider_one() {
+        assert_eq!(wider(CANDIDATES[0]), Some(CANDIDATES[1]));
+        assert_eq!(wider(CANDIDATES[1]), None);
+        let other = Layout {
+            stride: 3,
+            window_pages: 8,
+        };
+        assert_eq!(wider(other), None);
+    }
+
+    #[test]
+    fn only_a_pilot_s_layout_that_reads_too_many_false_hits_is_retried() {
+        // The Xeon host's recording forced onto the default: 42.5% of untouched lines as hits.
+        assert_eq!(retry(CANDIDATES[0], true, 0.425), Some(CANDIDATES[1]));
+        // The wider layout's worst recording there (6.0%), and the default at its best (4.5%).
+        assert_eq!(retry(CANDIDATES[1], true, 0.060), None);
+        assert_eq!(retry(CANDIDATES[0], true, 0.045), None);
+        // Nothing wider left, or the user's own layout: kept (and called unreliable).
+        assert_eq!(retry(CANDIDATES[1], true, 0.5), None);
+        assert_eq!(retry(CANDIDATES[0], false, 0.5), None);
     }
 
     #[test]

@@ -67,6 +67,16 @@ pub struct RecordStats {
     pub layout_trials: Vec<Trial>,
     /// Median share of probed lines read as hits in the request-less samples.
     pub noise_hit_share: f64,
+    /// The pilot's layout, given up on because it read more than
+    /// [`crate::layout::UNRELIABLE_SHARE`] of untouched lines as hits (the samples were taken
+    /// again with the next wider layout).
+    pub layout_retried: Option<crate::layout::Retried>,
+    /// The samples were taken once more after a new calibration, because those before read
+    /// this share of untouched lines as hits with the pilot's layout (and any wider one).
+    pub retaken: Option<f64>,
+    /// The recording's request-less samples still read more than that: false hits in every
+    /// sample survive the vote, so the working set holds lines no request touches.
+    pub unreliable: bool,
     /// The noise vote used: lines in at least this many request-less samples were removed.
     pub noise_k: u32,
     /// Threshold calibrations the agent was asked for (more than one: an earlier one did not
@@ -93,6 +103,54 @@ pub struct RecordStats {
     /// Probe cycles repeated because the agent skipped them: the server's mappings changed
     /// while it served the request (its allocator returned memory, say).
     pub cycles_repeated: u64,
+    /// Of those, cycles repeated on a new probe connection because the server had closed the
+    /// agent's (an idle timeout of its keep-alive connections).
+    pub probe_reconnects: u64,
+}
+
+impl RecordStats {
+    /// What the probe had to take again, and a warning where its estimate stays unreliable:
+    /// one sentence each, for `record` and the demo.
+    pub fn redo_notes(&self) -> Vec<String> {
+        let limit = 100.0 * crate::layout::UNRELIABLE_SHARE;
+        let mut v = Vec::new();
+        if let Some(r) = &self.layout_retried {
+            v.push(format!(
+                "stride {} over {}-page windows read {:.1}% of untouched lines as hits in the \
+                 recording's request-less samples (more than {limit:.0}%): the samples were \
+                 taken again with stride {} over {}-page windows",
+                r.layout.stride,
+                r.layout.window_pages,
+                100.0 * r.hit_share,
+                self.stride,
+                self.window_pages
+            ));
+        }
+        if let Some(share) = self.retaken {
+            v.push(format!(
+                "the samples read {:.1}% of untouched lines as hits: taken again after a new \
+                 calibration",
+                100.0 * share
+            ));
+        }
+        if self.unreliable {
+            v.push(format!(
+                "WARNING: the probe read {:.1}% of untouched lines as hits in the recording's \
+                 request-less samples (more than {limit:.0}%): false hits in every sample \
+                 survive the vote, so this working set holds lines no request touches (try \
+                 `--backend step` or `hybrid`, or record again)",
+                100.0 * self.noise_hit_share
+            ));
+        }
+        v
+    }
+
+    /// Forget what the samples saw, before they are taken again.
+    pub(crate) fn restart_samples(&mut self) {
+        self.lines_per_sample.clear();
+        self.lines_per_noise_sample.clear();
+        self.unmapped_hits = 0;
+    }
 }
 
 pub struct Recording {
@@ -113,4 +171,33 @@ pub struct HybridStats {
     pub step_non_exec_dropped: u64,
     /// Lines of either profile whose region is no longer mapped at merge time.
     pub unmapped_dropped: u64,
+}
+
+#[cfg(test)]
+mod redo_tests {
+    use super::*;
+    use crate::layout::{Retried, CANDIDATES};
+
+    #[test]
+    fn the_redo_notes_say_what_was_taken_again() {
+        let mut st = RecordStats::default();
+        assert!(st.redo_notes().is_empty());
+        st.layout_retried = Some(Retried {
+            layout: CANDIDATES[0],
+            hit_share: 0.425,
+        });
+        st.stride = CANDIDATES[1].stride;
+        st.window_pages = CANDIDATES[1].window_pages;
+        st.retaken = Some(0.89);
+        st.unreliable = true;
+        st.noise_hit_share = 0.5;
+        let n = st.redo_notes();
+        assert_eq!(n.len(), 3, "{n:?}");
+        assert!(
+            n[0].starts_with("stride 2 over 16-page windows read 42.5%"),
+            "{n:?}"
+        );
+        assert!(n[0].ends_with("stride 4 over 64-page windows"), "{n:?}");
+        assert!(n[1].contains("89.0%") && n[2].starts_with("WARNING") && n[2].contains("50.0%"));
+    }
 }

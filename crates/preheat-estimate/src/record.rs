@@ -130,7 +130,8 @@ pub fn record_probe(
     run.window_pages = chosen.window_pages.max(1);
     stats.stride = run.stride;
     stats.window_pages = run.window_pages;
-    let (samples, noise) = run.samples(p, &table, &mut stats, progress)?;
+    let (samples, noise) = run.checked_samples(p, chosen, &table, &mut stats, progress)?;
+    stats.unreliable = stats.noise_hit_share > layout::UNRELIABLE_SHARE;
     // The model's median (the lower middle of an even sample); 0 without a window.
     let windows_us: Vec<f64> = run.windows.iter().map(|w| *w as f64 / 1e3).collect();
     stats.window_us_p50 = preheat_model::stats::summarize(&windows_us).p50;
@@ -346,11 +347,49 @@ impl ProbeRun<'_> {
             }
             trials.push(Trial {
                 layout: l,
-                hit_share: preheat_model::stats::median(&shares).unwrap_or(1.0),
+                hit_share: shares.iter().copied().fold(f64::NAN, f64::max),
                 samples: layout::PILOT_SAMPLES,
             });
         }
         Ok(trials)
+    }
+
+    /// The recording's samples ([`ProbeRun::samples`]), taken again where they read too many
+    /// untouched lines as hits: with the next wider layout where the pilot chose `chosen`, then
+    /// once after a new calibration (see [`layout`]).
+    fn checked_samples(
+        &mut self,
+        p: &RecordParams,
+        chosen: Layout,
+        table: &RegionTable,
+        stats: &mut RecordStats,
+        progress: &dyn Progress,
+    ) -> Result<(Vec<LineSet>, Vec<LineSet>)> {
+        let (mut samples, mut noise) = self.samples(p, table, stats, progress)?;
+        // A layout the pilot chose that reads too many false hits in the recording itself: take
+        // the samples again with the next wider one (see `layout`).
+        if let Some(next) = layout::retry(chosen, p.layout.is_none(), stats.noise_hit_share) {
+            stats.layout_retried = Some(layout::Retried {
+                layout: chosen,
+                hit_share: stats.noise_hit_share,
+            });
+            self.stride = next.stride;
+            self.window_pages = next.window_pages;
+            stats.stride = next.stride;
+            stats.window_pages = next.window_pages;
+            stats.restart_samples();
+            (samples, noise) = self.samples(p, table, stats, progress)?;
+        }
+        // The pilot's layout (or the wider one after it) still reads most untouched lines as hits:
+        // not the layout but a threshold or a host disturbed meanwhile (the Xeon host once read 89%
+        // with both layouts). Calibrate anew and take the samples once more.
+        if p.layout.is_none() && stats.noise_hit_share > layout::UNRELIABLE_SHARE {
+            stats.retaken = Some(stats.noise_hit_share);
+            self.threshold = calibrate(&mut self.agent, stats)?;
+            stats.restart_samples();
+            (samples, noise) = self.samples(p, table, stats, progress)?;
+        }
+        Ok((samples, noise))
     }
 
     /// The recording's samples, `p.filter.n` with the request and as many without (with
@@ -441,8 +480,9 @@ impl ProbeRun<'_> {
     }
 
     /// One probe cycle of chunk `ci` at stride phase `phase`. A cycle the agent skipped (the
-    /// mappings changed under it) is repeated, at most MAX_CYCLE_REPEATS times in a row;
-    /// anything else fails the recording.
+    /// mappings changed under it) is repeated, and one whose probe connection the server closed
+    /// (an idle timeout of its keep-alive connections) is repeated on a new one, at most
+    /// MAX_CYCLE_REPEATS times in a row; anything else fails the recording.
     fn cycle(
         &mut self,
         ci: usize,
@@ -471,16 +511,24 @@ impl ProbeRun<'_> {
             } else {
                 self.agent.call(&cycle)
             };
-            match r {
-                Err(e)
-                    if attempt < MAX_CYCLE_REPEATS
-                        && format!("{e:#}").ends_with(preheat_model::proto::ROUND_SKIPPED) =>
-                {
-                    attempt += 1;
-                    stats.cycles_repeated += 1;
-                }
-                r => return r,
+            let why = match &r {
+                Err(e) if attempt < MAX_CYCLE_REPEATS => format!("{e:#}"),
+                _ => return r,
+            };
+            if why.ends_with(preheat_model::proto::ROUND_SKIPPED) {
+                stats.cycles_repeated += 1;
+            } else if !self.external && why.ends_with(preheat_model::proto::PROBE_CONN_CLOSED) {
+                stats.cycles_repeated += 1;
+                stats.probe_reconnects += 1;
+                self.agent.call(&Request::ProbeConnect {
+                    port: self.port,
+                    request: self.request.clone(),
+                    until: self.until.clone(),
+                })?;
+            } else {
+                return r;
             }
+            attempt += 1;
         }
     }
 }

@@ -108,7 +108,13 @@ pub fn install_cleanup() {
     };
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            eprintln!("\npreheat: signal {sig}: stopping the processes it started");
+            // Not eprintln!: it panics where stderr is a closed pipe (a caller that went away),
+            // and this thread must get to the cleanup and the exit whatever stderr is.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\npreheat: signal {sig}: stopping the processes it started"
+            );
             SIGNALLED.store(sig, std::sync::atomic::Ordering::SeqCst);
             let hooks: Vec<fn()> = HOOKS.lock().map(|v| v.clone()).unwrap_or_default();
             for h in hooks {
@@ -123,6 +129,7 @@ pub fn install_cleanup() {
                 let _ = std::fs::remove_dir_all(d);
             }
             preheat_engine::netns::remove_own();
+            preheat_engine::rxsteer::restore_own();
             std::process::exit(128 + sig);
         }
     });
@@ -253,6 +260,12 @@ pub struct Server {
 impl Server {
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Whether the server process has exited (reaped here, so an exited one is never mistaken
+    /// for a running one by its zombie's `/proc` entry).
+    pub fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     /// The server process and its descendants.
@@ -501,12 +514,25 @@ pub fn start(
 pub struct Client {
     s: TcpStream,
     buf: Vec<u8>,
+    /// When the requests reached the wire, once asked for ([`Client::stamp_sends`]).
+    stamps: preheat_engine::txstamp::SendStamps,
 }
 
 /// How long a reply may take before the client gives up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Client {
+    /// Ask the kernel to stamp this connection's requests as they reach the wire (software
+    /// transmit stamps); false where it cannot.
+    pub fn stamp_sends(&mut self) -> bool {
+        self.stamps.enable(std::os::fd::AsRawFd::as_raw_fd(&self.s))
+    }
+
+    /// When the last request reached the wire (`CLOCK_MONOTONIC` ns), where stamped.
+    pub fn sent_at_ns(&self) -> Option<u64> {
+        self.stamps.last_ns()
+    }
+
     pub fn connect(addr: SocketAddr) -> Result<Client> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
             .with_context(|| format!("connecting to {addr}"))?;
@@ -515,6 +541,7 @@ impl Client {
         Ok(Client {
             s,
             buf: Vec::with_capacity(64 * 1024),
+            stamps: Default::default(),
         })
     }
 
@@ -539,6 +566,8 @@ impl Client {
                 Err(e) => return Err(e).context("sending the request"),
             }
         }
+        // Before the reply (see `SendStamps`).
+        self.stamps.sent(std::os::fd::AsRawFd::as_raw_fd(&self.s));
         self.buf.clear();
         let mut chunk = [0u8; 16384];
         loop {

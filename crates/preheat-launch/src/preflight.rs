@@ -54,6 +54,10 @@ pub struct Refusal {
     pub program: String,
     pub reason: String,
     pub fix: String,
+    /// Whether the server can be preheated from outside instead (`preheat-outside`): a program
+    /// of the agent's class and machine whose requests its hooks cannot see — statically
+    /// linked, or Go.
+    pub outside: bool,
 }
 
 impl fmt::Display for Refusal {
@@ -113,6 +117,7 @@ fn refuse(program: &str, reason: impl Into<String>, fix: impl Into<String>) -> R
         program: program.to_string(),
         reason: reason.into(),
         fix: fix.into(),
+        outside: false,
     }
 }
 
@@ -363,29 +368,35 @@ fn go_refusal(program: &str, path: &Path, f: &ElfFile, g: &GoBuild, needs: Needs
              JVM)",
         ),
     };
-    refuse(
-        program,
-        format!(
-            "{} is a {linked}Go program{}: {load}, {why}",
-            path.display(),
-            go_detail(g)
-        ),
-        fix,
-    )
+    Refusal {
+        outside: true,
+        ..refuse(
+            program,
+            format!(
+                "{} is a {linked}Go program{}: {load}, {why}",
+                path.display(),
+                go_detail(g)
+            ),
+            fix,
+        )
+    }
 }
 
 fn static_refusal(program: &str, path: &Path, f: &ElfFile) -> Refusal {
     let pie = if f.has_dynamic() { " (static-pie)" } else { "" };
-    refuse(
-        program,
-        format!(
-            "{} is statically linked{pie}: it has no dynamic linker, and only the dynamic linker \
-             reads LD_PRELOAD",
-            path.display()
-        ),
-        "link it dynamically: C/C++ without -static, Rust for a -gnu target without \
-         +crt-static",
-    )
+    Refusal {
+        outside: true,
+        ..refuse(
+            program,
+            format!(
+                "{} is statically linked{pie}: it has no dynamic linker, and only the dynamic \
+                 linker reads LD_PRELOAD",
+                path.display()
+            ),
+            "link it dynamically: C/C++ without -static, Rust for a -gnu target without \
+             +crt-static",
+        )
+    }
 }
 
 /// Why running `path` would turn on secure execution ([`secure_reason`] for this process and

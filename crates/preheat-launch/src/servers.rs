@@ -159,6 +159,26 @@ impl Requester {
         }
     }
 
+    /// Ask the kernel to stamp this connection's requests as they reach the wire (the demo's
+    /// *wire* stage); false where it cannot (TPC-C-like sessions). A connection opened anew
+    /// inside a request (a server that closes its connections) is not stamped.
+    pub fn stamp_sends(&mut self) -> bool {
+        match self {
+            Requester::Lab { driver, .. } => driver.stamp_sends(),
+            Requester::Raw { client, .. } => client.stamp_sends(),
+            Requester::Tpcc { .. } => false,
+        }
+    }
+
+    /// When the last request reached the wire (`CLOCK_MONOTONIC` ns), where stamped.
+    pub fn sent_at_ns(&self) -> Option<u64> {
+        match self {
+            Requester::Lab { driver, .. } => driver.sent_at_ns(),
+            Requester::Raw { client, .. } => client.sent_at_ns(),
+            Requester::Tpcc { .. } => None,
+        }
+    }
+
     /// Send one request; a wrong reply is an error.
     pub fn request_ok(&mut self) -> Result<()> {
         if !self.request()? {

@@ -197,6 +197,8 @@ fn verdicts_match_real_runs_for_static_dynamic_and_scripts() {
     let stat = stat.display().to_string();
     let text = b.agrees(Path::new(&stat), false, "statically linked");
     assert!(text.contains("without -static"), "says what to do: {text}");
+    // The demo preheats it from outside instead; a dynamic program is never refused.
+    assert!(b.check(Path::new(&stat)).unwrap_err().outside);
     let stat_p = Path::new(&stat);
     let script = write(d, "static.sh", &format!("#!{stat}\n"), 0o755);
     b.agrees_via(&script, stat_p, false, "statically linked");
@@ -307,7 +309,10 @@ fn files_that_are_no_program_are_refused_and_really_fail() {
     let Some(b) = build() else { return };
     let d = b.dir.path();
     let refused = |p: &Path, word: &str| {
-        let e = b.check(p).unwrap_err().to_string();
+        let r = b.check(p).unwrap_err();
+        // No program the outside agent could stand in for either.
+        assert!(!r.outside, "{}: {r}", p.display());
+        let e = r.to_string();
         assert!(e.contains(word), "{}: {e}", p.display());
         assert!(b.loads(p).is_err(), "{} cannot be started", p.display());
     };
@@ -441,6 +446,10 @@ fn real_go_programs_static_bare_and_dynamic() {
     )
     .unwrap();
     assert!(b.loads(&dynamic).unwrap(), "the probe loads into it");
+    // Any Go program can be preheated from outside instead (the demo's default).
+    for p in [&stat, &bare, &dynamic] {
+        assert!(b.check(p).unwrap_err().outside, "{}", p.display());
+    }
     let e = b.check(&dynamic).unwrap_err().to_string();
     assert!(
         e.contains("is a Go program (go1.")

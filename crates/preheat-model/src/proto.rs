@@ -138,6 +138,11 @@ impl Strategies {
 /// mappings changed while it served the request (the CLI repeats such a cycle).
 pub const ROUND_SKIPPED: &str = "round skipped";
 
+/// How a probe cycle's error ends when the server closed the agent's probe connection (an idle
+/// timeout of its keep-alive connections: Node's is 5 s): the client connects the probe anew
+/// and repeats the cycle.
+pub const PROBE_CONN_CLOSED: &str = "server closed the probe connection";
+
 pub const ANNOUNCE_MAGIC: [u8; 4] = *b"PHAN";
 pub const ANNOUNCE_VERSION: u8 = 1;
 pub const ANNOUNCE_LEN: usize = 40;
@@ -170,6 +175,20 @@ pub enum AnnounceError {
 }
 
 impl Announcement {
+    /// When a `lines` walk that starts at `now_ns` must stop: `budget_ns` after the send (after
+    /// `now_ns` where the sender gave no send time) where there is a budget, else the arrival.
+    pub fn preheat_deadline(&self, now_ns: u64) -> u64 {
+        if self.budget_ns == 0 {
+            return self.arrival_ns;
+        }
+        let base = if self.sent_ns > 0 {
+            self.sent_ns
+        } else {
+            now_ns
+        };
+        base.saturating_add(self.budget_ns)
+    }
+
     pub fn encode(&self) -> [u8; ANNOUNCE_LEN] {
         let mut b = [0u8; ANNOUNCE_LEN];
         b[0..4].copy_from_slice(&ANNOUNCE_MAGIC);
@@ -331,6 +350,30 @@ pub enum Request {
     CommReport,
 }
 
+impl Request {
+    /// The request's name on the wire (its `cmd`), for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Status => "status",
+            Request::Candidates => "candidates",
+            Request::Calibrate => "calibrate",
+            Request::ProbeFlush { .. } => "probe_flush",
+            Request::ProbeReload { .. } => "probe_reload",
+            Request::ProbeCycle { .. } => "probe_cycle",
+            Request::ProbeConnect { .. } => "probe_connect",
+            Request::LoadProfile { .. } => "load_profile",
+            Request::UnloadProfile => "unload_profile",
+            Request::Configure { .. } => "configure",
+            Request::SetAuto { .. } => "set_auto",
+            Request::SetEnabled { .. } => "set_enabled",
+            Request::CommStart { .. } => "comm_start",
+            Request::CommStop => "comm_stop",
+            Request::CommReset => "comm_reset",
+            Request::CommReport => "comm_report",
+        }
+    }
+}
+
 fn one() -> u32 {
     1
 }
@@ -461,6 +504,26 @@ pub enum Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_walk_stops_at_the_arrival_or_at_its_budget() {
+        let a = Announcement {
+            strategies: Strategies::LINES,
+            port: 1,
+            seq: 0,
+            arrival_ns: 1_000,
+            sent_ns: 0,
+            budget_ns: 0,
+        };
+        assert_eq!(a.preheat_deadline(500), 1_000);
+        let budget = Announcement { budget_ns: 30, ..a };
+        assert_eq!(budget.preheat_deadline(500), 530, "no send time: from now");
+        let sent = Announcement {
+            sent_ns: 400,
+            ..budget
+        };
+        assert_eq!(sent.preheat_deadline(500), 430, "from the send");
+    }
 
     #[test]
     fn announcement_roundtrip_and_rejects() {

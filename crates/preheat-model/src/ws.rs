@@ -152,7 +152,7 @@ pub struct WorkingSet {
 
 /// Size metrics of a working set, including the paper's (§3.3: "14528 bytes (one 32-bit address
 /// per 64-byte cache line) down to 4596 bytes").
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct WsStats {
     /// Lines covered by the runs (after gap merge: including merged-in gap lines).
     pub lines: u64,

@@ -387,6 +387,12 @@ impl Tracker {
         });
     }
 
+    /// The periods that ended since the last call (in the order they ended), for a tracker fed
+    /// live; [`Tracker::finish`] then returns only those not taken.
+    pub fn take_periods(&mut self) -> Vec<Period> {
+        std::mem::take(&mut self.periods)
+    }
+
     /// The periods found so far (in the order they ended) and the stream's counts; periods
     /// still open are counted in `open_at_end`.
     pub fn finish(mut self) -> (Vec<Period>, StreamCounts) {

@@ -90,6 +90,8 @@ pub struct Observer {
     known_tids: Vec<u32>,
     threshold: u32,
     polls: u32,
+    /// The tracker of [`Observer::take_periods`] (live analysis), made at its first call.
+    live: Option<Tracker>,
 }
 
 /// The last pid the kernel allocated (in our pid namespace).
@@ -245,6 +247,7 @@ impl Observer {
             known_tids: Vec::new(),
             threshold: 0,
             polls: 0,
+            live: None,
         };
         match o.opts.mechanism {
             Mechanism::PerThread => o.open_per_thread()?,
@@ -397,6 +400,27 @@ impl Observer {
             // A process that exited meanwhile: nothing to refresh; the report says what was seen.
             let _ = self.refresh_filter();
         }
+    }
+
+    /// Live analysis: drain the ring buffers, feed what they held (in time order) to a tracker
+    /// kept across calls, and return the busy periods that ended since the last call. A
+    /// session uses this or [`Observer::finish`]'s analysis at the end, not both. Events are
+    /// ordered within one drain; a thread's events stay in order across drains (each CPU's
+    /// buffer is drained whole), a hand-off between threads on two CPUs can be seen one drain
+    /// late.
+    pub fn take_periods(&mut self) -> Vec<Period> {
+        self.poll();
+        let mut ev = std::mem::take(&mut self.events);
+        ev.sort_by_key(|e| e.time_ns);
+        let (listening, connections) = (&self.listening, &self.connections);
+        let tr = self.live.get_or_insert_with(|| {
+            let mut t = Tracker::new();
+            listening.iter().for_each(|fd| t.add_listener(*fd));
+            connections.iter().for_each(|fd| t.add_connection(*fd));
+            t
+        });
+        ev.iter().for_each(|e| tr.feed(e));
+        tr.take_periods()
     }
 
     /// Stop, drain and analyse.

@@ -247,9 +247,10 @@ fn check_hand_off(r: &Report) {
     // Every reply was written in a hand-off period of the writer. A period answers more than
     // one request when the next one was queued before the writer waited again (the writer
     // preempted between its send and its next `queue.get`: alone on an idle machine ~1 in 40,
-    // beside the other tests up to 1 in 3), so the periods are at most N.
+    // beside the other tests up to 3 in 4 — 40 replies in 9 periods in one suite run), so the
+    // periods are at most N; how many fewer is the scheduler's business, not this test's.
     assert_eq!(writer.hand_off_replies, N, "{:#?}", r.threads);
-    assert!((N / 4..=N).contains(&writer.hand_off), "{:#?}", r.threads);
+    assert!((1..=N).contains(&writer.hand_off), "{:#?}", r.threads);
     assert_eq!(writer.read, 0);
     // The requests were read by the two reader threads (one per connection; the second one
     // was created after attach, so it is followed through inheritance).

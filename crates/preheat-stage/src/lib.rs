@@ -217,7 +217,12 @@ fn run_proxy(a: ProxyArgs) -> Result<()> {
     let sig = signals.forever().next();
     signals.handle().close();
     if let Some(sig) = sig {
-        eprintln!("preheat stage: signal {sig}: releasing what is buffered and stopping");
+        // Not eprintln!: a closed stderr (the caller went away) must not stop the shutdown.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "preheat stage: signal {sig}: releasing what is buffered and stopping"
+        );
     }
     let counters = stage.shutdown();
     if a.json {

@@ -329,6 +329,29 @@ pub fn wait_port(port: u16, child: &mut std::process::Child) -> Result<u16, Stri
     }
 }
 
+/// A child `preheat` command stopped as a user would when this goes out of scope, also when the
+/// test panics: SIGTERM (its handler stops the processes it started), reaped, and SIGKILL only
+/// if it has not exited within 10 s.
+pub struct TermOnDrop(pub std::process::Child);
+
+impl Drop for TermOnDrop {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = preheat_engine::os::send_signal(self.0.id(), libc::SIGTERM, false);
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_secs(10) {
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A child process killed (SIGKILL) and reaped when this goes out of scope, also when the test
 /// panics.
 pub struct KillOnDrop(pub std::process::Child);

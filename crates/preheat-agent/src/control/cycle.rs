@@ -388,7 +388,7 @@ pub(super) fn exchange(
             return Err("probe reply larger than 1 MiB without its terminator".into());
         }
         match sys::recv_nonblocking(fd, &mut buf[got..]) {
-            Ok(0) => return Err("server closed the probe connection".into()),
+            Ok(0) => return Err(preheat_model::proto::PROBE_CONN_CLOSED.into()),
             Ok(n) => {
                 got += n;
                 if buf[..got].ends_with(until) {

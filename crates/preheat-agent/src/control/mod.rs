@@ -253,7 +253,7 @@ impl Control {
                 }
             }
         };
-        let name = request_name(&req);
+        let name = req.name();
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req))) {
             Ok(Ok(r)) => r,
             Ok(Err(message)) => Reply::Error { message },
@@ -440,25 +440,4 @@ fn set_enabled(enabled: bool) {
         "agent {} by request",
         if enabled { "enabled" } else { "disabled" }
     ));
-}
-
-fn request_name(r: &Request) -> &'static str {
-    match r {
-        Request::Status => "status",
-        Request::Candidates => "candidates",
-        Request::Calibrate => "calibrate",
-        Request::ProbeFlush { .. } => "probe_flush",
-        Request::ProbeReload { .. } => "probe_reload",
-        Request::ProbeCycle { .. } => "probe_cycle",
-        Request::ProbeConnect { .. } => "probe_connect",
-        Request::LoadProfile { .. } => "load_profile",
-        Request::UnloadProfile => "unload_profile",
-        Request::Configure { .. } => "configure",
-        Request::SetAuto { .. } => "set_auto",
-        Request::SetEnabled { .. } => "set_enabled",
-        Request::CommStart { .. } => "comm_start",
-        Request::CommStop => "comm_stop",
-        Request::CommReset => "comm_reset",
-        Request::CommReport => "comm_report",
-    }
 }

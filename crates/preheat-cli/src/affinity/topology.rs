@@ -19,9 +19,14 @@ pub struct TopologyArgs {
     /// Quanta of the Table 2 matrix, ms.
     #[arg(long, value_delimiter = ',', default_value = "2,10,200")]
     pub quanta: Vec<u32>,
-    /// Measure what each base vector displaces on this machine (a few seconds; not with --sysfs).
+    /// Measure what each base vector displaces on this machine (not with --sysfs): seconds, up to
+    /// a minute where the last-level cache is large (its vector reads all of it, 15 times over).
     #[arg(long)]
     pub verify: bool,
+    /// With --verify: only these base vectors (comma separated, e.g. BV_L1D,BV_L2); default every
+    /// vector sized to a cache level.
+    #[arg(long, value_delimiter = ',', requires = "verify")]
+    pub vectors: Vec<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -57,7 +62,7 @@ pub fn run(a: TopologyArgs) -> Result<()> {
         if !a.json {
             eprintln!("measuring each base vector's eviction on CPU {} ...", a.cpu);
         }
-        Some(verify(&plan, a.cpu, 15)?)
+        Some(verify(&plan, a.cpu, 15, &a.vectors)?)
     } else {
         None
     };

@@ -85,7 +85,8 @@ pub(crate) fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -
     serde_json::from_str(&ok(&args, rd)).unwrap()
 }
 
-/// Every mode in `modes` measured `n` times.
+/// Every mode in `modes` measured `n` times, and every preheated request reached a preheated
+/// process (but for workers that joined).
 pub(crate) fn assert_rows(v: &Value, modes: &[&str], n: u64) {
     let rows = v["rows"].as_array().unwrap();
     for m in modes {
@@ -95,8 +96,10 @@ pub(crate) fn assert_rows(v: &Value, modes: &[&str], n: u64) {
             .unwrap_or_else(|| panic!("mode {m} missing: {}", v["skipped"]));
         assert_eq!(r["latency"]["n"], n, "{r}");
     }
-    let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
-    assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
+    // Where `lines` ran, it had a working set.
+    if let Some(lines) = rows.iter().find(|r| r["mode"] == "preheat:lines") {
+        assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
+    }
     // Every preheated request reached a preheated process, but for one per worker that joined
     // the announced set during the measurement (a prefork server that closes its connections
     // hands a request to any worker; the demo announces to a worker from the request after
@@ -111,7 +114,7 @@ pub(crate) fn assert_rows(v: &Value, modes: &[&str], n: u64) {
 }
 
 /// Measured requests that reached no announced process.
-fn missed_requests(v: &Value) -> usize {
+pub(crate) fn missed_requests(v: &Value) -> usize {
     v["samples"]
         .as_array()
         .unwrap()
@@ -344,8 +347,9 @@ fn demo_on_a_preforking_python_server() {
     assert_no_agent_sockets(&rd);
 }
 
-/// The preforking server closing every connection after its reply (`close`): each request may
-/// go to either worker, so the demo announces to both, and both warm up on fresh connections.
+/// The preforking server closing every connection after its reply (`close`): each request goes
+/// to the other worker than the last, so the demo announces to both, and both warm up on fresh
+/// connections.
 #[test]
 fn demo_on_a_preforking_python_server_that_closes_connections() {
     // One at a time: each measures on the same 2 CPUs (parallel demos make announcements late).
@@ -353,10 +357,17 @@ fn demo_on_a_preforking_python_server_that_closes_connections() {
     let Some((_tmp, rd, v)) = demo_on_prefork_fixture(&["close"]) else {
         return;
     };
-    // Both workers served the demo's requests and were announced to (not the master).
+    // Both workers served the demo's requests (the fixture's workers take turns to accept)
+    // and were announced to (not the master).
     let serving = v["serving_pids"].as_array().unwrap();
-    assert_eq!(serving.len(), 2, "{}", v["serving_pids"]);
     let agents = agent_pids_of(&rd, "python");
+    assert_eq!(
+        serving.len(),
+        2,
+        "serving {}, joined {}, agents {agents:?}",
+        v["serving_pids"],
+        v["joined_pids"]
+    );
     for p in serving {
         assert!(
             agents.contains(&p.to_string()),

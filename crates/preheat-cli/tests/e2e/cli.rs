@@ -340,6 +340,111 @@ fn demo_on_any_server_given_by_its_command() {
 mod timing {
     use super::*;
 
+    /// lo's RPS masks, one per receive queue.
+    fn lo_masks() -> Vec<String> {
+        let mut v: Vec<(String, String)> = std::fs::read_dir("/sys/class/net/lo/queues")
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                    .filter_map(|e| {
+                        let m = std::fs::read_to_string(e.path().join("rps_cpus")).ok()?;
+                        Some((e.file_name().to_string_lossy().into(), m.trim().into()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// `--steer-rx`: `on` steers lo's receive processing to the server's CPU for the table and
+    /// says so; `auto` decides by its pilot and says what it measured; either way lo's masks are
+    /// as before when the demo ends. One at a time (a machine setting: the timing pass).
+    #[test]
+    fn demo_steers_the_receive_path_and_puts_it_back() {
+        if !common::euid_is_root() {
+            return preheat_testsupport::skip("root", "RPS masks need root");
+        }
+        let before = lo_masks();
+        if before.is_empty() {
+            return preheat_testsupport::skip("rps", "lo has no RPS masks here");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        for (mode, label) in [("on", "given"), ("auto", "measured")] {
+            let out = ok(
+                &[
+                    &[
+                        "demo",
+                        "--rounds",
+                        "4",
+                        "--lead-us",
+                        "1000",
+                        "--pilot-rounds",
+                        "6",
+                    ][..],
+                    &["--strategies", "auto,replay", "--steer-rx", mode],
+                    &common::QUICK_DEMO,
+                    &["--json"],
+                ]
+                .concat(),
+                &rd,
+            );
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let st = &v["steer_rx"];
+            assert_eq!(st["label"], label, "{st}");
+            if mode == "on" {
+                assert_eq!(st["steered"], true, "{st}");
+            } else {
+                // The pilot's gain and its verdict, whichever way it went.
+                assert!(st["gain_us"]["n"].as_u64().unwrap() > 0, "{st}");
+                assert_eq!(
+                    st["steered"].as_bool().unwrap(),
+                    st["gain_us"]["p50_lo"].as_f64().unwrap() > 0.0,
+                    "{st}"
+                );
+            }
+            assert_eq!(
+                lo_masks(),
+                before,
+                "lo's masks were not put back after --steer-rx {mode}"
+            );
+        }
+        assert!(!std::path::Path::new("/run/preheat-rxsteer.journal").exists());
+    }
+
+    /// A demo killed outright while it steered leaves the original masks journaled: the next
+    /// `preheat` command (any) puts them back. Played with the journal such a demo leaves.
+    #[test]
+    fn a_killed_steering_is_put_back_by_the_next_command() {
+        if !common::euid_is_root() {
+            return preheat_testsupport::skip("root", "RPS masks need root");
+        }
+        let knob = "/sys/class/net/lo/queues/rx-0/rps_cpus";
+        let Ok(original) = std::fs::read_to_string(knob).map(|v| v.trim().to_string()) else {
+            return preheat_testsupport::skip!("rps", "{knob} does not exist");
+        };
+        let journal = "/run/preheat-rxsteer.journal";
+        struct Put(String);
+        impl Drop for Put {
+            fn drop(&mut self) {
+                let _ = std::fs::write("/sys/class/net/lo/queues/rx-0/rps_cpus", &self.0);
+                let _ = std::fs::remove_file("/run/preheat-rxsteer.journal");
+            }
+        }
+        let _put = Put(original.clone());
+        std::fs::write(journal, format!("{knob}\t{original}\n")).unwrap();
+        std::fs::write(knob, "2").unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let rd = run_dir(&tmp);
+        let _ = preheat(&["ws", "show", "/nonexistent.phws"], &rd);
+        assert_eq!(std::fs::read_to_string(knob).unwrap().trim(), original);
+        assert!(
+            !std::path::Path::new(journal).exists(),
+            "the journal was not removed"
+        );
+    }
+
     #[test]
     fn demo_measures_every_mode() {
         let tmp = tempfile::tempdir().unwrap();
@@ -417,11 +522,25 @@ mod timing {
             assert!(r["start_us_p50"].as_f64().is_some(), "{r}");
             assert!(r["serve_us_p50"].as_f64().is_some(), "{r}");
         }
+        // The client's socket is stamped on the loopback: every mode has its wire stage (the
+        // client's own transmit), within start; every preheat mode its residual by stage.
+        for r in rows {
+            let start = r["start_us_p50"].as_f64().unwrap();
+            let wire = r["wire_us_p50"].as_f64();
+            assert!(wire.is_some_and(|w| w >= 0.0 && w <= start + 1.0), "{r}");
+            if r["mode"].as_str().unwrap().starts_with("preheat:") {
+                let d = &r["residual"];
+                assert!(d["total_us"].is_number() && d["wire_us"].is_number(), "{r}");
+            }
+        }
+        let samples = v["samples"].as_array().unwrap();
+        assert!(samples.iter().all(|s| s["wire_us"].as_f64().is_some()));
         // Shares outside ±100% are flagged, never silent.
         for r in rows {
             for k in [
                 "overhead_removed",
                 "removed_vs_warm",
+                "removed_from_wire",
                 "start_removed",
                 "serve_removed",
             ] {

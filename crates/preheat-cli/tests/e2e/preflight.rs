@@ -1,4 +1,5 @@
-//! What will not work is said at once (issue 23, point 4): the any-server demo, `preheat run`,
+//! What will not work is said at once (issue 23, point 4): the any-server demo and `preheat run`
+//! with the agent inside (`--agent inside`),
 //! `preheat record` and `preheat comm` on a statically linked program — C, or a `CGO_ENABLED=0`
 //! Go server — fail within seconds with the reason and what to do, instead of waiting for an
 //! agent that cannot come, and leave nothing running.
@@ -64,8 +65,19 @@ fn refused_at_once(server: &std::path::Path, reason: &str, fix: &str, comm_fix: 
     let out = tmp.path().join("ws.phws");
     let (server, out) = (server.to_str().unwrap(), out.to_str().unwrap());
     let http = ["--port", &port, "--protocol", "http", "--request", "/"];
-    let demo = [&["demo"], &http[..], &["--", server, &port]].concat();
-    let run = ["run", "--port", &port, "--", server, &port];
+    // `--agent inside`: by default the demo preheats such a server from outside instead
+    // (`runtimes::demo_on_a_static_go_server_from_outside`).
+    let demo = [
+        &["demo", "--agent", "inside"],
+        &http[..],
+        &["--", server, &port],
+    ]
+    .concat();
+    // `--agent inside`: by default `run` preheats such a server from outside instead
+    // (`runtimes::run_preheats_a_static_go_server_from_outside`).
+    let run = [
+        "run", "--agent", "inside", "--port", &port, "--", server, &port,
+    ];
     let record = [
         "record",
         "--out",

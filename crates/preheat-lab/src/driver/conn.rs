@@ -109,6 +109,8 @@ pub(super) struct Conn {
     /// on (Python's `http.server` writes head and body separately) otherwise holds the rest
     /// until our kernel's delayed ACK (40 ms), and every reply would measure that timer.
     partial: bool,
+    /// When this connection's sends reached the wire, once asked for ([`Conn::stamp_sends`]).
+    stamps: preheat_engine::txstamp::SendStamps,
 }
 
 impl Conn {
@@ -141,6 +143,7 @@ impl Conn {
             polling: false,
             partial: false,
             requests: 0,
+            stamps: Default::default(),
         })
     }
 
@@ -213,7 +216,21 @@ impl Conn {
         self.deadline = Instant::now() + REPLY_TIMEOUT;
         self.requests += 1;
         self.partial = false;
-        self.send_all(data).map_err(|e| self.failure(e))
+        self.send_all(data).map_err(|e| self.failure(e))?;
+        // Before the reply (see `SendStamps`).
+        self.stamps.sent(self.stream.as_raw_fd());
+        Ok(())
+    }
+
+    /// Ask the kernel to stamp this connection's sends as they reach the wire (software
+    /// transmit stamps, [`preheat_engine::txstamp`]); false where it cannot.
+    pub(super) fn stamp_sends(&mut self) -> bool {
+        self.stamps.enable(self.stream.as_raw_fd())
+    }
+
+    /// When the last send reached the wire (`CLOCK_MONOTONIC` ns), where stamped.
+    pub(super) fn sent_at_ns(&self) -> Option<u64> {
+        self.stamps.last_ns()
     }
 
     fn send_all(&mut self, data: &[u8]) -> Result<()> {
@@ -415,6 +432,14 @@ macro_rules! conn_driver {
 
             fn raw_fd(&self) -> Option<::std::os::fd::RawFd> {
                 Some(::std::os::fd::AsRawFd::as_raw_fd(&self.conn.stream))
+            }
+
+            fn stamp_sends(&mut self) -> bool {
+                self.conn.stamp_sends()
+            }
+
+            fn sent_at_ns(&self) -> Option<u64> {
+                self.conn.sent_at_ns()
             }
         }
     };

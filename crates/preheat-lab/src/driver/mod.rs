@@ -260,6 +260,17 @@ pub trait Driver: Send {
     fn raw_fd(&self) -> Option<RawFd> {
         None
     }
+
+    /// Ask the kernel to stamp this connection's requests as they reach the wire (the demo's
+    /// *wire* stage); false where the driver cannot.
+    fn stamp_sends(&mut self) -> bool {
+        false
+    }
+
+    /// When the last request reached the wire (`CLOCK_MONOTONIC` ns), where stamped.
+    fn sent_at_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The error of a protocol without the non-blocking, multiplexed path.
