@@ -23,6 +23,7 @@
 //! | [`workloads`] | the cache-affinity bundled workloads (chase ≈ mcf, stream ≈ art, branchy ≈ gcc) |
 //! | [`maps`] | `/proc/PID/maps`, ELF build-ids, resident pages |
 //! | [`fileview`] | another process's read-only file-backed memory mapped here (the same page-cache lines): probing and preheating it from outside |
+//! | [`fdpass`] | a file descriptor passed over a Unix socket (`SCM_RIGHTS`): a connection the CLI hands an agent |
 //! | [`elf`] | ELF file and program headers: class, machine, interpreter (is a program dynamically linked?) |
 //! | [`os`] | thread pinning, scheduling class, timer slack, tids, futex |
 //!
@@ -91,6 +92,7 @@ pub mod basevec;
 pub mod cache;
 pub mod codegen;
 pub mod elf;
+pub mod fdpass;
 pub mod fileview;
 pub mod guard;
 pub mod host;

@@ -100,6 +100,11 @@ pub struct RecordStats {
     /// The probe's requests were sent by the CLI inside request-less windows because the agent
     /// could not open a connection its process serves (a prefork worker busy with ours).
     pub external: bool,
+    /// Why the agent's own probe connection was not used (its error), where `external`.
+    pub external_reason: Option<String>,
+    /// The probe's requests went on our connection, handed to the agent (`ProbeAdopt`),
+    /// because the agent could not open one its process serves: why not.
+    pub probe_adopted: Option<String>,
     /// Probe cycles repeated because the agent skipped them: the server's mappings changed
     /// while it served the request (its allocator returned memory, say).
     pub cycles_repeated: u64,
@@ -124,6 +129,12 @@ impl RecordStats {
                 100.0 * r.hit_share,
                 self.stride,
                 self.window_pages
+            ));
+        }
+        if let Some(why) = &self.probe_adopted {
+            v.push(format!(
+                "the agent's own connections were not served by its process ({why}): the \
+                 probe's requests went on ours, handed to the agent"
             ));
         }
         if let Some(share) = self.retaken {
@@ -199,5 +210,16 @@ mod redo_tests {
         );
         assert!(n[0].ends_with("stride 4 over 64-page windows"), "{n:?}");
         assert!(n[1].contains("89.0%") && n[2].starts_with("WARNING") && n[2].contains("50.0%"));
+    }
+
+    #[test]
+    fn an_adopted_probe_connection_is_said() {
+        let st = RecordStats {
+            probe_adopted: Some("none of 24 connections".into()),
+            ..Default::default()
+        };
+        let n = st.redo_notes();
+        assert_eq!(n.len(), 1, "{n:?}");
+        assert!(n[0].contains("(none of 24 connections)") && n[0].contains("handed to the agent"));
     }
 }

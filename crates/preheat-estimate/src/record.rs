@@ -67,9 +67,10 @@ pub fn chunk_ranges(ranges: &[Range], max: u64) -> Vec<Vec<Range>> {
 /// The probe's request goes on the agent's own loopback connection, which the agent keeps only if
 /// its process serves it (`ProbeConnect`; a prefork server's other workers may accept it). Where
 /// it cannot get one — a worker that serves one connection at a time (Apache prefork, a blocking
-/// Python worker) is busy with `client` and takes no second connection — the CLI sends the
-/// request on `client`, inside a request-less probe window (as for workloads without a fixed
-/// byte exchange), and says so.
+/// Python worker) is busy with `client` and takes no second connection; an event-loop sibling
+/// wins every accept — `client`'s connection is handed to the agent (`open_probe_conn`). Only
+/// where that fails too does the CLI send the request on `client`, inside a request-less probe
+/// window (as for workloads without a fixed byte exchange), and say so.
 pub fn record_probe(
     server: &Server,
     pid: u32,
@@ -99,7 +100,7 @@ pub fn record_probe(
     // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
     // process serves (see above), the request is sent by us, from another thread, inside a
     // request-less probe window long enough to hold it (see `external_request`).
-    let external = !probe_connect(&mut agent, server.spec.port, w, p, &mut stats);
+    let external = !probe_connect(&mut agent, client, server.spec.port, w, p, &mut stats);
     let external_window_ns = if external {
         external_window_ns(client)?
     } else {
@@ -117,6 +118,7 @@ pub fn record_probe(
         until,
         external,
         external_window_ns,
+        adopted: stats.probe_adopted.is_some(),
         stride: layout::DEFAULT.stride,
         // Each probe cycle scrambles its probe order with its own seed.
         seeds: StdRng::seed_from_u64(now_unix()),
@@ -214,26 +216,28 @@ fn raw_exchange(w: &Workload) -> (String, String) {
     }
 }
 
-/// Whether the agent got a loopback connection to `port` that its process serves, for the
-/// probe's requests; if not (or without a fixed byte exchange), the requests are external
-/// (noted in `stats`, and said unless quiet).
+/// Whether the agent got a connection to `port` that its process serves, for the probe's
+/// requests ([`open_probe_conn`]); if not (or without a fixed byte exchange), the requests are
+/// external (noted in `stats`, and said unless quiet).
 fn probe_connect(
     agent: &mut AgentClient,
+    client: &preheat_launch::servers::Requester,
     port: u16,
     w: &Workload,
     p: &RecordParams,
     stats: &mut RecordStats,
 ) -> bool {
     if w.raw.is_none() {
+        stats.external = true;
+        stats.external_reason = Some("the workload has no fixed byte exchange".into());
         return false;
     }
     let (request, until) = raw_exchange(w);
-    match agent.call(&Request::ProbeConnect {
-        port,
-        request,
-        until,
-    }) {
-        Ok(_) => true,
+    match open_probe_conn(agent, client, port, &request, &until) {
+        Ok(adopted) => {
+            stats.probe_adopted = adopted;
+            true
+        }
         Err(e) => {
             if !p.quiet {
                 eprintln!(
@@ -242,8 +246,48 @@ fn probe_connect(
                 );
             }
             stats.external = true;
+            stats.external_reason = Some(format!("{e:#}"));
             false
         }
+    }
+}
+
+/// Give the agent its probe connection: one it opens itself and its process serves
+/// (`ProbeConnect`; `Ok(None)`), or else `client`'s own connection, which that process serves
+/// (that is how the agent was chosen), handed over (`ProbeAdopt`; `Ok(Some(why the agent's
+/// own failed))`). A prefork worker's siblings can take every connection the agent opens: the
+/// kernel wakes every worker waiting on the listening socket, and which accepts first is the
+/// scheduler's choice (measured: under load, one sibling took all 24 of the agent's attempts
+/// in 1 of 6 runs of the lighttpd test). The caller leaves `client` alone until
+/// `ProbeRelease`.
+fn open_probe_conn(
+    agent: &mut AgentClient,
+    client: &preheat_launch::servers::Requester,
+    port: u16,
+    request: &str,
+    until: &str,
+) -> Result<Option<String>> {
+    let own = agent.call(&Request::ProbeConnect {
+        port,
+        request: request.to_string(),
+        until: until.to_string(),
+    });
+    let Err(own) = own else {
+        return Ok(None);
+    };
+    let Some(fd) = client.connection_fd() else {
+        return Err(own);
+    };
+    let adopt = Request::ProbeAdopt {
+        port,
+        request: request.to_string(),
+        until: until.to_string(),
+    };
+    match agent.call_with_fd(&adopt, fd) {
+        Ok(_) => Ok(Some(format!("{own:#}"))),
+        Err(e) => Err(anyhow::anyhow!(
+            "{own:#}; handing it our connection failed too: {e:#}"
+        )),
     }
 }
 
@@ -306,9 +350,21 @@ struct ProbeRun<'a> {
     until: String,
     external: bool,
     external_window_ns: u64,
+    /// The probe's connection is `client`'s, handed to the agent.
+    adopted: bool,
     stride: u32,
     seeds: StdRng,
     windows: Vec<u64>,
+}
+
+/// The agent gives back a connection of ours it was handed (`ProbeAdopt`) when the recording
+/// ends, whichever way: our requests go on it again.
+impl Drop for ProbeRun<'_> {
+    fn drop(&mut self) {
+        if self.adopted {
+            let _ = self.agent.call(&Request::ProbeRelease);
+        }
+    }
 }
 
 impl ProbeRun<'_> {
@@ -520,11 +576,14 @@ impl ProbeRun<'_> {
             } else if !self.external && why.ends_with(preheat_model::proto::PROBE_CONN_CLOSED) {
                 stats.cycles_repeated += 1;
                 stats.probe_reconnects += 1;
-                self.agent.call(&Request::ProbeConnect {
-                    port: self.port,
-                    request: self.request.clone(),
-                    until: self.until.clone(),
-                })?;
+                self.adopted = open_probe_conn(
+                    &mut self.agent,
+                    self.client,
+                    self.port,
+                    &self.request,
+                    &self.until,
+                )?
+                .is_some();
             } else {
                 return r;
             }

@@ -1,6 +1,7 @@
 //! Client side of the agent's control socket and of the announcement (trigger) channel.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -36,12 +37,24 @@ impl AgentClient {
 
     /// Send one request and read its reply. `Reply::Error` becomes an `Err`.
     pub fn call(&mut self, req: &Request) -> Result<Reply> {
+        self.call_passing(req, None)
+    }
+
+    /// [`AgentClient::call`], passing the descriptor `fd` along with the request (`SCM_RIGHTS`:
+    /// the agent gets a duplicate; `Request::ProbeAdopt`).
+    pub fn call_with_fd(&mut self, req: &Request, fd: RawFd) -> Result<Reply> {
+        self.call_passing(req, Some(fd))
+    }
+
+    fn call_passing(&mut self, req: &Request, fd: Option<RawFd>) -> Result<Reply> {
         let mut line = serde_json::to_string(req)?;
         line.push('\n');
-        self.stream
-            .get_mut()
-            .write_all(line.as_bytes())
-            .with_context(|| format!("writing to {}", self.path.display()))?;
+        let sock = self.stream.get_mut();
+        match fd {
+            None => sock.write_all(line.as_bytes()),
+            Some(fd) => preheat_engine::fdpass::send_with_fd(sock.as_raw_fd(), line.as_bytes(), fd),
+        }
+        .with_context(|| format!("writing to {}", self.path.display()))?;
         let mut buf = String::new();
         let n = self
             .stream

@@ -533,6 +533,11 @@ impl Client {
         self.stamps.last_ns()
     }
 
+    /// The connection's socket.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.s)
+    }
+
     pub fn connect(addr: SocketAddr) -> Result<Client> {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
             .with_context(|| format!("connecting to {addr}"))?;

@@ -179,6 +179,18 @@ impl Requester {
         }
     }
 
+    /// The kept connection the requests go on, where there is one (not where the server closes
+    /// every connection, nor for the TPC-C-like sessions): the recorder hands it to the agent
+    /// of the process that serves it (`Request::ProbeAdopt`), and leaves it alone until it
+    /// takes it back.
+    pub fn connection_fd(&self) -> Option<std::os::fd::RawFd> {
+        match self {
+            Requester::Lab { driver, .. } if !driver.closing() => driver.raw_fd(),
+            Requester::Raw { client, .. } => Some(client.raw_fd()),
+            _ => None,
+        }
+    }
+
     /// Send one request; a wrong reply is an error.
     pub fn request_ok(&mut self) -> Result<()> {
         if !self.request()? {

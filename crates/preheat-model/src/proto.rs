@@ -313,6 +313,18 @@ pub enum Request {
         request: String,
         until: String,
     },
+    /// [`Request::ProbeConnect`] on a connection the caller passes along with this request
+    /// (`SCM_RIGHTS` on the control socket): one of the caller's that this process serves,
+    /// where the agent's own new connections go to another worker of a prefork server. Checked
+    /// as `ProbeConnect` checks its own (one exchange, this process's busy periods grow). The
+    /// caller leaves the connection alone until [`Request::ProbeRelease`].
+    ProbeAdopt {
+        port: u16,
+        request: String,
+        until: String,
+    },
+    /// Close the `ProbeCycle` connection (an adopted one goes back to its caller alone).
+    ProbeRelease,
     /// Load and resolve a `.phws` profile (replaces the current one).
     LoadProfile { path: String },
     /// Drop the loaded profile.
@@ -361,6 +373,8 @@ impl Request {
             Request::ProbeReload { .. } => "probe_reload",
             Request::ProbeCycle { .. } => "probe_cycle",
             Request::ProbeConnect { .. } => "probe_connect",
+            Request::ProbeAdopt { .. } => "probe_adopt",
+            Request::ProbeRelease => "probe_release",
             Request::LoadProfile { .. } => "load_profile",
             Request::UnloadProfile => "unload_profile",
             Request::Configure { .. } => "configure",

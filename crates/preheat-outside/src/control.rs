@@ -167,6 +167,10 @@ pub fn handle(shared: &Shared, req: Request) -> Result<Reply, String> {
                 phase: preheat_engine::probe::Phase { stride, phase },
             },
         ),
+        Request::ProbeRelease => {
+            shared.probe.conn().drop_connection();
+            Ok(Reply::Ok)
+        }
         Request::LoadProfile { path } => probe::load_profile(shared, &path),
         Request::UnloadProfile => {
             shared.inner().lines = None;

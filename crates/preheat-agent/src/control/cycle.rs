@@ -43,6 +43,26 @@ pub(super) fn probe_connect(
     Ok(())
 }
 
+/// `Request::ProbeAdopt`: make `conn_slot` the connection `fd` a caller passed, if this process
+/// serves it (see [`super::served::adopt_served`]). Without `fd` (nothing came with the
+/// request) it is an error.
+pub(super) fn probe_adopt(
+    conn_slot: &mut Option<ProbeConn>,
+    fd: Option<std::os::fd::OwnedFd>,
+    port: u16,
+    request: &str,
+    until: &str,
+) -> Result<(), String> {
+    *conn_slot = None;
+    let fd = fd.ok_or("ProbeAdopt came without a file descriptor (SCM_RIGHTS)")?;
+    let st = super::served::adopt_served(fd, port, request.as_bytes(), until.as_bytes())?;
+    *conn_slot = Some(ProbeConn {
+        port,
+        stream: Some(st),
+    });
+    Ok(())
+}
+
 /// Samples taken again when a fresh connection's request was served by another process.
 const FRESH_ATTEMPTS: u32 = 16;
 

@@ -18,8 +18,8 @@ mod ranges;
 mod served;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,6 +55,9 @@ struct Control {
     ports: BTreeMap<u16, PortConfig>,
     retired: Vec<Arc<Plan>>,
     next_reconnect: Option<Instant>,
+    /// The descriptor that came with the client's bytes being served (`SCM_RIGHTS`), for a
+    /// `ProbeAdopt` among them; dropped (closed) once they are served.
+    passed_fd: Option<OwnedFd>,
 }
 
 /// Body of the control thread.
@@ -65,6 +68,7 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
         ports: BTreeMap::new(),
         retired: Vec::new(),
         next_reconnect: None,
+        passed_fd: None,
     };
     if let Some(p) = profile {
         c.load_startup_profile(&p);
@@ -184,7 +188,13 @@ impl Control {
     /// Read what the client sent and answer every complete line. False: drop the client.
     fn serve_client(&mut self, cl: &mut Client) -> bool {
         let mut tmp = [0u8; 64 * 1024];
-        let n = match cl.stream.read(&mut tmp) {
+        let mut passed = Vec::new();
+        let read =
+            preheat_engine::fdpass::recv_with_fds(cl.stream.as_raw_fd(), &mut tmp, &mut passed);
+        // The last descriptor that came with these bytes (a client sends one, with its
+        // `ProbeAdopt`); any others are closed here.
+        self.passed_fd = passed.pop();
+        let n = match read {
             Ok(0) => return false,
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return true,
@@ -205,9 +215,11 @@ impl Control {
             });
             out.push('\n');
             if cl.stream.write_all(out.as_bytes()).is_err() {
+                self.passed_fd = None;
                 return false;
             }
         }
+        self.passed_fd = None;
         if cl.buf.len() > MAX_LINE {
             let _ = cl
                 .stream
@@ -268,6 +280,29 @@ impl Control {
         }
     }
 
+    /// The probe's connection: opened here, handed over by the caller, or closed.
+    fn probe_connection(&mut self, req: Request) -> Result<(), String> {
+        match req {
+            Request::ProbeConnect {
+                port,
+                request,
+                until,
+            } => cycle::probe_connect(&mut self.probe_conn, port, &request, &until),
+            Request::ProbeAdopt {
+                port,
+                request,
+                until,
+            } => {
+                let fd = self.passed_fd.take();
+                cycle::probe_adopt(&mut self.probe_conn, fd, port, &request, &until)
+            }
+            _ => {
+                self.probe_conn = None;
+                Ok(())
+            }
+        }
+    }
+
     fn handle(&mut self, req: Request) -> Result<Reply, String> {
         match req {
             Request::Status => Ok(self.status()),
@@ -289,12 +324,9 @@ impl Control {
                 window_pages,
                 seed,
             } => probe_reload(&ranges, threshold, window_pages, seed),
-            Request::ProbeConnect {
-                port,
-                request,
-                until,
-            } => cycle::probe_connect(&mut self.probe_conn, port, &request, &until)
-                .map(|()| Reply::Ok),
+            r @ (Request::ProbeConnect { .. }
+            | Request::ProbeAdopt { .. }
+            | Request::ProbeRelease) => self.probe_connection(r).map(|()| Reply::Ok),
             Request::ProbeCycle {
                 ranges,
                 threshold,

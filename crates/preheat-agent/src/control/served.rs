@@ -14,6 +14,10 @@
 //! this process if it accepts at all. The master process of a prefork server never does: there
 //! every attempt fails and the error says so.
 //!
+//! Where every attempt goes to another worker, the CLI hands the agent its own connection,
+//! which this process serves (`ProbeAdopt`, [`adopt_served`]; the descriptor arrives over the
+//! control socket, `preheat_engine::fdpass`).
+//!
 //! A server that closes the connection after every reply (HTTP/1.0 like Python's
 //! `http.server`, `Connection: close`) has no persistent connection: [`Served::stream`] is `None`,
 //! and the probe then opens a fresh connection for each measured request ([`fresh_exchange`]);
@@ -119,6 +123,47 @@ pub(super) fn connect_served(
         ),
         answered_elsewhere: elsewhere == ATTEMPTS,
     })
+}
+
+/// A connection a caller passed to this agent (`ProbeAdopt`), kept as [`connect_served_here`]
+/// keeps its own: only if `request` sent on it is served by this process, and only if the
+/// server does not close it after the reply. Its flags are left as the caller set them (the
+/// exchange sends and reads with `MSG_DONTWAIT`).
+pub(super) fn adopt_served(
+    fd: std::os::fd::OwnedFd,
+    port: u16,
+    request: &[u8],
+    until: &[u8],
+) -> Result<TcpStream, String> {
+    let st = TcpStream::from(fd);
+    match st.peer_addr() {
+        Ok(a) if a.port() == port => {}
+        Ok(a) => {
+            return Err(format!(
+                "the connection passed to the agent goes to {a}, not to port {port}"
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "the descriptor passed to the agent is no TCP connection: {e}"
+            ))
+        }
+    }
+    let mut reply = vec![0u8; REPLY_MAX];
+    let before = track::port_busy_periods(port);
+    super::cycle::exchange(st.as_raw_fd(), request, until, &mut reply, REPLY_TIMEOUT_NS).map_err(
+        |e| format!("the connection passed to the agent was not answered as configured ({e})"),
+    )?;
+    if !served_since(port, before) {
+        return Err(format!(
+            "the connection passed to the agent is not served by this process (pid {})",
+            sys::getpid()
+        ));
+    }
+    if peer_closes(st.as_raw_fd()) {
+        return Err("the server closed the connection passed to the agent after its reply".into());
+    }
+    Ok(st)
 }
 
 /// One exchange on a fresh connection (servers that close every connection): connect, send,
