@@ -14,6 +14,7 @@
 //! | [`preheat`] | §3.3 preheating: sorted RLE runs loaded in priority order, stopped at a deadline, optionally split across cores |
 //! | [`sweep`] | an eviction sweep that emulates the cache loss of a deep sleep state |
 //! | [`topology`] | CPUs, caches, cpuidle driver from sysfs |
+//! | [`latency`] | one CPU latency QoS request (`/dev/cpu_dma_latency`): idle CPUs poll while it holds 0 µs |
 //! | [`idle`] | idle counters per CPU: cpuidle states, or `/proc/stat` where the kernel has none |
 //! | [`machine`] | where `/sys` and `/proc` are read from (the real machine, or a fake tree of a variant) |
 //! | [`procstat`] | `/proc/stat`: per-CPU ticks and boot time; `/proc/PID/stat`: one process or thread |
@@ -97,6 +98,7 @@ pub mod fileview;
 pub mod guard;
 pub mod host;
 pub mod idle;
+pub mod latency;
 pub mod machine;
 pub mod maps;
 pub mod netns;

@@ -23,9 +23,11 @@
 //! - **The worker** ([`worker`]) is one thread pinned to the server's CPU, like the agent's
 //!   trigger thread when it works inline: it blocks on the announcement socket, and for an
 //!   announcement sends the `replay` warm-up on a loopback connection of its own ([`replay`]),
-//!   walks the loaded lines through the view for `lines`, and, for `wake`, spins through the
-//!   arrival, yielding the CPU every turn so that a thread of the server that becomes runnable
-//!   goes first.
+//!   walks the loaded lines through the view for `lines`, and, for `wake`, keeps the CPUs
+//!   polling in idle through the arrival (a CPU latency QoS request) — or, for `spin` or where
+//!   that cannot be had, spins through it, yielding the CPU every turn so that a thread of the
+//!   server that becomes runnable goes first. `replay` holds the same idle polling through the
+//!   arrival.
 //!
 //! # Where this differs from the in-process agent (and from the paper)
 //!
@@ -34,8 +36,9 @@
 //!   loaded from another process this way, so data lines are neither recorded nor loaded.
 //!   Without a loaded profile announcements asking for `lines` count as `no_profile`, as in an
 //!   agent without one.
-//! - `wake` always spins: the agent holds the CPU's PM QoS (idle polling) where that measured
-//!   best; from outside the spin is what runs, and the caller is told so.
+//! - `replay`'s hold is idle polling: the agent keeps the server thread itself polling through
+//!   the arrival after the warm-up, which another process cannot; the server's CPU is kept out
+//!   of halt instead (which a host without a cpuidle driver ignores).
 //! - The spin cannot stop the moment the server thread runs (the agent sees that in its
 //!   hooks); it lasts until [`worker::WAKE_AFTER_ARRIVAL_NS`] past the arrival, which costs the
 //!   server a yield per turn at most, otherwise idle time.
@@ -155,7 +158,8 @@ impl OutsideAgent {
     pub fn describe(&self) -> String {
         format!(
             "preheated from outside the process ({}): its busy periods from the kernel's \
-             syscall tracepoints (perf_event_open, root), `wake` as a spin, `replay`, and \
+             syscall tracepoints (perf_event_open, root), `wake` (idle polling, or a spin), \
+             `replay`, and \
              `lines` of its code and read-only data (file-backed memory mapped here: no heap \
              lines from outside) from a thread on CPU {}",
             self.shared.cfg.why, self.shared.cfg.cpu

@@ -198,11 +198,19 @@ fn serves_the_agents_interfaces_from_outside() {
         "{p:?} after {before:?}"
     );
 
+    // `wake`: idle polling through the arrival where a CPU latency request can be had (root),
+    // else a spin.
+    announce(&mut ann, port, Strategies::WAKE, LEAD_NS);
+    let (_, h) = wait_status(&mut ctl, port, |_, h| h.wake_polled + h.wake_spins >= 6);
+    let polls = preheat_engine::latency::LatencyRequest::open().is_ok();
+    let want = if polls { (1, 5) } else { (0, 6) };
+    assert_eq!((h.wake_polled, h.wake_spins), want, "{h:?}");
+
     // `lines` has no profile here; a late announcement is dropped.
     announce(&mut ann, port, Strategies::LINES, LEAD_NS);
     announce(&mut ann, port, Strategies::WAKE, -1_000_000);
     let (_, h) = wait_status(&mut ctl, port, |_, h| h.late >= 1 && h.no_profile >= 1);
-    assert_eq!((h.late, h.no_profile, h.announcements), (1, 1, 7), "{h:?}");
+    assert_eq!((h.late, h.no_profile, h.announcements), (1, 1, 8), "{h:?}");
 
     // Stopped: sockets gone, the server untouched.
     drop(ctl);
@@ -392,8 +400,10 @@ mod timing {
         std::thread::sleep(Duration::from_millis(50));
         let mut ctl = AgentClient::connect(tmp.path(), pid).unwrap();
         let mut ann = Announcer::new(tmp.path(), &[pid]).unwrap();
+        // `spin` (the worker spins through the arrival, as where the calibration chose it):
+        // the worker must get the busy CPU for each one.
         for _ in 0..5 {
-            announce(&mut ann, port, Strategies::WAKE, LEAD_NS);
+            announce(&mut ann, port, Strategies::SPIN, LEAD_NS);
             std::thread::sleep(Duration::from_millis(40));
         }
         let (_, h) = wait_status(&mut ctl, port, |_, h| h.announcements >= 5);
