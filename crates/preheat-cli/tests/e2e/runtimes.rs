@@ -222,8 +222,10 @@ fn run_preheats_a_static_go_server_from_outside() {
             preheat_model::proto::Reply::Status { preheat, .. } => preheat,
             other => panic!("unexpected reply {other:?}"),
         };
-        if st.wake_spins + st.wake_polled >= 1 || t0.elapsed() > std::time::Duration::from_secs(10)
-        {
+        // Both strategies done: the wake is counted as the announcement is taken, the warm-up
+        // once its reply is in.
+        let woke = st.wake_spins + st.wake_polled >= 1;
+        if (woke && st.replays >= 1) || t0.elapsed() > std::time::Duration::from_secs(10) {
             break st;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
