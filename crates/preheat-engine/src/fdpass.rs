@@ -32,11 +32,7 @@ pub fn send_with_fd(sock: RawFd, data: &[u8], fd: RawFd) -> io::Result<()> {
         iov_base: data.as_ptr() as *mut libc::c_void,
         iov_len: data.len(),
     };
-    // SAFETY: all-zero is a valid `msghdr` (null pointers, zero lengths).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    let mut msg = header(&mut iov, &mut cbuf);
     // SAFETY: CMSG_SPACE only computes a size.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(fd_len) } as usize;
     // SAFETY: `msg_control` points at `cbuf` (64 bytes, 8-aligned), and `msg_controllen` (24 for
@@ -91,12 +87,7 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io:
         iov_base: buf.as_mut_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
-    // SAFETY: all-zero is a valid `msghdr` (null pointers, zero lengths).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let mut msg = header(&mut iov, &mut cbuf);
     // SAFETY: `msg` points at `iov` (over the writable `buf`) and `cbuf` (writable, its size in
     // `msg_controllen`), both alive for the call; the kernel validates `sock`.
     let r = unsafe { libc::syscall(libc::SYS_recvmsg, sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
@@ -123,6 +114,18 @@ pub fn recv_with_fds(sock: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io:
         }
     }
     Ok(r as usize)
+}
+
+/// A message header over one buffer (`iov`) and the control buffer `cbuf` (its whole length;
+/// the sender shortens it to the one message it writes).
+fn header(iov: &mut libc::iovec, cbuf: &mut [u64; CMSG_WORDS]) -> libc::msghdr {
+    // SAFETY: all-zero is a valid `msghdr` (null pointers, zero lengths).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = std::mem::size_of_val(cbuf);
+    msg
 }
 
 #[cfg(test)]
