@@ -763,7 +763,7 @@ mod timing {
         let exe_lines: u64 = exe_ranges.iter().map(|r| r.len.div_ceil(64)).sum();
         let mut cycle_hits = 0;
         for (request, phase) in [(true, 0u32), (true, 1), (false, 0)] {
-            match agent.call(&Request::ProbeCycle {
+            match agent.call(&Request::ProbeCycle(preheat_model::proto::ProbeCycle {
                 ranges: with_bogus.clone(),
                 threshold,
                 window_pages: 16,
@@ -774,7 +774,7 @@ mod timing {
                 idle_ns: 100_000,
                 stride: 2,
                 phase,
-            }) {
+            })) {
                 Reply::Probed {
                     hits,
                     probed,

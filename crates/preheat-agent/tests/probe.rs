@@ -29,7 +29,7 @@ use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use preheat_model::proto::{Range, Reply, Request, ROUND_SKIPPED};
+use preheat_model::proto::{ProbeCycle, Range, Reply, Request, ROUND_SKIPPED};
 use support::*;
 
 /// Probe rounds of each kind.
@@ -158,7 +158,7 @@ fn probing_a_server_that_unmaps_memory_never_kills_it() {
 /// Probe cycle `i` over `range` around one "x\n" request to `port` (its reply one line), which
 /// the agent sends between its flush and its reload.
 fn request_cycle(range: Range, port: u16, i: u64) -> Request {
-    Request::ProbeCycle {
+    Request::ProbeCycle(ProbeCycle {
         ranges: vec![range],
         threshold: 200,
         window_pages: 16,
@@ -169,13 +169,13 @@ fn request_cycle(range: Range, port: u16, i: u64) -> Request {
         idle_ns: 0,
         stride: 2,
         phase: (i % 2) as u32,
-    }
+    })
 }
 
 /// A request-less probe cycle over `ranges` (the highest rate the probe runs at: no request,
 /// no idle window).
 fn fast_cycle(ranges: &[Range], i: u64) -> Request {
-    Request::ProbeCycle {
+    Request::ProbeCycle(ProbeCycle {
         ranges: ranges.to_vec(),
         threshold: 200,
         window_pages: 16,
@@ -186,7 +186,7 @@ fn fast_cycle(ranges: &[Range], i: u64) -> Request {
         idle_ns: 0,
         stride: 2,
         phase: (i % 2) as u32,
-    }
+    })
 }
 
 /// Start a test program of `tests/probe` with the agent; its ready file holds `ready` and

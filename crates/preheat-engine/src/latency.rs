@@ -5,10 +5,10 @@
 //! open requests and drops this one when its file closes — also when the process dies — so
 //! nothing is left behind and no journal is needed. Root only.
 //!
-//! The outside agent's `wake` and `replay` hold one through the arrival. (The in-process agent
-//! keeps its own on raw descriptors registered as the agent's, `preheat-agent/src/idlepoll.rs`;
-//! the wake planner and the demo's hot floor go through `preheat_wake::keep_awake`, which also
-//! drives per-CPU PM QoS.)
+//! The outside agent's `wake` and `replay` hold one through the arrival, and
+//! `preheat_wake::keep_awake` (the wake planner, the demo's hot floor) holds one while any CPU
+//! is armed with it. (The in-process agent keeps its own on raw descriptors registered as the
+//! agent's, `preheat-agent/src/idlepoll.rs`: its file table rules.)
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -17,6 +17,7 @@ use std::io::{self, Write};
 const NO_CONSTRAINT_US: i32 = 2_000_000_000;
 
 /// An open request, holding 0 µs while armed.
+#[derive(Debug)]
 pub struct LatencyRequest {
     file: File,
     armed: bool,
@@ -25,9 +26,12 @@ pub struct LatencyRequest {
 impl LatencyRequest {
     /// Open a request (no constraint yet).
     pub fn open() -> io::Result<LatencyRequest> {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/cpu_dma_latency")?;
+        LatencyRequest::open_at(std::path::Path::new("/dev/cpu_dma_latency"))
+    }
+
+    /// [`LatencyRequest::open`] on the device at `path` (a fake machine tree's, in tests).
+    pub fn open_at(path: &std::path::Path) -> io::Result<LatencyRequest> {
+        let file = std::fs::OpenOptions::new().write(true).open(path)?;
         let mut r = LatencyRequest { file, armed: true };
         r.release()?;
         Ok(r)

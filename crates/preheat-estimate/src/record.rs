@@ -16,7 +16,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use preheat_model::proto::{Range, Reply, Request};
+use preheat_model::proto::{ProbeCycle, Range, Reply, Request};
 use preheat_model::{filter_k_of_n, remove_noise, Backend, LineSet, RegionTable};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -548,7 +548,7 @@ impl ProbeRun<'_> {
         stats: &mut RecordStats,
     ) -> Result<Reply> {
         let seed: u64 = self.seeds.gen();
-        let cycle = Request::ProbeCycle {
+        let cycle = Request::ProbeCycle(ProbeCycle {
             ranges: self.chunks[ci].clone(),
             threshold: self.threshold,
             window_pages: self.window_pages,
@@ -559,7 +559,7 @@ impl ProbeRun<'_> {
             idle_ns,
             stride: self.stride,
             phase,
-        };
+        });
         let mut attempt = 0;
         loop {
             let r = if self.external && with_request {

@@ -258,6 +258,26 @@ pub struct ReplayVia {
     pub addr: std::net::IpAddr,
 }
 
+/// One `Request::ProbeCycle`: its fields sit beside `cmd` in the request's JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeCycle {
+    pub ranges: Vec<Range>,
+    pub threshold: u32,
+    pub window_pages: u32,
+    pub seed: u64,
+    pub port: u16,
+    pub request: Option<String>,
+    pub until: String,
+    pub idle_ns: u64,
+    /// Strided probing: only lines with `(addr / 64) % stride == phase` are flushed and
+    /// probed; the others are kept cached so prefetches triggered by demand misses land on
+    /// unprobed lines. Stride 1 probes every line.
+    #[serde(default = "one")]
+    pub stride: u32,
+    #[serde(default)]
+    pub phase: u32,
+}
+
 /// Control requests (CLI → agent), one JSON object per line, tagged by `cmd`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
@@ -286,23 +306,7 @@ pub enum Request {
     /// (without a request: spin `idle_ns`, a no-request "noise" sample), wait until the server
     /// threads are idle, then reload as `ProbeReload`. `Reply::Probed.window_ns` is the time from
     /// the end of the flush to the start of the reload.
-    ProbeCycle {
-        ranges: Vec<Range>,
-        threshold: u32,
-        window_pages: u32,
-        seed: u64,
-        port: u16,
-        request: Option<String>,
-        until: String,
-        idle_ns: u64,
-        /// Strided probing: only lines with `(addr / 64) % stride == phase` are flushed and
-        /// probed; the others are kept cached so prefetches triggered by demand misses land on
-        /// unprobed lines. Stride 1 probes every line.
-        #[serde(default = "one")]
-        stride: u32,
-        #[serde(default)]
-        phase: u32,
-    },
+    ProbeCycle(ProbeCycle),
     /// Open (or keep) the `ProbeCycle` loopback connection to `port` and check that this
     /// process serves it: `request` is answered on it once (reply ending with `until`) and this
     /// process's busy periods of the port grow. An error says why not (another worker of a
@@ -371,7 +375,7 @@ impl Request {
             Request::Calibrate => "calibrate",
             Request::ProbeFlush { .. } => "probe_flush",
             Request::ProbeReload { .. } => "probe_reload",
-            Request::ProbeCycle { .. } => "probe_cycle",
+            Request::ProbeCycle(_) => "probe_cycle",
             Request::ProbeConnect { .. } => "probe_connect",
             Request::ProbeAdopt { .. } => "probe_adopt",
             Request::ProbeRelease => "probe_release",
@@ -518,6 +522,22 @@ pub enum Reply {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A probe cycle's fields sit beside `cmd` (the wire format agents and callers of every
+    /// version share), and a request without `stride` and `phase` probes every line.
+    #[test]
+    fn a_probe_cycle_is_one_flat_json_object() {
+        let text = r#"{"cmd":"probe_cycle","ranges":[],"threshold":200,"window_pages":16,"seed":7,"port":80,"request":null,"until":"\n","idle_ns":0}"#;
+        let r: Request = serde_json::from_str(text).unwrap();
+        let Request::ProbeCycle(c) = &r else {
+            panic!("{r:?}")
+        };
+        assert_eq!((c.stride, c.phase, c.port), (1, 0, 80));
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["cmd"], "probe_cycle");
+        assert_eq!(back["threshold"], 200);
+        assert_eq!(back["stride"], 1);
+    }
 
     #[test]
     fn a_walk_stops_at_the_arrival_or_at_its_budget() {

@@ -142,31 +142,7 @@ pub fn handle(shared: &Shared, req: Request) -> Result<Reply, String> {
             request,
             until,
         } => probe::probe_connect(shared, port, request, until),
-        Request::ProbeCycle {
-            ranges,
-            threshold,
-            window_pages,
-            seed,
-            port,
-            request,
-            until,
-            idle_ns,
-            stride,
-            phase,
-        } => probe::probe_cycle(
-            shared,
-            probe::Cycle {
-                ranges,
-                threshold,
-                window_pages,
-                seed,
-                port,
-                request,
-                until,
-                idle_ns,
-                phase: preheat_engine::probe::Phase { stride, phase },
-            },
-        ),
+        Request::ProbeCycle(c) => probe::probe_cycle(shared, c),
         Request::ProbeRelease => {
             shared.probe.conn().drop_connection();
             Ok(Reply::Ok)

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use preheat_engine::{os, probe, time};
-use preheat_model::proto::{LoadedClass, Range, Reply, PROBE_CONN_CLOSED};
+use preheat_model::proto::{LoadedClass, ProbeCycle, Reply, PROBE_CONN_CLOSED};
 use preheat_model::{decode_profile, resolve_class, RegionTable};
 
 use crate::replay::WarmUp;
@@ -103,23 +103,14 @@ fn busy_periods(shared: &Shared) -> u64 {
     shared.inner().port.busy_periods
 }
 
-/// One probe cycle's request: what to send (`None`: a request-less sample of `idle_ns`).
-pub struct Cycle {
-    pub ranges: Vec<Range>,
-    pub threshold: u32,
-    pub window_pages: u32,
-    pub seed: u64,
-    pub port: u16,
-    pub request: Option<String>,
-    pub until: String,
-    pub idle_ns: u64,
-    pub phase: probe::Phase,
-}
-
-/// `probe_cycle`: flush the lines of `c.ranges` of `c.phase` on the server's CPU, send the
+/// `probe_cycle`: flush the lines of `c.ranges` of its phase on the server's CPU, send the
 /// request from here (or let `idle_ns` pass), let the server settle, reload on its CPU.
-pub fn probe_cycle(shared: &Shared, c: Cycle) -> Result<Reply, String> {
+pub fn probe_cycle(shared: &Shared, c: ProbeCycle) -> Result<Reply, String> {
     shared.check_port(c.port)?;
+    let phase = probe::Phase {
+        stride: c.stride,
+        phase: c.phase,
+    };
     let view = shared.probe.view()?;
     let mut conn = shared.probe.conn();
     let w = c.request.map(|r| WarmUp {
@@ -133,7 +124,7 @@ pub fn probe_cycle(shared: &Shared, c: Cycle) -> Result<Reply, String> {
                 .map_err(|e| format!("{e:#}: {PROBE_CONN_CLOSED}"))?;
         }
     }
-    on_server_cpu(shared, || view.prepare_phase(&c.ranges, c.phase))?;
+    on_server_cpu(shared, || view.prepare_phase(&c.ranges, phase))?;
     let t_flushed = time::now_ns();
     match &w {
         Some(w) => {
@@ -157,7 +148,7 @@ pub fn probe_cycle(shared: &Shared, c: Cycle) -> Result<Reply, String> {
             c.threshold,
             c.window_pages,
             c.seed,
-            c.phase,
+            phase,
             &mut hits,
         );
         (t, probed, time::now_ns().saturating_sub(t))

@@ -138,7 +138,8 @@ enum Poll {
 impl Worker<'_> {
     fn handle(&mut self, a: &Announcement) {
         let received = now_ns();
-        // Everything counted under one lock, before the strategies run.
+        // Counted under one lock before the strategies run (how `wake` runs is counted once
+        // the latency request is armed, below).
         let (st, warm_up, lines) = {
             let mut inner = self.shared.inner();
             let p = &mut inner.preheat;

@@ -277,17 +277,19 @@ fn probes_and_preheats_the_servers_file_backed_memory() {
         until: "pong\n".into(),
     })
     .unwrap();
-    let cycle = |request: Option<&str>| Request::ProbeCycle {
-        ranges: chunk.clone(),
-        threshold,
-        window_pages: 16,
-        seed: 7,
-        port,
-        request: request.map(String::from),
-        until: "pong\n".into(),
-        idle_ns: 1_000_000,
-        stride: 2,
-        phase: 0,
+    let cycle = |request: Option<&str>| {
+        Request::ProbeCycle(preheat_model::proto::ProbeCycle {
+            ranges: chunk.clone(),
+            threshold,
+            window_pages: 16,
+            seed: 7,
+            port,
+            request: request.map(String::from),
+            until: "pong\n".into(),
+            idle_ns: 1_000_000,
+            stride: 2,
+            phase: 0,
+        })
     };
     let inside = |h: &u64| chunk.iter().any(|r| *h >= r.start && *h < r.start + r.len);
     let mut all_hits = Vec::new();

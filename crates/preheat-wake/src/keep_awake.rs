@@ -24,6 +24,7 @@
 //! to idle through the governor, which then honours it (a halted CPU would otherwise stay halted
 //! until its next interrupt).
 
+use preheat_engine::latency::LatencyRequest;
 use preheat_engine::pidlock::{LockError, PidLock};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -380,7 +381,7 @@ pub struct Machine {
     armed: BTreeMap<u32, Armed>,
     /// Open PM QoS files of the CPUs that use pmqos.
     qos: BTreeMap<u32, QosFile>,
-    dma_fd: Option<File>,
+    dma_fd: Option<LatencyRequest>,
     dma_ok: bool,
     _lock: Option<PidLock>,
 }
@@ -575,11 +576,9 @@ impl Machine {
     }
 
     fn open_dma(&mut self) -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .open(&self.paths.dma_latency)?;
-        f.write_all(&0i32.to_ne_bytes())?;
-        self.dma_fd = Some(f);
+        let mut r = LatencyRequest::open_at(&self.paths.dma_latency)?;
+        r.arm()?;
+        self.dma_fd = Some(r);
         Ok(())
     }
 

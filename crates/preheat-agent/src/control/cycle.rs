@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 use preheat_engine::{os, probe, time};
-use preheat_model::proto::{Range, Reply};
+use preheat_model::proto::{ProbeCycle, Range, Reply};
 
 use super::ranges::validate_ranges;
 use super::served::{connect_served_here, fresh_exchange};
@@ -163,20 +163,16 @@ pub(super) fn quiesce() {
 /// there could make its adjacent-line prefetcher fetch a probed line), and lines in another
 /// core's L2 reload too slowly to count as hits. In between, the thread is unpinned so it never
 /// competes with the server for its CPU.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn probe_cycle(
     conn_slot: &mut Option<ProbeConn>,
-    ranges: &[Range],
-    threshold: u32,
-    window_pages: u32,
-    seed: u64,
-    port: u16,
-    request: Option<&str>,
-    until: &str,
-    idle_ns: u64,
-    phase: probe::Phase,
+    c: &ProbeCycle,
 ) -> Result<Reply, String> {
     const REPLY_MAX: usize = 1 << 20;
+    let (ranges, port, request, until) = (&c.ranges, c.port, c.request.as_deref(), &c.until);
+    let phase = probe::Phase {
+        stride: c.stride,
+        phase: c.phase,
+    };
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut cpu: Vec<(u32, u64)> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
@@ -224,7 +220,7 @@ pub(super) fn probe_cycle(
                 }
             }
             (Some(fd), Some(req)) => kept_request(conn_slot, fd, req, until, &mut reply)?,
-            _ => spin_until(t_flushed + idle_ns.min(100_000_000)),
+            _ => spin_until(t_flushed + c.idle_ns.min(100_000_000)),
         }
         break t_flushed;
     };
@@ -242,7 +238,14 @@ pub(super) fn probe_cycle(
     // microseconds since (issue 13, bug 1) makes a line fault, which `guarded` resumes.
     let probed = guarded("reload", || unsafe {
         t_reload = time::now_ns();
-        probe::reload_phase(&valid, threshold, window_pages, seed, phase, &mut hits)
+        probe::reload_phase(
+            &valid,
+            c.threshold,
+            c.window_pages,
+            c.seed,
+            phase,
+            &mut hits,
+        )
     });
     let elapsed_ns = time::now_ns().saturating_sub(t_reload);
     pin(false);

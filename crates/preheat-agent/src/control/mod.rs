@@ -45,6 +45,10 @@ const MAX_LINE: usize = 64 << 20;
 struct Client {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// The descriptor that came with the client's bytes (`SCM_RIGHTS`, sent with its
+    /// `ProbeAdopt`): it goes to the next request line completed, and is closed if that does
+    /// not take it.
+    fd: Option<OwnedFd>,
 }
 
 struct Control {
@@ -55,9 +59,6 @@ struct Control {
     ports: BTreeMap<u16, PortConfig>,
     retired: Vec<Arc<Plan>>,
     next_reconnect: Option<Instant>,
-    /// The descriptor that came with the client's bytes being served (`SCM_RIGHTS`), for a
-    /// `ProbeAdopt` among them; dropped (closed) once they are served.
-    passed_fd: Option<OwnedFd>,
 }
 
 /// Body of the control thread.
@@ -68,7 +69,6 @@ pub fn control_main(listener: UnixListener, wake_fd: RawFd, profile: Option<Stri
         ports: BTreeMap::new(),
         retired: Vec::new(),
         next_reconnect: None,
-        passed_fd: None,
     };
     if let Some(p) = profile {
         c.load_startup_profile(&p);
@@ -138,6 +138,7 @@ fn accept_clients(listener: &UnixListener, clients: &mut Vec<Client>) {
                 clients.push(Client {
                     stream: s,
                     buf: Vec::new(),
+                    fd: None,
                 });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -191,9 +192,10 @@ impl Control {
         let mut passed = Vec::new();
         let read =
             preheat_engine::fdpass::recv_with_fds(cl.stream.as_raw_fd(), &mut tmp, &mut passed);
-        // The last descriptor that came with these bytes (a client sends one, with its
-        // `ProbeAdopt`); any others are closed here.
-        self.passed_fd = passed.pop();
+        // A client sends one, with its `ProbeAdopt`; any others are closed here.
+        if let Some(fd) = passed.pop() {
+            cl.fd = Some(fd);
+        }
         let n = match read {
             Ok(0) => return false,
             Ok(n) => n,
@@ -209,17 +211,15 @@ impl Control {
             if text.is_empty() {
                 continue;
             }
-            let reply = self.handle_line(text);
+            let reply = self.handle_line(text, cl.fd.take());
             let mut out = serde_json::to_string(&reply).unwrap_or_else(|e| {
                 format!(r#"{{"reply":"error","message":"cannot encode reply: {e}"}}"#)
             });
             out.push('\n');
             if cl.stream.write_all(out.as_bytes()).is_err() {
-                self.passed_fd = None;
                 return false;
             }
         }
-        self.passed_fd = None;
         if cl.buf.len() > MAX_LINE {
             let _ = cl
                 .stream
@@ -256,7 +256,8 @@ impl Control {
         }
     }
 
-    fn handle_line(&mut self, text: &str) -> Reply {
+    /// One request line; `fd`: a descriptor that came with it (see [`Client::fd`]).
+    fn handle_line(&mut self, text: &str, fd: Option<OwnedFd>) -> Reply {
         let req: Request = match serde_json::from_str(text) {
             Ok(r) => r,
             Err(e) => {
@@ -266,7 +267,7 @@ impl Control {
             }
         };
         let name = req.name();
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(req, fd))) {
             Ok(Ok(r)) => r,
             Ok(Err(message)) => Reply::Error { message },
             Err(p) => {
@@ -281,7 +282,7 @@ impl Control {
     }
 
     /// The probe's connection: opened here, handed over by the caller, or closed.
-    fn probe_connection(&mut self, req: Request) -> Result<(), String> {
+    fn probe_connection(&mut self, req: Request, fd: Option<OwnedFd>) -> Result<(), String> {
         match req {
             Request::ProbeConnect {
                 port,
@@ -292,10 +293,7 @@ impl Control {
                 port,
                 request,
                 until,
-            } => {
-                let fd = self.passed_fd.take();
-                cycle::probe_adopt(&mut self.probe_conn, fd, port, &request, &until)
-            }
+            } => cycle::probe_adopt(&mut self.probe_conn, fd, port, &request, &until),
             _ => {
                 self.probe_conn = None;
                 Ok(())
@@ -303,7 +301,7 @@ impl Control {
         }
     }
 
-    fn handle(&mut self, req: Request) -> Result<Reply, String> {
+    fn handle(&mut self, req: Request, fd: Option<OwnedFd>) -> Result<Reply, String> {
         match req {
             Request::Status => Ok(self.status()),
             Request::Candidates => candidates(),
@@ -326,30 +324,8 @@ impl Control {
             } => probe_reload(&ranges, threshold, window_pages, seed),
             r @ (Request::ProbeConnect { .. }
             | Request::ProbeAdopt { .. }
-            | Request::ProbeRelease) => self.probe_connection(r).map(|()| Reply::Ok),
-            Request::ProbeCycle {
-                ranges,
-                threshold,
-                window_pages,
-                seed,
-                port,
-                request,
-                until,
-                idle_ns,
-                stride,
-                phase,
-            } => probe_cycle(
-                &mut self.probe_conn,
-                &ranges,
-                threshold,
-                window_pages,
-                seed,
-                port,
-                request.as_deref(),
-                &until,
-                idle_ns,
-                probe::Phase { stride, phase },
-            ),
+            | Request::ProbeRelease) => self.probe_connection(r, fd).map(|()| Reply::Ok),
+            Request::ProbeCycle(c) => probe_cycle(&mut self.probe_conn, &c),
             Request::LoadProfile { path } => self.load_profile(&path),
             Request::UnloadProfile => Ok(self.unload_profile()),
             Request::Configure {
