@@ -47,6 +47,8 @@ pub(crate) struct Bench<'a> {
     pub sweep_ns_recent: u64,
     /// Replies that were not what the server should answer.
     pub bad_replies: usize,
+    /// Why the first wrong reply was wrong (empty: not said).
+    pub first_bad: Option<String>,
 }
 
 fn spin_until(t_ns: u64) {
@@ -130,6 +132,14 @@ impl Bench<'_> {
         }
         if !ok {
             self.bad_replies += 1;
+            let why = self.client.last_error();
+            eprintln!(
+                "demo: a wrong reply in round {round} ({}): {}",
+                mode.name(),
+                why.as_deref().unwrap_or("no reason given")
+            );
+            self.first_bad
+                .get_or_insert_with(|| why.unwrap_or_default());
         }
         let mut s = Sample::new(
             mode.name(),

@@ -387,8 +387,13 @@ fn measure_rounds(
     progress.finish();
     if bench.bad_replies > 0 {
         bail!(
-            "{} replies were wrong: the server misbehaved under the agent",
-            bench.bad_replies
+            "{} replies were wrong: the server misbehaved under the agent (the first: {})",
+            bench.bad_replies,
+            bench
+                .first_bad
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .unwrap_or("no reason given")
         );
     }
     Ok(samples)
@@ -515,6 +520,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         post_gap_us: a.post_gap_us,
         sweep_ns_recent: 5_000_000,
         bad_replies: 0,
+        first_bad: None,
     };
     let loopback = server.spec.netns.is_none();
     let available = available(can_replay);

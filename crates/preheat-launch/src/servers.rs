@@ -191,6 +191,15 @@ impl Requester {
         }
     }
 
+    /// Why the last request's reply was wrong, where the protocol says (an SQL error of a
+    /// TPC-C-like transaction).
+    pub fn last_error(&self) -> Option<String> {
+        match self {
+            Requester::Tpcc { client, .. } => client.last_error().map(str::to_string),
+            _ => None,
+        }
+    }
+
     /// Send one request; a wrong reply is an error.
     pub fn request_ok(&mut self) -> Result<()> {
         if !self.request()? {
