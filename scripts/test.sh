@@ -42,12 +42,13 @@ fi
 # The lab's servers and peer load generators (scripts/setup-lab.sh installs the same set), a
 # server outside the catalog (lighttpd), the programs the cache-affinity experiments run on
 # fixed inputs (gzip, xz, sqlite3, gcc), QEMU for the real guests (their image is made from
-# packages apt downloads, never installs: see the guest-image step below), Go, and Node.js (a
-# server in a managed runtime, issue 23).
+# packages apt downloads, never installs: see the guest-image step below), Go, Node.js and a
+# JDK (servers in managed runtimes, issue 23).
 for pkg_bin in memcached:memcached nginx-light:nginx valgrind:valgrind gcc:gcc make:make \
     redis-server:redis-server mariadb-server:mariadbd libmemcached-tools:memcaslap wrk:wrk \
     lighttpd:lighttpd gzip:gzip xz-utils:xz sqlite3:sqlite3 util-linux:setpriv \
-    qemu-system-x86:qemu-system-x86_64 golang-go:go nodejs:node; do
+    qemu-system-x86:qemu-system-x86_64 golang-go:go nodejs:node \
+    default-jdk-headless:javac; do
   pkg=${pkg_bin%%:*}; bin=${pkg_bin##*:}
   installed+=("$bin")
   command -v "$bin" >/dev/null 2>&1 || [ -x "/usr/sbin/$bin" ] || need+=("$pkg")

@@ -1,7 +1,9 @@
 //! Servers in managed runtimes through the any-server demo (issue 23): a Node.js `http` server
 //! (`tests/fixtures/node_http.js`: one libuv event loop, keep-alive). Node is dynamically
 //! linked against the C library, so the agent loads through `LD_PRELOAD` and finds its busy
-//! periods in `epoll_wait`/`read`/`writev` as for a C event loop. A statically linked Go
+//! periods in `epoll_wait`/`read`/`writev` as for a C event loop. A JVM HTTP server with a
+//! thread hand-off (`tests/fixtures/JvmHandoff.java`, compiled by the test), which the agent
+//! enters the same way. A statically linked Go
 //! `net/http` server, which the agent cannot enter, is preheated from outside the process.
 //! Real servers on loopback, the real demo and recorder.
 
@@ -65,6 +67,89 @@ fn demo_on_a_node_http_server() {
     assert!(
         warm.iter().all(|s| s["server_start_us"].as_f64().is_some()),
         "node's event loop was not tracked: {warm:?}"
+    );
+    assert_no_agent_sockets(&rd);
+}
+
+/// The JVM hand-off server (issue 23): the JDK's HTTP server, whose dispatcher thread reads a
+/// request and hands it to a one-thread executor that serves it. The agent attaches to `java`
+/// itself; the recording ends well within the issue's minute; `replay` reaches the server (the
+/// agent acted on its announcements and its warm-ups were answered); `auto` ran its pilot and
+/// announces only what the pilot measured to help (or nothing), measured in every round.
+#[test]
+fn demo_on_a_jvm_handoff_server() {
+    let _one = serial();
+    let (Some(java), Some(javac)) = (find_program("java"), find_program("javac")) else {
+        return preheat_testsupport::skip(
+            "javac",
+            "a JDK (java and javac: Debian's openjdk-17-jdk-headless) is not installed",
+        );
+    };
+    let tmp = tmpdir();
+    let classes = tmp.path().join("classes");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/JvmHandoff.java");
+    let built = std::process::Command::new(&javac)
+        .arg("-d")
+        .arg(&classes)
+        .arg(&fixture)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "javac failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let rd = run_dir(&tmp);
+    let port = preheat_testsupport::free_port();
+    let v = demo(
+        &rd,
+        port,
+        "auto,replay",
+        &[
+            java.to_str().unwrap(),
+            // A small heap and one GC thread keep the JVM light on 2 CPUs.
+            "-Xmx64m",
+            "-XX:+UseSerialGC",
+            "-cp",
+            classes.to_str().unwrap(),
+            "JvmHandoff",
+            &port.to_string(),
+        ],
+    );
+    assert!(
+        !agent_pids_of(&rd, "java").is_empty(),
+        "no agent attached to java"
+    );
+    let seconds = v["record"]["seconds"].as_f64().unwrap();
+    assert!(
+        seconds < 60.0,
+        "recording the JVM took {seconds:.1} s: {}",
+        v["record"]
+    );
+    assert_eq!(skip_reason(&v, "preheat:replay"), None);
+    assert_rows(
+        &v,
+        &["warm", "cold-sweep", "preheat:auto", "preheat:replay"],
+        3,
+    );
+    assert_acted(&v, "preheat:replay");
+    assert!(
+        v["agent_counters"]["replays"].as_u64().unwrap_or(0) > 0,
+        "{}",
+        v["agent_counters"]
+    );
+    let auto = &v["auto"];
+    let helped: Vec<&str> = auto["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["verdict"] == "helps")
+        .map(|c| c["strategies"].as_str().unwrap())
+        .collect();
+    let chosen = auto["chosen"].as_str().unwrap();
+    assert!(
+        helped.contains(&chosen) || chosen == "none",
+        "auto chose {chosen}, measured to help: {helped:?}"
     );
     assert_no_agent_sockets(&rd);
 }
