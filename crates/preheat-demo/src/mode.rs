@@ -184,6 +184,17 @@ impl WakeAs {
         }
     }
 
+    /// Why this mechanism, from the calibration.
+    pub(crate) fn why(self) -> &'static str {
+        match self {
+            WakeAs::Spin => "the calibration measured spinning best here",
+            WakeAs::Poll { calibrated: true } => "the calibration measured idle polling best here",
+            WakeAs::Poll { calibrated: false } => {
+                "not shown by the calibration to beat plain idle here"
+            }
+        }
+    }
+
     pub(crate) fn describe(self) -> String {
         match self {
             WakeAs::Spin => "spin: the agent spins on the server's core through the arrival (the calibration measured spinning best here)".into(),

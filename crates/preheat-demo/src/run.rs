@@ -554,7 +554,11 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         skipped,
         hot_floor,
         floor_check: floor_check(&samples),
-        wake_mechanism: crate::outside::wake_mechanism(outside_why.is_some(), wake),
+        wake_mechanism: crate::outside::wake_mechanism(
+            outside_why.is_some(),
+            wake,
+            &agent_counters,
+        ),
         outside: outside_why,
         calibration,
         auto,
