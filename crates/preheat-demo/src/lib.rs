@@ -24,6 +24,7 @@ mod run;
 mod runner;
 mod saved;
 mod steer;
+mod sweeper;
 mod table;
 
 pub use custom::CustomProtocol;

@@ -21,9 +21,10 @@
 //!   share removed is computed like the total's, on that stage's p50s. The cold overhead's
 //!   decomposition: wake-up = control − hot, cache and kernel-path loss = cold-sweep − control.
 //!   *Wire* (send → the request leaves the client's transmit path, from the kernel's software
-//!   transmit stamp) is the client's own part of *start*: on a machine whose CPUs share caches
-//!   with each other the cold-making step on the server's CPU can also cool the client's path,
-//!   which no preheating on the server's side can remove. Each preheat mode's [`Residual`]
+//!   transmit stamp) is the client's own part of *start*: the client's CPU never sleeps and
+//!   the client never runs on the server's CPU (`measure`), but on a machine whose CPUs share
+//!   caches with each other the cold-making step on the server's CPU can still cool the
+//!   client's path, which no preheating on the server's side can remove. Each preheat mode's [`Residual`]
 //!   splits what it leaves above the floor into wire, the rest of start, and serve.
 
 use preheat_model::proto::Strategies;
