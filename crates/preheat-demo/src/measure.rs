@@ -15,15 +15,17 @@
 //!
 //! **The client's CPU never sleeps.** The cold-making steps used to sleep the client (the idle
 //! interval, the gap after the sweep, the control's wait) and moved it onto the server's CPU to
-//! sweep. Its own CPU then halted, and on this machine kind a halted vCPU's caches do not
-//! survive: the client's transmit path (the *wire* stage) took 28–35 µs after those sleeps
-//! against 3–4 µs hot and warm — also after a sleep with no sweep at all (`cold-idle`) — and
-//! 11–12 µs in the preheated modes, whose polling window woke the client's CPU too. That was
-//! the client's own cold start, counted in every cold mode's response time and left above the
-//! floor by every strategy. The paper's client runs on other cores, busy, with a last-level
-//! cache of its own. So the client now spins through each of those waits, and a sweeper thread
-//! pinned to the server's CPU sweeps while the client spins on its own ([`crate::sweeper`]):
-//! only the server's CPU idles, sleeps and goes cold.
+//! sweep, so its own CPU halted in the cold modes only. On the EPYC `haltpoll` host the client's
+//! transmit path (the *wire* stage) then took 18–30 µs in cold-sweep and 9–12 µs in the
+//! preheated modes against 3–4 µs hot and warm, and as long after a sleep with no sweep at all
+//! (`cold-idle`): the client's own cold start, counted in every cold mode and left above the
+//! floor by every strategy (why a slept vCPU's path is slower — the host's use of the idle core,
+//! its sleep states — is not measured here). The paper's client runs on other cores, busy, with
+//! a last-level cache of its own. So the client now spins through each of those waits, and a
+//! sweeper thread pinned to the server's CPU sweeps while the client spins on its own
+//! ([`crate::sweeper`]): only the server's CPU idles, sleeps and goes cold. Measured: *wire* in
+//! cold-sweep 9–15 µs, with `auto` 6–7 µs (three runs against three of the old way, alternated);
+//! on the Xeon `none` host the same change had measured no difference (README).
 
 use std::time::Duration;
 
