@@ -866,16 +866,29 @@ mod tests {
             lines(before)
         );
         // Checks after a slow interval: spaced by the measured rate. 16 µs for `every` lines
-        // is slower than SLOW_LINE_NS per line for every spacing below 160 lines.
-        let mut p = Pacer::new(Deadline::at(now_ns() + 40_000));
-        p.every = 64;
-        let t = now_ns();
-        while now_ns() < t + 16_000 {
-            std::hint::spin_loop();
+        // is slower than SLOW_LINE_NS per line for every spacing below 160 lines. A try is
+        // kept only when its bracket of clock reads stayed under 20 µs: a preemption longer
+        // than the deadline's slack (the suite's other tests share the 2 CPUs) would pass the
+        // 40 µs deadline, which is not what this checks.
+        let mut kept = false;
+        for _ in 0..50 {
+            let t0 = now_ns();
+            let mut p = Pacer::new(Deadline::at(t0 + 40_000));
+            p.every = 64;
+            while now_ns() < t0 + 16_000 {
+                std::hint::spin_loop();
+            }
+            let passed = p.passed();
+            if now_ns() - t0 > 20_000 {
+                continue;
+            }
+            assert!(!passed);
+            // 20–24 µs left, at ≥ 250 ns per line: at most 24 lines to the next check.
+            assert!(p.every <= 24, "{}", p.every);
+            kept = true;
+            break;
         }
-        assert!(!p.passed());
-        // ≤ 24 µs left, at ≥ 250 ns per line: at most 24 lines to the next check.
-        assert!(p.every <= 24, "{}", p.every);
+        assert!(kept, "every try was preempted for over 4 µs");
         // Near the deadline, the least spacing; past it, passed.
         let mut p = Pacer::new(Deadline::at(now_ns() + 500));
         assert_eq!(p.every, CHECK_EVERY_MIN);
