@@ -142,6 +142,25 @@ pub(crate) fn assert_acted(v: &Value, mode: &str) {
     );
 }
 
+/// `auto`'s choice in the demo's JSON is one of the candidates its pilot measured to help, or
+/// `none` where none did; (the choice, the candidates that helped).
+pub(crate) fn assert_auto_chose_what_helped(v: &Value) -> (String, Vec<String>) {
+    let auto = &v["auto"];
+    let helped: Vec<String> = auto["candidates"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no auto pilot: {auto}"))
+        .iter()
+        .filter(|c| c["verdict"] == "helps")
+        .map(|c| c["strategies"].as_str().unwrap().to_string())
+        .collect();
+    let chosen = auto["chosen"].as_str().unwrap().to_string();
+    assert!(
+        helped.contains(&chosen) || (helped.is_empty() && chosen == "none"),
+        "auto chose {chosen}, measured to help: {helped:?}"
+    );
+    (chosen, helped)
+}
+
 /// The reason a mode was skipped, if it was.
 pub(crate) fn skip_reason(v: &Value, mode: &str) -> Option<String> {
     v["skipped"]
@@ -634,19 +653,10 @@ mod timing {
         ];
         let command = [nginx_s, "-p", prefix, "-c", conf_s, "-e", "stderr"];
         let v = demo_with(&site.rd, port, &opts, &command);
-        let auto = &v["auto"];
-        let helped: Vec<&str> = auto["candidates"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["verdict"] == "helps")
-            .map(|c| c["strategies"].as_str().unwrap())
-            .collect();
-        let chosen = auto["chosen"].as_str().unwrap();
-        eprintln!("reverse proxy: auto chose {chosen} (measured); helped: {helped:?}; {auto}");
-        assert!(
-            helped.contains(&chosen) || (helped.is_empty() && chosen == "none"),
-            "auto chose {chosen}, measured to help: {helped:?}"
+        let (chosen, helped) = assert_auto_chose_what_helped(&v);
+        eprintln!(
+            "reverse proxy: auto chose {chosen} (measured); helped: {helped:?}; {}",
+            v["auto"]
         );
         let row = |m: &str| {
             v["rows"]

@@ -583,16 +583,7 @@ mod timing {
         let auto = &v["auto"];
         let cands = auto["candidates"].as_array().unwrap();
         assert_eq!(cands.len(), 7, "{auto}");
-        let helped: Vec<&str> = cands
-            .iter()
-            .filter(|c| c["verdict"] == "helps")
-            .map(|c| c["strategies"].as_str().unwrap())
-            .collect();
-        let chosen = auto["chosen"].as_str().unwrap();
-        assert!(
-            helped.contains(&chosen) || (helped.is_empty() && chosen == "none"),
-            "auto chose {chosen}, measured to help: {helped:?}"
-        );
+        crate::any_server::assert_auto_chose_what_helped(&v);
         for c in cands {
             assert_eq!(c["gain_us"]["n"], 8, "{c}");
         }

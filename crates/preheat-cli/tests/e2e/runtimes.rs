@@ -10,7 +10,8 @@
 use std::path::Path;
 
 use crate::any_server::{
-    agent_pids_of, assert_acted, assert_rows, demo, missed_requests, samples, skip_reason, tmpdir,
+    agent_pids_of, assert_acted, assert_auto_chose_what_helped, assert_rows, demo, missed_requests,
+    samples, skip_reason, tmpdir,
 };
 use crate::common::{assert_no_agent_sockets, find_program, run_dir, serial};
 
@@ -141,19 +142,7 @@ fn demo_on_a_jvm_handoff_server() {
         "{}",
         v["agent_counters"]
     );
-    let auto = &v["auto"];
-    let helped: Vec<&str> = auto["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|c| c["verdict"] == "helps")
-        .map(|c| c["strategies"].as_str().unwrap())
-        .collect();
-    let chosen = auto["chosen"].as_str().unwrap();
-    assert!(
-        helped.contains(&chosen) || chosen == "none",
-        "auto chose {chosen}, measured to help: {helped:?}"
-    );
+    assert_auto_chose_what_helped(&v);
     assert_no_agent_sockets(&rd);
 }
 
