@@ -12,8 +12,8 @@
 All commands write into --out DIR (atomically: temp file + rename) and DIR/report.html. A server
 that fails is reported with its reason and the run goes on (exit code 1 at the end); Ctrl-C or
 SIGTERM stops the running child (SIGTERM to its process group) and writes a partial report
-(exit code 130 / 143). The `preheat` binary: $PREHEAT_BIN, else target/release, target/debug,
-PATH (build: cargo build --release).
+(exit code 130 / 143). The `preheat` binary: $PREHEAT_BIN, else release, debug in Cargo's
+target directory ($CARGO_TARGET_DIR or target/), else PATH (build: cargo build --release).
 """
 
 from __future__ import annotations

@@ -37,13 +37,20 @@ class ToolError(RuntimeError):
     """The CLI failed; the message carries its stderr."""
 
 
+def target_dir() -> Path:
+    """Cargo's target directory: $CARGO_TARGET_DIR (relative to the repository), else target/."""
+    env = os.environ.get("CARGO_TARGET_DIR")
+    return REPO / env if env else REPO / "target"
+
+
 def preheat_bin() -> str:
-    """The `preheat` binary: $PREHEAT_BIN, else target/release, else target/debug, else PATH."""
+    """The `preheat` binary: $PREHEAT_BIN, else release, else debug in Cargo's target directory
+    ($CARGO_TARGET_DIR or target/), else PATH."""
     env = os.environ.get("PREHEAT_BIN")
     if env:
         return env
     for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "preheat"
+        p = target_dir() / profile / "preheat"
         if p.exists():
             return str(p)
     found = shutil.which("preheat")

@@ -156,3 +156,16 @@ def test_preheat_lab_help_through_the_cli(tmp_path: Path):
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert len(p.stderr.splitlines()) == 1 and "needs the Python packages" in p.stderr
+
+
+def test_the_binary_is_found_in_cargos_target_directory(tmp_path: Path, monkeypatch):
+    """A suite run with $CARGO_TARGET_DIR set builds there; the lab looks there too."""
+    from preheat_lab import cli
+
+    built = tmp_path / "release" / "preheat"
+    built.parent.mkdir()
+    built.write_text("")
+    monkeypatch.delenv("PREHEAT_BIN", raising=False)
+    monkeypatch.setenv("CARGO_TARGET_DIR", str(tmp_path))
+    assert cli.preheat_bin() == str(built)
+    assert cli.target_dir() == tmp_path
