@@ -35,6 +35,7 @@ use preheat_model::proto::{Announcement, Strategies};
 use crate::hot::KeepAwake;
 use crate::join::Join;
 use crate::mode::{agent_preheat, AgentView, Mode, Sample, WakeAs};
+use preheat_engine::time::{now_ns, spin_until};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
 
@@ -60,25 +61,18 @@ pub(crate) struct Bench<'a> {
     pub sweep_ns_recent: u64,
     /// Replies that were not what the server should answer.
     pub bad_replies: usize,
-    /// Why the first wrong reply was wrong (empty: not said).
+    /// Why the first wrong reply was wrong.
     pub first_bad: Option<String>,
-}
-
-fn spin_until(t_ns: u64) {
-    while preheat_engine::time::now_ns() < t_ns {
-        std::hint::spin_loop();
-    }
 }
 
 impl Bench<'_> {
     /// Go cold the way `mode` does; the sweep's duration, µs (0 without one). The client spins
     /// through every wait here and through the sweep (module docs: its CPU never sleeps).
     fn go_cold(&mut self, mode: Mode) -> Result<f64> {
-        let now = preheat_engine::time::now_ns;
         Ok(match mode {
             Mode::Hot | Mode::Warm => 0.0,
             Mode::ColdIdle => {
-                spin_until(now() + self.idle_ms * 1_000_000);
+                spin_until(now_ns() + self.idle_ms * 1_000_000);
                 0.0
             }
             Mode::ColdSweep | Mode::Preheat(_) | Mode::Auto(_) => {
@@ -86,11 +80,11 @@ impl Bench<'_> {
                 // ([`crate::sweeper`]).
                 let ns = self.sweep.sweep()?;
                 self.sweep_ns_recent = ns;
-                spin_until(now() + self.post_gap_us * 1000);
+                spin_until(now_ns() + self.post_gap_us * 1000);
                 ns as f64 / 1e3
             }
             Mode::Control => {
-                spin_until(now() + self.sweep_ns_recent + self.post_gap_us * 1000);
+                spin_until(now_ns() + self.sweep_ns_recent + self.post_gap_us * 1000);
                 0.0
             }
         })
@@ -99,7 +93,7 @@ impl Bench<'_> {
     /// Announce `st` (as the calibrated wake mechanism runs it) `lead` ahead and wait for the
     /// arrival; the send time (the arrival). Nothing to announce: the same wait, unannounced.
     fn announce(&mut self, st: Strategies) -> u64 {
-        let now = preheat_engine::time::now_ns();
+        let now = now_ns();
         let arrival = now + self.lead_us * 1000;
         if st.is_empty() {
             spin_until(arrival);
@@ -139,21 +133,22 @@ impl Bench<'_> {
         // The same lead for every mode, announced or not (module docs).
         let t_send = self.announce(announced.unwrap_or(Strategies::NONE));
         let ok = self.client.request()?;
-        let t_done = preheat_engine::time::now_ns();
+        let t_done = now_ns();
         let wire = self.client.sent_at_ns();
         if let Some(k) = hot {
             k.release();
         }
         if !ok {
             self.bad_replies += 1;
-            let why = self.client.last_error();
+            let why = self
+                .client
+                .last_error()
+                .unwrap_or_else(|| "no reason given".into());
             eprintln!(
-                "demo: a wrong reply in round {round} ({}): {}",
-                mode.name(),
-                why.as_deref().unwrap_or("no reason given")
+                "demo: a wrong reply in round {round} ({}): {why}",
+                mode.name()
             );
-            self.first_bad
-                .get_or_insert_with(|| why.unwrap_or_default());
+            self.first_bad.get_or_insert(why);
         }
         let mut s = Sample::new(
             mode.name(),

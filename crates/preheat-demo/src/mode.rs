@@ -197,9 +197,118 @@ impl WakeAs {
 
     pub(crate) fn describe(self) -> String {
         match self {
-            WakeAs::Spin => "spin: the agent spins on the server's core through the arrival (the calibration measured spinning best here)".into(),
-            WakeAs::Poll { calibrated: true } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (the calibration measured idle polling best here)".into(),
-            WakeAs::Poll { calibrated: false } => "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window (not shown by the calibration to beat plain idle here)".into(),
+            WakeAs::Spin => format!(
+                "spin: the agent spins on the server's core through the arrival ({})",
+                self.why()
+            ),
+            WakeAs::Poll { .. } => format!(
+                "idle polling: the agent holds /dev/cpu_dma_latency at 0 µs for the window ({})",
+                self.why()
+            ),
         }
+    }
+
+    /// What the `wake` strategy ran as, from the agent's counters of this run (`wake_polled`,
+    /// `wake_spins`; the outside stand-in counts the same), with the calibration's reason where it
+    /// ran as the calibration chose.
+    pub(crate) fn ran_as(
+        self,
+        outside: bool,
+        counted: &preheat_model::proto::PreheatStats,
+    ) -> String {
+        let who = if outside {
+            "from outside the server, a thread on its core"
+        } else {
+            "the agent"
+        };
+        let (polled, spun) = (counted.wake_polled, counted.wake_spins);
+        let yielding = if outside { ", yielding every turn" } else { "" };
+        let ran = match (polled > 0, spun > 0) {
+            (false, false) => {
+                return format!(
+                    "nothing: no wake was counted in this run (intended: {})",
+                    self.describe()
+                )
+            }
+            (true, false) => format!(
+                "idle polling: {who} holds /dev/cpu_dma_latency at 0 µs for the window ({polled} \
+                 windows counted)"
+            ),
+            (false, true) => format!(
+                "spin: {who} spins on the server's core through the arrival{yielding} ({spun} \
+                 counted)"
+            ),
+            (true, true) => format!(
+                "idle polling for {polled} windows and a spin for {spun} (a spin where too little \
+                 lead was left to poll first, /dev/cpu_dma_latency could not be held, or an \
+                 announcement asked for one)"
+            ),
+        };
+        // As calibrated: (almost) every wake ran the calibrated way; a few spins of a short lead
+        // before a polled window do not change what ran.
+        let as_calibrated = match self {
+            WakeAs::Spin => spun > 0 && polled * 100 <= spun,
+            WakeAs::Poll { .. } => polled > 0 && spun * 100 <= polled,
+        };
+        if as_calibrated {
+            format!("{ran}; {}", self.why())
+        } else {
+            format!(
+                "{ran}; not what the calibration chose ({})",
+                self.describe()
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod ran_as_tests {
+    use super::*;
+    use preheat_model::proto::PreheatStats;
+
+    fn counted(polled: u64, spun: u64) -> PreheatStats {
+        PreheatStats {
+            wake_polled: polled,
+            wake_spins: spun,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_wake_line_says_what_the_counters_saw() {
+        let poll = WakeAs::Poll { calibrated: true };
+        // Outside the server, polled as calibrated (the line used to say "spin" there).
+        let s = poll.ran_as(true, &counted(12, 0));
+        assert!(
+            s.starts_with("idle polling: from outside the server"),
+            "{s}"
+        );
+        assert!(s.contains("12 windows counted") && s.contains("measured idle polling best"));
+        // Inside, calibrated polling that spun (no device): said, with the calibration's choice.
+        let s = poll.ran_as(false, &counted(0, 7));
+        assert!(
+            s.starts_with("spin: the agent") && s.contains("7 counted"),
+            "{s}"
+        );
+        assert!(s.contains("not what the calibration chose"), "{s}");
+        // A spin host, spinning as chosen.
+        let s = WakeAs::Spin.ran_as(true, &counted(0, 3));
+        assert!(
+            s.contains("yielding every turn") && s.contains("spinning best"),
+            "{s}"
+        );
+        // Both, and none.
+        let s = poll.ran_as(false, &counted(2, 1));
+        assert!(
+            s.contains("idle polling for 2 windows and a spin for 1"),
+            "{s}"
+        );
+        assert!(s.contains("not what the calibration chose"), "{s}");
+        // One spin of a short lead among 510 polled windows is still the calibrated way.
+        let s = poll.ran_as(false, &counted(510, 1));
+        assert!(s.contains("measured idle polling best"), "{s}");
+        assert!(poll
+            .ran_as(false, &counted(0, 0))
+            .starts_with("nothing: no wake was counted"));
     }
 }

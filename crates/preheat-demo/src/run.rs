@@ -389,11 +389,7 @@ fn measure_rounds(
         bail!(
             "{} replies were wrong: the server misbehaved under the agent (the first: {})",
             bench.bad_replies,
-            bench
-                .first_bad
-                .as_deref()
-                .filter(|s| !s.is_empty())
-                .unwrap_or("no reason given")
+            bench.first_bad.as_deref().unwrap_or_default()
         );
     }
     Ok(samples)
@@ -556,11 +552,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         skipped,
         hot_floor,
         floor_check: floor_check(&samples),
-        wake_mechanism: crate::outside::wake_mechanism(
-            outside_why.is_some(),
-            wake,
-            &agent_counters,
-        ),
+        wake_mechanism: wake.ran_as(outside_why.is_some(), &agent_counters),
         outside: outside_why,
         calibration,
         auto,

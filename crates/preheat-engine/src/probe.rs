@@ -237,6 +237,14 @@ pub struct Phase {
 }
 
 impl Phase {
+    /// The phase a probe cycle request names.
+    pub fn of(c: &preheat_model::proto::ProbeCycle) -> Phase {
+        Phase {
+            stride: c.stride,
+            phase: c.phase,
+        }
+    }
+
     /// Every line (stride 1).
     pub const ALL: Phase = Phase {
         stride: 1,

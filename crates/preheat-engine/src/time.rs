@@ -30,6 +30,16 @@
 //! All but the calibration and the conversions are hot-path functions (see the crate docs): no allocation, no locks,
 //! no logging.
 
+/// Busy-wait until CLOCK_MONOTONIC reaches `t_ns` (the CPU stays awake: no sleep, no yield).
+///
+/// Hot path: allocation-free, lock-free.
+#[inline]
+pub fn spin_until(t_ns: u64) {
+    while now_ns() < t_ns {
+        std::hint::spin_loop();
+    }
+}
+
 /// CLOCK_MONOTONIC in nanoseconds (the time base of announcements).
 ///
 /// Hot path: allocation-free, lock-free; a vDSO call on Linux.

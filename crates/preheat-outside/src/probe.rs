@@ -107,10 +107,7 @@ fn busy_periods(shared: &Shared) -> u64 {
 /// request from here (or let `idle_ns` pass), let the server settle, reload on its CPU.
 pub fn probe_cycle(shared: &Shared, c: ProbeCycle) -> Result<Reply, String> {
     shared.check_port(c.port)?;
-    let phase = probe::Phase {
-        stride: c.stride,
-        phase: c.phase,
-    };
+    let phase = probe::Phase::of(&c);
     let view = shared.probe.view()?;
     let mut conn = shared.probe.conn();
     let w = c.request.map(|r| WarmUp {

@@ -169,10 +169,7 @@ pub(super) fn probe_cycle(
 ) -> Result<Reply, String> {
     const REPLY_MAX: usize = 1 << 20;
     let (ranges, port, request, until) = (&c.ranges, c.port, c.request.as_deref(), &c.until);
-    let phase = probe::Phase {
-        stride: c.stride,
-        phase: c.phase,
-    };
+    let phase = probe::Phase::of(c);
     let mut busy: Vec<u32> = Vec::with_capacity(track::MAX_THREADS);
     let mut cpu: Vec<(u32, u64)> = Vec::with_capacity(track::MAX_THREADS);
     let mut reply = vec![0u8; REPLY_MAX];
@@ -220,7 +217,7 @@ pub(super) fn probe_cycle(
                 }
             }
             (Some(fd), Some(req)) => kept_request(conn_slot, fd, req, until, &mut reply)?,
-            _ => spin_until(t_flushed + c.idle_ns.min(100_000_000)),
+            _ => time::spin_until(t_flushed + c.idle_ns.min(100_000_000)),
         }
         break t_flushed;
     };
@@ -324,13 +321,6 @@ fn kept_request(
         *conn_slot = None;
     }
     r
-}
-
-/// Spin until `end` (ns): a request-less window.
-fn spin_until(end: u64) {
-    while time::now_ns() < end {
-        std::hint::spin_loop();
-    }
 }
 
 /// Run one pass that touches the host's memory (`pass`: a probe call) with the calling thread's
