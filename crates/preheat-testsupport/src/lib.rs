@@ -304,6 +304,22 @@ pub fn go_static_http_server(dir: &Path) -> Option<PathBuf> {
     }
 }
 
+/// Whether `cond` becomes true within `bound`, asking every millisecond. For what the kernel
+/// finishes asynchronously after the call a test made (a joined thread's task is released a
+/// moment after `join` returns): "eventually", never a timing assertion — keep `bound` seconds.
+pub fn eventually(bound: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if t0.elapsed() > bound {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// A free loopback TCP port (the engine's [`preheat_engine::host::free_port`]; good enough for
 /// a test server that is started right after: it retries or fails clearly if the port was taken
 /// meanwhile).
