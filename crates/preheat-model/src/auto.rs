@@ -12,6 +12,14 @@
 //! interval lies above zero. When none does, `auto` announces nothing: it never picks a strategy
 //! that was not measured to help.
 //!
+//! **Fewer strategies where more were not measured to add anything.** A candidate with fewer
+//! strategies than that best one is preferred when the best was not measured faster than it
+//! (the per-round difference between the two, paired like the gains, has a CI that reaches
+//! zero): a strategy is only announced when it was measured to add to the others. Without this
+//! rule a 15-round pilot on nginx picked `lines+replay` (120.5 µs faster than none) over
+//! `replay` (120.4 µs), and the table then measured 79% against `replay`'s 90% (EPYC
+//! `haltpoll`, 200 µs lead, 100 rounds): the extra strategy's cost was real, its gain was not.
+//!
 //! The pilot's samples are the pilot's only: a table that reports `auto` measures it again, so
 //! the choice is not graded on the samples it was made from.
 
@@ -148,27 +156,49 @@ pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
             }
         })
         .collect();
-    let best = candidates
+    let helpers = candidates
         .iter()
         .filter(|c| c.verdict == Verdict::Helps)
-        .max_by(|a, b| a.gain_us.p50.total_cmp(&b.gain_us.p50));
+        .count();
+    let best = (0..candidates.len())
+        .filter(|&i| candidates[i].verdict == Verdict::Helps)
+        .max_by(|&a, &b| {
+            candidates[a]
+                .gain_us
+                .p50
+                .total_cmp(&candidates[b].gain_us.p50)
+        });
     let (bits, why) = match best {
-        Some(c) => (
-            c.bits,
-            format!(
-                "{} had the largest median gain of the {} candidates measured to help ({:.1} µs \
-                 per round, CI {:.1}–{:.1}, {} paired rounds)",
-                c.strategies,
-                candidates
-                    .iter()
-                    .filter(|c| c.verdict == Verdict::Helps)
-                    .count(),
-                c.gain_us.p50,
-                c.gain_us.p50_lo,
-                c.gain_us.p50_hi,
-                c.gain_us.n
-            ),
-        ),
+        Some(b) => {
+            let c = &candidates[b];
+            let largest = format!(
+                "{} had the largest median gain of the {helpers} candidates measured to help \
+                 ({:.1} µs per round, CI {:.1}–{:.1}, {} paired rounds)",
+                c.strategies, c.gain_us.p50, c.gain_us.p50_lo, c.gain_us.p50_hi, c.gain_us.n
+            );
+            match simpler_tie(&candidates, pilots, b) {
+                Some((s, over)) => {
+                    let t = &candidates[s];
+                    (
+                        t.bits,
+                        format!(
+                            "{} ({:.1} µs faster than none per round, CI {:.1}–{:.1}) has fewer \
+                             strategies and {} was not measured faster than it ({:.1} µs per \
+                             round, CI {:.1}–{:.1}): {largest}",
+                            t.strategies,
+                            t.gain_us.p50,
+                            t.gain_us.p50_lo,
+                            t.gain_us.p50_hi,
+                            c.strategies,
+                            over.p50,
+                            over.p50_lo,
+                            over.p50_hi
+                        ),
+                    )
+                }
+                None => (c.bits, largest),
+            }
+        }
         None => (
             Strategies::NONE,
             format!(
@@ -184,6 +214,37 @@ pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
         why,
         candidates,
     }
+}
+
+/// How many of `wake`, `lines` and `replay` `s` announces.
+fn size(s: Strategies) -> u32 {
+    (s.0 & Strategies::ALL.0).count_ones()
+}
+
+/// The candidate with the fewest strategies (then the largest median gain) among those that
+/// help, have fewer strategies than `candidates[best]`, and that `best` was not measured faster
+/// than (the per-round difference's CI reaches zero); with that difference. `None`: the best
+/// stands.
+fn simpler_tie(
+    candidates: &[Candidate],
+    pilots: &[Pilot<'_>],
+    best: usize,
+) -> Option<(usize, Summary)> {
+    let b = &candidates[best];
+    (0..candidates.len())
+        .filter(|&i| {
+            candidates[i].verdict == Verdict::Helps && size(candidates[i].bits) < size(b.bits)
+        })
+        .filter_map(|i| {
+            let (over, v) = judge(pilots[i].latency_us, pilots[best].latency_us);
+            (v != Verdict::Helps).then_some((i, over))
+        })
+        .min_by(|(x, _), (y, _)| {
+            let (cx, cy) = (&candidates[*x], &candidates[*y]);
+            size(cx.bits)
+                .cmp(&size(cy.bits))
+                .then(cy.gain_us.p50.total_cmp(&cx.gain_us.p50))
+        })
 }
 
 #[cfg(test)]
@@ -228,6 +289,59 @@ mod tests {
         let v: Vec<Verdict> = c.candidates.iter().map(|c| c.verdict).collect();
         assert_eq!(v, [Verdict::Helps, Verdict::Helps, Verdict::Hurts]);
         assert!(c.candidates[2].describe().contains("slower than none"));
+    }
+
+    #[test]
+    fn prefers_fewer_strategies_when_more_were_not_measured_to_add() {
+        // `lines+replay` has a slightly larger median gain than `replay`, within the noise: the
+        // per-round difference between the two reaches zero, so `replay` is announced.
+        let (none, replay) = rounds(170.0, 90.0);
+        let both: Vec<f64> = replay
+            .iter()
+            .enumerate()
+            .map(|(r, x)| x - 1.0 + ((r * 5) % 3) as f64 - 0.5)
+            .collect();
+        let (_, wake) = rounds(170.0, 20.0);
+        let c = choose(
+            &none,
+            &[
+                pilot(Strategies::WAKE, &wake),
+                pilot(Strategies::REPLAY, &replay),
+                pilot(Strategies::LINES.union(Strategies::REPLAY), &both),
+            ],
+        );
+        assert!(
+            c.candidates[2].gain_us.p50 >= c.candidates[1].gain_us.p50,
+            "the test's premise: {c:?}"
+        );
+        assert_eq!(c.bits, Strategies::REPLAY, "{}", c.why);
+        assert!(c.why.contains("fewer strategies"), "{}", c.why);
+        // `wake` helps too but much less: `replay` was measured faster than it, so it stays out.
+        assert!(
+            c.why.contains("lines+replay was not measured faster"),
+            "{}",
+            c.why
+        );
+    }
+
+    #[test]
+    fn keeps_more_strategies_when_they_were_measured_to_add() {
+        let (none, replay) = rounds(170.0, 60.0);
+        let (_, both) = rounds(170.0, 90.0);
+        let c = choose(
+            &none,
+            &[
+                pilot(Strategies::REPLAY, &replay),
+                pilot(Strategies::LINES.union(Strategies::REPLAY), &both),
+            ],
+        );
+        assert_eq!(
+            c.bits,
+            Strategies::LINES.union(Strategies::REPLAY),
+            "{}",
+            c.why
+        );
+        assert!(c.why.contains("largest median gain"), "{}", c.why);
     }
 
     #[test]
