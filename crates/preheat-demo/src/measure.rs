@@ -26,6 +26,11 @@
 //! ([`crate::sweeper`]): only the server's CPU idles, sleeps and goes cold. Measured: *wire* in
 //! cold-sweep 9–15 µs, with `auto` 6–7 µs (three runs against three of the old way, alternated);
 //! on the Xeon `none` host the same change had measured no difference (README).
+//!
+//! **Nothing talks to the server's processes between going cold and the send.** The agents'
+//! counters are read before the cold-making step, and that step and the lead are
+//! [`ColdPath`]'s, which holds no agent connection (see there for what it cost when the
+//! counters were read after it).
 
 use std::time::Duration;
 
@@ -39,33 +44,51 @@ use preheat_engine::time::{now_ns, spin_until};
 use preheat_launch::agentctl::{AgentClient, Announcer};
 use preheat_launch::servers::Requester;
 
-/// Everything a sample needs: the client, the agent, the announcer and the cold-making parts.
+/// Everything a sample needs: the client, the agents, and the way to cold and to the send.
 pub(crate) struct Bench<'a> {
     pub client: Requester,
     pub agent: AgentClient,
     /// The agents of the server's other processes that serve the port, where its requests go
     /// to any worker (each is announced to, like `agent`).
     pub others: Vec<AgentClient>,
-    pub announcer: Announcer,
     /// The server's other agents, which join `others` once one serves a measured request.
     pub join: Join,
-    pub sweep: crate::sweeper::Sweeper,
+    pub cold: ColdPath,
     pub keep_awake: Option<&'a KeepAwake>,
-    pub wake: WakeAs,
-    pub port: u16,
     pub server_cpu: usize,
-    pub lead_us: u64,
-    pub idle_ms: u64,
-    pub post_gap_us: u64,
-    /// The last sweep's duration (the control mode sleeps as long).
-    pub sweep_ns_recent: u64,
     /// Replies that were not what the server should answer.
     pub bad_replies: usize,
     /// Why the first wrong reply was wrong.
     pub first_bad: Option<String>,
 }
 
-impl Bench<'_> {
+/// From a just-served state to the moment the request is sent: the mode's cold-making step,
+/// then the lead (announced where the mode announces). It holds **no connection to an agent**
+/// on purpose: nothing may talk to the server's processes in between, or the server's CPU
+/// wakes before the announcement and the preheated rows get a head start that `cold-sweep`
+/// does not (an in-process agent's status exchange did that until commit f9a1118: its control
+/// thread runs on the server's CPU, which then took the announcement in its polling idle phase).
+pub(crate) struct ColdPath {
+    pub announcer: Announcer,
+    pub sweep: crate::sweeper::Sweeper,
+    pub wake: WakeAs,
+    pub port: u16,
+    pub lead_us: u64,
+    pub idle_ms: u64,
+    pub post_gap_us: u64,
+    /// The last sweep's duration (the control mode waits as long).
+    pub sweep_ns_recent: u64,
+}
+
+impl ColdPath {
+    /// Go cold the way `mode` does, then wait the lead (announcing what `mode` announces);
+    /// the sweep's duration (µs, 0 without one) and the send time (the arrival).
+    fn go_cold_and_announce(&mut self, mode: Mode) -> Result<(f64, u64)> {
+        let sweep_us = self.go_cold(mode)?;
+        let t_send = self.announce(mode.announced().unwrap_or(Strategies::NONE));
+        Ok((sweep_us, t_send))
+    }
+
     /// Go cold the way `mode` does; the sweep's duration, µs (0 without one). The client spins
     /// through every wait here and through the sweep (module docs: its CPU never sleeps).
     fn go_cold(&mut self, mode: Mode) -> Result<f64> {
@@ -110,7 +133,9 @@ impl Bench<'_> {
         spin_until(arrival);
         arrival
     }
+}
 
+impl Bench<'_> {
     /// Measure one request of `mode` in `round` (of request kind `kind`).
     pub fn sample(&mut self, mode: Mode, round: usize, kind: &str) -> Result<Sample> {
         let hot = match (mode, self.keep_awake) {
@@ -124,21 +149,17 @@ impl Bench<'_> {
         // The wire stage: the kernel stamps the connection's sends (enabled once; a connection
         // reopened inside the request is not stamped and gives none).
         self.client.stamp_sends();
-        // The agents' counters before the announcement, read *before* going cold: a status
-        // exchange wakes the agent's control thread, which runs on the server's CPU for an
-        // agent inside the server. Read after the cold-making step (as until this change), it
-        // woke that CPU ~60 µs before the announcement, so the announcement found it still in
-        // its polling idle phase instead of halted as in cold-sweep: measured (kv, 200 µs lead,
-        // EPYC haltpoll, scheduler trace) the trigger ran 28 µs after the send (p50, 50 rounds)
-        // against 43 µs for a stand-in outside the server, whose control thread is elsewhere.
-        let announced = mode.announced();
-        let before = match announced {
+        // The agents' counters before the announcement, read *before* going cold: after it,
+        // the status exchange woke the server's CPU ([`ColdPath`]). Measured (kv, 200 µs lead,
+        // EPYC haltpoll, scheduler trace): the trigger ran 28 µs after the send (p50, 50
+        // rounds) against 43 µs for a stand-in outside the server, whose control thread runs
+        // elsewhere.
+        let before = match mode.announced() {
             Some(_) => Some(self.views()?),
             None => None,
         };
-        let sweep_us = self.go_cold(mode)?;
         // The same lead for every mode, announced or not (module docs).
-        let t_send = self.announce(announced.unwrap_or(Strategies::NONE));
+        let (sweep_us, t_send) = self.cold.go_cold_and_announce(mode)?;
         let ok = self.client.request()?;
         let t_done = now_ns();
         let wire = self.client.sent_at_ns();
@@ -183,7 +204,7 @@ impl Bench<'_> {
             s.served_by_preheated = Some(false);
             return Ok(s);
         }
-        if view.last_start_ns >= t_send.saturating_sub(self.lead_us * 1000) {
+        if view.last_start_ns >= t_send.saturating_sub(self.cold.lead_us * 1000) {
             s.server_start_us = (view.last_start_ns as f64 - t_send as f64) / 1e3;
         }
         if let Some(b) = before {
@@ -191,7 +212,7 @@ impl Bench<'_> {
             // measured request may share one (the server picks both up in one wake-up), so
             // more cannot be required. (Not a count against `before`: that was read right
             // after the priming request, whose busy period may have ended after it.)
-            let announced_at = t_send.saturating_sub(self.lead_us * 1000);
+            let announced_at = t_send.saturating_sub(self.cold.lead_us * 1000);
             s.served_by_preheated =
                 Some(views.iter().zip(&b).any(|(v, b)| {
                     v.busy_periods > b.busy_periods && v.last_start_ns >= announced_at
@@ -215,14 +236,14 @@ impl Bench<'_> {
             "demo: pid {pid} served a measured request without being announced to: it gets the \
              working set and the warm-up and is announced to from now on"
         );
-        self.announcer.add(pid);
+        self.cold.announcer.add(pid);
         self.others.push(c);
         Ok(true)
     }
 
     /// What every preheated agent saw: `agent` first, then `others`.
     fn views(&mut self) -> Result<Vec<AgentView>> {
-        let port = self.port;
+        let port = self.cold.port;
         std::iter::once(&mut self.agent)
             .chain(self.others.iter_mut())
             .map(|a| agent_preheat(a, port))

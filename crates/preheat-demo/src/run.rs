@@ -44,7 +44,7 @@ use preheat_launch::servers;
 
 use crate::custom;
 use crate::join::Join;
-use crate::measure::Bench;
+use crate::measure::{Bench, ColdPath};
 use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
 use crate::params::DemoParams;
 use crate::pilot;
@@ -503,20 +503,22 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         client,
         agent,
         others,
-        announcer: Announcer::new(&server.run_dir, &serving.all)?,
         join,
-        sweep: crate::sweeper::Sweeper::start(
-            preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
-            server_cpu,
-        )?,
+        cold: ColdPath {
+            announcer: Announcer::new(&server.run_dir, &serving.all)?,
+            sweep: crate::sweeper::Sweeper::start(
+                preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
+                server_cpu,
+            )?,
+            wake,
+            port,
+            lead_us: a.lead_us,
+            idle_ms: a.idle_ms,
+            post_gap_us: a.post_gap_us,
+            sweep_ns_recent: 5_000_000,
+        },
         keep_awake: keep_awake.as_ref(),
-        wake,
-        port,
         server_cpu,
-        lead_us: a.lead_us,
-        idle_ms: a.idle_ms,
-        post_gap_us: a.post_gap_us,
-        sweep_ns_recent: 5_000_000,
         bad_replies: 0,
         first_bad: None,
     };
