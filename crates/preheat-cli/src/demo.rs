@@ -140,6 +140,10 @@ pub struct DemoArgs {
     /// refuse such a server; outside = outside even where it could load (to compare)
     #[arg(long, default_value = "auto", value_parser = ["auto", "inside", "outside"])]
     pub agent: String,
+    /// Keep the agents' logs (one per server process, in the run directory) after a demo that
+    /// ended well; by default they are removed then, and a failed demo always keeps them.
+    #[arg(long)]
+    pub keep_agent_logs: bool,
     /// Write all results (per-request records and the table) as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -172,6 +176,7 @@ impl DemoArgs {
             server_cpu: self.server_cpu,
             netns: self.netns,
             steer_rx: self.steer_rx.into(),
+            keep_agent_logs: self.keep_agent_logs,
             agent: preheat_demo::AgentPlace::parse(&self.agent),
         }
     }

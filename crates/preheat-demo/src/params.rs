@@ -57,6 +57,9 @@ pub struct DemoParams {
     /// Where the loopback's receive processing runs: measured (default), steered to the server's
     /// CPU, or left on the sender's ([`crate::SteerRx`]).
     pub steer_rx: crate::SteerRx,
+    /// Keep the agents' logs in the run directory after a demo that ended well (a failed one
+    /// always keeps them).
+    pub keep_agent_logs: bool,
     /// Where the agent runs: inside the server where it loads, else outside (default).
     pub agent: AgentPlace,
 }
@@ -109,6 +112,7 @@ impl Default for DemoParams {
             server_cpu: None,
             netns: false,
             steer_rx: crate::SteerRx::Auto,
+            keep_agent_logs: false,
             agent: AgentPlace::Auto,
         }
     }

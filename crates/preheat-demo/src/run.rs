@@ -535,7 +535,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     drop(keep_awake);
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
-    Ok(Output {
+    let out = Output {
         serving_pids,
         joined_pids,
         server: server.spec.name.clone(),
@@ -563,7 +563,24 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         rows,
         samples,
         ws: ws_stats,
-    })
+    };
+    // A demo that ended well leaves no agent logs behind (one per server process, in the run
+    // directory, which outlives the demo: 260 of them had piled up there in one day of demos)
+    // unless asked to; a failed one keeps them for the diagnosis. The server stops first, so
+    // no agent writes to its log after.
+    let run_dir = server.run_dir.clone();
+    let logs: Vec<std::path::PathBuf> = std::iter::once(server.pid())
+        .chain(out.serving_pids.iter().copied())
+        .map(|p| preheat_launch::paths::agent_log(&run_dir, p))
+        .collect();
+    drop(outside);
+    drop(server);
+    if !a.keep_agent_logs {
+        for l in logs {
+            let _ = std::fs::remove_file(l);
+        }
+    }
+    Ok(out)
 }
 
 /// `auto`'s pilot, the receive-steering choice, then the table's rounds (steering put back

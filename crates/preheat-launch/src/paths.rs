@@ -25,6 +25,11 @@ pub fn trigger_socket(run_dir: &Path, pid: u32) -> PathBuf {
     preheat_rundir::socket_paths(run_dir, pid).trigger
 }
 
+/// The log the agent of `pid` writes in `run_dir`.
+pub fn agent_log(run_dir: &Path, pid: u32) -> PathBuf {
+    preheat_rundir::socket_paths(run_dir, pid).log
+}
+
 fn exe_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe().context("cannot find the preheat executable")?;
     Ok(exe

@@ -68,7 +68,8 @@ pub(crate) fn demo(rd: &Path, port: u16, strategies: &str, command: &[&str]) -> 
 /// `port`, on a server given by its command; the parsed JSON.
 pub(crate) fn demo_with(rd: &Path, port: u16, opts: &[&str], command: &[&str]) -> Value {
     let port = port.to_string();
-    let mut args = vec!["demo"];
+    // The tests read the agents' logs afterwards (which processes loaded one).
+    let mut args = vec!["demo", "--keep-agent-logs"];
     args.extend(common::QUICK_DEMO);
     args.extend_from_slice(opts);
     args.extend([

@@ -330,8 +330,16 @@ fn demo_on_any_server_given_by_its_command() {
     }
     let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
     assert!(lines["ws_kib"].as_f64().unwrap() > 0.0, "empty working set");
-    // No server or agent outlives the command.
+    // No server or agent outlives the command, and a demo that ended well leaves none of its
+    // agents' logs in the run directory (without --keep-agent-logs).
     assert_no_agent_sockets(&rd);
+    let logs: Vec<String> = std::fs::read_dir(&rd)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("agent-") && n.ends_with(".log"))
+        .collect();
+    assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
 }
 
 /// Tests whose outcome depends on the machine's timing (caches, wake-ups, deadlines):
