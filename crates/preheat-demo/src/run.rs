@@ -564,23 +564,27 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         samples,
         ws: ws_stats,
     };
-    // A demo that ended well leaves no agent logs behind (one per server process, in the run
-    // directory, which outlives the demo: 260 of them had piled up there in one day of demos)
-    // unless asked to; a failed one keeps them for the diagnosis. The server stops first, so
-    // no agent writes to its log after.
+    drop(outside);
+    stop_and_tidy(server, &out.serving_pids, a.keep_agent_logs);
+    Ok(out)
+}
+
+/// Stop the server, then remove its agents' logs (the root process's and those of `served`)
+/// unless `keep`: a demo that ended well leaves none behind in the run directory, which
+/// outlives it (260 had piled up there in one day of demos); a failed demo never gets here
+/// and keeps them for the diagnosis. Stopped first, so no agent writes to its log after.
+fn stop_and_tidy(server: preheat_launch::launch::Server, served: &[u32], keep: bool) {
     let run_dir = server.run_dir.clone();
     let logs: Vec<std::path::PathBuf> = std::iter::once(server.pid())
-        .chain(out.serving_pids.iter().copied())
+        .chain(served.iter().copied())
         .map(|p| preheat_launch::paths::agent_log(&run_dir, p))
         .collect();
-    drop(outside);
     drop(server);
-    if !a.keep_agent_logs {
+    if !keep {
         for l in logs {
             let _ = std::fs::remove_file(l);
         }
     }
-    Ok(out)
 }
 
 /// `auto`'s pilot, the receive-steering choice, then the table's rounds (steering put back
