@@ -99,7 +99,8 @@ fn demo_over_a_veth_pair() {
     let rd = common::run_dir(&tmp);
     let args = [
         &["demo", "--netns", "--rounds", "3", "--lead-us", "1000"][..],
-        &["--strategies", "wake,replay", "--json"],
+        // The agent's log is read below (where it opened its replay connection).
+        &["--strategies", "wake,replay", "--json", "--keep-agent-logs"],
         &common::QUICK_DEMO,
     ]
     .concat();
