@@ -304,9 +304,10 @@ pub fn go_static_http_server(dir: &Path) -> Option<PathBuf> {
     }
 }
 
-/// Whether `cond` becomes true within `bound`, asking every millisecond. For what the kernel
-/// finishes asynchronously after the call a test made (a joined thread's task is released a
-/// moment after `join` returns): "eventually", never a timing assertion — keep `bound` seconds.
+/// Whether `cond` becomes true within `bound`, asking every 10 ms. For what finishes
+/// asynchronously after the call a test made (a joined thread's task is released a moment after
+/// `join` returns; a server's agent appears): "eventually", never a timing assertion — keep
+/// `bound` seconds. The one such helper of the tests (the agent's and preheatd's use it).
 pub fn eventually(bound: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
     let t0 = std::time::Instant::now();
     loop {
@@ -316,7 +317,7 @@ pub fn eventually(bound: std::time::Duration, mut cond: impl FnMut() -> bool) ->
         if t0.elapsed() > bound {
             return false;
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

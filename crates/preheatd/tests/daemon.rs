@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use preheat_net::wire::{encode, Key, Msg, NetAnnouncement};
 use preheatd::registry::{query_status, AgentStatus};
@@ -53,18 +53,7 @@ fn artifacts() -> &'static Artifacts {
     })
 }
 
-fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    loop {
-        if f() {
-            return true;
-        }
-        if t0.elapsed() >= timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use preheat_testsupport::eventually as wait_until;
 
 fn now_ns() -> u64 {
     preheat_net::now_ns()

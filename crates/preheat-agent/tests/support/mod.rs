@@ -82,18 +82,7 @@ pub fn agent_logs(run_dir: &Path) -> String {
         .unwrap_or_default()
 }
 
-pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let t0 = Instant::now();
-    loop {
-        if f() {
-            return true;
-        }
-        if t0.elapsed() >= timeout {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+pub use preheat_testsupport::eventually as wait_until;
 
 #[allow(unused_imports)] // not every test file that includes this module needs a port
 pub use preheat_testsupport::free_port;
