@@ -1,6 +1,7 @@
 """Make `preheat_lab` importable however pytest is started (from python/ or the repo root); log
 every skip with what it lacked ($PREHEAT_SKIP_LOG, see preheat_lab.skips); give the programs the
-tests start a temporary directory of their own, removed at the end of the session."""
+tests start a temporary directory (and agent run directory) of their own, removed at the end of
+the session."""
 
 import os
 import shutil
@@ -25,10 +26,17 @@ _BASE_TMP = os.environ.setdefault("PREHEAT_PYTEST_BASE_TMP", tempfile.gettempdir
 tempfile.tempdir = _BASE_TMP
 _CHILD_TMP = tempfile.mkdtemp(prefix="preheat-pytest-", dir=_BASE_TMP)
 os.environ["TMPDIR"] = _CHILD_TMP
+# The agents' run directory (their sockets, logs and the wake-up calibration) too: the default
+# /tmp/preheat outlives the session, and the agents of a `comm` run or of a lab demo left their
+# logs there. Short enough for the agents' Unix socket paths (107 bytes). A test that needs a
+# run directory of its own still sets one; a caller's own $PREHEAT_RUN_DIR is kept.
+_RUN_DIR = os.path.join(_CHILD_TMP, "run")
+os.environ.setdefault("PREHEAT_RUN_DIR", _RUN_DIR)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    left = sorted(p.name for p in Path(_CHILD_TMP).iterdir()) if os.path.isdir(_CHILD_TMP) else []
+    left = sorted(p.name for p in Path(_CHILD_TMP).iterdir()
+                  if str(p) != _RUN_DIR) if os.path.isdir(_CHILD_TMP) else []
     if left:
         print(f"\nconftest: removing what the tests' programs left in {_CHILD_TMP}: "
               + ", ".join(left[:20]) + (" ..." if len(left) > 20 else ""))
