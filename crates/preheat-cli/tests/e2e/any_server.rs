@@ -30,12 +30,9 @@ fn page() -> String {
 /// Pids whose agent attached to a program whose path contains `program` (agent logs stay in the
 /// run directory after the processes are gone).
 pub(crate) fn agent_pids_of(rd: &Path, program: &str) -> Vec<String> {
-    let mut pids: Vec<String> = std::fs::read_dir(rd)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
-        .filter_map(|e| {
-            let log = std::fs::read_to_string(e.path()).ok()?;
+    let mut pids: Vec<String> = common::agent_logs(rd)
+        .into_iter()
+        .filter_map(|(_, log)| {
             log.lines()
                 .filter_map(|l| l.split_once("attached to ").map(|(_, r)| r))
                 .find(|r| r.split(' ').next().is_some_and(|exe| exe.contains(program)))

@@ -2,7 +2,7 @@
 
 use crate::common;
 
-use common::{assert_no_agent_sockets, ok, preheat, run_dir};
+use common::{agent_logs, assert_no_agent_sockets, ok, preheat, run_dir};
 use std::path::Path;
 use std::process::Command;
 
@@ -333,12 +333,7 @@ fn demo_on_any_server_given_by_its_command() {
     // No server or agent outlives the command, and a demo that ended well leaves none of its
     // agents' logs in the run directory (without --keep-agent-logs).
     assert_no_agent_sockets(&rd);
-    let logs: Vec<String> = std::fs::read_dir(&rd)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("agent-") && n.ends_with(".log"))
-        .collect();
+    let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
     assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
 }
 

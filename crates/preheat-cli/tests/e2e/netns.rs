@@ -139,11 +139,9 @@ fn demo_over_a_veth_pair() {
         transport.contains("replay warm-ups come over the veth pair"),
         "{transport}"
     );
-    let logs: String = std::fs::read_dir(&rd)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("agent-"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+    let logs: String = common::agent_logs(&rd)
+        .into_iter()
+        .map(|(_, text)| text)
         .collect();
     assert!(
         logs.contains("replay connection open (10.234.") && logs.contains("/ns/net)"),

@@ -100,6 +100,19 @@ pub fn euid_is_root() -> bool {
     })
 }
 
+/// The agents' logs in the run directory (`agent-PID.log`), as (file name, text), by name.
+pub fn agent_logs(rd: &Path) -> Vec<(String, String)> {
+    let mut logs: Vec<(String, String)> = std::fs::read_dir(rd)
+        .unwrap()
+        .flatten()
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .filter(|(n, _)| n.starts_with("agent-") && n.ends_with(".log"))
+        .filter_map(|(n, p)| Some((n, std::fs::read_to_string(p).ok()?)))
+        .collect();
+    logs.sort();
+    logs
+}
+
 /// No agent control socket is left in the run directory (its server was stopped).
 pub fn assert_no_agent_sockets(rd: &Path) {
     let left: Vec<_> = std::fs::read_dir(rd)
