@@ -20,6 +20,8 @@
 // denies `unsafe_code`, this server allows it.
 #![allow(unsafe_code)]
 
+mod execute;
+mod limits;
 mod protocol;
 mod server;
 mod store;
