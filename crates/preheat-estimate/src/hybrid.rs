@@ -22,9 +22,10 @@ use anyhow::{bail, Context, Result};
 use preheat_model::{Backend, LineSet, Profile, RegionKey, RegionLine, RegionTable};
 
 use crate::compare::CodeLines;
+use crate::exact::record_step;
 use crate::params::{HybridStats, RecordParams, Recording};
 use crate::profile::{make_profile, write_profile};
-use crate::record::{record_probe, record_step};
+use crate::record::record_probe;
 use crate::serving::connect_served_by;
 use preheat_launch::launch::Server;
 use preheat_launch::progress::Progress;

@@ -8,13 +8,15 @@
 //!   ([`compare::CodeLines`], shared with the hybrid merge);
 //! * [`show`] – what a working-set file contains;
 //! * [`serving`] – which agent serves a connection, connections a given agent's process serves;
-//! * [`record`] – the `probe`, `trace` and `step` backends;
+//! * [`record`] – the `probe` backend (flush and reload through the agent);
+//! * [`exact`] – the `trace` and `step` backends, the probe's ground truth;
 //! * [`hybrid`] – step's code lines and the probe's data lines, merged;
 //! * [`session`] – one estimation from start to profile (`preheat record`).
 //!
 //! Progress goes through [`preheat_launch::progress::Progress`]; nothing here draws.
 
 pub mod compare;
+pub mod exact;
 pub mod hybrid;
 pub mod layout;
 pub mod params;

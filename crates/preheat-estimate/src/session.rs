@@ -11,9 +11,10 @@ use preheat_launch::launch::{self, Server, ServerSpec};
 use preheat_launch::progress::Progress;
 use preheat_launch::servers::{self, Requester, Workload};
 
+use crate::exact::{record_step, record_trace};
 use crate::hybrid::{ptrace_denied, record_hybrid};
 use crate::params::{BackendChoice, RecordParams, Recording};
-use crate::record::{record_probe, record_step, record_trace};
+use crate::record::record_probe;
 use crate::serving::serving_agent;
 
 /// The backend that records for `asked` (`Auto` stays `Auto`: hybrid, falling back to the

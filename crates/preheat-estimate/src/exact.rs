@@ -1,0 +1,215 @@
+//! The exact recording backends, the ground truth the probe is scored against: `trace` (every
+//! user-space line a request's busy periods touch, from our Valgrind tool; no agent) and `step`
+//! (every code line the serving thread executes, by single-stepping it with ptrace; no data).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use preheat_model::proto::{Reply, Request};
+use preheat_model::{filter_k_of_n, Backend, RegionTable};
+
+use crate::params::{RecordParams, RecordStats, Recording};
+use crate::profile::{file_ident, make_profile};
+use crate::serving::served_by;
+use preheat_launch::agentctl::AgentClient;
+use preheat_launch::launch::{Client, Server};
+use preheat_launch::progress::Progress;
+use preheat_launch::servers::Workload;
+
+/// Estimate with the `trace` backend: run the server under our Valgrind tool (no agent), send
+/// the request `n` times with idle gaps, and take each request's busy periods (all threads) as
+/// one sample of exact user-space lines.
+pub fn record_trace(
+    argv: &[String],
+    port: u16,
+    plan: Option<&preheat_lab::servers::Plan>,
+    w: &Workload,
+    p: &RecordParams,
+    progress: &dyn Progress,
+) -> Result<Recording> {
+    use preheat_trace::{TraceOptions, TracedServer};
+    let t0 = Instant::now();
+    if preheat_launch::launch::port_in_use(port) {
+        bail!("port {port} is already in use on 127.0.0.1");
+    }
+    let exe_path = preheat_engine::host::find_program(&argv[0])
+        .or_else(|| Some(std::path::PathBuf::from(&argv[0])))
+        .context("empty command")?;
+    let exe = file_ident(&exe_path)?;
+    if !p.quiet {
+        eprintln!(
+            "preheat: starting {} under the phtrace Valgrind tool (slow: ~100x)",
+            exe.path
+        );
+    }
+    let mut ts = TracedServer::spawn(argv, &TraceOptions::default())
+        .map_err(|e| anyhow::anyhow!("trace backend unavailable: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !preheat_launch::launch::port_in_use(port) {
+        if !ts.is_running() {
+            bail!("server exited under valgrind; log:\n{}", ts.log());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "server did not listen on port {port} under valgrind within 120 s; log:\n{}",
+                ts.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    if let Some(plan) = plan {
+        preheat_launch::servers::prepare(plan, addr)?;
+    }
+    let mut client = w.connect(addr)?;
+    for _ in 0..8 {
+        client.request_ok()?;
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    ts.read_new_periods()?;
+    let pid = ts.pid();
+    let table = RegionTable::build(
+        preheat_engine::maps::read_maps(Some(pid))
+            .context("reading the traced server's mappings")?,
+    );
+    let pb = progress;
+    pb.start(p.filter.n as u64, "trace");
+    let mut stats = RecordStats {
+        backend: "trace".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        if !client.request()? {
+            bail!("wrong reply from the server under valgrind");
+        }
+        stats.requests_sent += 1;
+        // The busy period ends when the server waits again; give Valgrind time to write it.
+        std::thread::sleep(Duration::from_millis(100));
+        let periods = ts.read_new_periods()?;
+        let lines: Vec<u64> = periods
+            .iter()
+            .filter(|b| b.complete)
+            .flat_map(|b| b.lines.iter().copied())
+            .collect();
+        let (set, dropped) = preheat_trace::to_region_lines(&lines, &table);
+        stats.unmapped_hits += dropped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish();
+    ts.stop();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(Backend::Trace, p.filter, exe, &table, port, &lines),
+        stats,
+    })
+}
+
+/// Estimate code lines with the `step` backend: for each sample, stop the thread that serves the
+/// port (from the agent's per-port statistics), single-step it through one request, and keep
+/// the executed lines; lines of the agent's own library are dropped (its hooks are not part of
+/// the server). Code only: data addresses are not recorded.
+pub fn record_step(
+    server: &Server,
+    pid: u32,
+    w: &Workload,
+    p: &RecordParams,
+    progress: &dyn Progress,
+) -> Result<Recording> {
+    let t0 = Instant::now();
+    let raw = w.raw.as_ref().context(
+        "the step backend sends a fixed byte request; this workload has none (use --backend probe)",
+    )?;
+    let mut agent = AgentClient::connect(&server.run_dir, pid)?;
+    let mut client = served_by(server, &mut agent, || {
+        let mut c = Client::connect(server.addr())?;
+        c.request(&raw.request, &raw.until)?;
+        Ok(c)
+    })?;
+    for _ in 0..8 {
+        client.request(&raw.request, &raw.until)?;
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let tid = match agent.call(&Request::Status)? {
+        Reply::Status { ports, .. } => ports
+            .iter()
+            .find(|x| x.port == server.spec.port)
+            .map(|x| x.last_tid)
+            .filter(|t| *t != 0),
+        _ => None,
+    }
+    .context("the agent has not seen the port served yet")?;
+    let agent_so = preheat_launch::paths::agent_so()
+        .ok()
+        .and_then(|p| std::fs::canonicalize(p).ok())
+        .map(|p| p.to_string_lossy().into_owned());
+    let maps: Vec<preheat_model::Mapping> = preheat_engine::maps::read_maps(Some(pid))
+        .context("reading the server's mappings")?
+        .into_iter()
+        .filter(|m| agent_so.as_deref() != Some(m.name.as_str()))
+        .collect();
+    let table = RegionTable::build(maps);
+    let exe = preheat_engine::maps::exe_ident(Some(pid))?;
+    let pb = progress;
+    pb.start(p.filter.n as u64, "step");
+    let mut stats = RecordStats {
+        backend: "step".into(),
+        samples: p.filter.n,
+        ..Default::default()
+    };
+    let mut samples = Vec::new();
+    for _ in 0..p.filter.n {
+        let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
+            format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
+        })?;
+        let req = raw.request.clone();
+        let until = raw.until.clone();
+        let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered2 = answered.clone();
+        // The request goes on the persistent connection (as the probe's own request does).
+        let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
+        let sender = std::thread::spawn(move || -> Result<Client> {
+            std::thread::sleep(Duration::from_millis(5));
+            let sent = c.request(&req, &until).map(|_| ());
+            // Also on failure (e.g. the reply timed out while the server was single-stepped):
+            // the tracer then stops at the server's next wait instead of stepping into an
+            // event wait no request will end (seen: a recording hung in waitpid).
+            answered2.store(true, std::sync::atomic::Ordering::SeqCst);
+            sent.map(|_| c)
+        });
+        let trace = tracer.trace_until_wait(2_000_000, &|| {
+            answered.load(std::sync::atomic::Ordering::SeqCst)
+        })?;
+        drop(tracer);
+        client = sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
+        if !trace.reached_wait {
+            bail!("the traced request did not finish within 2M instructions");
+        }
+        stats.requests_sent += 1;
+        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
+        stats.unmapped_hits += unmapped;
+        stats.lines_per_sample.push(set.len() as u64);
+        samples.push(set);
+        pb.inc(1);
+    }
+    pb.finish();
+    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    stats.seconds = t0.elapsed().as_secs_f64();
+    Ok(Recording {
+        profile: make_profile(
+            Backend::Step,
+            p.filter,
+            exe,
+            &table,
+            server.spec.port,
+            &lines,
+        ),
+        stats,
+    })
+}
