@@ -2,9 +2,9 @@
 //! §3: "The system can delay non-critical background tasks … while synchronous I/O operations
 //! … are blocking the user response."
 //!
-//! Set-up: one or more background CPU hogs (child processes running a shell busy loop,
-//! registered in a [`BackgroundGroup`], pinned to the CPUs other than the critical one), and a
-//! latency-critical request loop on CPU 0. Each request does a slow "I/O" — by default an
+//! Set-up: one or more background CPU hogs ([`crate::hogs`]: child processes running a shell
+//! busy loop, registered in a [`BackgroundGroup`], pinned to the CPUs other than the critical
+//! one), and a latency-critical request loop on CPU 0. Each request does a slow "I/O" — by default an
 //! **emulated** 2 ms device wait (a blocking sleep), or real reads of a file (`--io-file`, no
 //! O_DIRECT, so the page cache may serve them) — then a fixed amount of CPU work calibrated to
 //! `work_us` on an idle machine. Latency is measured from the request's start to the end of its
@@ -34,8 +34,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,17 +45,11 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::energy::{Bounds, EnergyReport, PowerProfile};
+use crate::hogs::{self_cpu_ns, spawn_hogs, Hogs};
 use crate::quiesce::{self, Backend, BackgroundGroup, FreezeState, Freezer, Preference};
 use crate::residency::{is_poll, CounterKind, MachineRoot, Residency, ResidencyDiff, Snapshot};
 use crate::stats::{summarize, Summary};
 use crate::{Label, Quantity};
-
-/// The shell loop of a background hog. It burns CPU and exits on its own once it is reparented
-/// (its parent, this process, died — even as an unreaped zombie), so a SIGKILLed controller
-/// does not leave a hog behind. Only shell builtins: `read` of `/proc/$$/stat`, field 4 = ppid.
-pub const HOG_SCRIPT: &str = "p=$PPID; while :; do read -r s < /proc/$$/stat; set -- $s; \
-                              [ \"$4\" = \"$p\" ] || exit 0; i=0; \
-                              while [ \"$i\" -lt 20000 ]; do i=$((i+1)); done; done";
 
 /// The slow "I/O" of each critical request.
 #[derive(Clone, Debug, PartialEq)]
@@ -274,93 +267,6 @@ pub fn calibrate(target: Duration) -> (u64, Duration) {
     (iters, t.elapsed())
 }
 
-/// On-CPU time of a task from `/proc/.../schedstat` (ns), falling back to utime+stime.
-fn task_cpu_ns(dir: &Path) -> Option<u64> {
-    if let Ok(s) = std::fs::read_to_string(dir.join("schedstat")) {
-        if let Some(v) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
-            return Some(v);
-        }
-    }
-    let ticks = preheat_engine::procstat::read_pid_stat_at(&dir.join("stat"))?.ticks();
-    Some(ticks * 10_000_000)
-}
-
-/// CPU time of a single-threaded process.
-fn pid_cpu_ns(pid: u32) -> u64 {
-    task_cpu_ns(Path::new(&format!("/proc/{pid}"))).unwrap_or(0)
-}
-
-/// CPU time of all threads of this process.
-fn self_cpu_ns() -> u64 {
-    std::fs::read_dir("/proc/self/task")
-        .map(|rd| rd.flatten().filter_map(|e| task_cpu_ns(&e.path())).sum())
-        .unwrap_or(0)
-}
-
-/// Background hog processes; killed and reaped on drop. Declare before the
-/// [`BackgroundGroup`] so the group (thawing them) is dropped first: a v1-frozen process cannot
-/// die until thawed.
-#[derive(Default)]
-pub struct Hogs {
-    children: Vec<Child>,
-}
-
-impl Hogs {
-    /// Spawn a hog, pinned to `cpu` if given (the child inherits the spawning thread's
-    /// affinity, so we spawn it from a short-lived pinned thread).
-    pub fn spawn(&mut self, cpu: Option<usize>) -> anyhow::Result<u32> {
-        let child = std::thread::scope(|s| {
-            s.spawn(move || {
-                if let Some(c) = cpu {
-                    let _ = preheat_engine::os::pin_current_thread(c);
-                }
-                Command::new("/bin/sh")
-                    .arg("-c")
-                    .arg(HOG_SCRIPT)
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-            })
-            .join()
-            .expect("spawner thread does not panic")
-        })
-        .context("spawning the background hog (/bin/sh)")?;
-        let pid = child.id();
-        self.children.push(child);
-        Ok(pid)
-    }
-
-    pub fn pids(&self) -> Vec<u32> {
-        self.children.iter().map(|c| c.id()).collect()
-    }
-
-    pub fn cpu_ns(&self) -> u64 {
-        self.children.iter().map(|c| pid_cpu_ns(c.id())).sum()
-    }
-}
-
-impl Drop for Hogs {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        for c in &mut self.children {
-            loop {
-                match c.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() >= deadline => {
-                        eprintln!("preheat-power: background hog {} did not exit", c.id());
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                }
-            }
-        }
-    }
-}
-
 #[derive(Default)]
 struct Acc {
     blocks: usize,
@@ -563,33 +469,6 @@ fn background_group(freezer: Preference) -> (Option<BackgroundGroup>, Quiescence
         }
         Err(e) => (None, unavailable(Some(backend), e.to_string())),
     }
-}
-
-/// Spawn `n` hogs into `group` (if any), spread over the CPUs other than `critical_cpu` when the
-/// critical loop is pinned; returns the CPU of each.
-fn spawn_hogs(
-    n: usize,
-    online: usize,
-    critical_cpu: Option<usize>,
-    hogs: &mut Hogs,
-    mut group: Option<&mut BackgroundGroup>,
-) -> anyhow::Result<Vec<Option<usize>>> {
-    let other_cpus: Vec<usize> = (0..online).filter(|&c| Some(c) != critical_cpu).collect();
-    let mut hog_cpus = Vec::new();
-    for i in 0..n {
-        let cpu = if critical_cpu.is_some() && !other_cpus.is_empty() {
-            Some(other_cpus[i % other_cpus.len()])
-        } else {
-            None
-        };
-        let pid = hogs.spawn(cpu)?;
-        hog_cpus.push(cpu);
-        if let Some(g) = group.as_mut() {
-            g.add(pid)
-                .with_context(|| format!("registering hog {pid} in the background group"))?;
-        }
-    }
-    Ok(hog_cpus)
 }
 
 /// The report's description of the I/O: (kind, emulated wait, file, bytes per read).

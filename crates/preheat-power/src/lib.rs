@@ -22,6 +22,8 @@
 //!   `preheat-bg-<pid>` holding registered background work, frozen by `hold()` and thawed by
 //!   `release()`. Every group is thawed and removed on drop, error and (through [`run`])
 //!   SIGINT/SIGTERM; stale groups of dead owners are cleaned up at start-up.
+//! * [`hogs`] – the experiment's background load: CPU-burning child processes, killed and reaped
+//!   on drop, and the CPU time they and this process got.
 //! * [`bench`](mod@bench) – the quiescence experiment behind `preheat power quiesce-bench`.
 //! * [`cli`] – `PowerArgs` and [`run`], wired by the CLI as `preheat power`.
 //!
@@ -34,6 +36,7 @@
 pub mod bench;
 pub mod cli;
 pub mod energy;
+pub mod hogs;
 pub mod quiesce;
 pub mod residency;
 pub mod stats;

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use preheat_power::bench::Hogs;
+use preheat_power::hogs::Hogs;
 use preheat_power::quiesce::{
     self, cgroup_mounts, effective_uid, v2_supports_freeze, Backend, BackgroundGroup, FreezeState,
     Freezer, Preference, GROUP_PREFIX,
