@@ -2,7 +2,7 @@
 //! layering it draws (every workspace dependency goes to a lower layer), one `rust-version` that
 //! every crate inherits, every crate opting in to the workspace lints, no module import cycle,
 //! and the sizes issue 21 sets: the CLI's source at most 4,000 lines, no function over 100
-//! lines but the listed ones.
+//! lines but the listed ones, no source file over 800 lines outside its test modules.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -294,6 +294,10 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     ("preheat-power/src/cli.rs", "print_bench", 132),
 ];
 
+/// The most lines a source file may have outside its `#[cfg(test)] mod … { … }` blocks: one
+/// concept per file; past this, split it (every crate's `src`, and the Python package).
+const FILE_MAX_LINES: usize = 800;
+
 /// Every `.rs` file under `dir`, recursively.
 fn rs_files(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -366,6 +370,69 @@ fn the_cli_is_small() {
         "preheat-cli has {lines} lines of source (at most {CLI_MAX_LINES}): move the work into \
          a library crate, the CLI parses arguments and prints"
     );
+}
+
+/// `code`'s lines outside its test modules (rustfmt'd: `#[cfg(test)]` at column 0, then
+/// `mod NAME {`, up to the first later line that is `}`).
+fn non_test_lines(code: &str) -> usize {
+    let lines: Vec<&str> = code.lines().collect();
+    let (mut n, mut i) = (0, 0);
+    while i < lines.len() {
+        let test_mod = lines[i] == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|l| l.starts_with("mod ") && l.ends_with('{'));
+        if test_mod {
+            i += 2;
+            while i < lines.len() && lines[i] != "}" {
+                i += 1;
+            }
+            i += 1;
+        } else {
+            n += 1;
+            i += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn test_modules_do_not_count_as_lines() {
+    let code = "use a;\n\nfn f() {}\n\n#[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {}\n}\n";
+    assert_eq!(non_test_lines(code), 4);
+    // A cfg(test) item that is not a module counts.
+    assert_eq!(non_test_lines("#[cfg(test)]\nuse b;\nfn g() {}\n"), 3);
+}
+
+#[test]
+fn no_source_file_is_longer_than_the_limit() {
+    let mut files: Vec<PathBuf> = Vec::new();
+    for e in std::fs::read_dir(root().join("crates")).unwrap().flatten() {
+        let src = e.path().join("src");
+        if src.is_dir() {
+            files.extend(rs_files(&src));
+        }
+    }
+    for e in std::fs::read_dir(root().join("python/preheat_lab"))
+        .unwrap()
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "py") {
+            files.push(e.path());
+        }
+    }
+    assert!(files.len() > 100, "found only {} source files", files.len());
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = non_test_lines(&std::fs::read_to_string(f).unwrap());
+            (n > FILE_MAX_LINES).then(|| {
+                let rel = f.strip_prefix(root()).unwrap().display();
+                format!("{rel}: {n} lines outside its tests (at most {FILE_MAX_LINES}): split it")
+            })
+        })
+        .collect();
+    assert!(long.is_empty(), "{}", long.join("\n"));
 }
 
 #[test]
