@@ -21,5 +21,6 @@ mod load;
 mod netns;
 mod preflight;
 mod probe_accuracy;
+mod readme;
 mod run_auto;
 mod runtimes;
