@@ -20,6 +20,13 @@
 //! `replay` (120.4 µs), and the table then measured 79% against `replay`'s 90% (EPYC
 //! `haltpoll`, 200 µs lead, 100 rounds): the extra strategy's cost was real, its gain was not.
 //!
+//! **A tie is measured further, not just broken.** When the best by median was not measured
+//! faster than a simpler candidate, [`choose`] says so ([`AutoChoice::tie`]) and the caller
+//! measures the two alone for more rounds; [`decide`] then judges them on all their paired
+//! rounds, with the same rule. Fifteen rounds resolve a gain of tens of µs, not the 1–3 µs by
+//! which `wake+lines+replay` led `replay` on preheat-kv (89–90% against 86–89% removed in the
+//! table, EPYC `haltpoll`, 200 µs lead), where the simpler one was always kept.
+//!
 //! The pilot's samples are the pilot's only: a table that reports `auto` measures it again, so
 //! the choice is not graded on the samples it was made from.
 
@@ -97,10 +104,15 @@ pub struct AutoChoice {
     /// One sentence: why this one.
     pub why: String,
     pub candidates: Vec<Candidate>,
+    /// (the simpler candidate chosen, the best by median) when the choice was such a tie: the
+    /// two to measure further before [`decide`].
+    #[serde(skip)]
+    pub tie: Option<(Strategies, Strategies)>,
 }
 
 /// One candidate's pilot samples: the response time of each round (µs; NaN where the round has
 /// none) and, for replay candidates, whether the warm-up was in flight at the arrival.
+#[derive(Clone, Copy)]
 pub struct Pilot<'a> {
     pub strategies: Strategies,
     pub latency_us: &'a [f64],
@@ -168,6 +180,7 @@ pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
                 .p50
                 .total_cmp(&candidates[b].gain_us.p50)
         });
+    let mut tie = None;
     let (bits, why) = match best {
         Some(b) => {
             let c = &candidates[b];
@@ -179,6 +192,7 @@ pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
             match simpler_tie(&candidates, pilots, b) {
                 Some((s, over)) => {
                     let t = &candidates[s];
+                    tie = Some((t.bits, c.bits));
                     (
                         t.bits,
                         format!(
@@ -213,6 +227,27 @@ pub fn choose(none: &[f64], pilots: &[Pilot<'_>]) -> AutoChoice {
         bits,
         why,
         candidates,
+        tie,
+    }
+}
+
+/// Settle `first`'s tie between a simpler candidate and the best by median from more rounds of
+/// the two alone: `none`, `simpler` and `best` hold every paired round of the two, the first
+/// pilot's included. The rule is [`choose`]'s on those two; the first pilot's candidates stay
+/// the evidence shown, and the reason says both steps.
+pub fn decide(first: &AutoChoice, none: &[f64], simpler: Pilot<'_>, best: Pilot<'_>) -> AutoChoice {
+    let two = choose(none, &[simpler, best]);
+    let rounds = paired_gains(none, best.latency_us).len();
+    AutoChoice {
+        chosen: two.chosen,
+        bits: two.bits,
+        why: format!(
+            "{rounds} paired rounds of the two alone decided between them: {} (the first \
+             pilot: {})",
+            two.why, first.why
+        ),
+        candidates: first.candidates.clone(),
+        tie: None,
     }
 }
 
@@ -316,12 +351,75 @@ mod tests {
         );
         assert_eq!(c.bits, Strategies::REPLAY, "{}", c.why);
         assert!(c.why.contains("fewer strategies"), "{}", c.why);
+        let lr = Strategies::LINES.union(Strategies::REPLAY);
+        assert_eq!(c.tie, Some((Strategies::REPLAY, lr)));
         // `wake` helps too but much less: `replay` was measured faster than it, so it stays out.
         assert!(
             c.why.contains("lines+replay was not measured faster"),
             "{}",
             c.why
         );
+    }
+
+    #[test]
+    fn a_tie_is_decided_by_the_further_rounds() {
+        // The first pilot: `wake+lines+replay` leads `replay` by 2 µs per round, within its
+        // noise, so `replay` is chosen and the tie reported.
+        let jitter = |r: usize, k: usize| ((r * k) % 9) as f64 - 4.0;
+        let none: Vec<f64> = (0..60)
+            .map(|r| 170.0 + 10.0 * ((r * 7) % 5) as f64)
+            .collect();
+        let replay: Vec<f64> = none
+            .iter()
+            .enumerate()
+            .map(|(r, x)| x - 90.0 + jitter(r, 5))
+            .collect();
+        let all: Vec<f64> = none
+            .iter()
+            .enumerate()
+            .map(|(r, x)| x - 93.0 + jitter(r, 7))
+            .collect();
+        let first = choose(
+            &none[..15],
+            &[
+                pilot(Strategies::REPLAY, &replay[..15]),
+                pilot(Strategies::ALL, &all[..15]),
+            ],
+        );
+        assert_eq!(
+            first.tie,
+            Some((Strategies::REPLAY, Strategies::ALL)),
+            "{}",
+            first.why
+        );
+        // Sixty paired rounds show the 3 µs: the best is announced, and the reason says why.
+        let d = decide(
+            &first,
+            &none,
+            pilot(Strategies::REPLAY, &replay),
+            pilot(Strategies::ALL, &all),
+        );
+        assert_eq!(d.bits, Strategies::ALL, "{}", d.why);
+        assert_eq!(d.tie, None);
+        assert!(
+            d.why.starts_with("60 paired rounds of the two alone"),
+            "{}",
+            d.why
+        );
+        assert_eq!(d.candidates, first.candidates);
+        // Where the further rounds show no difference either, the simpler one stays.
+        let same: Vec<f64> = replay
+            .iter()
+            .enumerate()
+            .map(|(r, x)| x + jitter(r, 2))
+            .collect();
+        let d = decide(
+            &first,
+            &none,
+            pilot(Strategies::REPLAY, &replay),
+            pilot(Strategies::ALL, &same),
+        );
+        assert_eq!(d.bits, Strategies::REPLAY, "{}", d.why);
     }
 
     #[test]
