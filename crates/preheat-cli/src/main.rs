@@ -251,6 +251,10 @@ struct RecordArgs {
     /// DIR/probe.phws (everything the probe saw), e.g. to score them with `preheat ws compare`.
     #[arg(long, value_name = "DIR")]
     parts: Option<PathBuf>,
+    /// Keep the agents' logs (one per server process, in the run directory) after a recording
+    /// that ended well; by default they are removed then, and a failed recording keeps them.
+    #[arg(long)]
+    keep_agent_logs: bool,
     /// The server command (after --).
     #[arg(last = true)]
     command: Vec<String>,

@@ -99,6 +99,7 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
         backend,
         params,
         parts: a.parts.clone(),
+        keep_agent_logs: a.keep_agent_logs,
     })
 }
 

@@ -569,21 +569,15 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     Ok(out)
 }
 
-/// Stop the server, then remove its agents' logs (the root process's and those of `served`)
-/// unless `keep`: a demo that ended well leaves none behind in the run directory, which
-/// outlives it (260 had piled up there in one day of demos); a failed demo never gets here
-/// and keeps them for the diagnosis. Stopped first, so no agent writes to its log after.
+/// Stop the server and, unless `keep`, remove its agents' logs (the server's processes' and
+/// those of `served`): a demo that ended well leaves none behind in the run directory, which
+/// outlives it (260 had piled up there in one day of demos); a failed demo never gets here and
+/// keeps them for the diagnosis.
 fn stop_and_tidy(server: preheat_launch::launch::Server, served: &[u32], keep: bool) {
-    let run_dir = server.run_dir.clone();
-    let logs: Vec<std::path::PathBuf> = std::iter::once(server.pid())
-        .chain(served.iter().copied())
-        .map(|p| preheat_launch::paths::agent_log(&run_dir, p))
-        .collect();
-    drop(server);
-    if !keep {
-        for l in logs {
-            let _ = std::fs::remove_file(l);
-        }
+    if keep {
+        drop(server);
+    } else {
+        server.stop_removing_agent_logs(served);
     }
 }
 

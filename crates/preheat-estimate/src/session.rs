@@ -64,6 +64,9 @@ pub struct Session {
     pub params: RecordParams,
     /// Hybrid: also write the two merged profiles into this directory.
     pub parts: Option<PathBuf>,
+    /// Keep the agents' logs after a recording that ended well (else they are removed with the
+    /// server; a failed recording always keeps them).
+    pub keep_agent_logs: bool,
 }
 
 /// A session whose server runs with the agent (every backend but `trace`, which starts its own
@@ -133,7 +136,8 @@ impl Started {
         }
     }
 
-    /// Record; the server (if started) stops when this returns.
+    /// Record; the server (if started) stops when this returns, and where the recording ended
+    /// well its agents' logs go with it (unless the session keeps them).
     pub fn record(self, progress: &dyn Progress) -> Result<Recording> {
         let s = self.session;
         let p = &s.params;
@@ -147,7 +151,7 @@ impl Started {
                 progress,
             );
         };
-        match s.backend {
+        let rec = match s.backend {
             // step and hybrid open their own connections: `via` is closed first (a prefork
             // worker that serves one connection at a time could not take theirs).
             BackendChoice::Step => {
@@ -160,7 +164,15 @@ impl Started {
                 let parts = s.parts.as_deref();
                 record_hybrid(&server, pid, &s.workload, p, required, parts, progress)
             }
-            _ => record_probe(&server, pid, &s.workload, p, &mut via, progress),
+            _ => {
+                let r = record_probe(&server, pid, &s.workload, p, &mut via, progress);
+                drop(via);
+                r
+            }
+        };
+        if rec.is_ok() && !s.keep_agent_logs {
+            server.stop_removing_agent_logs(&[]);
         }
+        rec
     }
 }

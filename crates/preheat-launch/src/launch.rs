@@ -284,6 +284,23 @@ impl Server {
             .collect()
     }
 
+    /// Stop the server, then remove the agents' logs (`agent-PID.log` in the run directory,
+    /// which outlives it) of its processes and of `also` (processes that served and may have
+    /// exited already). Stopped first, so no agent writes to its log after. For commands that
+    /// ended well; a failure keeps the logs for the diagnosis.
+    pub fn stop_removing_agent_logs(self, also: &[u32]) {
+        let mut pids = self.tree();
+        pids.extend_from_slice(also);
+        let logs: Vec<std::path::PathBuf> = pids
+            .into_iter()
+            .map(|p| crate::paths::agent_log(&self.run_dir, p))
+            .collect();
+        drop(self);
+        for l in logs {
+            let _ = std::fs::remove_file(l);
+        }
+    }
+
     /// Where clients reach it: 127.0.0.1, or the namespace's end of the veth pair.
     pub fn addr(&self) -> SocketAddr {
         self.spec.addr()

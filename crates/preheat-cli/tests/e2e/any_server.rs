@@ -490,6 +490,7 @@ fn record_on_a_preforking_python_server() {
     ok(
         &[
             "record",
+            "--keep-agent-logs", // read below: which processes loaded an agent
             "--backend",
             "probe",
             "--samples",

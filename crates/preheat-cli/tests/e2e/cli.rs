@@ -98,6 +98,10 @@ fn record_show_and_bad_files() {
     assert_eq!(v["backend"], "probe");
     assert_eq!(v["k"], 3);
     assert_eq!(v["n"], 4);
+    // A recording that ended well leaves its server's agent logs behind no more than a demo.
+    assert_no_agent_sockets(&rd);
+    let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
+    assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
     // Text form names the paper metric.
     assert!(ok(&["ws", "show", o], &rd).contains("4 B/line"));
 
