@@ -337,68 +337,91 @@ fn epoll_configuration_errors_are_clear() {
 mod timing {
     use super::*;
 
+    /// A host stall of ≥ 20 ms (another tenant on the vCPU's core) can delay a request on the
+    /// other connection too, which reads like the fault this test looks for (seen once in a
+    /// suite run, Spin). The fault itself would delay every request the other connection sends
+    /// during the 100 ms stall, every time: so each wait mode gets three attempts, and the test
+    /// fails only when all three show it. Each failed attempt is said.
     #[test]
     fn multiplexed_open_loop_counts_a_stall_and_does_not_stall_the_other_connection() {
         for wait in [Wait::Block, Wait::Spin] {
-            let srv = TestServer::start();
-            // 2 warm-ups; stall 100 ms on measured request ~200 (about 0.2 s in).
-            srv.ctl.stall_at.store(202, Ordering::SeqCst);
-            srv.ctl.stall_ms.store(100, Ordering::SeqCst);
-            let csv = Records::new();
-            let mut c = cfg(Mode::Open);
-            c.requests = Some(600);
-            c.rate = 1000.0;
-            c.connections = 2;
-            c.threads = 1;
-            c.wait = wait;
-            let s = run_mux(&c, srv.addr, csv.sink()).unwrap();
-            assert_sane(&s);
-            assert_eq!((s.requests, s.errors), (600, 0), "{s:?}");
-            assert_eq!(s.offered_rps, 1000.0);
-            let (h, rows) = csv.read();
-            assert_eq!(rows.len(), 600);
-            let (lat, intended, conn) = (
-                col(&h, "latency_us"),
-                col(&h, "intended_ns"),
-                col(&h, "conn"),
-            );
-            let f = |r: &Vec<String>, i: usize| r[i].parse::<f64>().unwrap();
-            // The stalled connection: the requests scheduled during the stall queued behind it,
-            // their latency counts from the intended time, and they went out late.
-            let queued = queued_behind_stall(&h, &rows, &format!("{wait:?}"));
-            let stalled = &queued[0][conn];
-            assert!(
-                queued.iter().all(|r| &r[conn] == stalled),
-                "{wait:?}: only one connection stalled"
-            );
-            assert!(s.max_us >= 90_000.0, "{wait:?}: {s:?}");
-            // The other connection on the same thread kept its schedule during the stall.
-            let (t_lo, t_hi) = queued.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
-                (lo.min(f(r, intended)), hi.max(f(r, intended)))
-            });
-            let others: Vec<&Vec<String>> = rows
-                .iter()
-                .filter(|r| &r[conn] != stalled && (t_lo..=t_hi).contains(&f(r, intended)))
-                .collect();
-            assert!(
-                others.len() >= 10,
-                "{wait:?}: {} requests on the other connection",
-                others.len()
-            );
-            let slow = others.iter().filter(|r| f(r, lat) >= 20_000.0).count();
-            assert_eq!(
-                slow, 0,
-                "{wait:?}: the other connection waited for the stalled one"
-            );
-            // Each connection's intended times are its Poisson schedule (increasing).
-            for id in conn_ids(&h, &rows) {
-                let times: Vec<f64> = rows
-                    .iter()
-                    .filter(|r| r[conn] == id)
-                    .map(|r| f(r, intended))
-                    .collect();
-                assert!(times.windows(2).all(|w| w[0] <= w[1]));
+            let mut result = Err(String::new());
+            for attempt in 1..=3 {
+                result = stall_on_one_connection(wait);
+                match &result {
+                    Ok(()) => break,
+                    Err(e) => eprintln!("{wait:?}, attempt {attempt} of 3: {e}"),
+                }
+            }
+            if let Err(e) = result {
+                panic!("{e}");
             }
         }
+    }
+
+    /// One run: a 100 ms stall on one of two connections of one thread. Whether the other
+    /// connection kept its schedule is the `Err`; everything else is asserted.
+    fn stall_on_one_connection(wait: Wait) -> Result<(), String> {
+        let srv = TestServer::start();
+        // 2 warm-ups; stall 100 ms on measured request ~200 (about 0.2 s in).
+        srv.ctl.stall_at.store(202, Ordering::SeqCst);
+        srv.ctl.stall_ms.store(100, Ordering::SeqCst);
+        let csv = Records::new();
+        let mut c = cfg(Mode::Open);
+        c.requests = Some(600);
+        c.rate = 1000.0;
+        c.connections = 2;
+        c.threads = 1;
+        c.wait = wait;
+        let s = run_mux(&c, srv.addr, csv.sink()).unwrap();
+        assert_sane(&s);
+        assert_eq!((s.requests, s.errors), (600, 0), "{s:?}");
+        assert_eq!(s.offered_rps, 1000.0);
+        let (h, rows) = csv.read();
+        assert_eq!(rows.len(), 600);
+        let (lat, intended, conn) = (
+            col(&h, "latency_us"),
+            col(&h, "intended_ns"),
+            col(&h, "conn"),
+        );
+        let f = |r: &Vec<String>, i: usize| r[i].parse::<f64>().unwrap();
+        // Each connection's intended times are its Poisson schedule (increasing).
+        for id in conn_ids(&h, &rows) {
+            let times: Vec<f64> = rows
+                .iter()
+                .filter(|r| r[conn] == id)
+                .map(|r| f(r, intended))
+                .collect();
+            assert!(times.windows(2).all(|w| w[0] <= w[1]));
+        }
+        assert!(s.max_us >= 90_000.0, "{wait:?}: {s:?}");
+        // The stalled connection: the requests scheduled during the stall queued behind it,
+        // their latency counts from the intended time, and they went out late.
+        let queued = queued_behind_stall(&h, &rows, &format!("{wait:?}"));
+        let stalled = &queued[0][conn];
+        if !queued.iter().all(|r| &r[conn] == stalled) {
+            return Err(format!("{wait:?}: not only one connection stalled"));
+        }
+        // The other connection on the same thread kept its schedule during the stall.
+        let (t_lo, t_hi) = queued.iter().fold((f64::MAX, 0.0f64), |(lo, hi), r| {
+            (lo.min(f(r, intended)), hi.max(f(r, intended)))
+        });
+        let others: Vec<&Vec<String>> = rows
+            .iter()
+            .filter(|r| &r[conn] != stalled && (t_lo..=t_hi).contains(&f(r, intended)))
+            .collect();
+        assert!(
+            others.len() >= 10,
+            "{wait:?}: {} requests on the other connection",
+            others.len()
+        );
+        let slow = others.iter().filter(|r| f(r, lat) >= 20_000.0).count();
+        if slow > 0 {
+            return Err(format!(
+                "{wait:?}: {slow} of the other connection's {} requests waited ≥ 20 ms",
+                others.len()
+            ));
+        }
+        Ok(())
     }
 }
