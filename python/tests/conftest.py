@@ -30,8 +30,7 @@ os.environ["TMPDIR"] = _CHILD_TMP
 # /tmp/preheat outlives the session, and the agents of a `comm` run or of a lab demo left their
 # logs there. Short enough for the agents' Unix socket paths (107 bytes). A test that needs a
 # run directory of its own still sets one; a caller's own $PREHEAT_RUN_DIR is kept.
-_RUN_DIR = os.path.join(_CHILD_TMP, "run")
-os.environ.setdefault("PREHEAT_RUN_DIR", _RUN_DIR)
+_RUN_DIR = os.environ.setdefault("PREHEAT_RUN_DIR", os.path.join(_CHILD_TMP, "run"))
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -54,8 +54,15 @@ pub(crate) fn run(
     let Some((simpler, best)) = first.tie else {
         return Ok(first);
     };
-    let pos = |s: Strategies| 1 + cands.iter().position(|c| *c == s).unwrap_or(0);
-    let (i, j) = (pos(simpler), pos(best));
+    // `lat`'s index of a candidate (the tie is between two of `cands`).
+    let pos = |s: Strategies| {
+        cands
+            .iter()
+            .position(|c| *c == s)
+            .map(|k| k + 1)
+            .ok_or_else(|| anyhow::anyhow!("auto's tie names {} outside its candidates", s.name()))
+    };
+    let (i, j) = (pos(simpler)?, pos(best)?);
     let stage = Stage {
         modes: &modes,
         which: &[0, i, j],

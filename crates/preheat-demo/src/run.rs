@@ -565,20 +565,8 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         ws: ws_stats,
     };
     drop(outside);
-    stop_and_tidy(server, &out.serving_pids, a.keep_agent_logs);
+    server.stop_and_tidy(&out.serving_pids, a.keep_agent_logs); // a failed demo keeps its logs
     Ok(out)
-}
-
-/// Stop the server and, unless `keep`, remove its agents' logs (the server's processes' and
-/// those of `served`): a demo that ended well leaves none behind in the run directory, which
-/// outlives it (260 had piled up there in one day of demos); a failed demo never gets here and
-/// keeps them for the diagnosis.
-fn stop_and_tidy(server: preheat_launch::launch::Server, served: &[u32], keep: bool) {
-    if keep {
-        drop(server);
-    } else {
-        server.stop_removing_agent_logs(served);
-    }
 }
 
 /// `auto`'s pilot, the receive-steering choice, then the table's rounds (steering put back

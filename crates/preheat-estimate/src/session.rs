@@ -166,13 +166,11 @@ impl Started {
             }
             _ => {
                 let r = record_probe(&server, pid, &s.workload, p, &mut via, progress);
-                drop(via);
+                drop(via); // closed before the server stops
                 r
             }
         };
-        if rec.is_ok() && !s.keep_agent_logs {
-            server.stop_removing_agent_logs(&[]);
-        }
+        server.stop_and_tidy(&[], s.keep_agent_logs || rec.is_err());
         rec
     }
 }

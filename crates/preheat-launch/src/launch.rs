@@ -284,11 +284,15 @@ impl Server {
             .collect()
     }
 
-    /// Stop the server, then remove the agents' logs (`agent-PID.log` in the run directory,
-    /// which outlives it) of its processes and of `also` (processes that served and may have
-    /// exited already). Stopped first, so no agent writes to its log after. For commands that
-    /// ended well; a failure keeps the logs for the diagnosis.
-    pub fn stop_removing_agent_logs(self, also: &[u32]) {
+    /// Stop the server and, unless `keep_logs`, then remove the agents' logs (`agent-PID.log` in
+    /// the run directory, which outlives it) of its processes and of `also` (processes that
+    /// served and may have exited already). Stopped first, so no agent writes to its log after.
+    /// A command keeps them where it failed (for the diagnosis) or was asked to; without this a
+    /// day of demos had piled up 260 logs there.
+    pub fn stop_and_tidy(self, also: &[u32], keep_logs: bool) {
+        if keep_logs {
+            return; // `self` drops here: the server stops
+        }
         let mut pids = self.tree();
         pids.extend_from_slice(also);
         let logs: Vec<std::path::PathBuf> = pids
