@@ -26,6 +26,7 @@ mod saved;
 mod steer;
 mod sweeper;
 mod table;
+mod warmth;
 
 pub use custom::CustomProtocol;
 pub use mode::Sample;

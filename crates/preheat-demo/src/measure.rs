@@ -27,6 +27,13 @@
 //! cold-sweep 9–15 µs, with `auto` 6–7 µs (three runs against three of the old way, alternated);
 //! on the Xeon `none` host the same change had measured no difference (README).
 //!
+//! **The client's own path stays warm.** Spinning still left the client's transmit and the
+//! loopback's receive path (both on the client's CPU) colder after the milliseconds of a
+//! cold-making step than after the one lead that precedes `hot` and `warm` — by the client's
+//! own waiting, not by the sweep: `cold-idle`, which sweeps nothing, had the slowest *wire*.
+//! So the client pings itself over the loopback through those waits ([`crate::warmth`], where
+//! the measurements are), and the lead is the same plain spin in every mode.
+//!
 //! **Nothing talks to the server's processes between going cold and the send.** The agents'
 //! counters are read before the cold-making step, and that step and the lead are
 //! [`ColdPath`]'s, which holds no agent connection (see there for what it cost when the
@@ -71,6 +78,8 @@ pub(crate) struct Bench<'a> {
 pub(crate) struct ColdPath {
     pub announcer: Announcer,
     pub sweep: crate::sweeper::Sweeper,
+    /// The client's own path, exercised through every wait of a cold-making step.
+    pub warmth: crate::warmth::ClientWarmth,
     pub wake: WakeAs,
     pub port: u16,
     pub lead_us: u64,
@@ -90,24 +99,28 @@ impl ColdPath {
     }
 
     /// Go cold the way `mode` does; the sweep's duration, µs (0 without one). The client spins
-    /// through every wait here and through the sweep (module docs: its CPU never sleeps).
+    /// through every wait here and through the sweep (module docs: its CPU never sleeps), and
+    /// keeps its own path warm meanwhile ([`crate::warmth`]).
     fn go_cold(&mut self, mode: Mode) -> Result<f64> {
         Ok(match mode {
             Mode::Hot | Mode::Warm => 0.0,
             Mode::ColdIdle => {
-                spin_until(now_ns() + self.idle_ms * 1_000_000);
+                self.warmth.until(now_ns() + self.idle_ms * 1_000_000)?;
                 0.0
             }
             Mode::ColdSweep | Mode::Preheat(_) | Mode::Auto(_) => {
                 // On the server's CPU, by the sweeper: the client stays on its own
                 // ([`crate::sweeper`]).
-                let ns = self.sweep.sweep()?;
+                let warmth = &mut self.warmth;
+                let mut last = 0;
+                let ns = self.sweep.sweep(|| warmth.tick(&mut last))?;
                 self.sweep_ns_recent = ns;
-                spin_until(now_ns() + self.post_gap_us * 1000);
+                self.warmth.until(now_ns() + self.post_gap_us * 1000)?;
                 ns as f64 / 1e3
             }
             Mode::Control => {
-                spin_until(now_ns() + self.sweep_ns_recent + self.post_gap_us * 1000);
+                self.warmth
+                    .until(now_ns() + self.sweep_ns_recent + self.post_gap_us * 1000)?;
                 0.0
             }
         })

@@ -77,6 +77,9 @@ pub struct Output {
     /// How requests reach the server: the loopback, or a veth pair into the network namespace
     /// the server runs in (checked on the server's process).
     pub transport: String,
+    /// Pings the client sent itself through the cold-making steps' waits, to keep its own
+    /// network path warm (the `warmth` module).
+    pub client_pings: u64,
     /// Where the loopback's receive processing ran, and why (`None`: not decided, no pilot).
     pub steer_rx: Option<crate::SteerChoice>,
     pub record: Option<RecordStats>,
@@ -504,19 +507,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         agent,
         others,
         join,
-        cold: ColdPath {
-            announcer: Announcer::new(&server.run_dir, &serving.all)?,
-            sweep: crate::sweeper::Sweeper::start(
-                preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
-                server_cpu,
-            )?,
-            wake,
-            port,
-            lead_us: a.lead_us,
-            idle_ms: a.idle_ms,
-            post_gap_us: a.post_gap_us,
-            sweep_ns_recent: 5_000_000,
-        },
+        cold: cold_path(a, &server, &serving.all, server_cpu, wake)?,
         keep_awake: keep_awake.as_ref(),
         server_cpu,
         bad_replies: 0,
@@ -530,6 +521,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
     let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
     let joined_pids = std::mem::take(&mut bench.join.joined);
+    let client_pings = bench.cold.warmth.pings;
     let serving_pids = [serving.all, joined_pids.clone()].concat();
     drop(bench);
     drop(keep_awake);
@@ -546,6 +538,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         server_cpu,
         client_cpu,
         transport: transport(&server, can_replay),
+        client_pings,
         steer_rx,
         record: rec_stats,
         prepared,
@@ -567,6 +560,31 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     drop(outside);
     server.stop_and_tidy(&out.serving_pids, a.keep_agent_logs); // a failed demo keeps its logs
     Ok(out)
+}
+
+/// The way from a just-served state to the send: announcing to `pids`, sweeping on
+/// `server_cpu`, the client's own path kept warm meanwhile.
+fn cold_path(
+    a: &DemoParams,
+    server: &preheat_launch::launch::Server,
+    pids: &[u32],
+    server_cpu: usize,
+    wake: WakeAs,
+) -> Result<ColdPath> {
+    Ok(ColdPath {
+        announcer: Announcer::new(&server.run_dir, pids)?,
+        sweep: crate::sweeper::Sweeper::start(
+            preheat_engine::sweep::EvictionBuffer::new(a.sweep_mib << 20),
+            server_cpu,
+        )?,
+        warmth: crate::warmth::ClientWarmth::new()?,
+        wake,
+        port: server.spec.port,
+        lead_us: a.lead_us,
+        idle_ms: a.idle_ms,
+        post_gap_us: a.post_gap_us,
+        sweep_ns_recent: 5_000_000,
+    })
 }
 
 /// `auto`'s pilot, the receive-steering choice, then the table's rounds (steering put back

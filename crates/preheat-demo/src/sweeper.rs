@@ -60,9 +60,10 @@ impl Sweeper {
         }
     }
 
-    /// Sweep once on the sweeper's CPU and spin until it is done (the caller's CPU stays
-    /// awake: [`crate::measure`]); its duration, ns.
-    pub(crate) fn sweep(&self) -> Result<u64> {
+    /// Sweep once on the sweeper's CPU and spin until it is done, calling `waiting` meanwhile,
+    /// at least once (the caller's CPU stays awake and its path warm: [`crate::measure`],
+    /// [`crate::warmth`]); its duration, ns.
+    pub(crate) fn sweep(&self, mut waiting: impl FnMut() -> Result<()>) -> Result<u64> {
         let ask = self
             .ask
             .as_ref()
@@ -70,6 +71,8 @@ impl Sweeper {
         ask.send(())
             .map_err(|_| anyhow!("the sweeper thread ended"))?;
         loop {
+            // At least once, however fast the sweep.
+            waiting()?;
             match self.done.try_recv() {
                 Ok(ns) => return Ok(ns),
                 Err(TryRecvError::Empty) => std::hint::spin_loop(),
@@ -101,8 +104,17 @@ mod tests {
     #[test]
     fn sweeps_on_request_and_stops_when_dropped() {
         let s = Sweeper::start(EvictionBuffer::new(1 << 20), 0).unwrap();
-        assert!(s.sweep().unwrap() > 0);
-        assert!(s.sweep().unwrap() > 0);
+        let mut calls = 0;
+        assert!(s.sweep(|| Ok(())).unwrap() > 0);
+        assert!(
+            s.sweep(|| {
+                calls += 1;
+                Ok(())
+            })
+            .unwrap()
+                > 0
+        );
+        assert!(calls > 0, "nothing done while waiting");
         drop(s);
     }
 
