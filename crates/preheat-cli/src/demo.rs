@@ -141,7 +141,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "auto", value_parser = ["auto", "inside", "outside"])]
     pub agent: String,
     /// Keep the agents' logs (one per server process, in the run directory) after a demo that
-    /// ended well; by default they are removed then, and a failed demo always keeps them.
+    /// ended well or was stopped by SIGINT/SIGTERM; by default they are removed then, and a
+    /// failed demo always keeps them.
     #[arg(long)]
     pub keep_agent_logs: bool,
     /// Write all results (per-request records and the table) as JSON here.
@@ -184,6 +185,9 @@ impl DemoArgs {
 
 pub fn run(a: DemoArgs) -> Result<()> {
     let (out_path, json) = (a.out.clone(), a.json);
+    if !a.keep_agent_logs {
+        preheat_launch::launch::tidy_agent_logs_on_signal();
+    }
     // The recording's bar is drawn even with --json (as it always was); the pilot's and the
     // rounds' are hidden then.
     let out = preheat_demo::run(&a.params(), &Bars::new(false), &Bars::new(json))?;

@@ -252,7 +252,8 @@ struct RecordArgs {
     #[arg(long, value_name = "DIR")]
     parts: Option<PathBuf>,
     /// Keep the agents' logs (one per server process, in the run directory) after a recording
-    /// that ended well; by default they are removed then, and a failed recording keeps them.
+    /// that ended well or was stopped by SIGINT/SIGTERM; by default they are removed then, and a
+    /// failed recording keeps them.
     #[arg(long)]
     keep_agent_logs: bool,
     /// The server command (after --).

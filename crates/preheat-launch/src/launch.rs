@@ -24,6 +24,32 @@ static STARTED: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// that use them are stopped).
 static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// Servers started with the agent, and the run directory their agents log to: on SIGINT/SIGTERM
+/// the handler removes the logs of their processes where [`tidy_agent_logs_on_signal`] asked.
+static AGENT_SERVERS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+/// Whether the signal handler removes the agent logs of the servers it stops.
+static TIDY_AGENT_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A command that removes its servers' agent logs when it ends well (the demo, `record`) removes
+/// them when a signal stops it too; a long-running one (`serve`, `run`) keeps them as the logs
+/// of the server it ran.
+pub fn tidy_agent_logs_on_signal() {
+    TIDY_AGENT_LOGS.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Every process of the agent-carrying servers still running (each server's and its
+/// descendants'), with its run directory: read before the handler stops them.
+fn agent_processes() -> Vec<(u32, PathBuf)> {
+    let servers: Vec<(u32, PathBuf)> = AGENT_SERVERS.lock().map(|v| v.clone()).unwrap_or_default();
+    let mut out = Vec::new();
+    for (pid, rd) in servers {
+        out.push((pid, rd.clone()));
+        out.extend(descendants(pid).into_iter().map(|p| (p, rd.clone())));
+    }
+    out
+}
+
 /// Remember a scratch directory for removal on SIGINT/SIGTERM (its guard removes it otherwise).
 pub fn register_scratch(dir: &Path) {
     if let Ok(mut v) = SCRATCH.lock() {
@@ -120,9 +146,23 @@ pub fn install_cleanup() {
             for h in hooks {
                 h();
             }
+            let agents = agent_processes();
             let pids: Vec<u32> = STARTED.lock().map(|v| v.clone()).unwrap_or_default();
             for pid in pids {
                 stop_tree(pid, Duration::from_secs(2));
+            }
+            // The sockets of agents whose process died of the signal (no exit handler ran),
+            // as `Server`'s drop removes them; their logs where the command asked.
+            let tidy = TIDY_AGENT_LOGS.load(std::sync::atomic::Ordering::SeqCst);
+            for (pid, rd) in &agents {
+                if tidy {
+                    let _ = std::fs::remove_file(paths::agent_log(rd, *pid));
+                }
+            }
+            let mut dirs: Vec<&PathBuf> = agents.iter().map(|(_, rd)| rd).collect();
+            dirs.dedup();
+            for rd in dirs {
+                agentctl::discover(rd);
             }
             let dirs: Vec<PathBuf> = SCRATCH.lock().map(|v| v.clone()).unwrap_or_default();
             for d in dirs {
@@ -328,6 +368,9 @@ impl Drop for Server {
         if let Ok(mut v) = STARTED.lock() {
             v.retain(|p| *p != pid);
         }
+        if let Ok(mut v) = AGENT_SERVERS.lock() {
+            v.retain(|(p, _)| *p != pid);
+        }
         // A server that dies of the signal (Python's default SIGTERM) never runs its agents'
         // exit handlers, which remove their sockets: remove those of every process now gone.
         agentctl::discover(&self.run_dir);
@@ -481,6 +524,12 @@ pub fn start(
     let child =
         spawn_pinned(&mut cmd, &spec.cpus).with_context(|| format!("cannot start {prog}"))?;
     STARTED.lock().map(|mut v| v.push(child.id())).ok();
+    if spec.agent {
+        AGENT_SERVERS
+            .lock()
+            .map(|mut v| v.push((child.id(), run_dir.to_path_buf())))
+            .ok();
+    }
     let mut srv = Server {
         spec,
         child,

@@ -613,3 +613,39 @@ mod timing {
         assert_no_agent_sockets(&rd);
     }
 }
+
+/// A demo stopped by SIGTERM stops its server and leaves nothing in the run directory: no agent
+/// socket and no agent log (the handler removes the logs a demo that ends well removes too).
+#[test]
+fn a_demo_stopped_by_sigterm_leaves_no_agent_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let mut demo = preheat_testsupport::TermOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_preheat"))
+            .args(["demo", "--rounds", "200"])
+            .args(common::QUICK_DEMO)
+            .env("PREHEAT_RUN_DIR", &rd)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Until its server's agent has written its log (it attached).
+    let t0 = std::time::Instant::now();
+    while agent_logs(&rd).is_empty() {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "no agent log within 60 s in {}",
+            rd.display()
+        );
+        assert!(demo.0.try_wait().unwrap().is_none(), "the demo ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    preheat_engine::os::send_signal(demo.0.id(), libc::SIGTERM, false).unwrap();
+    let st = demo.0.wait().unwrap();
+    assert_eq!(st.code(), Some(143), "SIGTERM: exit 128 + 15");
+    assert_no_agent_sockets(&rd);
+    let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
+    assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
+}
