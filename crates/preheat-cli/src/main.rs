@@ -326,6 +326,8 @@ fn main() {
             | Cmd::Affinity(_)
     ) {
         launch::install_cleanup();
+        // A calibration (the demo's first on a boot) stopped by the signal: its bench dirs.
+        launch::on_signal(preheat_wake::bench::remove_own_dirs);
     }
     // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
     preheat_demo::hot::restore_stale(&paths::run_dir());
@@ -334,6 +336,14 @@ fn main() {
         eprintln!("preheat: could not put back the receive steering a killed run left: {e}");
     }
     if let Err(e) = run(cli) {
+        // A command stopped by SIGINT/SIGTERM may fail on its own meanwhile (what it ran was
+        // stopped under it): the signal handler's cleanup ends the process (128 + the signal),
+        // not this error, which would exit before the cleanup is done.
+        if launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+            loop {
+                std::thread::park();
+            }
+        }
         eprintln!("preheat: error: {e:#}");
         std::process::exit(1);
     }

@@ -97,15 +97,49 @@ pub struct BenchReport {
     pub skipped: Vec<String>,
 }
 
-/// A private run dir for the bench's own planner, removed on drop.
+/// Prefix of the bench's private run dirs in the temp dir (`<prefix><pid>-<tag>`).
+const DIR_PREFIX: &str = "preheat-wake-bench-";
+
+/// Remove this process's bench dirs: for a signal handler (the CLI registers it with the
+/// launcher's `on_signal`), where no drop runs. A demo stopped by SIGTERM while it calibrated
+/// left one behind in a CI-like suite run.
+pub fn remove_own_dirs() {
+    // First: no bench makes a new one from now on (a calibration runs on in another thread
+    // until the process exits; see `BenchDir::new`).
+    STOPPING.store(true, Ordering::SeqCst);
+    let own = format!("{DIR_PREFIX}{}-", std::process::id());
+    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with(&own) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// Set by [`remove_own_dirs`]: the process is stopping.
+static STOPPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A private run dir for the bench's own planner, removed on drop (and by
+/// [`remove_own_dirs`] on a signal; those of processes killed outright by the next bench).
 struct BenchDir(std::path::PathBuf);
 
 impl BenchDir {
     fn new(tag: &str) -> Result<BenchDir> {
-        let p =
-            std::env::temp_dir().join(format!("preheat-wake-bench-{}-{tag}", std::process::id()));
+        let tmp = std::env::temp_dir();
+        for (dead, _) in preheat_engine::host::left_by_the_dead(&tmp, DIR_PREFIX) {
+            let _ = std::fs::remove_dir_all(dead);
+        }
+        let p = tmp.join(format!("{DIR_PREFIX}{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
-        Ok(BenchDir(p))
+        let dir = BenchDir(p);
+        // Checked after creating: either this sees the flag (and the drop removes the dir) or
+        // the remover, which sets it first, sees the dir.
+        if STOPPING.load(Ordering::SeqCst) {
+            bail!("the process is stopping");
+        }
+        Ok(dir)
     }
     fn path(&self) -> &std::path::Path {
         &self.0

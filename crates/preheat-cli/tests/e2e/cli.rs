@@ -648,4 +648,13 @@ fn a_demo_stopped_by_sigterm_leaves_no_agent_logs() {
     assert_no_agent_sockets(&rd);
     let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
     assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
+    // Nor the calibration's bench dirs (a fresh run dir calibrates; the signal usually comes
+    // while it runs: a CI-like run once found one left).
+    let own = format!("preheat-wake-bench-{}-", demo.0.id());
+    let left: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&own))
+        .collect();
+    assert!(left.is_empty(), "calibration dirs left behind: {left:?}");
 }
