@@ -30,7 +30,9 @@ pub struct ServeArgs {
     /// Pin the server to this CPU (default: not pinned).
     #[arg(long)]
     pub cpu: Option<usize>,
-    /// Directory for the server's configuration, data and log (default: a fresh temp dir).
+    /// Directory for the server's configuration, data and log, kept when the server is stopped
+    /// (default: a fresh temp dir, removed with the agents' logs when Ctrl-C or SIGTERM stops
+    /// it).
     #[arg(long)]
     pub workdir: Option<PathBuf>,
     /// Print the ready line as JSON.
@@ -57,8 +59,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             (d.clone(), false)
         }
-        None => (preheat_launch::launch::tempdir("serve")?, true),
+        None => {
+            // Those of `serve`s killed outright (SIGKILL: no handler ran).
+            preheat_launch::launch::sweep_scratch(&std::env::temp_dir(), "preheat-serve-");
+            (preheat_launch::launch::tempdir("serve")?, true)
+        }
     };
+    if fresh {
+        // Nothing of a server in a temp dir outlives it: the signal handler removes the dir
+        // and its agents' logs (a server given a --workdir keeps both).
+        preheat_launch::launch::register_scratch(&dir);
+        preheat_launch::launch::tidy_agent_logs_on_signal();
+    }
     let started = servers::start(
         a.server,
         a.port,

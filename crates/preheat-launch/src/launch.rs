@@ -359,6 +359,13 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Server {
+    /// Stop the server and its processes now (what dropping it does; again is harmless).
+    pub fn stop(&mut self) {
         let pid = self.pid();
         stop_tree(pid, Duration::from_secs(3));
         // Before reaping the server: while it is an unreaped zombie its pid (the group's id)

@@ -216,6 +216,9 @@ fn paired_benches_report_every_pair() {
             assert_eq!(v[k]["n"], 2, "bench {bench} {k}: {v}");
         }
         assert_eq!(v["with"]["n"], v["without"]["n"], "{v}");
+        // Its servers' agents leave no log behind (two pairs left two before).
+        let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
+        assert!(logs.is_empty(), "bench {bench} left agent logs: {logs:?}");
     }
 }
 
