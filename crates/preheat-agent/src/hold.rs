@@ -9,7 +9,8 @@
 //! already running when the request arrives needs no wake-up at all. The warm-up brings the
 //! server thread out of its wait anyway; the hold keeps it out until the arrival.
 //!
-//! The worker opens a window ([`open`]) just before it sends the warm-up: from then until
+//! The worker opens a window ([`open`]) just before it sends the warm-up (the demo's hot floor
+//! opens one too, through `Request::Hold`, before its priming request): from then until
 //! `arrival + HOLD_AFTER_ARRIVAL_NS` (at most `MAX_NS` from now), an `epoll_wait`/`epoll_pwait`
 //! of a host thread with a non-zero timeout calls the real function with a zero timeout in a
 //! loop ([`crate::hooks`]), returning as soon as it reports events or an error, or the caller's
@@ -58,6 +59,11 @@ pub fn open(now: u64, arrival_ns: u64) {
         .min(now.saturating_add(MAX_NS));
     ARRIVAL.store(arrival_ns, Ordering::Relaxed);
     UNTIL.store(until, Ordering::Release);
+}
+
+/// Close an open window (the next wait blocks as its caller asked).
+pub fn close() {
+    UNTIL.store(0, Ordering::Release);
 }
 
 /// The open window's end, if one is open and `now` is inside it (a passed window is closed).

@@ -68,6 +68,46 @@ pub(crate) struct Bench<'a> {
     pub bad_replies: usize,
     /// Why the first wrong reply was wrong.
     pub first_bad: Option<String>,
+    /// Whether the hot floor held the server's threads polling (see [`HotHold`]).
+    pub hot_hold: HotHold,
+}
+
+/// The hot floor's hold of the server's threads: before the priming request of a `hot` sample,
+/// the agents are asked to keep the server's threads polling their event waits until the
+/// request (`Request::Hold`), as a `replay` warm-up leaves them. Without it the floor was no
+/// lower bound where the CPUs cannot poll in idle: with the calibrated spinner instead (the
+/// `none` variant's mechanism, emulated on the EPYC `haltpoll` host, 2026-11-29), a woken server
+/// thread had to preempt the spinner (hot's *start* 20–25 µs) while `replay`'s hold kept it
+/// running (*start* 11–19 µs), and `auto` removed 95–113% of the cold overhead, the demo
+/// flagging every share above 100%. With the hold (same host later that day, the calibration
+/// then choosing the spinner, kv demo, two runs each way alternated): hot 12.6 / 15.8 µs, below
+/// warm (14.5 / 18.5), *start* 6.0 / 7.0 µs, against 25.6 / 33.7 µs without — above warm, no
+/// floor. From outside the server there is no hold (the stand-in refuses it): the floor is
+/// then the CPUs kept awake alone, as the outside `replay` is.
+#[derive(Debug, Default)]
+pub(crate) struct HotHold {
+    /// `None`: not asked yet; `Some(false)`: refused (why in `why_not`).
+    pub held: Option<bool>,
+    pub why_not: Option<String>,
+    /// The last priming request's duration, ns: the hold's expected arrival is one priming and
+    /// one lead away.
+    priming_ns: u64,
+}
+
+impl HotHold {
+    /// The hot floor's note with the hold said.
+    pub fn describe(&self, note: &str) -> String {
+        match (self.held, &self.why_not) {
+            (Some(true), _) => format!(
+                "{note}; the server's threads held polling their waits through the lead (the \
+                 agent's hold, as `replay` leaves them)"
+            ),
+            (Some(false), Some(why)) => {
+                format!("{note}; the server's threads not held ({why})")
+            }
+            _ => note.to_string(),
+        }
+    }
 }
 
 /// From a just-served state to the moment the request is sent: the mode's cold-making step,
@@ -149,7 +189,47 @@ impl ColdPath {
     }
 }
 
-impl Bench<'_> {
+impl<'a> Bench<'a> {
+    pub fn new(
+        (client, agent, others, join): (Requester, AgentClient, Vec<AgentClient>, Join),
+        cold: ColdPath,
+        keep_awake: Option<&'a KeepAwake>,
+        server_cpu: usize,
+    ) -> Bench<'a> {
+        Bench {
+            client,
+            agent,
+            others,
+            join,
+            cold,
+            keep_awake,
+            server_cpu,
+            bad_replies: 0,
+            first_bad: None,
+            hot_hold: HotHold::default(),
+        }
+    }
+
+    /// Ask every agent of the server to hold its threads until one priming request and one
+    /// lead from now ([`HotHold`]); once refused, never again.
+    fn hold_server_threads(&mut self) {
+        if self.hot_hold.held == Some(false) {
+            return;
+        }
+        let arrival_ns = now_ns() + self.hot_hold.priming_ns + self.cold.lead_us * 1000;
+        let req = preheat_model::proto::Request::Hold { arrival_ns };
+        let mut refused = None;
+        for a in std::iter::once(&mut self.agent).chain(self.others.iter_mut()) {
+            if let Err(e) = a.call(&req) {
+                refused = Some(format!("{e:#}"));
+            }
+        }
+        self.hot_hold.held = Some(refused.is_none());
+        if refused.is_some() {
+            self.hot_hold.why_not = refused;
+        }
+    }
+
     /// Measure one request of `mode` in `round` (of request kind `kind`).
     pub fn sample(&mut self, mode: Mode, round: usize, kind: &str) -> Result<Sample> {
         let hot = match (mode, self.keep_awake) {
@@ -158,8 +238,11 @@ impl Bench<'_> {
         };
         if let Some(k) = hot {
             k.hold();
+            self.hold_server_threads();
         }
+        let t_priming = now_ns();
         self.client.request_ok()?;
+        self.hot_hold.priming_ns = now_ns() - t_priming;
         // The wire stage: the kernel stamps the connection's sends (enabled once; a connection
         // reopened inside the request is not stamped and gives none).
         self.client.stamp_sends();
@@ -265,5 +348,26 @@ impl Bench<'_> {
             .chain(self.others.iter_mut())
             .map(|a| agent_preheat(a, port))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hot_floor_says_whether_the_server_threads_were_held() {
+        let mut h = HotHold::default();
+        assert_eq!(h.describe("kept awake by dma"), "kept awake by dma");
+        h.held = Some(true);
+        assert!(h
+            .describe("kept awake by dma")
+            .ends_with("(the agent's hold, as `replay` leaves them)"));
+        h.held = Some(false);
+        h.why_not = Some("hold needs the in-process agent".into());
+        assert_eq!(
+            h.describe("kept awake by spin"),
+            "kept awake by spin; the server's threads not held (hold needs the in-process agent)"
+        );
     }
 }

@@ -502,23 +502,17 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let can_replay = configure_replay(&mut agent, &w, &server, &mut modes, &mut skipped)?;
     let (others, join) =
         configure_others(&server, &serving, profile_path.as_deref(), &w, can_replay)?;
-    let mut bench = Bench {
-        client,
-        agent,
-        others,
-        join,
-        cold: cold_path(a, &server, &serving.all, server_cpu, wake)?,
-        keep_awake: keep_awake.as_ref(),
-        server_cpu,
-        bad_replies: 0,
-        first_bad: None,
-    };
+    let cold = cold_path(a, &server, &serving.all, server_cpu, wake)?;
+    let agents = (client, agent, others, join);
+    let mut bench = Bench::new(agents, cold, keep_awake.as_ref(), server_cpu);
     let loopback = server.spec.netns.is_none();
     let available = available(can_replay);
     let (auto, steer_rx, samples) =
         pilots_and_rounds(a, &mut bench, &mut modes, available, loopback, measuring)?;
 
-    let hot_floor = keep_awake.as_ref().map(|k| k.note.clone());
+    let hot_floor = keep_awake
+        .as_ref()
+        .map(|k| bench.hot_hold.describe(&k.note));
     let agent_counters = agent_preheat(&mut bench.agent, port)?.preheat;
     let joined_pids = std::mem::take(&mut bench.join.joined);
     let client_pings = bench.cold.warmth.pings;

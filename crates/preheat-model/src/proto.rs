@@ -353,6 +353,11 @@ pub enum Request {
     },
     /// Turn the agent off (hooks become pass-through) or on again.
     SetEnabled { enabled: bool },
+    /// Hold the server's threads polling their event waits until a request expected at
+    /// `arrival_ns` (CLOCK_MONOTONIC) has come, as a `replay` warm-up leaves them (the agent's
+    /// hold); 0 closes an open hold. The demo's hot floor asks for it before its priming
+    /// request, so that no preheated row can start its request sooner than the floor does.
+    Hold { arrival_ns: u64 },
     /// Start communication detection (shared-pages sampling) with this configuration.
     CommStart {
         #[serde(default)]
@@ -384,6 +389,7 @@ impl Request {
             Request::Configure { .. } => "configure",
             Request::SetAuto { .. } => "set_auto",
             Request::SetEnabled { .. } => "set_enabled",
+            Request::Hold { .. } => "hold",
             Request::CommStart { .. } => "comm_start",
             Request::CommStop => "comm_stop",
             Request::CommReset => "comm_reset",

@@ -356,6 +356,14 @@ impl Control {
                 set_enabled(enabled);
                 Ok(Reply::Ok)
             }
+            Request::Hold { arrival_ns } => {
+                if arrival_ns == 0 {
+                    crate::hold::close();
+                } else {
+                    crate::hold::open(preheat_engine::time::now_ns(), arrival_ns);
+                }
+                Ok(Reply::Ok)
+            }
             Request::CommStart { config } => {
                 comm::start(config, false)?;
                 Ok(Reply::Ok)
