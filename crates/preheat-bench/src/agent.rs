@@ -51,14 +51,7 @@ pub(crate) struct BenchServer {
 
 impl Drop for BenchServer {
     fn drop(&mut self) {
-        // The agent writes its log until its process ends: remove it after the server stopped.
-        let logs: Vec<std::path::PathBuf> = (self.started.server.tree().into_iter())
-            .map(|p| preheat_launch::paths::agent_log(&self.started.server.run_dir, p))
-            .collect();
-        self.started.server.stop();
-        for l in logs {
-            let _ = std::fs::remove_file(l);
-        }
+        self.started.server.stop_removing_logs(&[]);
     }
 }
 

@@ -86,9 +86,8 @@ pub(crate) struct Bench<'a> {
 /// then the CPUs kept awake alone, as the outside `replay` is.
 #[derive(Debug, Default)]
 pub(crate) struct HotHold {
-    /// `None`: not asked yet; `Some(false)`: refused (why in `why_not`).
-    pub held: Option<bool>,
-    pub why_not: Option<String>,
+    /// `None`: not asked yet; `Some(Ok(()))`: held; `Some(Err(why))`: refused.
+    pub held: Option<Result<(), String>>,
     /// The last priming request's duration, ns: the hold's expected arrival is one priming and
     /// one lead away.
     priming_ns: u64,
@@ -97,15 +96,13 @@ pub(crate) struct HotHold {
 impl HotHold {
     /// The hot floor's note with the hold said.
     pub fn describe(&self, note: &str) -> String {
-        match (self.held, &self.why_not) {
-            (Some(true), _) => format!(
+        match &self.held {
+            Some(Ok(())) => format!(
                 "{note}; the server's threads held polling their waits through the lead (the \
                  agent's hold, as `replay` leaves them)"
             ),
-            (Some(false), Some(why)) => {
-                format!("{note}; the server's threads not held ({why})")
-            }
-            _ => note.to_string(),
+            Some(Err(why)) => format!("{note}; the server's threads not held ({why})"),
+            None => note.to_string(),
         }
     }
 }
@@ -213,7 +210,7 @@ impl<'a> Bench<'a> {
     /// Ask every agent of the server to hold its threads until one priming request and one
     /// lead from now ([`HotHold`]); once refused, never again.
     fn hold_server_threads(&mut self) {
-        if self.hot_hold.held == Some(false) {
+        if matches!(self.hot_hold.held, Some(Err(_))) {
             return;
         }
         let arrival_ns = now_ns() + self.hot_hold.priming_ns + self.cold.lead_us * 1000;
@@ -224,10 +221,7 @@ impl<'a> Bench<'a> {
                 refused = Some(format!("{e:#}"));
             }
         }
-        self.hot_hold.held = Some(refused.is_none());
-        if refused.is_some() {
-            self.hot_hold.why_not = refused;
-        }
+        self.hot_hold.held = Some(refused.map_or(Ok(()), Err));
     }
 
     /// Measure one request of `mode` in `round` (of request kind `kind`).
@@ -359,12 +353,11 @@ mod tests {
     fn the_hot_floor_says_whether_the_server_threads_were_held() {
         let mut h = HotHold::default();
         assert_eq!(h.describe("kept awake by dma"), "kept awake by dma");
-        h.held = Some(true);
+        h.held = Some(Ok(()));
         assert!(h
             .describe("kept awake by dma")
             .ends_with("(the agent's hold, as `replay` leaves them)"));
-        h.held = Some(false);
-        h.why_not = Some("hold needs the in-process agent".into());
+        h.held = Some(Err("hold needs the in-process agent".into()));
         assert_eq!(
             h.describe("kept awake by spin"),
             "kept awake by spin; the server's threads not held (hold needs the in-process agent)"

@@ -295,6 +295,8 @@ pub struct Server {
     child: Child,
     pub run_dir: PathBuf,
     pub log: PathBuf,
+    /// Stopped already ([`Server::stop`]): the drop has nothing left to do.
+    stopped: bool,
 }
 
 impl Server {
@@ -329,20 +331,49 @@ impl Server {
     /// served and may have exited already). Stopped first, so no agent writes to its log after.
     /// A command keeps them where it failed (for the diagnosis) or was asked to; without this a
     /// day of demos had piled up 260 logs there.
-    pub fn stop_and_tidy(self, also: &[u32], keep_logs: bool) {
-        if keep_logs {
-            return; // `self` drops here: the server stops
+    pub fn stop_and_tidy(mut self, also: &[u32], keep_logs: bool) {
+        if !keep_logs {
+            self.stop_removing_logs(also);
         }
+        // Otherwise `self` drops here: the server stops.
+    }
+
+    /// Stop the server now, then remove its processes' and `also`'s agent logs (what
+    /// [`Server::stop_and_tidy`] does, for an owner that cannot give the server up, such as a
+    /// bench server's drop).
+    pub fn stop_removing_logs(&mut self, also: &[u32]) {
         let mut pids = self.tree();
         pids.extend_from_slice(also);
         let logs: Vec<std::path::PathBuf> = pids
             .into_iter()
             .map(|p| crate::paths::agent_log(&self.run_dir, p))
             .collect();
-        drop(self);
+        self.stop();
         for l in logs {
             let _ = std::fs::remove_file(l);
         }
+    }
+
+    /// Stop the server and its processes now (what dropping it does; once).
+    pub fn stop(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
+        let pid = self.pid();
+        stop_tree(pid, Duration::from_secs(3));
+        // Before reaping the server: while it is an unreaped zombie its pid (the group's id)
+        // cannot be reused by an unrelated process.
+        stop_group(pid, Duration::from_secs(3));
+        let _ = self.child.wait();
+        if let Ok(mut v) = STARTED.lock() {
+            v.retain(|p| *p != pid);
+        }
+        if let Ok(mut v) = AGENT_SERVERS.lock() {
+            v.retain(|(p, _)| *p != pid);
+        }
+        // A server that dies of the signal (Python's default SIGTERM) never runs its agents'
+        // exit handlers, which remove their sockets: remove those of every process now gone.
+        agentctl::discover(&self.run_dir);
     }
 
     /// Where clients reach it: 127.0.0.1, or the namespace's end of the veth pair.
@@ -360,27 +391,6 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-impl Server {
-    /// Stop the server and its processes now (what dropping it does; again is harmless).
-    pub fn stop(&mut self) {
-        let pid = self.pid();
-        stop_tree(pid, Duration::from_secs(3));
-        // Before reaping the server: while it is an unreaped zombie its pid (the group's id)
-        // cannot be reused by an unrelated process.
-        stop_group(pid, Duration::from_secs(3));
-        let _ = self.child.wait();
-        if let Ok(mut v) = STARTED.lock() {
-            v.retain(|p| *p != pid);
-        }
-        if let Ok(mut v) = AGENT_SERVERS.lock() {
-            v.retain(|(p, _)| *p != pid);
-        }
-        // A server that dies of the signal (Python's default SIGTERM) never runs its agents'
-        // exit handlers, which remove their sockets: remove those of every process now gone.
-        agentctl::discover(&self.run_dir);
     }
 }
 
@@ -542,6 +552,7 @@ pub fn start(
         child,
         run_dir: run_dir.to_path_buf(),
         log,
+        stopped: false,
     };
     let t0 = Instant::now();
     loop {
