@@ -6,9 +6,11 @@
 //! ([`preheat_wake::calibrate`]): idle polling through a per-CPU PM QoS resume-latency constraint
 //! (as the wake planner arms it) or a `/dev/cpu_dma_latency` request, where the cpuidle driver
 //! honours them; a `SCHED_IDLE` spinner per CPU ([`preheat_wake::spinners`]) where it does not.
-//! Where no mechanism woke threads faster than plain idle, there is no hot floor, and the demo
-//! says so. Whether the floor is one is checked on the measurements themselves (hot below warm:
-//! the demo's table).
+//! Where no mechanism woke threads faster than plain idle, the CPUs are left in plain idle and
+//! the floor is the server's threads held polling alone ([`KeepAwake::mechanism`] is `None`;
+//! the demo's hold, `crate::measure::HotHold`); where that cannot be had either (a server
+//! preheated from outside), there is no hot floor, and the demo says so. Whether the floor is
+//! one is checked on the measurements themselves (hot below warm: the demo's table).
 //!
 //! Every CPU, not only the server's: a request's path can wake threads and take interrupts on
 //! other CPUs (MariaDB's commits complete I/O there), and the agent's `wake` strategy, which
@@ -43,22 +45,31 @@ pub struct KeepAwake {
     cpus: Vec<u32>,
     /// The `spin` mechanism's threads (the others need none).
     spinners: Option<Spinners>,
+    /// The calibrated mechanism; `None` where none beat plain idle (the CPUs are left as they
+    /// are: the floor is then the server's threads held alone).
+    pub mechanism: Option<Mechanism>,
     /// The mechanism and the calibration it comes from (said next to the hot numbers).
     pub note: String,
 }
 
 impl KeepAwake {
     /// Prepare to keep every online CPU awake with the calibrated mechanism (changes nothing
-    /// yet). `Err` says why the hot floor cannot be measured here: no mechanism measured faster
-    /// wake-ups than plain idle, or the chosen one is unavailable to this process.
+    /// yet); where no mechanism measured faster wake-ups than plain idle, one that keeps
+    /// nothing awake (`mechanism` `None`). `Err` says why the hot floor cannot be measured
+    /// here: the chosen mechanism is unavailable to this process.
     pub fn open(run_dir: &Path, calibration: &Calibration) -> Result<KeepAwake, String> {
-        let Some(best) = calibration.best else {
-            return Err(format!(
-                "no way to keep the CPUs awake here: {}",
-                calibration.summary()
-            ));
-        };
         let cpus: Vec<u32> = (0..preheat_engine::os::online_cpus() as u32).collect();
+        let Some(best) = calibration.best else {
+            return Ok(KeepAwake {
+                cpus,
+                spinners: None,
+                mechanism: None,
+                note: format!(
+                    "no CPU kept awake: {} (the CPUs left in plain idle)",
+                    calibration.summary()
+                ),
+            });
+        };
         // (A killed run's journal was restored when this command started: main calls
         // `restore_stale` for every command.)
         let paths = SysPaths::default();
@@ -88,6 +99,7 @@ impl KeepAwake {
         Ok(KeepAwake {
             cpus,
             spinners,
+            mechanism: Some(best),
             note,
         })
     }

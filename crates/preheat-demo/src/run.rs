@@ -399,9 +399,12 @@ fn measure_rounds(
 }
 
 /// The keep-awake calibration (measured once per boot, cached in the run directory) and the hot
-/// floor's mechanism from it, or why there is none (into `skipped`).
+/// floor's mechanism from it, or why there is none (into `skipped`). Without a mechanism the
+/// floor is the server's threads held alone, which a server preheated from `outside` cannot
+/// have.
 fn keep_awake(
     server: &preheat_launch::launch::Server,
+    outside: bool,
     skipped: &mut Vec<Skipped>,
 ) -> (
     Option<preheat_wake::calibrate::Calibration>,
@@ -415,7 +418,14 @@ fn keep_awake(
     let keep = calibration
         .as_ref()
         .map_err(String::clone)
-        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c));
+        .and_then(|c| crate::hot::KeepAwake::open(&server.run_dir, c))
+        .and_then(|k| match k.mechanism {
+            None if outside => Err(format!(
+                "{}; and the server's threads cannot be held from outside the process",
+                k.note
+            )),
+            _ => Ok(k),
+        });
     match keep {
         Ok(k) => (calibration.ok(), Some(k)),
         Err(why) => {
@@ -483,7 +493,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let port = server.spec.port;
     let mut client = w.connect(server.addr())?;
     let mut skipped = Vec::new();
-    let (calibration, keep_awake) = keep_awake(&server, &mut skipped);
+    let (calibration, keep_awake) = keep_awake(&server, outside.is_some(), &mut skipped);
     let wake = WakeAs::from_calibration(calibration.as_ref());
     let has_hot = keep_awake.is_some();
     let mut modes = runnable_modes(wanted, has_hot, &w, &server.spec.name, &mut skipped);

@@ -1,7 +1,8 @@
 //! The demo's table: response-time rows, the share of the cold overhead each mode removes, and
 //! the split of that overhead by stage.
 //!
-//! * **Floor.** Shares are against the hot floor (`hot`: caches warm, every CPU kept awake) when
+//! * **Floor.** Shares are against the hot floor (`hot`: caches warm, every CPU kept awake by the
+//!   calibrated mechanism, or none where none beat plain idle, the server's threads held) when
 //!   it was measured **and shown to be one**: warm − hot per round, its median's 95% CI above 0
 //!   ([`floor_check`]). Otherwise (no hot floor, or hot no faster than warm — e.g. a machine
 //!   whose idle loop halts whatever PM QoS says) against `warm`, and the output says which and

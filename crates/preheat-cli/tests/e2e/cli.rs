@@ -485,7 +485,8 @@ mod timing {
         let rows = v["rows"].as_array().unwrap();
         let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
         // The hot floor uses the calibrated keep-awake mechanism; where the calibration found
-        // none that beats plain idle (or, unprivileged, none it may use), the demo says why.
+        // none that beats plain idle, the server's threads held alone (the in-process agent
+        // here); where the mechanism is unavailable (unprivileged), the demo says why.
         let calibration = &v["calibration"];
         assert_eq!(calibration["label"], "measured", "{calibration}");
         assert!(calibration["results"]
@@ -505,16 +506,17 @@ mod timing {
             v["skipped"]
         );
         if let Some(why) = &hot_skip {
-            assert!(
-                why.contains("keep the CPUs awake") || why.contains("unavailable"),
-                "{why}"
-            );
+            assert!(why.contains("unavailable"), "{why}");
         }
         assert!(v["wake_mechanism"].as_str().is_some_and(|s| !s.is_empty()));
         if modes.contains(&"hot") {
-            assert!(v["hot_floor"]
-                .as_str()
-                .is_some_and(|s| s.contains("kept awake by")));
+            let note = v["hot_floor"].as_str().unwrap();
+            if calibration["best"].is_null() {
+                assert!(note.contains("no CPU kept awake"), "{note}");
+                assert!(note.contains("threads held"), "{note}");
+            } else {
+                assert!(note.contains("kept awake by"), "{note}");
+            }
             // Shares are against hot only where this run showed hot below warm.
             let check = &v["floor_check"];
             let verified = check["verified"].as_bool().unwrap();
