@@ -112,8 +112,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "p99, share of the cold overhead removed, working set, preheat time, GB/s, "
                     "CPI), headline.csv (beside the paper's Table 1), decomposition.csv (where "
                     "cold-start time goes), figure3*.png/svg (CDFs), summary.json, report.html.")
-    t1.add_argument("--out", type=Path, required=True,
-                    help="output directory (raw/, tables, figures, report.html)")
+    t1.add_argument("--out", type=Path, default=Path("results/table1"),
+                    help="output directory (raw/, tables, figures, report.html) (default results/table1)")
     t1.add_argument("--servers", type=lambda s: _servers(s, SERVERS), default=None,
                     help=f"comma list (default: {','.join(SERVERS)})")
     g = t1.add_argument_group(
@@ -136,8 +136,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "extra rows preheat load --wait block and --wait spin. Reports throughput, "
                     "mean (p50/p99 where the peer prints them), ours/peer and whether within 5%; "
                     "the verdict uses the main row only; DIR/peer/.")
-    pe.add_argument("--out", type=Path, required=True,
-                    help="output directory (results in DIR/peer/, report in DIR/report.html)")
+    pe.add_argument("--out", type=Path, default=Path("results/peer"),
+                    help="output directory (results in DIR/peer/, report in DIR/report.html) (default results/peer)")
     pe.add_argument("--servers", type=lambda s: _servers(s, PEER_SERVERS), default=list(PEER_SERVERS),
                     help=f"comma list of {','.join(PEER_SERVERS)}")
     pe.add_argument("--seconds", type=float, default=10.0, help="duration of each run (default 10)")
@@ -165,8 +165,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "+). Writes DIR/sweep-cosim/ (one row per point and policy).")
     sw.add_argument("--target", choices=TARGETS, default="demo",
                     help="what each point runs (default demo; cosim: preheat cosched simulate)")
-    sw.add_argument("--out", type=Path, required=True,
-                    help="output directory (results in DIR/sweep/, report in DIR/report.html)")
+    sw.add_argument("--out", type=Path, default=Path("results/sweep"),
+                    help="output directory (results in DIR/sweep/, report in DIR/report.html) (default results/sweep)")
     sw.add_argument("--param", action="append", required=True, metavar="NAME=V1,V2,...",
                     help="a swept parameter and its values (repeat for a grid)")
     sw.add_argument("--server", default="kv", choices=SERVERS)
@@ -190,7 +190,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "it runs) and preheat groups; heatmaps with the detected sets, the true sets "
                     "beside them, comm.csv/.parquet, *.groups.json, report.html in --out. "
                     "--from renders existing `preheat comm --out` files of any program.")
-    cm.add_argument("--out", type=Path, required=True, help="output directory")
+    cm.add_argument("--out", type=Path, default=Path("results/comm"), help="output directory (default results/comm)")
     cm.add_argument("--kernels", default=",".join(KERNELS),
                     help="comma list of mg,cg,is,ep (empty: none)")
     cm.add_argument("--from", dest="from_files", type=Path, nargs="*", default=[],
@@ -206,7 +206,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     "kernel, scenario and --sim-seeds seeds): figures in the shape of the paper's "
                     "Figures 6/7, co-run and idle shares, partial-auto's sets, the simulated-vs-"
                     "measured validation, the paper's findings beside ours; tables, report.html.")
-    cs.add_argument("--out", type=Path, required=True, help="output directory")
+    cs.add_argument("--out", type=Path, default=Path("results/cosched"), help="output directory (default results/cosched)")
     cs.add_argument("--quick", action="store_true",
                     help="mg,ep; single,double; 2 reps of 2 s; regroup 0.7 s; 2 seeds (minutes)")
     cs.add_argument("--kernels", help="comma list of mg,cg,is,ep (default all; --quick: mg,ep)")

@@ -121,9 +121,34 @@ fn lists_option(help: &str, name: &str) -> bool {
     })
 }
 
+/// The options a help's usage requires: `--name` tokens outside brackets in its `Usage:` /
+/// `usage:` block (clap and argparse both bracket the optional ones).
+fn required_options(help: &str) -> Vec<String> {
+    let Some(start) = help.find("Usage:").or_else(|| help.find("usage:")) else {
+        return Vec::new();
+    };
+    let usage = help[start..].split("\n\n").next().unwrap_or("");
+    let mut depth = 0i32;
+    let mut flat = String::new();
+    for c in usage.chars() {
+        match c {
+            '[' | '(' => depth += 1,
+            ']' | ')' => depth -= 1,
+            _ if depth == 0 => flat.push(c),
+            _ => {}
+        }
+    }
+    flat.split_whitespace()
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| w.split('=').next().unwrap_or(w).to_string())
+        .collect()
+}
+
 /// What is wrong with one README command (`None`: nothing). Words up to the first option or
 /// argument must be subcommands; after that, options must be listed by the deepest
-/// subcommand's help; a bare `--` ends the check (the program to run follows).
+/// subcommand's help, and every option its usage requires must be given (a command shown
+/// without one fails when run verbatim; a bare subcommand path names a command and is not
+/// checked for them); a bare `--` ends the check (the program to run follows).
 fn check(cmd: &str, helps: &mut Helps) -> Option<String> {
     let words: Vec<&str> = cmd.split_whitespace().collect();
     let mut path = vec![words[0].to_string()];
@@ -156,7 +181,34 @@ fn check(cmd: &str, helps: &mut Helps) -> Option<String> {
             }
         }
     }
+    // A bare subcommand path (`preheat record` in prose) names the command, it is no call.
+    let asks_help = words.len() == path.len() || words.iter().any(|w| *w == "--help" || *w == "-h");
+    let given = |o: &str| {
+        words
+            .iter()
+            .any(|w| *w == o || w.strip_prefix(o).is_some_and(|r| r.starts_with('=')))
+    };
+    let missing: Vec<String> = required_options(helps.get(&path))
+        .into_iter()
+        .filter(|o| !given(o))
+        .collect();
+    if !asks_help && !missing.is_empty() {
+        return Some(format!(
+            "`{}` requires {} (its usage), which the command does not give",
+            path.join(" "),
+            missing.join(", ")
+        ));
+    }
     None
+}
+
+#[test]
+fn required_options_are_read_from_both_usage_styles() {
+    let clap = "Do it\n\nUsage: preheat x [OPTIONS] --out <OUT> [-- <CMD>...]\n\nOptions:\n  --out <OUT>  where\n";
+    assert_eq!(required_options(clap), ["--out"]);
+    let argparse = "usage: python -m preheat_lab report [-h] --out OUT\n                 [--bootstrap BOOTSTRAP]\n\noptions:\n";
+    assert_eq!(required_options(argparse), ["--out"]);
+    assert!(required_options("usage: x [-h] [--out OUT] (--a | --b)\n").is_empty());
 }
 
 #[test]
