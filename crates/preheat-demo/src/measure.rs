@@ -276,6 +276,7 @@ impl<'a> Bench<'a> {
             (t_done - t_send) as f64 / 1e3,
             sweep_us,
         );
+        s.send_ns = t_send;
         if let Some(w) = wire.filter(|&w| w <= t_done) {
             s.wire_us = (w as f64 - t_send as f64).max(0.0) / 1e3;
         }

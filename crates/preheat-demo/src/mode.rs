@@ -77,6 +77,10 @@ pub struct Sample {
     /// was measured — false where no request of it reached that process (another process, a
     /// prefork server's other worker, answered); `None` for the other modes.
     pub served_by_preheated: Option<bool>,
+    /// When the request was sent (announced modes: the announced arrival), `CLOCK_MONOTONIC`
+    /// ns: what a trace of the same run (`perf record -k CLOCK_MONOTONIC`) is matched on.
+    #[serde(default)]
+    pub send_ns: u64,
 }
 
 impl Sample {
@@ -102,6 +106,7 @@ impl Sample {
             wire_us: f64::NAN,
             sweep_us,
             served_by_preheated: None,
+            send_ns: 0,
         }
     }
 
