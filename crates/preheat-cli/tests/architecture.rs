@@ -290,7 +290,6 @@ const LONG_FNS: &[(&str, &str, usize)] = &[
     // Tables: a catalog, a fixed exposition, a table built row by row, printed reports.
     ("preheatd/src/metrics.rs", "render", 147),
     ("preheat-affinity/src/table2.rs", "plan_table2", 140),
-    ("preheat-demo/src/render.rs", "render", 110),
     ("preheat-stage/src/bench/render.rs", "render", 175),
     ("preheat-power/src/cli.rs", "print_bench", 132),
 ];

@@ -6,9 +6,10 @@
 //! * [`read_saved_choice`] – a demo's `auto` choice read back from its `--out` JSON;
 //! * `steer` – where the loopback's receive processing runs (`--steer-rx`), chosen by a pilot;
 //! * `outside` – the agent inside the server or, where it cannot load, outside it (`--agent`);
+//! * `sysstages` – the response time split at the server's system calls (`--syscall-stages`);
 //! * [`run_server`] – `preheat run`: a server kept running with its agent inside or outside it.
 //!
-//! Modules in one direction: `hot custom params mode` ← `join outside` ← `measure table` ←
+//! Modules in one direction: `hot custom params mode sysstages` ← `join outside` ← `measure table` ←
 //! `pilot steer` ← `run` ← `render`; `saved` ← `runner` (with `outside`).
 
 mod custom;
@@ -25,6 +26,7 @@ mod runner;
 mod saved;
 mod steer;
 mod sweeper;
+mod sysstages;
 mod table;
 mod warmth;
 
@@ -36,4 +38,4 @@ pub use run::{run, Output, Skipped};
 pub use runner::{run_server, RunServer, Running};
 pub use saved::{parse_saved_choice, read_saved_choice, SavedChoice};
 pub use steer::{SteerChoice, SteerRx};
-pub use table::{Decomposition, FloorCheck, Row};
+pub use table::{Decomposition, FloorCheck, Row, SysRow};

@@ -70,6 +70,8 @@ pub(crate) struct Bench<'a> {
     pub first_bad: Option<String>,
     /// Whether the hot floor held the server's threads polling (see [`HotHold`]).
     pub hot_hold: HotHold,
+    /// `--syscall-stages`: the observer on the serving process.
+    pub sys: Option<crate::sysstages::SysStages>,
 }
 
 /// The hot floor's hold of the server's threads: before the priming request of a `hot` sample,
@@ -204,6 +206,7 @@ impl<'a> Bench<'a> {
             bad_replies: 0,
             first_bad: None,
             hot_hold: HotHold::default(),
+            sys: None,
         }
     }
 
@@ -283,6 +286,10 @@ impl<'a> Bench<'a> {
         // Give the server thread and the agent's worker time to finish their bookkeeping (the
         // busy period ends when the server waits again) before reading it.
         std::thread::sleep(Duration::from_micros(300));
+        if let Some(sp) = self.sys.as_mut().and_then(|st| st.sample(t_send, t_done)) {
+            (s.sys_to_read_us, s.sys_compute_us, s.sys_reply_us) =
+                (sp.to_read_us, sp.compute_us, sp.reply_us);
+        }
         let views = self.views()?;
         // The process that served the request: the one whose latest busy period started last
         // (one process, but for a server whose requests go to any worker).

@@ -79,8 +79,12 @@ pub struct Sample {
     pub served_by_preheated: Option<bool>,
     /// When the request was sent (announced modes: the announced arrival), `CLOCK_MONOTONIC`
     /// ns: what a trace of the same run (`perf record -k CLOCK_MONOTONIC`) is matched on.
-    #[serde(default)]
     pub send_ns: u64,
+    /// With `--syscall-stages`: the response time split at the server's system calls
+    /// (the `sysstages` module), µs; NaN without the observer or where it saw no read and write.
+    pub sys_to_read_us: f64,
+    pub sys_compute_us: f64,
+    pub sys_reply_us: f64,
 }
 
 impl Sample {
@@ -107,6 +111,9 @@ impl Sample {
             sweep_us,
             served_by_preheated: None,
             send_ns: 0,
+            sys_to_read_us: f64::NAN,
+            sys_compute_us: f64::NAN,
+            sys_reply_us: f64::NAN,
         }
     }
 

@@ -60,6 +60,9 @@ pub struct DemoParams {
     /// Keep the agents' logs in the run directory after a demo that ended well (a failed one
     /// always keeps them).
     pub keep_agent_logs: bool,
+    /// Split every response time at the server's system calls with the outside observer
+    /// attached (root; the `sysstages` module).
+    pub syscall_stages: bool,
     /// Where the agent runs: inside the server where it loads, else outside (default).
     pub agent: AgentPlace,
 }
@@ -113,6 +116,7 @@ impl Default for DemoParams {
             netns: false,
             steer_rx: crate::SteerRx::Auto,
             keep_agent_logs: false,
+            syscall_stages: false,
             agent: AgentPlace::Auto,
         }
     }

@@ -88,17 +88,7 @@ pub fn render(o: &Output) -> String {
     for s in &o.skipped {
         w!("{:<26} n/a: {}", s.mode, s.reason);
     }
-    if let Some(d) = &o.decomposition {
-        w!(
-            "cold overhead (cold-sweep − {}) {:.1} µs = wake-up (control − {}) {} + cache and kernel-path loss (cold-sweep − control) {} [p50 differences, measured]",
-            d.floor,
-            d.cold_overhead_us,
-            d.floor,
-            d.wakeup_us.map_or("-".into(), |x| format!("{x:.1} µs")),
-            d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
-        );
-    }
-    if let Some(line) = residual_line(o) {
+    for line in overhead_lines(o) {
         w!("{line}");
     }
     if let Some(h) = &o.hot_floor {
@@ -237,16 +227,84 @@ fn auto_notes(o: &Output) -> Vec<String> {
     out
 }
 
-/// Where the remaining gap of the preheat mode that removed most (auto where it ran) lies,
-/// stage by stage.
-fn residual_line(o: &Output) -> Option<String> {
+/// The cold overhead by cause, what the best preheat mode leaves above the floor by stage, and
+/// (`--syscall-stages`) the split at the server's system calls.
+fn overhead_lines(o: &Output) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(d) = &o.decomposition {
+        v.push(format!(
+            "cold overhead (cold-sweep − {}) {:.1} µs = wake-up (control − {}) {} + cache and kernel-path loss (cold-sweep − control) {} [p50 differences, measured]",
+            d.floor,
+            d.cold_overhead_us,
+            d.floor,
+            d.wakeup_us.map_or("-".into(), |x| format!("{x:.1} µs")),
+            d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
+        ));
+    }
+    v.extend(residual_line(o));
+    v.extend(syscall_lines(o));
+    v
+}
+
+/// The preheat mode whose residual the output explains: `auto` where it ran, else the one
+/// that removed most.
+fn explained_row(o: &Output) -> Option<&crate::table::Row> {
     let rows = || o.rows.iter().filter(|r| r.residual.is_some());
-    let r = rows().find(|r| r.mode == "preheat:auto").or_else(|| {
+    rows().find(|r| r.mode == "preheat:auto").or_else(|| {
         rows().max_by(|a, b| {
             let k = |r: &crate::table::Row| r.overhead_removed.unwrap_or(f64::MIN);
             k(a).total_cmp(&k(b))
         })
-    })?;
+    })
+}
+
+/// `--syscall-stages`: every mode's split at the server's system calls, and what the mode of
+/// [`residual_line`] leaves above the floor in each part.
+fn syscall_lines(o: &Output) -> Vec<String> {
+    let mut v = Vec::new();
+    match &o.syscall_stages {
+        None => return v,
+        Some(Err(why)) => {
+            v.push(format!("syscall stages: n/a ({why})"));
+            return v;
+        }
+        Some(Ok(what)) => v.push(format!(
+            "syscall stages, µs p50 [measured with {what}]: to read = send → the server's read of the request returned; compute = → its reply's write entered (its own work); reply = → the client has the reply"
+        )),
+    }
+    v.push(format!(
+        "  {:<26} {:>4} {:>9} {:>9} {:>9}",
+        "mode", "n", "to read", "compute", "reply"
+    ));
+    for r in &o.rows {
+        if let Some(s) = &r.syscall {
+            v.push(format!(
+                "  {:<26} {:>4} {:>9.1} {:>9.1} {:>9.1}",
+                r.mode, s.n, s.to_read_us, s.compute_us, s.reply_us
+            ));
+        }
+    }
+    let best = explained_row(o);
+    let floor = best.and_then(|b| o.rows.iter().find(|r| r.mode == b.floor));
+    if let Some((b, f)) = best.zip(floor) {
+        if let Some((bs, fs)) = b.syscall.as_ref().zip(f.syscall.as_ref()) {
+            v.push(format!(
+                "  left above the {} floor by {} at the server's system calls: to read {:+.1} µs, compute {:+.1} µs, reply {:+.1} µs [p50 differences]",
+                b.floor,
+                b.mode,
+                bs.to_read_us - fs.to_read_us,
+                bs.compute_us - fs.compute_us,
+                bs.reply_us - fs.reply_us
+            ));
+        }
+    }
+    v
+}
+
+/// Where the remaining gap of the preheat mode that removed most (auto where it ran) lies,
+/// stage by stage.
+fn residual_line(o: &Output) -> Option<String> {
+    let r = explained_row(o)?;
     let d = r.residual.as_ref()?;
     let us = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:+.1} µs"));
     Some(match d.wire_us {

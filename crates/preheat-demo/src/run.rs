@@ -95,6 +95,9 @@ pub struct Output {
     pub floor_check: Option<FloorCheck>,
     /// What the `wake` strategy ran as (the calibrated mechanism).
     pub wake_mechanism: String,
+    /// `--syscall-stages`: the observer that split the response times at the server's system
+    /// calls, or why it could not attach (`None`: not asked for).
+    pub syscall_stages: Option<Result<String, String>>,
     /// `None`: the agent ran inside the server; else how the server was preheated from outside
     /// it (the agent cannot be loaded into it, or `--agent outside`).
     pub outside: Option<String>,
@@ -515,6 +518,9 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let cold = cold_path(a, &server, &serving.all, server_cpu, wake)?;
     let agents = (client, agent, others, join);
     let mut bench = Bench::new(agents, cold, keep_awake.as_ref(), server_cpu);
+    let syscall_stages = a
+        .syscall_stages
+        .then(|| attach_syscall_stages(&mut bench, pid, port));
     let loopback = server.spec.netns.is_none();
     let available = available(can_replay);
     let (auto, steer_rx, samples) =
@@ -552,6 +558,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         hot_floor,
         floor_check: floor_check(&samples),
         wake_mechanism: wake.ran_as(outside_why.is_some(), &agent_counters),
+        syscall_stages,
         outside: outside_why,
         calibration,
         auto,
@@ -564,6 +571,26 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     drop(outside);
     server.stop_and_tidy(&out.serving_pids, a.keep_agent_logs); // a failed demo keeps its logs
     Ok(out)
+}
+
+/// Attach the syscall observer to the serving process for `--syscall-stages`: what it is, or
+/// why it could not attach (the demo runs on without the split).
+fn attach_syscall_stages(bench: &mut Bench<'_>, pid: u32, port: u16) -> Result<String, String> {
+    match crate::sysstages::SysStages::attach(pid, port) {
+        Ok(st) => {
+            let what = format!(
+                "the syscall observer attached to pid {pid} ({}; the kernel writes a sample per traced call, ~0.6 µs each on this machine kind, every mode alike)",
+                st.described
+            );
+            bench.sys = Some(st);
+            Ok(what)
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            eprintln!("demo: --syscall-stages: {why}; no split at the system calls");
+            Err(why)
+        }
+    }
 }
 
 /// The way from a just-served state to the send: announcing to `pids`, sweeping on

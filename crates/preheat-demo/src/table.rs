@@ -71,6 +71,34 @@ pub struct Row {
     pub server_start_us_p99: Option<f64>,
     /// A preheat mode: what it leaves above the floor, by stage.
     pub residual: Option<Residual>,
+    /// With `--syscall-stages`: the split at the server's system calls (p50s).
+    pub syscall: Option<SysRow>,
+}
+
+/// A mode's response time split at the server's system calls (the `sysstages` module): p50s, µs,
+/// of the samples the observer saw a read and a write of.
+#[derive(Debug, Clone, Serialize)]
+pub struct SysRow {
+    pub n: usize,
+    pub to_read_us: f64,
+    pub compute_us: f64,
+    pub reply_us: f64,
+}
+
+impl SysRow {
+    fn of(mine: &[&Sample]) -> Option<SysRow> {
+        let seen: Vec<&&Sample> = mine
+            .iter()
+            .filter(|s| s.sys_to_read_us.is_finite())
+            .collect();
+        let p50 = |f: fn(&Sample) -> f64| median(seen.iter().map(|s| f(s)).collect());
+        Some(SysRow {
+            n: seen.len(),
+            to_read_us: p50(|s| s.sys_to_read_us)?,
+            compute_us: p50(|s| s.sys_compute_us)?,
+            reply_us: p50(|s| s.sys_reply_us)?,
+        })
+    }
 }
 
 /// What a mode leaves above the floor, µs, by stage (differences of the stages' p50s, so the
@@ -335,6 +363,7 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
                 server_start_us_p50: None,
                 server_start_us_p99: None,
                 residual: None,
+                syscall: SysRow::of(&mine),
             };
             if let Mode::Preheat(s) | Mode::Auto(s) = m {
                 preheat_columns(&mut row, *s, samples, &mine, ws);

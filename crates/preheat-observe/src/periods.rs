@@ -215,6 +215,14 @@ pub struct Period {
     /// Writes on the port's connections (a hand-off thread that finds the next request already
     /// queued answers it without waiting: two replies, one busy period).
     pub writes: u32,
+    /// CLOCK_MONOTONIC ns: the exit of the period's first read that returned data on a
+    /// connection of the port (the request is in the server's hands), if it read one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_read_ns: Option<u64>,
+    /// CLOCK_MONOTONIC ns: the entry of the period's first write on a connection of the port
+    /// (the reply leaves the server's own code), if it wrote one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_write_ns: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -225,6 +233,8 @@ struct Busy {
     writes: u32,
     /// The reading thread of a connection this period wrote on, when another thread.
     from: Option<u32>,
+    first_read_ns: Option<u64>,
+    first_write_ns: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -311,6 +321,7 @@ impl Tracker {
                     ..Busy::default()
                 });
                 b.writes = b.writes.saturating_add(1);
+                b.first_write_ns.get_or_insert(e.time_ns);
                 if let Some(r) = reader.filter(|r| *r != e.tid) {
                     b.from = Some(r);
                 }
@@ -356,6 +367,7 @@ impl Tracker {
                     ..Busy::default()
                 });
                 b.reads = b.reads.saturating_add(1);
+                b.first_read_ns.get_or_insert(now);
             }
             _ => {}
         }
@@ -384,6 +396,8 @@ impl Tracker {
             kind,
             reads: b.reads,
             writes: b.writes,
+            first_read_ns: b.first_read_ns,
+            first_write_ns: b.first_write_ns,
         });
     }
 
@@ -462,6 +476,33 @@ mod tests {
                                       // A period runs from the wait's exit to the next wait's entry.
         assert_eq!(p[1].start_ns, 1000 + 4 * 10 + 20);
         assert!(p.iter().all(|p| p.end_ns > p.start_ns && p.tid == 1));
+    }
+
+    #[test]
+    fn a_period_stamps_its_first_read_and_first_write() {
+        // wait(1000–1020) · read EAGAIN · read data (1060 exit) · other · write (1090 entry) ·
+        // a second read and write · wait.
+        let mut s = Script::new();
+        s.call(1, EPOLL_WAIT, [4, 0], 1)
+            .call(1, READ, [5, 0], -11)
+            .call(1, READ, [5, 0], 10)
+            .call(1, FUTEX, [0x1000, 0x81], 0)
+            .call(1, WRITE, [5, 0], 10)
+            .call(1, READ, [5, 0], 10)
+            .call(1, WRITE, [5, 0], 10)
+            .call(1, EPOLL_WAIT, [4, 0], 0);
+        let (p, _) = s.run(&[3], &[5]);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].start_ns, 1020);
+        assert_eq!(p[0].first_read_ns, Some(1060));
+        assert_eq!(p[0].first_write_ns, Some(1090));
+        // A period that only accepted has neither.
+        let mut s = Script::new();
+        s.call(1, EPOLL_WAIT, [4, 0], 1)
+            .call(1, ACCEPT4, [3, 0], 5)
+            .call(1, EPOLL_WAIT, [4, 0], 0);
+        let (p, _) = s.run(&[3], &[]);
+        assert_eq!((p[0].first_read_ns, p[0].first_write_ns), (None, None));
     }
 
     #[test]

@@ -58,6 +58,8 @@ mod tests {
             kind: Kind::Read,
             reads: 1,
             writes: 1,
+            first_read_ns: None,
+            first_write_ns: None,
         }
     }
 

@@ -473,6 +473,8 @@ mod timing {
                     "1000",
                     "--pilot-rounds",
                     "8",
+                    // The split at the server's system calls (the observer, root).
+                    "--syscall-stages",
                 ][..],
                 &common::QUICK_DEMO,
                 &["--json", "--out", json.to_str().unwrap()],
@@ -547,6 +549,34 @@ mod timing {
         }
         let samples = v["samples"].as_array().unwrap();
         assert!(samples.iter().all(|s| s["wire_us"].as_f64().is_some()));
+        // --syscall-stages: as root the observer attached and split every mode's requests at
+        // the server's read and write, the parts in order and within the response time;
+        // otherwise the output says why it could not.
+        let ss = &v["syscall_stages"];
+        if common::euid_is_root() {
+            assert!(
+                ss["Ok"].as_str().is_some_and(|s| s.contains("observer")),
+                "{ss}"
+            );
+            for r in rows {
+                let s = &r["syscall"];
+                let p = |k: &str| s[k].as_f64().unwrap();
+                assert!(s["n"].as_u64().unwrap() >= 4, "{r}");
+                assert!(p("to_read_us") > 0.0 && p("compute_us") >= 0.0, "{r}");
+                assert!(p("reply_us") > 0.0, "{r}");
+            }
+            let split = samples.iter().filter(|s| s["sys_compute_us"].is_number());
+            for s in split {
+                let parts: f64 = ["sys_to_read_us", "sys_compute_us", "sys_reply_us"]
+                    .iter()
+                    .map(|k| s[k].as_f64().unwrap())
+                    .sum();
+                let lat = s["latency_us"].as_f64().unwrap();
+                assert!((parts - lat).abs() < 0.01, "{s}");
+            }
+        } else {
+            assert!(ss["Err"].as_str().is_some_and(|s| !s.is_empty()), "{ss}");
+        }
         // Shares outside ±100% are flagged, never silent.
         for r in rows {
             for k in [
