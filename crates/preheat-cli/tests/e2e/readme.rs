@@ -1,7 +1,8 @@
-//! The commands the README shows are real: every `preheat …` (and `preheatd …`) it writes, in a
-//! `sh` block or inline, names subcommands that exist and only options that their `--help`
-//! lists. A renamed flag or command otherwise leaves the README wrong without any test failing;
-//! this runs no command, only `--help`.
+//! The commands the README (and `docs/*.md`) shows are real: every `preheat …` (and
+//! `preheatd …`) it writes, in a `sh` block or inline, names subcommands that exist, only
+//! options that their `--help` lists, and every option their usage requires. A renamed flag or
+//! command otherwise leaves the README wrong without any test failing; this runs no command,
+//! only `--help`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,22 @@ use std::process::Command;
 fn readme() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     std::fs::read_to_string(root.join("README.md")).unwrap()
+}
+
+/// The documents under `docs/` (the results log keeps the README's earlier commands).
+fn docs() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The commands in `md`: the lines of its `sh` blocks and its inline code spans (which may wrap
@@ -226,6 +243,7 @@ fn the_readmes_commands_name_real_subcommands_and_options() {
         "found only {} commands: {cmds:?}",
         cmds.len()
     );
+    let cmds = [cmds, commands(&docs())].concat();
     let mut helps = Helps {
         preheatd,
         seen: BTreeMap::new(),
