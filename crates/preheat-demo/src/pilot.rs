@@ -3,12 +3,17 @@
 //! the run's lead, from the same cold state; [`preheat_model::auto::choose`] then picks what
 //! `auto` announces. Where that was a tie between a simpler candidate and the best by median,
 //! [`DECIDE_ROUNDS`] more rounds of none and the two alone settle it
-//! ([`preheat_model::auto::decide`]). The pilot's samples are not the table's: `auto` is
+//! ([`preheat_model::auto::decide`]); while the tie stays open and leans toward the best
+//! ([`preheat_model::auto::tie_leans_to_best`]), up to [`DECIDE_STAGES`] such stages in all.
+//! Why more than one: on preheat-kv (2026-11-29, EPYC `haltpoll`, 200 µs) 45 paired rounds left
+//! `lines+replay` ahead of `replay` by 0.8 µs per round with a CI from −0.1 to 3.5, `auto` took
+//! `replay`, and tables with both rows measured `wake+lines+replay` 0.5–2.7 µs (p50) faster than
+//! `replay` in every one of 24 runs of that session. The pilot's samples are not the table's: `auto` is
 //! measured again there.
 
 use anyhow::Result;
 use preheat_launch::progress::Progress;
-use preheat_model::auto::{choose, decide, AutoChoice, Pilot};
+use preheat_model::auto::{choose, decide, tie_leans_to_best, AutoChoice, Pilot};
 use preheat_model::proto::Strategies;
 use rand::seq::SliceRandom;
 
@@ -26,6 +31,9 @@ pub(crate) fn candidates(available: Strategies) -> Vec<Strategies> {
 /// Further rounds of none and the two tied candidates alone (three samples a round): 15 paired
 /// rounds resolve tens of µs, 45 a few.
 pub(crate) const DECIDE_ROUNDS: usize = 30;
+
+/// At most this many stages of [`DECIDE_ROUNDS`] settle a tie (each costs about a second).
+pub(crate) const DECIDE_STAGES: usize = 4;
 
 /// Run `rounds` pilot rounds over `cands` and choose (settling a tie with [`DECIDE_ROUNDS`]).
 pub(crate) fn run(
@@ -63,14 +71,19 @@ pub(crate) fn run(
             .ok_or_else(|| anyhow::anyhow!("auto's tie names {} outside its candidates", s.name()))
     };
     let (i, j) = (pos(simpler)?, pos(best)?);
-    let stage = Stage {
-        modes: &modes,
-        which: &[0, i, j],
-        first_round: rounds,
-        rounds: DECIDE_ROUNDS,
-        label: "auto pilot: deciding a tie",
-    };
-    stage.run(bench, &mut lat, &mut flight, progress)?;
+    for n in 0..DECIDE_STAGES {
+        let stage = Stage {
+            modes: &modes,
+            which: &[0, i, j],
+            first_round: rounds + n * DECIDE_ROUNDS,
+            rounds: DECIDE_ROUNDS,
+            label: "auto pilot: deciding a tie",
+        };
+        stage.run(bench, &mut lat, &mut flight, progress)?;
+        if !tie_leans_to_best(&lat[i], &lat[j]) {
+            break;
+        }
+    }
     // None and the two were measured in every round of both stages, paired by round.
     let two = |k: usize| Pilot {
         strategies: cands[k - 1],

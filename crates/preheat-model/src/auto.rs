@@ -251,6 +251,15 @@ pub fn decide(first: &AutoChoice, none: &[f64], simpler: Pilot<'_>, best: Pilot<
     }
 }
 
+/// Whether a tie between `simpler` and `best` (their latencies, paired by round) is still open
+/// and leans toward `best`: `best` was not measured faster, yet its median per-round gain over
+/// `simpler` is positive — more rounds may settle it either way. A tie settled (`best` measured
+/// faster) or leaning toward `simpler` (a gain ≤ 0) needs no more rounds.
+pub fn tie_leans_to_best(simpler: &[f64], best: &[f64]) -> bool {
+    let (over, v) = judge(simpler, best);
+    v != Verdict::Helps && over.n > 0 && over.p50 > 0.0
+}
+
 /// How many of `wake`, `lines` and `replay` `s` announces.
 fn size(s: Strategies) -> u32 {
     (s.0 & Strategies::ALL.0).count_ones()
@@ -420,6 +429,24 @@ mod tests {
             pilot(Strategies::ALL, &same),
         );
         assert_eq!(d.bits, Strategies::REPLAY, "{}", d.why);
+    }
+
+    #[test]
+    fn a_tie_leaning_to_the_best_asks_for_more_rounds() {
+        // best ahead by a median of 1 µs against 10 µs of noise over 15 rounds: open.
+        let noise = |r: usize| 10.0 * (((r * 7919) % 13) as f64 / 6.0 - 1.0);
+        let simpler: Vec<f64> = (0..15).map(|r| 50.0 + noise(r)).collect();
+        let ahead: Vec<f64> = (0..15)
+            .map(|r| 49.0 + noise(r) + noise(r + 3) * 0.5)
+            .collect();
+        assert!(tie_leans_to_best(&simpler, &ahead));
+        // Behind or equal: settled toward the simpler one.
+        let behind: Vec<f64> = simpler.iter().map(|x| x + 1.0).collect();
+        assert!(!tie_leans_to_best(&simpler, &behind));
+        assert!(!tie_leans_to_best(&simpler, &simpler));
+        // Measured faster in every round: settled toward the best.
+        let faster: Vec<f64> = simpler.iter().map(|x| x - 5.0).collect();
+        assert!(!tie_leans_to_best(&simpler, &faster));
     }
 
     #[test]
