@@ -302,18 +302,7 @@ impl<'a> Bench<'a> {
             (s.sys_to_read_us, s.sys_compute_us, s.sys_reply_us) =
                 (sp.to_read_us, sp.compute_us, sp.reply_us);
         }
-        let mut views = self.views()?;
-        if let Some(b) = &before {
-            // The request's busy period ends when the server waits again, which a loaded
-            // machine can delay past the sleep above (Node.js closes the connection and runs
-            // its next loop turn first: in a suite run one of three requests of a mode read as
-            // "not reached" so): wait for it a little longer before judging.
-            let until = now_ns() + BUSY_PERIOD_WAIT_NS;
-            while !any_new_period(&views, b) && now_ns() < until {
-                std::thread::sleep(Duration::from_micros(500));
-                views = self.views()?;
-            }
-        }
+        let views = self.views_after(before.as_deref())?;
         // The process that served the request: the one whose latest busy period started last
         // (one process, but for a server whose requests go to any worker).
         let Some(i) = (0..views.len()).max_by_key(|&i| views[i].last_start_ns) else {
@@ -359,6 +348,23 @@ impl<'a> Bench<'a> {
         self.cold.announcer.add(pid);
         self.others.push(c);
         Ok(true)
+    }
+
+    /// [`Bench::views`] once the request's busy period has ended where `before` (the views
+    /// before going cold) is given. A busy period ends when the server waits again, which a
+    /// loaded machine can delay past the sample's sleep (Node.js closes the connection and runs
+    /// its next loop turn first: in a suite run one of three requests of a mode read as "not
+    /// reached" so): it is waited for a little longer before the sample judges.
+    fn views_after(&mut self, before: Option<&[AgentView]>) -> Result<Vec<AgentView>> {
+        let mut views = self.views()?;
+        if let Some(b) = before {
+            let until = now_ns() + BUSY_PERIOD_WAIT_NS;
+            while !any_new_period(&views, b) && now_ns() < until {
+                std::thread::sleep(Duration::from_micros(500));
+                views = self.views()?;
+            }
+        }
+        Ok(views)
     }
 
     /// What every preheated agent saw: `agent` first, then `others`.
