@@ -57,6 +57,9 @@ def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
     g.add_argument("--keep", type=int, help="keep lines seen in at least this many samples (k)")
     g.add_argument("--gap-merge", type=int, help="merge runs separated by at most this many lines")
     g.add_argument("--server-cpu", type=int, help="server CPU (default: the last)")
+    g.add_argument("--syscall-stages", action="store_true",
+                   help="also split every response at the server's own system calls (to read, "
+                        "compute, reply: stages.csv); root, ~0.6 µs per traced call")
     g.add_argument("--timeout-s", type=float, help="per-demo time limit (default: 300 s + 3 s/round)")
     g.add_argument("--bootstrap", type=int, default=None,
                    help="bootstrap resamples for CIs (default 2000)")
@@ -67,7 +70,7 @@ def _demo_options(a: argparse.Namespace, rounds_default: int) -> DemoOptions:
     return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
                        post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
                        keep=a.keep, gap_merge=a.gap_merge, server_cpu=a.server_cpu,
-                       timeout_s=a.timeout_s)
+                       timeout_s=a.timeout_s, syscall_stages=a.syscall_stages)
 
 
 def _boot(a: argparse.Namespace, default: int) -> int:

@@ -332,20 +332,43 @@ def stages_table(server: str, df: pd.DataFrame, meta: dict | None = None) -> pd.
     """Per mode: the p50 of the two stages of a response (split where the server thread started
     on the request, as the agent saw): start = send (announced: the announced arrival) → server
     thread runs; serve = from then until the client has the reply. Requests without a seen start
-    are left out (their n is said)."""
+    are left out (their n is said). Where the demo ran with `--syscall-stages`, also the split at
+    the server's system calls (to read, compute, reply; `n_sys` requests had one)."""
     rows = []
     for m in mode_order(df["mode"].unique().tolist(), meta):
         d = df[df["mode"] == m]
         seen = d[np.isfinite(pd.to_numeric(d["server_start_us"], errors="coerce"))]
         start = seen["server_start_us"].clip(lower=0)
-        rows.append({"server": server, "server_name": DISPLAY.get(server, server), "mode": m,
-                     "n": int(len(d)), "n_stages": int(len(seen)),
-                     "latency_p50": stats.quantile(d["latency_us"], 0.5) if len(d) else np.nan,
-                     "start_p50": stats.quantile(start, 0.5) if len(seen) else np.nan,
-                     "serve_p50": (stats.quantile(seen["latency_us"] - start, 0.5)
-                                   if len(seen) else np.nan),
-                     "label": "measured"})
+        row = {"server": server, "server_name": DISPLAY.get(server, server), "mode": m,
+               "n": int(len(d)), "n_stages": int(len(seen)),
+               "latency_p50": stats.quantile(d["latency_us"], 0.5) if len(d) else np.nan,
+               "start_p50": stats.quantile(start, 0.5) if len(seen) else np.nan,
+               "serve_p50": (stats.quantile(seen["latency_us"] - start, 0.5)
+                             if len(seen) else np.nan),
+               "label": "measured"}
+        row.update(_syscall_stages(d))
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+#: The demo's per-request split at the server's system calls (`--syscall-stages`) → columns.
+SYSCALL_STAGES = {"sys_to_read_us": "to_read_p50", "sys_compute_us": "compute_p50",
+                  "sys_reply_us": "reply_p50"}
+
+
+def _syscall_stages(d: pd.DataFrame) -> dict:
+    """The p50s of the split at the server's system calls over the requests that have one
+    (empty where the records have none: a demo run without `--syscall-stages`)."""
+    if not all(c in d.columns for c in SYSCALL_STAGES):
+        return {}
+    num = {c: pd.to_numeric(d[c], errors="coerce") for c in SYSCALL_STAGES}
+    ok = np.isfinite(num["sys_to_read_us"]) & np.isfinite(num["sys_compute_us"])
+    if not ok.any():
+        return {}
+    out: dict = {"n_sys": int(ok.sum())}
+    for c, name in SYSCALL_STAGES.items():
+        out[name] = stats.quantile(num[c][ok], 0.5)
+    return out
 
 
 def _share(mask: pd.Series) -> float:

@@ -44,6 +44,8 @@ class DemoOptions:
     gap_merge: int | None = None
     server_cpu: int | None = None
     timeout_s: float | None = None
+    #: `--syscall-stages`: split each response at the server's system calls (root).
+    syscall_stages: bool = False
 
     FLAGS = {"lead_us": "--lead-us", "idle_ms": "--idle-ms", "sweep_mib": "--sweep-mib",
              "post_gap_us": "--post-gap-us", "strategies": "--strategies",
@@ -59,6 +61,8 @@ class DemoOptions:
             if isinstance(v, float) and v.is_integer():
                 v = int(v)
             a += [flag, str(v)]
+        if self.syscall_stages:
+            a.append("--syscall-stages")
         return a
 
     def timeout(self) -> float:
@@ -118,6 +122,8 @@ def check_flags(opts: DemoOptions) -> list[str]:
     for name, flag in DemoOptions.FLAGS.items():
         if getattr(opts, name) is not None and not cli.supports("demo", flag):
             missing.append(flag)
+    if opts.syscall_stages and not cli.supports("demo", "--syscall-stages"):
+        missing.append("--syscall-stages")
     return missing
 
 

@@ -331,6 +331,23 @@ def test_stages_split_at_the_server_start():
     assert st.loc["hot", "start_p50"] in (5, 6) and st.loc["hot", "serve_p50"] == 5
 
 
+def test_stages_add_the_split_at_the_server_syscalls_where_recorded():
+    from preheat_lab import table1_analysis as ta
+    from preheat_lab.table1_run import DemoOptions
+    df = pd.DataFrame({"mode": ["hot"] * 3, "latency_us": [10, 12, 14],
+                       "server_start_us": [5, 6, 7],
+                       "sys_to_read_us": [6, np.nan, 8], "sys_compute_us": [1, np.nan, 3],
+                       "sys_reply_us": [3, np.nan, 3]})
+    st = ta.stages_table("kv", df).set_index("mode")
+    assert st.loc["hot", "n_sys"] == 2
+    assert st.loc["hot", "to_read_p50"] in (6, 8) and st.loc["hot", "reply_p50"] == 3
+    # Records without the split (no --syscall-stages) have no such columns.
+    plain = ta.stages_table("kv", df.drop(columns=list(ta.SYSCALL_STAGES)))
+    assert "n_sys" not in plain.columns
+    assert "--syscall-stages" in DemoOptions(rounds=5, syscall_stages=True).args()
+    assert "--syscall-stages" not in DemoOptions(rounds=5).args()
+
+
 def _recording_cli(tmp_path):
     """A fake `preheat` that records the argv of its demo and answers with a captured demo JSON
     (no server is started)."""
