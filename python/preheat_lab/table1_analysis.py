@@ -354,6 +354,8 @@ def stages_table(server: str, df: pd.DataFrame, meta: dict | None = None) -> pd.
 #: The demo's per-request split at the server's system calls (`--syscall-stages`) → columns.
 SYSCALL_STAGES = {"sys_to_read_us": "to_read_p50", "sys_compute_us": "compute_p50",
                   "sys_reply_us": "reply_p50"}
+#: Added to the split later (records without it still give the three above).
+SYSCALL_STAGES_OPTIONAL = {"sys_to_event_us": "to_event_p50"}
 
 
 def _syscall_stages(d: pd.DataFrame) -> dict:
@@ -368,6 +370,9 @@ def _syscall_stages(d: pd.DataFrame) -> dict:
     out: dict = {"n_sys": int(ok.sum())}
     for c, name in SYSCALL_STAGES.items():
         out[name] = stats.quantile(num[c][ok], 0.5)
+    for c, name in SYSCALL_STAGES_OPTIONAL.items():
+        if c in d.columns:
+            out[name] = stats.quantile(pd.to_numeric(d[c], errors="coerce")[ok], 0.5)
     return out
 
 

@@ -337,9 +337,9 @@ def test_stages_add_the_split_at_the_server_syscalls_where_recorded():
     df = pd.DataFrame({"mode": ["hot"] * 3, "latency_us": [10, 12, 14],
                        "server_start_us": [5, 6, 7],
                        "sys_to_read_us": [6, np.nan, 8], "sys_compute_us": [1, np.nan, 3],
-                       "sys_reply_us": [3, np.nan, 3]})
+                       "sys_reply_us": [3, np.nan, 3], "sys_to_event_us": [4, np.nan, 4]})
     st = ta.stages_table("kv", df).set_index("mode")
-    assert st.loc["hot", "n_sys"] == 2
+    assert st.loc["hot", "n_sys"] == 2 and st.loc["hot", "to_event_p50"] == 4
     assert st.loc["hot", "to_read_p50"] in (6, 8) and st.loc["hot", "reply_p50"] == 3
     # Records without the split (no --syscall-stages) have no such columns.
     plain = ta.stages_table("kv", df.drop(columns=list(ta.SYSCALL_STAGES)))

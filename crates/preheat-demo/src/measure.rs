@@ -299,8 +299,8 @@ impl<'a> Bench<'a> {
         // busy period ends when the server waits again) before reading it.
         std::thread::sleep(Duration::from_micros(300));
         if let Some(sp) = self.sys.as_mut().and_then(|st| st.sample(t_send, t_done)) {
-            (s.sys_to_read_us, s.sys_compute_us, s.sys_reply_us) =
-                (sp.to_read_us, sp.compute_us, sp.reply_us);
+            (s.sys_to_event_us, s.sys_to_read_us) = (sp.to_event_us, sp.to_read_us);
+            (s.sys_compute_us, s.sys_reply_us) = (sp.compute_us, sp.reply_us);
         }
         let views = self.views_after(before.as_deref())?;
         // The process that served the request: the one whose latest busy period started last

@@ -82,6 +82,7 @@ pub struct Sample {
     pub send_ns: u64,
     /// With `--syscall-stages`: the response time split at the server's system calls
     /// (the `sysstages` module), µs; NaN without the observer or where it saw no read and write.
+    pub sys_to_event_us: f64,
     pub sys_to_read_us: f64,
     pub sys_compute_us: f64,
     pub sys_reply_us: f64,
@@ -111,6 +112,7 @@ impl Sample {
             sweep_us,
             served_by_preheated: None,
             send_ns: 0,
+            sys_to_event_us: f64::NAN,
             sys_to_read_us: f64::NAN,
             sys_compute_us: f64::NAN,
             sys_reply_us: f64::NAN,

@@ -269,18 +269,18 @@ fn syscall_lines(o: &Output) -> Vec<String> {
             return v;
         }
         Some(Ok(what)) => v.push(format!(
-            "syscall stages, µs p50 [measured with {what}]: to read = send → the server's read of the request returned; compute = → its reply's write entered (its own work); reply = → the client has the reply"
+            "syscall stages, µs p50 [measured with {what}]: to event = send → the server thread's wait returned with it (0 where it was busy); to read = send → its read of the request returned; compute = → its reply's write entered (its own work); reply = → the client has the reply"
         )),
     }
     v.push(format!(
-        "  {:<26} {:>4} {:>9} {:>9} {:>9}",
-        "mode", "n", "to read", "compute", "reply"
+        "  {:<26} {:>4} {:>9} {:>9} {:>9} {:>9}",
+        "mode", "n", "to event", "to read", "compute", "reply"
     ));
     for r in &o.rows {
         if let Some(s) = &r.syscall {
             v.push(format!(
-                "  {:<26} {:>4} {:>9.1} {:>9.1} {:>9.1}",
-                r.mode, s.n, s.to_read_us, s.compute_us, s.reply_us
+                "  {:<26} {:>4} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                r.mode, s.n, s.to_event_us, s.to_read_us, s.compute_us, s.reply_us
             ));
         }
     }
@@ -289,9 +289,10 @@ fn syscall_lines(o: &Output) -> Vec<String> {
     if let Some((b, f)) = best.zip(floor) {
         if let Some((bs, fs)) = b.syscall.as_ref().zip(f.syscall.as_ref()) {
             v.push(format!(
-                "  left above the {} floor by {} at the server's system calls: to read {:+.1} µs, compute {:+.1} µs, reply {:+.1} µs [p50 differences]",
+                "  left above the {} floor by {} at the server's system calls: to event {:+.1} µs, to read {:+.1} µs, compute {:+.1} µs, reply {:+.1} µs [p50 differences]",
                 b.floor,
                 b.mode,
+                bs.to_event_us - fs.to_event_us,
                 bs.to_read_us - fs.to_read_us,
                 bs.compute_us - fs.compute_us,
                 bs.reply_us - fs.reply_us

@@ -10,7 +10,8 @@
 //! the send and at the first write on a connection of the port after that read:
 //!
 //! * *to read* = send (announced modes: the announced arrival) → that read returned: arrival,
-//!   wake-up, the event and the read call itself;
+//!   wake-up, the event and the read call itself; of it *to event* = → the wait that started the
+//!   read's busy period returned (0 where the thread was busy already at the send);
 //! * *compute* = → the reply's write entered: the server's own work on the request;
 //! * *reply* = → the client has the whole reply: the write call, the transmit and the
 //!   client's receive.
@@ -33,6 +34,7 @@ const KEEP_NS: u64 = 50_000_000;
 /// A sample's split (µs).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Split {
+    pub to_event_us: f64,
     pub to_read_us: f64,
     pub compute_us: f64,
     pub reply_us: f64,
@@ -74,11 +76,11 @@ impl SysStages {
 /// The split of one request (module docs): the first read after `t_send` that returned data,
 /// then the first write after it, by any thread (a hand-off server writes from another).
 pub(crate) fn split(periods: &[Period], t_send: u64, t_done: u64) -> Option<Split> {
-    let read = periods
+    let (event, read) = periods
         .iter()
-        .filter_map(|p| p.first_read_ns)
-        .filter(|&r| r >= t_send && r <= t_done)
-        .min()?;
+        .filter_map(|p| p.first_read_ns.map(|r| (p.start_ns, r)))
+        .filter(|&(_, r)| r >= t_send && r <= t_done)
+        .min_by_key(|&(_, r)| r)?;
     let write = periods
         .iter()
         .filter_map(|p| p.first_write_ns)
@@ -86,6 +88,7 @@ pub(crate) fn split(periods: &[Period], t_send: u64, t_done: u64) -> Option<Spli
         .min()?;
     let us = |a: u64, b: u64| (b - a) as f64 / 1e3;
     Some(Split {
+        to_event_us: us(t_send, event.max(t_send)),
         to_read_us: us(t_send, read),
         compute_us: us(read, write),
         reply_us: us(write, t_done),
@@ -123,6 +126,7 @@ mod tests {
             period(7, 1_200, Some(1_300), Some(4_300), 4_400),
         ];
         let s = split(&p, 1_000, 10_000).unwrap();
+        assert_eq!(s.to_event_us, 0.2);
         assert_eq!(s.to_read_us, 0.3);
         assert_eq!(s.compute_us, 3.0);
         assert_eq!(s.reply_us, 5.7);
@@ -139,5 +143,9 @@ mod tests {
         ];
         let s = split(&p, 1_000, 8_000).unwrap();
         assert_eq!((s.to_read_us, s.compute_us, s.reply_us), (1.0, 3.0, 3.0));
+        assert_eq!(s.to_event_us, 0.9);
+        // A thread already busy at the send: its event is the send itself.
+        let busy = [period(1, 500, Some(2_000), Some(3_000), 3_100)];
+        assert_eq!(split(&busy, 1_000, 8_000).unwrap().to_event_us, 0.0);
     }
 }

@@ -80,6 +80,7 @@ pub struct Row {
 #[derive(Debug, Clone, Serialize)]
 pub struct SysRow {
     pub n: usize,
+    pub to_event_us: f64,
     pub to_read_us: f64,
     pub compute_us: f64,
     pub reply_us: f64,
@@ -94,6 +95,7 @@ impl SysRow {
         let p50 = |f: fn(&Sample) -> f64| median(seen.iter().map(|s| f(s)).collect());
         Some(SysRow {
             n: seen.len(),
+            to_event_us: p50(|s| s.sys_to_event_us)?,
             to_read_us: p50(|s| s.sys_to_read_us)?,
             compute_us: p50(|s| s.sys_compute_us)?,
             reply_us: p50(|s| s.sys_reply_us)?,

@@ -563,6 +563,7 @@ mod timing {
                 let p = |k: &str| s[k].as_f64().unwrap();
                 assert!(s["n"].as_u64().unwrap() >= 4, "{r}");
                 assert!(p("to_read_us") > 0.0 && p("compute_us") >= 0.0, "{r}");
+                assert!((0.0..=p("to_read_us")).contains(&p("to_event_us")), "{r}");
                 assert!(p("reply_us") > 0.0, "{r}");
             }
             let split = samples.iter().filter(|s| s["sys_compute_us"].is_number());
