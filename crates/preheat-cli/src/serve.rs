@@ -59,16 +59,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
             (d.clone(), false)
         }
-        None => {
-            // Those of `serve`s killed outright (SIGKILL: no handler ran).
-            preheat_launch::launch::sweep_scratch(&std::env::temp_dir(), "preheat-serve-");
-            (preheat_launch::launch::tempdir("serve")?, true)
-        }
+        // Nothing of a server in a temp dir outlives it: the signal handler removes the dir
+        // (and the next `serve` those of `serve`s killed outright); an error exit keeps it for
+        // a look. A server given a --workdir keeps it and its agents' logs.
+        None => (preheat_launch::launch::scratch_dir("serve")?.keep(), true),
     };
     if fresh {
-        // Nothing of a server in a temp dir outlives it: the signal handler removes the dir
-        // and its agents' logs (a server given a --workdir keeps both).
-        preheat_launch::launch::register_scratch(&dir);
         preheat_launch::launch::tidy_agent_logs_on_signal();
     }
     let started = servers::start(

@@ -143,6 +143,14 @@ pub fn left_by_the_dead(dir: &Path, prefix: &str) -> Vec<(std::path::PathBuf, u3
         .collect()
 }
 
+/// Remove the directories [`left_by_the_dead`] finds (scratch directories of commands killed
+/// outright).
+pub fn remove_left_by_the_dead(dir: &Path, prefix: &str) {
+    for (path, _) in left_by_the_dead(dir, prefix) {
+        let _ = std::fs::remove_dir_all(path);
+    }
+}
+
 /// Our effective uid (`None` if `/proc/self/status` cannot be read).
 pub fn effective_uid() -> Option<u32> {
     Creds::current().ok().map(|c| c.euid)

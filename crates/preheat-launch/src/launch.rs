@@ -80,7 +80,7 @@ pub fn scratch_dir(what: &str) -> Result<tempfile::TempDir> {
         .with_context(|| format!("creating a scratch directory for {what}"))
 }
 
-/// A directory for a long-running command (`serve`, `run`: they end by a signal, and their
+/// A directory for a long-running command (`run`: it ends by a signal, and its
 /// server's files are worth keeping for a look afterwards).
 pub fn tempdir(what: &str) -> Result<PathBuf> {
     let d = std::env::temp_dir().join(format!("preheat-{what}-{}", std::process::id()));
@@ -107,9 +107,7 @@ pub fn remove_if_empty(dir: &Path) {
 
 /// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
 pub fn sweep_scratch(dir: &Path, prefix: &str) {
-    for (path, _) in preheat_engine::host::left_by_the_dead(dir, prefix) {
-        let _ = std::fs::remove_dir_all(path);
-    }
+    preheat_engine::host::remove_left_by_the_dead(dir, prefix);
 }
 
 /// Functions run first when SIGINT/SIGTERM arrives (before processes are stopped), e.g. to
@@ -160,6 +158,7 @@ pub fn install_cleanup() {
                 }
             }
             let mut dirs: Vec<&PathBuf> = agents.iter().map(|(_, rd)| rd).collect();
+            dirs.sort_unstable();
             dirs.dedup();
             for rd in dirs {
                 agentctl::discover(rd);

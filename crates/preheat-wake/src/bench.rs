@@ -128,9 +128,7 @@ struct BenchDir(std::path::PathBuf);
 impl BenchDir {
     fn new(tag: &str) -> Result<BenchDir> {
         let tmp = std::env::temp_dir();
-        for (dead, _) in preheat_engine::host::left_by_the_dead(&tmp, DIR_PREFIX) {
-            let _ = std::fs::remove_dir_all(dead);
-        }
+        preheat_engine::host::remove_left_by_the_dead(&tmp, DIR_PREFIX);
         let p = tmp.join(format!("{DIR_PREFIX}{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&p).with_context(|| format!("creating {}", p.display()))?;
         let dir = BenchDir(p);
