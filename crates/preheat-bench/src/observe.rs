@@ -149,6 +149,15 @@ pub fn measure(
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
         if let Some(rep) = &r.report {
+            // A fallback would measure another mechanism than the one named: refuse it.
+            if Some(rep.mechanism) != mechanism {
+                bail!(
+                    "the observer ran {:?} instead of {:?}: {}",
+                    rep.mechanism,
+                    mechanism,
+                    rep.fallback.as_deref().unwrap_or("no reason given")
+                );
+            }
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
             ppr.push(reads as f64 / (per_block * blocks) as f64);
             spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);

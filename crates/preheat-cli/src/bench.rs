@@ -127,7 +127,7 @@ pub enum Which {
         #[arg(long, default_value_t = 20)]
         blocks: usize,
         /// How the observer opens its events.
-        #[arg(long, value_enum, default_value = "system-wide")]
+        #[arg(long, value_enum, default_value = "bpf")]
         mechanism: crate::observe::MechanismArg,
         /// A/A control: attach the observer to neither server (the noise floor).
         #[arg(long)]

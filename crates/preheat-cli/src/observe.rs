@@ -10,8 +10,11 @@ use preheat_observe::{Mechanism, Options};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum MechanismArg {
-    /// Events per CPU for every task, filtered in the kernel on the process's threads (the
-    /// default: measured slightly cheaper).
+    /// An eBPF program on the syscall tracepoints that keeps the process's calls and writes
+    /// them into a BPF ring buffer (the default; falls back to system-wide, and says so, where
+    /// the kernel refuses it).
+    Bpf,
+    /// perf samples per CPU for every task, filtered in the kernel on the process's threads.
     SystemWide,
     /// Events per thread and CPU, inherited by new threads (switched with the thread).
     PerThread,
@@ -22,6 +25,7 @@ impl From<MechanismArg> for Mechanism {
         match m {
             MechanismArg::PerThread => Mechanism::PerThread,
             MechanismArg::SystemWide => Mechanism::SystemWide,
+            MechanismArg::Bpf => Mechanism::Bpf,
         }
     }
 }
@@ -37,7 +41,7 @@ pub struct ObserveArgs {
     /// How long to observe (Ctrl-C ends early and still reports).
     #[arg(long, default_value_t = 10.0)]
     pub seconds: f64,
-    #[arg(long, value_enum, default_value = "system-wide")]
+    #[arg(long, value_enum, default_value = "bpf")]
     pub mechanism: MechanismArg,
     /// Print every busy period too (text output).
     #[arg(long)]

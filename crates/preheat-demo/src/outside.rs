@@ -44,7 +44,7 @@ pub(crate) fn place(
         // Said before the server starts (the observer would say it after).
         bail!(
             "{refused}preheating it from outside the process needs root: its busy periods come \
-             from syscall tracepoints (perf_event_open, tracefs); run it as root"
+             from syscall tracepoints (eBPF or perf_event_open, tracefs); run it as root"
         );
     }
     if netns {

@@ -579,7 +579,7 @@ fn attach_syscall_stages(bench: &mut Bench<'_>, pid: u32, port: u16) -> Result<S
     match crate::sysstages::SysStages::attach(pid, port) {
         Ok(st) => {
             let what = format!(
-                "the syscall observer attached to pid {pid} ({}; the kernel writes a sample per traced call, ~0.6 µs each on this machine kind, every mode alike)",
+                "the syscall observer attached to pid {pid} ({}; every mode alike)",
                 st.described
             );
             bench.sys = Some(st);

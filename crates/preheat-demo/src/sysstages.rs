@@ -16,8 +16,9 @@
 //! * *reply* = → the client has the whole reply: the write call, the transmit and the
 //!   client's receive.
 //!
-//! The observer costs the traced process about 0.6 µs per traced system call (its crate docs:
-//! the kernel writing each sample), every mode alike; the split is for comparing modes within
+//! The observer costs the traced process about 0.13 µs per traced system call with its eBPF
+//! programs, ~0.45 µs with perf samples where those do not load (its crate docs), every mode
+//! alike; the split is for comparing modes within
 //! the run, and the output says the observer was attached. Why it was built: a `perf` trace of
 //! the same split (2026-11-29, EPYC `haltpoll`, kv, 200 µs lead, 150 rounds) put what `replay`
 //! leaves above the held hot floor in the server's own code (*compute* 3.5 µs against 1.2 µs,
@@ -51,10 +52,17 @@ pub(crate) struct SysStages {
 impl SysStages {
     /// Attach to `pid`, whose requests come on `port`.
     pub fn attach(pid: u32, port: u16) -> Result<SysStages> {
-        let opts = Options::new(pid, port);
-        let described = opts.mechanism.describe().to_string();
-        let obs = Observer::attach(opts)
+        let obs = Observer::attach(Options::new(pid, port))
             .with_context(|| format!("attaching the syscall observer to pid {pid}"))?;
+        let m = obs.mechanism();
+        let described = match obs.fallback() {
+            Some(why) => format!(
+                "{}; {} (the eBPF observer did not load: {why})",
+                m.describe(),
+                m.cost()
+            ),
+            None => format!("{}; {}", m.describe(), m.cost()),
+        };
         Ok(SysStages {
             obs,
             periods: Vec::new(),

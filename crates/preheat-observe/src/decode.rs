@@ -1,4 +1,5 @@
-//! Perf ring-buffer records → [`SysEvent`]s (pure: no I/O, never panics on any input).
+//! Perf ring-buffer samples and the eBPF observer's records → [`SysEvent`]s (pure: no I/O, never
+//! panics on any input).
 //!
 //! A sample written with `PERF_SAMPLE_TID | PERF_SAMPLE_TIME | PERF_SAMPLE_RAW` is
 //! `{header: type u32, misc u16, size u16; pid u32, tid u32; time u64; raw_size u32; raw}`;
@@ -78,6 +79,27 @@ pub fn decode(bytes: &[u8], ids: Ids, pid: Option<u32>, out: &mut Vec<SysEvent>)
     lost
 }
 
+/// Decode the eBPF observer's records (whole [`crate::bpfprog::RECORD_SIZE`]-byte records, as
+/// drained; see [`crate::bpfprog`] for the layout), appending their events to `out`. The
+/// program already kept only the observed process; a trailing partial record is ignored.
+pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) {
+    for rec in bytes.chunks_exact(crate::bpfprog::RECORD_SIZE) {
+        let field = |i: usize| u64_at(rec, i * 8).unwrap_or(0);
+        let (pid_tgid, edge, time_ns, nr) = (field(0), field(1), field(2), field(3));
+        let what = if edge == 0 {
+            Edge::Enter([field(4), field(5)])
+        } else {
+            Edge::Exit(field(4) as i64)
+        };
+        out.push(SysEvent {
+            time_ns,
+            tid: pid_tgid as u32,
+            nr: nr as i64,
+            what,
+        });
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -142,6 +164,37 @@ pub(crate) mod tests {
         let mut other = Vec::new();
         decode(&b, ids, Some(8), &mut other);
         assert!(other.is_empty());
+    }
+
+    #[test]
+    fn bpf_records() {
+        let mut b = Vec::new();
+        for v in [(1u64 << 32) | 7, 0, 100, 232, 4, 9] {
+            b.extend(v.to_le_bytes());
+        }
+        for v in [(1u64 << 32) | 7, 1, 200, 232, (-4i64) as u64, 0] {
+            b.extend(v.to_le_bytes());
+        }
+        b.extend([1, 2, 3]);
+        let mut out = Vec::new();
+        decode_bpf(&b, &mut out);
+        assert_eq!(
+            out,
+            [
+                SysEvent {
+                    time_ns: 100,
+                    tid: 7,
+                    nr: 232,
+                    what: Edge::Enter([4, 9])
+                },
+                SysEvent {
+                    time_ns: 200,
+                    tid: 7,
+                    nr: 232,
+                    what: Edge::Exit(-4)
+                },
+            ]
+        );
     }
 
     #[test]

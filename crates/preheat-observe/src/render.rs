@@ -25,6 +25,12 @@ pub fn text(r: &Report, periods: bool) -> String {
         (r.end_ns - r.start_ns) as f64 / 1e9,
         r.threads_attached
     );
+    if let Some(why) = &r.fallback {
+        outln!(
+            out,
+            "  (the eBPF observer did not load, so perf samples ran: {why})"
+        );
+    }
     if r.tracefs_mounted_now {
         outln!(
             out,

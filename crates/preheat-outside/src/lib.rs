@@ -42,10 +42,11 @@
 //! - The spin cannot stop the moment the server thread runs (the agent sees that in its
 //!   hooks); it lasts until [`worker::WAKE_AFTER_ARRIVAL_NS`] past the arrival, which costs the
 //!   server a yield per turn at most, otherwise idle time.
-//! - The observer needs root (`perf_event_open` on tracepoints) and adds the kernel's cost of
-//!   writing each sample (measured in `preheat-observe`'s docs: +3 µs per warm request on
-//!   preheat-kv); the in-process agent costs far less where it loads, so callers use this only
-//!   where the agent cannot load.
+//! - The observer needs root (eBPF programs on the syscall tracepoints, perf samples where
+//!   those do not load) and adds the kernel's cost of writing each record (measured in
+//!   `preheat-observe`'s docs: +0.6–0.7 µs per warm request on preheat-kv with eBPF, +2.2–2.3
+//!   µs with perf samples); the in-process agent costs far less where it loads, so callers use
+//!   this only where the agent cannot load.
 
 #![forbid(unsafe_code)]
 
@@ -83,6 +84,8 @@ pub struct Config {
 /// A running stand-in for the agent of `Config::pid`. Dropping it stops its threads and
 /// removes its sockets.
 pub struct OutsideAgent {
+    /// The observer's mechanism that runs, said in [`OutsideAgent::describe`].
+    observed_by: String,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     sockets: [PathBuf; 2],
@@ -99,6 +102,13 @@ impl OutsideAgent {
             preheat_observe::session::Options::new(cfg.pid, cfg.port),
         )
         .context("observing the server's busy periods from outside")?;
+        let observed_by = match observer.fallback() {
+            Some(why) => format!(
+                "{} (the eBPF observer did not load: {why})",
+                observer.mechanism().describe()
+            ),
+            None => observer.mechanism().describe().to_string(),
+        };
         let shared = Arc::new(Shared::new(cfg, observer));
         let listener = control::bind(&paths.control)?;
         let trigger = match worker::bind(&paths.trigger) {
@@ -109,6 +119,7 @@ impl OutsideAgent {
             }
         };
         let mut agent = OutsideAgent {
+            observed_by,
             shared: shared.clone(),
             threads: Vec::new(),
             sockets: [paths.control.clone(), paths.trigger.clone()],
@@ -158,11 +169,10 @@ impl OutsideAgent {
     pub fn describe(&self) -> String {
         format!(
             "preheated from outside the process ({}): its busy periods from the kernel's \
-             syscall tracepoints (perf_event_open, root), `wake` (idle polling, or a spin), \
-             `replay`, and \
+             syscall tracepoints ({}; root), `wake` (idle polling, or a spin), `replay`, and \
              `lines` of its code and read-only data (file-backed memory mapped here: no heap \
              lines from outside) from a thread on CPU {}",
-            self.shared.cfg.why, self.shared.cfg.cpu
+            self.shared.cfg.why, self.observed_by, self.shared.cfg.cpu
         )
     }
 }

@@ -170,7 +170,10 @@ fn demo_on_a_static_go_server_from_outside() {
     );
     let outside = v["outside"].as_str().unwrap_or_default();
     assert!(
-        outside.contains("statically linked Go program") && outside.contains("from outside"),
+        outside.contains("statically linked Go program")
+            && outside.contains("from outside")
+            && outside.contains("eBPF programs")
+            && !outside.contains("did not load"),
         "{outside:?}"
     );
     // Recorded from outside: the executable's code and read-only data, through the outside

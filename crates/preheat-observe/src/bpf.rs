@@ -1,0 +1,368 @@
+//! The OS side of the eBPF observer: maps, program loading, attachment to the syscall
+//! tracepoints, and the ring buffer's consumer.
+//!
+//! Every `unsafe` block here is a `bpf(2)` call on memory this module
+//! owns for the call's duration, or an access to the ring buffer's mapping while it is alive
+//! ([`RingBuf`] unmaps it on drop).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use anyhow::{bail, Context, Result};
+
+use crate::bpfprog::{self, Edge, Spec};
+
+const MAP_CREATE: libc::c_long = 0;
+const MAP_LOOKUP_ELEM: libc::c_long = 1;
+const PROG_LOAD: libc::c_long = 5;
+const RAW_TRACEPOINT_OPEN: libc::c_long = 17;
+const MAP_TYPE_ARRAY: u32 = 2;
+const MAP_TYPE_RINGBUF: u32 = 27;
+const PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+
+/// `union bpf_attr` as `BPF_MAP_CREATE` reads it (the rest zero).
+#[repr(C)]
+#[derive(Default)]
+struct MapCreate {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+    map_flags: u32,
+    pad: [u32; 27],
+}
+
+/// `union bpf_attr` as `BPF_PROG_LOAD` reads it (the rest zero).
+#[repr(C)]
+#[derive(Default)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    pad: [u32; 20],
+}
+
+/// `union bpf_attr` as `BPF_MAP_LOOKUP_ELEM` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct MapElem {
+    map_fd: u32,
+    pad0: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+    pad: [u32; 24],
+}
+
+/// `union bpf_attr` as `BPF_RAW_TRACEPOINT_OPEN` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct RawTpOpen {
+    name: u64,
+    prog_fd: u32,
+    pad: [u32; 29],
+}
+
+/// `bpf(cmd, attr, size)`; a new fd for the commands that make one.
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a zero-padded `#[repr(C)]` prefix of `union bpf_attr` that lives
+    // across the call; the size passed is its own; every pointer inside it points to memory
+    // the caller keeps alive across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            (attr as *mut T).cast::<libc::c_void>(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("fd out of range"))?;
+    // SAFETY: the kernel just returned `fd`, a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn map_create(map_type: u32, key: u32, value: u32, entries: u32) -> io::Result<OwnedFd> {
+    let mut a = MapCreate {
+        map_type,
+        key_size: key,
+        value_size: value,
+        max_entries: entries,
+        ..MapCreate::default()
+    };
+    owned(bpf(MAP_CREATE, &mut a)?)
+}
+
+/// Load a raw tracepoint program; on refusal the error carries the verifier's log.
+fn prog_load(insns: &[bpfprog::Insn], name: &str) -> Result<OwnedFd> {
+    let code = bpfprog::to_bytes(insns);
+    let license = c"Dual MIT/GPL";
+    let mut log = vec![0u8; 64 * 1024];
+    let mut prog_name = [0u8; 16];
+    for (d, s) in prog_name.iter_mut().zip(name.bytes().take(15)) {
+        *d = s;
+    }
+    let mut a = ProgLoad {
+        prog_type: PROG_TYPE_RAW_TRACEPOINT,
+        insn_cnt: u32::try_from(insns.len()).context("program too long")?,
+        insns: code.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+        prog_name,
+        ..ProgLoad::default()
+    };
+    match bpf(PROG_LOAD, &mut a) {
+        Ok(fd) => Ok(owned(fd)?),
+        Err(e) => {
+            let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+            let text = String::from_utf8_lossy(&log[..end]);
+            let tail: Vec<&str> = text.lines().rev().take(6).collect();
+            bail!(
+                "the kernel refused the observer's eBPF program: {e}{}",
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (verifier: {})",
+                        tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+                    )
+                }
+            )
+        }
+    }
+}
+
+/// Element 0 of a one-element u64 array.
+fn lookup_u64(map: &OwnedFd) -> io::Result<u64> {
+    let key = 0u32;
+    let mut value = 0u64;
+    let mut a = MapElem {
+        map_fd: map.as_raw_fd() as u32,
+        key: std::ptr::addr_of!(key) as u64,
+        value: std::ptr::addr_of_mut!(value) as u64,
+        ..MapElem::default()
+    };
+    bpf(MAP_LOOKUP_ELEM, &mut a)?;
+    Ok(value)
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).unwrap_or(4096)
+}
+
+/// A BPF ring buffer's consumer side: the consumer page (read-write) and the producer page
+/// plus the data area mapped twice (read-only), so a record that wraps reads contiguously.
+pub struct RingBuf {
+    cons: *mut u8,
+    prod: *mut u8,
+    prod_len: usize,
+    page: usize,
+    size: usize,
+}
+
+// SAFETY: the mappings are owned by this value alone; moving it to another thread moves that
+// ownership (the kernel side is indifferent to the reading thread).
+unsafe impl Send for RingBuf {}
+
+const BUSY: u32 = 1 << 31;
+const DISCARD: u32 = 1 << 30;
+const HDR: usize = 8;
+
+impl RingBuf {
+    fn map(fd: &OwnedFd, size: usize) -> io::Result<RingBuf> {
+        let page = page_size();
+        // SAFETY: a fresh shared mapping of the ring buffer map's consumer page, the layout
+        // the kernel documents for BPF_MAP_TYPE_RINGBUF; checked for MAP_FAILED.
+        let cons = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if cons == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let prod_len = page + 2 * size;
+        // SAFETY: the producer page and the data area (mapped twice by the kernel), read-only
+        // at offset one page, as documented; checked for MAP_FAILED.
+        let prod = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                prod_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                page as libc::off_t,
+            )
+        };
+        if prod == libc::MAP_FAILED {
+            let e = io::Error::last_os_error();
+            // SAFETY: unmapping the consumer page mapped above, which nothing else uses.
+            unsafe { libc::munmap(cons, page) };
+            return Err(e);
+        }
+        Ok(RingBuf {
+            cons: cons.cast(),
+            prod: prod.cast(),
+            prod_len,
+            page,
+            size,
+        })
+    }
+
+    fn positions(&self) -> (&AtomicU64, &AtomicU64) {
+        // SAFETY: the first u64 of each page is the kernel's consumer / producer position,
+        // 8-byte aligned (page-aligned), shared with the kernel: accessed only atomically.
+        unsafe {
+            (
+                AtomicU64::from_ptr(self.cons.cast::<u64>()),
+                AtomicU64::from_ptr(self.prod.cast::<u64>()),
+            )
+        }
+    }
+
+    /// Append every committed record's payload to `out` and hand the space back; returns the
+    /// records read. Stops at a record still being written.
+    pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
+        let (cons_a, prod_a) = self.positions();
+        let mut cons = cons_a.load(Ordering::Acquire);
+        let prod = prod_a.load(Ordering::Acquire);
+        let mask = (self.size - 1) as u64;
+        let mut n = 0;
+        while cons < prod {
+            let at = (cons & mask) as usize;
+            // SAFETY: `at + HDR <= size`, inside the first copy of the live data area; the
+            // header is 8-byte aligned (records are) and written atomically by the kernel.
+            let hdr = unsafe {
+                AtomicU32::from_ptr(self.prod.add(self.page + at).cast::<u32>())
+                    .load(Ordering::Acquire)
+            };
+            if hdr & BUSY != 0 {
+                break;
+            }
+            let len = (hdr & !(BUSY | DISCARD)) as usize;
+            if len > self.size {
+                break; // never written by the kernel: stop rather than read past the area.
+            }
+            if hdr & DISCARD == 0 {
+                // SAFETY: the record's payload starts within the first copy and is at most
+                // `size` bytes, so it ends within the second copy of the data area.
+                out.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(self.prod.add(self.page + at + HDR), len)
+                });
+                n += 1;
+            }
+            cons += ((len + HDR + 7) & !7) as u64;
+            cons_a.store(cons, Ordering::Release);
+        }
+        n
+    }
+}
+
+impl Drop for RingBuf {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the two mappings made in `map`; nothing borrows them.
+        unsafe {
+            libc::munmap(self.cons.cast(), self.page);
+            libc::munmap(self.prod.cast(), self.prod_len);
+        }
+    }
+}
+
+/// The observer's programs attached to the entry and exit tracepoints.
+pub struct Attached {
+    ring: RingBuf,
+    lost: OwnedFd,
+    /// The raw tracepoint links (closing them detaches the programs).
+    links: Vec<OwnedFd>,
+    _progs: Vec<OwnedFd>,
+    _ringbuf: OwnedFd,
+}
+
+/// Attach `prog` to raw tracepoint `name` (the returned fd keeps it attached).
+fn raw_tracepoint_open(name: &std::ffi::CStr, prog: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut a = RawTpOpen {
+        name: name.as_ptr() as u64,
+        prog_fd: prog.as_raw_fd() as u32,
+        ..RawTpOpen::default()
+    };
+    owned(bpf(RAW_TRACEPOINT_OPEN, &mut a)?)
+}
+
+impl Attached {
+    /// Load the entry and exit programs for process `tgid` (keeping `enter_nrs` at entry and
+    /// `exit_nrs` at exit) with a ring buffer of `size` bytes (a power of two, ≥ a page), and
+    /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
+    pub fn attach(tgid: u32, enter_nrs: &[i64], exit_nrs: &[i64], size: usize) -> Result<Attached> {
+        let entries = u32::try_from(size).context("ring buffer too large")?;
+        let ringbuf = map_create(MAP_TYPE_RINGBUF, 0, 0, entries)
+            .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
+        let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 1).context("creating a BPF array")?;
+        let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;
+        let mut progs = Vec::new();
+        let mut links = Vec::new();
+        for (edge, tp, keep, name) in [
+            (Edge::Enter, c"sys_enter", enter_nrs, "preheat_enter"),
+            (Edge::Exit, c"sys_exit", exit_nrs, "preheat_exit"),
+        ] {
+            let spec = Spec {
+                edge,
+                tgid,
+                keep,
+                ringbuf_fd: ringbuf.as_raw_fd(),
+                lost_fd: lost.as_raw_fd(),
+            };
+            let insns = bpfprog::observer(&spec).map_err(anyhow::Error::msg)?;
+            let prog = prog_load(&insns, name)?;
+            let link = raw_tracepoint_open(tp, &prog)
+                .context("attaching the eBPF program to the raw tracepoint")?;
+            progs.push(prog);
+            links.push(link);
+        }
+        Ok(Attached {
+            ring,
+            lost,
+            links,
+            _progs: progs,
+            _ringbuf: ringbuf,
+        })
+    }
+
+    /// Stop: the programs no longer run once their links are closed.
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+
+    /// Append every committed record to `out`; returns how many.
+    pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
+        self.ring.drain(out)
+    }
+
+    /// Records the full ring buffer refused so far.
+    pub fn lost(&self) -> u64 {
+        lookup_u64(&self.lost).unwrap_or(0)
+    }
+}
