@@ -72,10 +72,13 @@ struct RawTpOpen {
 }
 
 /// `bpf(cmd, attr, size)`; a new fd for the commands that make one.
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a zero-padded `#[repr(C)]` prefix of `union bpf_attr` that lives
-    // across the call; the size passed is its own; every pointer inside it points to memory
-    // the caller keeps alive across the call.
+///
+/// # Safety
+/// `attr` is a zero-padded `#[repr(C)]` prefix of `union bpf_attr` for `cmd`, and every
+/// pointer inside it points to memory that is valid for the kernel's reads (and writes, for
+/// output buffers) of the sizes it gives, for the duration of the call.
+unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: the caller's contract above; the size passed is `attr`'s own.
     let r = unsafe {
         libc::syscall(
             libc::SYS_bpf,
@@ -91,9 +94,13 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     }
 }
 
-fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
+/// The fd `bpf` just returned, owned.
+///
+/// # Safety
+/// `fd` is a descriptor the kernel just created for this caller, which nothing else owns.
+unsafe fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
     let fd = i32::try_from(fd).map_err(|_| io::Error::other("fd out of range"))?;
-    // SAFETY: the kernel just returned `fd`, a new descriptor nothing else owns.
+    // SAFETY: the caller's contract: a new descriptor nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
@@ -105,7 +112,8 @@ fn map_create(map_type: u32, key: u32, value: u32, entries: u32) -> io::Result<O
         max_entries: entries,
         ..MapCreate::default()
     };
-    owned(bpf(MAP_CREATE, &mut a)?)
+    // SAFETY: a map-creation attr with no pointers; the fd it returns is new.
+    unsafe { owned(bpf(MAP_CREATE, &mut a)?) }
 }
 
 /// Load a raw tracepoint program; on refusal the error carries the verifier's log.
@@ -128,8 +136,12 @@ fn prog_load(insns: &[bpfprog::Insn], name: &str) -> Result<OwnedFd> {
         prog_name,
         ..ProgLoad::default()
     };
-    match bpf(PROG_LOAD, &mut a) {
-        Ok(fd) => Ok(owned(fd)?),
+    // SAFETY: `insns` points to `code` (insn_cnt instructions), `license` to a NUL-terminated
+    // string and `log_buf` to `log` (log_size bytes, written by the kernel); all three live
+    // across the call.
+    match unsafe { bpf(PROG_LOAD, &mut a) } {
+        // SAFETY: the program's fd, just returned by the kernel.
+        Ok(fd) => Ok(unsafe { owned(fd) }?),
         Err(e) => {
             let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
             let text = String::from_utf8_lossy(&log[..end]);
@@ -159,14 +171,10 @@ fn lookup_u64(map: &OwnedFd) -> io::Result<u64> {
         value: std::ptr::addr_of_mut!(value) as u64,
         ..MapElem::default()
     };
-    bpf(MAP_LOOKUP_ELEM, &mut a)?;
+    // SAFETY: `key` and `value` point to a u32 and a u64 on this frame, the sizes the array
+    // was created with (key 4, value 8).
+    unsafe { bpf(MAP_LOOKUP_ELEM, &mut a) }?;
     Ok(value)
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).unwrap_or(4096)
 }
 
 /// A BPF ring buffer's consumer side: the consumer page (read-write) and the producer page
@@ -189,7 +197,7 @@ const HDR: usize = 8;
 
 impl RingBuf {
     fn map(fd: &OwnedFd, size: usize) -> io::Result<RingBuf> {
-        let page = page_size();
+        let page = preheat_engine::sweep::page_size();
         // SAFETY: a fresh shared mapping of the ring buffer map's consumer page, the layout
         // the kernel documents for BPF_MAP_TYPE_RINGBUF; checked for MAP_FAILED.
         let cons = unsafe {
@@ -309,7 +317,9 @@ fn raw_tracepoint_open(name: &std::ffi::CStr, prog: &OwnedFd) -> io::Result<Owne
         prog_fd: prog.as_raw_fd() as u32,
         ..RawTpOpen::default()
     };
-    owned(bpf(RAW_TRACEPOINT_OPEN, &mut a)?)
+    // SAFETY: `name` points to a NUL-terminated string the caller keeps alive; the link's fd
+    // it returns is new.
+    unsafe { owned(bpf(RAW_TRACEPOINT_OPEN, &mut a)?) }
 }
 
 impl Attached {

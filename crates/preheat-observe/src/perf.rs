@@ -102,16 +102,10 @@ pub struct RingBuffer {
 // ownership (the kernel side is indifferent to the reading thread).
 unsafe impl Send for RingBuffer {}
 
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(p).unwrap_or(4096)
-}
-
 impl RingBuffer {
     /// Map `data_pages` (a power of two) data pages of `fd`'s buffer.
     pub fn map(fd: &OwnedFd, data_pages: usize) -> io::Result<RingBuffer> {
-        let page = page_size();
+        let page = preheat_engine::sweep::page_size();
         let map_len = (data_pages + 1) * page;
         // SAFETY: a fresh shared mapping of a perf event fd, of the size the kernel requires
         // (1 + 2^n pages); checked for MAP_FAILED below.

@@ -3,10 +3,9 @@
 //! back to perf samples, say why, and still find every request.
 
 mod support;
-use support::{permitted, request, servers_dir, start, N};
+use support::{event_loop_server, permitted, request, N};
 
 use std::net::TcpStream;
-use std::process::Command;
 use std::time::Duration;
 
 use preheat_observe::{Mechanism, Observer, Options};
@@ -17,11 +16,7 @@ fn falls_back_to_perf_samples_and_says_why() {
         return;
     }
     std::env::set_var("PREHEAT_OBSERVE_NO_BPF", "1");
-    let (s, port) = start(|| {
-        let mut cmd = Command::new("python3");
-        cmd.arg(servers_dir().join("event_loop.py"));
-        cmd
-    });
+    let (s, port) = event_loop_server();
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     request(&mut c);
     let obs = Observer::attach(Options::new(s.0.id(), port)).expect("attaching");

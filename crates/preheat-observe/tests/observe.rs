@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use preheat_observe::{Kind, Mechanism, Observer, Options, Report};
 
 mod support;
-use support::{permitted, request, servers_dir, start, N};
+use support::{event_loop_server, permitted, request, servers_dir, start, N};
 
 /// N requests to `port` while attached, alternating between a connection opened (and served
 /// once) before attach and one opened after.
@@ -75,11 +75,7 @@ fn python_event_loop() {
     if !permitted() {
         return;
     }
-    let (s, port) = start(|| {
-        let mut cmd = Command::new("python3");
-        cmd.arg(servers_dir().join("event_loop.py"));
-        cmd
-    });
+    let (s, port) = event_loop_server();
     let r = observe_requests(s.0.id(), port);
     check_direct(&r);
     assert_eq!(r.threads.len(), 1, "{:#?}", r.threads);
@@ -204,11 +200,7 @@ fn bpf_and_perf_observers_side_by_side() {
     if !permitted() {
         return;
     }
-    let (s, port) = start(|| {
-        let mut cmd = Command::new("python3");
-        cmd.arg(servers_dir().join("event_loop.py"));
-        cmd
-    });
+    let (s, port) = event_loop_server();
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     request(&mut c);
     let attach = |m| {

@@ -80,3 +80,12 @@ pub fn permitted() -> bool {
     }
     true
 }
+
+/// The Python selectors event-loop server (`tests/servers/event_loop.py`), started.
+pub fn event_loop_server() -> (Server, u16) {
+    start(|| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(servers_dir().join("event_loop.py"));
+        cmd
+    })
+}
