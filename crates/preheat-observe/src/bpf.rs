@@ -327,6 +327,9 @@ impl Attached {
     /// `exit_nrs` at exit) with a ring buffer of `size` bytes (a power of two, ≥ a page), and
     /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
     pub fn attach(tgid: u32, enter_nrs: &[i64], exit_nrs: &[i64], size: usize) -> Result<Attached> {
+        if !cfg!(target_arch = "x86_64") {
+            bail!("the eBPF observer knows x86_64's registers and syscall numbers only");
+        }
         let entries = u32::try_from(size).context("ring buffer too large")?;
         let ringbuf = map_create(MAP_TYPE_RINGBUF, 0, 0, entries)
             .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
