@@ -176,10 +176,15 @@ macro_rules! hook {
     };
     (@pre wait, $($arg:ident),*) => { wait_pre() };
     (@pre read, $fd:ident $(, $rest:ident)*) => { track::read_enter($fd) };
+    (@pre write, $($arg:ident),*) => { () };
     (@post wait, $pre:ident, $ret:ident, $($arg:ident),*) => { wait_post($pre, $ret) };
     (@post read, $pre:ident, $ret:ident, $fd:ident $(, $rest:ident)*) => {{
         track::read_exit($pre);
         read_post($fd, $ret)
+    }};
+    (@post write, $pre:ident, $ret:ident, $fd:ident $(, $rest:ident)*) => {{
+        let () = $pre;
+        track::on_write($fd, $ret)
     }};
 }
 
@@ -558,6 +563,65 @@ hook! {
     read fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t,
     real = REAL_RECVMSG,
     fallback = { libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t }
+}
+
+// ---------------------------------------------------------------- writes
+//
+// Only for blocking readers (track's section of that name): the reply written on the
+// connection a blocking reader read ends its busy period (a thread that parks on a futex after
+// answering, as a JVM executor does, would otherwise stay busy until its next read). Every
+// other caller pays one relaxed load.
+
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    write fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t,
+    real = REAL_WRITE,
+    fallback = { libc::syscall(libc::SYS_write, fd, buf, count) as ssize_t }
+}
+
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    write fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t,
+    real = REAL_WRITEV,
+    fallback = { libc::syscall(libc::SYS_writev, fd, iov, iovcnt) as ssize_t }
+}
+
+// SAFETY (fallback): send is sendto with a NULL address.
+hook! {
+    write fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t,
+    real = REAL_SEND,
+    fallback = {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd,
+            buf,
+            len,
+            flags,
+            ptr::null::<sockaddr>(),
+            0 as socklen_t,
+        ) as ssize_t
+    }
+}
+
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    write fn sendto(
+        fd: c_int,
+        buf: *const c_void,
+        len: size_t,
+        flags: c_int,
+        addr: *const sockaddr,
+        alen: socklen_t,
+    ) -> ssize_t,
+    real = REAL_SENDTO,
+    fallback = { libc::syscall(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as ssize_t }
+}
+
+// SAFETY (fallback): the raw syscall with the caller's arguments.
+hook! {
+    write fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t,
+    real = REAL_SENDMSG,
+    fallback = { libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t }
 }
 
 // SAFETY (fallback): the raw syscall with the caller's arguments.

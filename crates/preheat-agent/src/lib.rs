@@ -10,7 +10,9 @@
 //!   (`epoll_wait`, `epoll_pwait`, `epoll_pwait2`, `poll`, `ppoll`, `select`, `pselect`), the
 //!   accept calls and the read calls (`read`, `recv`, `recvfrom`, `recvmsg`, `readv`, and the
 //!   `_FORTIFY_SOURCE` variants `__read_chk`, `__recv_chk`, `__recvfrom_chk`, `__poll_chk`,
-//!   `__ppoll_chk`), plus `close`, `close_range` and `closefrom` (a closed fd forgets its
+//!   `__ppoll_chk`), the write calls (`write`, `writev`, `send`, `sendto`, `sendmsg`: a
+//!   blocking reader's reply ends its busy period; one relaxed load for everyone else), plus
+//!   `close`, `close_range` and `closefrom` (a closed fd forgets its
 //!   port; where the agent shares the host's file table, they also keep a host that closes
 //!   "all" fds from closing the agent's sockets under it).
 //! * **A file table of its own** ([`fdreg`]): the agent's threads run on one file table of

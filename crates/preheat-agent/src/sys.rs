@@ -82,6 +82,11 @@ pub static REAL_RECVFROM: Real = Real::new(c"recvfrom");
 pub static REAL_RECVFROM_CHK: Real = Real::new(c"__recvfrom_chk");
 pub static REAL_RECVMSG: Real = Real::new(c"recvmsg");
 pub static REAL_READV: Real = Real::new(c"readv");
+pub static REAL_WRITE: Real = Real::new(c"write");
+pub static REAL_WRITEV: Real = Real::new(c"writev");
+pub static REAL_SEND: Real = Real::new(c"send");
+pub static REAL_SENDTO: Real = Real::new(c"sendto");
+pub static REAL_SENDMSG: Real = Real::new(c"sendmsg");
 pub static REAL_CLOSE: Real = Real::new(c"close");
 pub static REAL_CLOSE_RANGE: Real = Real::new(c"close_range");
 pub static REAL_CLOSEFROM: Real = Real::new(c"closefrom");
@@ -95,7 +100,7 @@ pub static REAL_MMAP: Real = Real::new(c"mmap");
 pub static REAL_MMAP64: Real = Real::new(c"mmap64");
 pub static REAL_MREMAP: Real = Real::new(c"mremap");
 
-static ALL_REAL: [&Real; 31] = [
+static ALL_REAL: [&Real; 36] = [
     &REAL_EPOLL_WAIT,
     &REAL_EPOLL_PWAIT,
     &REAL_EPOLL_PWAIT2,
@@ -115,6 +120,11 @@ static ALL_REAL: [&Real; 31] = [
     &REAL_RECVFROM_CHK,
     &REAL_RECVMSG,
     &REAL_READV,
+    &REAL_WRITE,
+    &REAL_WRITEV,
+    &REAL_SEND,
+    &REAL_SENDTO,
+    &REAL_SENDMSG,
     &REAL_CLOSE,
     &REAL_CLOSE_RANGE,
     &REAL_CLOSEFROM,

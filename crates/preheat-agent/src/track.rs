@@ -7,9 +7,12 @@
 //!
 //! Threads that never enter a wait call but block in `read`/`recv` on an accepted connection
 //! (thread-per-connection servers: Python's `ThreadingHTTPServer`, a preforked worker reading
-//! its connection) are *blocking readers* (see the section of that name at the end): for them a
-//! read that returns data on a tracked connection starts the busy period, and entering the next
-//! read on a tracked connection (or closing it) ends it. In a process without blocking readers
+//! its connection, a pool thread the request is handed to, as in the JDK's `HttpServer`) are
+//! *blocking readers* (see the section of that name at the end): for them a read that returns
+//! data on a tracked connection starts the busy period, and writing on a tracked connection (the
+//! reply), entering the next read on one, or closing one ends it. (Before the write ended it, a
+//! pool thread that parks on a futex after answering stayed busy until the next request's read:
+//! its port showed no busy period for a request until the next one came.) In a process without blocking readers
 //! this costs one relaxed load of a process-wide flag ([`ANY_BLOCKING`]) per read and close; in
 //! one with them, event-loop threads pay a thread-local load more.
 //!
@@ -685,6 +688,37 @@ pub fn read_exit(idle: bool) {
             }
         });
     }
+}
+
+/// A write-like call on `fd` returned `ret`: a blocking reader that wrote on a tracked
+/// connection has answered its request — its busy period ends (a thread that parks on a futex
+/// after answering, as a JVM executor does, never enters another read or wait in time). Other
+/// threads return at the process-wide flag.
+#[inline(always)]
+pub fn on_write(fd: libc::c_int, ret: isize) {
+    if ret <= 0 || !ANY_BLOCKING.load(Ordering::Relaxed) {
+        return;
+    }
+    if CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
+        blocking_wrote(fd);
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn blocking_wrote(fd: libc::c_int) {
+    let tracked = usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    if !tracked || !tracking() {
+        return;
+    }
+    let _ = CACHE.try_with(|c| {
+        if let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
+            end_busy(s, c);
+        }
+    });
 }
 
 /// A blocking reader closes `fd`: if it is a tracked connection, the request on it is over — end
