@@ -634,6 +634,15 @@ fn blocking_read_returned(c: &ThreadCache, s: Option<&'static ThreadSlot>, port:
     s.in_wait.store(false, Ordering::Release);
 }
 
+/// Whether `fd` is a connection of a tracked port.
+#[inline(always)]
+fn is_tracked(fd: libc::c_int) -> bool {
+    usize::try_from(fd)
+        .ok()
+        .and_then(|i| FD_PORT.get(i))
+        .is_some_and(|p| p.load(Ordering::Relaxed) != 0)
+}
+
 /// Before a read on `fd`: a blocking reader about to block on a tracked connection is idle (its
 /// busy period ends). Returns whether the thread was marked idle, for [`read_exit`]. Other
 /// threads return at the thread-local flag.
@@ -653,10 +662,7 @@ fn blocking_read_enter(fd: libc::c_int) -> bool {
     if !tracking() {
         return false;
     }
-    let tracked = usize::try_from(fd)
-        .ok()
-        .and_then(|i| FD_PORT.get(i))
-        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    let tracked = is_tracked(fd);
     CACHE
         .try_with(|c| {
             let Some(s) = THREADS
@@ -707,10 +713,7 @@ pub fn on_write(fd: libc::c_int, ret: isize) {
 #[cold]
 #[inline(never)]
 fn blocking_wrote(fd: libc::c_int) {
-    let tracked = usize::try_from(fd)
-        .ok()
-        .and_then(|i| FD_PORT.get(i))
-        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    let tracked = is_tracked(fd);
     if !tracked || !tracking() {
         return;
     }
@@ -727,10 +730,7 @@ fn blocking_wrote(fd: libc::c_int) {
 #[cold]
 #[inline(never)]
 fn blocking_close(fd: libc::c_int) {
-    let tracked = usize::try_from(fd)
-        .ok()
-        .and_then(|i| FD_PORT.get(i))
-        .is_some_and(|p| p.load(Ordering::Relaxed) != 0);
+    let tracked = is_tracked(fd);
     if !tracked || !tracking() {
         return;
     }
