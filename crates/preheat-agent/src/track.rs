@@ -496,9 +496,8 @@ pub fn on_close(fd: libc::c_int) {
     if !ACTIVE.load(Ordering::Relaxed) {
         return;
     }
-    if ANY_BLOCKING.load(Ordering::Relaxed) && CACHE.try_with(|c| c.blocking.get()).unwrap_or(false)
-    {
-        blocking_close(fd);
+    if is_blocking_reader() {
+        blocking_ends(fd, true);
     }
     if let Ok(i) = usize::try_from(fd) {
         if let Some(e) = FD_PORT.get(i) {
@@ -648,12 +647,14 @@ fn is_tracked(fd: libc::c_int) -> bool {
 /// threads return at the thread-local flag.
 #[inline(always)]
 pub fn read_enter(fd: libc::c_int) -> bool {
-    if !ANY_BLOCKING.load(Ordering::Relaxed)
-        || !CACHE.try_with(|c| c.blocking.get()).unwrap_or(false)
-    {
-        return false;
-    }
-    blocking_read_enter(fd)
+    is_blocking_reader() && blocking_read_enter(fd)
+}
+
+/// Whether the calling thread is a blocking reader: one relaxed load of the process-wide flag
+/// where there is none (the thread-local only where there are).
+#[inline(always)]
+fn is_blocking_reader() -> bool {
+    ANY_BLOCKING.load(Ordering::Relaxed) && CACHE.try_with(|c| c.blocking.get()).unwrap_or(false)
 }
 
 #[cold]
@@ -702,44 +703,31 @@ pub fn read_exit(idle: bool) {
 /// threads return at the process-wide flag.
 #[inline(always)]
 pub fn on_write(fd: libc::c_int, ret: isize) {
-    if ret <= 0 || !ANY_BLOCKING.load(Ordering::Relaxed) {
-        return;
-    }
-    if CACHE.try_with(|c| c.blocking.get()).unwrap_or(false) {
-        blocking_wrote(fd);
+    if ret > 0 && is_blocking_reader() {
+        blocking_ends(fd, false);
     }
 }
 
+/// A blocking reader wrote on `fd` (`closing` false) or closes it (true): if it is a tracked
+/// connection, the request on it is answered — end the busy period; a close also frees the
+/// thread's slot (thread-per-connection servers start a thread per connection; a later read
+/// claims a slot again).
 #[cold]
 #[inline(never)]
-fn blocking_wrote(fd: libc::c_int) {
-    let tracked = is_tracked(fd);
-    if !tracked || !tracking() {
+fn blocking_ends(fd: libc::c_int, closing: bool) {
+    if !is_tracked(fd) || !tracking() {
         return;
     }
     let _ = CACHE.try_with(|c| {
         if let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
             end_busy(s, c);
+            if closing {
+                s.clear();
+            }
         }
-    });
-}
-
-/// A blocking reader closes `fd`: if it is a tracked connection, the request on it is over — end
-/// the busy period and free the thread's slot (thread-per-connection servers start a thread per
-/// connection; a later read claims a slot again).
-#[cold]
-#[inline(never)]
-fn blocking_close(fd: libc::c_int) {
-    let tracked = is_tracked(fd);
-    if !tracked || !tracking() {
-        return;
-    }
-    let _ = CACHE.try_with(|c| {
-        if let Some(s) = THREADS.get((c.slot.get() as usize).wrapping_sub(1)) {
-            end_busy(s, c);
-            s.clear();
+        if closing {
+            c.slot.set(0);
+            c.blocking.set(false);
         }
-        c.slot.set(0);
-        c.blocking.set(false);
     });
 }

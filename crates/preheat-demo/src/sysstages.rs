@@ -54,15 +54,7 @@ impl SysStages {
     pub fn attach(pid: u32, port: u16) -> Result<SysStages> {
         let obs = Observer::attach(Options::new(pid, port))
             .with_context(|| format!("attaching the syscall observer to pid {pid}"))?;
-        let m = obs.mechanism();
-        let described = match obs.fallback() {
-            Some(why) => format!(
-                "{}; {} (the eBPF observer did not load: {why})",
-                m.describe(),
-                m.cost()
-            ),
-            None => format!("{}; {}", m.describe(), m.cost()),
-        };
+        let described = format!("{}; {}", obs.what_runs(), obs.mechanism().cost());
         Ok(SysStages {
             obs,
             periods: Vec::new(),

@@ -105,10 +105,9 @@ pub fn remove_if_empty(dir: &Path) {
     }
 }
 
-/// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs.
-pub fn sweep_scratch(dir: &Path, prefix: &str) {
-    preheat_engine::host::remove_left_by_the_dead(dir, prefix);
-}
+/// Remove the `<prefix><pid>-*` scratch directories in `dir` whose process no longer runs (the
+/// engine's, which the wake bench uses too: `preheat-wake` cannot depend on this crate).
+pub use preheat_engine::host::remove_left_by_the_dead as sweep_scratch;
 
 /// Functions run first when SIGINT/SIGTERM arrives (before processes are stopped), e.g. to
 /// let a controller restore the scheduling of the threads it manages.

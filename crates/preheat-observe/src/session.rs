@@ -289,10 +289,12 @@ impl Observer {
         if o.opts.mechanism == Mechanism::Bpf {
             // Attached after the blocked calls were read, as the perf events are enabled
             // after: the stream starts with them.
+            // As much as the perf buffers would hold: `buffer_pages` per CPU.
             let size = o
                 .opts
                 .buffer_pages
-                .saturating_mul(2 * 4096)
+                .saturating_mul(preheat_engine::sweep::page_size())
+                .saturating_mul(preheat_engine::os::online_cpus())
                 .next_power_of_two();
             let attached = if std::env::var_os("PREHEAT_OBSERVE_NO_BPF").is_some() {
                 Err(anyhow::anyhow!("PREHEAT_OBSERVE_NO_BPF is set"))
@@ -325,6 +327,16 @@ impl Observer {
     /// Why the eBPF observer did not load, where it was asked for.
     pub fn fallback(&self) -> Option<&str> {
         self.fallback.as_deref()
+    }
+
+    /// What runs, one phrase for a caller's output: the mechanism, and why the eBPF observer
+    /// did not load where it fell back.
+    pub fn what_runs(&self) -> String {
+        let m = self.mechanism().describe();
+        match self.fallback() {
+            Some(why) => format!("{m} (the eBPF observer did not load: {why})"),
+            None => m.to_string(),
+        }
     }
 
     /// Open one event of the pair on `cpu`: the CPU's first becomes its ring buffer, the others

@@ -102,13 +102,7 @@ impl OutsideAgent {
             preheat_observe::session::Options::new(cfg.pid, cfg.port),
         )
         .context("observing the server's busy periods from outside")?;
-        let observed_by = match observer.fallback() {
-            Some(why) => format!(
-                "{} (the eBPF observer did not load: {why})",
-                observer.mechanism().describe()
-            ),
-            None => observer.mechanism().describe().to_string(),
-        };
+        let observed_by = observer.what_runs();
         let shared = Arc::new(Shared::new(cfg, observer));
         let listener = control::bind(&paths.control)?;
         let trigger = match worker::bind(&paths.trigger) {
