@@ -99,7 +99,12 @@ pub fn print(json: bool) -> Result<()> {
         println!("backend {b}: {s}");
     }
     match &r.keep_awake {
-        Some(c) => println!("keep-awake: {}", c.summary()),
+        Some(c) => {
+            println!("keep-awake: {}", c.summary());
+            if let Some(p) = &c.predictor {
+                println!("idle: {}", p.describe());
+            }
+        }
         None => println!(
             "keep-awake: not calibrated on this boot (preheat wake calibrate; the demo calibrates on first use)"
         ),

@@ -3,7 +3,9 @@
 
 use std::fmt::Write;
 
-use crate::run::Output;
+use preheat_wake::predictor::PredictorResult;
+
+use crate::output::Output;
 use crate::table::mixed_kinds;
 
 fn opt(v: Option<f64>, prec: usize) -> String {
@@ -241,9 +243,20 @@ fn overhead_lines(o: &Output) -> Vec<String> {
             d.cache_us.map_or("-".into(), |x| format!("{x:.1} µs")),
         ));
     }
+    v.extend(predictor_line(&o.predictor));
     v.extend(residual_line(o));
     v.extend(syscall_lines(o));
     v
+}
+
+/// What this run measured of the server CPU's branch prediction through an idle: a statement
+/// about the machine only where the run measured the loss.
+fn predictor_line(p: &Result<PredictorResult, String>) -> Option<String> {
+    let p = p.as_ref().ok().filter(|p| p.lost())?;
+    Some(format!(
+        "this machine: {}; part of the wake-up above may be that",
+        p.describe()
+    ))
 }
 
 /// The preheat mode whose residual the output explains: `auto` where it ran, else the one
@@ -336,4 +349,39 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
     v.push("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);".into());
     v.push("  nginx 367.6 / 498.0 / 388.5 µs, 235.8 KiB, 77.4 µs (84% removed).".into());
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use preheat_wake::predictor::P50;
+
+    #[test]
+    fn the_machine_sentence_only_where_the_run_measured_the_loss() {
+        let p = |x: f64| P50 {
+            p50_us: x,
+            ci_us: [x - 0.1, x + 0.1],
+        };
+        let mut r = PredictorResult {
+            sites: 4096,
+            gap_us: 200,
+            cpu: 1,
+            n: 41,
+            hot: p(11.0),
+            after_spin: p(11.5),
+            after_sleep: p(19.0),
+        };
+        let line = predictor_line(&Ok(r.clone())).expect("lost: said");
+        assert!(
+            line.starts_with("this machine: branch prediction lost"),
+            "{line}"
+        );
+        assert!(
+            line.contains("measured on CPU 1") && line.contains("n=41"),
+            "{line}"
+        );
+        r.after_sleep = p(11.2);
+        assert_eq!(predictor_line(&Ok(r)), None);
+        assert_eq!(predictor_line(&Err("no CPU".into())), None);
+    }
 }

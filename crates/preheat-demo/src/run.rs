@@ -1,6 +1,6 @@
 //! The demo's run: the paper's Table 1 in miniature, on a catalog server or any server given by
 //! its command, as a pipeline (`wanted_modes` → `start_server` → `estimate` → `configure_replay`
-//! → `choose_auto` → `measure_rounds` → the table) whose result is the serializable [`Output`].
+//! → `choose_auto` → `measure_rounds` → the table) whose result is the serializable [`Output`] (`output.rs`).
 //!
 //! 1. Start the server pinned to one CPU with the agent attached; the client runs on another.
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
@@ -33,7 +33,6 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use preheat_model::proto::{ReplayVia, Reply, Request, Strategies};
 use rand::seq::SliceRandom;
-use serde::Serialize;
 
 use preheat_engine::netns::VethHost;
 use preheat_estimate::serving::serving_agents;
@@ -46,75 +45,10 @@ use crate::custom;
 use crate::join::Join;
 use crate::measure::{Bench, ColdPath};
 use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
+use crate::output::{Output, Skipped};
 use crate::params::DemoParams;
 use crate::pilot;
-use crate::table::{decomposition, floor_check, table, Decomposition, FloorCheck, Row};
-
-/// A mode that was asked for but cannot run here, and why.
-#[derive(Debug, Serialize)]
-pub struct Skipped {
-    pub mode: String,
-    pub reason: String,
-}
-
-/// A demo run's result: `preheat demo --json` prints it, `--out` writes it.
-#[derive(Debug, Serialize)]
-pub struct Output {
-    /// The processes announced to: one, or every worker where the server's requests go to any
-    /// of them.
-    pub serving_pids: Vec<u32>,
-    /// Those of `serving_pids` that joined during the measurement: each served one measured
-    /// request unannounced (a sample flagged as not reaching a preheated process), then was
-    /// announced to (see `join`).
-    pub joined_pids: Vec<u32>,
-    pub server: String,
-    pub machine: String,
-    pub label: &'static str,
-    pub rounds: usize,
-    pub lead_us: u64,
-    pub server_cpu: usize,
-    pub client_cpu: usize,
-    /// How requests reach the server: the loopback, or a veth pair into the network namespace
-    /// the server runs in (checked on the server's process).
-    pub transport: String,
-    /// Pings the client sent itself through the cold-making steps' waits, to keep its own
-    /// network path warm (the `warmth` module).
-    pub client_pings: u64,
-    /// Where the loopback's receive processing ran, and why (`None`: not decided, no pilot).
-    pub steer_rx: Option<crate::SteerChoice>,
-    pub record: Option<RecordStats>,
-    pub prepared: preheat_lab::servers::Prepared,
-    /// Whether a hardware PMU exists; CPI is only measured with one (`null` otherwise).
-    pub pmu: bool,
-    pub cpi: Option<f64>,
-    /// Modes that were asked for but cannot run on this server, with the reason.
-    pub skipped: Vec<Skipped>,
-    /// How the hot floor kept the CPUs out of idle (`None`: no hot floor; see skipped).
-    pub hot_floor: Option<String>,
-    /// Whether the hot floor measured below warm in this run (the shares use it only then).
-    pub floor_check: Option<FloorCheck>,
-    /// What the `wake` strategy ran as (the calibrated mechanism).
-    pub wake_mechanism: String,
-    /// `--syscall-stages`: the observer that split the response times at the server's system
-    /// calls, or why it could not attach (`None`: not asked for).
-    pub syscall_stages: Option<Result<String, String>>,
-    /// `None`: the agent ran inside the server; else how the server was preheated from outside
-    /// it (the agent cannot be loaded into it, or `--agent outside`).
-    pub outside: Option<String>,
-    /// This boot's keep-awake calibration (`None`: it failed; see skipped).
-    pub calibration: Option<preheat_wake::calibrate::Calibration>,
-    /// What `auto` chose, from which pilot (`None`: auto was not asked for).
-    pub auto: Option<preheat_model::auto::AutoChoice>,
-    /// The cold overhead split by cause (p50 differences).
-    pub decomposition: Option<Decomposition>,
-    /// The agent's preheat counters at the end of the run (all announced modes together).
-    pub agent_counters: preheat_model::proto::PreheatStats,
-    pub rows: Vec<Row>,
-    pub samples: Vec<Sample>,
-    /// The working set's size (the text table's working-set line; not in the JSON).
-    #[serde(skip)]
-    pub ws: preheat_model::WsStats,
-}
+use crate::table::{decomposition, floor_check, table, Row};
 
 /// The modes `a.strategies` asks for, after the baselines.
 fn wanted_modes(a: &DemoParams) -> Result<Vec<Mode>> {
@@ -488,6 +422,8 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     let (ncpu, server_cpu, client_cpu) = placement(a)?;
     let wanted = wanted_modes(a)?;
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;
+    // Before the server starts, with its CPU idle (~20 ms).
+    let predictor = preheat_wake::predictor::measure_on(server_cpu);
 
     let scratch = preheat_launch::launch::scratch_dir("demo")?;
     let dir = scratch.path().to_path_buf();
@@ -561,6 +497,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         syscall_stages,
         outside: outside_why,
         calibration,
+        predictor,
         auto,
         decomposition: decomposition(&samples),
         agent_counters,

@@ -105,6 +105,7 @@ pub mod netns;
 pub mod os;
 pub mod perf;
 pub mod pidlock;
+pub mod predictor;
 pub mod preheat;
 pub mod probe;
 pub mod procstat;

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bench::{BenchArgs, Cell};
 use crate::keep_awake::{MechChoice, Mechanism};
+use crate::predictor::PredictorResult;
 
 /// The cache file in the run directory.
 pub const FILE: &str = "calibration.json";
@@ -141,6 +142,11 @@ pub struct Calibration {
     /// (`wake calibrate --mechs`); empty: all of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limited_to: Vec<String>,
+    /// Whether the sleeper CPU kept its branch-prediction state through a short idle
+    /// ([`crate::predictor`]; `None`: not measured, see `skipped`, or a calibration from
+    /// before it was part of one).
+    #[serde(default)]
+    pub predictor: Option<PredictorResult>,
 }
 
 /// The mechanism of a result's name (`None` for plain idle).
@@ -299,6 +305,10 @@ pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
         .zip(machine_use())
         .and_then(|(b, a)| others_share(&b, &a));
     let results: Vec<MechResult> = report.cells.iter().map(MechResult::from).collect();
+    let mut skipped = report.skipped;
+    let predictor = crate::predictor::measure_on(args.sleeper_cpu)
+        .map_err(|e| skipped.push(format!("branch prediction after idle: {e}")))
+        .ok();
     Ok(Calibration {
         label: "measured".into(),
         machine: MachineKey::current(),
@@ -310,9 +320,10 @@ pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
         waker_cpu: args.waker_cpu,
         best: choose(&results),
         results,
-        skipped: report.skipped,
+        skipped,
         others_cpu_share,
         limited_to,
+        predictor,
     })
 }
 
@@ -399,6 +410,7 @@ mod tests {
             best: Some(Mechanism::DmaLatency),
             others_cpu_share: Some(0.5),
             limited_to: vec![],
+            predictor: None,
         };
         assert!(c.disturbed());
         assert!(c.summary().contains("disturbed"), "{}", c.summary());
@@ -427,6 +439,13 @@ mod tests {
             "{}",
             c.summary()
         );
+        // A calibration cached before the branch-prediction measurement existed still loads.
+        c.machine = MachineKey::current();
+        c.limited_to.clear();
+        let mut v = serde_json::to_value(&c).unwrap();
+        v.as_object_mut().unwrap().remove("predictor");
+        std::fs::write(cache_path(dir.path()), v.to_string()).unwrap();
+        assert_eq!(cached(dir.path()).map(|c| c.predictor), Some(None));
         // Garbage in the cache is no calibration either.
         std::fs::write(cache_path(dir.path()), "{").unwrap();
         assert_eq!(cached(dir.path()), None);

@@ -41,6 +41,7 @@ pub mod daemon;
 pub mod keep_awake;
 pub mod lead;
 pub mod plan;
+pub mod predictor;
 pub mod proto;
 pub mod spinners;
 
@@ -217,6 +218,9 @@ pub fn run(args: WakeArgs) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&c)?);
             } else {
                 println!("{}", c.summary());
+                if let Some(p) = &c.predictor {
+                    println!("{}", p.describe());
+                }
                 for s in &c.skipped {
                     println!("  not measured: {s}");
                 }

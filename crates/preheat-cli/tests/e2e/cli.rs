@@ -511,6 +511,12 @@ mod timing {
             assert!(why.contains("unavailable"), "{why}");
         }
         assert!(v["wake_mechanism"].as_str().is_some_and(|s| !s.is_empty()));
+        // The server CPU's branch prediction through an idle, measured in this run.
+        let bp = &v["predictor"]["Ok"];
+        assert_eq!(bp["n"], 41, "{}", v["predictor"]);
+        for k in ["hot", "after_spin", "after_sleep"] {
+            assert!(bp[k]["p50_us"].as_f64().is_some_and(|x| x > 0.0), "{bp}");
+        }
         if modes.contains(&"hot") {
             let note = v["hot_floor"].as_str().unwrap();
             if calibration["best"].is_null() {
