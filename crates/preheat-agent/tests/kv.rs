@@ -334,6 +334,47 @@ fn replay_sends_warmup_requests() {
     assert_eq!(mc.get("key:2").unwrap(), Some(kv_value(2)));
 }
 
+/// `ConfigureSession`: a connection the caller opened (where a protocol needs a login first)
+/// becomes the port's replay connection; without a descriptor, or with a warm-up it does not
+/// see answered, it is refused, saying why.
+#[test]
+fn a_session_handed_over_is_the_replay_connection() {
+    use std::os::fd::AsRawFd;
+    let srv = start_kv(&[]);
+    let mut mc = Mc::connect(srv.port);
+    assert_eq!(mc.get("key:1").unwrap(), Some(kv_value(1)));
+    let mut agent = srv.agent();
+    assert!(agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > 0).0);
+    let session = |until: &[u8]| Request::ConfigureSession {
+        port: srv.port,
+        request: b"get __preheat_warmup__\r\n".to_vec(),
+        until: until.to_vec(),
+    };
+    let msg = agent.error(&session(b"END\r\n"));
+    assert!(msg.contains("SCM_RIGHTS"), "{msg}");
+    let conn = std::net::TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    match agent.call_with_fd(&session(b"NEVER"), conn.as_raw_fd()) {
+        Reply::Error { message } => assert!(message.contains("not answered"), "{message}"),
+        other => panic!("a warm-up never answered as configured was accepted: {other:?}"),
+    }
+    let conn = std::net::TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    match agent.call_with_fd(&session(b"END\r\n"), conn.as_raw_fd()) {
+        Reply::Ok => {}
+        other => panic!("{other:?}"),
+    }
+    drop(conn); // the agent holds its own duplicate
+    let base = agent.status().busy_periods(srv.port);
+    for i in 0..2 {
+        srv.announce(srv.pid(), Strategies::REPLAY, LEAD_NS, 40 + i);
+        let (ok, st) = agent.wait_status(WAIT, |s| s.preheat.replays == i + 1);
+        assert!(ok, "{:?}", st.preheat);
+        let (ok, st) = agent.wait_status(WAIT, |s| s.busy_periods(srv.port) > base + i);
+        assert!(ok, "{base} -> {}", st.busy_periods(srv.port));
+    }
+    assert_eq!(agent.status().preheat.replay_errors, 0);
+    assert_eq!(mc.get("key:2").unwrap(), Some(kv_value(2)));
+}
+
 #[test]
 fn bad_control_input_is_answered_with_errors() {
     let srv = start_kv(&[]);

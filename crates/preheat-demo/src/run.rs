@@ -217,6 +217,45 @@ fn warm_up_request(w: &servers::Workload) -> (Option<String>, Option<String>) {
         .unzip()
 }
 
+/// Whether the workload speaks MySQL (its warm-up runs on a session opened for the agent).
+fn is_mysql(w: &servers::Workload) -> bool {
+    w.spec
+        .as_ref()
+        .is_some_and(|s| s.protocol == preheat_lab::driver::Protocol::Mysql)
+}
+
+/// A MySQL server's warm-up: a session logged in and with the warm-up's statements prepared
+/// ([`preheat_launch::mysql_session`]), its reply's end learned from one run, handed to the
+/// agent (`ConfigureSession`), which then owns it.
+fn configure_session(
+    agent: &mut AgentClient,
+    w: &servers::Workload,
+    server: &preheat_launch::launch::Server,
+) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let cfg = w
+        .spec
+        .as_ref()
+        .and_then(|s| s.tpcc.clone())
+        .unwrap_or_default();
+    let mut s = preheat_launch::mysql_session::Session::open(
+        server.addr(),
+        &cfg.user,
+        &cfg.database,
+        &preheat_lab::tpcc::WARM_UP,
+    )?;
+    let until = s.learn()?;
+    let request = s.request();
+    let stream = s.into_stream();
+    let req = Request::ConfigureSession {
+        port: server.spec.port,
+        request,
+        until,
+    };
+    agent.call_with_fd(&req, stream.as_raw_fd())?;
+    Ok(()) // our descriptor closes here; the agent holds its duplicate
+}
+
 /// Configure `port`'s warm-up request in the agent. Where the agent cannot open a replay
 /// connection its process serves (e.g. the server closes every connection after its reply),
 /// the replay modes are dropped into `skipped`, saying why; anything else fails the demo.
@@ -238,18 +277,24 @@ fn configure_replay(
         netns: format!("/proc/{}/ns/net", std::process::id()),
         addr: veth.remote.into(),
     });
-    let Err(e) = agent.call(&Request::Configure {
+    let configured = agent.call(&Request::Configure {
         port,
         replay,
         replay_until,
         split_cpus: vec![],
         replay_via,
-    }) else {
-        return Ok(wants_replay);
+    });
+    let configured = match configured {
+        Ok(_) if is_mysql(w) => configure_session(agent, w, server)
+            .map(|()| true)
+            .map_err(|e| e.context("opening the warm-up's MySQL session")),
+        c => c.map(|_| wants_replay),
     };
-    if !wants_replay {
-        return Err(e);
-    }
+    let e = match configured {
+        Ok(replays) => return Ok(replays),
+        Err(e) if !wants_replay && !is_mysql(w) => return Err(e),
+        Err(e) => e,
+    };
     agent.call(&Request::Configure {
         port,
         replay: None,
@@ -389,11 +434,14 @@ fn runnable_modes(
     for m in wanted {
         match m {
             Mode::Hot if !has_hot => {}
-            Mode::Preheat(st) if st.contains(Strategies::REPLAY) && w.raw.is_none() => {
+            Mode::Preheat(st)
+                if st.contains(Strategies::REPLAY) && w.raw.is_none() && !is_mysql(w) =>
+            {
                 skipped.push(Skipped {
                     mode: m.name(),
                     reason: format!(
-                        "replay needs a fixed request the agent can send itself; {server} has none (a MySQL session needs a handshake)"
+                        "replay needs a fixed request the agent can send itself, or a session \
+                         opened for it (MySQL); {server} has neither"
                     ),
                 })
             }

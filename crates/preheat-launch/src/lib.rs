@@ -22,6 +22,7 @@
 
 pub mod agentctl;
 pub mod launch;
+pub mod mysql_session;
 pub mod paths;
 pub mod preflight;
 pub mod progress;

@@ -345,6 +345,18 @@ pub enum Request {
         #[serde(default)]
         replay_via: Option<ReplayVia>,
     },
+    /// The `replay` warm-up of `port` on a connection the caller passes along with this request
+    /// (`SCM_RIGHTS` on the control socket): a session the caller opened where the protocol
+    /// needs one before any request (a MySQL login and prepared statements), `request` the
+    /// warm-up's bytes and `until` the bytes its reply ends with. Checked as
+    /// [`Request::ProbeAdopt`] checks its connection (one exchange; this process's busy periods
+    /// grow); it then is the port's replay connection, never reopened by the agent (it could not
+    /// log in). A later `Configure` of the port replaces it.
+    ConfigureSession {
+        port: u16,
+        request: Vec<u8>,
+        until: Vec<u8>,
+    },
     /// What an `auto` announcement for `port` does (`None`: forget the choice, so `auto` does
     /// [`Strategies::AUTO_UNMEASURED`]); set from a measured choice (`preheat run --auto`).
     SetAuto {
@@ -387,6 +399,7 @@ impl Request {
             Request::LoadProfile { .. } => "load_profile",
             Request::UnloadProfile => "unload_profile",
             Request::Configure { .. } => "configure",
+            Request::ConfigureSession { .. } => "configure_session",
             Request::SetAuto { .. } => "set_auto",
             Request::SetEnabled { .. } => "set_enabled",
             Request::Hold { .. } => "hold",

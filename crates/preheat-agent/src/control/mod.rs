@@ -335,6 +335,11 @@ impl Control {
                 split_cpus,
                 replay_via,
             } => self.configure(port, (replay, replay_until, replay_via), split_cpus),
+            Request::ConfigureSession {
+                port,
+                request,
+                until,
+            } => self.configure_session(port, request, until, fd),
             Request::SetAuto { port, strategies } => {
                 if strategies.is_some_and(|s| s.contains(Strategies::AUTO)) {
                     return Err("set_auto: a choice cannot itself be auto".into());

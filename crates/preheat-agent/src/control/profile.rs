@@ -32,6 +32,8 @@ pub(super) struct PortConfig {
     replay_via: Option<ReplayVia>,
     split_cpus: Vec<u32>,
     par: Option<Arc<ParallelPreheater>>,
+    /// `replay` is a session the caller handed over (`ConfigureSession`): never reopened here.
+    session: bool,
 }
 
 /// How often the control thread looks at a fresh-connection port's warm-ups while none is open
@@ -73,7 +75,7 @@ impl Control {
                 reap_fresh(conn, f);
                 continue;
             }
-            if !conn.broken.load(Ordering::Acquire) {
+            if !conn.broken.load(Ordering::Acquire) || pc.session {
                 continue;
             }
             if !due {
@@ -196,6 +198,7 @@ impl Control {
             ));
         }
         let pc = self.ports.entry(port).or_default();
+        pc.session = false;
         // Split preheater (created here, in the process that uses it).
         if split_cpus != pc.split_cpus {
             pc.par = if split_cpus.is_empty() {
@@ -258,6 +261,39 @@ impl Control {
         }
         self.republish();
         result
+    }
+
+    /// `ConfigureSession`: the connection `fd` the caller passed is `port`'s replay connection,
+    /// once `request` sent on it is answered (ending with `until`) and served by this process.
+    pub(super) fn configure_session(
+        &mut self,
+        port: u16,
+        request: Vec<u8>,
+        until: Vec<u8>,
+        fd: Option<std::os::fd::OwnedFd>,
+    ) -> Result<Reply, String> {
+        let fd = fd.ok_or("configure_session came without a file descriptor (SCM_RIGHTS)")?;
+        if port == 0 || request.is_empty() || until.is_empty() {
+            return Err(
+                "configure_session: a port, a request and its reply's end are needed".into(),
+            );
+        }
+        let st = super::served::adopt_served(fd, port, &request, &until)?;
+        let fd = st.into_raw_fd();
+        fdreg::register_fd(fd);
+        let pc = self.ports.entry(port).or_default();
+        if let Some(old) = pc.replay.take() {
+            old.replace_fd(-1);
+        }
+        pc.replay_via = None;
+        pc.session = true;
+        pc.replay = Some(Arc::new(ReplayConn::new(port, request, until, fd)));
+        log(&format!(
+            "port {port}: replay on a session connection the caller opened ({} bytes per warm-up)",
+            pc.replay.as_ref().map_or(0, |c| c.request.len())
+        ));
+        self.republish();
+        Ok(Reply::Ok)
     }
 
     /// Build a plan from the profile and port configuration and publish it.

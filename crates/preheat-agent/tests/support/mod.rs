@@ -365,6 +365,20 @@ impl AgentClient {
         }
     }
 
+    /// [`AgentClient::call`] passing the descriptor `fd` along (`SCM_RIGHTS`).
+    pub fn call_with_fd(&mut self, req: &Request, fd: std::os::fd::RawFd) -> Reply {
+        use std::os::fd::AsRawFd;
+        let mut l = serde_json::to_string(req).unwrap();
+        l.push('\n');
+        let sock = self.stream.get_ref().as_raw_fd();
+        preheat_engine::fdpass::send_with_fd(sock, l.as_bytes(), fd).unwrap();
+        let mut buf = String::new();
+        let n = self.stream.read_line(&mut buf).unwrap();
+        assert!(n > 0, "agent closed the control connection");
+        serde_json::from_str(buf.trim_end())
+            .unwrap_or_else(|e| panic!("unreadable reply {buf:?}: {e}"))
+    }
+
     pub fn call_raw(&mut self, line: &str) -> Reply {
         let mut l = line.to_string();
         l.push('\n');

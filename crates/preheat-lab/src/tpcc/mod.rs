@@ -86,6 +86,19 @@ pub const NEW_ORDERS_PER_DISTRICT: u32 = 90;
 pub const C_ID: u32 = 259;
 /// Run-time NURand constant C for item ids (0 ≤ C ≤ 8191).
 pub const C_OL_I_ID: u32 = 7911;
+/// The `replay` warm-up's statements (`preheat_launch::mysql_session`): the reads of a
+/// new-order transaction — warehouse, district, customer, item, stock — at fixed keys that
+/// every loaded database has, without `FOR UPDATE`: read-only, so warming up changes nothing
+/// and locks nothing. Each returns one row, so the reply's end is the same every time; the
+/// last has more columns than any before it, so its final packet (whose sequence number
+/// counts the columns) occurs nowhere else in the reply.
+pub const WARM_UP: [&str; 5] = [
+    "SELECT w_tax FROM warehouse WHERE w_id = 1",
+    "SELECT d_tax, d_next_o_id FROM district WHERE d_w_id = 1 AND d_id = 1",
+    "SELECT c_discount, c_last, c_credit FROM customer WHERE c_w_id = 1 AND c_d_id = 1 AND c_id = 1",
+    "SELECT i_price, i_name, i_data FROM item WHERE i_id = 1",
+    "SELECT s_quantity, s_data, s_dist_01, s_ytd FROM stock WHERE s_i_id = 1 AND s_w_id = 1",
+];
 /// Per-statement timeout of a transaction client (as the other drivers' reply timeout).
 pub(super) const TX_TIMEOUT: Duration = Duration::from_secs(10);
 /// The loader's statements are larger.
