@@ -456,6 +456,18 @@ fn by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
         .collect()
 }
 
+/// When the server thread started on `mode`'s request, indexed by round (NaN where unknown).
+fn starts_by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
+    let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
+    let mut v = vec![f64::NAN; rounds];
+    for s in samples.iter().filter(|s| s.mode == mode) {
+        if v[s.round].is_nan() {
+            v[s.round] = s.server_start_us;
+        }
+    }
+    v
+}
+
 /// A preheat mode measured slower than announcing nothing (cold-sweep, per round: the judgement
 /// `auto` chooses by), and a replay mode whose warm-up was still being served at the arrival
 /// (the request's busy period began before it), said as flags.
@@ -484,6 +496,20 @@ fn harm_flags(samples: &[Sample], mode: &str, replays: bool) -> Vec<String> {
                  request waited behind it; a longer lead, or no replay, avoids that",
                 starts.len()
             ));
+        } else {
+            // The warm-up's own busy period ended after the arrival: the request's started
+            // later than with no warm-up at all.
+            let cold = starts_by_round(samples, "cold-sweep");
+            let (g, v) = judge(&cold, &starts_by_round(samples, mode));
+            if v == Verdict::Hurts {
+                flags.push(format!(
+                    "the server thread started on the request {:.0} µs later than without \
+                     preheating (cold-sweep − this mode's start per round {:.1} µs median \
+                     [{:.1}–{:.1}], {} rounds [measured]): the warm-up still held the server at \
+                     the arrival; a lead about that much longer would let it finish first",
+                    -g.p50, g.p50, g.p50_lo, g.p50_hi, g.n
+                ));
+            }
         }
     }
     flags
@@ -613,5 +639,33 @@ mod tests {
         assert!(f[0].contains("this strategy hurts here"), "{}", f[0]);
         assert!(f[1].contains("in 3 of 12 rounds"), "{}", f[1]);
         assert!(harm_flags(&s, "preheat:wake", true).is_empty());
+    }
+
+    /// A warm-up that takes longer than the lead (Node.js at 200 µs: the request started ~400
+    /// µs after its arrival, against ~45 µs cold) is said, with how much longer a lead needs.
+    #[test]
+    fn a_warm_up_longer_than_the_lead_is_said() {
+        let mut s = Vec::new();
+        for r in 0..12 {
+            let jitter = (r % 3) as f64;
+            let mut cold = sample("cold-sweep", r, "request", 460.0 + jitter);
+            cold.server_start_us = 45.0 + jitter;
+            s.push(cold);
+            let mut slow = sample("preheat:replay", r, "request", 470.0 - jitter);
+            slow.server_start_us = 400.0 - jitter;
+            s.push(slow);
+            let mut lines = sample("preheat:lines", r, "request", 380.0 + jitter);
+            lines.server_start_us = 30.0;
+            s.push(lines);
+        }
+        let f = harm_flags(&s, "preheat:replay", true);
+        assert_eq!(f.len(), 2, "{f:?}");
+        assert!(
+            f[1].contains("started on the request 353 µs later"),
+            "{}",
+            f[1]
+        );
+        assert!(f[1].contains("a lead about that much longer"), "{}", f[1]);
+        assert!(harm_flags(&s, "preheat:lines", false).is_empty());
     }
 }
