@@ -440,32 +440,39 @@ fn preheat_columns(
 
 /// Round → latency of `mode` (a round measures each mode once; the first sample counts).
 fn round_map(samples: &[Sample], mode: &str) -> std::collections::BTreeMap<usize, f64> {
+    round_map_of(samples, mode, |s| s.latency_us)
+}
+
+/// Round → `field` of `mode`'s sample (the first of the round).
+fn round_map_of(
+    samples: &[Sample],
+    mode: &str,
+    field: fn(&Sample) -> f64,
+) -> std::collections::BTreeMap<usize, f64> {
     let mut m = std::collections::BTreeMap::new();
     for s in samples.iter().filter(|s| s.mode == mode) {
-        m.entry(s.round).or_insert(s.latency_us);
+        m.entry(s.round).or_insert(field(s));
     }
     m
 }
 
-/// The latencies of `mode`, indexed by round (NaN where a round has none).
-fn by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
+/// `field` of `mode`'s samples, indexed by round (NaN where a round has none).
+fn by_round_of(samples: &[Sample], mode: &str, field: fn(&Sample) -> f64) -> Vec<f64> {
     let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
-    let m = round_map(samples, mode);
+    let m = round_map_of(samples, mode, field);
     (0..rounds)
         .map(|r| m.get(&r).copied().unwrap_or(f64::NAN))
         .collect()
 }
 
-/// When the server thread started on `mode`'s request, indexed by round (NaN where unknown).
+/// The latencies of `mode`, indexed by round.
+fn by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
+    by_round_of(samples, mode, |s| s.latency_us)
+}
+
+/// When the server thread started on `mode`'s request, indexed by round.
 fn starts_by_round(samples: &[Sample], mode: &str) -> Vec<f64> {
-    let rounds = samples.iter().map(|s| s.round + 1).max().unwrap_or(0);
-    let mut v = vec![f64::NAN; rounds];
-    for s in samples.iter().filter(|s| s.mode == mode) {
-        if v[s.round].is_nan() {
-            v[s.round] = s.server_start_us;
-        }
-    }
-    v
+    by_round_of(samples, mode, |s| s.server_start_us)
 }
 
 /// A preheat mode measured slower than announcing nothing (cold-sweep, per round: the judgement

@@ -372,17 +372,17 @@ impl AgentClient {
         l.push('\n');
         let sock = self.stream.get_ref().as_raw_fd();
         preheat_engine::fdpass::send_with_fd(sock, l.as_bytes(), fd).unwrap();
-        let mut buf = String::new();
-        let n = self.stream.read_line(&mut buf).unwrap();
-        assert!(n > 0, "agent closed the control connection");
-        serde_json::from_str(buf.trim_end())
-            .unwrap_or_else(|e| panic!("unreadable reply {buf:?}: {e}"))
+        self.read_reply()
     }
 
     pub fn call_raw(&mut self, line: &str) -> Reply {
         let mut l = line.to_string();
         l.push('\n');
         self.stream.get_mut().write_all(l.as_bytes()).unwrap();
+        self.read_reply()
+    }
+
+    fn read_reply(&mut self) -> Reply {
         let mut buf = String::new();
         let n = self.stream.read_line(&mut buf).unwrap();
         assert!(n > 0, "agent closed the control connection");
