@@ -8,11 +8,31 @@
 //!
 //! Use: [`StepTracer::attach`] a thread that is blocked in its event-wait call, let a request
 //! arrive, [`StepTracer::trace_until_wait`] steps until the thread is about to enter an
-//! event-wait syscall again, then detach (on drop). Requires ptrace permission (root or
-//! `kernel.yama.ptrace_scope` = 0 with the same user).
+//! event-wait syscall again — or, once the request was answered, a futex wait: a pool thread
+//! handed the request (a JVM's executor) parks on a futex between requests — then detach (on
+//! drop). Requires ptrace permission (root or `kernel.yama.ptrace_scope` = 0 with the same
+//! user).
+//!
+//! Signals reach the thread as they would untraced: a signal stop during the trace is passed
+//! on with the next step (a runtime that uses its own signals — the JVM's safepoint polls and
+//! implicit null checks fault on purpose, Go preempts with `SIGURG` — otherwise re-executes the
+//! faulting instruction for ever, or loses the signal).
 
 use std::collections::BTreeSet;
 use std::io;
+
+/// `futex` and `futex_waitv` (x86_64 numbers), and the futex operations that wait.
+const FUTEX: u64 = 202;
+const FUTEX_WAITV: u64 = 449;
+const FUTEX_WAIT: u64 = 0;
+const FUTEX_WAIT_BITSET: u64 = 9;
+const FUTEX_CMD_MASK: u64 = 0x7f;
+
+/// Whether syscall `nr`, with `a1` its second argument (a futex operation), parks the thread.
+fn is_futex_wait(nr: u64, a1: u64) -> bool {
+    nr == FUTEX_WAITV
+        || (nr == FUTEX && matches!(a1 & FUTEX_CMD_MASK, FUTEX_WAIT | FUTEX_WAIT_BITSET))
+}
 
 /// Event-wait syscalls that end a busy period (x86_64 numbers).
 const WAIT_SYSCALLS: [u64; 7] = [
@@ -114,10 +134,12 @@ impl StepTracer {
     }
 
     /// Single-step until the thread is about to execute a `syscall` instruction for an
-    /// event-wait call at a moment when `done()` is true (the caller's signal that the request
-    /// was answered), or `max_steps`. A thread stopped inside a blocking call resumes it on the
-    /// first step: that step returns only when the call does; waits entered before `done()`
-    /// (e.g. the server's own wait after the attach interrupted it) are stepped through.
+    /// event-wait call or a futex wait at a moment when `done()` is true (the caller's signal
+    /// that the request was answered), or `max_steps`. A thread stopped inside a blocking call
+    /// resumes it on the first step: that step returns only when the call does; waits entered
+    /// before `done()` (e.g. the server's own wait after the attach interrupted it, a lock
+    /// taken while serving) are stepped through. A signal that stops the thread meanwhile is
+    /// delivered with the next step.
     pub fn trace_until_wait(
         &mut self,
         max_steps: u64,
@@ -141,12 +163,16 @@ impl StepTracer {
     ) -> io::Result<StepTrace> {
         let mut out = StepTrace::default();
         let mut prev: Option<u64> = None;
+        // A signal the thread stopped with, delivered with the next step.
+        let mut pending: usize = 0;
         for _ in 0..max_steps {
             watch.step_started();
-            // SAFETY: single-step the stopped tracee; no memory passed.
-            if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.tid, 0usize, 0usize) } != 0 {
+            // SAFETY: single-step the stopped tracee, delivering `pending` (0: none, else a
+            // signal number it stopped with); no memory passed.
+            if unsafe { libc::ptrace(libc::PTRACE_SINGLESTEP, self.tid, 0usize, pending) } != 0 {
                 return Err(errno_err("PTRACE_SINGLESTEP"));
             }
+            pending = 0;
             let st = self.wait_stop()?;
             if watch.fired() {
                 return Err(io::Error::new(
@@ -160,6 +186,12 @@ impl StepTracer {
             if libc::WIFEXITED(st) || libc::WIFSIGNALED(st) {
                 self.attached = false;
                 return Err(io::Error::other("the traced thread exited"));
+            }
+            if let Some(sig) = passed_signal(st) {
+                // A signal-delivery stop: nothing executed; the signal goes on with the next
+                // step (its handler, if any, is traced as the thread's own code).
+                pending = sig as usize;
+                continue;
             }
             let regs = self.regs()?;
             let ip = regs.rip;
@@ -177,15 +209,27 @@ impl StepTracer {
                 }
             }
             prev = Some(ip);
-            // About to execute `syscall` (0f 05) with an event-wait number in rax?
+            // About to execute `syscall` (0f 05) for an event wait or a futex wait?
             let word = self.peek(ip)?;
-            if word & 0xffff == 0x050f && WAIT_SYSCALLS.contains(&regs.rax) && done() {
+            let waits = WAIT_SYSCALLS.contains(&regs.rax) || is_futex_wait(regs.rax, regs.rsi);
+            if word & 0xffff == 0x050f && waits && done() {
                 out.reached_wait = true;
                 return Ok(out);
             }
         }
         Ok(out)
     }
+}
+
+/// The signal a wait status reports a signal-delivery stop for, to be passed on: not the
+/// trap of a step, not a group stop or another ptrace event (`status >> 16` set), not the
+/// watchdog's `SIGSTOP`.
+fn passed_signal(status: i32) -> Option<i32> {
+    if !libc::WIFSTOPPED(status) || status >> 16 != 0 {
+        return None;
+    }
+    let sig = libc::WSTOPSIG(status);
+    (sig != libc::SIGTRAP && sig != libc::SIGSTOP).then_some(sig)
 }
 
 /// The longest one single step may take: a step into a blocking call returns when the call does
@@ -263,5 +307,38 @@ impl Drop for StepTracer {
             // SAFETY: detach the (stopped) tracee, letting it run on; no memory passed.
             unsafe { libc::ptrace(libc::PTRACE_DETACH, self.tid, 0usize, 0usize) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn futex_waits_are_told_from_other_futex_calls() {
+        // FUTEX_WAIT and FUTEX_WAIT_BITSET, private or not; futex_waitv.
+        for op in [0, 9, 128, 128 | 9] {
+            assert!(is_futex_wait(FUTEX, op), "{op}");
+        }
+        assert!(is_futex_wait(FUTEX_WAITV, 0));
+        // FUTEX_WAKE (1, private 129) and other calls are not.
+        for op in [1, 129, 5] {
+            assert!(!is_futex_wait(FUTEX, op), "{op}");
+        }
+        assert!(!is_futex_wait(0, 0));
+    }
+
+    #[test]
+    fn only_signal_delivery_stops_are_passed_on() {
+        // Stop statuses: (signal << 8) | 0x7f; ptrace events in the bits above 16.
+        let stop = |sig: i32| (sig << 8) | 0x7f;
+        assert_eq!(passed_signal(stop(libc::SIGSEGV)), Some(libc::SIGSEGV));
+        assert_eq!(passed_signal(stop(libc::SIGURG)), Some(libc::SIGURG));
+        assert_eq!(passed_signal(stop(libc::SIGTRAP)), None);
+        assert_eq!(passed_signal(stop(libc::SIGSTOP)), None);
+        // PTRACE_EVENT_STOP (128) with SIGSTOP: a group stop.
+        assert_eq!(passed_signal(stop(libc::SIGSTOP) | (128 << 16)), None);
+        // Exited (status 0) is no stop.
+        assert_eq!(passed_signal(0), None);
     }
 }
