@@ -1,6 +1,7 @@
 //! The demo's run: the paper's Table 1 in miniature, on a catalog server or any server given by
 //! its command, as a pipeline (`wanted_modes` → `start_server` → `estimate` → `configure_replay`
-//! → `choose_auto` → `measure_rounds` → the table) whose result is the serializable [`Output`] (`output.rs`).
+//! → `choose_auto` → `measure_rounds` → the table) whose result is the serializable [`Output`]
+//! (`output.rs`).
 //!
 //! 1. Start the server pinned to one CPU with the agent attached; the client runs on another.
 //! 2. Record the per-request working set (probe backend by default) and load it into the agent.
