@@ -225,6 +225,12 @@ fn is_mysql(w: &servers::Workload) -> bool {
         .is_some_and(|s| s.protocol == preheat_lab::driver::Protocol::Mysql)
 }
 
+/// Whether the workload has a `replay` warm-up: a fixed request the agent sends itself, or a
+/// MySQL session opened for it.
+fn has_warm_up(w: &servers::Workload) -> bool {
+    w.raw.is_some() || is_mysql(w)
+}
+
 /// A MySQL server's warm-up: a session logged in and with the warm-up's statements prepared
 /// ([`preheat_launch::mysql_session`]), its reply's end learned from one run, handed to the
 /// agent (`ConfigureSession`), which then owns it.
@@ -273,27 +279,28 @@ fn configure_replay(
 ) -> Result<bool> {
     let port = server.spec.port;
     let (replay, replay_until) = warm_up_request(w);
-    let wants_replay = replay.is_some();
+    let wants_replay = has_warm_up(w);
     let replay_via = server.spec.netns.as_ref().map(|veth| ReplayVia {
         netns: format!("/proc/{}/ns/net", std::process::id()),
         addr: veth.remote.into(),
     });
-    let configured = agent.call(&Request::Configure {
-        port,
-        replay,
-        replay_until,
-        split_cpus: vec![],
-        replay_via,
-    });
-    let configured = match configured {
-        Ok(_) if is_mysql(w) => configure_session(agent, w, server)
-            .map(|()| true)
-            .map_err(|e| e.context("opening the warm-up's MySQL session")),
-        c => c.map(|_| wants_replay),
-    };
+    let configured = agent
+        .call(&Request::Configure {
+            port,
+            replay,
+            replay_until,
+            split_cpus: vec![],
+            replay_via,
+        })
+        .and_then(|_| {
+            if !is_mysql(w) {
+                return Ok(());
+            }
+            configure_session(agent, w, server).context("opening the warm-up's MySQL session")
+        });
     let e = match configured {
-        Ok(replays) => return Ok(replays),
-        Err(e) if !wants_replay && !is_mysql(w) => return Err(e),
+        Ok(()) => return Ok(wants_replay),
+        Err(e) if !wants_replay => return Err(e),
         Err(e) => e,
     };
     agent.call(&Request::Configure {
@@ -435,17 +442,14 @@ fn runnable_modes(
     for m in wanted {
         match m {
             Mode::Hot if !has_hot => {}
-            Mode::Preheat(st)
-                if st.contains(Strategies::REPLAY) && w.raw.is_none() && !is_mysql(w) =>
-            {
-                skipped.push(Skipped {
+            Mode::Preheat(st) if st.contains(Strategies::REPLAY) && !has_warm_up(w) => skipped
+                .push(Skipped {
                     mode: m.name(),
                     reason: format!(
                         "replay needs a fixed request the agent can send itself, or a session \
                          opened for it (MySQL); {server} has neither"
                     ),
-                })
-            }
+                }),
             m => modes.push(m),
         }
     }

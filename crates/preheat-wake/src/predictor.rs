@@ -101,19 +101,12 @@ impl PredictorResult {
     }
 }
 
-/// Measure on `cpu` from a thread pinned there (the caller's own affinity is not touched).
+/// Measure on `cpu`: the calling thread pinned there meanwhile, its affinity given back after.
 pub fn measure_on(cpu: usize) -> Result<PredictorResult, String> {
-    std::thread::Builder::new()
-        .name("preheat-bp".into())
-        .spawn(move || {
-            preheat_engine::os::pin_current_thread(cpu)
-                .map_err(|e| format!("cannot run on CPU {cpu}: {e}"))?;
-            let s = predictor::measure(GAP_US, ROUNDS);
-            Ok(PredictorResult::from_samples(&s, cpu))
-        })
-        .map_err(|e| format!("cannot start the measuring thread: {e}"))?
-        .join()
-        .map_err(|_| "the measuring thread panicked".to_string())?
+    preheat_engine::os::on_cpu(cpu, || {
+        PredictorResult::from_samples(&predictor::measure(GAP_US, ROUNDS), cpu)
+    })
+    .map_err(|e| format!("cannot run on CPU {cpu}: {e}"))
 }
 
 #[cfg(test)]

@@ -278,9 +278,7 @@ impl Control {
                 "configure_session: a port, a request and its reply's end are needed".into(),
             );
         }
-        let st = super::served::adopt_served(fd, port, &request, &until)?;
-        let fd = st.into_raw_fd();
-        fdreg::register_fd(fd);
+        let fd = own(super::served::adopt_served(fd, port, &request, &until)?);
         let pc = self.ports.entry(port).or_default();
         if let Some(old) = pc.replay.take() {
             old.replace_fd(-1);
@@ -336,6 +334,13 @@ impl Control {
     }
 }
 
+/// A replay connection's descriptor, registered as the agent's own (the host cannot close it).
+fn own(st: std::net::TcpStream) -> RawFd {
+    let fd = st.into_raw_fd();
+    fdreg::register_fd(fd);
+    fd
+}
+
 /// Where a port's warm-ups go.
 enum ReplayTarget {
     /// A persistent loopback connection this process serves.
@@ -357,11 +362,7 @@ fn connect_replay(
 ) -> Result<ReplayTarget, String> {
     match super::served::connect_served(port, via, request, until) {
         Ok(s) => Ok(match s.stream {
-            Some(st) => {
-                let fd = st.into_raw_fd();
-                fdreg::register_fd(fd);
-                ReplayTarget::Persistent(fd)
-            }
+            Some(st) => ReplayTarget::Persistent(own(st)),
             None => ReplayTarget::Fresh(
                 "the server closes the connection after every reply (HTTP/1.0 or Connection: \
                  close)",
