@@ -8,15 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use preheat_engine::steptrace::StepTracer;
-
-/// Kills the child when the test ends, passed or not.
-struct Kill(std::process::Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use preheat_testsupport::KillOnDrop;
 
 #[test]
 fn signals_pass_and_a_futex_park_ends_the_trace() {
@@ -25,7 +17,7 @@ fn signals_pass_and_a_futex_park_ends_the_trace() {
     let Some(bin) = preheat_testsupport::compile_c(&src, dir.path()) else {
         return; // no C compiler: reported as a skip by compile_c
     };
-    let mut child = Kill(
+    let mut child = KillOnDrop(
         Command::new(&bin)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
