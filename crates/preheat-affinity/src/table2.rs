@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlanError;
 use crate::machine::{Cache, Machine};
-use crate::vectors::{base_vectors, vector_for_level};
+use crate::vectors::{base_vectors, vector_for_level, BaseVectors};
 
 /// The paper's scheduling quanta (§2.1): 2, 10 and 200 ms.
 pub const DEFAULT_QUANTA_MS: [u32; 3] = [2, 10, 200];
@@ -167,6 +167,45 @@ pub fn plan_table2(
     });
     let paper_exact = concurrent.as_ref().is_some_and(|c| c.level.level == 2);
 
+    let columns = columns(&bv, l2_private, &l2_vector);
+    let substitutes = Substitutes::new(main_cpu, l2, &l2_vector, &concurrent, paper_exact);
+    let beyond_l2 = levels.iter().find(|c| c.level > 2).map(|c| c.name());
+
+    let mut rows = vec![Retention::High];
+    if concurrent.is_some() {
+        rows.push(Retention::Low);
+    }
+    let cells = cells(
+        &rows,
+        &columns,
+        &concurrent,
+        &substitutes,
+        beyond_l2.as_deref(),
+        quanta_ms,
+    );
+
+    notes.push(retention_note(
+        machine,
+        main_cpu,
+        l2,
+        l2_private,
+        &l2_vector,
+        &concurrent,
+    ));
+    notes.push(count_note(cells.len(), &columns, &rows, quanta_ms));
+
+    Ok(Table2Plan {
+        retention_level: concurrent.as_ref().map(concurrent_level_name),
+        concurrent_cpu: concurrent.as_ref().map(|c| c.cpu),
+        paper_exact,
+        cells,
+        notes,
+    })
+}
+
+/// The matrix's columns: the paper's three interleaved vectors that the machine has, then the
+/// L2 vector (`low-d-l2`) when L2 is private.
+fn columns(bv: &BaseVectors, l2_private: bool, l2_vector: &Option<String>) -> Vec<Column> {
     let mut columns: Vec<Column> = [
         ("BV_L1D", Affinity::LowD),
         ("BV_L1I", Affinity::LowI),
@@ -180,57 +219,86 @@ pub fn plan_table2(
     })
     .collect();
     if l2_private {
-        if let Some(v) = &l2_vector {
+        if let Some(v) = l2_vector {
             columns.push(Column {
                 vector: v.clone(),
                 affinity: Affinity::LowDL2,
             });
         }
     }
+    columns
+}
 
-    // Texts shared by many cells.
-    let retention_substitute = concurrent.as_ref().filter(|_| !paper_exact).map(|c| {
-        let why = match l2 {
-            Some(_) => format!("no CPU shares L2 with CPU {main_cpu} (private)"),
-            None => format!("CPU {main_cpu} lists no L2"),
-        };
-        format!(
-            "{why}; low retention is made at {}, shared with CPU {}: {} runs concurrently there",
-            concurrent_level_name(c),
-            c.cpu,
-            c.vector
-        )
-    });
-    let l2_substitute = l2_vector.as_ref().map(|v| {
-        format!(
-            "L2 is private here: {v} interleaved on the same CPU displaces it, so the workload \
-             reloads from beyond L2 (the paper's intent for low L2 retention)"
-        )
-    });
-    let beyond_l2 = levels.iter().find(|c| c.level > 2).map(|c| c.name());
+/// The `substitute` texts shared by many cells.
+struct Substitutes {
+    /// Low retention made at a level other than L2 (`None` when it is the paper's, or absent).
+    retention: Option<String>,
+    /// The `low-d-l2` cells' stand-in for low L2 retention (`None` without an L2 vector).
+    l2: Option<String>,
+}
 
-    let mut rows = vec![Retention::High];
-    if concurrent.is_some() {
-        rows.push(Retention::Low);
+impl Substitutes {
+    /// The texts for this machine's retention level and L2 vector.
+    fn new(
+        main_cpu: u32,
+        l2: Option<&Cache>,
+        l2_vector: &Option<String>,
+        concurrent: &Option<Concurrent<'_>>,
+        paper_exact: bool,
+    ) -> Self {
+        let retention = concurrent.as_ref().filter(|_| !paper_exact).map(|c| {
+            let why = match l2 {
+                Some(_) => format!("no CPU shares L2 with CPU {main_cpu} (private)"),
+                None => format!("CPU {main_cpu} lists no L2"),
+            };
+            format!(
+                "{why}; low retention is made at {}, shared with CPU {}: {} runs concurrently there",
+                concurrent_level_name(c),
+                c.cpu,
+                c.vector
+            )
+        });
+        let l2 = l2_vector.as_ref().map(|v| {
+            format!(
+                "L2 is private here: {v} interleaved on the same CPU displaces it, so the workload \
+                 reloads from beyond L2 (the paper's intent for low L2 retention)"
+            )
+        });
+        Substitutes { retention, l2 }
     }
+
+    /// The `substitute` of the cells in column `affinity` and row `retention`.
+    fn for_cell(&self, affinity: Affinity, retention: Retention) -> Option<String> {
+        match (affinity, retention) {
+            (Affinity::LowDL2, Retention::High) => self.l2.clone(),
+            (Affinity::LowDL2, Retention::Low) => match (&self.l2, &self.retention) {
+                (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                (a, b) => a.clone().or_else(|| b.clone()),
+            },
+            (_, Retention::Low) => self.retention.clone(),
+            (_, Retention::High) => None,
+        }
+    }
+}
+
+/// The cells: row × column × quantum, in that order.
+fn cells(
+    rows: &[Retention],
+    columns: &[Column],
+    concurrent: &Option<Concurrent<'_>>,
+    substitutes: &Substitutes,
+    beyond_l2: Option<&str>,
+    quanta_ms: &[u32],
+) -> Vec<Cell> {
     let mut cells = Vec::new();
-    for &retention in &rows {
-        for col in &columns {
-            let (conc, conc_cpu) = match (retention, &concurrent) {
+    for &retention in rows {
+        for col in columns {
+            let (conc, conc_cpu) = match (retention, concurrent) {
                 (Retention::Low, Some(c)) => (Some(c.vector.clone()), Some(c.cpu)),
                 _ => (None, None),
             };
-            let paper_cell = paper_cell(retention, col, &concurrent, beyond_l2.as_deref());
-            let substitute = match (col.affinity, retention) {
-                (Affinity::LowDL2, Retention::High) => l2_substitute.clone(),
-                (Affinity::LowDL2, Retention::Low) => match (&l2_substitute, &retention_substitute)
-                {
-                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-                    (a, b) => a.clone().or_else(|| b.clone()),
-                },
-                (_, Retention::Low) => retention_substitute.clone(),
-                (_, Retention::High) => None,
-            };
+            let paper_cell = paper_cell(retention, col, concurrent, beyond_l2);
+            let substitute = substitutes.for_cell(col.affinity, retention);
             for &q in quanta_ms {
                 cells.push(Cell {
                     id: format!("{}.{}.q{q}", col.vector, retention.as_str()),
@@ -246,18 +314,14 @@ pub fn plan_table2(
             }
         }
     }
+    cells
+}
 
-    notes.push(retention_note(
-        machine,
-        main_cpu,
-        l2,
-        l2_private,
-        &l2_vector,
-        &concurrent,
-    ));
-    notes.push(format!(
+/// The note counting the cells: columns × rows × quanta.
+fn count_note(n_cells: usize, columns: &[Column], rows: &[Retention], quanta_ms: &[u32]) -> String {
+    format!(
         "{} cells: {} interleaved vector{} ({}) × {} retention row{} × {} quant{} ({} ms)",
-        cells.len(),
+        n_cells,
         columns.len(),
         if columns.len() == 1 { "" } else { "s" },
         columns
@@ -274,15 +338,7 @@ pub fn plan_table2(
             .map(|q| q.to_string())
             .collect::<Vec<_>>()
             .join(", "),
-    ));
-
-    Ok(Table2Plan {
-        retention_level: concurrent.as_ref().map(concurrent_level_name),
-        concurrent_cpu: concurrent.as_ref().map(|c| c.cpu),
-        paper_exact,
-        cells,
-        notes,
-    })
+    )
 }
 
 fn concurrent_level_name(c: &Concurrent<'_>) -> String {

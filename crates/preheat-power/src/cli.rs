@@ -307,6 +307,17 @@ fn quiesce_bench(a: QuiesceBenchArgs, stop: &Arc<AtomicBool>) -> anyhow::Result<
 
 /// Human-readable bench report.
 pub fn print_bench(r: &BenchReport) {
+    print_bench_setup(r);
+    println!();
+    print_bench_table(r);
+    println!();
+    print_bench_modes(r);
+    println!();
+    print_bench_labels(r);
+}
+
+/// The experiment, whether quiescence is available (and where), and the request and machine.
+fn print_bench_setup(r: &BenchReport) {
     let c = &r.config;
     println!("{}", r.experiment);
     match (&r.quiescence.available, &r.quiescence.reason) {
@@ -351,7 +362,10 @@ pub fn print_bench(r: &BenchReport) {
         r.cpus,
         r.idle_states
     );
-    println!();
+}
+
+/// The table: one line per mode with its latency, residency, CPU times and energy per request.
+fn print_bench_table(r: &BenchReport) {
     println!(
         "  {:<20} {:>6} {:>28} {:>9} {:>7} {:>8} {:>8} {:>24}",
         "mode",
@@ -385,7 +399,10 @@ pub fn print_bench(r: &BenchReport) {
             energy
         );
     }
-    println!();
+}
+
+/// Each mode in words: its average power, the background's energy cost, the freezer's timing.
+fn print_bench_modes(r: &BenchReport) {
     for m in &r.modes {
         let power = m.energy.as_ref().map_or_else(
             || "modeled energy unavailable".to_string(),
@@ -423,7 +440,11 @@ pub fn print_bench(r: &BenchReport) {
             );
         }
     }
-    println!();
+}
+
+/// What is measured, emulated and modeled, then the report's notes.
+fn print_bench_labels(r: &BenchReport) {
+    let c = &r.config;
     println!(
         "  labels: latency, residency shares and CPU times measured; I/O wait {}; energy modeled \
          (profile {}, co-activity independent, bounds = max/min overlap)",

@@ -44,23 +44,32 @@ fn seconds(ns: i64) -> String {
 /// The Prometheus text exposition of `s` and the agents' counters.
 pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
     let mut o = String::with_capacity(4096);
+    render_announcements(&mut o, s);
+    render_daemon(&mut o, s);
+    render_lead(&mut o, s);
+    render_agents(&mut o, agents);
+    o
+}
+
+/// The announcement gate's families: received, accepted and dropped (by reason).
+fn render_announcements(o: &mut String, s: &StatsSnapshot) {
     let g = &s.gate;
     family(
-        &mut o,
+        o,
         "preheatd_announcements_received_total",
         "counter",
         "Datagrams received on the announcement socket, before any check.",
     );
     let _ = writeln!(o, "preheatd_announcements_received_total {}", g.received);
     family(
-        &mut o,
+        o,
         "preheatd_announcements_accepted_total",
         "counter",
         "Announcements that passed the gate (authenticated, fresh, not replayed, within the rate).",
     );
     let _ = writeln!(o, "preheatd_announcements_accepted_total {}", g.accepted);
     family(
-        &mut o,
+        o,
         "preheatd_announcements_dropped_total",
         "counter",
         "Announcements dropped, by reason: malformed, bad_mac (authentication failed), replayed, \
@@ -81,15 +90,19 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
             "preheatd_announcements_dropped_total{{reason=\"{reason}\"}} {v}"
         );
     }
+}
+
+/// The dispatcher's and the registry's families: dispatched, send errors, agents, ports, scans.
+fn render_daemon(o: &mut String, s: &StatsSnapshot) {
     family(
-        &mut o,
+        o,
         "preheatd_dispatched_total",
         "counter",
         "Announcements sent to at least one local agent's trigger socket.",
     );
     let _ = writeln!(o, "preheatd_dispatched_total {}", s.dispatched);
     family(
-        &mut o,
+        o,
         "preheatd_send_errors_total",
         "counter",
         "Trigger datagrams that could not be sent (one per agent and announcement: agent gone, \
@@ -97,28 +110,32 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
     );
     let _ = writeln!(o, "preheatd_send_errors_total {}", s.send_errors);
     family(
-        &mut o,
+        o,
         "preheatd_agents",
         "gauge",
         "Local agents in the registry.",
     );
     let _ = writeln!(o, "preheatd_agents {}", s.agents);
     family(
-        &mut o,
+        o,
         "preheatd_ports",
         "gauge",
         "Ports served by at least one registered agent.",
     );
     let _ = writeln!(o, "preheatd_ports {}", s.ports);
     family(
-        &mut o,
+        o,
         "preheatd_registry_scans_total",
         "counter",
         "Scans of the run directory for agents.",
     );
     let _ = writeln!(o, "preheatd_registry_scans_total {}", s.scans);
+}
+
+/// The lead histogram of accepted announcements (cumulative buckets, sum, count).
+fn render_lead(o: &mut String, s: &StatsSnapshot) {
     family(
-        &mut o,
+        o,
         "preheatd_lead_seconds",
         "histogram",
         "Lead of accepted announcements when received: announced arrival minus receipt time \
@@ -131,9 +148,12 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
     }
     let _ = writeln!(o, "preheatd_lead_seconds_sum {}", seconds(s.lead.sum_ns));
     let _ = writeln!(o, "preheatd_lead_seconds_count {}", s.lead.count);
+}
 
+/// The per-agent families: whether each agent answered, then its counters (answering ones only).
+fn render_agents(o: &mut String, agents: &[AgentSample]) {
     family(
-        &mut o,
+        o,
         "preheat_agent_up",
         "gauge",
         "1 if the registered agent answered Status at this scrape, else 0.",
@@ -180,14 +200,13 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
         ),
     ];
     for (name, help, f) in per_agent {
-        family(&mut o, name, "counter", help);
+        family(o, name, "counter", help);
         for a in agents {
             if let Some(st) = &a.status {
                 let _ = writeln!(o, "{name}{{pid=\"{}\"}} {}", a.pid, f(st));
             }
         }
     }
-    o
 }
 
 /// What the `/metrics` endpoint needs.

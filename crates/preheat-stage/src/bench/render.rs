@@ -15,17 +15,42 @@ fn fmt_q(q: &Quantile) -> String {
     format!("{} ({lo}–{hi})", v(q.value_us))
 }
 
+/// The table's rows: a name, then one cell per mode.
+type Rows = Vec<(String, Vec<String>)>;
+
 impl BenchReport {
     /// Human-readable report: one column per mode.
     pub fn render(&self) -> String {
-        let mut rows: Vec<(String, Vec<String>)> = Vec::new();
-        let mut row = |name: &str, f: &dyn Fn(&ModeReport) -> String| {
-            rows.push((name.to_string(), self.modes.iter().map(f).collect()));
-        };
-        row("requests sent / answered", &|m| {
+        let mut rows: Rows = Vec::new();
+        self.latency_rows(&mut rows);
+        self.cost_rows(&mut rows);
+        self.per_cpu_rows(&mut rows);
+        let mut out = self.header();
+        out.push_str(&self.table(&rows));
+        out.push_str(&self.samples_line());
+        out.push_str(&self.per_window());
+        for m in &self.modes {
+            if let Some(u) = &m.residency_unavailable {
+                out.push_str(&format!("{}: {u}\n", m.mode));
+            }
+        }
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        out
+    }
+
+    /// Appends the row `name`, its cell for each mode made by `f`.
+    fn row(&self, rows: &mut Rows, name: &str, f: &dyn Fn(&ModeReport) -> String) {
+        rows.push((name.to_string(), self.modes.iter().map(f).collect()));
+    }
+
+    /// The load and latency rows: requests, rate, latency quantiles, over the bound, errors.
+    fn latency_rows(&self, rows: &mut Rows) {
+        self.row(rows, "requests sent / answered", &|m| {
             format!("{} / {}", m.sent, m.completed)
         });
-        row("achieved rate /s", &|m| {
+        self.row(rows, "achieved rate /s", &|m| {
             format!("{:.1}", m.achieved_rate_per_s)
         });
         let lat = |m: &ModeReport, q: &Quantile| {
@@ -35,17 +60,17 @@ impl BenchReport {
                 fmt_q(q)
             }
         };
-        row("latency p50 (95% CI)", &|m| lat(m, &m.latency.p50));
-        row("latency p99 (95% CI)", &|m| lat(m, &m.latency.p99));
-        row("latency p99.9 (95% CI)", &|m| lat(m, &m.latency.p999));
-        row("latency max", &|m| {
+        self.row(rows, "latency p50 (95% CI)", &|m| lat(m, &m.latency.p50));
+        self.row(rows, "latency p99 (95% CI)", &|m| lat(m, &m.latency.p99));
+        self.row(rows, "latency p99.9 (95% CI)", &|m| lat(m, &m.latency.p999));
+        self.row(rows, "latency max", &|m| {
             if m.latency.samples == 0 {
                 "–".to_string()
             } else {
                 format!("{:.1} ms", m.latency.max_us as f64 / 1e3)
             }
         });
-        row("over the bound", &|m| {
+        self.row(rows, "over the bound", &|m| {
             format!(
                 "{} of {} ({:.2}%)",
                 m.over_bound.count,
@@ -53,14 +78,18 @@ impl BenchReport {
                 100.0 * m.over_bound.share
             )
         });
-        row("errors / mismatched / unanswered", &|m| {
+        self.row(rows, "errors / mismatched / unanswered", &|m| {
             format!("{} / {} / {}", m.errors, m.mismatched, m.unanswered)
         });
-        row("bursts (early)", &|m| match &m.stage {
+    }
+
+    /// The stage and cost rows: bursts, time held, deep idle, backend wakeups, CPU time.
+    fn cost_rows(&self, rows: &mut Rows) {
+        self.row(rows, "bursts (early)", &|m| match &m.stage {
             Some(s) => format!("{} ({}), {:.2}/s", s.bursts, s.bursts_early, s.bursts_per_s),
             None => "–".into(),
         });
-        row("held in stage mean / max", &|m| match &m.stage {
+        self.row(rows, "held in stage mean / max", &|m| match &m.stage {
             Some(s) => format!(
                 "{:.1} / {:.1} ms",
                 s.held_mean_us / 1e3,
@@ -68,22 +97,38 @@ impl BenchReport {
             ),
             None => "–".into(),
         });
-        row("deep idle (mean over CPUs)", &|m| match &m.residency {
-            Some(r) => format!("{:.1}%", 100.0 * r.deep_idle_share.value),
-            None => "unavailable".into(),
-        });
-        row("backend wakeups/s", &|m| match m.backend_wakeups_per_s {
-            Some(w) => format!("{w:.1}"),
-            None => "–".into(),
-        });
-        row("CPU time: ours / other processes", &|m| match &m.cpu_use {
-            Some(u) => format!(
-                "{:.1}% / {:.1}%",
-                100.0 * u.own_share,
-                100.0 * u.others_share
-            ),
-            None => "–".into(),
-        });
+        self.row(
+            rows,
+            "deep idle (mean over CPUs)",
+            &|m| match &m.residency {
+                Some(r) => format!("{:.1}%", 100.0 * r.deep_idle_share.value),
+                None => "unavailable".into(),
+            },
+        );
+        self.row(
+            rows,
+            "backend wakeups/s",
+            &|m| match m.backend_wakeups_per_s {
+                Some(w) => format!("{w:.1}"),
+                None => "–".into(),
+            },
+        );
+        self.row(
+            rows,
+            "CPU time: ours / other processes",
+            &|m| match &m.cpu_use {
+                Some(u) => format!(
+                    "{:.1}% / {:.1}%",
+                    100.0 * u.own_share,
+                    100.0 * u.others_share
+                ),
+                None => "–".into(),
+            },
+        );
+    }
+
+    /// One row per CPU of the first mode with residency: its deep idle and wakeups/s.
+    fn per_cpu_rows(&self, rows: &mut Rows) {
         let cpus: Vec<u32> = self
             .modes
             .iter()
@@ -91,7 +136,7 @@ impl BenchReport {
             .map(|r| r.per_cpu.iter().map(|c| c.cpu).collect())
             .unwrap_or_default();
         for cpu in cpus {
-            row(&format!("cpu{cpu} deep idle / wakeups/s"), &|m| {
+            self.row(rows, &format!("cpu{cpu} deep idle / wakeups/s"), &|m| {
                 m.residency
                     .as_ref()
                     .and_then(|r| r.per_cpu.iter().find(|c| c.cpu == cpu))
@@ -104,15 +149,11 @@ impl BenchReport {
                     })
             });
         }
-        let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0) + 2;
-        let colw = rows
-            .iter()
-            .flat_map(|r| r.1.iter().map(|c| c.chars().count()))
-            .max()
-            .unwrap_or(0)
-            .max(8)
-            + 3;
-        let mut out = format!(
+    }
+
+    /// The report's first lines: the load, the backend, the placement, then a blank line.
+    fn header(&self) -> String {
+        format!(
             "preheat stage bench: {} open-loop Poisson at {}/s, {} s × {} round(s), {} connection(s), period {} ms, bound {} ms\nbackend: {}\nplacement: {}\n\n",
             self.protocol,
             self.rate_per_s,
@@ -123,21 +164,38 @@ impl BenchReport {
             self.bound_ms,
             self.backend,
             self.placement
-        );
+        )
+    }
+
+    /// The table: a line of mode names, then `rows`, padded into columns.
+    fn table(&self, rows: &Rows) -> String {
+        let width = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0) + 2;
+        let colw = rows
+            .iter()
+            .flat_map(|r| r.1.iter().map(|c| c.chars().count()))
+            .max()
+            .unwrap_or(0)
+            .max(8)
+            + 3;
         let pad =
             |s: &str, w: usize| format!("{s}{}", " ".repeat(w.saturating_sub(s.chars().count())));
-        out.push_str(&pad("", width));
+        let mut out = pad("", width);
         for m in &self.modes {
             out.push_str(&pad(m.mode, colw));
         }
         out.push('\n');
-        for (name, cells) in &rows {
+        for (name, cells) in rows {
             out.push_str(&pad(name, width));
             for c in cells {
                 out.push_str(&pad(c, colw));
             }
             out.push('\n');
         }
+        out
+    }
+
+    /// The paragraph saying what was measured, with each mode's sample counts.
+    fn samples_line(&self) -> String {
         let n: Vec<String> = self
             .modes
             .iter()
@@ -151,11 +209,15 @@ impl BenchReport {
                 )
             })
             .collect();
-        out.push_str(&format!(
+        format!(
             "\nAll numbers measured here ({}). Latency from the intended send time to the full response; POLL residency counted as busy.\n",
             n.join("; ")
-        ));
-        out.push_str("\nper window (round: p99.9; deep idle per CPU; wakeups/s per CPU; backend wakeups/s; CPU used by other processes):\n");
+        )
+    }
+
+    /// The per-window section: one line per mode and round.
+    fn per_window(&self) -> String {
+        let mut out = String::from("\nper window (round: p99.9; deep idle per CPU; wakeups/s per CPU; backend wakeups/s; CPU used by other processes):\n");
         for m in &self.modes {
             for r in &m.per_round {
                 let per_cpu = r.residency.iter().flat_map(|x| &x.per_cpu);
@@ -181,14 +243,6 @@ impl BenchReport {
                         .map_or("–".to_string(), |o| format!("{:.1}%", 100.0 * o)),
                 ));
             }
-        }
-        for m in &self.modes {
-            if let Some(u) = &m.residency_unavailable {
-                out.push_str(&format!("{}: {u}\n", m.mode));
-            }
-        }
-        for note in &self.notes {
-            out.push_str(&format!("note: {note}\n"));
         }
         out
     }
