@@ -234,6 +234,14 @@ struct RecordArgs {
     /// Keep lines that also appear without a request (default: subtract them).
     #[arg(long)]
     keep_noise: bool,
+    /// Requests sent before the first sample, on every backend: lazy initialisation settles.
+    /// A runtime with a JIT (the JVM, Node.js) runs other code after thousands of requests than
+    /// after a few; the probe's calibration and pilot send hundreds anyway, the exact backends
+    /// (`trace`, `step`) only these. To score a probe recording of such a server against
+    /// `trace`, warm the traced one about as far (the probe's recording prints how many
+    /// requests it sent).
+    #[arg(long, default_value_t = preheat_estimate::params::DEFAULT_WARM_UP, value_name = "N")]
+    warm_up: u32,
     /// Probe every STRIDE-th line per pass, keeping the others cached, so lines the hardware
     /// prefetchers pull in next to a demand miss are not counted (1: plain flush+reload).
     /// Default: with --window-pages, 2; without either, the layout is chosen by a short pilot

@@ -140,6 +140,9 @@ fn record_lines(o: &Output) -> Vec<String> {
         for note in r.redo_notes() {
             w!("  {note}");
         }
+        if let Some(note) = r.chance_note().filter(|n| n.starts_with("WARNING")) {
+            w!("  [modeled] {note}");
+        }
     }
     out.lines().map(String::from).collect()
 }

@@ -62,9 +62,7 @@ pub fn record_trace(
         preheat_launch::servers::prepare(plan, addr)?;
     }
     let mut client = w.connect(addr)?;
-    for _ in 0..8 {
-        client.request_ok()?;
-    }
+    crate::serving::warm_up(p, || client.request_ok().map(drop), progress)?;
     std::thread::sleep(Duration::from_millis(300));
     ts.read_new_periods()?;
     let pid = ts.pid();
@@ -77,6 +75,8 @@ pub fn record_trace(
     let mut stats = RecordStats {
         backend: "trace".into(),
         samples: p.filter.n,
+        // The warm-up requests are sent first (below, or before these statistics).
+        requests_sent: u64::from(p.warm_up),
         ..Default::default()
     };
     let mut samples = Vec::new();
@@ -130,9 +130,11 @@ pub fn record_step(
         c.request(&raw.request, &raw.until)?;
         Ok(c)
     })?;
-    for _ in 0..8 {
-        client.request(&raw.request, &raw.until)?;
-    }
+    crate::serving::warm_up(
+        p,
+        || client.request(&raw.request, &raw.until).map(drop),
+        progress,
+    )?;
     std::thread::sleep(Duration::from_millis(20));
     let tid = match agent.call(&Request::Status)? {
         Reply::Status { ports, .. } => ports
@@ -159,40 +161,16 @@ pub fn record_step(
     let mut stats = RecordStats {
         backend: "step".into(),
         samples: p.filter.n,
+        // The warm-up requests are sent first (below, or before these statistics).
+        requests_sent: u64::from(p.warm_up),
         ..Default::default()
     };
     let mut samples = Vec::new();
     for _ in 0..p.filter.n {
-        let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
-            format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
-        })?;
-        let req = raw.request.clone();
-        let until = raw.until.clone();
-        let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let answered2 = answered.clone();
-        // The request goes on the persistent connection (as the probe's own request does).
-        let mut c = std::mem::replace(&mut client, Client::connect(server.addr())?);
-        let sender = std::thread::spawn(move || -> Result<Client> {
-            std::thread::sleep(Duration::from_millis(5));
-            let sent = c.request(&req, &until).map(|_| ());
-            // Also on failure (e.g. the reply timed out while the server was single-stepped):
-            // the tracer then stops at the server's next wait instead of stepping into an
-            // event wait no request will end (seen: a recording hung in waitpid).
-            answered2.store(true, std::sync::atomic::Ordering::SeqCst);
-            sent.map(|_| c)
-        });
-        let trace = tracer.trace_until_wait(2_000_000, &|| {
-            answered.load(std::sync::atomic::Ordering::SeqCst)
-        })?;
-        drop(tracer);
-        client = sender
-            .join()
-            .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
-        if !trace.reached_wait {
-            bail!("the traced request did not finish within 2M instructions");
-        }
+        let (c, lines) = step_one(tid, client, &raw.request, &raw.until)?;
+        client = c;
         stats.requests_sent += 1;
-        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
+        let (set, unmapped) = table.relative_lines(lines.iter().copied());
         stats.unmapped_hits += unmapped;
         stats.lines_per_sample.push(set.len() as u64);
         samples.push(set);
@@ -212,4 +190,39 @@ pub fn record_step(
         ),
         stats,
     })
+}
+
+/// Single-steps thread `tid` through one request sent on `client` (from another thread, so
+/// the traced thread can be stopped meanwhile); returns the connection, to be used again, and
+/// the code addresses the thread executed until its next wait.
+fn step_one(tid: u32, client: Client, request: &[u8], until: &[u8]) -> Result<(Client, std::collections::BTreeSet<u64>)> {
+    let mut tracer = preheat_engine::steptrace::StepTracer::attach(tid).with_context(|| {
+        format!("attaching ptrace to thread {tid} (needs root or ptrace_scope 0)")
+    })?;
+    let req = request.to_vec();
+    let until = until.to_vec();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered2 = answered.clone();
+    // The request goes on the persistent connection (as the probe's own request does).
+    let mut c = client;
+    let sender = std::thread::spawn(move || -> Result<Client> {
+        std::thread::sleep(Duration::from_millis(5));
+        let sent = c.request(&req, &until).map(|_| ());
+        // Also on failure (e.g. the reply timed out while the server was single-stepped):
+        // the tracer then stops at the server's next wait instead of stepping into an
+        // event wait no request will end (seen: a recording hung in waitpid).
+        answered2.store(true, std::sync::atomic::Ordering::SeqCst);
+        sent.map(|_| c)
+    });
+    let trace = tracer.trace_until_wait(2_000_000, &|| {
+        answered.load(std::sync::atomic::Ordering::SeqCst)
+    })?;
+    drop(tracer);
+    let client = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("request thread panicked"))??;
+    if !trace.reached_wait {
+        bail!("the traced request did not finish within 2M instructions");
+    }
+    Ok((client, trace.lines))
 }

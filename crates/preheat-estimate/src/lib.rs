@@ -11,7 +11,8 @@
 //! * [`record`] – the `probe` backend (flush and reload through the agent);
 //! * [`exact`] – the `trace` and `step` backends, the probe's ground truth;
 //! * [`hybrid`] – step's code lines and the probe's data lines, merged;
-//! * [`session`] – one estimation from start to profile (`preheat record`).
+//! * [`session`] – one estimation from start to profile (`preheat record`);
+//! * [`report`] – what `preheat record` prints about a recording.
 //!
 //! Progress goes through [`preheat_launch::progress::Progress`]; nothing here draws.
 
@@ -22,6 +23,7 @@ pub mod layout;
 pub mod params;
 pub mod profile;
 pub mod record;
+pub mod report;
 pub mod serving;
 pub mod session;
 pub mod show;

@@ -35,8 +35,16 @@ pub struct RecordParams {
     /// The probe layout (stride and window, see [`crate::layout`]); `None`: chosen by a pilot
     /// on the server's memory.
     pub layout: Option<Layout>,
+    /// Requests sent before any sample (every backend): the server's lazy initialisation
+    /// settles, and a runtime with a JIT (the JVM, V8) reaches the code it runs in its steady
+    /// state only after thousands of requests, which the probe's calibration and pilot send
+    /// anyway but the exact backends would not (see `--warm-up`).
+    pub warm_up: u32,
     pub quiet: bool,
 }
+
+/// [`RecordParams::warm_up`]'s default: enough for a server without a JIT.
+pub const DEFAULT_WARM_UP: u32 = 8;
 
 impl Default for RecordParams {
     fn default() -> Self {
@@ -46,6 +54,7 @@ impl Default for RecordParams {
             subtract_noise: true,
             noise_k: 2,
             layout: None,
+            warm_up: DEFAULT_WARM_UP,
             quiet: false,
         }
     }
@@ -79,6 +88,11 @@ pub struct RecordStats {
     pub unreliable: bool,
     /// The noise vote used: lines in at least this many request-less samples were removed.
     pub noise_k: u32,
+    /// Lines the vote kept, and how many of them it would keep although no request touches
+    /// them (modeled from each line's rate in the request-less samples:
+    /// [`preheat_model::chance_kept`]); `None` without request-less samples.
+    pub kept_lines: u64,
+    pub chance_kept: Option<f64>,
     /// Threshold calibrations the agent was asked for (more than one: an earlier one did not
     /// separate hits from misses).
     pub calibrations: u32,
@@ -113,7 +127,40 @@ pub struct RecordStats {
     pub probe_reconnects: u64,
 }
 
+/// A recording of which more than this share of the kept lines would be kept by chance
+/// ([`RecordStats::chance_kept`]) is called unreliable.
+pub const CHANCE_UNRELIABLE: f64 = 0.5;
+
 impl RecordStats {
+    /// The modeled share of the kept lines kept by chance.
+    pub fn chance_share(&self) -> Option<f64> {
+        let kept = self.kept_lines.max(1) as f64;
+        self.chance_kept.map(|c| (c / kept).min(1.0))
+    }
+
+    /// How many kept lines the vote would keep by chance (modeled), one sentence; a warning
+    /// where that is more than [`CHANCE_UNRELIABLE`] of them. `None` without request-less
+    /// samples.
+    pub fn chance_note(&self) -> Option<String> {
+        let (chance, share) = (self.chance_kept?, self.chance_share()?);
+        let mut s = format!(
+            "of the {} lines kept, about {chance:.0} ({:.0}%) would pass the vote by chance, at \
+             the rates the {} request-less samples saw them (not counted: false hits that come \
+             with the request's own lines, such as code fetched but not run)",
+            self.kept_lines,
+            100.0 * share,
+            self.lines_per_noise_sample.len()
+        );
+        if share > CHANCE_UNRELIABLE {
+            s = format!(
+                "WARNING: {s}: this estimate is mostly the server's other activity, not the \
+                 request's lines (`preheat ws compare` against a `--backend trace` recording \
+                 measures it)"
+            );
+        }
+        Some(s)
+    }
+
     /// What the probe had to take again, and a warning where its estimate stays unreliable:
     /// one sentence each, for `record` and the demo.
     pub fn redo_notes(&self) -> Vec<String> {
@@ -221,5 +268,34 @@ mod redo_tests {
         let n = st.redo_notes();
         assert_eq!(n.len(), 1, "{n:?}");
         assert!(n[0].contains("(none of 24 connections)") && n[0].contains("handed to the agent"));
+    }
+
+    #[test]
+    fn the_chance_note_warns_only_above_half() {
+        let mut st = RecordStats {
+            kept_lines: 400,
+            chance_kept: Some(120.0),
+            lines_per_noise_sample: vec![1; 8],
+            ..Default::default()
+        };
+        let note = st.chance_note().unwrap();
+        assert!(
+            note.starts_with("of the 400 lines kept, about 120 (30%)"),
+            "{note}"
+        );
+        assert!(note.contains("8 request-less samples"), "{note}");
+        st.chance_kept = Some(312.0);
+        let note = st.chance_note().unwrap();
+        assert!(
+            note.starts_with("WARNING: of the 400 lines kept, about 312 (78%)"),
+            "{note}"
+        );
+        assert!(note.contains("--backend trace"), "{note}");
+        // More expected by chance than kept (a model, not a count): capped at all of them.
+        st.chance_kept = Some(500.0);
+        assert_eq!(st.chance_share(), Some(1.0));
+        // Without request-less samples there is no note.
+        st.chance_kept = None;
+        assert_eq!(st.chance_note(), None);
     }
 }

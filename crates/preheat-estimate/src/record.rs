@@ -84,6 +84,8 @@ pub fn record_probe(
     let mut stats = RecordStats {
         backend: "probe".into(),
         samples: p.filter.n,
+        // The warm-up requests are sent first (below, or before these statistics).
+        requests_sent: u64::from(p.warm_up),
         ..Default::default()
     };
     let threshold = calibrate(&mut agent, &mut stats)?;
@@ -94,9 +96,8 @@ pub fn record_probe(
         preheat_engine::maps::read_maps(Some(pid)).context("reading the server's mappings")?,
     );
     let exe = preheat_engine::maps::exe_ident(Some(pid))?;
-    for _ in 0..8 {
-        client.request_ok()?; // warm path, settle lazy initialisation
-    }
+    // Warm the path, settle lazy initialisation.
+    crate::serving::warm_up(p, || client.request_ok(), progress)?;
     // Without a fixed byte exchange (MySQL), or where the agent cannot open a connection its
     // process serves (see above), the request is sent by us, from another thread, inside a
     // request-less probe window long enough to hold it (see `external_request`).
@@ -329,6 +330,11 @@ fn stable_lines(
         lines = remove_noise(&lines, samples, noise, stats.noise_k as usize, NOISE_SLACK);
         stats.noise_lines_removed = (before - lines.len()) as u64;
     }
+    stats.kept_lines = lines.len() as u64;
+    stats.chance_kept = (!noise.is_empty()).then(|| {
+        let noise_k = p.subtract_noise.then_some(stats.noise_k as usize);
+        preheat_model::chance_kept(samples, noise, p.filter.k as usize, noise_k, NOISE_SLACK)
+    });
     lines
 }
 

@@ -3,9 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use preheat_launch::agentctl::AgentClient;
 use preheat_launch::launch::Server;
+use preheat_launch::progress::Progress;
 use preheat_launch::servers::Workload;
 use preheat_model::proto::{Reply, Request};
 
@@ -163,4 +164,27 @@ pub fn connect_served_by(
         c.request_ok()?;
         Ok(c)
     })
+}
+
+/// Sends `p.warm_up` requests through `send` before the samples, with a progress bar when
+/// there are many (under Valgrind a JVM's thousands take minutes).
+pub fn warm_up(
+    p: &crate::params::RecordParams,
+    mut send: impl FnMut() -> Result<()>,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let many = p.warm_up > crate::params::DEFAULT_WARM_UP;
+    if many {
+        progress.start(u64::from(p.warm_up), "warm-up");
+    }
+    for _ in 0..p.warm_up {
+        send().context("a warm-up request")?;
+        if many {
+            progress.inc(1);
+        }
+    }
+    if many {
+        progress.finish();
+    }
+    Ok(())
 }

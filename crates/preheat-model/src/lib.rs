@@ -41,4 +41,6 @@ pub use format::{decode_profile, encode_profile, FormatError};
 pub use profile::{Backend, BinaryIdent, FilterParams, Profile, RequestClass};
 pub use region::{AnonKind, FileIdent, Mapping, RegionKey, RegionTable};
 pub use resolve::{resolve_class, AbsRun, ResolveError, Resolved};
-pub use ws::{encode_runs, filter_k_of_n, remove_noise, LineSet, Run, WorkingSet, WsStats};
+pub use ws::{
+    chance_kept, encode_runs, filter_k_of_n, remove_noise, LineSet, Run, WorkingSet, WsStats,
+};

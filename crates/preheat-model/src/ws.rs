@@ -103,6 +103,67 @@ pub fn remove_noise(
     )
 }
 
+/// How many of the lines the vote keeps ([`filter_k_of_n`] at `k`, then — with `noise_k` —
+/// [`remove_noise`] at `noise_k` and `slack`) would be kept although no request touches them:
+/// the expected number, modeled. Each line seen in `s` of the `m` request-less samples is taken
+/// to come about in any window with probability `s / m`, requests or not (the null hypothesis
+/// for a line the request does not touch; a line the request needs has `s` near 0 and adds
+/// nearly nothing); the sum over lines of the chance that such a line passes the vote anyway,
+/// with independent windows. A server whose other threads touch much of its memory at
+/// intermediate rates (a JVM's) keeps many lines by chance; one whose background is rare or
+/// constant (a line in every window is removed) keeps few. Lines never seen without a request
+/// count as background of rate 0, so this is a lower bound for them.
+pub fn chance_kept(
+    samples: &[LineSet],
+    noise: &[LineSet],
+    k: usize,
+    noise_k: Option<usize>,
+    slack: usize,
+) -> f64 {
+    let (n, m) = (samples.len() as u32, noise.len() as u32);
+    if m == 0 {
+        return 0.0;
+    }
+    // How many lines were seen in exactly s request-less samples.
+    let mut counts: BTreeMap<RegionLine, u32> = BTreeMap::new();
+    for set in noise {
+        for l in set.as_slice() {
+            *counts.entry(*l).or_insert(0) += 1;
+        }
+    }
+    let mut by_s = vec![0u64; m as usize + 1];
+    for c in counts.values() {
+        by_s[*c as usize] += 1;
+    }
+    let pmf = |t: u32, q: f64, i: u32| {
+        crate::stats::binomial_tail(t, q, i) - crate::stats::binomial_tail(t, q, i + 1)
+    };
+    let k = k.max(1) as u32;
+    let mut expected = 0.0;
+    for (s, &lines) in by_s.iter().enumerate().skip(1) {
+        if lines == 0 {
+            continue;
+        }
+        let q = s as f64 / f64::from(m);
+        // P(kept) = Σ over a request count r ≥ k and a request-less count s' of both chances,
+        // where the vote keeps (r, s').
+        let mut kept = 0.0;
+        for r in k..=n {
+            let pr = pmf(n, q, r);
+            let stays = match noise_k {
+                None => 1.0,
+                Some(nk) => (0..=m)
+                    .filter(|&s2| (s2 as usize) < nk.max(1) || s2 as usize + slack < r as usize)
+                    .map(|s2| pmf(m, q, s2))
+                    .sum(),
+            };
+            kept += pr * stays;
+        }
+        expected += lines as f64 * kept;
+    }
+    expected
+}
+
 /// A run of consecutive lines inside one region: lines `start .. start + len`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Run {
@@ -291,6 +352,42 @@ mod tests {
             remove_noise(&lines, &with, &without, 2, 0),
             ls(&[(0, 1), (0, 3), (0, 4)])
         );
+    }
+
+    #[test]
+    fn chance_kept_counts_background_lines_by_their_rate() {
+        // Eight request and eight request-less samples. Line 1: the request's, never seen
+        // without one; line 2: in every window (removed, never kept by chance); lines 3..=6:
+        // in half of the request-less windows.
+        let mut samples = Vec::new();
+        let mut noise = Vec::new();
+        for i in 0..8u64 {
+            let half: Vec<(u32, u64)> = if i % 2 == 0 {
+                (3..=6).map(|l| (0, l)).collect()
+            } else {
+                vec![]
+            };
+            let mut req = vec![(0, 1), (0, 2)];
+            req.extend(half.iter().copied());
+            samples.push(ls(&req));
+            let mut quiet = vec![(0, 2)];
+            quiet.extend(half);
+            noise.push(ls(&quiet));
+        }
+        // Without noise removal: a rate-1/2 line passes 6 of 8 with P(X ≥ 6) = 37/256; the
+        // line in every window surely.
+        let want = 1.0 + 4.0 * 37.0 / 256.0;
+        assert!((chance_kept(&samples, &noise, 6, None, 2) - want).abs() < 1e-9);
+        // With it (noise_k 3, slack 2): the line in every window never stays; a rate-1/2
+        // line stays only with few request-less sightings or many more with requests.
+        let with = chance_kept(&samples, &noise, 6, Some(3), 2);
+        assert!(with > 0.0 && with < 4.0 * 37.0 / 256.0, "{with}");
+        // The request's own line adds nothing: it was never seen without a request.
+        let only_request: Vec<LineSet> = (0..8).map(|_| ls(&[(0, 1)])).collect();
+        let empty: Vec<LineSet> = (0..8).map(|_| ls(&[])).collect();
+        assert_eq!(chance_kept(&only_request, &empty, 6, Some(3), 2), 0.0);
+        // No request-less samples: nothing to model from.
+        assert_eq!(chance_kept(&samples, &[], 6, Some(3), 2), 0.0);
     }
 
     #[test]
