@@ -3,8 +3,11 @@
 //! Ground truth for *code* lines that needs no binary translation: the `trace` backend runs the
 //! server under Valgrind, whose emulated CPU makes glibc and other CPU-dispatching code choose
 //! different paths than a native run. Here the real thread is stopped after every instruction
-//! and its instruction pointer recorded — about 5–10 µs per instruction, so only for short
-//! sections (one request: a few thousand instructions). Data addresses are not recorded.
+//! and its instruction pointer recorded — about 5–20 µs per instruction in this machine kind's
+//! guests (a trap and two switches each; run the tracer on the traced thread's CPU, where it is
+//! a switch on one CPU instead of a wake-up of another), so only for short sections (one
+//! request: thousands of instructions for a C server, millions for a managed runtime). Data
+//! addresses are not recorded.
 //!
 //! Use: [`StepTracer::attach`] a thread that is blocked in its event-wait call, let a request
 //! arrive, [`StepTracer::trace_until_wait`] steps until the thread is about to enter an
@@ -209,10 +212,11 @@ impl StepTracer {
                 }
             }
             prev = Some(ip);
-            // About to execute `syscall` (0f 05) for an event wait or a futex wait?
-            let word = self.peek(ip)?;
+            // About to execute `syscall` (0f 05) for an event wait or a futex wait? (The
+            // instruction is read only where the registers name such a call: one system call
+            // fewer per step elsewhere.)
             let waits = WAIT_SYSCALLS.contains(&regs.rax) || is_futex_wait(regs.rax, regs.rsi);
-            if word & 0xffff == 0x050f && waits && done() {
+            if waits && self.peek(ip)? & 0xffff == 0x050f && done() {
                 out.reached_wait = true;
                 return Ok(out);
             }

@@ -31,6 +31,9 @@ use preheat_launch::launch::Server;
 use preheat_launch::progress::Progress;
 use preheat_launch::servers::Workload;
 
+/// How long the default backend's stepping may take (see [`record_step`]).
+const AUTO_STEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Test hook: pretend Yama's `ptrace_scope` has this value (0–3), so the refusal path can be
 /// tested on machines that permit ptrace.
 const SCOPE_OVERRIDE_ENV: &str = "PREHEAT_PTRACE_SCOPE";
@@ -97,7 +100,11 @@ pub fn record_hybrid(
         Ok(())
     };
     write_part("probe.phws", &probe.profile)?;
-    let step = match record_step(server, pid, w, p, progress) {
+    // Recorded by default (not `required`), the stepping gets a budget: a managed runtime's
+    // request takes seconds to minutes to single-step (Node.js: 4.8 M instructions, 93 s), and
+    // the recording should end within a minute; a C server's takes well under a second.
+    let budget = (!required).then_some(AUTO_STEP_BUDGET);
+    let step = match record_step(server, pid, w, p, budget, progress) {
         Ok(s) => s,
         Err(e) if !required => {
             eprintln!(
@@ -117,6 +124,8 @@ pub fn record_hybrid(
     stats.requests_sent += step.stats.requests_sent;
     stats.seconds += step.stats.seconds;
     stats.unmapped_hits += step.stats.unmapped_hits;
+    stats.step_instructions = step.stats.step_instructions.clone();
+    stats.step_seconds = step.stats.step_seconds;
     stats.hybrid = Some(hs);
     Ok(Recording {
         profile: make_profile(

@@ -109,6 +109,10 @@ pub struct RecordStats {
     /// Probed hits outside any region (e.g. the mapping went away mid-run).
     pub unmapped_hits: u64,
     pub seconds: f64,
+    /// The step backend: instructions single-stepped per request, and the seconds all of
+    /// them took.
+    pub step_instructions: Vec<u64>,
+    pub step_seconds: f64,
     /// The hybrid backend's merge.
     pub hybrid: Option<HybridStats>,
     /// The probe's requests were sent by the CLI inside request-less windows because the agent

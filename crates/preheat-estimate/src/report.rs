@@ -39,6 +39,16 @@ pub fn lines(out: &Path, rec: &Recording) -> Vec<String> {
             spread(&st.lines_per_sample)
         ));
     }
+    if !st.step_instructions.is_empty() {
+        let steps: u64 = st.step_instructions.iter().sum();
+        v.push(format!(
+            "step [measured]: {} instructions single-stepped per request, {:.1} µs per \
+             instruction ({:.1} s in all)",
+            spread(&st.step_instructions),
+            1e6 * st.step_seconds / steps.max(1) as f64,
+            st.step_seconds
+        ));
+    }
     let remapped = st.cycles_repeated - st.probe_reconnects;
     if remapped > 0 {
         v.push(format!(

@@ -156,7 +156,7 @@ impl Started {
             // worker that serves one connection at a time could not take theirs).
             BackendChoice::Step => {
                 drop(via);
-                record_step(&server, pid, &s.workload, p, progress)
+                record_step(&server, pid, &s.workload, p, None, progress)
             }
             BackendChoice::Hybrid | BackendChoice::Auto => {
                 drop(via);
