@@ -242,6 +242,11 @@ struct RecordArgs {
     /// requests it sent).
     #[arg(long, default_value_t = preheat_estimate::params::DEFAULT_WARM_UP, value_name = "N")]
     warm_up: u32,
+    /// The vote over the probe's samples: `auto` tests each line for being seen more often
+    /// with a request than without (Fisher) where the default would keep mostly lines the
+    /// server's other activity brings in (a JVM), `default` never, `enriched` always.
+    #[arg(long, value_enum, default_value_t = record::VoteArg::Auto)]
+    vote: record::VoteArg,
     /// Probe every STRIDE-th line per pass, keeping the others cached, so lines the hardware
     /// prefetchers pull in next to a demand miss are not counted (1: plain flush+reload).
     /// Default: with --window-pages, 2; without either, the layout is chosen by a short pilot

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Result};
 use preheat_estimate::layout::{self, Layout};
+use preheat_estimate::params::Vote;
 use preheat_estimate::session::{choose_backend, Session};
 use preheat_estimate::{write_profile, RecordParams};
 use preheat_launch::launch::{self, scratch_dir};
@@ -39,6 +40,14 @@ impl From<BackendChoice> for preheat_estimate::BackendChoice {
     }
 }
 
+/// `--vote`: see `preheat_estimate::params::Vote`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VoteArg {
+    Auto,
+    Default,
+    Enriched,
+}
+
 /// The session `a` asks for (the server started in the scratch directory `dir`).
 fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
     let filter = a.filter.params()?;
@@ -48,6 +57,11 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
         subtract_noise: !a.keep_noise,
         layout: given_layout(a.stride, a.window_pages),
         warm_up: a.warm_up,
+        vote: match a.vote {
+            VoteArg::Auto => Vote::Auto,
+            VoteArg::Default => Vote::Default,
+            VoteArg::Enriched => Vote::Enriched,
+        },
         ..Default::default()
     };
     let server_cpu = a.server_cpu.unwrap_or_else(crate::default_server_cpu);

@@ -140,7 +140,10 @@ fn record_lines(o: &Output) -> Vec<String> {
         for note in r.redo_notes() {
             w!("  {note}");
         }
-        if let Some(note) = r.chance_note().filter(|n| n.starts_with("WARNING")) {
+        if let Some(note) = r
+            .chance_note()
+            .filter(|n| n.starts_with("WARNING") || r.enriched.is_some())
+        {
             w!("  [modeled] {note}");
         }
     }

@@ -40,7 +40,35 @@ pub struct RecordParams {
     /// state only after thousands of requests, which the probe's calibration and pilot send
     /// anyway but the exact backends would not (see `--warm-up`).
     pub warm_up: u32,
+    /// Which vote makes the working set of the samples.
+    pub vote: Vote,
     pub quiet: bool,
+}
+
+/// The vote over the probe's samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Vote {
+    /// k of n, less the lines that come about as often without a request; the enrichment
+    /// test instead where the model says more than half of what that keeps would be kept by
+    /// chance ([`RecordStats::chance_note`]).
+    Auto,
+    /// k of n, less the lines that come about as often without a request.
+    Default,
+    /// k of n, and each line seen significantly more often with the request than without
+    /// (`preheat_model::keep_enriched`).
+    Enriched,
+}
+
+/// What the enrichment test did.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Enriched {
+    /// Lines the request samples saw (the tests made).
+    pub candidates: u64,
+    /// The level each line's p-value had to meet, and the false-discovery rate it was chosen
+    /// for (Benjamini–Hochberg).
+    pub alpha: f64,
+    pub fdr: f64,
+    pub kept: u64,
 }
 
 /// [`RecordParams::warm_up`]'s default: enough for a server without a JIT.
@@ -55,6 +83,7 @@ impl Default for RecordParams {
             noise_k: 2,
             layout: None,
             warm_up: DEFAULT_WARM_UP,
+            vote: Vote::Auto,
             quiet: false,
         }
     }
@@ -93,6 +122,10 @@ pub struct RecordStats {
     /// [`preheat_model::chance_kept`]); `None` without request-less samples.
     pub kept_lines: u64,
     pub chance_kept: Option<f64>,
+    /// Where the enrichment test ran (its lines are the working set unless it kept none and
+    /// the vote was `auto`), and the vote asked for.
+    pub enriched: Option<Enriched>,
+    pub vote: Option<Vote>,
     /// Threshold calibrations the agent was asked for (more than one: an earlier one did not
     /// separate hits from misses).
     pub calibrations: u32,
@@ -155,6 +188,30 @@ impl RecordStats {
             100.0 * share,
             self.lines_per_noise_sample.len()
         );
+        if let Some(e) = self
+            .enriched
+            .filter(|e| e.kept > 0 || self.vote == Some(Vote::Enriched))
+        {
+            return Some(format!(
+                "{s}; so the working set is instead the {} of the {} lines the requests saw that \
+                 were seen significantly more often with a request than without (one-sided \
+                 Fisher tests, false-discovery rate {:.0}%: level {:.1e})",
+                e.kept,
+                e.candidates,
+                100.0 * e.fdr,
+                e.alpha
+            ));
+        }
+        if let Some(e) = self.enriched.filter(|e| e.kept == 0) {
+            s = format!(
+                "{s}; a test of each line (seen more often with a request than without) found \
+                 none at a false-discovery rate of {:.0}% among {} lines with {} samples each \
+                 way, so the vote's lines are kept (more `--samples` give the test its power)",
+                100.0 * e.fdr,
+                e.candidates,
+                self.samples
+            );
+        }
         if share > CHANCE_UNRELIABLE {
             s = format!(
                 "WARNING: {s}: this estimate is mostly the server's other activity, not the \

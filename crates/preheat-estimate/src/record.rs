@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use preheat_model::proto::{ProbeCycle, Range, Reply, Request};
 use preheat_model::{filter_k_of_n, remove_noise, Backend, LineSet, RegionTable};
+
+use crate::params::{Enriched, Vote, CHANCE_UNRELIABLE};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -305,6 +307,10 @@ fn external_window_ns(client: &mut preheat_launch::servers::Requester) -> Result
     Ok(EXTERNAL_LEAD_NS + 2 * t[t.len() / 2] + 2_000_000)
 }
 
+/// The enrichment test's false-discovery rate: the share of the lines it keeps expected to be
+/// unrelated to the request (Benjamini–Hochberg over every line the request samples saw).
+pub const ENRICHED_FDR: f64 = 0.1;
+
 /// A line seen in at most this many fewer request-less samples than request samples is still
 /// noise (see [`preheat_model::remove_noise`]).
 const NOISE_SLACK: usize = 2;
@@ -331,9 +337,49 @@ fn stable_lines(
         stats.noise_lines_removed = (before - lines.len()) as u64;
     }
     stats.kept_lines = lines.len() as u64;
+    stats.vote = Some(p.vote);
     stats.chance_kept = (!noise.is_empty()).then(|| {
         let noise_k = p.subtract_noise.then_some(stats.noise_k as usize);
         preheat_model::chance_kept(samples, noise, p.filter.k as usize, noise_k, NOISE_SLACK)
+    });
+    let enrich = match p.vote {
+        Vote::Default => false,
+        Vote::Enriched => !noise.is_empty(),
+        Vote::Auto => {
+            p.subtract_noise && stats.chance_share().is_some_and(|x| x > CHANCE_UNRELIABLE)
+        }
+    };
+    if enrich {
+        let tested = enriched_lines(samples, noise, p, stats);
+        // `auto` keeps the vote's lines where the test finds none: it had too few samples to
+        // tell any line apart (said in the report), and an empty working set helps nobody.
+        if !tested.is_empty() || p.vote == Vote::Enriched {
+            lines = tested;
+        }
+    }
+    lines
+}
+
+/// The lines the enrichment test keeps ([`preheat_model::keep_enriched`]), at the level that
+/// expects at most a share [`ENRICHED_FDR`] of them to be unrelated to the request, tested
+/// against every line the request samples saw (noted in `stats`).
+fn enriched_lines(
+    samples: &[LineSet],
+    noise: &[LineSet],
+    p: &RecordParams,
+    stats: &mut RecordStats,
+) -> LineSet {
+    let seen = filter_k_of_n(samples, 1);
+    let k = p.filter.k as usize;
+    let voted = filter_k_of_n(samples, k);
+    let ps = preheat_model::enrichment_ps(&voted, samples, noise, k);
+    let alpha = preheat_model::fdr_level(&ps, seen.len(), ENRICHED_FDR);
+    let lines = preheat_model::keep_enriched(&voted, samples, noise, k, alpha);
+    stats.enriched = Some(Enriched {
+        candidates: seen.len() as u64,
+        alpha,
+        fdr: ENRICHED_FDR,
+        kept: lines.len() as u64,
     });
     lines
 }
@@ -627,6 +673,83 @@ fn external_request(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use preheat_model::RegionLine;
+
+    /// Eight request and eight request-less samples: lines 0..10 are the request's (every
+    /// request sample, no request-less one); lines 100..2100 background seen in each window
+    /// with probability 1/2 (a fixed pseudo-random pattern).
+    fn background_heavy() -> (Vec<LineSet>, Vec<LineSet>) {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut bit = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x & 1 == 1
+        };
+        let line = |l: u64| RegionLine { region: 0, line: l };
+        let mut window = |request: bool| {
+            let own = (0..10u64).filter(|_| request).map(line);
+            let bg: Vec<RegionLine> = (100..2100u64).filter(|_| bit()).map(line).collect();
+            LineSet::from_lines(own.chain(bg))
+        };
+        let samples = (0..8).map(|_| window(true)).collect();
+        let noise = (0..8).map(|_| window(false)).collect();
+        (samples, noise)
+    }
+
+    #[test]
+    fn the_vote_turns_to_the_enrichment_test_where_chance_would_fill_it() {
+        let (samples, noise) = background_heavy();
+        let run = |vote| {
+            let p = RecordParams {
+                vote,
+                ..Default::default()
+            };
+            let mut st = RecordStats::default();
+            (stable_lines(&samples, &noise, &p, &mut st), st)
+        };
+        let (default, st) = run(Vote::Default);
+        assert!(st.enriched.is_none());
+        let own = (0..10u64).map(|l| RegionLine { region: 0, line: l });
+        assert!(own.clone().all(|l| default.contains(&l)));
+        // Background at rate 1/2 passes the default vote by chance, and the model says so.
+        assert!(default.len() > 60, "{}", default.len());
+        assert!(st.chance_share().unwrap() > CHANCE_UNRELIABLE, "{st:?}");
+        // `auto` therefore tests each line: the request's ten stay, and (nearly) nothing of
+        // the background beside them (a tenth of the kept lines expected at most).
+        let (auto, st) = run(Vote::Auto);
+        let e = st.enriched.expect("the enrichment test ran");
+        assert_eq!(e.kept, auto.len() as u64);
+        assert!(own.clone().all(|l| auto.contains(&l)));
+        assert!(auto.len() <= 13, "{}", auto.len());
+        assert!(st.chance_note().unwrap().contains("Fisher"));
+        // With four samples each way no line can meet the test's level among ~2,000: `auto`
+        // keeps the vote's lines and says why; `enriched` keeps what the test kept (none).
+        let (few, few_noise) = (&samples[..4], &noise[..4]);
+        let run4 = |vote| {
+            let p = RecordParams {
+                vote,
+                filter: preheat_model::FilterParams { k: 3, n: 4, gap: 0 },
+                ..Default::default()
+            };
+            let mut st = RecordStats {
+                samples: 4,
+                ..Default::default()
+            };
+            (stable_lines(few, few_noise, &p, &mut st), st)
+        };
+        let (auto4, st) = run4(Vote::Auto);
+        assert_eq!(st.enriched.map(|e| e.kept), Some(0));
+        assert_eq!(auto4, run4(Vote::Default).0);
+        let note = st.chance_note().unwrap();
+        assert!(
+            note.starts_with("WARNING") && note.contains("found none"),
+            "{note}"
+        );
+        assert!(run4(Vote::Enriched).0.is_empty());
+    }
+
     #[test]
     fn a_threshold_at_the_miss_median_does_not_separate() {
         // The Xeon host's usual calibration: hits ~80 ticks, misses ~330, threshold ~190.

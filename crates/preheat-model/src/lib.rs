@@ -8,9 +8,10 @@
 //!   never mix silently.
 //! * [`region`]: regions a profile is relative to (file-backed mappings by path + build-id/inode,
 //!   anonymous ones by kind and order), so a profile survives ASLR and restarts.
-//! * [`ws`]: line sets, the paper's k-of-n sample filter ("only those memory locations which have
-//!   been repeatedly accessed", 8 samples in the paper), address sorting and run-length encoding
-//!   with an optional gap merge.
+//! * [`ws`]: line sets, address sorting and run-length encoding with an optional gap merge.
+//! * [`vote`]: the paper's k-of-n sample filter ("only those memory locations which have been
+//!   repeatedly accessed", 8 samples in the paper), our noise removal, and the model and test
+//!   of what it keeps by chance.
 //! * [`profile`] and [`mod@format`]: the versioned, checksummed `.phws` file.
 //! * [`resolve`]: turning a profile back into absolute, prioritised runs for a live process.
 //! * [`proto`]: the agent's control messages and the announcement ("trigger") datagram.
@@ -34,6 +35,7 @@ pub mod region;
 pub mod resolve;
 pub mod stats;
 pub mod varint;
+pub mod vote;
 pub mod ws;
 
 pub use addr::{RegionLine, VirtAddr, LINE_SIZE};
@@ -41,6 +43,7 @@ pub use format::{decode_profile, encode_profile, FormatError};
 pub use profile::{Backend, BinaryIdent, FilterParams, Profile, RequestClass};
 pub use region::{AnonKind, FileIdent, Mapping, RegionKey, RegionTable};
 pub use resolve::{resolve_class, AbsRun, ResolveError, Resolved};
-pub use ws::{
-    chance_kept, encode_runs, filter_k_of_n, remove_noise, LineSet, Run, WorkingSet, WsStats,
+pub use vote::{
+    chance_kept, enrichment_p, enrichment_ps, fdr_level, filter_k_of_n, keep_enriched, remove_noise,
 };
+pub use ws::{encode_runs, LineSet, Run, WorkingSet, WsStats};
