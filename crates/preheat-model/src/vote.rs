@@ -17,15 +17,9 @@ use crate::ws::LineSet;
 /// Keep the lines that occur in at least `k` of `samples` (the paper's stability filter).
 /// `k == 0` is treated as 1 (union).
 pub fn filter_k_of_n(samples: &[LineSet], k: usize) -> LineSet {
-    let k = k.max(1);
-    let mut counts: BTreeMap<RegionLine, usize> = BTreeMap::new();
-    for s in samples {
-        for l in s.as_slice() {
-            *counts.entry(*l).or_insert(0) += 1;
-        }
-    }
+    let k = k.max(1) as u32;
     LineSet::from_sorted(
-        counts
+        sightings(samples)
             .into_iter()
             .filter(|&(_, c)| c >= k)
             .map(|(l, _)| l)
@@ -47,14 +41,13 @@ pub fn remove_noise(
     slack: usize,
 ) -> LineSet {
     let k = k.max(1);
-    let count = |sets: &[LineSet], l: &RegionLine| sets.iter().filter(|s| s.contains(l)).count();
     LineSet::from_sorted(
         lines
             .as_slice()
             .iter()
             .filter(|l| {
-                let quiet = count(noise, l);
-                quiet < k || quiet + slack < count(samples, l)
+                let quiet = seen_in(noise, l) as usize;
+                quiet < k || quiet + slack < seen_in(samples, l) as usize
             })
             .copied()
             .collect(),
@@ -83,14 +76,8 @@ pub fn chance_kept(
         return 0.0;
     }
     // How many lines were seen in exactly s request-less samples.
-    let mut counts: BTreeMap<RegionLine, u32> = BTreeMap::new();
-    for set in noise {
-        for l in set.as_slice() {
-            *counts.entry(*l).or_insert(0) += 1;
-        }
-    }
     let mut by_s = vec![0u64; m as usize + 1];
-    for c in counts.values() {
+    for c in sightings(noise).values() {
         by_s[*c as usize] += 1;
     }
     let pmf = |t: u32, q: f64, i: u32| {
@@ -120,6 +107,22 @@ pub fn chance_kept(
         expected += lines as f64 * kept;
     }
     expected
+}
+
+/// Every line seen in `sets`, with the number of sets it was seen in.
+fn sightings(sets: &[LineSet]) -> BTreeMap<RegionLine, u32> {
+    let mut counts = BTreeMap::new();
+    for set in sets {
+        for l in set.as_slice() {
+            *counts.entry(*l).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// In how many of `sets` line `l` was seen.
+fn seen_in(sets: &[LineSet], l: &RegionLine) -> u32 {
+    sets.iter().filter(|x| x.contains(l)).count() as u32
 }
 
 /// The one-sided p-value of a line seen in `r` of `n` request samples and `s` of `m` request-less
@@ -152,15 +155,13 @@ pub fn keep_enriched(
     alpha: f64,
 ) -> LineSet {
     let (n, m) = (samples.len() as u32, noise.len() as u32);
-    let count =
-        |sets: &[LineSet], l: &RegionLine| sets.iter().filter(|x| x.contains(l)).count() as u32;
     LineSet::from_sorted(
         lines
             .as_slice()
             .iter()
             .filter(|l| {
-                let r = count(samples, l);
-                r as usize >= k.max(1) && enrichment_p(r, n, count(noise, l), m) <= alpha
+                let r = seen_in(samples, l);
+                r as usize >= k.max(1) && enrichment_p(r, n, seen_in(noise, l), m) <= alpha
             })
             .copied()
             .collect(),
@@ -191,14 +192,12 @@ pub fn enrichment_ps(
     k: usize,
 ) -> Vec<f64> {
     let (n, m) = (samples.len() as u32, noise.len() as u32);
-    let count =
-        |sets: &[LineSet], l: &RegionLine| sets.iter().filter(|x| x.contains(l)).count() as u32;
     lines
         .as_slice()
         .iter()
         .filter_map(|l| {
-            let r = count(samples, l);
-            (r as usize >= k.max(1)).then(|| enrichment_p(r, n, count(noise, l), m))
+            let r = seen_in(samples, l);
+            (r as usize >= k.max(1)).then(|| enrichment_p(r, n, seen_in(noise, l), m))
         })
         .collect()
 }
@@ -206,10 +205,7 @@ pub fn enrichment_ps(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ls(v: &[(u32, u64)]) -> LineSet {
-        LineSet::from_lines(v.iter().map(|&(region, line)| RegionLine { region, line }))
-    }
+    use crate::ws::test_set as ls;
 
     #[test]
     fn noise_is_what_comes_as_often_without_the_request() {

@@ -203,13 +203,16 @@ impl WorkingSet {
     }
 }
 
+/// Tests' shorthand: the set of `(region, line)` pairs.
+#[cfg(test)]
+pub(crate) fn test_set(v: &[(u32, u64)]) -> LineSet {
+    LineSet::from_lines(v.iter().map(|&(region, line)| RegionLine { region, line }))
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_set as ls;
     use super::*;
-
-    fn ls(v: &[(u32, u64)]) -> LineSet {
-        LineSet::from_lines(v.iter().map(|&(region, line)| RegionLine { region, line }))
-    }
 
     #[test]
     fn rle_and_gap_merge() {
