@@ -158,7 +158,10 @@ pub fn record_step(
     let cpu = (server.spec.cpus.len() == 1).then(|| server.spec.cpus[0]);
     let reply_limit = budget.unwrap_or(STEP_REPLY_LIMIT);
     let stepping = Instant::now();
-    for i in 0..p.filter.n {
+    // The samples to take: all asked for, unless the budget fits fewer (judged as they come).
+    let mut want = p.filter.n;
+    let mut i = 0;
+    while i < want {
         let one = |c| step_one(tid, c, &raw.request, &raw.until, reply_limit);
         let (c, trace) = match cpu {
             Some(cpu) => preheat_engine::os::on_cpu(cpu, || one(client))
@@ -166,42 +169,31 @@ pub fn record_step(
             None => one(client)?,
         };
         client = c;
-        let lines = trace.lines;
+        i += 1;
         stats.step_instructions.push(trace.instructions);
         stats.step_seconds = stepping.elapsed().as_secs_f64();
         if let Some(b) = budget {
-            let done = f64::from(i + 1);
-            let all = stats.step_seconds / done * f64::from(p.filter.n);
-            if all > b.as_secs_f64() && i + 1 < p.filter.n {
-                bail!(
-                    "one request single-stepped took {:.1} s ({} instructions): {} samples would \
-                     take {all:.0} s, over the {:.0} s budget (`--backend step` records anyway)",
-                    stats.step_seconds / done,
-                    trace.instructions,
-                    p.filter.n,
-                    b.as_secs_f64()
-                );
-            }
+            want = samples_in_budget(want, i, stats.step_seconds, b, trace.instructions)?;
         }
         stats.requests_sent += 1;
-        let (set, unmapped) = table.relative_lines(lines.iter().copied());
+        let (set, unmapped) = table.relative_lines(trace.lines.iter().copied());
         stats.unmapped_hits += unmapped;
         stats.lines_per_sample.push(set.len() as u64);
         samples.push(set);
         pb.inc(1);
     }
     pb.finish();
-    let lines = filter_k_of_n(&samples, p.filter.k as usize);
+    // Fewer samples than asked for: the vote keeps the same share of them.
+    let filter = preheat_model::FilterParams {
+        n: want,
+        k: (p.filter.k * want).div_ceil(p.filter.n.max(1)).max(1),
+        ..p.filter
+    };
+    stats.samples = want;
+    let lines = filter_k_of_n(&samples, filter.k as usize);
     stats.seconds = t0.elapsed().as_secs_f64();
     Ok(Recording {
-        profile: make_profile(
-            Backend::Step,
-            p.filter,
-            exe,
-            &table,
-            server.spec.port,
-            &lines,
-        ),
+        profile: make_profile(Backend::Step, filter, exe, &table, server.spec.port, &lines),
         stats,
     })
 }
@@ -243,6 +235,37 @@ pub const STEP_REPLY_LIMIT: Duration = Duration::from_secs(300);
 /// The most instructions one request may take to single-step.
 const STEP_MAX_INSTRUCTIONS: u64 = 50_000_000;
 
+/// The fewest samples the step backend takes where a budget cuts them short: fewer cannot be
+/// voted on.
+const MIN_STEP_SAMPLES: u32 = 3;
+
+/// How many of the `want` samples fit `budget` after `done` of them took `seconds` (the last
+/// one `instructions` long): `want` where all fit, fewer where at least [`MIN_STEP_SAMPLES`]
+/// do, else an error saying why.
+fn samples_in_budget(
+    want: u32,
+    done: u32,
+    seconds: f64,
+    budget: Duration,
+    instructions: u64,
+) -> Result<u32> {
+    let each = seconds / f64::from(done);
+    let fit = (budget.as_secs_f64() / each).floor() as u32;
+    if fit >= want {
+        return Ok(want);
+    }
+    if fit >= MIN_STEP_SAMPLES {
+        return Ok(fit.max(done));
+    }
+    bail!(
+        "one request single-stepped took {each:.1} s ({instructions} instructions): \
+         {MIN_STEP_SAMPLES} samples would take {:.0} s, over the {:.0} s budget (`--backend \
+         step` records anyway)",
+        each * f64::from(MIN_STEP_SAMPLES),
+        budget.as_secs_f64()
+    )
+}
+
 /// Single-steps thread `tid` through one request sent on `client` (from another thread, so
 /// the traced thread can be stopped meanwhile, blocked in the kernel while it waits, up to
 /// `reply_limit`); returns the connection, to be used again, and what the thread executed
@@ -283,4 +306,29 @@ fn step_one(
         bail!("the traced request did not finish within {STEP_MAX_INSTRUCTIONS} instructions");
     }
     Ok((client, trace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_takes_fewer_samples_or_gives_up() {
+        let b = Duration::from_secs(10);
+        // 0.5 s each: all 8 fit.
+        assert_eq!(samples_in_budget(8, 1, 0.5, b, 1).unwrap(), 8);
+        // 2.3 s each (the JVM's): 4 fit.
+        assert_eq!(samples_in_budget(8, 1, 2.3, b, 1).unwrap(), 4);
+        assert_eq!(samples_in_budget(4, 2, 4.6, b, 1).unwrap(), 4);
+        // Never fewer than already taken.
+        assert_eq!(samples_in_budget(8, 4, 12.0, b, 1).unwrap(), 4);
+        // 93 s each (Node.js's): not even the fewest.
+        let e = samples_in_budget(8, 1, 93.0, b, 4_820_314)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("4820314 instructions") && e.contains("10 s budget"),
+            "{e}"
+        );
+    }
 }

@@ -31,8 +31,12 @@ use preheat_launch::launch::Server;
 use preheat_launch::progress::Progress;
 use preheat_launch::servers::Workload;
 
-/// How long the default backend's stepping may take (see [`record_step`]).
+/// How long the default backend's stepping may take at most (see [`record_step`]), and the
+/// whole recording it should fit in; the step's own start (its warm-up, the attach) is
+/// reckoned at a few seconds.
 const AUTO_STEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+const AUTO_RECORD_GOAL: std::time::Duration = std::time::Duration::from_secs(60);
+const AUTO_STEP_START: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Test hook: pretend Yama's `ptrace_scope` has this value (0–3), so the refusal path can be
 /// tested on machines that permit ptrace.
@@ -82,6 +86,7 @@ pub fn record_hybrid(
     parts: Option<&std::path::Path>,
     progress: &dyn Progress,
 ) -> Result<Recording> {
+    let t0 = std::time::Instant::now();
     // The probe's connection is closed before `step` opens its own (a prefork worker that
     // serves one connection at a time could not take the second).
     let probe = record_probe(
@@ -101,9 +106,21 @@ pub fn record_hybrid(
     };
     write_part("probe.phws", &probe.profile)?;
     // Recorded by default (not `required`), the stepping gets a budget: a managed runtime's
-    // request takes seconds to minutes to single-step (Node.js: 4.8 M instructions, 93 s), and
-    // the recording should end within a minute; a C server's takes well under a second.
-    let budget = (!required).then_some(AUTO_STEP_BUDGET);
+    // request takes seconds to minutes to single-step (Node.js: 4.8 M instructions, 93 s; the
+    // JVM after the probe's thousands of requests 0.12 M, 2.3 s), and the recording should end
+    // within a minute (what the probe left of it, less the step's own start); a C server's
+    // takes well under a second.
+    let left = AUTO_RECORD_GOAL.saturating_sub(t0.elapsed() + AUTO_STEP_START);
+    let budget = (!required).then_some(AUTO_STEP_BUDGET.min(left));
+    if budget.is_some_and(|b| b < AUTO_STEP_BUDGET / 10) {
+        eprintln!(
+            "preheat: note: the probe took {:.0} s, which leaves no time to single-step within \
+             a minute; keeping the probe's profile (its code lines are over-reported; \
+             `--backend hybrid` steps anyway)",
+            t0.elapsed().as_secs_f64()
+        );
+        return Ok(probe);
+    }
     let step = match record_step(server, pid, w, p, budget, progress) {
         Ok(s) => s,
         Err(e) if !required => {

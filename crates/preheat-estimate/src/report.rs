@@ -41,9 +41,18 @@ pub fn lines(out: &Path, rec: &Recording) -> Vec<String> {
     }
     if !st.step_instructions.is_empty() {
         let steps: u64 = st.step_instructions.iter().sum();
+        let stepped = st.step_instructions.len();
+        let fewer = if stepped < st.samples as usize {
+            format!(
+                "; {stepped} samples stepped, not {}: the default backend's time budget",
+                st.samples
+            )
+        } else {
+            String::new()
+        };
         v.push(format!(
             "step [measured]: {} instructions single-stepped per request, {:.1} µs per \
-             instruction ({:.1} s in all)",
+             instruction ({:.1} s in all{fewer})",
             spread(&st.step_instructions),
             1e6 * st.step_seconds / steps.max(1) as f64,
             st.step_seconds
