@@ -72,13 +72,7 @@ pub fn record_trace(
     );
     let pb = progress;
     pb.start(p.filter.n as u64, "trace");
-    let mut stats = RecordStats {
-        backend: "trace".into(),
-        samples: p.filter.n,
-        // The warm-up requests are sent first (below, or before these statistics).
-        requests_sent: u64::from(p.warm_up),
-        ..Default::default()
-    };
+    let mut stats = RecordStats::started("trace", p);
     let mut samples = Vec::new();
     for _ in 0..p.filter.n {
         if !client.request()? {
@@ -145,13 +139,7 @@ pub fn record_step(
     let (tid, table, exe) = step_target(server, &mut agent, pid)?;
     let pb = progress;
     pb.start(p.filter.n as u64, "step");
-    let mut stats = RecordStats {
-        backend: "step".into(),
-        samples: p.filter.n,
-        // The warm-up requests are sent first (below, or before these statistics).
-        requests_sent: u64::from(p.warm_up),
-        ..Default::default()
-    };
+    let mut stats = RecordStats::started("step", p);
     let mut samples = Vec::new();
     // The tracer runs on the server's CPU where it has one: each step is then a switch on that
     // CPU, not a wake-up of another (measured: 17.5 against 29 µs per step, a C loop).
@@ -288,7 +276,7 @@ fn step_one(
     let mut c = client;
     let sender = std::thread::spawn(move || -> Result<Client> {
         std::thread::sleep(Duration::from_millis(5));
-        let sent = c.request_blocking(&req, &until, reply_limit).map(drop);
+        let sent = c.request_blocking(&req, &until, reply_limit);
         // Also on failure (e.g. the reply timed out while the server was single-stepped):
         // the tracer then stops at the server's next wait instead of stepping into an
         // event wait no request will end (seen: a recording hung in waitpid).

@@ -121,7 +121,7 @@ pub fn record_hybrid(
         );
         return Ok(probe);
     }
-    let step = match record_step(server, pid, w, p, budget, progress) {
+    let mut step = match record_step(server, pid, w, p, budget, progress) {
         Ok(s) => s,
         Err(e) if !required => {
             eprintln!(
@@ -141,7 +141,7 @@ pub fn record_hybrid(
     stats.requests_sent += step.stats.requests_sent;
     stats.seconds += step.stats.seconds;
     stats.unmapped_hits += step.stats.unmapped_hits;
-    stats.step_instructions = step.stats.step_instructions.clone();
+    stats.step_instructions = std::mem::take(&mut step.stats.step_instructions);
     stats.step_seconds = step.stats.step_seconds;
     stats.hybrid = Some(hs);
     Ok(Recording {

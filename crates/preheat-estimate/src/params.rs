@@ -69,6 +69,8 @@ pub struct Enriched {
     pub alpha: f64,
     pub fdr: f64,
     pub kept: u64,
+    /// Its lines are the working set (not where `auto` found it kept none).
+    pub used: bool,
 }
 
 /// [`RecordParams::warm_up`]'s default: enough for a server without a JIT.
@@ -122,10 +124,8 @@ pub struct RecordStats {
     /// [`preheat_model::chance_kept`]); `None` without request-less samples.
     pub kept_lines: u64,
     pub chance_kept: Option<f64>,
-    /// Where the enrichment test ran (its lines are the working set unless it kept none and
-    /// the vote was `auto`), and the vote asked for.
+    /// Where the enrichment test ran.
     pub enriched: Option<Enriched>,
-    pub vote: Option<Vote>,
     /// Threshold calibrations the agent was asked for (more than one: an earlier one did not
     /// separate hits from misses).
     pub calibrations: u32,
@@ -169,6 +169,17 @@ pub struct RecordStats {
 pub const CHANCE_UNRELIABLE: f64 = 0.5;
 
 impl RecordStats {
+    /// A recording's statistics as `backend` starts: its samples, and the warm-up requests it
+    /// sends first counted.
+    pub(crate) fn started(backend: &str, p: &RecordParams) -> RecordStats {
+        RecordStats {
+            backend: backend.into(),
+            samples: p.filter.n,
+            requests_sent: u64::from(p.warm_up),
+            ..Default::default()
+        }
+    }
+
     /// The modeled share of the kept lines kept by chance.
     pub fn chance_share(&self) -> Option<f64> {
         let kept = self.kept_lines.max(1) as f64;
@@ -188,29 +199,29 @@ impl RecordStats {
             100.0 * share,
             self.lines_per_noise_sample.len()
         );
-        if let Some(e) = self
-            .enriched
-            .filter(|e| e.kept > 0 || self.vote == Some(Vote::Enriched))
-        {
-            return Some(format!(
-                "{s}; so the working set is instead the {} of the {} lines the requests saw that \
-                 were seen significantly more often with a request than without (one-sided \
-                 Fisher tests, false-discovery rate {:.0}%: level {:.1e})",
-                e.kept,
-                e.candidates,
-                100.0 * e.fdr,
-                e.alpha
-            ));
-        }
-        if let Some(e) = self.enriched.filter(|e| e.kept == 0) {
-            s = format!(
-                "{s}; a test of each line (seen more often with a request than without) found \
+        match self.enriched {
+            Some(e) if e.used => {
+                return Some(format!(
+                    "{s}; so the working set is instead the {} of the {} lines the requests saw \
+                     that were seen significantly more often with a request than without \
+                     (one-sided Fisher tests, false-discovery rate {:.0}%: level {:.1e})",
+                    e.kept,
+                    e.candidates,
+                    100.0 * e.fdr,
+                    e.alpha
+                ));
+            }
+            Some(e) => {
+                s = format!(
+                    "{s}; a test of each line (seen more often with a request than without) found \
                  none at a false-discovery rate of {:.0}% among {} lines with {} samples each \
                  way, so the vote's lines are kept (more `--samples` give the test its power)",
-                100.0 * e.fdr,
-                e.candidates,
-                self.samples
-            );
+                    100.0 * e.fdr,
+                    e.candidates,
+                    self.samples
+                );
+            }
+            None => {}
         }
         if share > CHANCE_UNRELIABLE {
             s = format!(

@@ -83,13 +83,7 @@ pub fn record_probe(
 ) -> Result<Recording> {
     let t0 = Instant::now();
     let mut agent = AgentClient::connect(&server.run_dir, pid)?;
-    let mut stats = RecordStats {
-        backend: "probe".into(),
-        samples: p.filter.n,
-        // The warm-up requests are sent first (below, or before these statistics).
-        requests_sent: u64::from(p.warm_up),
-        ..Default::default()
-    };
+    let mut stats = RecordStats::started("probe", p);
     let threshold = calibrate(&mut agent, &mut stats)?;
     let ranges = candidates(&mut agent, &mut stats)?;
     let chunks = chunk_ranges(&ranges, p.chunk_bytes);
@@ -337,7 +331,6 @@ fn stable_lines(
         stats.noise_lines_removed = (before - lines.len()) as u64;
     }
     stats.kept_lines = lines.len() as u64;
-    stats.vote = Some(p.vote);
     stats.chance_kept = (!noise.is_empty()).then(|| {
         let noise_k = p.subtract_noise.then_some(stats.noise_k as usize);
         preheat_model::chance_kept(samples, noise, p.filter.k as usize, noise_k, NOISE_SLACK)
@@ -355,6 +348,9 @@ fn stable_lines(
         // tell any line apart (said in the report), and an empty working set helps nobody.
         if !tested.is_empty() || p.vote == Vote::Enriched {
             lines = tested;
+            if let Some(e) = stats.enriched.as_mut() {
+                e.used = true;
+            }
         }
     }
     lines
@@ -371,15 +367,16 @@ fn enriched_lines(
 ) -> LineSet {
     let seen = filter_k_of_n(samples, 1);
     let k = p.filter.k as usize;
-    let voted = filter_k_of_n(samples, k);
-    let ps = preheat_model::enrichment_ps(&voted, samples, noise, k);
+    let tested = preheat_model::enrichment_ps(&filter_k_of_n(samples, k), samples, noise, k);
+    let ps: Vec<f64> = tested.iter().map(|&(_, p)| p).collect();
     let alpha = preheat_model::fdr_level(&ps, seen.len(), ENRICHED_FDR);
-    let lines = preheat_model::keep_enriched(&voted, samples, noise, k, alpha);
+    let lines = preheat_model::enriched_at(&tested, alpha);
     stats.enriched = Some(Enriched {
         candidates: seen.len() as u64,
         alpha,
         fdr: ENRICHED_FDR,
         kept: lines.len() as u64,
+        used: false,
     });
     lines
 }

@@ -638,72 +638,42 @@ impl Client {
 
     /// Send `req` and read until the reply ends with `until`. Returns the reply.
     pub fn request(&mut self, req: &[u8], until: &[u8]) -> Result<&[u8]> {
-        self.exchange(req, |buf| buf.ends_with(until).then_some(()))
+        self.exchange(req, |buf| buf.ends_with(until).then_some(()), REPLY_TIMEOUT)
     }
 
     /// As [`Client::request`], but blocked in the kernel while waiting instead of polling
     /// (the client's latency does not matter, its CPU does: a request whose server is being
     /// single-stepped takes seconds), for at most `timeout`.
-    pub fn request_blocking(
-        &mut self,
-        req: &[u8],
-        until: &[u8],
-        timeout: Duration,
-    ) -> Result<Vec<u8>> {
+    pub fn request_blocking(&mut self, req: &[u8], until: &[u8], timeout: Duration) -> Result<()> {
+        // Each blocked read wakes at least once a second to check the deadline.
         self.s.set_nonblocking(false)?;
-        let r = self.blocking_exchange(req, until, timeout);
+        self.s
+            .set_read_timeout(Some(timeout.min(Duration::from_secs(1))))?;
+        self.s.set_write_timeout(Some(timeout))?;
+        let r = self
+            .exchange(req, |buf| buf.ends_with(until).then_some(()), timeout)
+            .map(drop);
         self.s.set_nonblocking(true)?;
         r
     }
 
-    fn blocking_exchange(
+    /// Send `req`, then read until `complete` says the reply is whole, for at most `timeout`:
+    /// polling on the non-blocking socket, or (where it blocks, with a read timeout) waiting in
+    /// the kernel.
+    fn exchange(
         &mut self,
         req: &[u8],
-        until: &[u8],
+        complete: impl Fn(&[u8]) -> Option<()>,
         timeout: Duration,
-    ) -> Result<Vec<u8>> {
-        let deadline = Instant::now() + timeout;
-        self.s.set_write_timeout(Some(timeout))?;
-        self.s.write_all(req).context("sending the request")?;
-        let mut reply = Vec::new();
-        let mut chunk = [0u8; 16384];
-        while !reply.ends_with(until) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("no complete reply within {timeout:?}");
-            }
-            self.s.set_read_timeout(Some(left))?;
-            match self.s.read(&mut chunk) {
-                Ok(0) => bail!("server closed the connection"),
-                Ok(n) => reply.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    bail!("no complete reply within {timeout:?}")
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e).context("reading the reply"),
-            }
-            if reply.len() > 16 << 20 {
-                bail!("reply larger than 16 MiB without terminator");
-            }
-        }
-        Ok(reply)
-    }
-
-    /// Send `req`, then poll until `complete` says the reply is whole.
-    fn exchange(&mut self, req: &[u8], complete: impl Fn(&[u8]) -> Option<()>) -> Result<&[u8]> {
+    ) -> Result<&[u8]> {
         let t0 = Instant::now();
         let mut sent = 0;
         while sent < req.len() {
             match self.s.write(&req[sent..]) {
                 Ok(n) => sent += n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if t0.elapsed() > REPLY_TIMEOUT {
-                        bail!("could not send the request within {REPLY_TIMEOUT:?}");
+                    if t0.elapsed() > timeout {
+                        bail!("could not send the request within {timeout:?}");
                     }
                     std::hint::spin_loop()
                 }
@@ -726,9 +696,10 @@ impl Client {
                         bail!("reply larger than 16 MiB without terminator");
                     }
                 }
+                // A blocking socket's read timeout is WouldBlock too.
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if t0.elapsed() > REPLY_TIMEOUT {
-                        bail!("no complete reply within {REPLY_TIMEOUT:?}");
+                    if t0.elapsed() > timeout {
+                        bail!("no complete reply within {timeout:?}");
                     }
                     std::hint::spin_loop();
                 }

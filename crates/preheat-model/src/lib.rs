@@ -44,6 +44,7 @@ pub use profile::{Backend, BinaryIdent, FilterParams, Profile, RequestClass};
 pub use region::{AnonKind, FileIdent, Mapping, RegionKey, RegionTable};
 pub use resolve::{resolve_class, AbsRun, ResolveError, Resolved};
 pub use vote::{
-    chance_kept, enrichment_p, enrichment_ps, fdr_level, filter_k_of_n, keep_enriched, remove_noise,
+    chance_kept, enriched_at, enrichment_p, enrichment_ps, fdr_level, filter_k_of_n, keep_enriched,
+    remove_noise,
 };
 pub use ws::{encode_runs, LineSet, Run, WorkingSet, WsStats};

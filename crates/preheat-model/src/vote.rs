@@ -6,8 +6,8 @@
 //! * [`filter_k_of_n`]: lines seen in at least `k` of `n` request samples (the paper's);
 //! * [`remove_noise`]: less the lines that come about about as often without a request;
 //! * [`chance_kept`]: how many lines those two keep although no request touches them (modeled);
-//! * [`enrichment_p`], [`keep_enriched`]: a one-sided Fisher exact test per line (seen more
-//!   often with the request than without), at a level that bounds the expected false lines.
+//! * [`enrichment_p`], [`keep_enriched`], [`fdr_level`]: a one-sided Fisher exact test per line
+//!   (seen more often with the request than without), at a Benjamini–Hochberg level.
 
 use std::collections::BTreeMap;
 
@@ -144,9 +144,8 @@ pub fn enrichment_p(r: u32, n: u32, s: u32, m: u32) -> f64 {
 }
 
 /// The lines of `lines` seen in at least `k` request samples whose [`enrichment_p`] is at most
-/// `alpha`: seen significantly more often with the request than without it. Over `c`
-/// candidate lines at most `alpha · c` lines unrelated to the request are expected to pass
-/// (whatever their rates), so `alpha = bound / c` bounds them by `bound`.
+/// `alpha`: seen significantly more often with the request than without it
+/// ([`enrichment_ps`], then [`enriched_at`]).
 pub fn keep_enriched(
     lines: &LineSet,
     samples: &[LineSet],
@@ -154,16 +153,16 @@ pub fn keep_enriched(
     k: usize,
     alpha: f64,
 ) -> LineSet {
-    let (n, m) = (samples.len() as u32, noise.len() as u32);
+    enriched_at(&enrichment_ps(lines, samples, noise, k), alpha)
+}
+
+/// The tested lines whose p-value is at most `alpha`.
+pub fn enriched_at(tested: &[(RegionLine, f64)], alpha: f64) -> LineSet {
     LineSet::from_sorted(
-        lines
-            .as_slice()
+        tested
             .iter()
-            .filter(|l| {
-                let r = seen_in(samples, l);
-                r as usize >= k.max(1) && enrichment_p(r, n, seen_in(noise, l), m) <= alpha
-            })
-            .copied()
+            .filter(|&&(_, p)| p <= alpha)
+            .map(|&(l, _)| l)
             .collect(),
     )
 }
@@ -184,20 +183,21 @@ pub fn fdr_level(p_values: &[f64], candidates: usize, q: f64) -> f64 {
         .map_or(0.0, |(_, &p)| p)
 }
 
-/// The p-values ([`enrichment_p`]) of the lines of `lines` seen in at least `k` request samples.
+/// The lines of `lines` seen in at least `k` request samples, each with its p-value
+/// ([`enrichment_p`]), in the order of `lines`.
 pub fn enrichment_ps(
     lines: &LineSet,
     samples: &[LineSet],
     noise: &[LineSet],
     k: usize,
-) -> Vec<f64> {
+) -> Vec<(RegionLine, f64)> {
     let (n, m) = (samples.len() as u32, noise.len() as u32);
     lines
         .as_slice()
         .iter()
-        .filter_map(|l| {
-            let r = seen_in(samples, l);
-            (r as usize >= k.max(1)).then(|| enrichment_p(r, n, seen_in(noise, l), m))
+        .filter_map(|&l| {
+            let r = seen_in(samples, &l);
+            (r as usize >= k.max(1)).then(|| (l, enrichment_p(r, n, seen_in(noise, &l), m)))
         })
         .collect()
 }
