@@ -106,10 +106,10 @@ pub fn record_hybrid(
     };
     write_part("probe.phws", &probe.profile)?;
     // Recorded by default (not `required`), the stepping gets a budget: a managed runtime's
-    // request takes seconds to minutes to single-step (Node.js: 4.8 M instructions, 93 s; the
-    // JVM after the probe's thousands of requests 0.12 M, 2.3 s), and the recording should end
-    // within a minute (what the probe left of it, less the step's own start); a C server's
-    // takes well under a second.
+    // request takes seconds to minutes to single-step (after the probe's requests Node.js
+    // 0.40 M instructions, 7.4 s, the JVM 0.12 M, 2.3 s; Node.js unwarmed 4.8 M, 93 s), and the
+    // recording should end within a minute (what the probe left of it, less the step's own
+    // start); a C server's takes well under a second.
     let left = AUTO_RECORD_GOAL.saturating_sub(t0.elapsed() + AUTO_STEP_START);
     let budget = (!required).then_some(AUTO_STEP_BUDGET.min(left));
     if budget.is_some_and(|b| b < AUTO_STEP_BUDGET / 10) {
