@@ -61,11 +61,19 @@
 //!
 //! The goal (≤ 1%, as for the agent) is **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
-//! filter alone is 0.8%. The way further down is fewer records — state per thread in the
-//! kernel and one record per busy period — which trades each record for a map operation (not
-//! built, its cost here not measured; task-local storage, the cheapest such map, needs
-//! BTF-typed programs). ptrace would stop the server at every
-//! syscall (two context switches each): not tried.
+//! filter alone is 0.8%. **Fewer records would not reach it either** (measured 2026-11-29,
+//! session 24, same method and variant, three interleaved runs of 7 pairs each, with the
+//! programs changed for the experiment and not kept): the records as built 6.3 / 6.0 / 3.8% and
+//! 5.5 / 4.8 / 6.4% in two series; the same programs writing each record into a hash map keyed
+//! by thread instead (`bpf_map_update_elem`) **7.3 / 7.9 / 5.7%**, more than the ring buffer;
+//! looking the thread's entry up and storing in place (`bpf_map_lookup_elem`, the per-thread
+//! state a one-record-per-busy-period design would keep) 3.4 / 3.2 / 4.6%; and writing nothing
+//! at all (the filter, the arguments read with `bpf_probe_read_kernel`, the clock) 3.4 / 2.6 /
+//! 1.7% and 2.7 / 2.9 / 3.5%. So even with no records the programs cost 2–3%: reading the
+//! arguments and the clock is most of it. What is left to try is programs that read their
+//! arguments directly and run only for the traced calls (BTF-typed `fentry`/`fexit` programs
+//! on the syscalls' kernel functions, which need the kernel's BTF to attach), not built;
+//! ptrace would stop the server at every syscall (two context switches each): not tried.
 #![allow(unsafe_code)]
 
 pub mod bpf;
