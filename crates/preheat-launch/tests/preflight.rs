@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use preheat_launch::launch::{self, ServerSpec};
 use preheat_launch::preflight::{self, Needs, Refusal};
-use preheat_testsupport::{free_port, skip, try_compile_c};
+use preheat_testsupport::{free_port, skip, try_compile_c, ACCEPT_CLOSE_SERVER_C};
 
 const PROBE_C: &str = r#"
 #include <stdio.h>
@@ -31,25 +31,6 @@ __attribute__((constructor)) static void mark(void) {
 "#;
 
 const PROG_C: &str = "int main(void) { return 0; }\n";
-
-/// Listens on 127.0.0.1:argv[1], accepts and closes connections until killed.
-const SERVER_C: &str = r#"
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(atoi(argc > 1 ? argv[1] : "0"));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 16)) return 1;
-    for (;;) { int c = accept(s, 0, 0); if (c >= 0) close(c); }
-}
-"#;
 
 struct Built {
     dir: tempfile::TempDir,
@@ -522,7 +503,7 @@ fn start_fails(argv: Vec<String>, port: u16, timeout: Duration) -> (String, Dura
 fn start_refuses_at_once_what_cannot_have_the_agent() {
     let Some(b) = build() else { return };
     let d = b.dir.path();
-    let Some(server) = cc(d, SERVER_C, "server-static", &["-static"]) else {
+    let Some(server) = cc(d, ACCEPT_CLOSE_SERVER_C, "server-static", &["-static"]) else {
         return;
     };
     let s = server.display().to_string();
@@ -554,7 +535,7 @@ fn start_refuses_at_once_what_cannot_have_the_agent() {
 fn a_wait_that_ends_without_agent_says_what_was_ruled_out() {
     let Some(b) = build() else { return };
     let d = b.dir.path();
-    let server = cc(d, SERVER_C, "server", &[]).unwrap();
+    let server = cc(d, ACCEPT_CLOSE_SERVER_C, "server", &[]).unwrap();
     let port = free_port();
     // env loads the agent, then runs the server without LD_PRELOAD.
     let argv = vec![

@@ -275,6 +275,27 @@ pub fn try_go_build(
     })
 }
 
+/// A C server that listens on 127.0.0.1:argv[1] and accepts and closes connections until
+/// killed: the smallest listening program for the pre-flight's tests (built static or dynamic
+/// with [`try_compile_c`]).
+pub const ACCEPT_CLOSE_SERVER_C: &str = r#"
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {0};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(atoi(argc > 1 ? argv[1] : "0"));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 16)) return 1;
+    for (;;) { int c = accept(s, 0, 0); if (c >= 0) close(c); }
+}
+"#;
+
 /// A Go `net/http` server on 127.0.0.1:`PORT` (its one argument) that answers every request
 /// "pong\n". Built with [`try_go_build`] and `CGO_ENABLED=0` it is statically linked, as Go's
 /// default for many deployments.

@@ -12,29 +12,10 @@ use std::time::{Duration, Instant};
 use common::{assert_no_agent_sockets, preheat, run_dir};
 use preheat_testsupport::{free_port, go_static_http_server, skip, try_compile_c};
 
-/// Listens on 127.0.0.1:argv[1], accepts and closes connections until killed.
-const SERVER_C: &str = r#"
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
-int main(int argc, char **argv) {
-    int s = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(atoi(argc > 1 ? argv[1] : "0"));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 16)) return 1;
-    for (;;) { int c = accept(s, 0, 0); if (c >= 0) close(c); }
-}
-"#;
-
-/// The server above, statically linked; `None` (skipped visibly) where it cannot be built.
+/// [`preheat_testsupport::ACCEPT_CLOSE_SERVER_C`], statically linked; `None` (skipped visibly) where it cannot be built.
 fn static_server(dir: &tempfile::TempDir) -> Option<PathBuf> {
     let src = dir.path().join("server.c");
-    std::fs::write(&src, SERVER_C).unwrap();
+    std::fs::write(&src, preheat_testsupport::ACCEPT_CLOSE_SERVER_C).unwrap();
     match try_compile_c(&src, &dir.path().join("server-static"), &["-static"])? {
         Ok(p) => Some(p),
         Err(e) => {
