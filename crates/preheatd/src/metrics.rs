@@ -36,6 +36,12 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// A family of one sample without labels: its `# HELP` and `# TYPE` lines, then the value.
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {v}");
+}
+
 fn seconds(ns: i64) -> String {
     // `Display` for f64 never uses an exponent; Prometheus parses any float.
     format!("{}", ns as f64 / 1e9)
@@ -54,20 +60,20 @@ pub fn render(s: &StatsSnapshot, agents: &[AgentSample]) -> String {
 /// The announcement gate's families: received, accepted and dropped (by reason).
 fn render_announcements(o: &mut String, s: &StatsSnapshot) {
     let g = &s.gate;
-    family(
+    scalar(
         o,
         "preheatd_announcements_received_total",
         "counter",
         "Datagrams received on the announcement socket, before any check.",
+        g.received,
     );
-    let _ = writeln!(o, "preheatd_announcements_received_total {}", g.received);
-    family(
+    scalar(
         o,
         "preheatd_announcements_accepted_total",
         "counter",
         "Announcements that passed the gate (authenticated, fresh, not replayed, within the rate).",
+        g.accepted,
     );
-    let _ = writeln!(o, "preheatd_announcements_accepted_total {}", g.accepted);
     family(
         o,
         "preheatd_announcements_dropped_total",
@@ -94,42 +100,42 @@ fn render_announcements(o: &mut String, s: &StatsSnapshot) {
 
 /// The dispatcher's and the registry's families: dispatched, send errors, agents, ports, scans.
 fn render_daemon(o: &mut String, s: &StatsSnapshot) {
-    family(
+    scalar(
         o,
         "preheatd_dispatched_total",
         "counter",
         "Announcements sent to at least one local agent's trigger socket.",
+        s.dispatched,
     );
-    let _ = writeln!(o, "preheatd_dispatched_total {}", s.dispatched);
-    family(
+    scalar(
         o,
         "preheatd_send_errors_total",
         "counter",
         "Trigger datagrams that could not be sent (one per agent and announcement: agent gone, \
          its queue full).",
+        s.send_errors,
     );
-    let _ = writeln!(o, "preheatd_send_errors_total {}", s.send_errors);
-    family(
+    scalar(
         o,
         "preheatd_agents",
         "gauge",
         "Local agents in the registry.",
+        s.agents,
     );
-    let _ = writeln!(o, "preheatd_agents {}", s.agents);
-    family(
+    scalar(
         o,
         "preheatd_ports",
         "gauge",
         "Ports served by at least one registered agent.",
+        s.ports,
     );
-    let _ = writeln!(o, "preheatd_ports {}", s.ports);
-    family(
+    scalar(
         o,
         "preheatd_registry_scans_total",
         "counter",
         "Scans of the run directory for agents.",
+        s.scans,
     );
-    let _ = writeln!(o, "preheatd_registry_scans_total {}", s.scans);
 }
 
 /// The lead histogram of accepted announcements (cumulative buckets, sum, count).
