@@ -275,7 +275,7 @@ pub fn try_go_build(
     })
 }
 
-/// A C server that listens on 127.0.0.1:argv[1] and accepts and closes connections until
+/// A C server that listens on 127.0.0.1:`argv[1]` and accepts and closes connections until
 /// killed: the smallest listening program for the pre-flight's tests (built static or dynamic
 /// with [`try_compile_c`]).
 pub const ACCEPT_CLOSE_SERVER_C: &str = r#"
