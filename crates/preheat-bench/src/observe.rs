@@ -28,6 +28,8 @@ pub struct ObserveBench {
     /// The mechanism attached to the second server; `None`: the A/A control.
     pub mechanism: Option<Mechanism>,
     pub mechanism_detail: Option<&'static str>,
+    /// Why the eBPF programs were not BTF-typed in some pair (the first reason), where they ran.
+    pub untyped: Option<String>,
     pub requests_per_pair: usize,
     pub pairs: usize,
     pub blocks: usize,
@@ -145,6 +147,7 @@ pub fn measure(
     let mut acc = Pairs::default();
     let (mut ppr, mut spr) = (Vec::new(), Vec::new());
     let mut lost = 0;
+    let mut untyped = None;
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
@@ -162,6 +165,7 @@ pub fn measure(
             ppr.push(reads as f64 / (per_block * blocks) as f64);
             spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
             lost += rep.lost_samples;
+            untyped = untyped.or_else(|| rep.untyped.clone());
         }
         acc.add(per_block, &r.secs, r.lat);
         progress.inc(1);
@@ -171,6 +175,7 @@ pub fn measure(
         label: "measured",
         mechanism,
         mechanism_detail: mechanism.map(Mechanism::describe),
+        untyped,
         requests_per_pair: per_block * blocks,
         pairs,
         blocks,
@@ -191,7 +196,15 @@ impl ObserveBench {
     pub fn render(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let with_label = self.mechanism_detail.unwrap_or("no observer (A/A control)");
+        let typed = match (&self.mechanism, &self.untyped) {
+            (Some(Mechanism::Bpf), None) => "; BTF-typed programs".to_string(),
+            (Some(Mechanism::Bpf), Some(why)) => format!("; programs not BTF-typed ({why})"),
+            _ => String::new(),
+        };
+        let with_label = format!(
+            "{}{typed}",
+            self.mechanism_detail.unwrap_or("no observer (A/A control)")
+        );
         let _ = writeln!(s,
             "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; per pair two servers on the same CPU, the second observed by {with_label}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
             self.pairs, self.requests_per_pair, self.blocks, self.cpuidle

@@ -20,6 +20,11 @@ const RAW_TRACEPOINT_OPEN: libc::c_long = 17;
 const MAP_TYPE_ARRAY: u32 = 2;
 const MAP_TYPE_RINGBUF: u32 = 27;
 const PROG_TYPE_RAW_TRACEPOINT: u32 = 17;
+const PROG_TYPE_TRACING: u32 = 26;
+/// `BPF_TRACE_RAW_TP`: a BTF-typed raw tracepoint program (`tp_btf`).
+const TRACE_RAW_TP: u32 = 23;
+/// The kernel's own BTF, where a `tp_btf` program's tracepoint is named by a type id.
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// `union bpf_attr` as `BPF_MAP_CREATE` reads it (the rest zero).
 #[repr(C)]
@@ -47,7 +52,18 @@ struct ProgLoad {
     kern_version: u32,
     prog_flags: u32,
     prog_name: [u8; 16],
-    pad: [u32; 20],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+    attach_prog_fd: u32,
+    pad: [u32; 7],
 }
 
 /// `union bpf_attr` as `BPF_MAP_LOOKUP_ELEM` reads it.
@@ -116,8 +132,9 @@ fn map_create(map_type: u32, key: u32, value: u32, entries: u32) -> io::Result<O
     unsafe { owned(bpf(MAP_CREATE, &mut a)?) }
 }
 
-/// Load a raw tracepoint program; on refusal the error carries the verifier's log.
-fn prog_load(insns: &[bpfprog::Insn], name: &str) -> Result<OwnedFd> {
+/// Load a raw tracepoint program — BTF-typed where `btf_id` names its tracepoint's typedef in
+/// the kernel's BTF; on refusal the error carries the verifier's log.
+fn prog_load(insns: &[bpfprog::Insn], name: &str, btf_id: Option<u32>) -> Result<OwnedFd> {
     let code = bpfprog::to_bytes(insns);
     let license = c"Dual MIT/GPL";
     let mut log = vec![0u8; 64 * 1024];
@@ -126,7 +143,13 @@ fn prog_load(insns: &[bpfprog::Insn], name: &str) -> Result<OwnedFd> {
         *d = s;
     }
     let mut a = ProgLoad {
-        prog_type: PROG_TYPE_RAW_TRACEPOINT,
+        prog_type: if btf_id.is_some() {
+            PROG_TYPE_TRACING
+        } else {
+            PROG_TYPE_RAW_TRACEPOINT
+        },
+        expected_attach_type: if btf_id.is_some() { TRACE_RAW_TP } else { 0 },
+        attach_btf_id: btf_id.unwrap_or(0),
         insn_cnt: u32::try_from(insns.len()).context("program too long")?,
         insns: code.as_ptr() as u64,
         license: license.as_ptr() as u64,
@@ -306,27 +329,92 @@ pub struct Attached {
     lost: OwnedFd,
     /// The raw tracepoint links (closing them detaches the programs).
     links: Vec<OwnedFd>,
+    /// Why the programs are not BTF-typed (`None`: they are).
+    untyped: Option<String>,
     _progs: Vec<OwnedFd>,
     _ringbuf: OwnedFd,
 }
 
-/// Attach `prog` to raw tracepoint `name` (the returned fd keeps it attached).
-fn raw_tracepoint_open(name: &std::ffi::CStr, prog: &OwnedFd) -> io::Result<OwnedFd> {
+/// Attach `prog` to raw tracepoint `name` (the returned fd keeps it attached); `None` for a
+/// BTF-typed program, whose tracepoint was named at load.
+fn raw_tracepoint_open(name: Option<&std::ffi::CStr>, prog: &OwnedFd) -> io::Result<OwnedFd> {
     let mut a = RawTpOpen {
-        name: name.as_ptr() as u64,
+        name: name.map_or(0, |n| n.as_ptr() as u64),
         prog_fd: prog.as_raw_fd() as u32,
         ..RawTpOpen::default()
     };
-    // SAFETY: `name` points to a NUL-terminated string the caller keeps alive; the link's fd
-    // it returns is new.
+    // SAFETY: `name` is null or points to a NUL-terminated string the caller keeps alive; the
+    // link's fd it returns is new.
     unsafe { owned(bpf(RAW_TRACEPOINT_OPEN, &mut a)?) }
 }
 
+/// The BTF type ids of the typedefs naming the tracepoints `sys_enter` and `sys_exit`, or why
+/// a BTF-typed program cannot be had.
+fn typed_ids() -> Result<(u32, u32), String> {
+    let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
+    Ok((
+        crate::btf::typedef_id(&raw, "btf_trace_sys_enter")?,
+        crate::btf::typedef_id(&raw, "btf_trace_sys_exit")?,
+    ))
+}
+
+/// Load and attach the entry and exit programs (BTF-typed where `typed` gives the
+/// tracepoints' type ids); the programs and their links.
+fn load_pair(
+    tgid: u32,
+    (enter_nrs, exit_nrs): (&[i64], &[i64]),
+    (ringbuf_fd, lost_fd): (i32, i32),
+    typed: Option<(u32, u32)>,
+) -> Result<(Vec<OwnedFd>, Vec<OwnedFd>)> {
+    let mut progs = Vec::new();
+    let mut links = Vec::new();
+    for (edge, tp, keep, name, id) in [
+        (
+            Edge::Enter,
+            c"sys_enter",
+            enter_nrs,
+            "preheat_enter",
+            typed.map(|t| t.0),
+        ),
+        (
+            Edge::Exit,
+            c"sys_exit",
+            exit_nrs,
+            "preheat_exit",
+            typed.map(|t| t.1),
+        ),
+    ] {
+        let spec = Spec {
+            edge,
+            tgid,
+            keep,
+            ringbuf_fd,
+            lost_fd,
+            typed: id.is_some(),
+        };
+        let insns = bpfprog::observer(&spec).map_err(anyhow::Error::msg)?;
+        let prog = prog_load(&insns, name, id)?;
+        let link = raw_tracepoint_open(id.is_none().then_some(tp), &prog)
+            .context("attaching the eBPF program to the raw tracepoint")?;
+        progs.push(prog);
+        links.push(link);
+    }
+    Ok((progs, links))
+}
+
 impl Attached {
-    /// Load the entry and exit programs for process `tgid` (keeping `enter_nrs` at entry and
-    /// `exit_nrs` at exit) with a ring buffer of `size` bytes (a power of two, ≥ a page), and
+    /// Load the entry and exit programs for process `tgid` (keeping `nrs.0` at entry and
+    /// `nrs.1` at exit) with a ring buffer of `size` bytes (a power of two, ≥ a page), and
     /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
-    pub fn attach(tgid: u32, enter_nrs: &[i64], exit_nrs: &[i64], size: usize) -> Result<Attached> {
+    /// BTF-typed (`tp_btf`, the registers read with plain loads) unless `typed` says why not
+    /// or the kernel's BTF or verifier refuses them; then untyped, and [`Attached::untyped`]
+    /// says why.
+    pub fn attach(
+        tgid: u32,
+        nrs: (&[i64], &[i64]),
+        size: usize,
+        typed: Result<(), String>,
+    ) -> Result<Attached> {
         if !cfg!(target_arch = "x86_64") {
             bail!("the eBPF observer knows x86_64's registers and syscall numbers only");
         }
@@ -335,33 +423,31 @@ impl Attached {
             .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
         let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 1).context("creating a BPF array")?;
         let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;
-        let mut progs = Vec::new();
-        let mut links = Vec::new();
-        for (edge, tp, keep, name) in [
-            (Edge::Enter, c"sys_enter", enter_nrs, "preheat_enter"),
-            (Edge::Exit, c"sys_exit", exit_nrs, "preheat_exit"),
-        ] {
-            let spec = Spec {
-                edge,
-                tgid,
-                keep,
-                ringbuf_fd: ringbuf.as_raw_fd(),
-                lost_fd: lost.as_raw_fd(),
-            };
-            let insns = bpfprog::observer(&spec).map_err(anyhow::Error::msg)?;
-            let prog = prog_load(&insns, name)?;
-            let link = raw_tracepoint_open(tp, &prog)
-                .context("attaching the eBPF program to the raw tracepoint")?;
-            progs.push(prog);
-            links.push(link);
-        }
+        let fds = (ringbuf.as_raw_fd(), lost.as_raw_fd());
+        let (progs, links, untyped) = match typed
+            .and_then(|()| typed_ids())
+            .and_then(|ids| load_pair(tgid, nrs, fds, Some(ids)).map_err(|e| format!("{e:#}")))
+        {
+            Ok((progs, links)) => (progs, links, None),
+            Err(why) => {
+                let (progs, links) = load_pair(tgid, nrs, fds, None)?;
+                (progs, links, Some(why))
+            }
+        };
         Ok(Attached {
             ring,
             lost,
             links,
+            untyped,
             _progs: progs,
             _ringbuf: ringbuf,
         })
+    }
+
+    /// Why the programs are not BTF-typed (they read the registers through a helper call
+    /// each); `None` where they are.
+    pub fn untyped(&self) -> Option<&str> {
+        self.untyped.as_deref()
     }
 
     /// Stop: the programs no longer run once their links are closed.

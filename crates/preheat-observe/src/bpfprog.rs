@@ -14,6 +14,15 @@
 //! a one-element array (the lost count). The tracker in user space is the same as for perf
 //! samples ([`crate::periods`]).
 //!
+//! Two forms of the same program: **BTF-typed** (`BPF_PROG_TYPE_TRACING` attached as
+//! `tp_btf`, the tracepoint named by its type id in the kernel's BTF: [`crate::btf`]), where
+//! the verifier knows the first argument is a `struct pt_regs` and the program reads the
+//! syscall number and arguments with plain loads; and **untyped** (`BPF_PROG_TYPE_RAW_TRACEPOINT`),
+//! where each of those reads is a `bpf_probe_read_kernel` call — three per kept entry, one per
+//! exit of every call of the process. The typed form is the default and measured cheaper
+//! (`preheat bench observe`, the crate docs): 4.2 / 4.4 / 3.1% of preheat-kv's throughput
+//! against 6.1 / 6.1 / 6.1% untyped.
+//!
 //! Why a raw tracepoint (`BPF_RAW_TRACEPOINT_OPEN`), not a program on the tracepoint's perf
 //! event: a perf event's programs share the tracepoint with every other perf user of it, and
 //! a program returning 0 there suppresses *their* samples too (measured: a perf observer run
@@ -237,9 +246,9 @@ const REC: i16 = -(RECORD_SIZE as i16);
 const KEY: i16 = REC - 8;
 
 /// x86_64 `struct pt_regs`: where the entry's first two arguments and the syscall number are.
-const REGS_SI: i32 = 104;
-const REGS_DI: i32 = 112;
-const REGS_ORIG_AX: i32 = 120;
+const REGS_SI: i16 = 104;
+const REGS_DI: i16 = 112;
+const REGS_ORIG_AX: i16 = 120;
 
 /// What one observer program needs.
 #[derive(Debug, Clone)]
@@ -252,15 +261,25 @@ pub struct Spec<'a> {
     pub ringbuf_fd: i32,
     /// The one-element array counting records the full ring buffer refused.
     pub lost_fd: i32,
+    /// A BTF-typed program (`tp_btf`): the verifier knows `regs` is a `struct pt_regs`, so its
+    /// fields are read with plain loads; otherwise through `bpf_probe_read_kernel` (a helper
+    /// call each).
+    pub typed: bool,
 }
 
-/// `*(fp + to) = *(u64 *)(r9 + from)` through `bpf_probe_read_kernel` (r9: the `pt_regs`).
-fn read_reg(a: &mut Asm, to: i16, from: i32) {
+/// `*(fp + to) = *(u64 *)(r9 + from)` (r9: the `pt_regs`): a plain load in a BTF-typed
+/// program, else through `bpf_probe_read_kernel`.
+fn read_reg(a: &mut Asm, typed: bool, to: i16, from: i16) {
+    if typed {
+        a.load64(R1, R9, from);
+        a.store64(FP, to, R1);
+        return;
+    }
     a.mov(R1, FP);
     a.add_imm(R1, i32::from(to));
     a.mov_imm(R2, 8);
     a.mov(R3, R9);
-    a.add_imm(R3, from);
+    a.add_imm(R3, i32::from(from));
     a.call(helper::PROBE_READ_KERNEL);
 }
 
@@ -280,7 +299,7 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
     match spec.edge {
         Edge::Enter => a.load64(R8, R6, 8), // r8 = id
         Edge::Exit => {
-            read_reg(&mut a, REC + 24, REGS_ORIG_AX);
+            read_reg(&mut a, spec.typed, REC + 24, REGS_ORIG_AX);
             a.load64(R8, FP, REC + 24);
         }
     }
@@ -295,8 +314,8 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
     a.store64(FP, REC + 24, R8);
     match spec.edge {
         Edge::Enter => {
-            read_reg(&mut a, REC + 32, REGS_DI);
-            read_reg(&mut a, REC + 40, REGS_SI);
+            read_reg(&mut a, spec.typed, REC + 32, REGS_DI);
+            read_reg(&mut a, spec.typed, REC + 40, REGS_SI);
         }
         Edge::Exit => {
             a.load64(R1, R6, 8); // ret
@@ -400,6 +419,7 @@ mod tests {
                 keep: &[0, 1, 232],
                 ringbuf_fd: 5,
                 lost_fd: 6,
+                typed: false,
             };
             let p = observer(&spec).unwrap();
             // Ends in `r0 = 0; exit`, every jump stays inside the program.
@@ -420,12 +440,35 @@ mod tests {
                 3
             );
         }
+        // A BTF-typed program reads the registers with plain loads: no helper call for them.
+        for (edge, typed, reads) in [
+            (Edge::Enter, false, 2),
+            (Edge::Exit, false, 1),
+            (Edge::Enter, true, 0),
+            (Edge::Exit, true, 0),
+        ] {
+            let spec = Spec {
+                edge,
+                tgid: 1,
+                keep: &[0],
+                ringbuf_fd: 5,
+                lost_fd: 6,
+                typed,
+            };
+            let p = observer(&spec).unwrap();
+            let calls = p
+                .iter()
+                .filter(|i| i.code == (JMP | CALL) && i.imm == helper::PROBE_READ_KERNEL)
+                .count();
+            assert_eq!(calls, reads, "{edge:?} typed {typed}");
+        }
         let big = Spec {
             edge: Edge::Enter,
             tgid: u32::MAX,
             keep: &[],
             ringbuf_fd: 1,
             lost_fd: 2,
+            typed: false,
         };
         assert!(observer(&big).is_err());
     }

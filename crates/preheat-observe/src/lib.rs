@@ -24,9 +24,11 @@
 //! - [`Mechanism::Bpf`], the default: two eBPF programs ([`bpfprog`], assembled here; loaded
 //!   and attached by [`bpf`]) on the raw tracepoints `sys_enter`/`sys_exit`, which keep the
 //!   process's traced calls (its thread group id: threads created later included) and write a
-//!   48-byte record of each into one BPF ring buffer that a thread drains every 5 ms. Where the
-//!   kernel refuses them (no BPF, an old kernel, a locked-down one) the observer falls back to
-//!   the next and the report says why.
+//!   48-byte record of each into one BPF ring buffer that a thread drains every 5 ms. They are
+//!   BTF-typed (`tp_btf`: the registers read with plain loads) where the kernel's BTF names
+//!   the tracepoints ([`btf`]), else untyped (each register read a helper call), and the
+//!   report says which and why. Where the kernel refuses them (no BPF, an old kernel, a
+//!   locked-down one) the observer falls back to the next and the report says why.
 //! - [`Mechanism::SystemWide`]: perf samples (`perf_event_open` on
 //!   `raw_syscalls:sys_enter`/`sys_exit`, bindings from `perf-event-open-sys`, samples
 //!   `TID | TIME | RAW` with CLOCK_MONOTONIC times, one ring buffer per CPU): one entry and
@@ -59,25 +61,32 @@
 //! (6.0, 5.9, 7.0%). So what is left is the records themselves, ~0.1 µs each (time stamp,
 //! ring-buffer reservation and copy, the reader's drain on the client's CPU).
 //!
+//! **BTF-typed programs** (session 24, 2026-11-29, same method and variant, the two forms
+//! interleaved, three runs of 7 pairs each; `PREHEAT_OBSERVE_NO_BTF=1` runs the untyped ones):
+//! untyped 6.05 / 6.10 / 6.06% (p50 +0.63–0.67 µs), typed **4.18 / 4.42 / 3.09%** (p50
+//! +0.40–0.48 µs), every request found by both: the helper calls that read the registers were
+//! a third of the cost.
+//!
 //! The goal (≤ 1%, as for the agent) is **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
-//! filter alone is 0.8%. **Fewer records would not reach it either** (measured 2026-11-29,
-//! session 24, same method and variant, three interleaved runs of 7 pairs each, with the
-//! programs changed for the experiment and not kept): the records as built 6.3 / 6.0 / 3.8% and
-//! 5.5 / 4.8 / 6.4% in two series; the same programs writing each record into a hash map keyed
-//! by thread instead (`bpf_map_update_elem`) **7.3 / 7.9 / 5.7%**, more than the ring buffer;
-//! looking the thread's entry up and storing in place (`bpf_map_lookup_elem`, the per-thread
-//! state a one-record-per-busy-period design would keep) 3.4 / 3.2 / 4.6%; and writing nothing
-//! at all (the filter, the arguments read with `bpf_probe_read_kernel`, the clock) 3.4 / 2.6 /
-//! 1.7% and 2.7 / 2.9 / 3.5%. So even with no records the programs cost 2–3%: reading the
-//! arguments and the clock is most of it. What is left to try is programs that read their
-//! arguments directly and run only for the traced calls (BTF-typed `fentry`/`fexit` programs
-//! on the syscalls' kernel functions, which need the kernel's BTF to attach), not built;
-//! ptrace would stop the server at every syscall (two context switches each): not tried.
+//! filter alone is 0.8%. **Fewer records alone would not reach it** (measured the same session,
+//! with the untyped programs changed for the experiment and not kept, three interleaved runs
+//! of 7 pairs each): the records as built 6.3 / 6.0 / 3.8% and 5.5 / 4.8 / 6.4% in two series;
+//! each record written into a hash map keyed by thread instead (`bpf_map_update_elem`) **7.3 /
+//! 7.9 / 5.7%**, more than the ring buffer; the thread's entry looked up and written in place
+//! (`bpf_map_lookup_elem`, the per-thread state a one-record-per-busy-period design would
+//! keep) 3.4 / 3.2 / 4.6%; nothing written at all (the filter, the registers read through
+//! `bpf_probe_read_kernel`, the clock) 3.4 / 2.6 / 1.7% and 2.7 / 2.9 / 3.5%. The typed
+//! programs took most of the register reads' share; what is left to try is per-thread state
+//! in task-local storage (the cheapest map, open to typed programs) with one record per busy
+//! period, and programs that run only for the traced calls (`fentry`/`fexit` on the
+//! syscalls' kernel functions), not built; ptrace would stop the server at every syscall (two
+//! context switches each): not tried.
 #![allow(unsafe_code)]
 
 pub mod bpf;
 pub mod bpfprog;
+pub mod btf;
 pub mod decode;
 pub mod perf;
 pub mod periods;

@@ -31,6 +31,12 @@ pub fn text(r: &Report, periods: bool) -> String {
             "  (the eBPF observer did not load, so perf samples ran: {why})"
         );
     }
+    if let Some(why) = &r.untyped {
+        outln!(
+            out,
+            "  (its eBPF programs are not BTF-typed, so each register read is a helper call: {why})"
+        );
+    }
     if r.tracefs_mounted_now {
         outln!(
             out,

@@ -41,10 +41,19 @@ fn http_get(c: &mut TcpStream) {
 }
 
 fn observe_each(pid: u32, port: u16, mechanism: Mechanism, request: fn(&mut TcpStream)) -> Report {
+    observe_opts(
+        Options {
+            mechanism,
+            ..Options::new(pid, port)
+        },
+        request,
+    )
+}
+
+fn observe_opts(opts: Options, request: fn(&mut TcpStream)) -> Report {
+    let (port, mechanism) = (opts.port, opts.mechanism);
     let mut before = TcpStream::connect(("127.0.0.1", port)).unwrap();
     request(&mut before); // accepted and served before attach
-    let mut opts = Options::new(pid, port);
-    opts.mechanism = mechanism;
     let obs = Observer::attach(opts).expect("attaching the observer");
     // The mechanism asked for is the one that ran (this machine kind's kernel loads the eBPF
     // observer: a fallback here would hide that it broke).
@@ -80,6 +89,29 @@ fn python_event_loop() {
     check_direct(&r);
     assert_eq!(r.threads.len(), 1, "{:#?}", r.threads);
     assert_eq!(r.threads[0].tid, s.0.id());
+    // This machine kind's kernel has BTF: the programs are typed (the cheaper ones; a fallback
+    // to the untyped programs here would hide that the typed ones broke).
+    if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        assert_eq!(r.untyped, None);
+    }
+}
+
+/// The untyped programs (each register read through `bpf_probe_read_kernel`), which run where
+/// the kernel has no BTF, find the same requests, and the report says why they ran.
+#[test]
+fn untyped_programs_find_every_request() {
+    if !permitted() {
+        return;
+    }
+    let (s, port) = event_loop_server();
+    let opts = Options {
+        btf: false,
+        ..Options::new(s.0.id(), port)
+    };
+    let r = observe_opts(opts, request);
+    check_direct(&r);
+    assert_eq!(r.untyped.as_deref(), Some("not asked for"));
+    assert!(preheat_observe::render::text(&r, false).contains("not BTF-typed"));
 }
 
 #[test]
