@@ -66,6 +66,10 @@
 //! untyped 6.05 / 6.10 / 6.06% (p50 +0.63–0.67 µs), typed **4.18 / 4.42 / 3.09%** (p50
 //! +0.40–0.48 µs), every request found by both: the helper calls that read the registers were
 //! a third of the cost.
+//! The typed programs with the record left out (an experiment, not kept; three runs of 7
+//! pairs against the typed programs as built, interleaved): 2.5 / 3.0 / 3.2% against 3.4 /
+//! 4.6 / 4.3% — the records are now about a point; the rest is a program on every system
+//! call of the machine (the process filter) and the clock read for each kept call.
 //!
 //! The goal (≤ 1%, as for the agent) is **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
