@@ -14,7 +14,12 @@
 //! The result is cached per boot in the run directory ([`FILE`]), keyed by the boot id, the
 //! kernel release, the cpuidle driver and the CPU model ([`MachineKey`]): a cached calibration of
 //! another boot or machine is never used. It is a measurement of a moment (other tenants' load
-//! moves it); [`Calibration::measured_unix_s`] says when.
+//! moves it); [`Calibration::measured_unix_s`] says when. **The host can change under one
+//! boot**: on the EPYC `haltpoll` host (2026-11-29) plain idle woke a thread in 90.6 µs p50 at
+//! 23:15, when `dma` (9.2 µs) was chosen and cached, and in 7.1 µs half an hour later, when no
+//! mechanism beat idle. So before a cached calibration is used, [`load_or_calibrate`] measures
+//! plain idle again ([`RECHECK_ROUNDS`] samples, ~0.1 s) and calibrates anew where that moved
+//! by more than [`RECHECK_FACTOR`] beyond the cached interval ([`still_holds`]).
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +41,14 @@ pub const MAX_OTHERS_SHARE: f64 = 0.15;
 
 /// Samples per mechanism by default.
 pub const DEFAULT_ROUNDS: usize = 25;
+
+/// Samples of plain idle's wake-up taken to check that a cached calibration still describes
+/// the host ([`load_or_calibrate`]).
+pub const RECHECK_ROUNDS: usize = 9;
+
+/// How far plain idle's wake-up may have moved from a cached calibration's before the host
+/// counts as changed: a factor beyond the cached 95% CI, either way.
+pub const RECHECK_FACTOR: f64 = 2.0;
 
 /// The keep-awake mechanisms a calibration may choose from by default.
 pub const MECHANISMS: [&str; 3] = ["pmqos", "dma", "spin"];
@@ -337,19 +350,70 @@ pub fn store(run_dir: &Path, c: &Calibration) -> Result<()> {
     std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
 }
 
-/// The cached calibration of this boot, or a new one (measured, then cached unless other
-/// processes loaded the machine meanwhile or no mechanism beat idle — both are worth measuring
-/// again next time). `progress` is told before a measurement starts.
+/// Whether plain idle's wake-up measured `now` still fits calibration `c`: within
+/// [`RECHECK_FACTOR`] of its interval for plain idle, either way (a calibration without plain
+/// idle has nothing to compare: it holds).
+pub fn still_holds(c: &Calibration, now: &MechResult) -> bool {
+    let Some(then) = c.result("none") else {
+        return true;
+    };
+    now.n == 0
+        || (now.p50_us >= then.p50_ci_us[0] / RECHECK_FACTOR
+            && now.p50_us <= then.p50_ci_us[1] * RECHECK_FACTOR)
+}
+
+/// Plain idle's wake-up after [`GAP_US`], `rounds` samples.
+fn idle_wake_up(rounds: usize) -> Result<MechResult> {
+    let args = BenchArgs {
+        gaps_us: vec![GAP_US],
+        rounds,
+        mechs: vec!["none".into()],
+        waiters: vec!["futex".into()],
+        held: true,
+        sleeper_cpu: 1,
+        waker_cpu: 0,
+        json: true,
+    };
+    let report = crate::bench::bench(&args).context("measuring plain idle's wake-up")?;
+    report
+        .cells
+        .iter()
+        .find(|c| c.mech == "none")
+        .map(MechResult::from)
+        .context("no measurement of plain idle")
+}
+
+/// The cached calibration of this boot where plain idle still wakes as it did then (checked
+/// with [`RECHECK_ROUNDS`] samples: [`still_holds`]), or a new one (measured among the same
+/// mechanisms, then cached unless other processes loaded the machine meanwhile or no mechanism
+/// beat idle — both are worth measuring again next time). `progress` is told before a
+/// calibration starts, and why.
 pub fn load_or_calibrate(run_dir: &Path, progress: impl FnOnce(&str)) -> Result<Calibration> {
+    let mut mechs = MECHANISMS.map(String::from).to_vec();
+    let mut why = "once per boot".to_string();
     if let Some(c) = cached(run_dir) {
-        return Ok(c);
+        // A check that cannot be made keeps the cached calibration (it was valid for this boot).
+        let Ok(now) = idle_wake_up(RECHECK_ROUNDS) else {
+            return Ok(c);
+        };
+        if still_holds(&c, &now) {
+            return Ok(c);
+        }
+        let then = c.result("none").map_or(0.0, |r| r.p50_us);
+        why = format!(
+            "the host changed since this boot's calibration: plain idle woke a thread in {:.1} µs (p50, n={}, measured) against {then:.1} µs then",
+            now.p50_us, now.n
+        );
+        if !c.limited_to.is_empty() {
+            mechs = c.limited_to.clone();
+        }
     }
     progress(&format!(
-        "calibrating the keep-awake mechanisms (once per boot, ~{} s; cached in {})",
+        "calibrating the keep-awake mechanisms ({why}; ~{} s; cached in {})",
         (DEFAULT_ROUNDS * 4 * 12).div_ceil(1000) + 1,
         cache_path(run_dir).display()
     ));
-    let c = calibrate(DEFAULT_ROUNDS)?;
+    let c = calibrate_among(DEFAULT_ROUNDS, &mechs)?;
     if !c.disturbed() && c.best.is_some() {
         store(run_dir, &c)?;
     }
@@ -393,6 +457,39 @@ mod tests {
         assert_eq!(choose(&flat), None);
         // Without a measurement of idle there is nothing to compare with.
         assert_eq!(choose(&[r("spin", 1.0, 1.0, 1.0)]), None);
+    }
+
+    #[test]
+    fn a_cached_calibration_holds_while_idle_wakes_as_it_did() {
+        let c = Calibration {
+            label: "measured".into(),
+            machine: MachineKey::current(),
+            measured_unix_s: 1,
+            gap_us: GAP_US,
+            sleeper_cpu: 1,
+            waker_cpu: 0,
+            results: vec![r("none", 90.6, 76.9, 97.0), r("dma", 9.2, 7.7, 13.7)],
+            skipped: vec![],
+            best: Some(Mechanism::DmaLatency),
+            others_cpu_share: Some(0.01),
+            limited_to: vec![],
+            predictor: None,
+        };
+        // Within a factor of two of the cached interval: the same host.
+        assert!(still_holds(&c, &r("none", 60.0, 50.0, 70.0)));
+        assert!(still_holds(&c, &r("none", 150.0, 140.0, 160.0)));
+        // The 2026-11-29 change: idle woke in 7.1 µs half an hour after the calibration.
+        assert!(!still_holds(&c, &r("none", 7.1, 6.2, 7.4)));
+        assert!(!still_holds(&c, &r("none", 400.0, 300.0, 500.0)));
+        // Nothing measured, or nothing to compare with: it holds.
+        let mut empty = r("none", 0.0, 0.0, 0.0);
+        empty.n = 0;
+        assert!(still_holds(&c, &empty));
+        let no_idle = Calibration {
+            results: vec![r("dma", 9.2, 7.7, 13.7)],
+            ..c.clone()
+        };
+        assert!(still_holds(&no_idle, &r("none", 7.1, 6.2, 7.4)));
     }
 
     #[test]
