@@ -383,31 +383,52 @@ fn idle_wake_up(rounds: usize) -> Result<MechResult> {
         .context("no measurement of plain idle")
 }
 
-/// The cached calibration of this boot where plain idle still wakes as it did then (checked
-/// with [`RECHECK_ROUNDS`] samples: [`still_holds`]), or a new one (measured among the same
-/// mechanisms, then cached unless other processes loaded the machine meanwhile or no mechanism
-/// beat idle — both are worth measuring again next time). `progress` is told before a
-/// calibration starts, and why.
-pub fn load_or_calibrate(run_dir: &Path, progress: impl FnOnce(&str)) -> Result<Calibration> {
-    let mut mechs = MECHANISMS.map(String::from).to_vec();
-    let mut why = "once per boot".to_string();
-    if let Some(c) = cached(run_dir) {
-        // A check that cannot be made keeps the cached calibration (it was valid for this boot).
-        let Ok(now) = idle_wake_up(RECHECK_ROUNDS) else {
-            return Ok(c);
-        };
-        if still_holds(&c, &now) {
-            return Ok(c);
-        }
-        let then = c.result("none").map_or(0.0, |r| r.p50_us);
-        why = format!(
-            "the host changed since this boot's calibration: plain idle woke a thread in {:.1} µs (p50, n={}, measured) against {then:.1} µs then",
-            now.p50_us, now.n
-        );
-        if !c.limited_to.is_empty() {
-            mechs = c.limited_to.clone();
-        }
+/// A cached calibration, checked against the host as it is now ([`checked`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Checked {
+    /// None cached for this boot and machine.
+    Missing,
+    /// Cached, and plain idle still wakes as it did then (or the check could not be made).
+    Holds(Calibration),
+    /// Cached, but the host changed since: why, in words with the numbers.
+    Changed(Calibration, String),
+}
+
+/// The cached calibration of this boot, checked: plain idle measured again
+/// ([`RECHECK_ROUNDS`] samples, ~0.1 s) and compared ([`still_holds`]).
+pub fn checked(run_dir: &Path) -> Checked {
+    let Some(c) = cached(run_dir) else {
+        return Checked::Missing;
+    };
+    // A check that cannot be made keeps the cached calibration (it was valid for this boot).
+    let Ok(now) = idle_wake_up(RECHECK_ROUNDS) else {
+        return Checked::Holds(c);
+    };
+    if still_holds(&c, &now) {
+        return Checked::Holds(c);
     }
+    let then = c.result("none").map_or(0.0, |r| r.p50_us);
+    let why = format!(
+        "the host changed since this boot's calibration: plain idle woke a thread in {:.1} µs (p50, n={}, measured) against {then:.1} µs then",
+        now.p50_us, now.n
+    );
+    Checked::Changed(c, why)
+}
+
+/// The cached calibration of this boot where it still holds ([`checked`]), or a new one
+/// (measured among the same mechanisms, then cached unless other processes loaded the machine
+/// meanwhile or no mechanism beat idle — both are worth measuring again next time).
+/// `progress` is told before a calibration starts, and why.
+pub fn load_or_calibrate(run_dir: &Path, progress: impl FnOnce(&str)) -> Result<Calibration> {
+    let (mechs, why) = match checked(run_dir) {
+        Checked::Holds(c) => return Ok(c),
+        Checked::Missing => (
+            MECHANISMS.map(String::from).to_vec(),
+            "once per boot".to_string(),
+        ),
+        Checked::Changed(c, why) if !c.limited_to.is_empty() => (c.limited_to, why),
+        Checked::Changed(_, why) => (MECHANISMS.map(String::from).to_vec(), why),
+    };
     progress(&format!(
         "calibrating the keep-awake mechanisms ({why}; ~{} s; cached in {})",
         (DEFAULT_ROUNDS * 4 * 12).div_ceil(1000) + 1,

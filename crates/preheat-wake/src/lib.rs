@@ -304,13 +304,18 @@ fn serve(run_dir: PathBuf, s: ServeArgs) -> Result<()> {
     cfg.mech = s.mech;
     if s.mech == MechChoice::Auto {
         // The calibrated best where this boot has a calibration; the fixed order otherwise.
-        match calibrate::cached(&run_dir) {
-            Some(c) if c.best.is_some() => {
+        match calibrate::checked(&run_dir) {
+            calibrate::Checked::Holds(c) if c.best.is_some() => {
                 cfg.mech = c.choice();
                 eprintln!("preheat wake: mechanism from the calibration: {}", c.summary());
             }
-            Some(c) => eprintln!("preheat wake: {}; using pmqos, else dma, else spin", c.summary()),
-            None => eprintln!(
+            calibrate::Checked::Holds(c) => {
+                eprintln!("preheat wake: {}; using pmqos, else dma, else spin", c.summary())
+            }
+            calibrate::Checked::Changed(_, why) => eprintln!(
+                "preheat wake: {why} (calibrate again: preheat wake calibrate); using pmqos, else dma, else spin"
+            ),
+            calibrate::Checked::Missing => eprintln!(
                 "preheat wake: not calibrated on this boot (preheat wake calibrate): using pmqos, else dma, else spin"
             ),
         }
