@@ -455,6 +455,24 @@ mod tests {
         }
     }
 
+    /// A calibration of this machine that chose `dma` over plain idle at `none`'s interval.
+    fn dma_best(none: MechResult, others_cpu_share: f64) -> Calibration {
+        Calibration {
+            label: "measured".into(),
+            machine: MachineKey::current(),
+            measured_unix_s: 1,
+            gap_us: GAP_US,
+            sleeper_cpu: 1,
+            waker_cpu: 0,
+            results: vec![none, r("dma", 3.0, 2.5, 4.0)],
+            skipped: vec![],
+            best: Some(Mechanism::DmaLatency),
+            others_cpu_share: Some(others_cpu_share),
+            limited_to: vec![],
+            predictor: None,
+        }
+    }
+
     #[test]
     fn the_best_must_beat_idle_by_its_interval() {
         // A haltpoll-like machine: polling wins by far.
@@ -482,20 +500,7 @@ mod tests {
 
     #[test]
     fn a_cached_calibration_holds_while_idle_wakes_as_it_did() {
-        let c = Calibration {
-            label: "measured".into(),
-            machine: MachineKey::current(),
-            measured_unix_s: 1,
-            gap_us: GAP_US,
-            sleeper_cpu: 1,
-            waker_cpu: 0,
-            results: vec![r("none", 90.6, 76.9, 97.0), r("dma", 9.2, 7.7, 13.7)],
-            skipped: vec![],
-            best: Some(Mechanism::DmaLatency),
-            others_cpu_share: Some(0.01),
-            limited_to: vec![],
-            predictor: None,
-        };
+        let c = dma_best(r("none", 90.6, 76.9, 97.0), 0.01);
         // Within a factor of two of the cached interval: the same host.
         assert!(still_holds(&c, &r("none", 60.0, 50.0, 70.0)));
         assert!(still_holds(&c, &r("none", 150.0, 140.0, 160.0)));
@@ -507,7 +512,7 @@ mod tests {
         empty.n = 0;
         assert!(still_holds(&c, &empty));
         let no_idle = Calibration {
-            results: vec![r("dma", 9.2, 7.7, 13.7)],
+            results: vec![r("dma", 3.0, 2.5, 4.0)],
             ..c.clone()
         };
         assert!(still_holds(&no_idle, &r("none", 7.1, 6.2, 7.4)));
@@ -516,20 +521,7 @@ mod tests {
     #[test]
     fn a_cache_of_another_boot_is_not_used() {
         let dir = tempfile::tempdir().unwrap();
-        let mut c = Calibration {
-            label: "measured".into(),
-            machine: MachineKey::current(),
-            measured_unix_s: 1,
-            gap_us: GAP_US,
-            sleeper_cpu: 1,
-            waker_cpu: 0,
-            results: vec![r("none", 70.0, 60.0, 80.0), r("dma", 3.0, 2.5, 4.0)],
-            skipped: vec![],
-            best: Some(Mechanism::DmaLatency),
-            others_cpu_share: Some(0.5),
-            limited_to: vec![],
-            predictor: None,
-        };
+        let mut c = dma_best(r("none", 70.0, 60.0, 80.0), 0.5);
         assert!(c.disturbed());
         assert!(c.summary().contains("disturbed"), "{}", c.summary());
         store(dir.path(), &c).unwrap();
