@@ -20,8 +20,8 @@
 //! syscall number and arguments with plain loads; and **untyped** (`BPF_PROG_TYPE_RAW_TRACEPOINT`),
 //! where each of those reads is a `bpf_probe_read_kernel` call — three per kept entry, one per
 //! exit of every call of the process. The typed form is the default and measured cheaper
-//! (`preheat bench observe`, the crate docs): 4.2 / 4.4 / 3.1% of preheat-kv's throughput
-//! against 6.1 / 6.1 / 6.1% untyped.
+//! (`preheat bench observe`, the crate docs): 4.2 / 4.4 / 3.1% and 4.2 / 4.0 / 7.7% of
+//! preheat-kv's throughput against 6.1 / 6.1 / 6.1% and 6.0 / 7.1 / 5.8% untyped (two series).
 //!
 //! Why a raw tracepoint (`BPF_RAW_TRACEPOINT_OPEN`), not a program on the tracepoint's perf
 //! event: a perf event's programs share the tracepoint with every other perf user of it, and

@@ -64,7 +64,8 @@
 //! **BTF-typed programs** (session 24, 2026-11-29, same method and variant, the two forms
 //! interleaved, three runs of 7 pairs each; `PREHEAT_OBSERVE_NO_BTF=1` runs the untyped ones):
 //! untyped 6.05 / 6.10 / 6.06% (p50 +0.63–0.67 µs), typed **4.18 / 4.42 / 3.09%** (p50
-//! +0.40–0.48 µs), every request found by both: the helper calls that read the registers were
+//! +0.40–0.48 µs); a second series at the final commit untyped 5.95 / 7.06 / 5.82% (p50
+//! +0.63–0.71 µs), typed 4.21 / 3.99 / 7.73% (p50 +0.46–0.48 µs); every request found by both: the helper calls that read the registers were
 //! a third of the cost.
 //! The typed programs with the record left out (an experiment, not kept; three runs of 7
 //! pairs against the typed programs as built, interleaved): 2.5 / 3.0 / 3.2% against 3.4 /
