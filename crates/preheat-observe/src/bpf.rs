@@ -349,13 +349,18 @@ fn raw_tracepoint_open(name: Option<&std::ffi::CStr>, prog: &OwnedFd) -> io::Res
 }
 
 /// The BTF type ids of the typedefs naming the tracepoints `sys_enter` and `sys_exit`, or why
-/// a BTF-typed program cannot be had.
+/// a BTF-typed program cannot be had. The kernel's BTF (~5 MB) is read once per process: it
+/// cannot change while the kernel runs, and a bench attaches an observer per pair.
 fn typed_ids() -> Result<(u32, u32), String> {
-    let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
-    Ok((
-        crate::btf::typedef_id(&raw, "btf_trace_sys_enter")?,
-        crate::btf::typedef_id(&raw, "btf_trace_sys_exit")?,
-    ))
+    static IDS: std::sync::OnceLock<Result<(u32, u32), String>> = std::sync::OnceLock::new();
+    IDS.get_or_init(|| {
+        let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
+        Ok((
+            crate::btf::typedef_id(&raw, "btf_trace_sys_enter")?,
+            crate::btf::typedef_id(&raw, "btf_trace_sys_exit")?,
+        ))
+    })
+    .clone()
 }
 
 /// Load and attach the entry and exit programs (BTF-typed where `typed` gives the

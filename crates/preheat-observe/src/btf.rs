@@ -23,20 +23,10 @@
     )
 )]
 
+use crate::decode::{u16_at, u32_at};
+
 const MAGIC: u16 = 0xeb9f;
 const KIND_TYPEDEF: u32 = 8;
-
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(
-        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
-    ))
-}
-
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(
-        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
-    ))
-}
 
 /// Bytes of kind-specific data after a type record of `kind` with `vlen` members; `None` for a
 /// kind this reader does not know (a newer kernel's: the walk cannot go past it).

@@ -420,14 +420,16 @@ pub fn checked(run_dir: &Path) -> Checked {
 /// meanwhile or no mechanism beat idle — both are worth measuring again next time).
 /// `progress` is told before a calibration starts, and why.
 pub fn load_or_calibrate(run_dir: &Path, progress: impl FnOnce(&str)) -> Result<Calibration> {
-    let (mechs, why) = match checked(run_dir) {
+    let (limited_to, why) = match checked(run_dir) {
         Checked::Holds(c) => return Ok(c),
-        Checked::Missing => (
-            MECHANISMS.map(String::from).to_vec(),
-            "once per boot".to_string(),
-        ),
-        Checked::Changed(c, why) if !c.limited_to.is_empty() => (c.limited_to, why),
-        Checked::Changed(_, why) => (MECHANISMS.map(String::from).to_vec(), why),
+        Checked::Missing => (Vec::new(), "once per boot".to_string()),
+        Checked::Changed(c, why) => (c.limited_to, why),
+    };
+    // Among the mechanisms the stale calibration was limited to, else all of them.
+    let mechs = if limited_to.is_empty() {
+        MECHANISMS.map(String::from).to_vec()
+    } else {
+        limited_to
     };
     progress(&format!(
         "calibrating the keep-awake mechanisms ({why}; ~{} s; cached in {})",
