@@ -4,13 +4,14 @@
 //! noise floor); closed-loop GETs alternate between them in blocks (ABBA order). Throughput
 //! loss per pair (blockwise median and whole-pair), p50 delta, reported as the median over pairs
 //! with the range (goal ≤ 1%). The observer's reader thread runs on the client's CPU (the
-//! bench pins itself to CPU 0, the servers to the last CPU), so its cost is in the numbers.
+//! bench pins itself to CPU 0, the servers to the last CPU), draining every
+//! [`preheat_observe::session::DRAIN_EVERY`] as the outside preheater does, so its cost is in
+//! the numbers (and its CPU time per request is reported).
 //! As a check that it observed what was sent, its read periods per request on the second
 //! server (1.0 when every request was seen once).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use preheat_launch::progress::Progress;
@@ -45,6 +46,9 @@ pub struct ObserveBench {
     /// Per pair: syscall samples of the second server per request sent to it (the kernel writes
     /// each into a ring buffer: the observer's cost per request is about this many writes).
     pub samples_per_request: Spread,
+    /// Per pair: CPU time the observer's reader thread took (draining and decoding; on the
+    /// client's CPU), ns per request sent to the observed server.
+    pub reader_ns_per_request: Spread,
     /// Samples the kernel dropped, over all pairs.
     pub lost_samples: u64,
 }
@@ -52,38 +56,45 @@ pub struct ObserveBench {
 /// An observer draining its buffers on a thread of its own until stopped.
 struct Running {
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<Observer>,
+    /// The observer and the CPU time its reader thread took (ns).
+    thread: std::thread::JoinHandle<(Observer, u64)>,
 }
 
 fn start_observer(pid: u32, port: u16, mechanism: Mechanism) -> Result<Running> {
     let mut opts = Options::new(pid, port);
     opts.mechanism = mechanism;
+
     let mut o = Observer::attach(opts)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
+        let cpu0 = preheat_engine::time::thread_cpu_ns();
         while !s.load(Ordering::Relaxed) {
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(preheat_observe::session::DRAIN_EVERY);
             o.poll();
         }
-        o
+        (
+            o,
+            preheat_engine::time::thread_cpu_ns().saturating_sub(cpu0),
+        )
     });
     Ok(Running { stop, thread })
 }
 
-fn stop_observer(r: Running) -> Result<Report> {
+/// The report, and the CPU time the reader thread took while the observer ran (ns).
+fn stop_observer(r: Running) -> Result<(Report, u64)> {
     r.stop.store(true, Ordering::Relaxed);
-    let o = r
+    let (o, cpu_ns) = r
         .thread
         .join()
         .map_err(|_| anyhow::anyhow!("the observer thread panicked"))?;
-    Ok(o.finish())
+    Ok((o.finish(), cpu_ns))
 }
 
 struct PairResult {
     lat: [Vec<f64>; 2],
     secs: [Vec<f64>; 2],
-    report: Option<Report>,
+    report: Option<(Report, u64)>,
 }
 
 fn bench_pair(
@@ -145,13 +156,13 @@ pub fn measure(
     let blocks = blocks.max(1);
     let per_block = (requests / blocks).max(1);
     let mut acc = Pairs::default();
-    let (mut ppr, mut spr) = (Vec::new(), Vec::new());
+    let (mut ppr, mut spr, mut rpr) = (Vec::new(), Vec::new(), Vec::new());
     let mut lost = 0;
     let mut untyped = None;
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
-        if let Some(rep) = &r.report {
+        if let Some((rep, reader_ns)) = &r.report {
             // A fallback would measure another mechanism than the one named: refuse it.
             if Some(rep.mechanism) != mechanism {
                 bail!(
@@ -164,6 +175,7 @@ pub fn measure(
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
             ppr.push(reads as f64 / (per_block * blocks) as f64);
             spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
+            rpr.push(*reader_ns as f64 / (per_block * blocks) as f64);
             lost += rep.lost_samples;
             untyped = untyped.or_else(|| rep.untyped.clone());
         }
@@ -187,6 +199,7 @@ pub fn measure(
         p50_delta_us_per_pair: Spread::of(&acc.dp50),
         periods_per_request: Spread::of(&ppr),
         samples_per_request: Spread::of(&spr),
+        reader_ns_per_request: Spread::of(&rpr),
         lost_samples: lost,
     })
 }
@@ -239,6 +252,11 @@ impl ObserveBench {
                 self.periods_per_request.show_scaled(1.0, 3, ""),
                 self.samples_per_request.show_scaled(1.0, 2, ""),
                 self.lost_samples
+            );
+            let _ = writeln!(
+                s,
+                "  the reader thread's CPU time per request (draining and decoding, on the client's CPU) {}",
+                self.reader_ns_per_request.show_scaled(1.0, 0, " ns")
             );
         }
         s

@@ -79,6 +79,24 @@
 //! stamps only at a busy period's boundaries (where `--syscall-stages` is not asked for), one
 //! record per period — not built.
 //!
+//! **Where the rest goes, and the reader** (session 25, 2026-11-30, same method and variant,
+//! release, 7 pairs per run, interleaved). `bench observe` now reports the reader thread's CPU
+//! time per request. The reader not draining at all (its records left in a 128 MiB buffer
+//! until the end) against draining every 5 ms, three runs each: 3.55 / 3.10 / 2.67% against
+//! 5.52 / 4.10 / 3.72%, the p50 cost the same (+0.36–0.47 against +0.48–0.51 µs) — so the
+//! kernel's side (the records and their stamps, in the server's request path) is the larger
+//! part and the reader's about a point; the reader thread took 55–123 ns of CPU per request
+//! only waking every 5 ms. The observer's collecting callers now drain every 50 ms
+//! ([`session::DRAIN_EVERY`], as the outside preheater did): 3.30 / 3.90 / 3.21%, the reader
+//! 150–156 ns per request (198–238 at 5 ms). The drained events are analysed as they settle
+//! ([`session::Observer::poll`]) instead of all being kept to the end, so an observation holds
+//! its periods, not ~250 bytes per request (which is why the reader's time now includes the
+//! analysis, ~80 ns per request). Loading the thread's ids from the current task
+//! (`bpf_get_current_task_btf`, which the JIT inlines, and `task_struct`'s offsets from the
+//! BTF) instead of calling `bpf_get_current_pid_tgid` on every system call of the machine was
+//! tried and measured no different (four runs each, interleaved: 4.5 / 4.3 / 2.9 / 4.3%
+//! against 4.0 / 4.3 / 5.4 / 3.4%, p50 +0.42–0.61 against +0.46–1.04 µs): not kept.
+//!
 //! The goal (≤ 1%, as for the agent) is **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
 //! filter alone is 0.8%. **Fewer records alone would not reach it** (measured the same session,

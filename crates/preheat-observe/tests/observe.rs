@@ -96,6 +96,36 @@ fn python_event_loop() {
     }
 }
 
+/// A long observation holds its periods, not every record: what was drained is analysed as
+/// it settles, so after a pause only a drain's worth of events at most is pending (before, every
+/// record of the observation was kept until the end: 5 per request here).
+#[test]
+fn drained_events_are_analysed_as_they_settle() {
+    if !permitted() {
+        return;
+    }
+    let (s, port) = event_loop_server();
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    request(&mut c); // accepted and served before attach: a connection found open
+    let mut obs = Observer::attach(Options::new(s.0.id(), port)).expect("attaching");
+    const REQUESTS: usize = 600;
+    for i in 0..REQUESTS {
+        request(&mut c);
+        if i % 50 == 49 {
+            obs.poll();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    obs.poll(); // drains the last requests' records, which have not settled yet
+    std::thread::sleep(Duration::from_millis(5));
+    obs.poll(); // now they have
+    assert_eq!(obs.pending(), 0, "events kept unanalysed");
+    let r = obs.finish();
+    let reads: usize = r.threads.iter().map(|t| t.read).sum();
+    assert_eq!(reads, REQUESTS, "{:#?}", r.threads);
+    assert_eq!(r.lost_samples, 0);
+}
+
 /// The untyped programs (each register read through `bpf_probe_read_kernel`), which run where
 /// the kernel has no BTF, find the same requests, and the report says why they ran.
 #[test]

@@ -2,16 +2,14 @@
 //! into the agent's per-port counters.
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use preheat_observe::periods::{Kind, Period};
 
 use crate::state::{Inner, Shared};
 
 /// How often the observer's ring buffers are drained between status requests (which drain them
-/// too): each CPU's buffer holds 512 pages, ~2 MiB, at five samples of a few dozen bytes per
-/// request thousands of requests. Rarely, since this thread runs on the caller's CPU.
-pub const DRAIN_EVERY: Duration = Duration::from_millis(50);
+/// too): the observer's own interval for collecting callers.
+pub use preheat_observe::session::DRAIN_EVERY;
 
 /// The busy-period thread: drain until told to stop.
 pub fn run(shared: &Shared) {
