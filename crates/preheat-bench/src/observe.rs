@@ -31,6 +31,9 @@ pub struct ObserveBench {
     pub mechanism_detail: Option<&'static str>,
     /// Why the eBPF programs were not BTF-typed in some pair (the first reason), where they ran.
     pub untyped: Option<String>,
+    /// Why the programs wrote a record per call in some pair (the first reason), where they were
+    /// typed; `None`: one record per busy period.
+    pub per_call: Option<String>,
     pub requests_per_pair: usize,
     pub pairs: usize,
     pub blocks: usize,
@@ -43,9 +46,12 @@ pub struct ObserveBench {
     pub p50_delta_us_per_pair: Spread,
     /// Per pair: read periods the observer found on the second server per request sent to it.
     pub periods_per_request: Spread,
-    /// Per pair: syscall samples of the second server per request sent to it (the kernel writes
-    /// each into a ring buffer: the observer's cost per request is about this many writes).
-    pub samples_per_request: Spread,
+    /// Per pair: records the kernel wrote for the second server per request sent to it (each
+    /// a ring-buffer write: the observer's cost per request is about this many).
+    pub records_per_request: Spread,
+    /// Per pair: syscall entries and exits the tracker analysed per request (the per-call
+    /// programs write one record each; the period programs fewer, holding some in the kernel).
+    pub calls_per_request: Spread,
     /// Per pair: CPU time the observer's reader thread took (draining and decoding; on the
     /// client's CPU), ns per request sent to the observed server.
     pub reader_ns_per_request: Spread,
@@ -156,9 +162,9 @@ pub fn measure(
     let blocks = blocks.max(1);
     let per_block = (requests / blocks).max(1);
     let mut acc = Pairs::default();
-    let (mut ppr, mut spr, mut rpr) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ppr, mut spr, mut rpr, mut cpr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut lost = 0;
-    let mut untyped = None;
+    let (mut untyped, mut per_call) = (None, None);
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
         let r = bench_pair(requests, blocks, mechanism, i % 2)?;
@@ -174,10 +180,12 @@ pub fn measure(
             }
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
             ppr.push(reads as f64 / (per_block * blocks) as f64);
-            spr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
+            spr.push(rep.records as f64 / (per_block * blocks) as f64);
+            cpr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
             rpr.push(*reader_ns as f64 / (per_block * blocks) as f64);
             lost += rep.lost_samples;
             untyped = untyped.or_else(|| rep.untyped.clone());
+            per_call = per_call.or_else(|| rep.per_call.clone());
         }
         acc.add(per_block, &r.secs, r.lat);
         progress.inc(1);
@@ -188,6 +196,7 @@ pub fn measure(
         mechanism,
         mechanism_detail: mechanism.map(Mechanism::describe),
         untyped,
+        per_call,
         requests_per_pair: per_block * blocks,
         pairs,
         blocks,
@@ -198,7 +207,8 @@ pub fn measure(
         throughput_loss_blockwise_per_pair: Spread::of(&acc.loss_blk),
         p50_delta_us_per_pair: Spread::of(&acc.dp50),
         periods_per_request: Spread::of(&ppr),
-        samples_per_request: Spread::of(&spr),
+        records_per_request: Spread::of(&spr),
+        calls_per_request: Spread::of(&cpr),
         reader_ns_per_request: Spread::of(&rpr),
         lost_samples: lost,
     })
@@ -209,9 +219,16 @@ impl ObserveBench {
     pub fn render(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let typed = match (&self.mechanism, &self.untyped) {
-            (Some(Mechanism::Bpf), None) => "; BTF-typed programs".to_string(),
-            (Some(Mechanism::Bpf), Some(why)) => format!("; programs not BTF-typed ({why})"),
+        let typed = match (&self.mechanism, &self.untyped, &self.per_call) {
+            (Some(Mechanism::Bpf), None, None) => {
+                "; BTF-typed programs, one record per busy period".to_string()
+            }
+            (Some(Mechanism::Bpf), None, Some(why)) => {
+                format!("; BTF-typed programs, a record per call ({why})")
+            }
+            (Some(Mechanism::Bpf), Some(why), _) => {
+                format!("; programs not BTF-typed ({why})")
+            }
             _ => String::new(),
         };
         let with_label = format!(
@@ -248,9 +265,10 @@ impl ObserveBench {
         );
         if self.mechanism.is_some() {
             let _ = writeln!(s,
-                "  read periods found per request sent {}; syscall samples per request {}; lost samples {}",
+                "  read periods found per request sent {}; records per request {}; calls analysed per request {}; lost records {}",
                 self.periods_per_request.show_scaled(1.0, 3, ""),
-                self.samples_per_request.show_scaled(1.0, 2, ""),
+                self.records_per_request.show_scaled(1.0, 2, ""),
+                self.calls_per_request.show_scaled(1.0, 2, ""),
                 self.lost_samples
             );
             let _ = writeln!(

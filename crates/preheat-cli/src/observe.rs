@@ -46,6 +46,11 @@ pub struct ObserveArgs {
     /// Print every busy period too (text output).
     #[arg(long)]
     pub periods: bool,
+    /// Write a stamped record of every traced call instead of one per busy period, so that
+    /// each period's first read and first write are timed (eBPF; about three times the cost
+    /// per request: `preheat bench observe`).
+    #[arg(long)]
+    pub per_call: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -57,6 +62,7 @@ pub fn run(a: ObserveArgs) -> Result<()> {
     }
     let mut opts = Options::new(a.pid, a.port);
     opts.mechanism = a.mechanism.into();
+    opts.per_call = a.per_call;
     let secs = Duration::from_secs_f64(a.seconds.max(0.0));
     let r = preheat_observe::observe(opts, secs, &|| stop.load(Ordering::Relaxed))?;
     if a.json {

@@ -52,7 +52,12 @@ pub(crate) struct SysStages {
 impl SysStages {
     /// Attach to `pid`, whose requests come on `port`.
     pub fn attach(pid: u32, port: u16) -> Result<SysStages> {
-        let obs = Observer::attach(Options::new(pid, port))
+        // Each call stamped: the split needs the first read's and first write's times.
+        let opts = Options {
+            per_call: true,
+            ..Options::new(pid, port)
+        };
+        let obs = Observer::attach(opts)
             .with_context(|| format!("attaching the syscall observer to pid {pid}"))?;
         let described = format!("{}; {}", obs.what_runs(), obs.mechanism().cost());
         Ok(SysStages {

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use anyhow::{bail, Context, Result};
 
 use crate::bpfprog::{self, Edge, Spec};
+use crate::periodprog::{self, PeriodSpec};
 
 const MAP_CREATE: libc::c_long = 0;
 const MAP_LOOKUP_ELEM: libc::c_long = 1;
@@ -275,8 +276,8 @@ impl RingBuf {
         }
     }
 
-    /// Append every committed record's payload to `out` and hand the space back; returns the
-    /// records read. Stops at a record still being written.
+    /// Append every committed record to `out`, framed for [`crate::decode::decode_bpf`], and
+    /// hand the space back; returns the records read. Stops at a record still being written.
     pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
         let (cons_a, prod_a) = self.positions();
         let mut cons = cons_a.load(Ordering::Acquire);
@@ -299,16 +300,22 @@ impl RingBuf {
                 break; // never written by the kernel: stop rather than read past the area.
             }
             if hdr & DISCARD == 0 {
+                // Framed for the decoder: the length, a zero word, the record padded to 8.
+                out.extend_from_slice(&(len as u32).to_le_bytes());
+                out.extend_from_slice(&[0; 4]);
                 // SAFETY: the record's payload starts within the first copy and is at most
                 // `size` bytes, so it ends within the second copy of the data area.
                 out.extend_from_slice(unsafe {
                     std::slice::from_raw_parts(self.prod.add(self.page + at + HDR), len)
                 });
+                out.resize(out.len() + (len.next_multiple_of(8) - len), 0);
                 n += 1;
             }
             cons += ((len + HDR + 7) & !7) as u64;
-            cons_a.store(cons, Ordering::Release);
         }
+        // The space handed back once per drain: the producer reads the consumer's position at
+        // every record it writes, which a store per record would keep moving between CPUs.
+        cons_a.store(cons, Ordering::Release);
         n
     }
 }
@@ -331,8 +338,12 @@ pub struct Attached {
     links: Vec<OwnedFd>,
     /// Why the programs are not BTF-typed (`None`: they are).
     untyped: Option<String>,
+    /// Why they write a record per call (`None`: one per busy period).
+    per_call: Option<String>,
     _progs: Vec<OwnedFd>,
     _ringbuf: OwnedFd,
+    /// The period programs' per-thread array.
+    _slots: Option<OwnedFd>,
 }
 
 /// Attach `prog` to raw tracepoint `name` (the returned fd keeps it attached); `None` for a
@@ -370,6 +381,7 @@ fn load_pair(
     (enter_nrs, exit_nrs): (&[i64], &[i64]),
     (ringbuf_fd, lost_fd): (i32, i32),
     typed: Option<(u32, u32)>,
+    slots_fd: Option<i32>,
 ) -> Result<(Vec<OwnedFd>, Vec<OwnedFd>)> {
     let mut progs = Vec::new();
     let mut links = Vec::new();
@@ -389,15 +401,24 @@ fn load_pair(
             typed.map(|t| t.1),
         ),
     ] {
-        let spec = Spec {
-            edge,
-            tgid,
-            keep,
-            ringbuf_fd,
-            lost_fd,
-            typed: id.is_some(),
-        };
-        let insns = bpfprog::observer(&spec).map_err(anyhow::Error::msg)?;
+        let insns = match slots_fd.filter(|_| id.is_some()) {
+            Some(slots_fd) => periodprog::period_observer(&PeriodSpec {
+                edge,
+                tgid,
+                ringbuf_fd,
+                lost_fd,
+                slots_fd,
+            }),
+            None => bpfprog::observer(&Spec {
+                edge,
+                tgid,
+                keep,
+                ringbuf_fd,
+                lost_fd,
+                typed: id.is_some(),
+            }),
+        }
+        .map_err(anyhow::Error::msg)?;
         let prog = prog_load(&insns, name, id)?;
         let link = raw_tracepoint_open(id.is_none().then_some(tp), &prog)
             .context("attaching the eBPF program to the raw tracepoint")?;
@@ -413,12 +434,15 @@ impl Attached {
     /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
     /// BTF-typed (`tp_btf`, the registers read with plain loads) unless `typed` says why not
     /// or the kernel's BTF or verifier refuses them; then untyped, and [`Attached::untyped`]
-    /// says why.
+    /// says why. Typed, they write one record per busy period ([`crate::periodprog`]) unless
+    /// `per_call` says why not or the verifier refuses them; then a record per call, and
+    /// [`Attached::per_call`] says why.
     pub fn attach(
         tgid: u32,
         nrs: (&[i64], &[i64]),
         size: usize,
         typed: Result<(), String>,
+        per_call: Result<(), String>,
     ) -> Result<Attached> {
         if !cfg!(target_arch = "x86_64") {
             bail!("the eBPF observer knows x86_64's registers and syscall numbers only");
@@ -429,14 +453,33 @@ impl Attached {
         let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 1).context("creating a BPF array")?;
         let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;
         let fds = (ringbuf.as_raw_fd(), lost.as_raw_fd());
-        let (progs, links, untyped) = match typed
-            .and_then(|()| typed_ids())
-            .and_then(|ids| load_pair(tgid, nrs, fds, Some(ids)).map_err(|e| format!("{e:#}")))
-        {
-            Ok((progs, links)) => (progs, links, None),
+        let mut slots = None;
+        let loaded = typed.and_then(|()| typed_ids()).and_then(|ids| {
+            let period = per_call.and_then(|()| {
+                let m = map_create(
+                    MAP_TYPE_ARRAY,
+                    4,
+                    periodprog::SLOT_SIZE as u32,
+                    periodprog::SLOTS,
+                )
+                .map_err(|e| format!("creating the per-thread array: {e}"))?;
+                let pair = load_pair(tgid, nrs, fds, Some(ids), Some(m.as_raw_fd()))
+                    .map_err(|e| format!("the verifier refused the period programs: {e:#}"))?;
+                slots = Some(m);
+                Ok(pair)
+            });
+            match period {
+                Ok(pair) => Ok((pair, None)),
+                Err(why) => load_pair(tgid, nrs, fds, Some(ids), None)
+                    .map(|pair| (pair, Some(why)))
+                    .map_err(|e| format!("{e:#}")),
+            }
+        });
+        let ((progs, links), untyped, per_call) = match loaded {
+            Ok((pair, per_call)) => (pair, None, per_call),
             Err(why) => {
-                let (progs, links) = load_pair(tgid, nrs, fds, None)?;
-                (progs, links, Some(why))
+                let pair = load_pair(tgid, nrs, fds, None, None)?;
+                (pair, Some(why), Some("not BTF-typed".to_string()))
             }
         };
         Ok(Attached {
@@ -444,9 +487,17 @@ impl Attached {
             lost,
             links,
             untyped,
+            per_call,
             _progs: progs,
             _ringbuf: ringbuf,
+            _slots: slots,
         })
+    }
+
+    /// Why the programs write a record per call instead of one per busy period; `None` where
+    /// they write one per period.
+    pub fn per_call(&self) -> Option<&str> {
+        self.per_call.as_deref()
     }
 
     /// Why the programs are not BTF-typed (they read the registers through a helper call

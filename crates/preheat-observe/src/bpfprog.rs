@@ -1,4 +1,7 @@
-//! The observer's eBPF program, assembled here (pure: no I/O, deterministic).
+//! The observer's per-call eBPF programs, and the assembler of every observer program (pure: no
+//! I/O, deterministic). The default where typed is the cheaper form that writes one record per
+//! busy period ([`crate::periodprog`]); these write one per call, and run where a caller needs
+//! each call's time or the programs cannot be typed.
 //!
 //! Why hand-assembled: the program is ~60 instructions and the machine kind this project runs on
 //! has no BPF compiler in the build (clang's BPF target or `bpf-linker` would be a build-time
@@ -69,6 +72,7 @@ pub const R1: Reg = Reg(1);
 pub const R2: Reg = Reg(2);
 pub const R3: Reg = Reg(3);
 pub const R4: Reg = Reg(4);
+pub const R5: Reg = Reg(5);
 pub const R6: Reg = Reg(6);
 pub const R7: Reg = Reg(7);
 pub const R8: Reg = Reg(8);
@@ -83,6 +87,15 @@ const STX: u8 = 0x03;
 const JMP: u8 = 0x05;
 const ALU64: u8 = 0x07;
 const W: u8 = 0x00;
+const ALU: u8 = 0x04;
+const LSH: u8 = 0x60;
+const OR: u8 = 0x40;
+const AND: u8 = 0x50;
+const MUL: u8 = 0x20;
+const JSET: u8 = 0x40;
+const JLT: u8 = 0xa0;
+const JSGT: u8 = 0x60;
+const JSGE: u8 = 0x70;
 const DW: u8 = 0x18;
 const IMM: u8 = 0x00;
 const MEM: u8 = 0x60;
@@ -110,7 +123,7 @@ pub mod helper {
 }
 
 /// `bpf_ringbuf_output`'s flag: no notification of the consumer.
-const RB_NO_WAKEUP: i32 = 1;
+pub(crate) const RB_NO_WAKEUP: i32 = 1;
 
 /// A jump target, resolved when the program is finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +170,42 @@ impl Asm {
     /// `dst += imm`.
     pub fn add_imm(&mut self, dst: Reg, imm: i32) {
         self.push(ALU64 | ADD | K, dst, R0, 0, imm);
+    }
+    /// `dst <<= imm`.
+    pub fn lsh_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | LSH | K, dst, R0, 0, imm);
+    }
+    /// `dst |= src`.
+    pub fn or(&mut self, dst: Reg, src: Reg) {
+        self.push(ALU64 | OR | X, dst, src, 0, 0);
+    }
+    /// `dst |= imm` (sign-extended).
+    pub fn or_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | OR | K, dst, R0, 0, imm);
+    }
+    /// `dst &= imm` (sign-extended).
+    pub fn and_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | AND | K, dst, R0, 0, imm);
+    }
+    /// `dst *= imm`.
+    pub fn mul_imm(&mut self, dst: Reg, imm: i32) {
+        self.push(ALU64 | MUL | K, dst, R0, 0, imm);
+    }
+    /// `dst += src`.
+    pub fn add(&mut self, dst: Reg, src: Reg) {
+        self.push(ALU64 | ADD | X, dst, src, 0, 0);
+    }
+    /// `dst = (u32) src` (the low half, zero-extended).
+    pub fn mov32(&mut self, dst: Reg, src: Reg) {
+        self.push(ALU | MOV | X, dst, src, 0, 0);
+    }
+    /// `dst = *(u32 *)(src + off)` (zero-extended).
+    pub fn load32(&mut self, dst: Reg, src: Reg, off: i16) {
+        self.push(LDX | MEM | W, dst, src, off, 0);
+    }
+    /// `*(u32 *)(dst + off) = src`.
+    pub fn store32(&mut self, dst: Reg, off: i16, src: Reg) {
+        self.push(STX | MEM | W, dst, src, off, 0);
     }
     /// `dst >>= imm` (logical).
     pub fn rsh_imm(&mut self, dst: Reg, imm: i32) {
@@ -209,6 +258,27 @@ impl Asm {
     pub fn jne_imm(&mut self, dst: Reg, imm: i32, to: Label) {
         self.jump(JMP | JNE | K, dst, imm, to);
     }
+    /// `if dst != src goto to`.
+    pub fn jne(&mut self, dst: Reg, src: Reg, to: Label) {
+        self.fixups.push((self.insns.len(), to));
+        self.push(JMP | JNE | X, dst, src, 0, 0);
+    }
+    /// `if dst & imm goto to`.
+    pub fn jset_imm(&mut self, dst: Reg, imm: i32, to: Label) {
+        self.jump(JMP | JSET | K, dst, imm, to);
+    }
+    /// `if dst < imm goto to` (unsigned).
+    pub fn jlt_imm(&mut self, dst: Reg, imm: i32, to: Label) {
+        self.jump(JMP | JLT | K, dst, imm, to);
+    }
+    /// `if (s64) dst > imm goto to`.
+    pub fn jsgt_imm(&mut self, dst: Reg, imm: i32, to: Label) {
+        self.jump(JMP | JSGT | K, dst, imm, to);
+    }
+    /// `if (s64) dst >= imm goto to`.
+    pub fn jsge_imm(&mut self, dst: Reg, imm: i32, to: Label) {
+        self.jump(JMP | JSGE | K, dst, imm, to);
+    }
     /// The finished program: every jump patched to its label (an unbound label or a jump
     /// farther than 16 bits is a bug of the builder's caller: an error, not a wrong program).
     pub fn finish(mut self) -> Result<Vec<Insn>, String> {
@@ -246,9 +316,9 @@ const REC: i16 = -(RECORD_SIZE as i16);
 const KEY: i16 = REC - 8;
 
 /// x86_64 `struct pt_regs`: where the entry's first two arguments and the syscall number are.
-const REGS_SI: i16 = 104;
-const REGS_DI: i16 = 112;
-const REGS_ORIG_AX: i16 = 120;
+pub(crate) const REGS_SI: i16 = 104;
+pub(crate) const REGS_DI: i16 = 112;
+pub(crate) const REGS_ORIG_AX: i16 = 120;
 
 /// What one observer program needs.
 #[derive(Debug, Clone)]
@@ -310,7 +380,14 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
     a.ja(out);
     a.bind(keep);
     a.store64(FP, REC, R7);
-    a.store64_imm(FP, REC + 8, i32::from(spec.edge == Edge::Exit));
+    // Edge 0 entry, 1 exit, 2 exit with its first argument (a typed program reads it from the
+    // registers, which the call left as they were).
+    let edge = match spec.edge {
+        Edge::Enter => 0,
+        Edge::Exit if spec.typed => 2,
+        Edge::Exit => 1,
+    };
+    a.store64_imm(FP, REC + 8, edge);
     a.store64(FP, REC + 24, R8);
     match spec.edge {
         Edge::Enter => {
@@ -320,7 +397,12 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
         Edge::Exit => {
             a.load64(R1, R6, 8); // ret
             a.store64(FP, REC + 32, R1);
-            a.store64_imm(FP, REC + 40, 0);
+            if spec.typed {
+                a.load64(R1, R9, REGS_DI);
+                a.store64(FP, REC + 40, R1);
+            } else {
+                a.store64_imm(FP, REC + 40, 0);
+            }
         }
     }
     a.call(helper::KTIME_GET_NS);
@@ -334,20 +416,25 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
     // no different in `bench observe`, kept because it is never needed).
     a.mov_imm(R4, RB_NO_WAKEUP);
     a.call(helper::RINGBUF_OUTPUT);
-    a.jeq_imm(R0, 0, out);
-    // Refused (the buffer is full): count it.
-    a.store32_imm(FP, KEY, 0);
-    a.load_map_fd(R1, spec.lost_fd);
-    a.mov(R2, FP);
-    a.add_imm(R2, i32::from(KEY));
-    a.call(helper::MAP_LOOKUP_ELEM);
-    a.jeq_imm(R0, 0, out);
-    a.mov_imm(R1, 1);
-    a.atomic_add64(R0, 0, R1);
+    count_refused(&mut a, spec.lost_fd, KEY, out);
     a.bind(out);
     a.mov_imm(R0, 0);
     a.exit();
     a.finish()
+}
+
+/// After a `bpf_ringbuf_output` call: where it refused the record (the buffer is full), add one
+/// to the one-element array `lost_fd` (its key written at `fp + key`); then go to `done`.
+pub(crate) fn count_refused(a: &mut Asm, lost_fd: i32, key: i16, done: Label) {
+    a.jeq_imm(R0, 0, done);
+    a.store32_imm(FP, key, 0);
+    a.load_map_fd(R1, lost_fd);
+    a.mov(R2, FP);
+    a.add_imm(R2, i32::from(key));
+    a.call(helper::MAP_LOOKUP_ELEM);
+    a.jeq_imm(R0, 0, done);
+    a.mov_imm(R1, 1);
+    a.atomic_add64(R0, 0, R1);
 }
 
 /// The instructions as the bytes `BPF_PROG_LOAD` reads.

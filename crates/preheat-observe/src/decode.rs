@@ -87,24 +87,98 @@ pub fn decode(bytes: &[u8], ids: Ids, pid: Option<u32>, out: &mut Vec<SysEvent>)
     lost
 }
 
-/// Decode the eBPF observer's records (whole [`crate::bpfprog::RECORD_SIZE`]-byte records, as
-/// drained; see [`crate::bpfprog`] for the layout), appending their events to `out`. The
-/// program already kept only the observed process; a trailing partial record is ignored.
-pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) {
-    for rec in bytes.chunks_exact(crate::bpfprog::RECORD_SIZE) {
-        let field = |i: usize| u64_at(rec, i * 8).unwrap_or(0);
-        let (pid_tgid, edge, time_ns, nr) = (field(0), field(1), field(2), field(3));
-        let what = if edge == 0 {
-            Edge::Enter([field(4), field(5)])
-        } else {
-            Edge::Exit(field(4) as i64)
+/// Decode the eBPF observer's records as [`crate::bpf`]'s drain frames them (each: its length
+/// as a u32, a u32 of zero, the record, padded to 8 bytes), appending their events to `out`:
+/// per-call records ([`crate::bpfprog::RECORD_SIZE`] bytes, see [`crate::bpfprog`]) and period
+/// records ([`crate::periodprog::SLOT_SIZE`] bytes, see [`crate::periodprog`]). The programs
+/// already kept only the observed process; a record of another size or a truncated one ends
+/// the decoding (never written by these programs). Returns the records decoded.
+pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) -> u64 {
+    let mut at = 0usize;
+    let mut n = 0;
+    while let Some(len) = u32_at(bytes, at).map(|l| l as usize) {
+        let Some(rec) = at
+            .checked_add(8)
+            .and_then(|s| bytes.get(s..s.checked_add(len)?))
+        else {
+            break;
         };
+        if len == crate::bpfprog::RECORD_SIZE {
+            per_call(rec, out);
+        } else if len == crate::periodprog::SLOT_SIZE {
+            period(rec, out);
+        } else {
+            break;
+        }
+        n += 1;
+        at = match at.checked_add(8 + len.div_ceil(8) * 8) {
+            Some(next) => next,
+            None => break,
+        };
+    }
+    n
+}
+
+/// One per-call record: edge 0 an entry with two arguments, 1 an exit, 2 an exit with its
+/// first argument.
+fn per_call(rec: &[u8], out: &mut Vec<SysEvent>) {
+    let field = |i: usize| u64_at(rec, i * 8).unwrap_or(0);
+    let (pid_tgid, edge, time_ns, nr) = (field(0), field(1), field(2), field(3));
+    let what = match edge {
+        0 => Edge::Enter([field(4), field(5)]),
+        2 => Edge::ExitWith(field(4) as i64, [field(5), 0]),
+        _ => Edge::Exit(field(4) as i64),
+    };
+    out.push(SysEvent {
+        time_ns,
+        tid: pid_tgid as u32,
+        nr: nr as i64,
+        what,
+    });
+}
+
+/// One period record: the opening wait's exit (unless a partial record of the same period
+/// carried it), the kept calls (at the period's start: they are not stamped), and, in a record
+/// that closes the period, the closing call's entry.
+fn period(rec: &[u8], out: &mut Vec<SysEvent>) {
+    use crate::periodprog as p;
+    let word = |off: i16| u64_at(rec, off as usize).unwrap_or(0);
+    let tid = u32_at(rec, p::TAG as usize).unwrap_or(0);
+    let flags = u32_at(rec, p::FLAGS as usize).unwrap_or(0) as i32;
+    let start = word(p::START_NS);
+    let mut push = |time_ns: u64, nr: u64, what: Edge| {
         out.push(SysEvent {
             time_ns,
-            tid: pid_tgid as u32,
+            tid,
             nr: nr as i64,
             what,
-        });
+        })
+    };
+    if flags & p::flag::START_SENT == 0 {
+        push(
+            start,
+            word(p::START_NR),
+            Edge::Exit(word(p::START_RET) as i64),
+        );
+    }
+    let count = (word(p::COUNT) as usize).min(p::EVENTS);
+    for i in 0..count {
+        let at = p::CALLS + (i as i16) * p::CALL_SIZE;
+        let (head, a0, a1) = (word(at), word(at + 8), word(at + 16));
+        let nr = head & 0xffff_ffff;
+        if head >> 32 == 0 {
+            push(start, nr, Edge::Enter([a0, a1]));
+        } else {
+            push(start, nr, Edge::ExitWith(a1 as i64, [a0, 0]));
+        }
+    }
+    if flags & p::flag::END != 0 {
+        let end = word(p::END_NS);
+        push(
+            end,
+            word(p::END_NR),
+            Edge::Enter([word(p::END_A0), word(p::END_A1)]),
+        );
     }
 }
 
@@ -174,18 +248,23 @@ pub(crate) mod tests {
         assert!(other.is_empty());
     }
 
+    /// `words` framed as the drain frames a record.
+    fn framed(words: &[u64]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(((words.len() * 8) as u32).to_le_bytes());
+        b.extend(0u32.to_le_bytes());
+        words.iter().for_each(|w| b.extend(w.to_le_bytes()));
+        b
+    }
+
     #[test]
     fn bpf_records() {
-        let mut b = Vec::new();
-        for v in [(1u64 << 32) | 7, 0, 100, 232, 4, 9] {
-            b.extend(v.to_le_bytes());
-        }
-        for v in [(1u64 << 32) | 7, 1, 200, 232, (-4i64) as u64, 0] {
-            b.extend(v.to_le_bytes());
-        }
+        let mut b = framed(&[(1u64 << 32) | 7, 0, 100, 232, 4, 9]);
+        b.extend(framed(&[(1u64 << 32) | 7, 1, 200, 232, (-4i64) as u64, 0]));
+        b.extend(framed(&[(1u64 << 32) | 7, 2, 300, 0, 12, 5]));
         b.extend([1, 2, 3]);
         let mut out = Vec::new();
-        decode_bpf(&b, &mut out);
+        assert_eq!(decode_bpf(&b, &mut out), 3);
         assert_eq!(
             out,
             [
@@ -201,8 +280,60 @@ pub(crate) mod tests {
                     nr: 232,
                     what: Edge::Exit(-4)
                 },
+                SysEvent {
+                    time_ns: 300,
+                    tid: 7,
+                    nr: 0,
+                    what: Edge::ExitWith(12, [5, 0])
+                },
             ]
         );
+    }
+
+    #[test]
+    fn period_records() {
+        use crate::periodprog::{flag, SLOT_SIZE};
+        // epoll_wait returned 1 at 1000; read(5) returned 12; sendto(5, …); epoll_wait entry
+        // (fd 4) at 1500.
+        let mut w = vec![0u64; SLOT_SIZE / 8];
+        w[0] = 7 | (((flag::EVENT_LOOP | flag::END) as u64) << 32);
+        (w[1], w[2], w[3], w[4]) = (1000, 232, 1, 2);
+        (w[5], w[6], w[7], w[8]) = (1500, 232, 4, 0x10);
+        (w[9], w[10], w[11]) = (1 << 32, 5, 12);
+        (w[12], w[13], w[14]) = (44, 5, 0x7000);
+        let mut out = Vec::new();
+        assert_eq!(decode_bpf(&framed(&w), &mut out), 1);
+        let ev = |time_ns, nr, what| SysEvent {
+            time_ns,
+            tid: 7,
+            nr,
+            what,
+        };
+        assert_eq!(
+            out,
+            [
+                ev(1000, 232, Edge::Exit(1)),
+                ev(1000, 0, Edge::ExitWith(12, [5, 0])),
+                ev(1000, 44, Edge::Enter([5, 0x7000])),
+                ev(1500, 232, Edge::Enter([4, 0x10])),
+            ]
+        );
+        // A partial record (no end) whose start went out before: only its calls.
+        w[0] = 7 | (((flag::START_SENT) as u64) << 32);
+        w[4] = 1;
+        let mut out = Vec::new();
+        decode_bpf(&framed(&w), &mut out);
+        assert_eq!(out, [ev(1000, 0, Edge::ExitWith(12, [5, 0]))]);
+        // A count past the slot's calls is clamped; a record of another size ends the decoding.
+        w[4] = 99;
+        let mut out = Vec::new();
+        decode_bpf(&framed(&w), &mut out);
+        assert_eq!(out.len(), crate::periodprog::EVENTS);
+        let mut out = Vec::new();
+        assert_eq!(decode_bpf(&framed(&[1, 2, 3]), &mut out), 0);
+        for cut in 0..framed(&w).len() {
+            decode_bpf(&framed(&w)[..cut], &mut out);
+        }
     }
 
     #[test]

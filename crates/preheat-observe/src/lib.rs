@@ -21,13 +21,16 @@
 //! Three ways to get the same stream of syscall entries and exits ([`Mechanism`]), all kept
 //! and tested:
 //!
-//! - [`Mechanism::Bpf`], the default: two eBPF programs ([`bpfprog`], assembled here; loaded
-//!   and attached by [`bpf`]) on the raw tracepoints `sys_enter`/`sys_exit`, which keep the
-//!   process's traced calls (its thread group id: threads created later included) and write a
-//!   48-byte record of each into one BPF ring buffer that a thread drains every 5 ms. They are
-//!   BTF-typed (`tp_btf`: the registers read with plain loads) where the kernel's BTF names
-//!   the tracepoints ([`btf`]), else untyped (each register read a helper call), and the
-//!   report says which and why. Where the kernel refuses them (no BPF, an old kernel, a
+//! - [`Mechanism::Bpf`], the default: two eBPF programs (assembled here; loaded and attached
+//!   by [`bpf`]) on the raw tracepoints `sys_enter`/`sys_exit`, which keep the process's
+//!   traced calls (its thread group id: threads created later included) and write records into
+//!   one BPF ring buffer that a thread drains. BTF-typed (`tp_btf`: the registers read with
+//!   plain loads) where the kernel's BTF names the tracepoints ([`btf`]), they write **one
+//!   record per busy period** ([`periodprog`]: the calls inside a period kept in a per-thread
+//!   array in the kernel, unstamped; two clock reads per period) unless a caller needs each
+//!   call's time ([`session::Options::per_call`]: the demo's `--syscall-stages`); otherwise, or
+//!   untyped (each register read a helper call), a stamped 48-byte record per call
+//!   ([`bpfprog`]). The report says which ran and why. Where the kernel refuses them (no BPF, an old kernel, a
 //!   locked-down one) the observer falls back to the next and the report says why.
 //! - [`Mechanism::SystemWide`]: perf samples (`perf_event_open` on
 //!   `raw_syscalls:sys_enter`/`sys_exit`, bindings from `perf-event-open-sys`, samples
@@ -97,7 +100,16 @@
 //! tried and measured no different (four runs each, interleaved: 4.5 / 4.3 / 2.9 / 4.3%
 //! against 4.0 / 4.3 / 5.4 / 3.4%, p50 +0.42–0.61 against +0.46–1.04 µs): not kept.
 //!
-//! The goal (≤ 1%, as for the agent) is **not met** on preheat-kv, whose warm request is ~12 µs
+//! **One record per busy period** (session 25, 2026-11-30, same method and variant, release,
+//! the two forms interleaved, three runs of 7 pairs each; `PREHEAT_OBSERVE_PER_CALL=1` runs
+//! the per-call programs): **1.26 / 1.52 / 1.34%** (whole blocks 0.88 / 1.99 / 1.23%; p50
+//! **+0.11 / +0.12 / +0.14 µs**; 1.00 record and 4 calls analysed per request, the reader 106–112
+//! ns per request) against 4.23 / 3.56 / 4.39% (p50 +0.44–0.47 µs; 5 records; the reader
+//! 133–148 ns) for a record per call; every request found by both. A fourth of the cost, and
+//! the goal still **not quite met** on preheat-kv: what is left is the programs on every
+//! system call of the machine, two clock reads, one record and its reader per request.
+//!
+//! The per-call programs' goal (≤ 1%, as for the agent) was **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
 //! filter alone is 0.8%. **Fewer records alone would not reach it** (measured the same session,
 //! with the untyped programs changed for the experiment and not kept, three interleaved runs
@@ -119,6 +131,7 @@ pub mod bpfprog;
 pub mod btf;
 pub mod decode;
 pub mod perf;
+pub mod periodprog;
 pub mod periods;
 pub mod render;
 pub mod session;

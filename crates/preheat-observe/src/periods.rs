@@ -171,6 +171,11 @@ pub enum Edge {
     Enter([u64; 2]),
     /// Exit, with the return value (negative errno on failure).
     Exit(i64),
+    /// Exit, with the return value and the call's first argument (the second: 0): its entry
+    /// may not have been recorded (the period programs, [`crate::periodprog`], leave out an
+    /// event-loop thread's read and accept entries), so it stands for both where no entry of
+    /// the same call is pending.
+    ExitWith(i64, [u64; 2]),
 }
 
 /// The syscall a thread is blocked in, from `/proc/PID/task/TID/syscall` (`NR ARG1 … SP PC`;
@@ -267,11 +272,20 @@ pub struct Tracker {
     threads: BTreeMap<u32, Thread>,
     periods: Vec<Period>,
     counts: StreamCounts,
+    /// The calls inside a period are not stamped (the period programs): no first read or
+    /// first write times.
+    unstamped_calls: bool,
 }
 
 impl Tracker {
     pub fn new() -> Tracker {
         Tracker::default()
+    }
+
+    /// The events' calls inside a busy period carry the period's start, not their own time
+    /// ([`crate::periodprog`]): periods then have no `first_read_ns`/`first_write_ns`.
+    pub fn unstamped_calls(&mut self) {
+        self.unstamped_calls = true;
     }
 
     /// `fd` is a socket listening on the port.
@@ -288,7 +302,8 @@ impl Tracker {
         self.counts.events += 1;
         match e.what {
             Edge::Enter(args) => self.enter(e, args),
-            Edge::Exit(ret) => self.exit(e, ret),
+            Edge::Exit(ret) => self.exit(e, ret, None),
+            Edge::ExitWith(ret, args) => self.exit(e, ret, Some(args)),
         }
     }
 
@@ -321,7 +336,9 @@ impl Tracker {
                     ..Busy::default()
                 });
                 b.writes = b.writes.saturating_add(1);
-                b.first_write_ns.get_or_insert(e.time_ns);
+                if !self.unstamped_calls {
+                    b.first_write_ns.get_or_insert(e.time_ns);
+                }
                 if let Some(r) = reader.filter(|r| *r != e.tid) {
                     b.from = Some(r);
                 }
@@ -329,9 +346,10 @@ impl Tracker {
         }
     }
 
-    fn exit(&mut self, e: &SysEvent, ret: i64) {
+    fn exit(&mut self, e: &SysEvent, ret: i64, with: Option<[u64; 2]>) {
         let th = self.threads.entry(e.tid).or_default();
-        let Some((n, args)) = th.pending.take().filter(|(n, _)| *n == e.nr) else {
+        let pending = th.pending.take().filter(|(n, _)| *n == e.nr);
+        let Some((n, args)) = pending.or(with.map(|a| (e.nr, a))) else {
             self.counts.unpaired_exits += 1;
             if matches!(classify(e.nr, [0, 0]), Class::EventWait | Class::Wait) {
                 th.busy = Some(Busy {
@@ -367,7 +385,9 @@ impl Tracker {
                     ..Busy::default()
                 });
                 b.reads = b.reads.saturating_add(1);
-                b.first_read_ns.get_or_insert(now);
+                if !self.unstamped_calls {
+                    b.first_read_ns.get_or_insert(now);
+                }
             }
             _ => {}
         }

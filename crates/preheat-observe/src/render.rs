@@ -25,18 +25,7 @@ pub fn text(r: &Report, periods: bool) -> String {
         (r.end_ns - r.start_ns) as f64 / 1e9,
         r.threads_attached
     );
-    if let Some(why) = &r.fallback {
-        outln!(
-            out,
-            "  (the eBPF observer did not load, so perf samples ran: {why})"
-        );
-    }
-    if let Some(why) = &r.untyped {
-        outln!(
-            out,
-            "  (its eBPF programs are not BTF-typed, so each register read is a helper call: {why})"
-        );
-    }
+    notes(&mut out, r);
     if r.tracefs_mounted_now {
         outln!(
             out,
@@ -45,8 +34,8 @@ pub fn text(r: &Report, periods: bool) -> String {
     }
     outln!(
         out,
-        "  {} syscall events, {} lost samples, {} candidate periods without the port, {} open at the end",
-        r.counts.events, r.lost_samples, r.counts.unattributed, r.counts.open_at_end
+        "  {} syscall events in {} records, {} lost records, {} candidate periods without the port, {} open at the end",
+        r.counts.events, r.records, r.lost_samples, r.counts.unattributed, r.counts.open_at_end
     );
     if r.threads.is_empty() {
         outln!(out, "  no busy period on the port (no request arrived?)");
@@ -110,4 +99,32 @@ pub fn text(r: &Report, periods: bool) -> String {
         }
     }
     out
+}
+
+/// What ran instead of the default, or how the default records: one line each.
+fn notes(out: &mut String, r: &Report) {
+    if let Some(why) = &r.fallback {
+        outln!(
+            out,
+            "  (the eBPF observer did not load, so perf samples ran: {why})"
+        );
+    }
+    if let Some(why) = &r.untyped {
+        outln!(
+            out,
+            "  (its eBPF programs are not BTF-typed, so each register read is a helper call: {why})"
+        );
+    }
+    match (&r.untyped, &r.per_call, r.mechanism) {
+        (None, None, crate::Mechanism::Bpf) if r.fallback.is_none() => {
+            outln!(
+                out,
+                "  (one record per busy period: the calls inside a period are kept in the kernel, unstamped; --per-call times each)"
+            );
+        }
+        (None, Some(why), crate::Mechanism::Bpf) if r.fallback.is_none() => {
+            outln!(out, "  (a stamped record per call: {why})");
+        }
+        _ => {}
+    }
 }

@@ -80,6 +80,12 @@ pub struct Options {
     /// the crate docs); false for the untyped ones, which read the registers through a helper
     /// call each (`PREHEAT_OBSERVE_NO_BTF=1` asks for them too: to compare).
     pub btf: bool,
+    /// A stamped record of every traced call, so that each period's first read and first write
+    /// are timed (the demo's `--syscall-stages` asks for this); false (the default): the typed
+    /// programs write one record per busy period ([`crate::periodprog`], measured cheaper: the
+    /// crate docs) and periods carry no such times (`PREHEAT_OBSERVE_PER_CALL=1` asks for the
+    /// per-call records too: to compare).
+    pub per_call: bool,
 }
 
 impl Options {
@@ -90,6 +96,7 @@ impl Options {
             mechanism: Mechanism::Bpf,
             buffer_pages: 512,
             btf: true,
+            per_call: false,
         }
     }
 }
@@ -106,6 +113,8 @@ pub struct Observer {
     rings: Vec<RingBuffer>,
     scratch: Vec<u8>,
     events: Vec<SysEvent>,
+    /// Records drained (eBPF) or samples read (perf).
+    records: u64,
     lost: u64,
     start_ns: u64,
     listening: Vec<u64>,
@@ -166,6 +175,11 @@ pub struct Report {
     pub fallback: Option<String>,
     /// Why its programs are not BTF-typed, where they run and are not.
     pub untyped: Option<String>,
+    /// Why its programs write a record per call instead of one per busy period, where they
+    /// run and do.
+    pub per_call: Option<String>,
+    /// Records drained from the eBPF ring buffer (or perf samples read).
+    pub records: u64,
     pub pid: u32,
     pub port: u16,
     /// CLOCK_MONOTONIC ns.
@@ -279,6 +293,7 @@ impl Observer {
             rings: Vec::new(),
             scratch: Vec::new(),
             events: Vec::new(),
+            records: 0,
             lost: 0,
             start_ns: 0,
             listening: fds.listening,
@@ -319,7 +334,14 @@ impl Observer {
                 } else {
                     Ok(())
                 };
-                bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed)
+                let per_call = if o.opts.per_call {
+                    Err("asked for (each call's time)".to_string())
+                } else if std::env::var_os("PREHEAT_OBSERVE_PER_CALL").is_some_and(|v| v != "0") {
+                    Err("PREHEAT_OBSERVE_PER_CALL is set".to_string())
+                } else {
+                    Ok(())
+                };
+                bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed, per_call)
             };
             match attached {
                 Ok(a) => {
@@ -355,15 +377,26 @@ impl Observer {
         self.bpf.as_ref().and_then(|b| b.untyped())
     }
 
+    /// Why the eBPF programs write a record per call instead of one per busy period; `None`
+    /// where they write one per period, or where no eBPF observer runs.
+    pub fn per_call(&self) -> Option<&str> {
+        self.bpf.as_ref().and_then(|b| b.per_call())
+    }
+
     /// What runs, one phrase for a caller's output: the mechanism, whether its eBPF programs
     /// are BTF-typed, and why the eBPF observer did not load where it fell back.
     pub fn what_runs(&self) -> String {
         let m = self.mechanism().describe();
         match (self.fallback(), &self.bpf) {
             (Some(why), _) => format!("{m} (the eBPF observer did not load: {why})"),
-            (None, Some(b)) => match b.untyped() {
-                None => format!("{m}; BTF-typed: the registers read with plain loads"),
-                Some(why) => {
+            (None, Some(b)) => match (b.untyped(), b.per_call()) {
+                (None, None) => format!(
+                    "{m}; BTF-typed, one record per busy period (the calls inside it kept in the kernel, unstamped)"
+                ),
+                (None, Some(why)) => format!(
+                    "{m}; BTF-typed, a stamped record per call ({why})"
+                ),
+                (Some(why), _) => {
                     format!("{m}; not BTF-typed ({why}): each register read is a helper call")
                 }
             },
@@ -502,14 +535,16 @@ impl Observer {
         let pid = Some(self.opts.pid);
         for r in &mut self.rings {
             self.scratch.clear();
+            let before = self.events.len();
             if r.drain(&mut self.scratch) > 0 {
                 self.lost += decode::decode(&self.scratch, self.ids, pid, &mut self.events);
             }
+            self.records += (self.events.len() - before) as u64;
         }
         if let Some(b) = &mut self.bpf {
             self.scratch.clear();
             if b.drain(&mut self.scratch) > 0 {
-                decode::decode_bpf(&self.scratch, &mut self.events);
+                self.records += decode::decode_bpf(&self.scratch, &mut self.events);
             }
         }
         // What was stamped well before this drain began is all here: analyse it now, so an
@@ -529,8 +564,12 @@ impl Observer {
         self.events.sort_by_key(|e| e.time_ns);
         let n = self.events.partition_point(|e| e.time_ns < upto);
         let (listening, connections) = (&self.listening, &self.connections);
+        let unstamped = self.bpf.as_ref().is_some_and(|b| b.per_call().is_none());
         let tr = self.tracker.get_or_insert_with(|| {
             let mut t = Tracker::new();
+            if unstamped {
+                t.unstamped_calls();
+            }
             listening.iter().for_each(|fd| t.add_listener(*fd));
             connections.iter().for_each(|fd| t.add_connection(*fd));
             t
@@ -579,6 +618,8 @@ impl Observer {
             mechanism_detail: self.opts.mechanism.describe(),
             fallback: self.fallback.clone(),
             untyped: self.untyped().map(str::to_string),
+            per_call: self.per_call().map(str::to_string),
+            records: self.records,
             pid: self.opts.pid,
             port: self.opts.port,
             start_ns: self.start_ns,

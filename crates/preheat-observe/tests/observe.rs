@@ -93,6 +93,7 @@ fn python_event_loop() {
     // to the untyped programs here would hide that the typed ones broke).
     if std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
         assert_eq!(r.untyped, None);
+        assert_eq!(r.per_call, None);
     }
 }
 
@@ -124,6 +125,51 @@ fn drained_events_are_analysed_as_they_settle() {
     let reads: usize = r.threads.iter().map(|t| t.read).sum();
     assert_eq!(reads, REQUESTS, "{:#?}", r.threads);
     assert_eq!(r.lost_samples, 0);
+}
+
+/// The period programs keep at most `periodprog::EVENTS` calls of a busy period in the kernel;
+/// a period with more (here a read and nine sends per request) goes out in partial records and
+/// is still one period with all its calls, as the per-call programs see it; and only the
+/// per-call programs time each period's first read and write.
+#[test]
+fn periods_longer_than_a_slot_and_per_call_records() {
+    if !permitted() {
+        return;
+    }
+    const SENDS: u32 = 9;
+    assert!(SENDS as usize + 1 > preheat_observe::periodprog::EVENTS);
+    for per_call in [false, true] {
+        let (s, port) = support::start(|| {
+            let mut cmd = Command::new("python3");
+            cmd.arg(servers_dir().join("event_loop.py"));
+            cmd.env("SENDS", SENDS.to_string());
+            cmd
+        });
+        let opts = Options {
+            per_call,
+            ..Options::new(s.0.id(), port)
+        };
+        let r = observe_opts(opts, request);
+        check_direct(&r);
+        assert_eq!(r.per_call.is_some(), per_call, "{:?}", r.per_call);
+        let reads: Vec<_> = r.periods.iter().filter(|p| p.kind == Kind::Read).collect();
+        assert!(
+            reads.iter().all(|p| p.reads == 1 && p.writes == SENDS),
+            "{reads:#?}"
+        );
+        assert!(reads.iter().all(
+            |p| p.first_read_ns.is_some() == per_call && p.first_write_ns.is_some() == per_call
+        ));
+        // The period programs wrote fewer records than the calls they stand for.
+        if !per_call {
+            assert!(
+                r.records < r.counts.events,
+                "{} records, {:?}",
+                r.records,
+                r.counts
+            );
+        }
+    }
 }
 
 /// The untyped programs (each register read through `bpf_probe_read_kernel`), which run where

@@ -43,10 +43,11 @@
 //!   hooks); it lasts until [`worker::WAKE_AFTER_ARRIVAL_NS`] past the arrival, which costs the
 //!   server a yield per turn at most, otherwise idle time.
 //! - The observer needs root (eBPF programs on the syscall tracepoints, perf samples where
-//!   those do not load) and adds the kernel's cost of writing each record (measured in
-//!   `preheat-observe`'s docs: +0.6–0.7 µs per warm request on preheat-kv with eBPF, +2.2–2.3
-//!   µs with perf samples); the in-process agent costs far less where it loads, so callers use
-//!   this only where the agent cannot load.
+//!   those do not load) and adds the kernel's cost of its records (measured in
+//!   `preheat-observe`'s docs, on preheat-kv: +0.11–0.14 µs per warm request with one eBPF
+//!   record per busy period, +0.4–0.5 µs with a record per call, +2.2–2.3 µs with perf
+//!   samples); the in-process agent costs less where it loads, so callers use this only
+//!   where the agent cannot load.
 
 #![forbid(unsafe_code)]
 

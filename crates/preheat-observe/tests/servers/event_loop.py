@@ -1,8 +1,13 @@
 """A selectors (epoll) event-loop server for preheat-observe's tests: each read ("ping\n") is
-answered with "pong\n". Usage: event_loop.py PORT"""
+answered with "pong\n". Usage: [SENDS=K] event_loop.py PORT (SENDS: each reply is K sends, the
+first K-1 of them empty: a busy period with more calls than the observer's per-thread slot
+holds)"""
 import selectors
 import socket
+import os
 import sys
+
+SENDS = int(os.environ.get("SENDS", "1"))
 
 sel = selectors.DefaultSelector()
 ls = socket.socket()
@@ -24,4 +29,6 @@ while True:
             sel.unregister(s)
             s.close()
             continue
+        for _ in range(SENDS - 1):
+            s.send(b"")
         s.send(b"pong\n")
