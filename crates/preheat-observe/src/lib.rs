@@ -105,9 +105,16 @@
 //! the per-call programs): **1.26 / 1.52 / 1.34%** (whole blocks 0.88 / 1.99 / 1.23%; p50
 //! **+0.11 / +0.12 / +0.14 µs**; 1.00 record and 4 calls analysed per request, the reader 106–112
 //! ns per request) against 4.23 / 3.56 / 4.39% (p50 +0.44–0.47 µs; 5 records; the reader
-//! 133–148 ns) for a record per call; every request found by both. A fourth of the cost, and
-//! the goal still **not quite met** on preheat-kv: what is left is the programs on every
-//! system call of the machine, two clock reads, one record and its reader per request.
+//! 133–148 ns) for a record per call; every request found by both. Five more runs of the
+//! final build: 1.37 / 1.87 / 2.20 / 1.32 / 2.09% (whole blocks 0.96–2.04%, p50 +0.11–0.34
+//! µs), A/A controls −0.03 / −0.01% — over all eight a median of 1.45%: a third of the
+//! per-call cost, and the goal still **not quite met** on preheat-kv. What is left, from a
+//! `perf record -e cpu-clock` profile of the bench's client: the programs run on the client's
+//! own system calls too (every system call of the machine, each a raw-tracepoint dispatch and
+//! a `bpf_get_current_pid_tgid` call: about 4% of the client's CPU samples), then two clock
+//! reads, one record and its reader per request. `bpf_get_current_task_btf` is a real call on
+//! this kernel (it shows in the same profile), so loading the ids from the task gains
+//! nothing; tried again with the period programs and dropped.
 //!
 //! The per-call programs' goal (≤ 1%, as for the agent) was **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the

@@ -56,7 +56,7 @@ impl Mechanism {
     pub fn describe(self) -> &'static str {
         match self {
             Mechanism::Bpf => {
-                "eBPF programs on the raw tracepoints sys_enter/sys_exit (every CPU), keeping the process's traced syscalls and writing a record of each into a BPF ring buffer (no perf samples)"
+                "eBPF programs on the raw tracepoints sys_enter/sys_exit (every CPU), keeping the process's traced syscalls and writing records of them into a BPF ring buffer (no perf samples)"
             }
             Mechanism::PerThread => {
                 "perf_event_open on raw_syscalls:sys_enter/sys_exit, per thread and CPU (inherited), filtered on the syscall number"
