@@ -381,7 +381,7 @@ fn load_pair(
     (enter_nrs, exit_nrs): (&[i64], &[i64]),
     (ringbuf_fd, lost_fd): (i32, i32),
     typed: Option<(u32, u32)>,
-    slots_fd: Option<i32>,
+    slots: Option<(i32, u32)>,
 ) -> Result<(Vec<OwnedFd>, Vec<OwnedFd>)> {
     let mut progs = Vec::new();
     let mut links = Vec::new();
@@ -401,13 +401,14 @@ fn load_pair(
             typed.map(|t| t.1),
         ),
     ] {
-        let insns = match slots_fd.filter(|_| id.is_some()) {
-            Some(slots_fd) => periodprog::period_observer(&PeriodSpec {
+        let insns = match slots.filter(|_| id.is_some()) {
+            Some((slots_fd, slots)) => periodprog::period_observer(&PeriodSpec {
                 edge,
                 tgid,
                 ringbuf_fd,
                 lost_fd,
                 slots_fd,
+                slots,
             }),
             None => bpfprog::observer(&Spec {
                 edge,
@@ -434,15 +435,15 @@ impl Attached {
     /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
     /// BTF-typed (`tp_btf`, the registers read with plain loads) unless `typed` says why not
     /// or the kernel's BTF or verifier refuses them; then untyped, and [`Attached::untyped`]
-    /// says why. Typed, they write one record per busy period ([`crate::periodprog`]) unless
-    /// `per_call` says why not or the verifier refuses them; then a record per call, and
-    /// [`Attached::per_call`] says why.
+    /// says why. Typed, they write one record per busy period ([`crate::periodprog`], with
+    /// `period`'s number of per-thread slots) unless `period` says why not or the verifier
+    /// refuses them; then a record per call, and [`Attached::per_call`] says why.
     pub fn attach(
         tgid: u32,
         nrs: (&[i64], &[i64]),
         size: usize,
         typed: Result<(), String>,
-        per_call: Result<(), String>,
+        period: Result<u32, String>,
     ) -> Result<Attached> {
         if !cfg!(target_arch = "x86_64") {
             bail!("the eBPF observer knows x86_64's registers and syscall numbers only");
@@ -455,15 +456,10 @@ impl Attached {
         let fds = (ringbuf.as_raw_fd(), lost.as_raw_fd());
         let mut slots = None;
         let loaded = typed.and_then(|()| typed_ids()).and_then(|ids| {
-            let period = per_call.and_then(|()| {
-                let m = map_create(
-                    MAP_TYPE_ARRAY,
-                    4,
-                    periodprog::SLOT_SIZE as u32,
-                    periodprog::SLOTS,
-                )
-                .map_err(|e| format!("creating the per-thread array: {e}"))?;
-                let pair = load_pair(tgid, nrs, fds, Some(ids), Some(m.as_raw_fd()))
+            let period = period.and_then(|n| {
+                let m = map_create(MAP_TYPE_ARRAY, 4, periodprog::SLOT_SIZE as u32, n)
+                    .map_err(|e| format!("creating the per-thread array: {e}"))?;
+                let pair = load_pair(tgid, nrs, fds, Some(ids), Some((m.as_raw_fd(), n)))
                     .map_err(|e| format!("the verifier refused the period programs: {e:#}"))?;
                 slots = Some(m);
                 Ok(pair)

@@ -30,9 +30,11 @@
 //! write are not known — callers that need them (the demo's `--syscall-stages`) use the per-call
 //! programs.
 //!
-//! A thread whose slot another thread took (their ids equal in the low bits) starts with an
-//! empty slot, as a thread seen for the first time: its open period is lost (counted by the
-//! tracker as a wait exit never seen), never mixed with the other's.
+//! Two threads whose ids agree in the low bits share a slot: one takes it over only between
+//! the other's periods, and meanwhile writes its calls per call, stamped (correct, at the
+//! per-call cost); so neither loses nor mixes the other's periods (barring both changing the
+//! slot at the same instant on two CPUs, where the verifier's bounds make a mixed record the
+//! worst case). A slot left inside a period by a thread that exited stays its own.
 //!
 //! Only the BTF-typed form exists: the untyped one would read each register through a helper
 //! call, which is what this saves.
@@ -46,7 +48,8 @@ use crate::periods::nr;
 
 /// Calls kept per period in a slot before it is written out as a partial record.
 pub const EVENTS: usize = 6;
-/// Slots in the per-thread array (a power of two: the thread id's low bits index it).
+/// Slots in the per-thread array by default (a power of two: the thread id's low bits index
+/// it).
 pub const SLOTS: u32 = 4096;
 
 // The slot, and the period record, which is the slot as written out (little-endian):
@@ -91,8 +94,9 @@ pub struct PeriodSpec {
     pub tgid: u32,
     pub ringbuf_fd: i32,
     pub lost_fd: i32,
-    /// The array of [`SLOTS`] slots of [`SLOT_SIZE`] bytes.
+    /// The per-thread array: `slots` slots (a power of two) of [`SLOT_SIZE`] bytes.
     pub slots_fd: i32,
+    pub slots: u32,
 }
 
 // The stack: the slot's key, the lost counter's key, the exit's return value, a per-call record.
@@ -247,11 +251,15 @@ fn per_call(a: &mut Asm, spec: &PeriodSpec) {
     a.bind(done);
 }
 
-/// The slot of the current thread in r6 (tagged with its id; emptied if another thread had
-/// it); to `out` if the map gives none.
-fn slot(a: &mut Asm, spec: &PeriodSpec, out: Label) {
+/// The slot of the current thread in r6, tagged with its id; to `out` if the map gives none.
+/// A slot another thread holds is taken over (emptied) unless that thread is inside a period:
+/// then to `taken`, where the call is written per call (stamped, as the per-call programs
+/// would), so two threads whose ids agree in the low bits never lose or mix each other's
+/// periods (barring both changing the slot at the same instant on two CPUs: the verifier
+/// bounds every access, so a mixed record is the worst case).
+fn slot(a: &mut Asm, spec: &PeriodSpec, out: Label, taken: Label) {
     a.mov32(R1, R7);
-    a.and_imm(R1, (SLOTS - 1) as i32);
+    a.and_imm(R1, spec.slots.saturating_sub(1) as i32);
     a.store32(FP, KEY, R1);
     a.load_map_fd(R1, spec.slots_fd);
     a.mov(R2, FP);
@@ -265,6 +273,8 @@ fn slot(a: &mut Asm, spec: &PeriodSpec, out: Label) {
     a.jne(R1, R2, other);
     a.ja(mine);
     a.bind(other);
+    a.load32(R1, R6, FLAGS);
+    a.jset_imm(R1, flag::OPEN, taken);
     a.store32(R6, TAG, R2);
     a.store32_imm(R6, FLAGS, 0);
     a.store64_imm(R6, COUNT, 0);
@@ -341,7 +351,7 @@ fn exit_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
     a.jsge_imm(R1, 0, got);
     a.ja(out);
     a.bind(got);
-    slot(a, spec, out);
+    slot(a, spec, out, per);
     if_flag(a, flag::OPEN, keep);
     a.ja(per);
     a.bind(keep);
@@ -372,13 +382,13 @@ fn entry_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
     // An event-loop thread's reads and accepts: their exits carry the fd.
     a.bind(read);
     a.bind(accept);
-    slot(a, spec, out);
+    slot(a, spec, out, per);
     if_flag(a, flag::EVENT_LOOP, out);
     a.ja(closing);
 
     // Writes and closes: kept in an open period, else written per call.
     a.bind(write);
-    slot(a, spec, out);
+    slot(a, spec, out, per);
     if_flag(a, flag::OPEN, keep);
     a.ja(per);
     a.bind(keep);
@@ -390,6 +400,12 @@ fn entry_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
 /// `(struct pt_regs *regs, long id)` at entry and `(regs, long ret)` at exit.
 pub fn period_observer(spec: &PeriodSpec) -> Result<Vec<Insn>, String> {
     let tgid = i32::try_from(spec.tgid).map_err(|_| format!("pid {} out of range", spec.tgid))?;
+    if !spec.slots.is_power_of_two() || spec.slots > 1 << 20 {
+        return Err(format!(
+            "{} slots: not a power of two up to 2^20",
+            spec.slots
+        ));
+    }
     let exit = spec.edge == Edge::Exit;
     let mut a = Asm::default();
     let out = a.label();
@@ -434,17 +450,16 @@ pub fn period_observer(spec: &PeriodSpec) -> Result<Vec<Insn>, String> {
     }
     a.ja(out);
 
-    let waited = a.label();
+    let (waited, per) = (a.label(), a.label());
     a.bind(event_wait);
-    slot(&mut a, spec, out);
+    slot(&mut a, spec, out, per);
     if !exit {
         set_flags(&mut a, flag::EVENT_LOOP, 0);
     }
     a.ja(waited);
     a.bind(wait);
-    slot(&mut a, spec, out);
+    slot(&mut a, spec, out, per);
     a.bind(waited);
-    let per = a.label();
     let to = Targets {
         out,
         per,
@@ -476,6 +491,7 @@ mod tests {
             ringbuf_fd: 5,
             lost_fd: 6,
             slots_fd: 7,
+            slots: SLOTS,
         })
         .unwrap()
     }
@@ -518,8 +534,20 @@ mod tests {
             ringbuf_fd: 1,
             lost_fd: 2,
             slots_fd: 3,
+            slots: SLOTS,
         })
         .is_err());
+        for slots in [0, 3, 1 << 21] {
+            assert!(period_observer(&PeriodSpec {
+                edge: Edge::Exit,
+                tgid: 1,
+                ringbuf_fd: 1,
+                lost_fd: 2,
+                slots_fd: 3,
+                slots,
+            })
+            .is_err());
+        }
     }
 
     #[test]

@@ -86,6 +86,10 @@ pub struct Options {
     /// crate docs) and periods carry no such times (`PREHEAT_OBSERVE_PER_CALL=1` asks for the
     /// per-call records too: to compare).
     pub per_call: bool,
+    /// The period programs' per-thread slots (a power of two; [`crate::periodprog::SLOTS`] by
+    /// default). Threads whose ids agree in the low bits share one, at the per-call cost while
+    /// the other is inside a period; the tests use 1, where every thread shares it.
+    pub slots: u32,
 }
 
 impl Options {
@@ -97,6 +101,7 @@ impl Options {
             buffer_pages: 512,
             btf: true,
             per_call: false,
+            slots: crate::periodprog::SLOTS,
         }
     }
 }
@@ -334,14 +339,14 @@ impl Observer {
                 } else {
                     Ok(())
                 };
-                let per_call = if o.opts.per_call {
+                let period = if o.opts.per_call {
                     Err("asked for (each call's time)".to_string())
                 } else if std::env::var_os("PREHEAT_OBSERVE_PER_CALL").is_some_and(|v| v != "0") {
                     Err("PREHEAT_OBSERVE_PER_CALL is set".to_string())
                 } else {
-                    Ok(())
+                    Ok(o.opts.slots)
                 };
-                bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed, per_call)
+                bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed, period)
             };
             match attached {
                 Ok(a) => {

@@ -238,22 +238,34 @@ fn static_go_http_server() {
         "the Go server is not static"
     );
     let (s, port) = start(|| Command::new(&exe));
-    let r = observe_each(s.0.id(), port, Mechanism::Bpf, http_get);
-    assert_eq!(r.lost_samples, 0);
-    // Every request read in a read period, but Go's counts are not one per request either way:
-    // a thread that finds the next request already there when it reads again (it never went
-    // idle) reads two in one period, and net/http's background one-byte read (its check for a
-    // closed connection) can take the first byte of the next request in a period of its own
-    // (seen: 32 to 40 periods and 40 to 43 reads for 40 requests).
-    let reads: u32 = r
-        .periods
-        .iter()
-        .filter(|p| p.kind == Kind::Read)
-        .map(|p| p.reads)
-        .sum();
-    assert!(reads as usize >= N, "{:#?}", r.threads);
-    let periods: usize = r.threads.iter().map(|t| t.read).sum();
-    assert!((N / 2..=N + N / 4).contains(&periods), "{:#?}", r.threads);
+    // A slot per thread, and (as `threads_sharing_a_slot_lose_nothing`) every thread of Go's
+    // in one slot.
+    for slots in [preheat_observe::periodprog::SLOTS, 1] {
+        let opts = Options {
+            slots,
+            ..Options::new(s.0.id(), port)
+        };
+        let r = observe_opts(opts, http_get);
+        assert_eq!(r.lost_samples, 0);
+        // Every request read in a read period, but Go's counts are not one per request either
+        // way: a thread that finds the next request already there when it reads again (it never
+        // went idle) reads two in one period, and net/http's background one-byte read (its
+        // check for a closed connection) can take the first byte of the next request in a
+        // period of its own (seen: 32 to 40 periods and 40 to 43 reads for 40 requests).
+        let reads: u32 = r
+            .periods
+            .iter()
+            .filter(|p| p.kind == Kind::Read)
+            .map(|p| p.reads)
+            .sum();
+        assert!(reads as usize >= N, "slots {slots}: {:#?}", r.threads);
+        let periods: usize = r.threads.iter().map(|t| t.read).sum();
+        assert!(
+            (N / 2..=N + N / 4).contains(&periods),
+            "slots {slots}: {:#?}",
+            r.threads
+        );
+    }
 }
 
 #[test]
@@ -269,6 +281,35 @@ fn hand_off_goes_to_the_writing_thread() {
         });
         check_hand_off(&observe_with(s.0.id(), port, m));
     }
+}
+
+/// Every thread in one slot of the period programs (`Options::slots` 1): a thread takes the
+/// slot over only between the other's periods and writes its calls per call meanwhile, so the
+/// hand-off server's reader and writer and the Go server's threads still show every request,
+/// attributed as with a slot each.
+#[test]
+fn threads_sharing_a_slot_lose_nothing() {
+    if !permitted() {
+        return;
+    }
+    let (s, port) = start(|| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(servers_dir().join("hand_off.py"));
+        cmd
+    });
+    let opts = Options {
+        slots: 1,
+        ..Options::new(s.0.id(), port)
+    };
+    let r = observe_opts(opts, request);
+    assert_eq!(r.per_call, None);
+    check_hand_off(&r);
+    let (s, port) = event_loop_server();
+    let opts = Options {
+        slots: 1,
+        ..Options::new(s.0.id(), port)
+    };
+    check_direct(&observe_opts(opts, request));
 }
 
 fn check_hand_off(r: &Report) {
