@@ -90,7 +90,8 @@ pub fn decode(bytes: &[u8], ids: Ids, pid: Option<u32>, out: &mut Vec<SysEvent>)
 /// Decode the eBPF observer's records as [`crate::bpf`]'s drain frames them (each: its length
 /// as a u32, a u32 of zero, the record, padded to 8 bytes), appending their events to `out`:
 /// per-call records ([`crate::bpfprog::RECORD_SIZE`] bytes, see [`crate::bpfprog`]) and period
-/// records ([`crate::periodprog::SLOT_SIZE`] bytes, see [`crate::periodprog`]). The programs
+/// records (the slot up to its last kept call: up to [`crate::periodprog::SLOT_SIZE`] bytes,
+/// see [`crate::periodprog`]). The programs
 /// already kept only the observed process; a record of another size or a truncated one ends
 /// the decoding (never written by these programs). Returns the records decoded.
 pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) -> u64 {
@@ -103,9 +104,11 @@ pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) -> u64 {
         else {
             break;
         };
+        use crate::periodprog::{CALLS, CALL_SIZE, SLOT_SIZE};
+        let calls = len.checked_sub(CALLS as usize);
         if len == crate::bpfprog::RECORD_SIZE {
             per_call(rec, out);
-        } else if len == crate::periodprog::SLOT_SIZE {
+        } else if len <= SLOT_SIZE && calls.is_some_and(|c| c % CALL_SIZE as usize == 0) {
             period(rec, out);
         } else {
             break;
@@ -161,7 +164,8 @@ fn period(rec: &[u8], out: &mut Vec<SysEvent>) {
             Edge::Exit(word(p::START_RET) as i64),
         );
     }
-    let count = (word(p::COUNT) as usize).min(p::EVENTS);
+    let held = rec.len().saturating_sub(p::CALLS as usize) / p::CALL_SIZE as usize;
+    let count = (word(p::COUNT) as usize).min(p::EVENTS).min(held);
     for i in 0..count {
         let at = p::CALLS + (i as i16) * p::CALL_SIZE;
         let (head, a0, a1) = (word(at), word(at + 8), word(at + 16));
@@ -318,6 +322,19 @@ pub(crate) mod tests {
                 ev(1500, 232, Edge::Enter([4, 0x10])),
             ]
         );
+        // The record as the program writes it: up to its last kept call; a count beyond what
+        // the record holds is clamped to it.
+        let mut short = Vec::new();
+        assert_eq!(decode_bpf(&framed(&w[..15]), &mut short), 1);
+        assert_eq!(short, out);
+        w[4] = 5;
+        let mut short = Vec::new();
+        decode_bpf(&framed(&w[..15]), &mut short);
+        assert_eq!(short.len(), 4);
+        w[4] = 2;
+        // A record cut inside a call, or shorter than the fixed part, ends the decoding.
+        assert_eq!(decode_bpf(&framed(&w[..14]), &mut Vec::new()), 0);
+        assert_eq!(decode_bpf(&framed(&w[..8]), &mut Vec::new()), 0);
         // A partial record (no end) whose start went out before: only its calls.
         w[0] = 7 | (((flag::START_SENT) as u64) << 32);
         w[4] = 1;

@@ -71,7 +71,7 @@ pub const END_A1: i16 = 64;
 /// second argument (entry) or the return value (exit).
 pub const CALLS: i16 = 72;
 pub const CALL_SIZE: i16 = 24;
-/// Bytes of a slot and of a period record.
+/// Bytes of a slot, and of a period record at most (a record ends after its last kept call).
 pub const SLOT_SIZE: usize = CALLS as usize + EVENTS * CALL_SIZE as usize;
 
 /// The slot's flags.
@@ -157,13 +157,20 @@ fn set_flags(a: &mut Asm, set: i32, clear: i32) {
     a.store32(R6, FLAGS, R1);
 }
 
-/// Write the slot out (with `kind` set in its flags for the record), count a refusal; then
-/// `count = 0` and the flags as after such a record.
+/// Write the slot out up to its last kept call (with `kind` set in its flags for the record),
+/// count a refusal; then `count = 0` and the flags as after such a record.
 fn emit_slot(a: &mut Asm, spec: &PeriodSpec, kind: i32) {
     set_flags(a, kind, 0);
+    // r3 = CALLS + min(count, EVENTS) * CALL_SIZE: bounded for the verifier.
+    let fits = a.label();
+    a.load64(R3, R6, COUNT);
+    a.jlt_imm(R3, EVENTS as i32 + 1, fits);
+    a.mov_imm(R3, EVENTS as i32);
+    a.bind(fits);
+    a.mul_imm(R3, i32::from(CALL_SIZE));
+    a.add_imm(R3, i32::from(CALLS));
     a.load_map_fd(R1, spec.ringbuf_fd);
     a.mov(R2, R6);
-    a.mov_imm(R3, SLOT_SIZE as i32);
     a.mov_imm(R4, RB_NO_WAKEUP);
     a.call(helper::RINGBUF_OUTPUT);
     let done = a.label();
