@@ -405,22 +405,28 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
             }
         }
     }
+    stamp_and_output(&mut a, (spec.ringbuf_fd, spec.lost_fd), (REC, KEY), out);
+    a.bind(out);
+    a.mov_imm(R0, 0);
+    a.exit();
+    a.finish()
+}
+
+/// Stamp the per-call record at `fp + rec` (its time field) and write it into the ring buffer
+/// (`fds`: the ring buffer and the lost counter, whose key goes to `fp + key`); then to `done`.
+pub(crate) fn stamp_and_output(a: &mut Asm, fds: (i32, i32), (rec, key): (i16, i16), done: Label) {
     a.call(helper::KTIME_GET_NS);
-    a.store64(FP, REC + 16, R0);
-    a.load_map_fd(R1, spec.ringbuf_fd);
+    a.store64(FP, rec + 16, R0);
+    a.load_map_fd(R1, fds.0);
     a.mov(R2, FP);
-    a.add_imm(R2, i32::from(REC));
+    a.add_imm(R2, i32::from(rec));
     a.mov_imm(R3, RECORD_SIZE as i32);
     // No wake-up of a reader: nobody waits on the buffer (the reader polls it), and each
     // would be an irq_work self-interrupt, a VM exit here (after each drain, so rare: measured
     // no different in `bench observe`, kept because it is never needed).
     a.mov_imm(R4, RB_NO_WAKEUP);
     a.call(helper::RINGBUF_OUTPUT);
-    count_refused(&mut a, spec.lost_fd, KEY, out);
-    a.bind(out);
-    a.mov_imm(R0, 0);
-    a.exit();
-    a.finish()
+    count_refused(a, fds.1, key, done);
 }
 
 /// After a `bpf_ringbuf_output` call: where it refused the record (the buffer is full), add one

@@ -41,8 +41,8 @@
 #![forbid(unsafe_code)]
 
 use crate::bpfprog::{
-    count_refused, helper, Asm, Edge, Insn, Label, FP, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9,
-    RB_NO_WAKEUP, RECORD_SIZE, REGS_DI, REGS_ORIG_AX, REGS_SI,
+    count_refused, helper, stamp_and_output, Asm, Edge, Insn, Label, FP, R0, R1, R2, R3, R4, R5,
+    R6, R7, R8, R9, RB_NO_WAKEUP, RECORD_SIZE, REGS_DI, REGS_ORIG_AX, REGS_SI,
 };
 use crate::periods::nr;
 
@@ -245,16 +245,8 @@ fn per_call(a: &mut Asm, spec: &PeriodSpec) {
             a.store64(FP, REC + 40, R1);
         }
     }
-    a.call(helper::KTIME_GET_NS);
-    a.store64(FP, REC + 16, R0);
-    a.load_map_fd(R1, spec.ringbuf_fd);
-    a.mov(R2, FP);
-    a.add_imm(R2, i32::from(REC));
-    a.mov_imm(R3, RECORD_SIZE as i32);
-    a.mov_imm(R4, RB_NO_WAKEUP);
-    a.call(helper::RINGBUF_OUTPUT);
     let done = a.label();
-    count_refused(a, spec.lost_fd, LOST_KEY, done);
+    stamp_and_output(a, (spec.ringbuf_fd, spec.lost_fd), (REC, LOST_KEY), done);
     a.bind(done);
 }
 
@@ -330,11 +322,7 @@ struct Targets {
 /// The exit program after a wait's slot lookup: open a period; and its reads and accepts.
 fn exit_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
     let Targets {
-        out,
-        per,
-        read,
-        accept,
-        ..
+        out, read, accept, ..
     } = *to;
     // Open a period, writing out one still open first (its end was never seen).
     let (stale, fresh) = (a.label(), a.label());
@@ -348,7 +336,7 @@ fn exit_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
 
     // A read that returned data, an accept that returned a connection: kept in an open
     // period, else written per call; the rest dropped.
-    let (got, keep) = (a.label(), a.label());
+    let got = a.label();
     a.bind(read);
     a.load64(R1, FP, RET);
     a.jsgt_imm(R1, 0, got);
@@ -358,12 +346,18 @@ fn exit_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
     a.jsge_imm(R1, 0, got);
     a.ja(out);
     a.bind(got);
-    slot(a, spec, out, per);
+    keep_in_period(a, spec, to, true);
+}
+
+/// The current call kept in the thread's open period, or written per call where none is open.
+fn keep_in_period(a: &mut Asm, spec: &PeriodSpec, to: &Targets, exit: bool) {
+    let keep = a.label();
+    slot(a, spec, to.out, to.per);
     if_flag(a, flag::OPEN, keep);
-    a.ja(per);
+    a.ja(to.per);
     a.bind(keep);
-    keep_call(a, spec, true);
-    a.ja(out);
+    keep_call(a, spec, exit);
+    a.ja(to.out);
 }
 
 /// The entry program after a wait's slot lookup: close the open period; and its reads,
@@ -378,7 +372,7 @@ fn entry_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
     } = *to;
     // A wait's entry, or a read's or accept's by a thread not seen in an event wait (the
     // tracker may count it as one): closes an open period, else written per call.
-    let (closing, close, keep) = (a.label(), a.label(), a.label());
+    let (closing, close) = (a.label(), a.label());
     a.bind(closing);
     if_flag(a, flag::OPEN, close);
     a.ja(per);
@@ -395,12 +389,7 @@ fn entry_paths(a: &mut Asm, spec: &PeriodSpec, to: &Targets) {
 
     // Writes and closes: kept in an open period, else written per call.
     a.bind(write);
-    slot(a, spec, out, per);
-    if_flag(a, flag::OPEN, keep);
-    a.ja(per);
-    a.bind(keep);
-    keep_call(a, spec, false);
-    a.ja(out);
+    keep_in_period(a, spec, to, false);
 }
 
 /// The period program of `spec` (see the module docs), BTF-typed (`tp_btf`): its context is
