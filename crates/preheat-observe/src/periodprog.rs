@@ -16,7 +16,10 @@
 //!   write's or close's entry — are kept in the slot, unstamped, up to [`EVENTS`]; one more
 //!   writes the slot out as a partial record and starts over.
 //! - The next wait's **entry** closes the period: its time (the second clock read), number and
-//!   first arguments go into the slot, and the slot is written out as one record.
+//!   first arguments go into the slot, and the slot is written out as one record. A period that
+//!   kept no call is closed without either: the tracker would only count it as a candidate
+//!   period without the port (a Go server's threads have one or two such per request: wake-ups
+//!   between futex waits), so that count covers only periods with calls.
 //!
 //! What the per-call programs would write and the tracker never uses is dropped in the kernel:
 //! non-waiting futex calls (wake-ups), reads that returned nothing, failed accepts, and the
@@ -291,8 +294,18 @@ fn open_period(a: &mut Asm) {
     set_flags(a, flag::OPEN, flag::START_SENT);
 }
 
-/// Close the open period with the current entry (stamped) and write the slot out.
+/// Close the open period with the current entry (stamped) and write the slot out — unless it
+/// kept nothing.
 fn close_period(a: &mut Asm, spec: &PeriodSpec) {
+    // A period that kept no call (and sent none in a partial record) touched nothing the
+    // tracker attributes: closed without a clock read or a record.
+    let (full, done) = (a.label(), a.label());
+    a.load64(R1, R6, COUNT);
+    a.jne_imm(R1, 0, full);
+    if_flag(a, flag::START_SENT, full);
+    set_flags(a, 0, flag::OPEN | flag::START_SENT | flag::END);
+    a.ja(done);
+    a.bind(full);
     a.call(helper::KTIME_GET_NS);
     a.store64(R6, END_NS, R0);
     a.store64(R6, END_NR, R8);
@@ -301,6 +314,7 @@ fn close_period(a: &mut Asm, spec: &PeriodSpec) {
     a.load64(R1, R9, REGS_SI);
     a.store64(R6, END_A1, R1);
     emit_slot(a, spec, flag::END);
+    a.bind(done);
 }
 
 /// `if the slot's flags have bit goto to`.

@@ -172,6 +172,37 @@ fn periods_longer_than_a_slot_and_per_call_records() {
     }
 }
 
+/// A thread that wakes with nothing to do for the port (here an event loop's 1 ms timer)
+/// costs the period programs no record: such a period kept no call (the per-call programs
+/// write its wait's exit and entry each time).
+#[test]
+fn empty_periods_write_no_record() {
+    if !permitted() {
+        return;
+    }
+    for per_call in [false, true] {
+        let (s, port) = start(|| {
+            let mut cmd = Command::new("python3");
+            cmd.arg(servers_dir().join("event_loop.py"));
+            cmd.env("TICK_MS", "1");
+            cmd
+        });
+        let opts = Options {
+            per_call,
+            ..Options::new(s.0.id(), port)
+        };
+        let mut obs = Observer::attach(opts).expect("attaching");
+        std::thread::sleep(Duration::from_millis(300));
+        let r = obs.finish();
+        // ~1 ms ticks for 300 ms (fewer on a loaded machine, never none).
+        if per_call {
+            assert!(r.records >= 100, "{} records", r.records);
+        } else {
+            assert!(r.records < 10, "{} records", r.records);
+        }
+    }
+}
+
 /// The untyped programs (each register read through `bpf_probe_read_kernel`), which run where
 /// the kernel has no BTF, find the same requests, and the report says why they ran.
 #[test]

@@ -1,13 +1,15 @@
 """A selectors (epoll) event-loop server for preheat-observe's tests: each read ("ping\n") is
 answered with "pong\n". Usage: [SENDS=K] event_loop.py PORT (SENDS: each reply is K sends, the
 first K-1 of them empty: a busy period with more calls than the observer's per-thread slot
-holds)"""
+holds; TICK_MS=T: the loop also wakes every T ms with nothing to do)"""
 import selectors
 import socket
 import os
 import sys
 
 SENDS = int(os.environ.get("SENDS", "1"))
+# TICK_MS: wake every that many ms with nothing to do (a timer's empty busy periods).
+TICK = float(os.environ["TICK_MS"]) / 1000 if "TICK_MS" in os.environ else None
 
 sel = selectors.DefaultSelector()
 ls = socket.socket()
@@ -17,7 +19,7 @@ ls.listen(64)
 ls.setblocking(False)
 sel.register(ls, selectors.EVENT_READ)
 while True:
-    for key, _ in sel.select():
+    for key, _ in sel.select(TICK):
         s = key.fileobj
         if s is ls:
             c, _ = ls.accept()
