@@ -191,7 +191,7 @@ fn empty_periods_write_no_record() {
             per_call,
             ..Options::new(s.0.id(), port)
         };
-        let mut obs = Observer::attach(opts).expect("attaching");
+        let obs = Observer::attach(opts).expect("attaching");
         std::thread::sleep(Duration::from_millis(300));
         let r = obs.finish();
         // ~1 ms ticks for 300 ms (fewer on a loaded machine, never none).
