@@ -115,8 +115,9 @@
 //! (ad hoc, noisy: docs/results-log.md, session 25) it is far from it, ~11%, and ~6–8% with
 //! the observer attached to another, idle process — as much as `perf stat` counting the same
 //! tracepoints costs: there the cost is enabling the syscall tracepoints at all (every task's
-//! system calls take the slow path), not the programs; `fentry`/`fexit` programs on the
-//! traced calls' kernel functions are the next step, not built. What is left, from a
+//! system calls take the slow path), not the programs. `fentry`/`fexit` programs on the
+//! traced calls' kernel functions, which would not need the tracepoints, are refused (EPERM)
+//! on this machine kind's locked-down kernel: tried and dropped (the results log). What is left, from a
 //! `perf record -e cpu-clock` profile of the bench's client: the programs run on the client's
 //! own system calls too (every system call of the machine, each a raw-tracepoint dispatch and
 //! a `bpf_get_current_pid_tgid` call: about 4% of the client's CPU samples), then two clock

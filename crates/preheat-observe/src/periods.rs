@@ -65,7 +65,7 @@ pub mod nr {
     /// The numbers whose exits the tracker needs (waits end, accepts return the connection,
     /// reads say whether data came); writes and closes are acted on at entry, so the exit
     /// events' filter keeps only these (fewer samples per request: the observer's cost).
-    pub const EXITS: [i64; 18] = [
+    pub const EXITS: [i64; 19] = [
         READ,
         POLL,
         READV,
@@ -84,6 +84,7 @@ pub mod nr {
         ACCEPT4,
         RECVMMSG,
         EPOLL_PWAIT2,
+        FUTEX_WAITV,
     ];
 
     /// Every number the tracker looks at (the tracepoint filter keeps only these).
@@ -624,6 +625,20 @@ mod tests {
             None
         );
         assert_eq!(parse_proc_syscall(""), None);
+    }
+
+    #[test]
+    fn every_call_whose_exit_matters_is_kept_at_exit() {
+        // Waits (their exit starts a period), accepts (the connection) and reads (whether data
+        // came): futex_waitv's exit was missing from the list once.
+        for &n in &TRACED {
+            let class = classify(n, [0, 0x80]);
+            let needs_exit = matches!(
+                class,
+                Class::EventWait | Class::Wait | Class::Accept | Class::Read
+            );
+            assert_eq!(EXITS.contains(&n), needs_exit, "syscall {n} ({class:?})");
+        }
     }
 
     #[test]
