@@ -46,8 +46,11 @@
 //!   those do not load) and adds the kernel's cost of its records (measured in
 //!   `preheat-observe`'s docs, on preheat-kv: +0.11–0.14 µs per warm request with one eBPF
 //!   record per busy period, +0.4–0.5 µs with a record per call, +2.2–2.3 µs with perf
-//!   samples); the in-process agent costs less where it loads, so callers use this only
-//!   where the agent cannot load.
+//!   samples). More than that, while it is attached every system call of the machine takes
+//!   the kernel's tracepoint path: on the static Go server under `wrk` that alone measured
+//!   6–8% of the throughput (ad hoc, noisy; as much as `perf stat` counting the same
+//!   tracepoints). The in-process agent costs far less where it loads, so callers use this
+//!   only where the agent cannot load.
 
 #![forbid(unsafe_code)]
 
@@ -164,7 +167,8 @@ impl OutsideAgent {
     pub fn describe(&self) -> String {
         format!(
             "preheated from outside the process ({}): its busy periods from the kernel's \
-             syscall tracepoints ({}; root), `wake` (idle polling, or a spin), `replay`, and \
+             syscall tracepoints ({}; root; while attached, every system call of the machine \
+             takes the tracepoint path), `wake` (idle polling, or a spin), `replay`, and \
              `lines` of its code and read-only data (file-backed memory mapped here: no heap \
              lines from outside) from a thread on CPU {}",
             self.shared.cfg.why, self.observed_by, self.shared.cfg.cpu
