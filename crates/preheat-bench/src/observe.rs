@@ -9,6 +9,14 @@
 //! the numbers (and its CPU time per request is reported).
 //! As a check that it observed what was sent, its read periods per request on the second
 //! server (1.0 when every request was seen once).
+//!
+//! What this design cannot see: a cost the observer puts on every process alike falls on both
+//! servers' blocks and on the client in both, and cancels. Attaching programs to the syscall
+//! tracepoints sends every system call of the machine through the kernel's tracepoint path;
+//! that is such a cost (on the static Go server under `wrk`, ad hoc: 6–8% with the observer
+//! attached to another, idle process; docs/results-log.md, session 25). So this measures what
+//! observing the server costs it beyond that — a lower bound of the total. Measuring the total
+//! needs blocks with the programs attached and detached in turn on one server (not built).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
