@@ -19,7 +19,7 @@
 //! needs blocks with the programs attached and detached in turn on one server (not built).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use preheat_launch::progress::Progress;
@@ -42,6 +42,9 @@ pub struct ObserveBench {
     /// Why the programs wrote a record per call in some pair (the first reason), where they were
     /// typed; `None`: one record per busy period.
     pub per_call: Option<String>,
+    /// One server, the observer's programs attached in every other block (`--toggle`), instead
+    /// of two servers, one observed throughout.
+    pub toggle: bool,
     pub requests_per_pair: usize,
     pub pairs: usize,
     pub blocks: usize,
@@ -70,38 +73,39 @@ pub struct ObserveBench {
 /// An observer draining its buffers on a thread of its own until stopped.
 struct Running {
     stop: Arc<AtomicBool>,
-    /// The observer and the CPU time its reader thread took (ns).
-    thread: std::thread::JoinHandle<(Observer, u64)>,
+    obs: Arc<Mutex<Observer>>,
+    /// The CPU time the reader thread took (ns).
+    thread: std::thread::JoinHandle<u64>,
 }
 
 fn start_observer(pid: u32, port: u16, mechanism: Mechanism) -> Result<Running> {
     let mut opts = Options::new(pid, port);
     opts.mechanism = mechanism;
-
-    let mut o = Observer::attach(opts)?;
+    let obs = Arc::new(Mutex::new(Observer::attach(opts)?));
     let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
+    let (s, o) = (stop.clone(), obs.clone());
     let thread = std::thread::spawn(move || {
         let cpu0 = preheat_engine::time::thread_cpu_ns();
         while !s.load(Ordering::Relaxed) {
             std::thread::sleep(preheat_observe::session::DRAIN_EVERY);
-            o.poll();
+            o.lock().unwrap_or_else(|p| p.into_inner()).poll();
         }
-        (
-            o,
-            preheat_engine::time::thread_cpu_ns().saturating_sub(cpu0),
-        )
+        preheat_engine::time::thread_cpu_ns().saturating_sub(cpu0)
     });
-    Ok(Running { stop, thread })
+    Ok(Running { stop, obs, thread })
 }
 
 /// The report, and the CPU time the reader thread took while the observer ran (ns).
 fn stop_observer(r: Running) -> Result<(Report, u64)> {
     r.stop.store(true, Ordering::Relaxed);
-    let (o, cpu_ns) = r
+    let cpu_ns = r
         .thread
         .join()
         .map_err(|_| anyhow::anyhow!("the observer thread panicked"))?;
+    let o = Arc::try_unwrap(r.obs)
+        .map_err(|_| anyhow::anyhow!("the observer is still shared"))?
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
     Ok((o.finish(), cpu_ns))
 }
 
@@ -111,24 +115,29 @@ struct PairResult {
     report: Option<(Report, u64)>,
 }
 
+/// One pair: two servers, the observer attached to the second for the whole pair; or, with
+/// `toggle`, one server whose observer's programs are detached in the first configuration's
+/// blocks and attached in the second's.
 fn bench_pair(
     requests: usize,
     blocks: usize,
     m: Option<Mechanism>,
     first: usize,
+    toggle: bool,
 ) -> Result<PairResult> {
-    let order = if first == 0 { [0, 1] } else { [1, 0] };
-    let mut slots = [None, None];
-    for k in order {
-        slots[k] = Some(bench_server(None)?);
+    let mut servers = Vec::with_capacity(2);
+    for _ in 0..if toggle { 1 } else { 2 } {
+        servers.push(bench_server(None)?);
     }
-    let [Some(mut a), Some(mut b)] = slots else {
-        bail!("bench servers did not start");
-    };
+    if !toggle && first == 1 {
+        // Started (and warmed) in alternating order across pairs.
+        servers.reverse();
+    }
+    let observed = servers.len() - 1;
     let obs = match m {
         Some(m) => {
-            let pid = b.started.server.pid();
-            let port = b.started.server.addr().port();
+            let pid = servers[observed].started.server.pid();
+            let port = servers[observed].started.server.addr().port();
             Some(start_observer(pid, port, m).context("attaching the observer")?)
         }
         None => None,
@@ -141,7 +150,15 @@ fn bench_pair(
     };
     for blk in 0..2 * blocks {
         let k = usize::from((blk % 2 == 1) ^ ((blk / 2) % 2 == 1)) ^ first;
-        let c = if k == 0 { &mut a.conn } else { &mut b.conn };
+        if let (true, Some(r)) = (toggle, &obs) {
+            let mut o = r.obs.lock().unwrap_or_else(|p| p.into_inner());
+            if k == 0 {
+                o.pause()?;
+            } else {
+                o.resume()?;
+            }
+        }
+        let c = &mut servers[k.min(observed)].conn;
         let secs = bench_block(c, per_block, &mut out.lat[k])?;
         out.secs[k].push(secs);
     }
@@ -156,12 +173,15 @@ fn cpuidle() -> String {
 }
 
 /// Measure `pairs` pairs of `requests` requests per server in `blocks` blocks each, the
-/// observer (`mechanism`; `None`: the A/A control) attached to the second server.
+/// observer (`mechanism`; `None`: the A/A control) attached to the second server — or, with
+/// `toggle`, on one server, the observer's programs attached in every other block (what it
+/// costs every process is then in the comparison too).
 pub fn measure(
     requests: usize,
     pairs: usize,
     blocks: usize,
     mechanism: Option<Mechanism>,
+    toggle: bool,
     progress: &dyn Progress,
 ) -> Result<ObserveBench> {
     if preheat_engine::os::online_cpus() >= 2 {
@@ -175,7 +195,7 @@ pub fn measure(
     let (mut untyped, mut per_call) = (None, None);
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
-        let r = bench_pair(requests, blocks, mechanism, i % 2)?;
+        let r = bench_pair(requests, blocks, mechanism, i % 2, toggle)?;
         if let Some((rep, reader_ns)) = &r.report {
             // A fallback would measure another mechanism than the one named: refuse it.
             if Some(rep.mechanism) != mechanism {
@@ -205,6 +225,7 @@ pub fn measure(
         mechanism_detail: mechanism.map(Mechanism::describe),
         untyped,
         per_call,
+        toggle,
         requests_per_pair: per_block * blocks,
         pairs,
         blocks,
@@ -243,8 +264,13 @@ impl ObserveBench {
             "{}{typed}",
             self.mechanism_detail.unwrap_or("no observer (A/A control)")
         );
+        let design = if self.toggle {
+            format!("per pair one server, observed by {with_label}, its programs detached in the unobserved blocks and attached in the observed ones (so what the observer costs every process is in the comparison)")
+        } else {
+            format!("per pair two servers on the same CPU, the second observed by {with_label} (what the observer costs every process alike falls on both and cancels: a lower bound)")
+        };
         let _ = writeln!(s,
-            "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; per pair two servers on the same CPU, the second observed by {with_label}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
+            "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; {design}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
             self.pairs, self.requests_per_pair, self.blocks, self.cpuidle
         );
         for (name, x) in [("unobserved", &self.without), ("observed", &self.with)] {

@@ -132,6 +132,12 @@ pub enum Which {
         /// A/A control: attach the observer to neither server (the noise floor).
         #[arg(long)]
         aa: bool,
+        /// One server, the observer's programs attached in every other block, instead of two
+        /// servers with one observed throughout: what the observer costs every process (the
+        /// syscall tracepoints' path) is then in the comparison too, which the two-server
+        /// design cancels.
+        #[arg(long)]
+        toggle: bool,
     },
 }
 
@@ -163,10 +169,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             blocks,
             mechanism,
             aa,
+            toggle,
         } => {
             let m = (!aa).then(|| mechanism.into());
-            let out =
-                preheat_bench::observe::measure(requests, pairs, blocks, m, &Bars::new(a.json))?;
+            let out = preheat_bench::observe::measure(
+                requests,
+                pairs,
+                blocks,
+                m,
+                toggle,
+                &Bars::new(a.json),
+            )?;
             print_observe(&out, a.json)
         }
         Which::Cosim { reps, cpus } => crate::cosched::sim_bench::run(reps, cpus, a.json),

@@ -507,6 +507,25 @@ impl Attached {
         self.links.clear();
     }
 
+    /// Attach the loaded programs again after [`Attached::detach`] (nothing if attached).
+    pub fn reattach(&mut self) -> Result<()> {
+        if !self.links.is_empty() {
+            return Ok(());
+        }
+        // The untyped programs name their tracepoint at attach; typed ones were named at load.
+        let names = if self.untyped.is_some() {
+            [Some(c"sys_enter"), Some(c"sys_exit")]
+        } else {
+            [None, None]
+        };
+        for (prog, name) in self._progs.iter().zip(names) {
+            let link = raw_tracepoint_open(name, prog)
+                .context("attaching the eBPF program to the raw tracepoint again")?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
     /// Append every committed record to `out`; returns how many.
     pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
         self.ring.drain(out)

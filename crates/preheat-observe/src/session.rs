@@ -533,6 +533,30 @@ impl Observer {
         Ok(())
     }
 
+    /// Stop the kernel's side until [`Observer::resume`]: the eBPF programs detached (the syscall
+    /// tracepoints then cost the machine nothing), the perf events disabled. Calls made
+    /// meanwhile are not seen; what was written before is still drained.
+    pub fn pause(&mut self) -> Result<()> {
+        if let Some(b) = &mut self.bpf {
+            b.detach();
+        }
+        for fd in &self.fds {
+            perf::disable(fd).map_err(open_error)?;
+        }
+        Ok(())
+    }
+
+    /// Start the kernel's side again after [`Observer::pause`].
+    pub fn resume(&mut self) -> Result<()> {
+        if let Some(b) = &mut self.bpf {
+            b.reattach()?;
+        }
+        for fd in &self.fds {
+            perf::enable(fd).map_err(open_error)?;
+        }
+        Ok(())
+    }
+
     /// Drain every ring buffer (call often enough that none fills: every few ms under load);
     /// system-wide, every 20th call also refreshes the filter.
     pub fn poll(&mut self) {

@@ -196,9 +196,14 @@ fn paired_benches_report_every_pair() {
         "2",
         "--json",
     ];
-    for bench in ["agent", "observe"] {
+    for (bench, extra) in [
+        ("agent", None),
+        ("observe", None),
+        ("observe", Some("--toggle")),
+    ] {
         let mut a = vec!["bench", bench];
         a.extend(args);
+        a.extend(extra);
         let o = preheat(&a, &rd);
         let err = String::from_utf8_lossy(&o.stderr);
         if bench == "observe" && !o.status.success() && err.contains("root") {
@@ -216,6 +221,13 @@ fn paired_benches_report_every_pair() {
             assert_eq!(v[k]["n"], 2, "bench {bench} {k}: {v}");
         }
         assert_eq!(v["with"]["n"], v["without"]["n"], "{v}");
+        if bench == "observe" {
+            // The observer's programs detached and attached again between blocks: every
+            // request of the attached blocks still seen (one read period each, or close).
+            assert_eq!(v["toggle"], extra.is_some(), "{v}");
+            let seen = v["periods_per_request"]["median"].as_f64().unwrap_or(0.0);
+            assert!((0.9..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
+        }
         // Its servers' agents leave no log behind (two pairs left two before).
         let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
         assert!(logs.is_empty(), "bench {bench} left agent logs: {logs:?}");
