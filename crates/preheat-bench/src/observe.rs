@@ -15,8 +15,9 @@
 //! tracepoints sends every system call of the machine through the kernel's tracepoint path;
 //! that is such a cost (on the static Go server under `wrk`, ad hoc: 6–8% with the observer
 //! attached to another, idle process; docs/results-log.md, session 25). So this measures what
-//! observing the server costs it beyond that — a lower bound of the total. Measuring the total
-//! needs blocks with the programs attached and detached in turn on one server (not built).
+//! observing the server costs it beyond that — a lower bound of the total. `toggle` measures
+//! the total: one server, the observer attached for the whole pair, its programs detached in
+//! the unobserved blocks and attached in the observed ones.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -111,9 +111,12 @@
 //! per-call cost. The final build (threads sharing a slot handled, records cut after their
 //! last call), ten runs on a noisier host: 1.13 / −0.61 / 0.83 / 0.98 / 0.43 / 1.40 / 1.33 /
 //! 1.12 / 2.09 / 1.73%, **median 1.1%**, A/A 0.46 / −0.54%: at the goal's edge and within the
-//! bench's noise, so not claimed as met on preheat-kv — and a lower bound: the bench's two
-//! servers share whatever the observer costs every process alike (below), which cancels in
-//! its comparison. On the static Go server under `wrk`
+//! bench's noise — and only a lower bound: the bench's two servers share whatever the observer
+//! costs every process alike (below), which cancels in its comparison. **The total**
+//! (`preheat bench observe --toggle`: one server, the programs detached and attached between
+//! blocks): 6.01 / 5.94 / 6.04 / 4.30 / 4.32 / 7.21 / 3.78%, median 5.9% (p50 +0.63–0.76
+//! µs), against 8.20 / 6.53% (+1.07 µs) with a record per call, A/A 0.07 / 0.07% — **not
+//! met**. On the static Go server under `wrk`
 //! (ad hoc, noisy: docs/results-log.md, session 25) it is far from it, ~11%, and ~6–8% with
 //! the observer attached to another, idle process — as much as `perf stat` counting the same
 //! tracepoints costs: there the cost is enabling the syscall tracepoints at all (every task's
