@@ -208,10 +208,12 @@ pub fn measure(
                 );
             }
             let reads: usize = rep.threads.iter().map(|t| t.read).sum();
-            ppr.push(reads as f64 / (per_block * blocks) as f64);
-            spr.push(rep.records as f64 / (per_block * blocks) as f64);
-            cpr.push(rep.counts.events as f64 / (per_block * blocks) as f64);
-            rpr.push(*reader_ns as f64 / (per_block * blocks) as f64);
+            // Per request sent to the observed server (in its blocks).
+            let sent = (per_block * blocks) as f64;
+            ppr.push(reads as f64 / sent);
+            spr.push(rep.records as f64 / sent);
+            cpr.push(rep.counts.events as f64 / sent);
+            rpr.push(*reader_ns as f64 / sent);
             lost += rep.lost_samples;
             untyped = untyped.or_else(|| rep.untyped.clone());
             per_call = per_call.or_else(|| rep.per_call.clone());

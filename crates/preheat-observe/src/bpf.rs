@@ -338,7 +338,7 @@ pub struct Attached {
     links: Vec<OwnedFd>,
     /// Why the programs are not BTF-typed (`None`: they are).
     untyped: Option<String>,
-    /// Why they write a record per call (`None`: one per busy period).
+    /// Why the typed programs write a record per call (`None`: one per busy period, or untyped).
     per_call: Option<String>,
     _progs: Vec<OwnedFd>,
     _ringbuf: OwnedFd,
@@ -473,10 +473,7 @@ impl Attached {
         });
         let ((progs, links), untyped, per_call) = match loaded {
             Ok((pair, per_call)) => (pair, None, per_call),
-            Err(why) => {
-                let pair = load_pair(tgid, nrs, fds, None, None)?;
-                (pair, Some(why), Some("not BTF-typed".to_string()))
-            }
+            Err(why) => (load_pair(tgid, nrs, fds, None, None)?, Some(why), None),
         };
         Ok(Attached {
             ring,
@@ -493,7 +490,10 @@ impl Attached {
     /// Why the programs write a record per call instead of one per busy period; `None` where
     /// they write one per period.
     pub fn per_call(&self) -> Option<&str> {
-        self.per_call.as_deref()
+        match &self.untyped {
+            Some(_) => Some("not BTF-typed"),
+            None => self.per_call.as_deref(),
+        }
     }
 
     /// Why the programs are not BTF-typed (they read the registers through a helper call

@@ -243,8 +243,11 @@ impl Asm {
         self.push(JMP | EXIT, R0, R0, 0, 0);
     }
     fn jump(&mut self, code: u8, dst: Reg, imm: i32, to: Label) {
+        self.jump_reg(code, dst, R0, imm, to);
+    }
+    fn jump_reg(&mut self, code: u8, dst: Reg, src: Reg, imm: i32, to: Label) {
         self.fixups.push((self.insns.len(), to));
-        self.push(code, dst, R0, 0, imm);
+        self.push(code, dst, src, 0, imm);
     }
     /// `goto to`.
     pub fn ja(&mut self, to: Label) {
@@ -260,8 +263,7 @@ impl Asm {
     }
     /// `if dst != src goto to`.
     pub fn jne(&mut self, dst: Reg, src: Reg, to: Label) {
-        self.fixups.push((self.insns.len(), to));
-        self.push(JMP | JNE | X, dst, src, 0, 0);
+        self.jump_reg(JMP | JNE | X, dst, src, 0, to);
     }
     /// `if dst & imm goto to`.
     pub fn jset_imm(&mut self, dst: Reg, imm: i32, to: Label) {
@@ -398,8 +400,7 @@ pub fn observer(spec: &Spec) -> Result<Vec<Insn>, String> {
             a.load64(R1, R6, 8); // ret
             a.store64(FP, REC + 32, R1);
             if spec.typed {
-                a.load64(R1, R9, REGS_DI);
-                a.store64(FP, REC + 40, R1);
+                read_reg(&mut a, true, REC + 40, REGS_DI);
             } else {
                 a.store64_imm(FP, REC + 40, 0);
             }

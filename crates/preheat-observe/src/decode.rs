@@ -165,7 +165,8 @@ fn period(rec: &[u8], out: &mut Vec<SysEvent>) {
         );
     }
     let held = rec.len().saturating_sub(p::CALLS as usize) / p::CALL_SIZE as usize;
-    let count = (word(p::COUNT) as usize).min(p::EVENTS).min(held);
+    // What the record holds bounds the count (a record is at most a slot: EVENTS calls).
+    let count = (word(p::COUNT) as usize).min(held);
     for i in 0..count {
         let at = p::CALLS + (i as i16) * p::CALL_SIZE;
         let (head, a0, a1) = (word(at), word(at + 8), word(at + 16));

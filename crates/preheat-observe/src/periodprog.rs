@@ -87,6 +87,8 @@ pub mod flag {
     pub const START_SENT: i32 = 4;
     /// In a record: it closes the period (its end is valid); else a partial record.
     pub const END: i32 = 8;
+    /// What a closed period clears.
+    pub(crate) const CLOSED: i32 = END | OPEN | START_SENT;
 }
 
 /// What a period program needs.
@@ -181,7 +183,7 @@ fn emit_slot(a: &mut Asm, spec: &PeriodSpec, kind: i32) {
     a.bind(done);
     a.store64_imm(R6, COUNT, 0);
     if kind == flag::END {
-        set_flags(a, 0, flag::END | flag::OPEN | flag::START_SENT);
+        set_flags(a, 0, flag::CLOSED);
     } else {
         set_flags(a, flag::START_SENT, 0);
     }
@@ -190,18 +192,14 @@ fn emit_slot(a: &mut Asm, spec: &PeriodSpec, kind: i32) {
 /// Keep the current call in the slot (`exit`: its fd and return value, else its first two
 /// arguments), writing the slot out first as a partial record if it is full.
 fn keep_call(a: &mut Asm, spec: &PeriodSpec, exit: bool) {
+    // r1 = the count, below EVENTS on both paths (so bounded for the verifier): as read, or 0
+    // after a full slot went out.
     let room = a.label();
     a.load64(R1, R6, COUNT);
     a.jlt_imm(R1, EVENTS as i32, room);
     emit_slot(a, spec, 0);
+    a.mov_imm(R1, 0);
     a.bind(room);
-    a.load64(R1, R6, COUNT);
-    // Bounded for the verifier: count < EVENTS on both paths here.
-    let bad = a.label();
-    let ok = a.label();
-    a.jlt_imm(R1, EVENTS as i32, ok);
-    a.ja(bad);
-    a.bind(ok);
     a.mov(R2, R1);
     a.mul_imm(R2, i32::from(CALL_SIZE));
     a.add_imm(R2, i32::from(CALLS));
@@ -224,7 +222,6 @@ fn keep_call(a: &mut Asm, spec: &PeriodSpec, exit: bool) {
     a.store64(R3, 16, R4);
     a.add_imm(R1, 1);
     a.store64(R6, COUNT, R1);
-    a.bind(bad);
 }
 
 /// A per-call record of the current call, stamped ([`crate::bpfprog`]'s layout; an exit with
@@ -303,7 +300,7 @@ fn close_period(a: &mut Asm, spec: &PeriodSpec) {
     a.load64(R1, R6, COUNT);
     a.jne_imm(R1, 0, full);
     if_flag(a, flag::START_SENT, full);
-    set_flags(a, 0, flag::OPEN | flag::START_SENT | flag::END);
+    set_flags(a, 0, flag::CLOSED);
     a.ja(done);
     a.bind(full);
     a.call(helper::KTIME_GET_NS);

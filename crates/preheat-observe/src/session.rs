@@ -145,6 +145,19 @@ pub struct Observer {
 /// can be analysed in order.
 pub const SETTLED_NS: u64 = 1_000_000;
 
+/// Whether the cheaper form of the eBPF programs is wanted: `Ok` unless the options say not
+/// (`wanted` false: `otherwise` is why) or the environment variable `env` is set (to anything
+/// but 0: to compare).
+fn cheaper_form(wanted: bool, otherwise: &str, env: &str) -> Result<(), String> {
+    if !wanted {
+        Err(otherwise.to_string())
+    } else if std::env::var_os(env).is_some_and(|v| v != "0") {
+        Err(format!("{env} is set"))
+    } else {
+        Ok(())
+    }
+}
+
 /// The last pid the kernel allocated (in our pid namespace).
 fn last_pid() -> Result<u32> {
     let s =
@@ -332,20 +345,13 @@ impl Observer {
             let attached = if std::env::var_os("PREHEAT_OBSERVE_NO_BPF").is_some() {
                 Err(anyhow::anyhow!("PREHEAT_OBSERVE_NO_BPF is set"))
             } else {
-                let typed = if !o.opts.btf {
-                    Err("not asked for".to_string())
-                } else if std::env::var_os("PREHEAT_OBSERVE_NO_BTF").is_some_and(|v| v != "0") {
-                    Err("PREHEAT_OBSERVE_NO_BTF is set".to_string())
-                } else {
-                    Ok(())
-                };
-                let period = if o.opts.per_call {
-                    Err("asked for (each call's time)".to_string())
-                } else if std::env::var_os("PREHEAT_OBSERVE_PER_CALL").is_some_and(|v| v != "0") {
-                    Err("PREHEAT_OBSERVE_PER_CALL is set".to_string())
-                } else {
-                    Ok(o.opts.slots)
-                };
+                let typed = cheaper_form(o.opts.btf, "not asked for", "PREHEAT_OBSERVE_NO_BTF");
+                let period = cheaper_form(
+                    !o.opts.per_call,
+                    "asked for (each call's time)",
+                    "PREHEAT_OBSERVE_PER_CALL",
+                )
+                .map(|()| o.opts.slots);
                 bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed, period)
             };
             match attached {
@@ -592,11 +598,10 @@ impl Observer {
     fn feed_upto(&mut self, upto: u64) {
         self.events.sort_by_key(|e| e.time_ns);
         let n = self.events.partition_point(|e| e.time_ns < upto);
-        let (listening, connections) = (&self.listening, &self.connections);
-        let unstamped = self.bpf.as_ref().is_some_and(|b| b.per_call().is_none());
+        let (listening, connections, bpf) = (&self.listening, &self.connections, &self.bpf);
         let tr = self.tracker.get_or_insert_with(|| {
             let mut t = Tracker::new();
-            if unstamped {
+            if bpf.as_ref().is_some_and(|b| b.per_call().is_none()) {
                 t.unstamped_calls();
             }
             listening.iter().for_each(|fd| t.add_listener(*fd));
