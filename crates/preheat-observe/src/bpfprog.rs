@@ -85,8 +85,10 @@ const LDX: u8 = 0x01;
 const ST: u8 = 0x02;
 const STX: u8 = 0x03;
 const JMP: u8 = 0x05;
+const JMP32: u8 = 0x06;
 const ALU64: u8 = 0x07;
 const W: u8 = 0x00;
+const H: u8 = 0x08;
 const ALU: u8 = 0x04;
 const LSH: u8 = 0x60;
 const OR: u8 = 0x40;
@@ -203,6 +205,10 @@ impl Asm {
     pub fn load32(&mut self, dst: Reg, src: Reg, off: i16) {
         self.push(LDX | MEM | W, dst, src, off, 0);
     }
+    /// `dst = *(u16 *)(src + off)` (zero-extended).
+    pub fn load16(&mut self, dst: Reg, src: Reg, off: i16) {
+        self.push(LDX | MEM | H, dst, src, off, 0);
+    }
     /// `*(u32 *)(dst + off) = src`.
     pub fn store32(&mut self, dst: Reg, off: i16, src: Reg) {
         self.push(STX | MEM | W, dst, src, off, 0);
@@ -261,6 +267,10 @@ impl Asm {
     pub fn jne_imm(&mut self, dst: Reg, imm: i32, to: Label) {
         self.jump(JMP | JNE | K, dst, imm, to);
     }
+    /// `if dst == src goto to`.
+    pub fn jeq(&mut self, dst: Reg, src: Reg, to: Label) {
+        self.jump_reg(JMP | JEQ | X, dst, src, 0, to);
+    }
     /// `if dst != src goto to`.
     pub fn jne(&mut self, dst: Reg, src: Reg, to: Label) {
         self.jump_reg(JMP | JNE | X, dst, src, 0, to);
@@ -276,6 +286,11 @@ impl Asm {
     /// `if (s64) dst > imm goto to`.
     pub fn jsgt_imm(&mut self, dst: Reg, imm: i32, to: Label) {
         self.jump(JMP | JSGT | K, dst, imm, to);
+    }
+    /// `if (s32) dst > imm goto to` (the low halves: an `int` argument of a raw tracepoint is
+    /// passed zero-extended).
+    pub fn jsgt32_imm(&mut self, dst: Reg, imm: i32, to: Label) {
+        self.jump(JMP32 | JSGT | K, dst, imm, to);
     }
     /// `if (s64) dst >= imm goto to`.
     pub fn jsge_imm(&mut self, dst: Reg, imm: i32, to: Label) {
@@ -434,7 +449,13 @@ pub(crate) fn stamp_and_output(a: &mut Asm, fds: (i32, i32), (rec, key): (i16, i
 /// to the one-element array `lost_fd` (its key written at `fp + key`); then go to `done`.
 pub(crate) fn count_refused(a: &mut Asm, lost_fd: i32, key: i16, done: Label) {
     a.jeq_imm(R0, 0, done);
-    a.store32_imm(FP, key, 0);
+    count_at(a, lost_fd, key, 0, done);
+}
+
+/// Add one to element `index` of the array `lost_fd` (its key on the stack at `key`; then to
+/// `done`).
+pub(crate) fn count_at(a: &mut Asm, lost_fd: i32, key: i16, index: i32, done: Label) {
+    a.store32_imm(FP, key, index);
     a.load_map_fd(R1, lost_fd);
     a.mov(R2, FP);
     a.add_imm(R2, i32::from(key));
@@ -466,6 +487,10 @@ mod tests {
         a.call(helper::KTIME_GET_NS); // 85 00 00 00 05 00 00 00
         a.atomic_add64(R0, 0, R1); // db 10 00 00 00 00 00 00
         a.load_map_fd(R1, 7); // 18 11 00 00 07 00 00 00, then 8 zero bytes
+        a.load16(R2, R1, 14); // 69 12 0e 00 00 00 00 00
+        let l = a.label();
+        a.jsgt32_imm(R2, 0, l); // 66 02 00 00 00 00 00 00 (to the next instruction)
+        a.bind(l);
         let p = to_bytes(&a.finish().unwrap());
         let hex: Vec<String> = p
             .chunks(8)
@@ -484,6 +509,8 @@ mod tests {
                 "db10000000000000",
                 "1811000007000000",
                 "0000000000000000",
+                "69120e0000000000",
+                "6602000000000000",
             ]
         );
     }
