@@ -43,6 +43,9 @@ pub struct ObserveBench {
     /// Why the programs wrote a record per call in some pair (the first reason), where they were
     /// typed; `None`: one record per busy period.
     pub per_call: Option<String>,
+    /// Why the programs were on the syscall tracepoints in some pair (the first reason);
+    /// `None`: the scheduler form ([`preheat_observe::schedprog`]).
+    pub syscalls: Option<String>,
     /// One server, the observer's programs attached in every other block (`--toggle`), instead
     /// of two servers, one observed throughout.
     pub toggle: bool,
@@ -56,7 +59,8 @@ pub struct ObserveBench {
     pub throughput_loss_per_pair: Spread,
     pub throughput_loss_blockwise_per_pair: Spread,
     pub p50_delta_us_per_pair: Spread,
-    /// Per pair: read periods the observer found on the second server per request sent to it.
+    /// Per pair: requests the observer found read on the observed server (the reads in its
+    /// read periods) per request sent to it.
     pub periods_per_request: Spread,
     /// Per pair: records the kernel wrote for the second server per request sent to it (each
     /// a ring-buffer write: the observer's cost per request is about this many).
@@ -79,9 +83,10 @@ struct Running {
     thread: std::thread::JoinHandle<u64>,
 }
 
-fn start_observer(pid: u32, port: u16, mechanism: Mechanism) -> Result<Running> {
+fn start_observer(pid: u32, port: u16, mechanism: Mechanism, syscalls: bool) -> Result<Running> {
     let mut opts = Options::new(pid, port);
     opts.mechanism = mechanism;
+    opts.syscalls = syscalls;
     let obs = Arc::new(Mutex::new(Observer::attach(opts)?));
     let stop = Arc::new(AtomicBool::new(false));
     let (s, o) = (stop.clone(), obs.clone());
@@ -122,7 +127,7 @@ struct PairResult {
 fn bench_pair(
     requests: usize,
     blocks: usize,
-    m: Option<Mechanism>,
+    (m, syscalls): (Option<Mechanism>, bool),
     first: usize,
     toggle: bool,
 ) -> Result<PairResult> {
@@ -139,7 +144,7 @@ fn bench_pair(
         Some(m) => {
             let pid = servers[observed].started.server.pid();
             let port = servers[observed].started.server.addr().port();
-            Some(start_observer(pid, port, m).context("attaching the observer")?)
+            Some(start_observer(pid, port, m, syscalls).context("attaching the observer")?)
         }
         None => None,
     };
@@ -177,11 +182,13 @@ fn cpuidle() -> String {
 /// observer (`mechanism`; `None`: the A/A control) attached to the second server — or, with
 /// `toggle`, on one server, the observer's programs attached in every other block (what it
 /// costs every process is then in the comparison too).
+/// `syscalls`: the eBPF programs on the syscall tracepoints instead of the scheduler form (as
+/// [`preheat_observe::Options::syscalls`]).
 pub fn measure(
     requests: usize,
     pairs: usize,
     blocks: usize,
-    mechanism: Option<Mechanism>,
+    (mechanism, syscalls): (Option<Mechanism>, bool),
     toggle: bool,
     progress: &dyn Progress,
 ) -> Result<ObserveBench> {
@@ -193,10 +200,10 @@ pub fn measure(
     let mut acc = Pairs::default();
     let (mut ppr, mut spr, mut rpr, mut cpr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut lost = 0;
-    let (mut untyped, mut per_call) = (None, None);
+    let (mut untyped, mut per_call, mut why_syscalls) = (None, None, None);
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
-        let r = bench_pair(requests, blocks, mechanism, i % 2, toggle)?;
+        let r = bench_pair(requests, blocks, (mechanism, syscalls), i % 2, toggle)?;
         if let Some((rep, reader_ns)) = &r.report {
             // A fallback would measure another mechanism than the one named: refuse it.
             if Some(rep.mechanism) != mechanism {
@@ -207,7 +214,7 @@ pub fn measure(
                     rep.fallback.as_deref().unwrap_or("no reason given")
                 );
             }
-            let reads: usize = rep.threads.iter().map(|t| t.read).sum();
+            let reads: usize = rep.threads.iter().map(|t| t.requests).sum();
             // Per request sent to the observed server (in its blocks).
             let sent = (per_block * blocks) as f64;
             ppr.push(reads as f64 / sent);
@@ -217,6 +224,7 @@ pub fn measure(
             lost += rep.lost_samples;
             untyped = untyped.or_else(|| rep.untyped.clone());
             per_call = per_call.or_else(|| rep.per_call.clone());
+            why_syscalls = why_syscalls.or_else(|| rep.syscalls.clone());
         }
         acc.add(per_block, &r.secs, r.lat);
         progress.inc(1);
@@ -228,6 +236,7 @@ pub fn measure(
         mechanism_detail: mechanism.map(Mechanism::describe),
         untyped,
         per_call,
+        syscalls: why_syscalls,
         toggle,
         requests_per_pair: per_block * blocks,
         pairs,
@@ -251,16 +260,15 @@ impl ObserveBench {
     pub fn render(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
-        let typed = match (&self.mechanism, &self.untyped, &self.per_call) {
-            (Some(Mechanism::Bpf), None, None) => {
-                "; BTF-typed programs, one record per busy period".to_string()
-            }
-            (Some(Mechanism::Bpf), None, Some(why)) => {
-                format!("; BTF-typed programs, a record per call ({why})")
-            }
-            (Some(Mechanism::Bpf), Some(why), _) => {
-                format!("; programs not BTF-typed ({why})")
-            }
+        let typed = match self.mechanism {
+            Some(Mechanism::Bpf) => format!(
+                ", {}",
+                preheat_observe::report::programs(
+                    self.syscalls.as_deref(),
+                    self.untyped.as_deref(),
+                    self.per_call.as_deref()
+                )
+            ),
             _ => String::new(),
         };
         let with_label = format!(
@@ -302,7 +310,7 @@ impl ObserveBench {
         );
         if self.mechanism.is_some() {
             let _ = writeln!(s,
-                "  read periods found per request sent {}; records per request {}; calls analysed per request {}; lost records {}",
+                "  requests found read per request sent {}; records per request {}; calls analysed per request {}; lost records {}",
                 self.periods_per_request.show_scaled(1.0, 3, ""),
                 self.records_per_request.show_scaled(1.0, 2, ""),
                 self.calls_per_request.show_scaled(1.0, 2, ""),

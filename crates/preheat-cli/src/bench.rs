@@ -133,11 +133,15 @@ pub enum Which {
         #[arg(long)]
         aa: bool,
         /// One server, the observer's programs attached in every other block, instead of two
-        /// servers with one observed throughout: what the observer costs every process (the
-        /// syscall tracepoints' path) is then in the comparison too, which the two-server
-        /// design cancels.
+        /// servers with one observed throughout: what the observer costs every process (its
+        /// programs run on events of the whole machine; the syscall tracepoints' slow path)
+        /// is then in the comparison too, which the two-server design cancels.
         #[arg(long)]
         toggle: bool,
+        /// The eBPF programs on the syscall tracepoints instead of the scheduler's and socket
+        /// tracepoints (to compare; as `preheat observe --syscalls`).
+        #[arg(long)]
+        syscalls: bool,
     },
 }
 
@@ -170,13 +174,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mechanism,
             aa,
             toggle,
+            syscalls,
         } => {
             let m = (!aa).then(|| mechanism.into());
             let out = preheat_bench::observe::measure(
                 requests,
                 pairs,
                 blocks,
-                m,
+                (m, syscalls),
                 toggle,
                 &Bars::new(a.json),
             )?;

@@ -136,7 +136,7 @@ pub struct DemoArgs {
     pub steer_rx: SteerRx,
     /// Where the agent runs: auto = inside the server where it loads, else outside it (a static
     /// binary, a Go program: wake, replay and lines of its code and read-only data from a thread
-    /// on the server's CPU, busy periods from syscall tracepoints, root; no heap lines); inside =
+    /// on the server's CPU, busy periods from the kernel's tracepoints, root; no heap lines); inside =
     /// refuse such a server; outside = outside even where it could load (to compare)
     #[arg(long, default_value = "auto", value_parser = ["auto", "inside", "outside"])]
     pub agent: String,

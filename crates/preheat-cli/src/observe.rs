@@ -10,9 +10,10 @@ use preheat_observe::{Mechanism, Options};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum MechanismArg {
-    /// An eBPF program on the syscall tracepoints that keeps the process's calls and writes
-    /// them into a BPF ring buffer (the default; falls back to system-wide, and says so, where
-    /// the kernel refuses it).
+    /// eBPF programs that keep the process's busy periods and write them into a BPF ring
+    /// buffer: on the scheduler's and socket tracepoints where the kernel loads them, else on
+    /// the syscall tracepoints (the default; falls back to system-wide, and says so, where the
+    /// kernel refuses them).
     Bpf,
     /// perf samples per CPU for every task, filtered in the kernel on the process's threads.
     SystemWide,
@@ -51,6 +52,12 @@ pub struct ObserveArgs {
     /// per request: `preheat bench observe`).
     #[arg(long)]
     pub per_call: bool,
+    /// The eBPF programs on the syscall tracepoints instead of the scheduler's and socket
+    /// tracepoints: periods bounded by the server's wait calls (accepts seen too), at about
+    /// twice the cost (while attached, every system call of the machine takes the tracepoint
+    /// path: `preheat bench observe --toggle`).
+    #[arg(long)]
+    pub syscalls: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -63,6 +70,7 @@ pub fn run(a: ObserveArgs) -> Result<()> {
     let mut opts = Options::new(a.pid, a.port);
     opts.mechanism = a.mechanism.into();
     opts.per_call = a.per_call;
+    opts.syscalls = a.syscalls;
     let secs = Duration::from_secs_f64(a.seconds.max(0.0));
     let r = preheat_observe::observe(opts, secs, &|| stop.load(Ordering::Relaxed))?;
     if a.json {

@@ -119,6 +119,7 @@ mod tests {
             writes: u32::from(write.is_some()),
             first_read_ns: read,
             first_write_ns: write,
+            request_start_ns: None,
         }
     }
 

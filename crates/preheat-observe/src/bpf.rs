@@ -1,5 +1,5 @@
-//! The OS side of the eBPF observer: maps, program loading, attachment to the syscall
-//! tracepoints, and the ring buffer's consumer.
+//! The OS side of the eBPF observer: maps, program loading, attachment to the scheduler's and
+//! socket tracepoints or to the syscall tracepoints, and the ring buffer's consumer.
 //!
 //! Every `unsafe` block here is a `bpf(2)` call on memory this module
 //! owns for the call's duration, or an access to the ring buffer's mapping while it is alive
@@ -13,6 +13,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::bpfprog::{self, Edge, Spec};
 use crate::periodprog::{self, PeriodSpec};
+use crate::schedprog::{self, Fields, Prog, SchedSpec};
 
 const MAP_CREATE: libc::c_long = 0;
 const MAP_LOOKUP_ELEM: libc::c_long = 1;
@@ -185,9 +186,8 @@ fn prog_load(insns: &[bpfprog::Insn], name: &str, btf_id: Option<u32>) -> Result
     }
 }
 
-/// Element 0 of a one-element u64 array.
-fn lookup_u64(map: &OwnedFd) -> io::Result<u64> {
-    let key = 0u32;
+/// Element `key` of a u64 array.
+fn lookup_u64(map: &OwnedFd, key: u32) -> io::Result<u64> {
     let mut value = 0u64;
     let mut a = MapElem {
         map_fd: map.as_raw_fd() as u32,
@@ -196,7 +196,7 @@ fn lookup_u64(map: &OwnedFd) -> io::Result<u64> {
         ..MapElem::default()
     };
     // SAFETY: `key` and `value` point to a u32 and a u64 on this frame, the sizes the array
-    // was created with (key 4, value 8).
+    // was created with (key 4, value 8); a key past its end is an error, not a read.
     unsafe { bpf(MAP_LOOKUP_ELEM, &mut a) }?;
     Ok(value)
 }
@@ -340,9 +340,12 @@ pub struct Attached {
     untyped: Option<String>,
     /// Why the typed programs write a record per call (`None`: one per busy period, or untyped).
     per_call: Option<String>,
+    /// Why the programs are on the syscall tracepoints rather than the scheduler's and the
+    /// socket layer's (`None`: they are there, [`crate::schedprog`]).
+    syscalls: Option<String>,
     _progs: Vec<OwnedFd>,
     _ringbuf: OwnedFd,
-    /// The period programs' per-thread array.
+    /// The period programs' or the scheduler form's per-thread array.
     _slots: Option<OwnedFd>,
 }
 
@@ -372,6 +375,72 @@ fn typed_ids() -> Result<(u32, u32), String> {
         ))
     })
     .clone()
+}
+
+/// The scheduler form's tracepoints (`sched_switch`, `sock_recv_length`, `sock_send_length`:
+/// their typedefs' ids) and the kernel fields its programs read, or why it cannot be had.
+fn sched_ids() -> Result<([u32; 3], Fields), String> {
+    static IDS: std::sync::OnceLock<Result<([u32; 3], Fields), String>> =
+        std::sync::OnceLock::new();
+    IDS.get_or_init(|| {
+        let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
+        let id = |name: &str| crate::btf::typedef_id(&raw, name);
+        let ids = [
+            id("btf_trace_sched_switch")?,
+            id("btf_trace_sock_recv_length")?,
+            id("btf_trace_sock_send_length")?,
+        ];
+        let at = |strukt: &str, path: &str, size: u32| {
+            let (off, got) = crate::btf::field(&raw, strukt, path)?;
+            if got != size {
+                return Err(format!("{strukt}.{path} is {got} bytes here, not {size}"));
+            }
+            i16::try_from(off).map_err(|_| format!("{strukt}.{path} at {off}: too far"))
+        };
+        let fields = Fields {
+            task_pid: at("task_struct", "pid", 4)?,
+            task_tgid: at("task_struct", "tgid", 4)?,
+            sk_num: at("sock", "__sk_common.skc_num", 2)?,
+            sk_dport: at("sock", "__sk_common.skc_dport", 2)?,
+            sk_daddr: at("sock", "__sk_common.skc_daddr", 4)?,
+        };
+        Ok((ids, fields))
+    })
+    .clone()
+}
+
+/// Load and attach the scheduler form's three programs (see [`crate::schedprog`]).
+fn load_sched(
+    tgid: u32,
+    port: u16,
+    (ringbuf_fd, lost_fd): (i32, i32),
+    (slots_fd, slots): (i32, u32),
+) -> Result<(Vec<OwnedFd>, Vec<OwnedFd>), String> {
+    let (ids, fields) = sched_ids()?;
+    let mut progs = Vec::new();
+    let mut links = Vec::new();
+    for (prog, id, name) in [
+        (Prog::Switch, ids[0], "preheat_switch"),
+        (Prog::Recv, ids[1], "preheat_recv"),
+        (Prog::Send, ids[2], "preheat_send"),
+    ] {
+        let insns = schedprog::sched_observer(&SchedSpec {
+            prog,
+            tgid,
+            port,
+            fields,
+            ringbuf_fd,
+            lost_fd,
+            slots_fd,
+            slots,
+        })?;
+        let p = prog_load(&insns, name, Some(id)).map_err(|e| format!("{e:#}"))?;
+        let link = raw_tracepoint_open(None, &p)
+            .map_err(|e| format!("attaching {name} to its tracepoint: {e}"))?;
+        progs.push(p);
+        links.push(link);
+    }
+    Ok((progs, links))
 }
 
 /// Load and attach the entry and exit programs (BTF-typed where `typed` gives the
@@ -429,21 +498,29 @@ fn load_pair(
     Ok((progs, links))
 }
 
+/// The syscall programs loaded and attached: their programs and links, why they are not
+/// BTF-typed, why they write a record per call.
+type SyscallForm = ((Vec<OwnedFd>, Vec<OwnedFd>), Option<String>, Option<String>);
+
 impl Attached {
-    /// Load the entry and exit programs for process `tgid` (keeping `nrs.0` at entry and
-    /// `nrs.1` at exit) with a ring buffer of `size` bytes (a power of two, ≥ a page), and
-    /// attach them to the raw tracepoints `sys_enter` and `sys_exit`: they run from here on.
-    /// BTF-typed (`tp_btf`, the registers read with plain loads) unless `typed` says why not
-    /// or the kernel's BTF or verifier refuses them; then untyped, and [`Attached::untyped`]
-    /// says why. Typed, they write one record per busy period ([`crate::periodprog`], with
-    /// `period`'s number of per-thread slots) unless `period` says why not or the verifier
-    /// refuses them; then a record per call, and [`Attached::per_call`] says why.
+    /// Load the observer's programs for process `tgid` with a ring buffer of `size` bytes (a
+    /// power of two, ≥ a page) and attach them: they run from here on.
+    ///
+    /// The scheduler form ([`crate::schedprog`], for `sched.0`, the port, with `sched.1`
+    /// per-thread slots) unless `sched` says why not or the kernel refuses it; then the
+    /// syscall programs on `sys_enter` and `sys_exit` (keeping `nrs.0` at entry and `nrs.1`
+    /// at exit), and [`Attached::syscalls`] says why: BTF-typed (`tp_btf`, the registers read
+    /// with plain loads) unless `typed` says why not or the kernel's BTF or verifier refuses
+    /// them — then untyped, and [`Attached::untyped`] says why; typed, they write one record per
+    /// busy period ([`crate::periodprog`], with `period`'s number of per-thread slots) unless
+    /// `period` says why not or the verifier refuses them — then a record per call, and
+    /// [`Attached::per_call`] says why.
     pub fn attach(
         tgid: u32,
         nrs: (&[i64], &[i64]),
         size: usize,
-        typed: Result<(), String>,
-        period: Result<u32, String>,
+        sched: Result<(u16, u32), String>,
+        (typed, period): (Result<(), String>, Result<u32, String>),
     ) -> Result<Attached> {
         if !cfg!(target_arch = "x86_64") {
             bail!("the eBPF observer knows x86_64's registers and syscall numbers only");
@@ -451,17 +528,57 @@ impl Attached {
         let entries = u32::try_from(size).context("ring buffer too large")?;
         let ringbuf = map_create(MAP_TYPE_RINGBUF, 0, 0, entries)
             .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
-        let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 1).context("creating a BPF array")?;
+        // Element 0: records the full ring buffer refused; 1: the scheduler form's calls
+        // written alone (their thread's slot held by another).
+        let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 2).context("creating a BPF array")?;
         let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;
         let fds = (ringbuf.as_raw_fd(), lost.as_raw_fd());
         let mut slots = None;
+        let sched = sched.and_then(|(port, n)| {
+            let m = map_create(MAP_TYPE_ARRAY, 4, schedprog::SLOT_SIZE as u32, n)
+                .map_err(|e| format!("creating the per-thread array: {e}"))?;
+            let loaded = load_sched(tgid, port, fds, (m.as_raw_fd(), n))
+                .map_err(|e| format!("the kernel refused the scheduler form: {e}"))?;
+            slots = Some(m);
+            Ok(loaded)
+        });
+        let ((progs, links), untyped, per_call, syscalls) = match sched {
+            Ok(loaded) => (loaded, None, None, None),
+            Err(why) => {
+                let (loaded, untyped, per_call) =
+                    Self::syscall_form(tgid, nrs, fds, typed, period, &mut slots)?;
+                (loaded, untyped, per_call, Some(why))
+            }
+        };
+        Ok(Attached {
+            ring,
+            lost,
+            links,
+            untyped,
+            per_call,
+            syscalls,
+            _progs: progs,
+            _ringbuf: ringbuf,
+            _slots: slots,
+        })
+    }
+
+    /// The syscall programs, as [`Attached::attach`] says.
+    fn syscall_form(
+        tgid: u32,
+        nrs: (&[i64], &[i64]),
+        fds: (i32, i32),
+        typed: Result<(), String>,
+        period: Result<u32, String>,
+        slots: &mut Option<OwnedFd>,
+    ) -> Result<SyscallForm> {
         let loaded = typed.and_then(|()| typed_ids()).and_then(|ids| {
             let period = period.and_then(|n| {
                 let m = map_create(MAP_TYPE_ARRAY, 4, periodprog::SLOT_SIZE as u32, n)
                     .map_err(|e| format!("creating the per-thread array: {e}"))?;
                 let pair = load_pair(tgid, nrs, fds, Some(ids), Some((m.as_raw_fd(), n)))
                     .map_err(|e| format!("the verifier refused the period programs: {e:#}"))?;
-                slots = Some(m);
+                *slots = Some(m);
                 Ok(pair)
             });
             match period {
@@ -471,20 +588,16 @@ impl Attached {
                     .map_err(|e| format!("{e:#}")),
             }
         });
-        let ((progs, links), untyped, per_call) = match loaded {
+        Ok(match loaded {
             Ok((pair, per_call)) => (pair, None, per_call),
             Err(why) => (load_pair(tgid, nrs, fds, None, None)?, Some(why), None),
-        };
-        Ok(Attached {
-            ring,
-            lost,
-            links,
-            untyped,
-            per_call,
-            _progs: progs,
-            _ringbuf: ringbuf,
-            _slots: slots,
         })
+    }
+
+    /// Why the programs are on the syscall tracepoints instead of the scheduler's and the
+    /// socket layer's; `None` where the scheduler form runs.
+    pub fn syscalls(&self) -> Option<&str> {
+        self.syscalls.as_deref()
     }
 
     /// Why the programs write a record per call instead of one per busy period; `None` where
@@ -512,13 +625,11 @@ impl Attached {
         if !self.links.is_empty() {
             return Ok(());
         }
-        // The untyped programs name their tracepoint at attach; typed ones were named at load.
-        let names = if self.untyped.is_some() {
-            [Some(c"sys_enter"), Some(c"sys_exit")]
-        } else {
-            [None, None]
-        };
-        for (prog, name) in self._progs.iter().zip(names) {
+        // The untyped programs (entry, exit) name their tracepoint at attach; typed ones were
+        // named at load.
+        let untyped = [c"sys_enter", c"sys_exit"];
+        for (i, prog) in self._progs.iter().enumerate() {
+            let name = untyped.get(i).copied().filter(|_| self.untyped.is_some());
             let link = raw_tracepoint_open(name, prog)
                 .context("attaching the eBPF program to the raw tracepoint again")?;
             self.links.push(link);
@@ -533,6 +644,12 @@ impl Attached {
 
     /// Records the full ring buffer refused so far.
     pub fn lost(&self) -> u64 {
-        lookup_u64(&self.lost).unwrap_or(0)
+        lookup_u64(&self.lost, 0).unwrap_or(0)
+    }
+
+    /// The scheduler form's calls written alone, as periods of their own (another thread held
+    /// the caller's slot).
+    pub fn written_alone(&self) -> u64 {
+        lookup_u64(&self.lost, 1).unwrap_or(0)
     }
 }

@@ -9,7 +9,7 @@
 //! the samples the kernel dropped because the buffer was full.
 #![forbid(unsafe_code)]
 
-use crate::periods::{Edge, SysEvent};
+use crate::periods::{Edge, SchedPeriod, SysEvent};
 
 const RECORD_LOST: u32 = 2;
 const RECORD_SAMPLE: u32 = 9;
@@ -95,6 +95,57 @@ pub fn decode(bytes: &[u8], ids: Ids, pid: Option<u32>, out: &mut Vec<SysEvent>)
 /// already kept only the observed process; a record of another size or a truncated one ends
 /// the decoding (never written by these programs). Returns the records decoded.
 pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) -> u64 {
+    use crate::periodprog::{CALLS, CALL_SIZE, SLOT_SIZE};
+    frames(bytes, |rec| {
+        let len = rec.len();
+        let calls = len.checked_sub(CALLS as usize);
+        if len == crate::bpfprog::RECORD_SIZE {
+            per_call(rec, out);
+        } else if len <= SLOT_SIZE && calls.is_some_and(|c| c % CALL_SIZE as usize == 0) {
+            period(rec, out);
+        } else {
+            return false;
+        }
+        true
+    })
+}
+
+/// Decode the scheduler form's records ([`crate::schedprog`]: the slot up to its last kept
+/// call, framed as [`decode_bpf`] says) into `out`; a record of another size ends the
+/// decoding. Returns the records decoded.
+pub fn decode_sched(bytes: &[u8], out: &mut Vec<SchedPeriod>) -> u64 {
+    use crate::schedprog as s;
+    frames(bytes, |rec| {
+        let calls = rec.len().checked_sub(s::CALLS as usize);
+        if rec.len() > s::SLOT_SIZE || calls.is_none_or(|c| c % s::CALL_SIZE as usize != 0) {
+            return false;
+        }
+        let word = |off: i16| u64_at(rec, off as usize).unwrap_or(0);
+        let half = |off: i16| u32_at(rec, off as usize).unwrap_or(0);
+        let held = calls.unwrap_or(0) / s::CALL_SIZE as usize;
+        let mut p = SchedPeriod {
+            tid: half(s::TAG),
+            start_ns: word(s::START_NS),
+            end_ns: word(s::END_NS),
+            reads: half(s::READS),
+            writes: half(s::WRITES),
+            kept: (word(s::COUNT) as usize).min(held),
+            ..SchedPeriod::default()
+        };
+        for (i, c) in p.calls.iter_mut().take(p.kept).enumerate() {
+            let at = s::CALLS + (i as i16) * s::CALL_SIZE;
+            let (addr, port_edge) = (half(at), half(at + 4));
+            let conn = u64::from(addr) << 16 | u64::from(port_edge >> 16);
+            *c = (conn, port_edge & 0xffff == u32::from(s::WRITE));
+        }
+        out.push(p);
+        true
+    })
+}
+
+/// Call `f` on every record of a drain (each framed as [`decode_bpf`] says) until a truncated
+/// frame or `f` says stop; returns how many it took.
+fn frames(bytes: &[u8], mut f: impl FnMut(&[u8]) -> bool) -> u64 {
     let mut at = 0usize;
     let mut n = 0;
     while let Some(len) = u32_at(bytes, at).map(|l| l as usize) {
@@ -104,13 +155,7 @@ pub fn decode_bpf(bytes: &[u8], out: &mut Vec<SysEvent>) -> u64 {
         else {
             break;
         };
-        use crate::periodprog::{CALLS, CALL_SIZE, SLOT_SIZE};
-        let calls = len.checked_sub(CALLS as usize);
-        if len == crate::bpfprog::RECORD_SIZE {
-            per_call(rec, out);
-        } else if len <= SLOT_SIZE && calls.is_some_and(|c| c % CALL_SIZE as usize == 0) {
-            period(rec, out);
-        } else {
+        if !f(rec) {
             break;
         }
         n += 1;
@@ -351,6 +396,48 @@ pub(crate) mod tests {
         assert_eq!(decode_bpf(&framed(&[1, 2, 3]), &mut out), 0);
         for cut in 0..framed(&w).len() {
             decode_bpf(&framed(&w)[..cut], &mut out);
+        }
+    }
+
+    #[test]
+    fn scheduler_records() {
+        use crate::schedprog::{flag, READ, WRITE};
+        // Thread 7 switched in at 1000 and out at 1500; read and wrote on 127.0.0.1:0x9c40
+        // (network order as the socket holds it); three reads and one write counted.
+        let addr = u64::from(u32::from_le_bytes([127, 0, 0, 1]));
+        let call = |edge: u16| addr | (u64::from(0x9c40u32 << 16 | u32::from(edge)) << 32);
+        let w = [
+            7 | ((flag::OPEN | flag::END) as u64) << 32,
+            1000,
+            1500,
+            3 | 1 << 32,
+            2,
+            call(READ),
+            call(WRITE),
+        ];
+        let mut out = Vec::new();
+        assert_eq!(decode_sched(&framed(&w), &mut out), 1);
+        let conn = addr << 16 | 0x9c40;
+        assert_eq!(out.len(), 1);
+        let p = out[0];
+        assert_eq!(
+            (p.tid, p.start_ns, p.end_ns, p.reads, p.writes),
+            (7, 1000, 1500, 3, 1)
+        );
+        assert_eq!(p.calls(), [(conn, false), (conn, true)]);
+        // A count beyond the calls the record holds is clamped; a record of another size
+        // (44 bytes: half a call) ends the decoding; truncations never panic.
+        let mut more = w;
+        more[4] = 99;
+        out.clear();
+        assert_eq!(decode_sched(&framed(&more), &mut out), 1);
+        assert_eq!(out[0].calls().len(), 2);
+        let mut bad = framed(&w);
+        bad[0] = 44;
+        assert_eq!(decode_sched(&bad, &mut out), 0);
+        let full = framed(&w);
+        for cut in 0..full.len() {
+            decode_sched(&full[..cut], &mut out);
         }
     }
 

@@ -31,6 +31,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::schedperiods::Readers;
+pub use crate::schedperiods::SchedPeriod;
+
 use serde::Serialize;
 
 /// x86_64 system call numbers the tracker classifies.
@@ -229,6 +232,20 @@ pub struct Period {
     /// (the reply leaves the server's own code), if it wrote one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_write_ns: Option<u64>,
+    /// CLOCK_MONOTONIC ns: where the period wrote a reply, the start of the period that first
+    /// read its request (since the connection's last reply): this period's own start, or an
+    /// earlier one's — of the thread that read it and handed it over, or of a runtime's read
+    /// ahead on another thread (Go's background read). The scheduler form only (else `None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_start_ns: Option<u64>,
+}
+
+impl Period {
+    /// When the request this period served began being served: [`Period::request_start_ns`]
+    /// where known, else the period's start.
+    pub fn request_start(&self) -> u64 {
+        self.request_start_ns.unwrap_or(self.start_ns)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -276,6 +293,9 @@ pub struct Tracker {
     /// The calls inside a period are not stamped (the period programs): no first read or
     /// first write times.
     unstamped_calls: bool,
+    /// The scheduler form: per connection, the thread that last read from it and where its
+    /// open request began.
+    readers: Readers,
 }
 
 impl Tracker {
@@ -419,6 +439,35 @@ impl Tracker {
             writes: b.writes,
             first_read_ns: b.first_read_ns,
             first_write_ns: b.first_write_ns,
+            request_start_ns: None,
+        });
+    }
+
+    /// A period of the scheduler form, fed in the order they started: a [`Kind::Read`] if it
+    /// read, a [`Kind::HandOff`] if it only wrote on a connection another thread read last,
+    /// else a [`Kind::Reply`]. Its calls are not stamped: no first read or write times.
+    pub fn feed_period(&mut self, p: &SchedPeriod) {
+        self.counts.events += 1;
+        let (from, request_start_ns) = self.readers.note(p);
+        let kind = match from {
+            _ if p.reads > 0 => Kind::Read,
+            Some(from) => Kind::HandOff { from },
+            None if p.writes > 0 => Kind::Reply,
+            None => {
+                self.counts.unattributed += 1;
+                return;
+            }
+        };
+        self.periods.push(Period {
+            tid: p.tid,
+            start_ns: p.start_ns,
+            end_ns: p.end_ns.max(p.start_ns),
+            kind,
+            reads: p.reads,
+            writes: p.writes,
+            first_read_ns: None,
+            first_write_ns: None,
+            request_start_ns,
         });
     }
 
@@ -613,6 +662,57 @@ mod tests {
         let (p, c) = s.run(&[], &[5]);
         assert!(p.is_empty());
         assert_eq!((c.unpaired_exits, c.open_at_end), (1, 1));
+    }
+
+    #[test]
+    fn scheduler_periods_follow_the_hand_off() {
+        let period = |tid, start_ns, reads, writes, calls: &[(u64, bool)]| {
+            let mut p = SchedPeriod {
+                tid,
+                start_ns,
+                end_ns: start_ns + 10,
+                reads,
+                writes,
+                kept: calls.len(),
+                ..SchedPeriod::default()
+            };
+            p.calls[..calls.len()].copy_from_slice(calls);
+            p
+        };
+        let mut t = Tracker::new();
+        // An event loop reads and answers connection 1; a reader thread 7 hands connection 2
+        // to a worker 8; then 8 answers connection 3, read by nobody it knows; a period with
+        // nothing on the port is not one.
+        t.feed_period(&period(5, 100, 1, 1, &[(1, false), (1, true)]));
+        t.feed_period(&period(7, 200, 1, 0, &[(2, false)]));
+        t.feed_period(&period(8, 210, 0, 2, &[(2, true), (2, true)]));
+        t.feed_period(&period(8, 300, 0, 1, &[(3, true)]));
+        t.feed_period(&period(9, 400, 0, 0, &[]));
+        // More calls than kept: counted all the same.
+        t.feed_period(&period(5, 500, 9, 9, &[(1, false)]));
+        let (ps, counts) = t.finish();
+        let kinds: Vec<Kind> = ps.iter().map(|p| p.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Read,
+                Kind::Read,
+                Kind::HandOff { from: 7 },
+                Kind::Reply,
+                Kind::Read
+            ]
+        );
+        assert_eq!((ps[2].writes, ps[4].reads), (2, 9));
+        // The request each reply answered began with the period that read it: the event
+        // loop's own, the reader's for the hand-off; unknown for connection 3.
+        let starts: Vec<Option<u64>> = ps.iter().map(|p| p.request_start_ns).collect();
+        assert_eq!(starts, [Some(100), None, Some(200), None, None]);
+        assert_eq!(ps[2].request_start(), 200);
+        assert_eq!(ps[3].request_start(), 300);
+        assert!(ps
+            .iter()
+            .all(|p| p.first_read_ns.is_none() && p.end_ns == p.start_ns + 10));
+        assert_eq!((counts.events, counts.unattributed), (6, 1));
     }
 
     #[test]

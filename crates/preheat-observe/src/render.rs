@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::periods::Kind;
-use crate::session::Report;
+use crate::report::Report;
 
 macro_rules! outln {
     ($out:expr, $($arg:tt)*) => {
@@ -34,19 +34,20 @@ pub fn text(r: &Report, periods: bool) -> String {
     }
     outln!(
         out,
-        "  {} syscall events in {} records, {} lost records, {} candidate periods without the port, {} open at the end",
-        r.counts.events, r.records, r.lost_samples, r.counts.unattributed, r.counts.open_at_end
+        "  {} events (calls, or the scheduler form's periods) in {} records, {} lost records, {} calls written alone (slot held), {} candidate periods without the port, {} open at the end",
+        r.counts.events, r.records, r.lost_samples, r.written_alone, r.counts.unattributed, r.counts.open_at_end
     );
     if r.threads.is_empty() {
         outln!(out, "  no busy period on the port (no request arrived?)");
     }
     outln!(
         out,
-        "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>6} {:>6} {:>10} {:>10} {:>10}  hand-offs from",
+        "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>8} {:>6} {:>6} {:>10} {:>10} {:>10}  hand-offs from",
         "tid",
         "thread",
         "periods",
         "read",
+        "requests",
         "hand-off",
         "reply",
         "accept",
@@ -58,7 +59,7 @@ pub fn text(r: &Report, periods: bool) -> String {
         let from: Vec<String> = t.hand_off_from.iter().map(u32::to_string).collect();
         outln!(
             out,
-            "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>6} {:>6} {:>10.1} {:>10.1} {:>10.1}  {}",
+            "  {:>8} {:<16} {:>7} {:>6} {:>8} {:>8} {:>6} {:>6} {:>10.1} {:>10.1} {:>10.1}  {}",
             t.tid,
             if t.comm.is_empty() {
                 "(exited)"
@@ -67,6 +68,7 @@ pub fn text(r: &Report, periods: bool) -> String {
             },
             t.periods,
             t.read,
+            t.requests,
             t.hand_off,
             t.reply,
             t.accept,
@@ -109,22 +111,12 @@ fn notes(out: &mut String, r: &Report) {
             "  (the eBPF observer did not load, so perf samples ran: {why})"
         );
     }
-    if let Some(why) = &r.untyped {
-        outln!(
-            out,
-            "  (its eBPF programs are not BTF-typed, so each register read is a helper call: {why})"
+    if r.mechanism == crate::Mechanism::Bpf && r.fallback.is_none() {
+        let programs = crate::report::programs(
+            r.syscalls.as_deref(),
+            r.untyped.as_deref(),
+            r.per_call.as_deref(),
         );
-    }
-    match (&r.untyped, &r.per_call, r.mechanism) {
-        (None, None, crate::Mechanism::Bpf) if r.fallback.is_none() => {
-            outln!(
-                out,
-                "  (one record per busy period: the calls inside a period are kept in the kernel, unstamped; --per-call times each)"
-            );
-        }
-        (None, Some(why), crate::Mechanism::Bpf) if r.fallback.is_none() => {
-            outln!(out, "  (a stamped record per call: {why})");
-        }
-        _ => {}
+        outln!(out, "  (programs {programs}; --per-call times each call)");
     }
 }

@@ -7,66 +7,15 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use preheat_model::stats::{summarize, Summary};
-use serde::Serialize;
 
 use crate::bpf;
 use crate::decode::{self, Ids};
+pub use crate::mechanism::Mechanism;
 use crate::perf::{self, RingBuffer};
-use crate::periods::{nr, parse_proc_syscall, Edge, Kind, Period, StreamCounts, SysEvent, Tracker};
+use crate::periods::{nr, parse_proc_syscall, Edge, Period, SchedPeriod, SysEvent, Tracker};
+use crate::report::{summarize_threads, Report};
 use crate::sockets;
 use crate::tracefs;
-
-/// How the tracepoint events are opened (both deliver the same records).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mechanism {
-    /// One event pair per thread and CPU, inherited by threads created later; the kernel
-    /// switches them in and out with the thread (at every block and wake), so other processes
-    /// pay nothing.
-    PerThread,
-    /// One event pair per CPU for every task, filtered in the kernel on the process's thread
-    /// ids and on any thread newer than the last pid allocated at the last refresh (so a thread
-    /// the process creates is seen from its first call); the filter is narrowed again every
-    /// 100 ms and other processes' samples are dropped by pid. The default: measured slightly
-    /// cheaper and steadier than per-thread events (+3.1 µs against +3.7 µs per warm request,
-    /// ranges overlapping: crate docs). Every syscall of the machine runs the filter.
-    SystemWide,
-    /// An eBPF program on the raw tracepoints `sys_enter`/`sys_exit` (every CPU), which keeps
-    /// only the process's traced calls and writes a 48-byte record of each into a BPF ring buffer
-    /// ([`crate::bpfprog`]); no perf sample is written. The default where the kernel loads
-    /// it; elsewhere the observer falls back to [`Mechanism::SystemWide`] and says why
-    /// (`PREHEAT_OBSERVE_NO_BPF=1` makes it behave so: to compare, and to test the fallback).
-    Bpf,
-}
-
-impl Mechanism {
-    /// What the mechanism costs the observed process, as measured (crate docs).
-    pub fn cost(self) -> &'static str {
-        match self {
-            Mechanism::Bpf => {
-                "a record per traced call, ~0.1 µs each on this machine kind, and every system call of the machine takes the tracepoint path while attached (measured: preheat bench observe)"
-            }
-            Mechanism::SystemWide | Mechanism::PerThread => {
-                "a perf sample per traced call, ~0.45 µs each on this machine kind (measured: preheat bench observe)"
-            }
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Mechanism::Bpf => {
-                "eBPF programs on the raw tracepoints sys_enter/sys_exit (every CPU), keeping the process's traced syscalls and writing records of them into a BPF ring buffer (no perf samples)"
-            }
-            Mechanism::PerThread => {
-                "perf_event_open on raw_syscalls:sys_enter/sys_exit, per thread and CPU (inherited), filtered on the syscall number"
-            }
-            Mechanism::SystemWide => {
-                "perf_event_open on raw_syscalls:sys_enter/sys_exit, per CPU for every task, filtered in the kernel on the syscall number and the process's thread ids (and newer threads until the next refresh)"
-            }
-        }
-    }
-}
 
 /// What to observe.
 #[derive(Debug, Clone)]
@@ -86,10 +35,16 @@ pub struct Options {
     /// crate docs) and periods carry no such times (`PREHEAT_OBSERVE_PER_CALL=1` asks for the
     /// per-call records too: to compare).
     pub per_call: bool,
-    /// The period programs' per-thread slots (a power of two; [`crate::periodprog::SLOTS`] by
-    /// default). Threads whose ids agree in the low bits share one, at the per-call cost while
-    /// the other is inside a period; the tests use 1, where every thread shares it.
+    /// The period programs' and the scheduler form's per-thread slots (a power of two;
+    /// [`crate::periodprog::SLOTS`] by default). Threads whose ids agree in the low bits share
+    /// one: at the per-call cost while the other is inside a period (with the scheduler form,
+    /// each call then a period of its own); the tests use 1, where every thread shares it.
     pub slots: u32,
+    /// The syscall tracepoints instead of the scheduler form ([`crate::schedprog`], the
+    /// default where the kernel loads it: measured cheaper for every process of the machine,
+    /// the crate docs); `PREHEAT_OBSERVE_SYSCALLS=1` asks for them too: to compare. A record
+    /// per call (`per_call`) and untyped programs (`btf` false) are syscall forms.
+    pub syscalls: bool,
 }
 
 impl Options {
@@ -102,6 +57,7 @@ impl Options {
             btf: true,
             per_call: false,
             slots: crate::periodprog::SLOTS,
+            syscalls: false,
         }
     }
 }
@@ -118,6 +74,8 @@ pub struct Observer {
     rings: Vec<RingBuffer>,
     scratch: Vec<u8>,
     events: Vec<SysEvent>,
+    /// The scheduler form's periods drained and not yet analysed.
+    sched_periods: Vec<SchedPeriod>,
     /// Records drained (eBPF) or samples read (perf).
     records: u64,
     lost: u64,
@@ -158,6 +116,24 @@ fn cheaper_form(wanted: bool, otherwise: &str, env: &str) -> Result<(), String> 
     }
 }
 
+/// Whether the scheduler form is wanted: not where the syscall tracepoints are asked for, nor
+/// where the syscall programs' own cheaper forms are not wanted (`typed`, `period`: a record
+/// per call or untyped programs asked for).
+fn sched_form(
+    opts: &Options,
+    typed: &Result<(), String>,
+    period: &Result<u32, String>,
+) -> Result<(u16, u32), String> {
+    cheaper_form(!opts.syscalls, "asked for", "PREHEAT_OBSERVE_SYSCALLS")?;
+    if let Err(why) = typed {
+        return Err(format!("BTF-typed programs {why}"));
+    }
+    if let Err(why) = period {
+        return Err(format!("a record per call {why}"));
+    }
+    Ok((opts.port, opts.slots))
+}
+
 /// The last pid the kernel allocated (in our pid namespace).
 fn last_pid() -> Result<u32> {
     let s =
@@ -181,56 +157,6 @@ pub fn system_wide_filter(tids: &[u32], threshold: u32, exit: bool) -> String {
     }
     let low = tids.iter().min().copied().unwrap_or(threshold);
     format!("(common_pid >= {low}) && ({})", id_filter(exit))
-}
-
-/// The report of one observation (the JSON of `preheat observe --json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub label: &'static str,
-    pub mechanism: Mechanism,
-    pub mechanism_detail: &'static str,
-    /// Why the eBPF observer did not load, where it was asked for (the mechanism above ran).
-    pub fallback: Option<String>,
-    /// Why its programs are not BTF-typed, where they run and are not.
-    pub untyped: Option<String>,
-    /// Why its programs write a record per call instead of one per busy period, where they
-    /// run and do.
-    pub per_call: Option<String>,
-    /// Records drained from the eBPF ring buffer (or perf samples read).
-    pub records: u64,
-    pub pid: u32,
-    pub port: u16,
-    /// CLOCK_MONOTONIC ns.
-    pub start_ns: u64,
-    pub end_ns: u64,
-    pub tracefs_mounted_now: bool,
-    pub listening_fds: Vec<u64>,
-    pub connections_at_attach: usize,
-    pub threads_attached: usize,
-    /// Samples the kernel dropped (full ring buffer): periods may be missing or merged.
-    pub lost_samples: u64,
-    pub counts: StreamCounts,
-    pub threads: Vec<ThreadSummary>,
-    pub periods: Vec<Period>,
-}
-
-/// One thread's busy periods on the port.
-#[derive(Debug, Clone, Serialize)]
-pub struct ThreadSummary {
-    pub tid: u32,
-    pub comm: String,
-    pub periods: usize,
-    pub read: usize,
-    pub hand_off: usize,
-    pub reply: usize,
-    pub accept: usize,
-    /// Replies written in its hand-off periods (one period may answer several queued requests).
-    pub hand_off_replies: usize,
-    /// Reading threads whose requests this thread answered.
-    pub hand_off_from: Vec<u32>,
-    pub first_start_ns: u64,
-    /// Busy-period durations, µs.
-    pub duration_us: Summary,
 }
 
 fn paranoid() -> String {
@@ -281,7 +207,7 @@ fn preflight(opts: &Options) -> Result<(tracefs::Tracefs, sockets::PortFds)> {
     }
     if !perf::is_root() {
         bail!(
-            "observing a process from outside needs root: syscall tracepoints through perf_event_open and tracefs (perf_event_paranoid is {}); run preheat observe as root",
+            "observing a process from outside needs root: eBPF programs on the kernel's tracepoints, or perf samples of its syscall tracepoints through perf_event_open and tracefs (perf_event_paranoid is {}); run preheat observe as root",
             paranoid()
         );
     }
@@ -311,6 +237,7 @@ impl Observer {
             rings: Vec::new(),
             scratch: Vec::new(),
             events: Vec::new(),
+            sched_periods: Vec::new(),
             records: 0,
             lost: 0,
             start_ns: 0,
@@ -352,10 +279,16 @@ impl Observer {
                     "PREHEAT_OBSERVE_PER_CALL",
                 )
                 .map(|()| o.opts.slots);
-                bpf::Attached::attach(o.opts.pid, (&nr::TRACED, &nr::EXITS), size, typed, period)
+                let sched = sched_form(&o.opts, &typed, &period);
+                let nrs = (&nr::TRACED[..], &nr::EXITS[..]);
+                bpf::Attached::attach(o.opts.pid, nrs, size, sched, (typed, period))
             };
             match attached {
                 Ok(a) => {
+                    if a.syscalls().is_none() {
+                        // The calls blocked at attach are the syscall tracker's: not needed.
+                        o.events.clear();
+                    }
                     o.bpf = Some(a);
                     o.threads_attached = tids(o.opts.pid)?.len();
                 }
@@ -394,23 +327,22 @@ impl Observer {
         self.bpf.as_ref().and_then(|b| b.per_call())
     }
 
-    /// What runs, one phrase for a caller's output: the mechanism, whether its eBPF programs
-    /// are BTF-typed, and why the eBPF observer did not load where it fell back.
+    /// Why the eBPF programs are on the syscall tracepoints instead of the scheduler's and the
+    /// socket layer's; `None` where the scheduler form runs, or where no eBPF observer runs.
+    pub fn syscalls(&self) -> Option<&str> {
+        self.bpf.as_ref().and_then(|b| b.syscalls())
+    }
+
+    /// What runs, one phrase for a caller's output: the mechanism, which eBPF programs and
+    /// why, and why the eBPF observer did not load where it fell back.
     pub fn what_runs(&self) -> String {
         let m = self.mechanism().describe();
         match (self.fallback(), &self.bpf) {
             (Some(why), _) => format!("{m} (the eBPF observer did not load: {why})"),
-            (None, Some(b)) => match (b.untyped(), b.per_call()) {
-                (None, None) => format!(
-                    "{m}; BTF-typed, one record per busy period (the calls inside it kept in the kernel, unstamped)"
-                ),
-                (None, Some(why)) => format!(
-                    "{m}; BTF-typed, a stamped record per call ({why})"
-                ),
-                (Some(why), _) => {
-                    format!("{m}; not BTF-typed ({why}): each register read is a helper call")
-                }
-            },
+            (None, Some(b)) => format!(
+                "{m}, {}",
+                crate::report::programs(b.syscalls(), b.untyped(), b.per_call())
+            ),
             (None, None) => m.to_string(),
         }
     }
@@ -579,7 +511,11 @@ impl Observer {
         if let Some(b) = &mut self.bpf {
             self.scratch.clear();
             if b.drain(&mut self.scratch) > 0 {
-                self.records += decode::decode_bpf(&self.scratch, &mut self.events);
+                self.records += if b.syscalls().is_none() {
+                    decode::decode_sched(&self.scratch, &mut self.sched_periods)
+                } else {
+                    decode::decode_bpf(&self.scratch, &mut self.events)
+                };
             }
         }
         // What was stamped well before this drain began is all here: analyse it now, so an
@@ -609,12 +545,22 @@ impl Observer {
             t
         });
         self.events.drain(..n).for_each(|e| tr.feed(&e));
+        // The scheduler form's periods settle by their end but are analysed in the order they
+        // started: a thread that hands a request over starts its period before the one it
+        // wakes, which may sleep again first.
+        self.sched_periods.sort_by_key(|p| p.end_ns);
+        let n = self.sched_periods.partition_point(|p| p.end_ns < upto);
+        let settled = self.sched_periods.get_mut(..n).unwrap_or_default();
+        settled.sort_by_key(|p| p.start_ns);
+        self.sched_periods
+            .drain(..n)
+            .for_each(|p| tr.feed_period(&p));
     }
 
     /// Events drained and not yet analysed (those of the last [`SETTLED_NS`] before the last
     /// drain, until the next).
     pub fn pending(&self) -> usize {
-        self.events.len()
+        self.events.len() + self.sched_periods.len()
     }
 
     /// Live analysis: drain the ring buffers, feed everything they held to the tracker (in
@@ -653,6 +599,7 @@ impl Observer {
             fallback: self.fallback.clone(),
             untyped: self.untyped().map(str::to_string),
             per_call: self.per_call().map(str::to_string),
+            syscalls: self.syscalls().map(str::to_string),
             records: self.records,
             pid: self.opts.pid,
             port: self.opts.port,
@@ -663,56 +610,12 @@ impl Observer {
             connections_at_attach: self.connections.len(),
             threads_attached: self.threads_attached,
             lost_samples: self.lost,
+            written_alone: self.bpf.as_ref().map_or(0, bpf::Attached::written_alone),
             counts,
             threads: summarize_threads(self.opts.pid, &periods),
             periods,
         }
     }
-}
-
-/// Per-thread summaries of `periods`, by tid.
-pub fn summarize_threads(pid: u32, periods: &[Period]) -> Vec<ThreadSummary> {
-    let mut by: BTreeMap<u32, Vec<&Period>> = BTreeMap::new();
-    periods
-        .iter()
-        .for_each(|p| by.entry(p.tid).or_default().push(p));
-    by.into_iter()
-        .map(|(tid, ps)| {
-            let count = |f: fn(&Kind) -> bool| ps.iter().filter(|p| f(&p.kind)).count();
-            let mut from: Vec<u32> = ps
-                .iter()
-                .filter_map(|p| match p.kind {
-                    Kind::HandOff { from } => Some(from),
-                    _ => None,
-                })
-                .collect();
-            from.sort_unstable();
-            from.dedup();
-            let durations: Vec<f64> = ps
-                .iter()
-                .map(|p| (p.end_ns - p.start_ns) as f64 / 1e3)
-                .collect();
-            ThreadSummary {
-                tid,
-                comm: std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm"))
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_default(),
-                periods: ps.len(),
-                read: count(|k| matches!(k, Kind::Read)),
-                hand_off: count(|k| matches!(k, Kind::HandOff { .. })),
-                reply: count(|k| matches!(k, Kind::Reply)),
-                accept: count(|k| matches!(k, Kind::Accept)),
-                hand_off_replies: ps
-                    .iter()
-                    .filter(|p| matches!(p.kind, Kind::HandOff { .. }))
-                    .map(|p| p.writes as usize)
-                    .sum(),
-                hand_off_from: from,
-                first_start_ns: ps.iter().map(|p| p.start_ns).min().unwrap_or(0),
-                duration_us: summarize(&durations),
-            }
-        })
-        .collect()
 }
 
 /// How often a caller that only collects drains the buffers ([`Observer::poll`]): each

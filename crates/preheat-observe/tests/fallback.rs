@@ -30,6 +30,6 @@ fn falls_back_to_perf_samples_and_says_why() {
     assert!(why.contains("PREHEAT_OBSERVE_NO_BPF"), "{why:?}");
     let text = preheat_observe::render::text(&r, false);
     assert!(text.contains("the eBPF observer did not load"), "{text}");
-    let reads: usize = r.threads.iter().map(|t| t.read).sum();
+    let reads: usize = r.threads.iter().map(|t| t.requests).sum();
     assert_eq!(reads, N, "{:#?}", r.threads);
 }

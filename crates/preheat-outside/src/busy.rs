@@ -28,16 +28,18 @@ pub fn refresh(shared: &Shared) {
     count(&mut shared.inner(), &periods);
 }
 
-/// Count `periods` (in the order they ended) into the port's counters: the latest start of a
-/// period that served a request (not one that only accepted a connection) is the port's last
-/// start, its thread the one that serves next.
+/// Count `periods` into the port's counters: the latest start of a request served (not of a
+/// period that only accepted a connection) is the port's last start — where the observer knows
+/// that a period answered a request another period began reading (a hand-off, or Go's read
+/// ahead on another thread), the start of that one —, the thread that served it the one that
+/// serves next.
 pub fn count(inner: &mut Inner, periods: &[Period]) {
     for p in periods {
         let s = &mut inner.port;
         s.busy_periods += 1;
         s.busy_ns += p.end_ns.saturating_sub(p.start_ns);
-        if p.kind != Kind::Accept && p.start_ns >= s.last_start_ns {
-            s.last_start_ns = p.start_ns;
+        if p.kind != Kind::Accept && p.request_start() >= s.last_start_ns {
+            s.last_start_ns = p.request_start();
             s.last_tid = p.tid;
         }
         inner.tids.insert(p.tid);
@@ -58,6 +60,7 @@ mod tests {
             writes: 1,
             first_read_ns: None,
             first_write_ns: None,
+            request_start_ns: None,
         }
     }
 
@@ -84,5 +87,12 @@ mod tests {
         assert_eq!(inner.port.last_start_ns, 300);
         assert_eq!(inner.port.last_tid, 8);
         assert_eq!(inner.tids.len(), 3);
+        // A reply whose request another period began reading: that start is the request's.
+        let reply = Period {
+            request_start_ns: Some(600),
+            ..period(10, 650, 700)
+        };
+        count(&mut inner, &[period(11, 600, 620), reply]);
+        assert_eq!((inner.port.last_start_ns, inner.port.last_tid), (600, 10));
     }
 }

@@ -15,11 +15,15 @@
 //!   the same page-cache pages, so the same cache lines (`preheat_engine::fileview`). The CLI's
 //!   recorder drives the agent's probe cycle on them (flush and reload on the server's CPU, the
 //!   request sent from here), and a profile loaded from it gives `lines` their runs.
-//! - **Busy periods** come from the kernel's syscall tracepoints (`preheat-observe`, the same
-//!   model as the agent's: a period starts when a server thread's wait returns with work for
-//!   the port and ends at its next wait), drained every few milliseconds and on every status
-//!   request ([`busy`]). They give the port's counters, its last start (the demo's *start*
-//!   stage) and whether a preheated process served a request.
+//! - **Busy periods** come from the kernel's tracepoints (`preheat-observe`): by default the
+//!   scheduler's and the socket layer's — a period starts when a server thread runs again
+//!   after sleeping (or, without a sleep between, when it reads the next request) and ends
+//!   when it sleeps, kept where it moved data on a connection of the port —, else the
+//!   syscall tracepoints (the agent's model: from a wait's return to the next wait). Drained
+//!   every few tens of milliseconds and on every status request ([`busy`]), they give the
+//!   port's counters, its last start (the demo's *start* stage: where a request was read by
+//!   one period and answered by another, the first one's start) and whether a preheated
+//!   process served a request.
 //! - **The worker** ([`worker`]) is one thread pinned to the server's CPU, like the agent's
 //!   trigger thread when it works inline: it blocks on the announcement socket, and for an
 //!   announcement sends the `replay` warm-up on a loopback connection of its own ([`replay`]),
@@ -42,14 +46,12 @@
 //! - The spin cannot stop the moment the server thread runs (the agent sees that in its
 //!   hooks); it lasts until [`worker::WAKE_AFTER_ARRIVAL_NS`] past the arrival, which costs the
 //!   server a yield per turn at most, otherwise idle time.
-//! - The observer needs root (eBPF programs on the syscall tracepoints, perf samples where
-//!   those do not load) and adds the kernel's cost of its records (measured in
-//!   `preheat-observe`'s docs, on preheat-kv: +0.11–0.14 µs per warm request with one eBPF
-//!   record per busy period, +0.4–0.5 µs with a record per call, +2.2–2.3 µs with perf
-//!   samples). More than that, while it is attached every system call of the machine takes
-//!   the kernel's tracepoint path: on the static Go server under `wrk` that alone measured
-//!   6–8% of the throughput (ad hoc, noisy; as much as `perf stat` counting the same
-//!   tracepoints). The in-process agent costs far less where it loads, so callers use this
+//! - The observer needs root (eBPF programs on the kernel's tracepoints, perf samples where
+//!   those do not load) and costs every request a little (measured in `preheat-observe`'s
+//!   docs, on preheat-kv in total, `preheat bench observe --toggle`: ~3% of the throughput
+//!   with the scheduler's and socket tracepoints, +0.3 µs per warm request; ~6% on the syscall
+//!   tracepoints, where while attached every system call of the machine takes the kernel's
+//!   tracepoint path). The in-process agent costs far less where it loads, so callers use this
 //!   only where the agent cannot load.
 
 #![forbid(unsafe_code)]
@@ -167,8 +169,7 @@ impl OutsideAgent {
     pub fn describe(&self) -> String {
         format!(
             "preheated from outside the process ({}): its busy periods from the kernel's \
-             syscall tracepoints ({}; root; while attached, every system call of the machine \
-             takes the tracepoint path), `wake` (idle polling, or a spin), `replay`, and \
+             tracepoints ({}; root), `wake` (idle polling, or a spin), `replay`, and \
              `lines` of its code and read-only data (file-backed memory mapped here: no heap \
              lines from outside) from a thread on CPU {}",
             self.shared.cfg.why, self.observed_by, self.shared.cfg.cpu

@@ -20,7 +20,7 @@ fn permitted() -> bool {
     if preheat_engine::host::effective_uid() != Some(0) {
         preheat_testsupport::skip(
             "root",
-            "preheating from outside needs root (perf_event_open on syscall tracepoints)",
+            "preheating from outside needs root (eBPF programs on kernel tracepoints)",
         );
         return false;
     }

@@ -333,7 +333,7 @@ fn go_server_to_preheat_from_outside(tmp: &tempfile::TempDir) -> Option<std::pat
     if preheat_engine::host::effective_uid() != Some(0) {
         preheat_testsupport::skip(
             "outside",
-            "preheating from outside needs root (perf_event_open on syscall tracepoints)",
+            "preheating from outside needs root (eBPF programs on kernel tracepoints)",
         );
         return None;
     }

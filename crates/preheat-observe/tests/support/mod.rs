@@ -74,7 +74,7 @@ pub fn permitted() -> bool {
     if euid != "0" {
         preheat_testsupport::skip(
             "root",
-            "observing from outside needs root (perf_event_open on syscall tracepoints)",
+            "observing from outside needs root (eBPF programs on kernel tracepoints)",
         );
         return false;
     }

@@ -1,0 +1,495 @@
+//! The observer's scheduler form: busy periods from the scheduler's and the socket layer's
+//! tracepoints instead of the system calls' (pure: no I/O, deterministic).
+//!
+//! The syscall programs ([`crate::periodprog`], [`crate::bpfprog`]) hang on `sys_enter` and
+//! `sys_exit`, and while any program is attached there, **every system call of the machine**
+//! takes the kernel's slow path to reach them: on preheat-kv that measured ~6% of the
+//! throughput in total (`preheat bench observe --toggle`), nearly all of it outside the
+//! observed process. The tracepoints used here are plain static ones — a patched-out jump
+//! until a program attaches, then one call of it where the event happens — so the machine
+//! pays only for the events themselves:
+//!
+//! - `sched_switch` (every context switch of the machine: a few loads and compares for other
+//!   processes). A thread of the observed process **switched in** opens a busy period (one
+//!   clock read) unless one is open (it was preempted, not asleep); one **switched out asleep**
+//!   (not preempted, not yielding) closes it: the second clock read, and the slot written out
+//!   as one record — unless the period touched no connection of the port, which ends without
+//!   a clock read or a record.
+//! - `sock_recv_length` and `sock_send_length` (every socket receive and send of the machine,
+//!   after the call: a load and a compare for other ports): a receive that returned data or a
+//!   send that sent some, on a socket whose local port is the observed port, by a thread of the
+//!   process, counts a read or a write in the thread's open period (opening one at once for a
+//!   thread found running at attach) and keeps the connection (its peer's address and port)
+//!   for the first [`EVENTS`] calls: the tracker ([`crate::periods::Tracker::feed_period`])
+//!   follows a request from the thread that read it to the one that writes the reply. Peeks
+//!   are not reads. A receive in a period that already wrote is the **next request**: the
+//!   period so far ends there and the next one starts there (one clock read for both), so a
+//!   thread that goes from one request to the next without sleeping — an event loop that finds
+//!   the next request queued, a Go thread still spinning — has a period per request, starting
+//!   when it reads it.
+//!
+//! The slots are the period programs' (an array indexed by the thread id's low bits, tagged
+//! with the whole id). A thread whose slot another thread holds inside a period gets no
+//! period meanwhile: each of its calls goes out alone, as a period of its own from now to now
+//! (a clock read and a record per call, counted at index 1 of the lost array), so requests are
+//! neither lost nor mixed, only their periods' times.
+//!
+//! What this form sees differently from the syscall form, by design: a period starts when the
+//! thread runs again (not when its wait returns: the same instant but for the wait's return
+//! path) or, without a sleep between, at the next request's receive, and ends when the thread
+//! sleeps (not at its next wait's entry), so a thread that sleeps inside a request (a lock, a
+//! page read) has two periods there; writes are sends that sent something (an empty send is
+//! none); accepts are not seen (a period that only accepted is no
+//! period); the calls are not stamped, so periods carry no first-read and first-write times
+//! (the per-call syscall programs give them: `preheat observe --per-call`). The fields read —
+//! `task_struct.pid` and `tgid`, `sock`'s local port, peer port and peer address — are at the
+//! offsets the running kernel's BTF gives ([`crate::btf::field`]); the tracepoints' arguments
+//! are typed, so they are plain loads.
+#![forbid(unsafe_code)]
+
+use crate::bpfprog::{
+    count_at, count_refused, helper, Asm, Insn, Label, FP, R0, R1, R2, R3, R4, R6, R7, R8,
+    RB_NO_WAKEUP,
+};
+
+/// Connections kept per period (its reads and writes are all counted).
+pub const EVENTS: usize = 6;
+
+// The slot, and the record, which is the slot as written out (little-endian):
+/// `tid` (u32) and the flags (u32).
+pub const TAG: i16 = 0;
+pub const FLAGS: i16 = 4;
+/// CLOCK_MONOTONIC ns: switched in, and switched out asleep.
+pub const START_NS: i16 = 8;
+pub const END_NS: i16 = 16;
+/// Reads and writes on the port's connections (u32 each).
+pub const READS: i16 = 24;
+pub const WRITES: i16 = 28;
+/// Connections kept in `CALLS` (u64).
+pub const COUNT: i16 = 32;
+/// The kept calls: the peer's IPv4 address as the socket holds it (u32), then its port (the
+/// high half of a u32, network order as the socket holds it) and the edge (the low half:
+/// [`READ`] or [`WRITE`]).
+pub const CALLS: i16 = 40;
+pub const CALL_SIZE: i16 = 8;
+/// Bytes of a slot, and of a record at most (a record ends after its last kept call).
+pub const SLOT_SIZE: usize = CALLS as usize + EVENTS * CALL_SIZE as usize;
+/// The edges of a kept call.
+pub const READ: u16 = 1;
+pub const WRITE: u16 = 2;
+
+/// The slot's flags.
+pub mod flag {
+    /// A period is open.
+    pub const OPEN: i32 = 2;
+    /// In a record: it closes the period.
+    pub const END: i32 = 8;
+}
+
+/// The lost array's elements: records the full ring buffer refused, and calls written alone
+/// (their thread's slot held by another thread).
+pub const LOST_REFUSED: i32 = 0;
+pub const LOST_ALONE: i32 = 1;
+
+/// Byte offsets of the kernel fields the programs read ([`crate::btf::field`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fields {
+    pub task_pid: i16,
+    pub task_tgid: i16,
+    /// `sock.__sk_common.skc_num`: the local port, host order (u16).
+    pub sk_num: i16,
+    /// `skc_dport`: the peer's port, network order (u16).
+    pub sk_dport: i16,
+    /// `skc_daddr`: the peer's IPv4 address (u32).
+    pub sk_daddr: i16,
+}
+
+/// Which program: the scheduler's, or a socket tracepoint's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prog {
+    /// `sched_switch(bool preempt, task *prev, task *next, unsigned prev_state)`.
+    Switch,
+    /// `sock_recv_length(sock *sk, int ret, int flags)`.
+    Recv,
+    /// `sock_send_length(sock *sk, int ret, int flags)`.
+    Send,
+}
+
+/// What a program needs.
+#[derive(Debug, Clone)]
+pub struct SchedSpec {
+    pub prog: Prog,
+    pub tgid: u32,
+    pub port: u16,
+    pub fields: Fields,
+    pub ringbuf_fd: i32,
+    pub lost_fd: i32,
+    pub slots_fd: i32,
+    pub slots: u32,
+}
+
+// The stack: the slot's key, the lost counter's key, a record of one call, a stamp.
+const KEY: i16 = -8;
+const LOST_KEY: i16 = -16;
+const REC: i16 = LOST_KEY - CALLS - CALL_SIZE;
+/// A clock read kept across a record's output.
+const STAMP: i16 = REC - 8;
+/// `MSG_PEEK`.
+const MSG_PEEK: i32 = 2;
+
+/// The slot of thread `r7` in r8; to `out` if the map gives none. A slot another thread holds
+/// is taken over (emptied) unless that thread is inside a period: then to `held`.
+fn slot(a: &mut Asm, spec: &SchedSpec, out: Label, held: Label) {
+    a.mov32(R1, R7);
+    a.and_imm(R1, spec.slots.saturating_sub(1) as i32);
+    a.store32(FP, KEY, R1);
+    a.load_map_fd(R1, spec.slots_fd);
+    a.mov(R2, FP);
+    a.add_imm(R2, i32::from(KEY));
+    a.call(helper::MAP_LOOKUP_ELEM);
+    a.jeq_imm(R0, 0, out);
+    a.mov(R8, R0);
+    let mine = a.label();
+    a.load32(R1, R8, TAG);
+    a.mov32(R2, R7);
+    a.jeq(R1, R2, mine);
+    a.load32(R1, R8, FLAGS);
+    a.jset_imm(R1, flag::OPEN, held);
+    a.store32(R8, TAG, R2);
+    a.store32_imm(R8, FLAGS, 0);
+    a.bind(mine);
+}
+
+/// Open a period in the slot: now, nothing counted.
+fn open_period(a: &mut Asm) {
+    a.call(helper::KTIME_GET_NS);
+    a.store64(R8, START_NS, R0);
+    a.store64_imm(R8, READS, 0);
+    a.store64_imm(R8, COUNT, 0);
+    a.store32_imm(R8, FLAGS, flag::OPEN);
+}
+
+/// Close the slot's open period: written out if it counted a call, else dropped.
+fn close_period(a: &mut Asm, spec: &SchedSpec) {
+    let (counted, closed) = (a.label(), a.label());
+    // Reads and writes as one u64: zero when neither.
+    a.load64(R1, R8, READS);
+    a.jne_imm(R1, 0, counted);
+    a.ja(closed);
+    a.bind(counted);
+    a.call(helper::KTIME_GET_NS);
+    a.store64(R8, END_NS, R0);
+    emit(a, spec, closed);
+    a.bind(closed);
+    a.store32_imm(R8, FLAGS, 0);
+}
+
+/// Write the slot out as a record that closes its period (its end stored), counting a refusal;
+/// then to `done`.
+fn emit(a: &mut Asm, spec: &SchedSpec, done: Label) {
+    a.store32_imm(R8, FLAGS, flag::OPEN | flag::END);
+    // r3 = CALLS + min(count, EVENTS) * CALL_SIZE: bounded for the verifier.
+    let fits = a.label();
+    a.load64(R3, R8, COUNT);
+    a.jlt_imm(R3, EVENTS as i32 + 1, fits);
+    a.mov_imm(R3, EVENTS as i32);
+    a.bind(fits);
+    a.mul_imm(R3, i32::from(CALL_SIZE));
+    a.add_imm(R3, i32::from(CALLS));
+    a.load_map_fd(R1, spec.ringbuf_fd);
+    a.mov(R2, R8);
+    a.mov_imm(R4, RB_NO_WAKEUP);
+    a.call(helper::RINGBUF_OUTPUT);
+    count_refused(a, spec.lost_fd, LOST_KEY, done);
+    a.ja(done);
+}
+
+/// A receive in a period that already wrote is the next request: the period so far ends here
+/// and the next starts here (one clock read for both).
+fn next_request(a: &mut Asm, spec: &SchedSpec) {
+    let (same, split) = (a.label(), a.label());
+    a.load32(R1, R8, WRITES);
+    a.jeq_imm(R1, 0, same);
+    a.call(helper::KTIME_GET_NS);
+    a.store64(R8, END_NS, R0);
+    a.store64(FP, STAMP, R0);
+    emit(a, spec, split);
+    a.bind(split);
+    a.load64(R1, FP, STAMP);
+    a.store64(R8, START_NS, R1);
+    a.store64_imm(R8, READS, 0);
+    a.store64_imm(R8, COUNT, 0);
+    a.store32_imm(R8, FLAGS, flag::OPEN);
+    a.bind(same);
+}
+
+/// The task at `ctx_off` of the context (r6) in r1 if it is a thread of the process (its id
+/// then in r7); else to `skip`.
+fn our_task(a: &mut Asm, spec: &SchedSpec, tgid: i32, ctx_off: i16, skip: Label) {
+    a.load64(R1, R6, ctx_off);
+    a.load32(R2, R1, spec.fields.task_tgid);
+    a.jne_imm(R2, tgid, skip);
+    a.load32(R7, R1, spec.fields.task_pid);
+}
+
+/// `sched_switch`: close the period of a thread of the process going to sleep, open one for a
+/// thread of it switched in after sleeping.
+fn switch(a: &mut Asm, spec: &SchedSpec, tgid: i32, out: Label) {
+    let (next, close) = (a.label(), a.label());
+    our_task(a, spec, tgid, 8, next);
+    // Preempted, or still runnable (a yield): the period goes on.
+    a.load64(R2, R6, 0);
+    a.jne_imm(R2, 0, next);
+    a.load64(R2, R6, 24);
+    a.jeq_imm(R2, 0, next);
+    slot(a, spec, next, next);
+    a.load32(R1, R8, FLAGS);
+    a.jset_imm(R1, flag::OPEN, close);
+    a.ja(next);
+    a.bind(close);
+    close_period(a, spec);
+
+    // The next task: a period opens unless one is open (it was preempted) or another thread
+    // holds its slot inside one.
+    a.bind(next);
+    our_task(a, spec, tgid, 16, out);
+    slot(a, spec, out, out);
+    a.load32(R1, R8, FLAGS);
+    a.jset_imm(R1, flag::OPEN, out);
+    open_period(a);
+    a.ja(out);
+}
+
+/// `sock_recv_length`/`sock_send_length`: a call that moved data on a connection of the port,
+/// by a thread of the process, counted in its period and kept.
+fn sock(a: &mut Asm, spec: &SchedSpec, tgid: i32, out: Label) {
+    let f = spec.fields;
+    a.load64(R1, R6, 0);
+    a.load16(R2, R1, f.sk_num);
+    a.jne_imm(R2, i32::from(spec.port), out);
+    let moved = a.label();
+    // The call's return value: an `int`, which the tracepoint passes zero-extended (so compared
+    // in 32 bits: a failed receive, -EAGAIN, is no data).
+    a.load64(R2, R6, 8);
+    a.jsgt32_imm(R2, 0, moved);
+    a.ja(out);
+    a.bind(moved);
+    if spec.prog == Prog::Recv {
+        a.load64(R2, R6, 16);
+        a.jset_imm(R2, MSG_PEEK, out);
+    }
+    a.call(helper::GET_CURRENT_PID_TGID);
+    a.mov(R7, R0);
+    a.rsh_imm(R0, 32);
+    a.jne_imm(R0, tgid, out);
+    let (held, open) = (a.label(), a.label());
+    slot(a, spec, out, held);
+    // A thread found running at attach: its period starts now.
+    a.load32(R1, R8, FLAGS);
+    a.jset_imm(R1, flag::OPEN, open);
+    open_period(a);
+    a.bind(open);
+    if spec.prog == Prog::Recv {
+        next_request(a, spec);
+    }
+    let (counter, edge) = match spec.prog {
+        Prog::Send => (WRITES, WRITE),
+        _ => (READS, READ),
+    };
+    a.load32(R1, R8, counter);
+    a.add_imm(R1, 1);
+    a.store32(R8, counter, R1);
+    // Keep the connection while there is room: r3 = the call's place (count < EVENTS, so
+    // bounded for the verifier).
+    let room = a.label();
+    a.load64(R1, R8, COUNT);
+    a.jlt_imm(R1, EVENTS as i32, room);
+    a.ja(out);
+    a.bind(room);
+    a.mov(R3, R1);
+    a.mul_imm(R3, i32::from(CALL_SIZE));
+    a.add_imm(R3, i32::from(CALLS));
+    a.add(R3, R8);
+    store_call(a, f, edge);
+    a.add_imm(R1, 1);
+    a.store64(R8, COUNT, R1);
+    a.ja(out);
+
+    // Another thread holds the slot inside a period: this call goes out alone, as a period of
+    // its own (now to now), counted.
+    a.bind(held);
+    a.call(helper::KTIME_GET_NS);
+    a.mov32(R1, R7);
+    a.store32(FP, REC + TAG, R1);
+    a.store32_imm(FP, REC + FLAGS, flag::END);
+    a.store64(FP, REC + START_NS, R0);
+    a.store64(FP, REC + END_NS, R0);
+    let (reads, writes) = if edge == WRITE { (0, 1) } else { (1, 0) };
+    a.store32_imm(FP, REC + READS, reads);
+    a.store32_imm(FP, REC + WRITES, writes);
+    a.store64_imm(FP, REC + COUNT, 1);
+    a.mov(R3, FP);
+    a.add_imm(R3, i32::from(REC + CALLS));
+    store_call(a, f, edge);
+    a.load_map_fd(R1, spec.ringbuf_fd);
+    a.mov(R2, FP);
+    a.add_imm(R2, i32::from(REC));
+    a.mov_imm(R3, i32::from(CALLS + CALL_SIZE));
+    a.mov_imm(R4, RB_NO_WAKEUP);
+    a.call(helper::RINGBUF_OUTPUT);
+    let refused = a.label();
+    a.jne_imm(R0, 0, refused);
+    count_at(a, spec.lost_fd, LOST_KEY, LOST_ALONE, out);
+    a.ja(out);
+    a.bind(refused);
+    count_at(a, spec.lost_fd, LOST_KEY, LOST_REFUSED, out);
+    a.ja(out);
+}
+
+/// Store the current call at r3: the peer's address, then its port and `edge` (the socket
+/// from the context, r6).
+fn store_call(a: &mut Asm, f: Fields, edge: u16) {
+    a.load64(R4, R6, 0);
+    a.load32(R2, R4, f.sk_daddr);
+    a.store32(R3, 0, R2);
+    a.load16(R2, R4, f.sk_dport);
+    a.lsh_imm(R2, 16);
+    a.or_imm(R2, i32::from(edge));
+    a.store32(R3, 4, R2);
+}
+
+/// The program of `spec` (see the module docs), BTF-typed (`tp_btf`).
+pub fn sched_observer(spec: &SchedSpec) -> Result<Vec<Insn>, String> {
+    let tgid = i32::try_from(spec.tgid).map_err(|_| format!("pid {} out of range", spec.tgid))?;
+    if !spec.slots.is_power_of_two() || spec.slots > 1 << 20 {
+        return Err(format!(
+            "{} slots: not a power of two up to 2^20",
+            spec.slots
+        ));
+    }
+    let mut a = Asm::default();
+    let out = a.label();
+    a.mov(R6, R1); // r6 = ctx
+    match spec.prog {
+        Prog::Switch => switch(&mut a, spec, tgid, out),
+        Prog::Recv | Prog::Send => sock(&mut a, spec, tgid, out),
+    }
+    a.bind(out);
+    a.mov_imm(R0, 0);
+    a.exit();
+    a.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIELDS: Fields = Fields {
+        task_pid: 1264,
+        task_tgid: 1268,
+        sk_num: 14,
+        sk_dport: 12,
+        sk_daddr: 0,
+    };
+
+    fn program(prog: Prog) -> Vec<Insn> {
+        sched_observer(&SchedSpec {
+            prog,
+            tgid: 4242,
+            port: 8080,
+            fields: FIELDS,
+            ringbuf_fd: 5,
+            lost_fd: 6,
+            slots_fd: 7,
+            slots: 4096,
+        })
+        .unwrap()
+    }
+
+    fn calls(p: &[Insn], id: i32) -> usize {
+        p.iter().filter(|i| i.code == 0x85 && i.imm == id).count()
+    }
+
+    #[test]
+    fn the_programs_are_well_formed() {
+        for prog in [Prog::Switch, Prog::Recv, Prog::Send] {
+            let p = program(prog);
+            assert_eq!(p.last().unwrap().code, 0x95);
+            for (i, insn) in p.iter().enumerate() {
+                if insn.code & 0x07 == 0x05 && insn.code != 0x95 && insn.code != 0x85 {
+                    let t = i as i64 + 1 + i64::from(insn.off);
+                    assert!((0..p.len() as i64).contains(&t), "{prog:?}: jump {i} → {t}");
+                }
+            }
+            // No helper reads: the arguments are typed.
+            assert_eq!(calls(&p, helper::PROBE_READ_KERNEL), 0);
+            // The return value (an int, passed zero-extended) is compared in 32 bits, as
+            // signed: never in 64 (where -EAGAIN is a large positive number).
+            if prog != Prog::Switch {
+                assert!(p.iter().any(|i| i.code == 0x66 && i.imm == 0), "{prog:?}");
+                assert!(!p.iter().any(|i| i.code == 0x65), "{prog:?}");
+            }
+            // The process filter compares against the pid.
+            assert!(
+                p.iter().any(|i| i.code == 0x55 && i.imm == 4242),
+                "{prog:?}"
+            );
+        }
+        // The switch reads the clock to close and to open; the socket programs only to open a
+        // period for a thread found running and for a call written alone, and filter on the
+        // port first of all.
+        // The receive also splits a period at the next request.
+        assert_eq!(calls(&program(Prog::Switch), helper::KTIME_GET_NS), 2);
+        for (prog, clocks, outputs) in [(Prog::Recv, 3, 2), (Prog::Send, 2, 1)] {
+            let p = program(prog);
+            assert_eq!(calls(&p, helper::KTIME_GET_NS), clocks);
+            let port = p.iter().position(|i| i.code == 0x55 && i.imm == 8080);
+            let pid = p.iter().position(|i| i.code == 0x85);
+            assert!(
+                port < pid,
+                "{prog:?}: the port is checked before any helper call"
+            );
+            assert_eq!(calls(&p, helper::RINGBUF_OUTPUT), outputs);
+        }
+        assert_eq!(calls(&program(Prog::Switch), helper::RINGBUF_OUTPUT), 1);
+        // Only the receive skips peeks (the flags argument is tested in r2; the slot's flags,
+        // whose OPEN has the same value, in r1).
+        let peeks = |p: &[Insn]| {
+            p.iter()
+                .filter(|i| i.code == 0x45 && i.imm == MSG_PEEK && i.regs & 0x0f == 2)
+                .count()
+        };
+        assert_eq!(peeks(&program(Prog::Recv)), 1);
+        assert_eq!(peeks(&program(Prog::Send)), 0);
+        let bad = |tgid, slots| SchedSpec {
+            prog: Prog::Switch,
+            tgid,
+            port: 1,
+            fields: FIELDS,
+            ringbuf_fd: 1,
+            lost_fd: 2,
+            slots_fd: 3,
+            slots,
+        };
+        assert!(sched_observer(&bad(u32::MAX, 4096)).is_err());
+        for slots in [0, 3, 1 << 21] {
+            assert!(sched_observer(&bad(1, slots)).is_err());
+        }
+    }
+
+    #[test]
+    fn the_slot_layout_fits() {
+        for off in [START_NS, END_NS, COUNT] {
+            assert!(off + 8 <= CALLS && off % 8 == 0);
+        }
+        assert_eq!(READS + 4, WRITES);
+        assert_eq!(READS % 8, 0, "READS and WRITES are tested as one u64");
+        assert_eq!(CALLS as usize + EVENTS * CALL_SIZE as usize, SLOT_SIZE);
+        assert_eq!(SLOT_SIZE % 8, 0);
+        // A call written alone fits on the stack below the keys.
+        const {
+            assert!(-(STAMP as i32) <= 512 && REC + CALLS + CALL_SIZE <= LOST_KEY);
+            assert!(STAMP + 8 <= REC);
+        }
+    }
+}
