@@ -58,10 +58,15 @@ impl Drop for BenchServer {
 /// A bench server: without the agent (`None`), with it tracking (`Some(true)`), or with it
 /// attached but tracking switched off (`Some(false)`: the hooks pass through).
 pub(crate) fn bench_server(agent: Option<bool>) -> Result<BenchServer> {
+    bench_server_of(ServerKind::Kv, agent)
+}
+
+/// As [`bench_server`], a server of `kind` (a catalog server: its Debian package installed).
+pub(crate) fn bench_server_of(kind: ServerKind, agent: Option<bool>) -> Result<BenchServer> {
     let ncpu = preheat_engine::os::online_cpus();
     let scratch = preheat_launch::launch::scratch_dir("bench")?;
     let started = servers::start(
-        ServerKind::Kv,
+        kind,
         None,
         scratch.path(),
         servers::Placement {

@@ -28,13 +28,33 @@ use preheat_model::stats::{summarize, Spread, Summary};
 use preheat_observe::{Mechanism, Observer, Options, Report};
 use serde::Serialize;
 
-use crate::agent::{bench_block, bench_server};
+use crate::agent::{bench_block, bench_server_of};
 use crate::pairs::Pairs;
+use preheat_launch::servers::ServerKind;
+
+/// What `bench observe` compares.
+#[derive(Debug, Clone, Copy)]
+pub struct Setup {
+    /// The server the requests go to (preheat-kv by default: the shortest request here, so
+    /// the largest share).
+    pub server: ServerKind,
+    /// The mechanism attached; `None`: the A/A control.
+    pub mechanism: Option<Mechanism>,
+    /// The eBPF programs on the syscall tracepoints instead of the scheduler form (as
+    /// [`preheat_observe::Options::syscalls`]).
+    pub syscalls: bool,
+    /// One server, the observer's programs attached in every other block, instead of two
+    /// servers with one observed throughout (what the observer costs every process is then in
+    /// the comparison too).
+    pub toggle: bool,
+}
 
 /// The result of `bench observe` (its JSON).
 #[derive(Serialize)]
 pub struct ObserveBench {
     pub label: &'static str,
+    /// The server observed.
+    pub server: ServerKind,
     /// The mechanism attached to the second server; `None`: the A/A control.
     pub mechanism: Option<Mechanism>,
     pub mechanism_detail: Option<&'static str>,
@@ -124,27 +144,22 @@ struct PairResult {
 /// One pair: two servers, the observer attached to the second for the whole pair; or, with
 /// `toggle`, one server whose observer's programs are detached in the first configuration's
 /// blocks and attached in the second's.
-fn bench_pair(
-    requests: usize,
-    blocks: usize,
-    (m, syscalls): (Option<Mechanism>, bool),
-    first: usize,
-    toggle: bool,
-) -> Result<PairResult> {
+fn bench_pair(requests: usize, blocks: usize, setup: &Setup, first: usize) -> Result<PairResult> {
+    let toggle = setup.toggle;
     let mut servers = Vec::with_capacity(2);
     for _ in 0..if toggle { 1 } else { 2 } {
-        servers.push(bench_server(None)?);
+        servers.push(bench_server_of(setup.server, None)?);
     }
     if !toggle && first == 1 {
         // Started (and warmed) in alternating order across pairs.
         servers.reverse();
     }
     let observed = servers.len() - 1;
-    let obs = match m {
+    let obs = match setup.mechanism {
         Some(m) => {
-            let pid = servers[observed].started.server.pid();
+            let pid = serving_pid(servers[observed].started.server.pid());
             let port = servers[observed].started.server.addr().port();
-            Some(start_observer(pid, port, m, syscalls).context("attaching the observer")?)
+            Some(start_observer(pid, port, m, setup.syscalls).context("attaching the observer")?)
         }
         None => None,
     };
@@ -172,6 +187,15 @@ fn bench_pair(
     Ok(out)
 }
 
+/// The process that serves: the server's first child where it has one (nginx's worker under
+/// its master), else the server itself.
+fn serving_pid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()
+        .and_then(|c| c.split_whitespace().next()?.parse().ok())
+        .unwrap_or(pid)
+}
+
 fn cpuidle() -> String {
     std::fs::read_to_string("/sys/devices/system/cpu/cpuidle/current_driver")
         .map(|s| s.trim().to_string())
@@ -179,19 +203,16 @@ fn cpuidle() -> String {
 }
 
 /// Measure `pairs` pairs of `requests` requests per server in `blocks` blocks each, the
-/// observer (`mechanism`; `None`: the A/A control) attached to the second server — or, with
-/// `toggle`, on one server, the observer's programs attached in every other block (what it
-/// costs every process is then in the comparison too).
-/// `syscalls`: the eBPF programs on the syscall tracepoints instead of the scheduler form (as
-/// [`preheat_observe::Options::syscalls`]).
+/// observer attached to the second server — or, with `setup.toggle`, on one server, the
+/// observer's programs attached in every other block.
 pub fn measure(
     requests: usize,
     pairs: usize,
     blocks: usize,
-    (mechanism, syscalls): (Option<Mechanism>, bool),
-    toggle: bool,
+    setup: &Setup,
     progress: &dyn Progress,
 ) -> Result<ObserveBench> {
+    let (mechanism, toggle) = (setup.mechanism, setup.toggle);
     if preheat_engine::os::online_cpus() >= 2 {
         preheat_engine::os::set_affinity(&[0])?;
     }
@@ -203,7 +224,7 @@ pub fn measure(
     let (mut untyped, mut per_call, mut why_syscalls) = (None, None, None);
     progress.start(pairs as u64, "pairs");
     for i in 0..pairs {
-        let r = bench_pair(requests, blocks, (mechanism, syscalls), i % 2, toggle)?;
+        let r = bench_pair(requests, blocks, setup, i % 2)?;
         if let Some((rep, reader_ns)) = &r.report {
             // A fallback would measure another mechanism than the one named: refuse it.
             if Some(rep.mechanism) != mechanism {
@@ -232,6 +253,7 @@ pub fn measure(
     progress.finish();
     Ok(ObserveBench {
         label: "measured",
+        server: setup.server,
         mechanism,
         mechanism_detail: mechanism.map(Mechanism::describe),
         untyped,
@@ -281,7 +303,8 @@ impl ObserveBench {
             format!("per pair two servers on the same CPU, the second observed by {with_label} (what the observer costs every process alike falls on both and cancels: a lower bound)")
         };
         let _ = writeln!(s,
-            "outside observer's overhead on warm GETs to preheat-kv [measured: {} pairs; {design}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
+            "outside observer's overhead on warm requests to {} [measured: {} pairs; {design}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
+            self.server.name(),
             self.pairs, self.requests_per_pair, self.blocks, self.cpuidle
         );
         for (name, x) in [("unobserved", &self.without), ("observed", &self.with)] {

@@ -142,6 +142,10 @@ pub enum Which {
         /// tracepoints (to compare; as `preheat observe --syscalls`).
         #[arg(long)]
         syscalls: bool,
+        /// The server observed: the bundled preheat-kv (its request the shortest here, so the
+        /// observer's largest share) or a catalog server (its Debian package installed).
+        #[arg(long, value_enum, default_value = "kv")]
+        server: preheat_launch::servers::ServerKind,
     },
 }
 
@@ -175,14 +179,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             aa,
             toggle,
             syscalls,
+            server,
         } => {
-            let m = (!aa).then(|| mechanism.into());
+            let setup = preheat_bench::observe::Setup {
+                server,
+                mechanism: (!aa).then(|| mechanism.into()),
+                syscalls,
+                toggle,
+            };
             let out = preheat_bench::observe::measure(
                 requests,
                 pairs,
                 blocks,
-                (m, syscalls),
-                toggle,
+                &setup,
                 &Bars::new(a.json),
             )?;
             print_observe(&out, a.json)

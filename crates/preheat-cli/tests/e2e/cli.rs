@@ -197,9 +197,11 @@ fn paired_benches_report_every_pair() {
         "--json",
     ];
     for (bench, extra) in [
-        ("agent", None),
-        ("observe", None),
-        ("observe", Some("--toggle")),
+        ("agent", &[][..]),
+        ("observe", &[]),
+        ("observe", &["--toggle"]),
+        // A catalog server whose worker serves under its master, and the syscall programs.
+        ("observe", &["--toggle", "--server", "nginx", "--syscalls"]),
     ] {
         let mut a = vec!["bench", bench];
         a.extend(args);
@@ -224,9 +226,13 @@ fn paired_benches_report_every_pair() {
         if bench == "observe" {
             // The observer's programs detached and attached again between blocks: every
             // request of the attached blocks still seen (one read period each, or close).
-            assert_eq!(v["toggle"], extra.is_some(), "{v}");
+            assert_eq!(v["toggle"], !extra.is_empty(), "{v}");
             let seen = v["periods_per_request"]["median"].as_f64().unwrap_or(0.0);
             assert!((0.9..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
+            let nginx = extra.contains(&"nginx");
+            assert_eq!(v["server"], if nginx { "nginx" } else { "kv" }, "{v}");
+            // Which programs ran: the scheduler form unless the syscall ones were asked for.
+            assert_eq!(v["syscalls"].is_string(), nginx, "{v}");
         }
         // Its servers' agents leave no log behind (two pairs left two before).
         let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
