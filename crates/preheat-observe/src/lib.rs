@@ -1,28 +1,45 @@
 //! Request boundaries of any server, from outside the process (issue 23, point 1).
 //!
 //! The agent (`preheat-agent`) finds busy periods from inside the server through `LD_PRELOAD`,
-//! which a static binary (Go's default) ignores. This crate finds the same busy periods from
-//! outside, for any process, static or dynamic: the kernel's syscall tracepoints, through
-//! eBPF programs (or perf samples where the kernel refuses those), records (thread,
-//! CLOCK_MONOTONIC time, syscall number and first arguments or return value) read from ring
-//! buffers, and the agent's busy-period model applied to
-//! that stream ([`periods`]), plus what the agent does not follow: a request read by one thread
-//! and answered by another is the writing thread's busy period too ([`periods::Kind::HandOff`]).
-//! Attribution to the port: the process's sockets at attach (`/proc/PID/fd` and
-//! `/proc/PID/net/tcp*`, [`sockets`]), then what `accept` returns on the listening socket.
+//! which a static binary (Go's default) ignores. This crate finds busy periods from outside,
+//! for any process, static or dynamic, through eBPF programs on the kernel's tracepoints (or
+//! perf samples where the kernel refuses those), whose records are read from ring buffers and
+//! turned into periods per thread, attributed to the listening port, plus what the agent does
+//! not follow: a request read by one thread and answered by another is the writing thread's
+//! busy period too ([`periods::Kind::HandOff`]).
 //!
-//! Layers: [`periods`] (the state machine), [`decode`] (ring-buffer records) and [`bpfprog`]
-//! (the eBPF programs' instructions) are pure; [`sockets`] and [`tracefs`] read `/proc` and
-//! tracefs; [`bpf`] and [`perf`] are the only modules with `unsafe` (system calls and the ring
-//! buffers' mappings); [`session`] ties them together; [`render`] makes the report's text.
+//! Two models, by the tracepoints they use:
+//!
+//! - **The scheduler form** (the default where the kernel loads it, [`schedprog`]): a period
+//!   runs from the moment a thread of the process is switched in after sleeping (or, without a
+//!   sleep between, from its receive of the next request) to the moment it sleeps again, and
+//!   counts if it received or sent data on a socket whose local port is the port
+//!   (`sched_switch`, `sock_recv_length`, `sock_send_length`). The kernel keeps the period in a
+//!   per-thread slot and writes one record per period; the tracker follows each connection
+//!   from the period that read its request to the one that answered it ([`schedperiods`]).
+//! - **The syscall form** (the agent's model, [`periods`]): from a wait call's return to the
+//!   thread's next wait, the stream of the process's syscall entries and exits (thread,
+//!   CLOCK_MONOTONIC time, number, first arguments or return value) from `sys_enter`/
+//!   `sys_exit`, one record per period ([`periodprog`]) or per call ([`bpfprog`]), attributed
+//!   through the process's sockets at attach (`/proc/PID/fd` and `/proc/PID/net/tcp*`,
+//!   [`sockets`]) and what `accept` returns on the listening socket. Used where the scheduler
+//!   form does not load, where each call's time is needed (`--per-call`, the demo's
+//!   `--syscall-stages`) or asked for (`--syscalls`).
+//!
+//! Layers: [`periods`] and [`schedperiods`] (the state machines), [`decode`] (ring-buffer
+//! records), [`btf`] (the kernel's type information) and [`bpfprog`], [`periodprog`] and
+//! [`schedprog`] (the eBPF programs' instructions) are pure; [`sockets`] and [`tracefs`] read
+//! `/proc` and tracefs; [`bpf`] and [`perf`] are the only modules with `unsafe` (system calls
+//! and the ring buffers' mappings); [`session`] ties them together; [`report`] and [`render`]
+//! make the report and its text; [`mechanism`] names the ways events are opened.
 //!
 //! # Mechanism, chosen by measurement
 //!
-//! Three ways to get the same stream of syscall entries and exits ([`Mechanism`]), all kept
-//! and tested:
+//! Three ways to open the events ([`Mechanism`]), all kept and tested:
 //!
-//! - [`Mechanism::Bpf`], the default: two eBPF programs (assembled here; loaded and attached
-//!   by [`bpf`]) on the raw tracepoints `sys_enter`/`sys_exit`, which keep the process's
+//! - [`Mechanism::Bpf`], the default: eBPF programs (assembled here; loaded and attached by
+//!   [`bpf`]); the scheduler form's three where the kernel loads them (BTF-typed only), else
+//!   two on the raw tracepoints `sys_enter`/`sys_exit`, which keep the process's
 //!   traced calls (its thread group id: threads created later included) and write records into
 //!   one BPF ring buffer that a thread drains. BTF-typed (`tp_btf`: the registers read with
 //!   plain loads) where the kernel's BTF names the tracepoints ([`btf`]), they write **one
@@ -129,6 +146,20 @@
 //! reads, one record and its reader per request. `bpf_get_current_task_btf` is a real call on
 //! this kernel (it shows in the same profile), so loading the ids from the task gains
 //! nothing; tried again with the period programs and dropped.
+//!
+//! **The scheduler form** (session 26, 2026-11-30, same variant and method, release,
+//! `bench observe --toggle`, 7 pairs per run; `PREHEAT_OBSERVE_SYSCALLS=1` runs the syscall
+//! period programs, interleaved): **3.15 / 2.84 / 3.28%** (p50 +0.30–0.37 µs; one record per
+//! request; the reader 45–173 ns per request) against 5.56 / 5.68% (p50 +0.65–0.67 µs); A/A
+//! 0.28%; an earlier build of it (before the next-request split and the 32-bit return
+//! compare) 2.88 / 2.64 / 1.89 / 1.80 / 3.14 / 2.73%. Half the syscall programs' cost in
+//! total: nothing is added to system calls; what is left is a program run on every context
+//! switch and every socket call of the machine (a few loads and compares for other processes;
+//! trivial programs on the same three tracepoints measured ~0.4% in an ad-hoc series), two
+//! clock reads, two slot lookups and a record per request on the server's path, and the
+//! reader. Still **not within 1%**. (Before it, `fentry`/`fexit` and BPF LSM programs were
+//! tried again: this kernel refuses to load them at all, EPERM before the verifier; kprobes
+//! are not built in.)
 //!
 //! The per-call programs' goal (≤ 1%, as for the agent) was **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
