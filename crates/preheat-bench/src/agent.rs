@@ -45,14 +45,64 @@ pub struct AgentBench {
 /// directory before).
 pub(crate) struct BenchServer {
     pub(crate) conn: servers::Requester,
-    pub(crate) started: servers::Started,
+    pub(crate) server: preheat_launch::launch::Server,
     _scratch: tempfile::TempDir,
 }
 
 impl Drop for BenchServer {
     fn drop(&mut self) {
-        self.started.server.stop_removing_logs(&[]);
+        self.server.stop_removing_logs(&[]);
     }
+}
+
+/// Connect to a started server and warm it up (1000 requests).
+fn warmed(
+    server: preheat_launch::launch::Server,
+    workload: &servers::Workload,
+    scratch: tempfile::TempDir,
+) -> Result<BenchServer> {
+    let mut conn = workload.connect(server.addr())?;
+    for _ in 0..1000 {
+        conn.request_ok()?;
+    }
+    Ok(BenchServer {
+        conn,
+        server,
+        _scratch: scratch,
+    })
+}
+
+/// A server given by its command (`{port}` in an argument is replaced by a free port), pinned
+/// as the bench's servers are, without the agent, answering HTTP GETs of `path` on keep-alive
+/// connections; warmed up.
+pub(crate) fn bench_command(command: &[String], path: &str) -> Result<BenchServer> {
+    let ncpu = preheat_engine::os::online_cpus();
+    let scratch = preheat_launch::launch::scratch_dir("bench")?;
+    let port = preheat_engine::host::free_port()?;
+    let argv: Vec<String> = command
+        .iter()
+        .map(|a| a.replace("{port}", &port.to_string()))
+        .collect();
+    if argv == command {
+        bail!("the server's command has no {{port}} argument: say where its port goes, e.g. `-- ./server {{port}}`");
+    }
+    let spec = preheat_launch::launch::ServerSpec {
+        name: argv.first().cloned().unwrap_or_default(),
+        argv,
+        port,
+        agent: false,
+        cpus: vec![ncpu - 1],
+        env: Vec::new(),
+        agent_only: None,
+        netns: None,
+    };
+    let server = preheat_launch::launch::start(
+        spec,
+        &preheat_launch::paths::run_dir(),
+        scratch.path(),
+        std::time::Duration::from_secs(20),
+    )?;
+    warmed(server, &servers::Workload::http_get(path), scratch)
 }
 
 /// A bench server: without the agent (`None`), with it tracking (`Some(true)`), or with it
@@ -82,15 +132,7 @@ pub(crate) fn bench_server_of(kind: ServerKind, agent: Option<bool>) -> Result<B
         )?;
         c.call(&preheat_model::proto::Request::SetEnabled { enabled: false })?;
     }
-    let mut conn = started.workload.connect(started.server.addr())?;
-    for _ in 0..1000 {
-        conn.request_ok()?;
-    }
-    Ok(BenchServer {
-        conn,
-        started,
-        _scratch: scratch,
-    })
+    warmed(started.server, &started.workload, scratch)
 }
 
 /// `n` closed-loop requests on `c`: latencies (µs) appended to `lat`; returns the block's time (s).

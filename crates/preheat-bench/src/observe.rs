@@ -28,16 +28,20 @@ use preheat_model::stats::{summarize, Spread, Summary};
 use preheat_observe::{Mechanism, Observer, Options, Report};
 use serde::Serialize;
 
-use crate::agent::{bench_block, bench_server_of};
+use crate::agent::{bench_block, bench_command, bench_server_of};
 use crate::pairs::Pairs;
 use preheat_launch::servers::ServerKind;
 
 /// What `bench observe` compares.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Setup {
     /// The server the requests go to (preheat-kv by default: the shortest request here, so
-    /// the largest share).
+    /// the largest share) …
     pub server: ServerKind,
+    /// … or, where given, a server of any kind by its command (`{port}` where its port goes),
+    /// asked HTTP GETs of `command_path`.
+    pub command: Option<Vec<String>>,
+    pub command_path: String,
     /// The mechanism attached; `None`: the A/A control.
     pub mechanism: Option<Mechanism>,
     /// The eBPF programs on the syscall tracepoints instead of the scheduler form (as
@@ -53,8 +57,8 @@ pub struct Setup {
 #[derive(Serialize)]
 pub struct ObserveBench {
     pub label: &'static str,
-    /// The server observed.
-    pub server: ServerKind,
+    /// The server observed: a catalog server's name, or the command's program.
+    pub server: String,
     /// The mechanism attached to the second server; `None`: the A/A control.
     pub mechanism: Option<Mechanism>,
     pub mechanism_detail: Option<&'static str>,
@@ -148,7 +152,10 @@ fn bench_pair(requests: usize, blocks: usize, setup: &Setup, first: usize) -> Re
     let toggle = setup.toggle;
     let mut servers = Vec::with_capacity(2);
     for _ in 0..if toggle { 1 } else { 2 } {
-        servers.push(bench_server_of(setup.server, None)?);
+        servers.push(match &setup.command {
+            Some(cmd) => bench_command(cmd, &setup.command_path)?,
+            None => bench_server_of(setup.server, None)?,
+        });
     }
     if !toggle && first == 1 {
         // Started (and warmed) in alternating order across pairs.
@@ -157,8 +164,8 @@ fn bench_pair(requests: usize, blocks: usize, setup: &Setup, first: usize) -> Re
     let observed = servers.len() - 1;
     let obs = match setup.mechanism {
         Some(m) => {
-            let pid = serving_pid(servers[observed].started.server.pid());
-            let port = servers[observed].started.server.addr().port();
+            let pid = serving_pid(servers[observed].server.pid());
+            let port = servers[observed].server.addr().port();
             Some(start_observer(pid, port, m, setup.syscalls).context("attaching the observer")?)
         }
         None => None,
@@ -253,7 +260,10 @@ pub fn measure(
     progress.finish();
     Ok(ObserveBench {
         label: "measured",
-        server: setup.server,
+        server: match &setup.command {
+            Some(cmd) => cmd.first().cloned().unwrap_or_default(),
+            None => setup.server.name().to_string(),
+        },
         mechanism,
         mechanism_detail: mechanism.map(Mechanism::describe),
         untyped,
@@ -304,7 +314,7 @@ impl ObserveBench {
         };
         let _ = writeln!(s,
             "outside observer's overhead on warm requests to {} [measured: {} pairs; {design}; {} requests each in {} alternating blocks (ABBA), closed loop, 1 connection each; cpuidle {}]",
-            self.server.name(),
+            self.server,
             self.pairs, self.requests_per_pair, self.blocks, self.cpuidle
         );
         for (name, x) in [("unobserved", &self.without), ("observed", &self.with)] {

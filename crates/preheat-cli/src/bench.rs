@@ -146,6 +146,14 @@ pub enum Which {
         /// observer's largest share) or a catalog server (its Debian package installed).
         #[arg(long, value_enum, default_value = "kv")]
         server: preheat_launch::servers::ServerKind,
+        /// With a server's command after `--`: the path its HTTP GETs ask for (any HTTP/1.1
+        /// server with keep-alive; `{port}` in the command is replaced by a free port), e.g.
+        /// `preheat bench observe --toggle --http-path / -- ./go-server {port}`.
+        #[arg(long, default_value = "/")]
+        http_path: String,
+        /// A server of any kind by its command (instead of --server).
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
     },
 }
 
@@ -180,9 +188,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
             toggle,
             syscalls,
             server,
+            http_path,
+            command,
         } => {
             let setup = preheat_bench::observe::Setup {
                 server,
+                command: (!command.is_empty()).then_some(command),
+                command_path: http_path,
                 mechanism: (!aa).then(|| mechanism.into()),
                 syscalls,
                 toggle,

@@ -45,6 +45,17 @@ impl Workload {
         }
     }
 
+    /// HTTP/1.1 GETs of `path` on keep-alive connections (replies framed by their length), for
+    /// a server outside the catalog.
+    pub fn http_get(path: &str) -> Workload {
+        Workload::of_spec(WorkloadSpec {
+            protocol: driver::Protocol::Http,
+            key: path.to_string(),
+            expect: None,
+            tpcc: None,
+        })
+    }
+
     /// The catalog workload of a plan.
     pub fn of(plan: &Plan) -> Workload {
         Workload::of_spec(plan.workload.clone())

@@ -196,12 +196,19 @@ fn paired_benches_report_every_pair() {
         "2",
         "--json",
     ];
+    let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/node_http.js");
+    let node = node.to_str().unwrap();
     for (bench, extra) in [
         ("agent", &[][..]),
         ("observe", &[]),
         ("observe", &["--toggle"]),
         // A catalog server whose worker serves under its master, and the syscall programs.
         ("observe", &["--toggle", "--server", "nginx", "--syscalls"]),
+        // Any HTTP server by its command.
+        (
+            "observe",
+            &["--toggle", "--http-path", "/", "--", "node", node, "{port}"],
+        ),
     ] {
         let mut a = vec!["bench", bench];
         a.extend(args);
@@ -230,7 +237,12 @@ fn paired_benches_report_every_pair() {
             let seen = v["periods_per_request"]["median"].as_f64().unwrap_or(0.0);
             assert!((0.9..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
             let nginx = extra.contains(&"nginx");
-            assert_eq!(v["server"], if nginx { "nginx" } else { "kv" }, "{v}");
+            let server = match () {
+                _ if nginx => "nginx",
+                _ if extra.contains(&"node") => "node",
+                _ => "preheat-kv",
+            };
+            assert_eq!(v["server"], server, "{v}");
             // Which programs ran: the scheduler form unless the syscall ones were asked for.
             assert_eq!(v["syscalls"].is_string(), nginx, "{v}");
         }
