@@ -465,6 +465,34 @@ pub(crate) fn count_at(a: &mut Asm, lost_fd: i32, key: i16, index: i32, done: La
     a.atomic_add64(R0, 0, R1);
 }
 
+/// Checks of a finished program for the program builders' tests.
+#[cfg(test)]
+pub(crate) mod check {
+    use super::Insn;
+
+    /// The program ends with `exit` and every jump (64- and 32-bit classes, not calls or exit)
+    /// lands inside it.
+    pub(crate) fn well_formed(p: &[Insn], what: &str) {
+        assert_eq!(
+            p.last().map(|i| i.code),
+            Some(0x95),
+            "{what}: no exit at the end"
+        );
+        for (i, insn) in p.iter().enumerate() {
+            let class = insn.code & 0x07;
+            if (class == 0x05 || class == 0x06) && insn.code != 0x95 && insn.code != 0x85 {
+                let t = i as i64 + 1 + i64::from(insn.off);
+                assert!((0..p.len() as i64).contains(&t), "{what}: jump {i} → {t}");
+            }
+        }
+    }
+
+    /// How many calls of helper `id` the program makes.
+    pub(crate) fn helper_calls(p: &[Insn], id: i32) -> usize {
+        p.iter().filter(|i| i.code == 0x85 && i.imm == id).count()
+    }
+}
+
 /// The instructions as the bytes `BPF_PROG_LOAD` reads.
 pub fn to_bytes(insns: &[Insn]) -> Vec<u8> {
     insns.iter().flat_map(|i| i.to_bytes()).collect()

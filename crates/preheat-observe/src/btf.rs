@@ -229,6 +229,20 @@ pub fn field(raw: &[u8], strukt: &str, path: &str) -> Result<(u32, u32), String>
 mod tests {
     use super::*;
 
+    /// A BTF blob: the header, then the type and string sections.
+    fn assemble(ty: &[u8], strs: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC.to_le_bytes());
+        b.extend_from_slice(&[1, 0]);
+        b.extend_from_slice(&24u32.to_le_bytes());
+        for v in [0, ty.len() as u32, ty.len() as u32, strs.len() as u32] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(ty);
+        b.extend_from_slice(strs);
+        b
+    }
+
     /// A BTF blob of `types` (kind, vlen, name) with zeroed kind data, and its strings.
     fn blob(types: &[(u32, u32, &str)]) -> Vec<u8> {
         let mut strs = vec![0u8];
@@ -242,16 +256,7 @@ mod tests {
             ty.extend_from_slice(&0u32.to_le_bytes());
             ty.resize(ty.len() + extra_len(kind, vlen as usize).unwrap(), 0);
         }
-        let mut b = Vec::new();
-        b.extend_from_slice(&MAGIC.to_le_bytes());
-        b.extend_from_slice(&[1, 0]);
-        b.extend_from_slice(&24u32.to_le_bytes());
-        for v in [0, ty.len() as u32, ty.len() as u32, strs.len() as u32] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&ty);
-        b.extend_from_slice(&strs);
-        b
+        assemble(&ty, &strs)
     }
 
     #[test]
@@ -300,16 +305,7 @@ mod tests {
                 }
             }
         }
-        let mut b = Vec::new();
-        b.extend_from_slice(&MAGIC.to_le_bytes());
-        b.extend_from_slice(&[1, 0]);
-        b.extend_from_slice(&24u32.to_le_bytes());
-        for v in [0, ty.len() as u32, ty.len() as u32, strs.len() as u32] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&ty);
-        b.extend_from_slice(&strs);
-        b
+        assemble(&ty, &strs)
     }
 
     #[test]

@@ -27,8 +27,8 @@
 //!   `--syscall-stages`) or asked for (`--syscalls`).
 //!
 //! Layers: [`periods`] and [`schedperiods`] (the state machines), [`decode`] (ring-buffer
-//! records), [`btf`] (the kernel's type information) and [`bpfprog`], [`periodprog`] and
-//! [`schedprog`] (the eBPF programs' instructions) are pure; [`sockets`] and [`tracefs`] read
+//! records), [`btf`] (the kernel's type information) and [`bpfprog`], [`periodprog`],
+//! [`schedprog`] and [`slotasm`] (the eBPF programs' instructions) are pure; [`sockets`] and [`tracefs`] read
 //! `/proc` and tracefs; [`bpf`] and [`perf`] are the only modules with `unsafe` (system calls
 //! and the ring buffers' mappings); [`session`] ties them together; [`report`] and [`render`]
 //! make the report and its text; [`mechanism`] names the ways events are opened.
@@ -191,6 +191,7 @@ pub mod report;
 pub mod schedperiods;
 pub mod schedprog;
 pub mod session;
+pub mod slotasm;
 pub mod sockets;
 pub mod tracefs;
 

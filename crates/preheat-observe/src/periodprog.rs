@@ -45,9 +45,10 @@
 
 use crate::bpfprog::{
     count_refused, helper, stamp_and_output, Asm, Edge, Insn, Label, FP, R0, R1, R2, R3, R4, R5,
-    R6, R7, R8, R9, RB_NO_WAKEUP, RECORD_SIZE, REGS_DI, REGS_ORIG_AX, REGS_SI,
+    R6, R7, R8, R9, RECORD_SIZE, REGS_DI, REGS_ORIG_AX, REGS_SI,
 };
 use crate::periods::nr;
+use crate::slotasm::{self, Calls, Slots};
 
 /// Calls kept per period in a slot before it is written out as a partial record.
 pub const EVENTS: usize = 6;
@@ -57,8 +58,8 @@ pub const SLOTS: u32 = 4096;
 
 // The slot, and the period record, which is the slot as written out (little-endian):
 /// `tid` (u32) and the flags (u32).
-pub const TAG: i16 = 0;
-pub const FLAGS: i16 = 4;
+pub const TAG: i16 = slotasm::TAG;
+pub const FLAGS: i16 = slotasm::FLAGS;
 /// The opening wait's exit: CLOCK_MONOTONIC ns, number, return value.
 pub const START_NS: i16 = 8;
 pub const START_NR: i16 = 16;
@@ -82,7 +83,7 @@ pub mod flag {
     /// Seen in an event wait: its reads' and accepts' entries are not written.
     pub const EVENT_LOOP: i32 = 1;
     /// A period is open (its start is in the slot).
-    pub const OPEN: i32 = 2;
+    pub const OPEN: i32 = crate::slotasm::OPEN;
     /// The open period's start went out in a partial record already.
     pub const START_SENT: i32 = 4;
     /// In a record: it closes the period (its end is valid); else a partial record.
@@ -166,18 +167,17 @@ fn set_flags(a: &mut Asm, set: i32, clear: i32) {
 /// count a refusal; then `count = 0` and the flags as after such a record.
 fn emit_slot(a: &mut Asm, spec: &PeriodSpec, kind: i32) {
     set_flags(a, kind, 0);
-    // r3 = CALLS + min(count, EVENTS) * CALL_SIZE: bounded for the verifier.
-    let fits = a.label();
-    a.load64(R3, R6, COUNT);
-    a.jlt_imm(R3, EVENTS as i32 + 1, fits);
-    a.mov_imm(R3, EVENTS as i32);
-    a.bind(fits);
-    a.mul_imm(R3, i32::from(CALL_SIZE));
-    a.add_imm(R3, i32::from(CALLS));
-    a.load_map_fd(R1, spec.ringbuf_fd);
-    a.mov(R2, R6);
-    a.mov_imm(R4, RB_NO_WAKEUP);
-    a.call(helper::RINGBUF_OUTPUT);
+    slotasm::output(
+        a,
+        spec.ringbuf_fd,
+        R6,
+        Calls {
+            count: COUNT,
+            at: CALLS,
+            size: CALL_SIZE,
+            max: EVENTS,
+        },
+    );
     let done = a.label();
     count_refused(a, spec.lost_fd, LOST_KEY, done);
     a.bind(done);
@@ -250,34 +250,15 @@ fn per_call(a: &mut Asm, spec: &PeriodSpec) {
     a.bind(done);
 }
 
-/// The slot of the current thread in r6, tagged with its id; to `out` if the map gives none.
-/// A slot another thread holds is taken over (emptied) unless that thread is inside a period:
-/// then to `taken`, where the call is written per call (stamped, as the per-call programs
-/// would), so two threads whose ids agree in the low bits never lose or mix each other's
-/// periods (barring both changing the slot at the same instant on two CPUs: the verifier
-/// bounds every access, so a mixed record is the worst case).
+/// The slot of the current thread in r6 ([`slotasm::find`]); where another thread holds it
+/// inside a period, to `taken`, where the call is written per call (stamped, as the per-call
+/// programs would).
 fn slot(a: &mut Asm, spec: &PeriodSpec, out: Label, taken: Label) {
-    a.mov32(R1, R7);
-    a.and_imm(R1, spec.slots.saturating_sub(1) as i32);
-    a.store32(FP, KEY, R1);
-    a.load_map_fd(R1, spec.slots_fd);
-    a.mov(R2, FP);
-    a.add_imm(R2, i32::from(KEY));
-    a.call(helper::MAP_LOOKUP_ELEM);
-    a.jeq_imm(R0, 0, out);
-    a.mov(R6, R0);
-    let (other, mine) = (a.label(), a.label());
-    a.load32(R1, R6, TAG);
-    a.mov32(R2, R7);
-    a.jne(R1, R2, other);
-    a.ja(mine);
-    a.bind(other);
-    a.load32(R1, R6, FLAGS);
-    a.jset_imm(R1, flag::OPEN, taken);
-    a.store32(R6, TAG, R2);
-    a.store32_imm(R6, FLAGS, 0);
-    a.store64_imm(R6, COUNT, 0);
-    a.bind(mine);
+    let slots = Slots {
+        fd: spec.slots_fd,
+        len: spec.slots,
+    };
+    slotasm::find(a, slots, (KEY, COUNT), (R7, R6), (out, taken));
 }
 
 /// Open a period in the slot: the wait's exit time, number and return value.
@@ -503,21 +484,13 @@ mod tests {
         .unwrap()
     }
 
-    fn calls(p: &[Insn], id: i32) -> usize {
-        p.iter().filter(|i| i.code == 0x85 && i.imm == id).count()
-    }
+    use crate::bpfprog::check::helper_calls as calls;
 
     #[test]
     fn the_period_programs_are_well_formed() {
         for edge in [Edge::Enter, Edge::Exit] {
             let p = program(edge);
-            assert_eq!(p.last().unwrap().code, 0x95);
-            for (i, insn) in p.iter().enumerate() {
-                if insn.code & 0x07 == 0x05 && insn.code != 0x95 && insn.code != 0x85 {
-                    let t = i as i64 + 1 + i64::from(insn.off);
-                    assert!((0..p.len() as i64).contains(&t), "{edge:?}: jump {i} → {t}");
-                }
-            }
+            crate::bpfprog::check::well_formed(&p, &format!("{edge:?}"));
             // Typed only: no register read through a helper.
             assert_eq!(calls(&p, helper::PROBE_READ_KERNEL), 0);
             // Two places read the clock: the period's boundary and the per-call record.

@@ -51,14 +51,15 @@ use crate::bpfprog::{
     count_at, count_refused, helper, Asm, Insn, Label, FP, R0, R1, R2, R3, R4, R6, R7, R8,
     RB_NO_WAKEUP,
 };
+use crate::slotasm::{self, Calls, Slots};
 
 /// Connections kept per period (its reads and writes are all counted).
 pub const EVENTS: usize = 6;
 
 // The slot, and the record, which is the slot as written out (little-endian):
-/// `tid` (u32) and the flags (u32).
-pub const TAG: i16 = 0;
-pub const FLAGS: i16 = 4;
+/// `tid` (u32) and the flags (u32), as every slot ([`slotasm`]).
+pub const TAG: i16 = slotasm::TAG;
+pub const FLAGS: i16 = slotasm::FLAGS;
 /// CLOCK_MONOTONIC ns: switched in, and switched out asleep.
 pub const START_NS: i16 = 8;
 pub const END_NS: i16 = 16;
@@ -78,10 +79,18 @@ pub const SLOT_SIZE: usize = CALLS as usize + EVENTS * CALL_SIZE as usize;
 pub const READ: u16 = 1;
 pub const WRITE: u16 = 2;
 
+/// Where the calls are, for [`slotasm`].
+const CALLS_LAYOUT: Calls = Calls {
+    count: COUNT,
+    at: CALLS,
+    size: CALL_SIZE,
+    max: EVENTS,
+};
+
 /// The slot's flags.
 pub mod flag {
     /// A period is open.
-    pub const OPEN: i32 = 2;
+    pub const OPEN: i32 = crate::slotasm::OPEN;
     /// In a record: it closes the period.
     pub const END: i32 = 8;
 }
@@ -137,27 +146,13 @@ const STAMP: i16 = REC - 8;
 /// `MSG_PEEK`.
 const MSG_PEEK: i32 = 2;
 
-/// The slot of thread `r7` in r8; to `out` if the map gives none. A slot another thread holds
-/// is taken over (emptied) unless that thread is inside a period: then to `held`.
+/// The slot of thread `r7` in r8 ([`slotasm::find`]).
 fn slot(a: &mut Asm, spec: &SchedSpec, out: Label, held: Label) {
-    a.mov32(R1, R7);
-    a.and_imm(R1, spec.slots.saturating_sub(1) as i32);
-    a.store32(FP, KEY, R1);
-    a.load_map_fd(R1, spec.slots_fd);
-    a.mov(R2, FP);
-    a.add_imm(R2, i32::from(KEY));
-    a.call(helper::MAP_LOOKUP_ELEM);
-    a.jeq_imm(R0, 0, out);
-    a.mov(R8, R0);
-    let mine = a.label();
-    a.load32(R1, R8, TAG);
-    a.mov32(R2, R7);
-    a.jeq(R1, R2, mine);
-    a.load32(R1, R8, FLAGS);
-    a.jset_imm(R1, flag::OPEN, held);
-    a.store32(R8, TAG, R2);
-    a.store32_imm(R8, FLAGS, 0);
-    a.bind(mine);
+    let slots = Slots {
+        fd: spec.slots_fd,
+        len: spec.slots,
+    };
+    slotasm::find(a, slots, (KEY, COUNT), (R7, R8), (out, held));
 }
 
 /// Open a period in the slot: now, nothing counted.
@@ -188,18 +183,7 @@ fn close_period(a: &mut Asm, spec: &SchedSpec) {
 /// then to `done`.
 fn emit(a: &mut Asm, spec: &SchedSpec, done: Label) {
     a.store32_imm(R8, FLAGS, flag::OPEN | flag::END);
-    // r3 = CALLS + min(count, EVENTS) * CALL_SIZE: bounded for the verifier.
-    let fits = a.label();
-    a.load64(R3, R8, COUNT);
-    a.jlt_imm(R3, EVENTS as i32 + 1, fits);
-    a.mov_imm(R3, EVENTS as i32);
-    a.bind(fits);
-    a.mul_imm(R3, i32::from(CALL_SIZE));
-    a.add_imm(R3, i32::from(CALLS));
-    a.load_map_fd(R1, spec.ringbuf_fd);
-    a.mov(R2, R8);
-    a.mov_imm(R4, RB_NO_WAKEUP);
-    a.call(helper::RINGBUF_OUTPUT);
+    slotasm::output(a, spec.ringbuf_fd, R8, CALLS_LAYOUT);
     count_refused(a, spec.lost_fd, LOST_KEY, done);
     a.ja(done);
 }
@@ -406,21 +390,13 @@ mod tests {
         .unwrap()
     }
 
-    fn calls(p: &[Insn], id: i32) -> usize {
-        p.iter().filter(|i| i.code == 0x85 && i.imm == id).count()
-    }
+    use crate::bpfprog::check::helper_calls as calls;
 
     #[test]
     fn the_programs_are_well_formed() {
         for prog in [Prog::Switch, Prog::Recv, Prog::Send] {
             let p = program(prog);
-            assert_eq!(p.last().unwrap().code, 0x95);
-            for (i, insn) in p.iter().enumerate() {
-                if insn.code & 0x07 == 0x05 && insn.code != 0x95 && insn.code != 0x85 {
-                    let t = i as i64 + 1 + i64::from(insn.off);
-                    assert!((0..p.len() as i64).contains(&t), "{prog:?}: jump {i} → {t}");
-                }
-            }
+            crate::bpfprog::check::well_formed(&p, &format!("{prog:?}"));
             // No helper reads: the arguments are typed.
             assert_eq!(calls(&p, helper::PROBE_READ_KERNEL), 0);
             // The return value (an int, passed zero-extended) is compared in 32 bits, as
