@@ -19,14 +19,16 @@
 //!   after the call: a load and a compare for other ports): a receive that returned data or a
 //!   send that sent some, on a socket whose local port is the observed port, by a thread of the
 //!   process, counts a read or a write in the thread's open period (opening one at once for a
-//!   thread found running at attach) and keeps the connection (its peer's address and port)
-//!   for the first [`EVENTS`] calls: the tracker ([`crate::periods::Tracker::feed_period`])
+//!   thread found running at attach) and keeps the connection (its peer's IPv4 address — zero
+//!   for an IPv6 peer, whose port alone then names it — and port) for the first [`EVENTS`]
+//!   calls: the tracker ([`crate::periods::Tracker::feed_period`])
 //!   follows a request from the thread that read it to the one that writes the reply. Peeks
 //!   are not reads. A receive in a period that already wrote is the **next request**: the
 //!   period so far ends there and the next one starts there (one clock read for both), so a
 //!   thread that goes from one request to the next without sleeping — an event loop that finds
 //!   the next request queued, a Go thread still spinning — has a period per request, starting
-//!   when it reads it.
+//!   when it reads it. (The return value is an `int`, which the tracepoint passes
+//!   zero-extended: it is compared in 32 bits, or every `-EAGAIN` would count as data.)
 //!
 //! The slots are the period programs' (an array indexed by the thread id's low bits, tagged
 //! with the whole id). A thread whose slot another thread holds inside a period gets no
