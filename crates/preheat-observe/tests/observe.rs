@@ -322,7 +322,14 @@ fn static_go_http_server() {
         !elf.windows(7).any(|w| w == b"ld-linux"),
         "the Go server is not static"
     );
-    let (s, port) = start(|| Command::new(&exe));
+    // On one CPU: with one slot shared by every thread (below), programs on two CPUs could
+    // change it at the same instant (the sharing's one stated limit: a mixed or lost call);
+    // on one they run one after the other, so nothing may be lost.
+    let (s, port) = start(|| {
+        let mut cmd = Command::new("taskset");
+        cmd.args(["-c", "0"]).arg(&exe);
+        cmd
+    });
     // A slot per thread, and (as `threads_sharing_a_slot_lose_nothing`) every thread of Go's
     // in one slot; the scheduler form and the syscall period programs.
     for (syscalls, slots) in [false, true]
@@ -381,7 +388,8 @@ fn hand_off_goes_to_the_writing_thread() {
 /// Every thread in one slot (`Options::slots` 1): with the period programs a thread takes the
 /// slot over only between the other's periods and writes its calls per call meanwhile; with
 /// the scheduler form its calls go out alone, as periods of their own. Either way the
-/// hand-off server's reader and writer and the event loop still show every request,
+/// hand-off server's reader and writer (on one CPU: threads on two could change the slot at
+/// the same instant, the sharing's stated limit) and the event loop still show every request,
 /// attributed as with a slot each.
 #[test]
 fn threads_sharing_a_slot_lose_nothing() {
@@ -389,8 +397,11 @@ fn threads_sharing_a_slot_lose_nothing() {
         return;
     }
     for syscalls in [false, true] {
+        // On one CPU, as the Go server in `static_go_http_server`: the reader and the writer
+        // then never change the shared slot at the same instant.
         let (s, port) = start(|| {
-            let mut cmd = Command::new("python3");
+            let mut cmd = Command::new("taskset");
+            cmd.args(["-c", "0", "python3"]);
             cmd.arg(servers_dir().join("hand_off.py"));
             cmd
         });
