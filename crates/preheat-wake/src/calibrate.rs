@@ -247,12 +247,37 @@ impl Calibration {
             )
         };
         format!(
-            "{verdict} (measured: futex wake-up p50 after {} ms idle: {}; cpuidle driver \
+            "{verdict} (measured{}: futex wake-up p50 after {} ms idle: {}; cpuidle driver \
              {}{disabled}{load})",
+            age_phrase(self.measured_unix_s, unix_now_s()),
             self.gap_us / 1000,
             all.join(", "),
             self.machine.cpuidle_driver
         )
+    }
+}
+
+/// Seconds since the epoch now (0 if the clock is before it).
+fn unix_now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// How long ago a calibration was measured, where it is a cached one (a minute or more): so a
+/// summary does not pass numbers from earlier in the boot as this run's.
+fn age_phrase(measured_unix_s: u64, now_unix_s: u64) -> String {
+    let age = now_unix_s.saturating_sub(measured_unix_s);
+    match age {
+        0..=59 => String::new(),
+        60..=5399 => format!(
+            " {} min ago in this boot (cached; plain idle re-checked since)",
+            age / 60
+        ),
+        _ => format!(
+            " {:.1} h ago in this boot (cached; plain idle re-checked since)",
+            age as f64 / 3600.0
+        ),
     }
 }
 
@@ -325,9 +350,7 @@ pub fn calibrate_among(rounds: usize, mechs: &[String]) -> Result<Calibration> {
     Ok(Calibration {
         label: "measured".into(),
         machine: MachineKey::current(),
-        measured_unix_s: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        measured_unix_s: unix_now_s(),
         gap_us: GAP_US,
         sleeper_cpu: args.sleeper_cpu,
         waker_cpu: args.waker_cpu,
@@ -473,6 +496,18 @@ mod tests {
             limited_to: vec![],
             predictor: None,
         }
+    }
+
+    #[test]
+    fn a_cached_calibration_says_how_old_it_is() {
+        assert_eq!(age_phrase(1000, 1030), "");
+        assert!(age_phrase(1000, 1000 + 600).starts_with(" 10 min ago in this boot (cached"));
+        assert!(age_phrase(1000, 1000 + 4 * 3600).starts_with(" 4.0 h ago"));
+        assert_eq!(
+            age_phrase(2000, 1000),
+            "",
+            "a clock behind the cache is no age"
+        );
     }
 
     #[test]
