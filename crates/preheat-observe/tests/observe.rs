@@ -131,6 +131,26 @@ fn drained_events_are_analysed_as_they_settle() {
 /// syscall period programs, a record per call.
 const FORMS: [(bool, bool); 3] = [(false, false), (true, false), (true, true)];
 
+/// The Python event loop with one setting in its environment, and the options that observe it
+/// in `form` (as [`FORMS`]).
+fn event_loop_in_form(
+    (key, value): (&str, &str),
+    (syscalls, per_call): (bool, bool),
+) -> (support::Server, Options) {
+    let (s, port) = start(|| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(servers_dir().join("event_loop.py"));
+        cmd.env(key, value);
+        cmd
+    });
+    let opts = Options {
+        per_call,
+        syscalls,
+        ..Options::new(s.0.id(), port)
+    };
+    (s, opts)
+}
+
 /// The period programs keep at most `periodprog::EVENTS` calls of a busy period in the kernel;
 /// a period with more (here a read and nine sends per request, eight of them empty) goes out in
 /// partial records and is still one period with all its calls, as the per-call programs see
@@ -143,18 +163,9 @@ fn periods_longer_than_a_slot_and_per_call_records() {
     }
     const SENDS: u32 = 9;
     assert!(SENDS as usize + 1 > preheat_observe::periodprog::EVENTS);
-    for (syscalls, per_call) in FORMS {
-        let (s, port) = support::start(|| {
-            let mut cmd = Command::new("python3");
-            cmd.arg(servers_dir().join("event_loop.py"));
-            cmd.env("SENDS", SENDS.to_string());
-            cmd
-        });
-        let opts = Options {
-            per_call,
-            syscalls,
-            ..Options::new(s.0.id(), port)
-        };
+    for form in FORMS {
+        let (_s, opts) = event_loop_in_form(("SENDS", &SENDS.to_string()), form);
+        let (syscalls, per_call) = form;
         let r = observe_opts(opts, request);
         check_direct(&r);
         assert_eq!(r.per_call.is_some(), per_call, "{:?}", r.per_call);
@@ -194,18 +205,9 @@ fn failed_reads_are_not_reads() {
     if !permitted() {
         return;
     }
-    for (syscalls, per_call) in FORMS {
-        let (s, port) = start(|| {
-            let mut cmd = Command::new("python3");
-            cmd.arg(servers_dir().join("event_loop.py"));
-            cmd.env("DRAIN", "1");
-            cmd
-        });
-        let opts = Options {
-            per_call,
-            syscalls,
-            ..Options::new(s.0.id(), port)
-        };
+    for form in FORMS {
+        let (_s, opts) = event_loop_in_form(("DRAIN", "1"), form);
+        let syscalls = opts.syscalls;
         let r = observe_opts(opts, request);
         check_direct(&r);
         let reads: u32 = r.periods.iter().map(|p| p.reads).sum();
@@ -221,18 +223,9 @@ fn empty_periods_write_no_record() {
     if !permitted() {
         return;
     }
-    for (syscalls, per_call) in FORMS {
-        let (s, port) = start(|| {
-            let mut cmd = Command::new("python3");
-            cmd.arg(servers_dir().join("event_loop.py"));
-            cmd.env("TICK_MS", "1");
-            cmd
-        });
-        let opts = Options {
-            per_call,
-            syscalls,
-            ..Options::new(s.0.id(), port)
-        };
+    for form in FORMS {
+        let (_s, opts) = event_loop_in_form(("TICK_MS", "1"), form);
+        let (syscalls, per_call) = form;
         let obs = Observer::attach(opts).expect("attaching");
         std::thread::sleep(Duration::from_millis(300));
         let r = obs.finish();
