@@ -362,51 +362,72 @@ fn raw_tracepoint_open(name: Option<&std::ffi::CStr>, prog: &OwnedFd) -> io::Res
     unsafe { owned(bpf(RAW_TRACEPOINT_OPEN, &mut a)?) }
 }
 
-/// The BTF type ids of the typedefs naming the tracepoints `sys_enter` and `sys_exit`, or why
-/// a BTF-typed program cannot be had. The kernel's BTF (~5 MB) is read once per process: it
-/// cannot change while the kernel runs, and a bench attaches an observer per pair.
-fn typed_ids() -> Result<(u32, u32), String> {
-    static IDS: std::sync::OnceLock<Result<(u32, u32), String>> = std::sync::OnceLock::new();
-    IDS.get_or_init(|| {
-        let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
-        Ok((
-            crate::btf::typedef_id(&raw, "btf_trace_sys_enter")?,
-            crate::btf::typedef_id(&raw, "btf_trace_sys_exit")?,
-        ))
-    })
-    .clone()
+/// What the observer's programs need from the kernel's BTF: the syscall tracepoints' typedef
+/// ids, and the scheduler form's (`sched_switch`, `sock_recv_length`, `sock_send_length`) with
+/// the kernel fields its programs read — each, or why it cannot be had. The kernel's BTF (~5 MB)
+/// is read and indexed once per process: it cannot change while the kernel runs, and a bench
+/// attaches an observer per pair.
+struct KernelIds {
+    syscalls: Result<(u32, u32), String>,
+    sched: Result<([u32; 3], Fields), String>,
 }
 
-/// The scheduler form's tracepoints (`sched_switch`, `sock_recv_length`, `sock_send_length`:
-/// their typedefs' ids) and the kernel fields its programs read, or why it cannot be had.
-fn sched_ids() -> Result<([u32; 3], Fields), String> {
-    static IDS: std::sync::OnceLock<Result<([u32; 3], Fields), String>> =
-        std::sync::OnceLock::new();
+fn kernel_ids() -> &'static KernelIds {
+    static IDS: std::sync::OnceLock<KernelIds> = std::sync::OnceLock::new();
     IDS.get_or_init(|| {
-        let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
-        let id = |name: &str| crate::btf::typedef_id(&raw, name);
-        let ids = [
-            id("btf_trace_sched_switch")?,
-            id("btf_trace_sock_recv_length")?,
-            id("btf_trace_sock_send_length")?,
-        ];
-        let at = |strukt: &str, path: &str, size: u32| {
-            let (off, got) = crate::btf::field(&raw, strukt, path)?;
-            if got != size {
-                return Err(format!("{strukt}.{path} is {got} bytes here, not {size}"));
+        let raw = match std::fs::read(VMLINUX_BTF) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let why = format!("{VMLINUX_BTF}: {e}");
+                return KernelIds {
+                    syscalls: Err(why.clone()),
+                    sched: Err(why),
+                };
             }
-            i16::try_from(off).map_err(|_| format!("{strukt}.{path} at {off}: too far"))
         };
-        let fields = Fields {
-            task_pid: at("task_struct", "pid", 4)?,
-            task_tgid: at("task_struct", "tgid", 4)?,
-            sk_num: at("sock", "__sk_common.skc_num", 2)?,
-            sk_dport: at("sock", "__sk_common.skc_dport", 2)?,
-            sk_daddr: at("sock", "__sk_common.skc_daddr", 4)?,
-        };
-        Ok((ids, fields))
+        match crate::btf::Btf::parse(&raw) {
+            Ok(btf) => KernelIds {
+                syscalls: syscall_ids(&btf),
+                sched: sched_ids(&btf),
+            },
+            Err(why) => KernelIds {
+                syscalls: Err(why.clone()),
+                sched: Err(why),
+            },
+        }
     })
-    .clone()
+}
+
+/// The typedef ids of the tracepoints `sys_enter` and `sys_exit`.
+fn syscall_ids(btf: &crate::btf::Btf) -> Result<(u32, u32), String> {
+    Ok((
+        btf.typedef_id("btf_trace_sys_enter")?,
+        btf.typedef_id("btf_trace_sys_exit")?,
+    ))
+}
+
+/// The scheduler form's tracepoints' typedef ids and the fields its programs read.
+fn sched_ids(btf: &crate::btf::Btf) -> Result<([u32; 3], Fields), String> {
+    let ids = [
+        btf.typedef_id("btf_trace_sched_switch")?,
+        btf.typedef_id("btf_trace_sock_recv_length")?,
+        btf.typedef_id("btf_trace_sock_send_length")?,
+    ];
+    let at = |strukt: &str, path: &str, size: u32| {
+        let (off, got) = btf.field(strukt, path)?;
+        if got != size {
+            return Err(format!("{strukt}.{path} is {got} bytes here, not {size}"));
+        }
+        i16::try_from(off).map_err(|_| format!("{strukt}.{path} at {off}: too far"))
+    };
+    let fields = Fields {
+        task_pid: at("task_struct", "pid", 4)?,
+        task_tgid: at("task_struct", "tgid", 4)?,
+        sk_num: at("sock", "__sk_common.skc_num", 2)?,
+        sk_dport: at("sock", "__sk_common.skc_dport", 2)?,
+        sk_daddr: at("sock", "__sk_common.skc_daddr", 4)?,
+    };
+    Ok((ids, fields))
 }
 
 /// Load and attach the scheduler form's three programs (see [`crate::schedprog`]).
@@ -416,7 +437,7 @@ fn load_sched(
     (ringbuf_fd, lost_fd): (i32, i32),
     (slots_fd, slots): (i32, u32),
 ) -> Result<(Vec<OwnedFd>, Vec<OwnedFd>), String> {
-    let (ids, fields) = sched_ids()?;
+    let (ids, fields) = kernel_ids().sched.clone()?;
     let mut progs = Vec::new();
     let mut links = Vec::new();
     for (prog, id, name) in [
@@ -572,22 +593,24 @@ impl Attached {
         period: Result<u32, String>,
         slots: &mut Option<OwnedFd>,
     ) -> Result<SyscallForm> {
-        let loaded = typed.and_then(|()| typed_ids()).and_then(|ids| {
-            let period = period.and_then(|n| {
-                let m = map_create(MAP_TYPE_ARRAY, 4, periodprog::SLOT_SIZE as u32, n)
-                    .map_err(|e| format!("creating the per-thread array: {e}"))?;
-                let pair = load_pair(tgid, nrs, fds, Some(ids), Some((m.as_raw_fd(), n)))
-                    .map_err(|e| format!("the verifier refused the period programs: {e:#}"))?;
-                *slots = Some(m);
-                Ok(pair)
+        let loaded = typed
+            .and_then(|()| kernel_ids().syscalls.clone())
+            .and_then(|ids| {
+                let period = period.and_then(|n| {
+                    let m = map_create(MAP_TYPE_ARRAY, 4, periodprog::SLOT_SIZE as u32, n)
+                        .map_err(|e| format!("creating the per-thread array: {e}"))?;
+                    let pair = load_pair(tgid, nrs, fds, Some(ids), Some((m.as_raw_fd(), n)))
+                        .map_err(|e| format!("the verifier refused the period programs: {e:#}"))?;
+                    *slots = Some(m);
+                    Ok(pair)
+                });
+                match period {
+                    Ok(pair) => Ok((pair, None)),
+                    Err(why) => load_pair(tgid, nrs, fds, Some(ids), None)
+                        .map(|pair| (pair, Some(why)))
+                        .map_err(|e| format!("{e:#}")),
+                }
             });
-            match period {
-                Ok(pair) => Ok((pair, None)),
-                Err(why) => load_pair(tgid, nrs, fds, Some(ids), None)
-                    .map(|pair| (pair, Some(why)))
-                    .map_err(|e| format!("{e:#}")),
-            }
-        });
         Ok(match loaded {
             Ok((pair, per_call)) => (pair, None, per_call),
             Err(why) => (load_pair(tgid, nrs, fds, None, None)?, Some(why), None),

@@ -75,8 +75,9 @@ impl Type {
     }
 }
 
-/// The kernel's BTF, indexed by type id (the records are read in place).
-struct Btf<'a> {
+/// The kernel's BTF, indexed by type id once (the records are read in place), for any number
+/// of lookups.
+pub struct Btf<'a> {
     types: &'a [u8],
     strs: &'a [u8],
     /// Index `id - 1`.
@@ -84,7 +85,9 @@ struct Btf<'a> {
 }
 
 impl<'a> Btf<'a> {
-    fn parse(raw: &'a [u8]) -> Result<Btf<'a>, String> {
+    /// Index the raw BTF `raw` (little-endian, as the running kernel's), or say why it cannot
+    /// be read.
+    pub fn parse(raw: &'a [u8]) -> Result<Btf<'a>, String> {
         let bad = || "malformed BTF".to_string();
         if u16_at(raw, 0) != Some(MAGIC) {
             return Err("not little-endian BTF (bad magic)".to_string());
@@ -193,36 +196,46 @@ impl<'a> Btf<'a> {
     }
 }
 
-/// The id of the typedef named `name` in the raw BTF `raw` (little-endian, as the running
-/// kernel's), or why there is none.
-pub fn typedef_id(raw: &[u8], name: &str) -> Result<u32, String> {
-    Btf::parse(raw)?
-        .find(KIND_TYPEDEF, name)
-        .ok_or_else(|| format!("no typedef {name} in the kernel's BTF"))
+impl Btf<'_> {
+    /// The id of the typedef named `name`, or why there is none.
+    pub fn typedef_id(&self, name: &str) -> Result<u32, String> {
+        self.find(KIND_TYPEDEF, name)
+            .ok_or_else(|| format!("no typedef {name} in the kernel's BTF"))
+    }
+
+    /// Where the field `path` (member names from `strukt` down, as in C:
+    /// `__sk_common.skc_num`; anonymous structs and unions looked into) lies in `struct
+    /// strukt`: its byte offset and its size in bytes (an integer, enum or pointer field), or
+    /// why it cannot be had.
+    pub fn field(&self, strukt: &str, path: &str) -> Result<(u32, u32), String> {
+        let missing = || format!("no field {strukt}.{path} in the kernel's BTF");
+        let mut t = self
+            .find(KIND_STRUCT, strukt)
+            .and_then(|id| self.get(id))
+            .ok_or_else(|| format!("no struct {strukt} in the kernel's BTF"))?;
+        let mut offset = 0u32;
+        for name in path.split('.') {
+            let (off, ty) = self.member(t, name, 0).ok_or_else(missing)?;
+            offset = offset.checked_add(off).ok_or_else(missing)?;
+            t = self.resolve(ty).ok_or_else(missing)?;
+        }
+        let size = match t.kind() {
+            KIND_INT | KIND_ENUM | KIND_ENUM64 => t.size_or_type,
+            KIND_PTR => 8,
+            k => return Err(format!("{strukt}.{path} is of BTF kind {k}, not a scalar")),
+        };
+        Ok((offset, size))
+    }
 }
 
-/// Where the field `path` (member names from `strukt` down, as in C: `__sk_common.skc_num`;
-/// anonymous structs and unions looked into) lies in `struct strukt`: its byte offset and its
-/// size in bytes (an integer, enum or pointer field), or why it cannot be had.
+/// [`Btf::typedef_id`] in the raw BTF `raw`, indexed for this one lookup.
+pub fn typedef_id(raw: &[u8], name: &str) -> Result<u32, String> {
+    Btf::parse(raw)?.typedef_id(name)
+}
+
+/// [`Btf::field`] in the raw BTF `raw`, indexed for this one lookup.
 pub fn field(raw: &[u8], strukt: &str, path: &str) -> Result<(u32, u32), String> {
-    let btf = Btf::parse(raw)?;
-    let missing = || format!("no field {strukt}.{path} in the kernel's BTF");
-    let mut t = btf
-        .find(KIND_STRUCT, strukt)
-        .and_then(|id| btf.get(id))
-        .ok_or_else(|| format!("no struct {strukt} in the kernel's BTF"))?;
-    let mut offset = 0u32;
-    for name in path.split('.') {
-        let (off, ty) = btf.member(t, name, 0).ok_or_else(missing)?;
-        offset = offset.checked_add(off).ok_or_else(missing)?;
-        t = btf.resolve(ty).ok_or_else(missing)?;
-    }
-    let size = match t.kind() {
-        KIND_INT | KIND_ENUM | KIND_ENUM64 => t.size_or_type,
-        KIND_PTR => 8,
-        k => return Err(format!("{strukt}.{path} is of BTF kind {k}, not a scalar")),
-    };
-    Ok((offset, size))
+    Btf::parse(raw)?.field(strukt, path)
 }
 
 #[cfg(test)]
