@@ -363,10 +363,10 @@ fn raw_tracepoint_open(name: Option<&std::ffi::CStr>, prog: &OwnedFd) -> io::Res
 }
 
 /// What the observer's programs need from the kernel's BTF: the syscall tracepoints' typedef
-/// ids, and the scheduler form's (`sched_switch`, `sock_recv_length`, `sock_send_length`) with
-/// the kernel fields its programs read — each, or why it cannot be had. The kernel's BTF (~5 MB)
-/// is read and indexed once per process: it cannot change while the kernel runs, and a bench
-/// attaches an observer per pair.
+/// ids, and the scheduler form's (`sched_switch`, `skb_copy_datagram_iovec`,
+/// `sock_send_length`) with the kernel fields its programs read — each, or why it cannot be
+/// had. The kernel's BTF (~5 MB) is read and indexed once per process: it cannot change while
+/// the kernel runs, and a bench attaches an observer per pair.
 struct KernelIds {
     syscalls: Result<(u32, u32), String>,
     sched: Result<([u32; 3], Fields), String>,
@@ -410,7 +410,7 @@ fn syscall_ids(btf: &crate::btf::Btf) -> Result<(u32, u32), String> {
 fn sched_ids(btf: &crate::btf::Btf) -> Result<([u32; 3], Fields), String> {
     let ids = [
         btf.typedef_id("btf_trace_sched_switch")?,
-        btf.typedef_id("btf_trace_sock_recv_length")?,
+        btf.typedef_id("btf_trace_skb_copy_datagram_iovec")?,
         btf.typedef_id("btf_trace_sock_send_length")?,
     ];
     let at = |strukt: &str, path: &str, size: u32| {
@@ -426,6 +426,7 @@ fn sched_ids(btf: &crate::btf::Btf) -> Result<([u32; 3], Fields), String> {
         sk_num: at("sock", "__sk_common.skc_num", 2)?,
         sk_dport: at("sock", "__sk_common.skc_dport", 2)?,
         sk_daddr: at("sock", "__sk_common.skc_daddr", 4)?,
+        skb_sk: at("sk_buff", "sk", 8)?,
     };
     Ok((ids, fields))
 }

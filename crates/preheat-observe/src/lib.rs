@@ -14,7 +14,7 @@
 //!   runs from the moment a thread of the process is switched in after sleeping (or, without a
 //!   sleep between, from its receive of the next request) to the moment it sleeps again, and
 //!   counts if it received or sent data on a socket whose local port is the port
-//!   (`sched_switch`, `sock_recv_length`, `sock_send_length`). The kernel keeps the period in a
+//!   (`sched_switch`, `skb_copy_datagram_iovec`, `sock_send_length`). The kernel keeps the period in a
 //!   per-thread slot and writes one record per period; the tracker follows each connection
 //!   from the period that read its request to the one that answered it ([`schedperiods`]).
 //! - **The syscall form** (the agent's model, [`periods`]): from a wait call's return to the

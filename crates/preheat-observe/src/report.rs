@@ -52,7 +52,7 @@ pub struct Report {
 /// per call).
 pub fn programs(syscalls: Option<&str>, untyped: Option<&str>, per_call: Option<&str>) -> String {
     match (syscalls, untyped, per_call) {
-        (None, _, _) => "on the scheduler's and socket tracepoints (sched_switch, sock_recv_length, sock_send_length), BTF-typed, one record per busy period (its calls counted in the kernel, unstamped)".to_string(),
+        (None, _, _) => "on the scheduler's and socket tracepoints (sched_switch, skb_copy_datagram_iovec, sock_send_length), BTF-typed, one record per busy period (its calls counted in the kernel, unstamped)".to_string(),
         (Some(s), Some(u), _) => format!(
             "on the syscall tracepoints ({s}), not BTF-typed ({u}): each register read is a helper call"
         ),
