@@ -427,6 +427,14 @@ fn sched_ids(btf: &crate::btf::Btf) -> Result<([u32; 3], Fields), String> {
         sk_dport: at("sock", "__sk_common.skc_dport", 2)?,
         sk_daddr: at("sock", "__sk_common.skc_daddr", 4)?,
         skb_sk: at("sk_buff", "sk", 8)?,
+        rq_clock: (|| {
+            Ok::<_, String>([
+                at("task_struct", "se.cfs_rq", 8)?,
+                at("cfs_rq", "rq", 8)?,
+                at("rq", "clock", 8)?,
+            ])
+        })()
+        .ok(),
     };
     Ok((ids, fields))
 }
@@ -551,8 +559,9 @@ impl Attached {
         let ringbuf = map_create(MAP_TYPE_RINGBUF, 0, 0, entries)
             .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
         // Element 0: records the full ring buffer refused; 1: the scheduler form's calls
-        // written alone (their thread's slot held by another).
-        let lost = map_create(MAP_TYPE_ARRAY, 4, 8, 2).context("creating a BPF array")?;
+        // written alone (their thread's slot held by another); 2: its clock anchor.
+        let lost = map_create(MAP_TYPE_ARRAY, 4, 8, schedprog::COUNTERS)
+            .context("creating a BPF array")?;
         let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;
         let fds = (ringbuf.as_raw_fd(), lost.as_raw_fd());
         let mut slots = None;

@@ -105,6 +105,7 @@ const ATOMIC: u8 = 0xc0;
 const K: u8 = 0x00;
 const X: u8 = 0x08;
 const ADD: u8 = 0x00;
+const SUB: u8 = 0x10;
 const RSH: u8 = 0x70;
 const MOV: u8 = 0xb0;
 const JA: u8 = 0x00;
@@ -196,6 +197,10 @@ impl Asm {
     /// `dst += src`.
     pub fn add(&mut self, dst: Reg, src: Reg) {
         self.push(ALU64 | ADD | X, dst, src, 0, 0);
+    }
+    /// `dst -= src`.
+    pub fn sub(&mut self, dst: Reg, src: Reg) {
+        self.push(ALU64 | SUB | X, dst, src, 0, 0);
     }
     /// `dst = (u32) src` (the low half, zero-extended).
     pub fn mov32(&mut self, dst: Reg, src: Reg) {

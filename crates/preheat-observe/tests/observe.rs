@@ -215,6 +215,49 @@ fn failed_reads_are_not_reads() {
     }
 }
 
+/// Every request's period starts between the client's send and its reading the reply, and
+/// ends after it starts, in every form: the scheduler form takes a period's start from the
+/// scheduler's clock (a load at the switch-in) and converts it to CLOCK_MONOTONIC where the
+/// period closes — a start left on the scheduler's clock, or converted the wrong way, lands
+/// outside the request.
+#[test]
+fn periods_start_inside_their_request() {
+    if !permitted() {
+        return;
+    }
+    use preheat_engine::time::now_ns;
+    for form in FORMS {
+        let (_s, opts) = event_loop_in_form(("SENDS", "1"), form);
+        let port = opts.port;
+        let obs = Observer::attach(opts).expect("attaching");
+        let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        // The accept's period over first (the scheduler form's period would otherwise run on
+        // into the first request, starting before it, if the server did not sleep between).
+        std::thread::sleep(Duration::from_millis(20));
+        let mut spans = Vec::new();
+        for _ in 0..N {
+            let t0 = now_ns();
+            request(&mut c);
+            spans.push((t0, now_ns()));
+            // The server goes back to sleep between requests: each period opens at a switch-in.
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let r = obs.finish();
+        let served: Vec<_> = r.periods.iter().filter(|p| p.reads > 0).collect();
+        assert_eq!(served.len(), N, "form {form:?}: {served:#?}");
+        for p in served {
+            assert!(p.end_ns >= p.start_ns, "form {form:?}: {p:?}");
+            assert!(
+                spans
+                    .iter()
+                    .any(|&(t0, t1)| (t0..=t1).contains(&p.start_ns)),
+                "form {form:?}: {p:?} starts outside every request {spans:?}"
+            );
+        }
+    }
+}
+
 /// A thread that wakes with nothing to do for the port (here an event loop's 1 ms timer)
 /// costs the period programs and the scheduler form no record: such a period kept no call (the
 /// per-call programs write its wait's exit and entry each time).
