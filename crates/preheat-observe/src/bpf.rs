@@ -559,7 +559,7 @@ impl Attached {
         let ringbuf = map_create(MAP_TYPE_RINGBUF, 0, 0, entries)
             .context("creating a BPF ring buffer (kernel ≥ 5.8, root)")?;
         // Element 0: records the full ring buffer refused; 1: the scheduler form's calls
-        // written alone (their thread's slot held by another); 2: its clock anchor.
+        // written alone (their thread's slot held by another); 2 and 3: its clock anchor.
         let lost = map_create(MAP_TYPE_ARRAY, 4, 8, schedprog::COUNTERS)
             .context("creating a BPF array")?;
         let ring = RingBuf::map(&ringbuf, size).context("mapping the BPF ring buffer")?;

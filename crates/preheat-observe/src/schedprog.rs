@@ -12,17 +12,17 @@
 //! - `sched_switch` (every context switch of the machine: a few loads and compares for other
 //!   processes). A thread of the observed process **switched in** opens a busy period unless
 //!   one is open (it was preempted, not asleep); one **switched out asleep** (not preempted,
-//!   not yielding) closes it: a clock read, and the slot written out as one record — unless
-//!   the period touched no connection of the port, which ends without a clock read or a
-//!   record. The switch-in reads no clock: it keeps its run queue's `clock`, which the
-//!   scheduler has just brought up to date (three loads: `next->se.cfs_rq->rq->clock`, the
-//!   scheduler's own timeline), and the close converts it to CLOCK_MONOTONIC by the two
-//!   clocks' difference there (both read at the close) — so the only clock read of a request
-//!   is after its reply, not on the way to it (a CLOCK_MONOTONIC read measured ~65 ns here,
-//!   `kernel.bpf_stats_enabled`). The difference is kept as an anchor for a period that ends
-//!   at the next request's receive instead (below); before any close there is none, and such
-//!   a period is given no time (it starts where it ends). Without group scheduling (no
-//!   `se.cfs_rq` in the kernel's BTF) a switch-in reads CLOCK_MONOTONIC as before.
+//!   not yielding) closes it and writes the slot out as one record — unless the period
+//!   touched no connection of the port, which ends without a record. **Neither reads a
+//!   clock**: each keeps its run queue's `clock`, which the scheduler has just brought up to
+//!   date (three loads: `task->se.cfs_rq->rq->clock`, the scheduler's own timeline), and the
+//!   close converts both ends to CLOCK_MONOTONIC by the **anchor** — CLOCK_MONOTONIC minus
+//!   that clock, measured (one clock read) by a close that finds it missing or older than
+//!   [`ANCHOR_EVERY_NS`] (10 ms) by the scheduler's clock, so once per 10 ms at most where
+//!   requests come faster. A clock read measured ~65 ns here (`kernel.bpf_stats_enabled`), two
+//!   per request before. The two clocks drift apart by NTP's frequency corrections only
+//!   (parts per million: tens of ns over 10 ms). Without group scheduling (no `se.cfs_rq` in the kernel's
+//!   BTF) both switches read CLOCK_MONOTONIC instead.
 //! - `skb_copy_datagram_iovec` (data of a received buffer copied to a reader, in the reader's
 //!   context: only receives that return data, a few per request) and `sock_send_length`
 //!   (every socket send of the machine, after the call): a load and a compare for other ports.
@@ -36,6 +36,8 @@
 //!   there and the next one starts there (one clock read for both), so a thread that goes from
 //!   one request to the next without sleeping — an event loop that finds the next request
 //!   queued, a Go thread still spinning — has a period per request, starting when it reads it.
+//!   The split reads the clock (the one place a request may): the period so far is converted
+//!   by the anchor, the next starts at the read.
 //!
 //! Why the copy and not `sock_recv_length` (the receive call's own tracepoint, which the first
 //! build of this form used): that one runs for **every** receive call of the machine, and the
@@ -123,11 +125,15 @@ pub mod flag {
 /// (their thread's slot held by another thread).
 pub const LOST_REFUSED: i32 = 0;
 pub const LOST_ALONE: i32 = 1;
-/// The same array's last element: CLOCK_MONOTONIC minus the scheduler's clock, as last measured
-/// where a period closed (both clocks read there); zero until then.
+/// The same array's last elements: the anchor, CLOCK_MONOTONIC minus the scheduler's clock as
+/// last measured where a period closed (both clocks read there; zero until then), and the
+/// scheduler's clock then.
 pub const ANCHOR: i32 = 2;
+pub const ANCHOR_AT: i32 = 3;
 /// Elements of that array.
-pub const COUNTERS: u32 = 3;
+pub const COUNTERS: u32 = 4;
+/// The anchor is measured again at a close when it is older than this (ns).
+pub const ANCHOR_EVERY_NS: i32 = 10_000_000;
 
 /// Byte offsets of the kernel fields the programs read ([`crate::btf::field`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +186,8 @@ const REC: i16 = LOST_KEY - CALLS - CALL_SIZE;
 const STAMP: i16 = REC - 8;
 /// CLOCK_MONOTONIC minus the scheduler's clock, kept across a map lookup.
 const OFFSET: i16 = STAMP - 8;
+/// The scheduler's clock at a close.
+const NOW_SC: i16 = OFFSET - 8;
 
 /// The slot of thread `r7` in r8 ([`slotasm::find`]).
 fn slot(a: &mut Asm, spec: &SchedSpec, out: Label, held: Label) {
@@ -223,9 +231,9 @@ fn open_at_switch(a: &mut Asm, spec: &SchedSpec) {
     a.store32_imm(R8, FLAGS, flag::OPEN | flag::SCHED);
 }
 
-/// r0 = the anchor's element of the counters array (or to `none` if the map has none).
-fn anchor(a: &mut Asm, spec: &SchedSpec, none: Label) {
-    a.store32_imm(FP, LOST_KEY, ANCHOR);
+/// r0 = the counters array's element `index` (or to `none` if the map has none).
+fn counter(a: &mut Asm, spec: &SchedSpec, index: i32, none: Label) {
+    a.store32_imm(FP, LOST_KEY, index);
     a.load_map_fd(R1, spec.lost_fd);
     a.mov(R2, FP);
     a.add_imm(R2, i32::from(LOST_KEY));
@@ -233,34 +241,70 @@ fn anchor(a: &mut Asm, spec: &SchedSpec, none: Label) {
     a.jeq_imm(R0, 0, none);
 }
 
+/// The anchor at `OFFSET`: the one kept unless it is missing or older than
+/// [`ANCHOR_EVERY_NS`] by the scheduler's clock at `NOW_SC`, else measured again (one clock
+/// read, here, where the scheduler's clock was read) and kept; to `none` if the map has no
+/// such elements (it has).
+fn anchor(a: &mut Asm, spec: &SchedSpec, none: Label) {
+    let (fresh, done) = (a.label(), a.label());
+    counter(a, spec, ANCHOR, none);
+    a.load64(R1, R0, 0);
+    a.jeq_imm(R1, 0, fresh);
+    a.store64(FP, OFFSET, R1);
+    counter(a, spec, ANCHOR_AT, none);
+    a.load64(R1, FP, NOW_SC);
+    a.load64(R2, R0, 0);
+    a.sub(R1, R2);
+    a.jsgt_imm(R1, ANCHOR_EVERY_NS, fresh);
+    a.ja(done);
+    a.bind(fresh);
+    a.call(helper::KTIME_GET_NS);
+    a.load64(R1, FP, NOW_SC);
+    a.sub(R0, R1);
+    a.store64(FP, OFFSET, R0);
+    counter(a, spec, ANCHOR, none);
+    a.load64(R1, FP, OFFSET);
+    a.store64(R0, 0, R1);
+    counter(a, spec, ANCHOR_AT, none);
+    a.load64(R1, FP, NOW_SC);
+    a.store64(R0, 0, R1);
+    a.bind(done);
+}
+
 /// Close the slot's open period at a switch-out: written out if it counted a call, else
-/// dropped. The end is CLOCK_MONOTONIC; a start on the scheduler's clock is converted by the
-/// two clocks' difference here and now, which is kept as the anchor.
+/// dropped. Where the kernel has the way to the scheduler's clock, the period's end is that
+/// clock and both ends are converted to CLOCK_MONOTONIC by the anchor — no clock read, unless
+/// the anchor is missing or old ([`anchor`]); elsewhere the end is a clock read.
 fn close_period(a: &mut Asm, spec: &SchedSpec) {
-    let (counted, closed, mono, out) = (a.label(), a.label(), a.label(), a.label());
+    let (counted, closed, out) = (a.label(), a.label(), a.label());
     // Reads and writes as one u64: zero when neither.
     a.load64(R1, R8, READS);
     a.jne_imm(R1, 0, counted);
     a.ja(closed);
     a.bind(counted);
-    a.call(helper::KTIME_GET_NS);
+    let Some(path) = spec.fields.rq_clock else {
+        a.call(helper::KTIME_GET_NS);
+        a.store64(R8, END_NS, R0);
+        emit(a, spec, closed);
+        a.bind(closed);
+        a.store32_imm(R8, FLAGS, 0);
+        return;
+    };
+    let mono = a.label();
+    sched_clock(a, PREV, path);
+    a.store64(FP, NOW_SC, R0);
+    anchor(a, spec, closed);
+    a.load64(R1, FP, OFFSET);
+    a.load64(R0, FP, NOW_SC);
+    a.add(R0, R1);
     a.store64(R8, END_NS, R0);
-    a.store64(FP, STAMP, R0);
-    a.load32(R1, R8, FLAGS);
-    a.jset_imm(R1, flag::SCHED, mono);
+    a.load32(R2, R8, FLAGS);
+    a.jset_imm(R2, flag::SCHED, mono);
     a.ja(out);
     a.bind(mono);
-    // (SCHED is set only where the path is known.)
-    sched_clock(a, PREV, spec.fields.rq_clock.unwrap_or_default());
-    a.load64(R1, FP, STAMP);
-    a.sub(R1, R0);
-    a.store64(FP, OFFSET, R1);
     a.load64(R2, R8, START_NS);
     a.add(R2, R1);
     a.store64(R8, START_NS, R2);
-    anchor(a, spec, out);
-    a.load64(R1, FP, OFFSET);
-    a.store64(R0, 0, R1);
     a.bind(out);
     emit(a, spec, closed);
     a.bind(closed);
@@ -292,7 +336,7 @@ fn next_request(a: &mut Asm, spec: &SchedSpec) {
     a.jset_imm(R1, flag::SCHED, mono);
     a.ja(converted);
     a.bind(mono);
-    anchor(a, spec, none);
+    counter(a, spec, ANCHOR, none);
     a.load64(R1, R0, 0);
     a.jeq_imm(R1, 0, none);
     a.load64(R2, R8, START_NS);
@@ -532,8 +576,13 @@ mod tests {
         // thread found running and for a call written alone, and filter on the port first of
         // all. The receive also splits a period at the next request.
         let switch = program(Prog::Switch);
+        // One clock read: where a close measures the anchor again (missing or older than
+        // ANCHOR_EVERY_NS by the scheduler's clock).
         assert_eq!(calls(&switch, helper::KTIME_GET_NS), 1);
-        // next->se.cfs_rq->rq->clock and prev's: the chain of loads, twice.
+        assert!(switch
+            .iter()
+            .any(|i| i.code == 0x65 && i.imm == ANCHOR_EVERY_NS));
+        // next->se.cfs_rq->rq->clock at the switch-in that opens, prev's at the close.
         let chains = switch
             .windows(3)
             .filter(|w| {
