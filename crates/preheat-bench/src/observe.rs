@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use preheat_launch::progress::Progress;
 use preheat_model::stats::{summarize, Spread, Summary};
+use preheat_observe::sampling::Sampling;
 use preheat_observe::{Mechanism, Observer, Options, Report};
 use serde::Serialize;
 
@@ -51,6 +52,8 @@ pub struct Setup {
     /// servers with one observed throughout (what the observer costs every process is then in
     /// the comparison too).
     pub toggle: bool,
+    /// Sampling under load, as the outside preheater does (`None`: observed throughout).
+    pub sampling: Option<Sampling>,
 }
 
 /// The result of `bench observe` (its JSON).
@@ -73,6 +76,12 @@ pub struct ObserveBench {
     /// One server, the observer's programs attached in every other block (`--toggle`), instead
     /// of two servers, one observed throughout.
     pub toggle: bool,
+    /// The observer sampled under load ([`preheat_observe::sampling`]): above this many
+    /// periods a second its programs were away for a while each time (`None`: observed
+    /// throughout).
+    pub sampled_above_per_s: Option<u64>,
+    /// Per pair, where sampled: the share of the observation the programs were away.
+    pub detached_share: Option<Spread>,
     pub requests_per_pair: usize,
     pub pairs: usize,
     pub blocks: usize,
@@ -107,10 +116,11 @@ struct Running {
     thread: std::thread::JoinHandle<u64>,
 }
 
-fn start_observer(pid: u32, port: u16, mechanism: Mechanism, syscalls: bool) -> Result<Running> {
+fn start_observer(pid: u32, port: u16, setup: &Setup, mechanism: Mechanism) -> Result<Running> {
     let mut opts = Options::new(pid, port);
     opts.mechanism = mechanism;
-    opts.syscalls = syscalls;
+    opts.syscalls = setup.syscalls;
+    opts.sampling = setup.sampling;
     let obs = Arc::new(Mutex::new(Observer::attach(opts)?));
     let stop = Arc::new(AtomicBool::new(false));
     let (s, o) = (stop.clone(), obs.clone());
@@ -166,7 +176,7 @@ fn bench_pair(requests: usize, blocks: usize, setup: &Setup, first: usize) -> Re
         Some(m) => {
             let pid = serving_pid(servers[observed].server.pid());
             let port = servers[observed].server.addr().port();
-            Some(start_observer(pid, port, m, setup.syscalls).context("attaching the observer")?)
+            Some(start_observer(pid, port, setup, m).context("attaching the observer")?)
         }
         None => None,
     };
@@ -227,6 +237,7 @@ pub fn measure(
     let per_block = (requests / blocks).max(1);
     let mut acc = Pairs::default();
     let (mut ppr, mut spr, mut rpr, mut cpr) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut away = Vec::new();
     let mut lost = 0;
     let (mut untyped, mut per_call, mut why_syscalls) = (None, None, None);
     progress.start(pairs as u64, "pairs");
@@ -249,6 +260,7 @@ pub fn measure(
             spr.push(rep.records as f64 / sent);
             cpr.push(rep.counts.events as f64 / sent);
             rpr.push(*reader_ns as f64 / sent);
+            away.extend(rep.sampled.map(|s| s.detached_share));
             lost += rep.lost_samples;
             untyped = untyped.or_else(|| rep.untyped.clone());
             per_call = per_call.or_else(|| rep.per_call.clone());
@@ -270,6 +282,8 @@ pub fn measure(
         per_call,
         syscalls: why_syscalls,
         toggle,
+        sampled_above_per_s: setup.sampling.map(|s| s.above_per_s),
+        detached_share: (!away.is_empty()).then(|| Spread::of(&away)),
         requests_per_pair: per_block * blocks,
         pairs,
         blocks,
@@ -307,6 +321,11 @@ impl ObserveBench {
             "{}{typed}",
             self.mechanism_detail.unwrap_or("no observer (A/A control)")
         );
+        let sampled = match self.sampled_above_per_s {
+            Some(above) => format!(", sampled under load as the outside preheater does (its programs away for 450 ms each time the server made more than {above} periods a second)"),
+            None => ", observing throughout (no sampling)".to_string(),
+        };
+        let with_label = format!("{with_label}{sampled}");
         let design = if self.toggle {
             format!("per pair one server, observed by {with_label}, its programs detached in the unobserved blocks and attached in the observed ones (so what the observer costs every process is in the comparison)")
         } else {
@@ -349,6 +368,13 @@ impl ObserveBench {
                 self.calls_per_request.show_scaled(1.0, 2, ""),
                 self.lost_samples
             );
+            if let Some(d) = &self.detached_share {
+                let _ = writeln!(
+                    s,
+                    "  share of the observation the programs were away (sampling) {}",
+                    d.show_scaled(100.0, 0, "%")
+                );
+            }
             let _ = writeln!(
                 s,
                 "  the reader thread's CPU time per request (draining and decoding, on the client's CPU) {}",

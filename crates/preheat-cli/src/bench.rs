@@ -142,6 +142,11 @@ pub enum Which {
         /// tracepoints (to compare; as `preheat observe --syscalls`).
         #[arg(long)]
         syscalls: bool,
+        /// Observe throughout instead of sampling under load as the outside preheater does
+        /// (its programs detached for 450 ms each time the server makes more than 10 000
+        /// periods a second): what complete observation costs.
+        #[arg(long)]
+        complete: bool,
         /// The server observed: the bundled preheat-kv (its request the shortest here, so the
         /// observer's largest share) or a catalog server (its Debian package installed).
         #[arg(long, value_enum, default_value = "kv")]
@@ -187,6 +192,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             aa,
             toggle,
             syscalls,
+            complete,
             server,
             http_path,
             command,
@@ -198,6 +204,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 mechanism: (!aa).then(|| mechanism.into()),
                 syscalls,
                 toggle,
+                sampling: (!complete).then(preheat_observe::sampling::Sampling::default),
             };
             let out = preheat_bench::observe::measure(
                 requests,

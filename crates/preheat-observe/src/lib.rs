@@ -27,8 +27,9 @@
 //!   `--syscall-stages`) or asked for (`--syscalls`).
 //!
 //! Layers: [`periods`] and [`schedperiods`] (the state machines), [`decode`] (ring-buffer
-//! records), [`btf`] (the kernel's type information) and [`bpfprog`], [`periodprog`],
-//! [`schedprog`] and [`slotasm`] (the eBPF programs' instructions) are pure; [`sockets`] and [`tracefs`] read
+//! records), [`btf`] (the kernel's type information), [`sampling`] (when to step aside under
+//! load) and [`bpfprog`], [`periodprog`], [`schedprog`] and [`slotasm`] (the eBPF programs'
+//! instructions) are pure; [`sockets`] and [`tracefs`] read
 //! `/proc` and tracefs; [`bpf`] and [`perf`] are the only modules with `unsafe` (system calls
 //! and the ring buffers' mappings); [`session`] ties them together; [`report`] and [`render`]
 //! make the report and its text; [`mechanism`] names the ways events are opened.
@@ -166,6 +167,31 @@
 //! tried again: this kernel refuses to load them at all, EPERM before the verifier; kprobes
 //! are not built in.)
 //!
+//! **Fewer dispatches, no clock on the path, and sampling** (session 27, 2026-11-30, same
+//! variant and method, release, 9 pairs per run). The host alternated between two states
+//! within the session — a fast one (warm p50 ~11 µs) and a slow one (~15.8 µs) — and the
+//! observer's share differs between them several-fold, so every comparison below is within
+//! one state. (1) The receive program moved from `sock_recv_length` (every receive call of
+//! the machine: 10.1 per kv request under the bench's spinning client) to
+//! `skb_copy_datagram_iovec` (only where data is copied: 2.0): slow state 0.54 / 0.93 / 1.28 /
+//! 0.75% against 2.17 / 1.84 / 1.38 / 2.01%, fast state no better (3.5–4.7% both: the
+//! client's failed receives are off the request's path). (2) A period's ends are the run
+//! queue's clock (loads at the switches) converted by an anchor measured at most every 10
+//! ms, instead of two clock reads per request ([`schedprog`]): the switch program's run time
+//! 133 against 177 ns per run (`kernel.bpf_stats_enabled`); slow state median 0.25% over six
+//! runs; fast state still 2.7–3.5% (p50 +0.28–0.32 µs). (3) **The dispatch is the floor**:
+//! the three programs returning at once cost 1.96 / 1.62 / 1.38% (p50 +0.19–0.26 µs) against
+//! 1.81 / 2.61 / 2.53% as built, the socket programs alone (returning at once) 1.36 / 1.64%,
+//! the switch program alone 0.74 / 1.10 / 0.83% (mostly fast state; experiments, not kept):
+//! on a request of 11 µs a program on these tracepoints cannot be within 1%, whatever it
+//! does. So the observer **samples under sustained load** ([`sampling`]: above 10 000
+//! periods a second its programs go away for 450 ms at a time, then look again), which the
+//! outside preheater and `bench observe` use by default: **0.05 / 0.17 / 0.40 / 0.17 /
+//! 0.64%** (median 0.17%; away 86–89% of the time, 0.10–0.13 of the requests seen) against
+//! 3.01 / 2.84 / 0.85 / 3.09 / 2.69% observing throughout (`--complete`), interleaved. An idle
+//! or bursty server, whose first request after an idle is what preheating needs, is observed
+//! throughout.
+//!
 //! The per-call programs' goal (≤ 1%, as for the agent) was **not met** on preheat-kv, whose warm request is ~12 µs
 //! on the loopback (the least any server here spends per request, so the largest share): the
 //! filter alone is 0.8%. **Fewer records alone would not reach it** (measured the same session,
@@ -193,6 +219,7 @@ pub mod periodprog;
 pub mod periods;
 pub mod render;
 pub mod report;
+pub mod sampling;
 pub mod schedperiods;
 pub mod schedprog;
 pub mod session;

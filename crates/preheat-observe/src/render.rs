@@ -37,6 +37,15 @@ pub fn text(r: &Report, periods: bool) -> String {
         "  {} events (calls, or the scheduler form's periods) in {} records, {} lost records, {} calls written alone (slot held), {} candidate periods without the port, {} open at the end",
         r.counts.events, r.records, r.lost_samples, r.written_alone, r.counts.unattributed, r.counts.open_at_end
     );
+    if let Some(s) = &r.sampled {
+        outln!(
+            out,
+            "  sampled under load: the programs were away {:.0}% of the time ({} times, each time the server made more than {} periods a second): the periods of those times are not here",
+            s.detached_share * 100.0,
+            s.pauses,
+            s.above_per_s
+        );
+    }
     if r.threads.is_empty() {
         outln!(out, "  no busy period on the port (no request arrived?)");
     }

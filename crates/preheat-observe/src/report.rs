@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::mechanism::Mechanism;
 use crate::periods::{Kind, Period, StreamCounts};
+use crate::sampling::Sampled;
 
 /// The report of one observation (the JSON of `preheat observe --json`).
 #[derive(Debug, Clone, Serialize)]
@@ -42,6 +43,10 @@ pub struct Report {
     /// call, because another thread held the caller's slot (threads whose ids agree in the low
     /// bits): their requests are attributed, their periods' times are not known.
     pub written_alone: u64,
+    /// How the observation was sampled under load, where it was ([`crate::sampling`]): the
+    /// periods of the times the programs were away are not in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sampled: Option<Sampled>,
     pub counts: StreamCounts,
     pub threads: Vec<ThreadSummary>,
     pub periods: Vec<Period>,

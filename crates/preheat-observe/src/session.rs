@@ -14,6 +14,7 @@ pub use crate::mechanism::Mechanism;
 use crate::perf::{self, RingBuffer};
 use crate::periods::{nr, parse_proc_syscall, Edge, Period, SchedPeriod, SysEvent, Tracker};
 use crate::report::{summarize_threads, Report};
+use crate::sampling::{Action, Sampler, Sampling};
 use crate::sockets;
 use crate::tracefs;
 
@@ -45,6 +46,10 @@ pub struct Options {
     /// the crate docs); `PREHEAT_OBSERVE_SYSCALLS=1` asks for them too: to compare. A record
     /// per call (`per_call`) and untyped programs (`btf` false) are syscall forms.
     pub syscalls: bool,
+    /// Sample under sustained load ([`crate::sampling`]): the programs detached for a while
+    /// each time the rate of records says the server is busy. `None` (the default): observe
+    /// throughout; the outside preheater samples.
+    pub sampling: Option<Sampling>,
 }
 
 impl Options {
@@ -58,6 +63,7 @@ impl Options {
             per_call: false,
             slots: crate::periodprog::SLOTS,
             syscalls: false,
+            sampling: None,
         }
     }
 }
@@ -95,7 +101,18 @@ pub struct Observer {
     bpf: Option<bpf::Attached>,
     /// Why the eBPF observer did not load, where it was asked for and perf samples ran instead.
     fallback: Option<String>,
+    /// Sampling under load, where asked for.
+    sampler: Option<Sampler>,
+    /// Paused by the caller ([`Observer::pause`]).
+    paused: bool,
+    /// Since when the kernel's side is away (by the caller or the sampler), and the last
+    /// [`DETACHED_KEPT`] times it was (from, to).
+    away_since: Option<u64>,
+    away: Vec<(u64, u64)>,
 }
+
+/// Times the kernel's side was away that are kept to drop the periods that straddled one.
+const DETACHED_KEPT: usize = 8;
 
 /// How long after its stamp an event is surely drained: a record is committed within
 /// microseconds of its stamp (the rest of a non-preemptible eBPF program or perf sample), so
@@ -251,6 +268,10 @@ impl Observer {
             tracker: None,
             bpf: None,
             fallback: None,
+            sampler: None,
+            paused: false,
+            away_since: None,
+            away: Vec::new(),
         };
         match o.opts.mechanism {
             Mechanism::PerThread => o.open_per_thread()?,
@@ -258,6 +279,7 @@ impl Observer {
             Mechanism::Bpf => {}
         }
         o.start_ns = preheat_engine::time::now_ns();
+        o.sampler = o.opts.sampling.map(|c| Sampler::new(c, o.start_ns));
         o.blocked_at_attach()?;
         if o.opts.mechanism == Mechanism::Bpf {
             // Attached after the blocked calls were read, as the perf events are enabled
@@ -475,30 +497,71 @@ impl Observer {
     /// tracepoints then cost the machine nothing), the perf events disabled. Calls made
     /// meanwhile are not seen; what was written before is still drained.
     pub fn pause(&mut self) -> Result<()> {
-        if let Some(b) = &mut self.bpf {
-            b.detach();
+        self.paused = true;
+        self.kernel_side(false)
+    }
+
+    /// Start the kernel's side again after [`Observer::pause`] (unless the sampler has it away:
+    /// then when its pause ends).
+    pub fn resume(&mut self) -> Result<()> {
+        self.paused = false;
+        if self.sampler.as_ref().is_some_and(Sampler::detached) {
+            return Ok(());
         }
-        for fd in &self.fds {
-            perf::disable(fd).map_err(open_error)?;
+        self.kernel_side(true)
+    }
+
+    /// Attach or detach the kernel's side, noting when it was away.
+    fn kernel_side(&mut self, on: bool) -> Result<()> {
+        let now = preheat_engine::time::now_ns();
+        match (on, self.away_since) {
+            (true, Some(since)) => {
+                if let Some(b) = &mut self.bpf {
+                    b.reattach()?;
+                }
+                for fd in &self.fds {
+                    perf::enable(fd).map_err(open_error)?;
+                }
+                self.away_since = None;
+                if self.away.len() == DETACHED_KEPT {
+                    self.away.remove(0);
+                }
+                self.away.push((since, now));
+            }
+            (false, None) => {
+                if let Some(b) = &mut self.bpf {
+                    b.detach();
+                }
+                for fd in &self.fds {
+                    perf::disable(fd).map_err(open_error)?;
+                }
+                self.away_since = Some(now);
+            }
+            _ => {}
         }
         Ok(())
     }
 
-    /// Start the kernel's side again after [`Observer::pause`].
-    pub fn resume(&mut self) -> Result<()> {
-        if let Some(b) = &mut self.bpf {
-            b.reattach()?;
+    /// The sampler's step after a drain that found `records`.
+    fn sample(&mut self, now: u64, records: u64) {
+        let Some(s) = &mut self.sampler else { return };
+        let on = match s.step(now, records) {
+            Action::Keep => return,
+            Action::Detach => false,
+            Action::Attach => true,
+        };
+        if !self.paused {
+            // Detaching cannot fail for the programs; attaching again can (the process
+            // gone): the report then shows what was seen until here.
+            let _ = self.kernel_side(on);
         }
-        for fd in &self.fds {
-            perf::enable(fd).map_err(open_error)?;
-        }
-        Ok(())
     }
 
     /// Drain every ring buffer (call often enough that none fills: every few ms under load);
     /// system-wide, every 20th call also refreshes the filter.
     pub fn poll(&mut self) {
         let now = preheat_engine::time::now_ns();
+        let records_before = self.records;
         let pid = Some(self.opts.pid);
         for r in &mut self.rings {
             self.scratch.clear();
@@ -522,6 +585,7 @@ impl Observer {
         // observation holds its periods, not every record (at 5 records per request, a
         // long observation of a busy server would otherwise grow by ~250 B per request).
         self.feed_upto(now.saturating_sub(SETTLED_NS));
+        self.sample(now, self.records - records_before);
         self.polls += 1;
         if self.opts.mechanism == Mechanism::SystemWide && self.polls.is_multiple_of(20) {
             // A process that exited meanwhile: nothing to refresh; the report says what was seen.
@@ -552,8 +616,16 @@ impl Observer {
         let n = self.sched_periods.partition_point(|p| p.end_ns < upto);
         let settled = self.sched_periods.get_mut(..n).unwrap_or_default();
         settled.sort_by_key(|p| p.start_ns);
+        // A period open when the programs went away and closed after they came back spans
+        // the time they were away (its slot kept it open): not a period.
+        let away = &self.away;
         self.sched_periods
             .drain(..n)
+            .filter(|p| {
+                !away
+                    .iter()
+                    .any(|&(from, to)| p.start_ns < from && p.end_ns >= to)
+            })
             .for_each(|p| tr.feed_period(&p));
     }
 
@@ -611,6 +683,7 @@ impl Observer {
             threads_attached: self.threads_attached,
             lost_samples: self.lost,
             written_alone: self.bpf.as_ref().map_or(0, bpf::Attached::written_alone),
+            sampled: self.sampler.as_ref().map(|s| s.sampled(end_ns)),
             counts,
             threads: summarize_threads(self.opts.pid, &periods),
             periods,

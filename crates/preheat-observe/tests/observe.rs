@@ -265,6 +265,77 @@ fn periods_start_inside_their_request() {
     }
 }
 
+/// Sampling under load: while requests come fast the programs go away for a while each time
+/// (the report says how often and for how long), no period spans such a time, and once the
+/// load stops every request is seen again.
+#[test]
+fn sampling_steps_aside_under_load_and_sees_an_idle_server() {
+    if !permitted() {
+        return;
+    }
+    let (s, port) = event_loop_server();
+    let mut opts = Options::new(s.0.id(), port);
+    // A low threshold and short pauses, for a test: the Python server answers ~10 000 a second.
+    opts.sampling = Some(preheat_observe::sampling::Sampling {
+        above_per_s: 1000,
+        pause_ns: 150_000_000,
+    });
+    let mut obs = Observer::attach(opts).expect("attaching");
+    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let t0 = Instant::now();
+    let mut last_poll = Instant::now();
+    let mut poll = |obs: &mut Observer| {
+        if last_poll.elapsed() >= Duration::from_millis(25) {
+            obs.poll();
+            last_poll = Instant::now();
+        }
+    };
+    let mut fast = 0;
+    while t0.elapsed() < Duration::from_millis(800) {
+        request(&mut c);
+        fast += 1;
+        poll(&mut obs);
+    }
+    // Idle long enough for the pause to end and the sampler to look again.
+    while t0.elapsed() < Duration::from_millis(1100) {
+        std::thread::sleep(Duration::from_millis(5));
+        poll(&mut obs);
+    }
+    let quiet_from = preheat_engine::time::now_ns();
+    const QUIET: usize = 20;
+    for _ in 0..QUIET {
+        request(&mut c);
+        std::thread::sleep(Duration::from_millis(10));
+        poll(&mut obs);
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let r = obs.finish();
+    let sampled = r.sampled.expect("the report says it sampled");
+    assert!(sampled.pauses >= 1, "{sampled:?}");
+    assert!((0.1..0.9).contains(&sampled.detached_share), "{sampled:?}");
+    let reads = |from: u64| -> u32 {
+        r.periods
+            .iter()
+            .filter(|p| p.start_ns >= from)
+            .map(|p| p.reads)
+            .sum()
+    };
+    let seen = reads(0) as usize;
+    assert!(
+        seen < fast + QUIET,
+        "{seen} of {fast} fast requests: none missed?"
+    );
+    // A period that spanned a time the programs were away would last 150 ms or more.
+    assert!(
+        r.periods
+            .iter()
+            .all(|p| p.end_ns - p.start_ns < 100_000_000),
+        "{:#?}",
+        r.periods.iter().max_by_key(|p| p.end_ns - p.start_ns)
+    );
+    assert_eq!(reads(quiet_from) as usize, QUIET, "{sampled:?}");
+}
+
 /// A thread that wakes with nothing to do for the port (here an event loop's 1 ms timer)
 /// costs the period programs and the scheduler form no record: such a period kept no call (the
 /// per-call programs write its wait's exit and entry each time).

@@ -104,10 +104,12 @@ impl OutsideAgent {
     pub fn start(cfg: Config) -> Result<OutsideAgent> {
         let paths = preheat_rundir::socket_paths(&cfg.run_dir, cfg.pid);
         refuse_live_agent(&paths.control, cfg.pid)?;
-        let observer = preheat_observe::session::Observer::attach(
-            preheat_observe::session::Options::new(cfg.pid, cfg.port),
-        )
-        .context("observing the server's busy periods from outside")?;
+        // Sampled under sustained load: what preheating needs is the first request after an
+        // idle, which a server between bursts gets with the programs attached.
+        let mut opts = preheat_observe::session::Options::new(cfg.pid, cfg.port);
+        opts.sampling = Some(preheat_observe::sampling::Sampling::default());
+        let observer = preheat_observe::session::Observer::attach(opts)
+            .context("observing the server's busy periods from outside")?;
         let observed_by = observer.what_runs();
         let shared = Arc::new(Shared::new(cfg, observer));
         let listener = control::bind(&paths.control)?;

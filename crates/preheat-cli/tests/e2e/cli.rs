@@ -198,21 +198,37 @@ fn paired_benches_report_every_pair() {
     ];
     let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/node_http.js");
     let node = node.to_str().unwrap();
+    // The observer's runs observe throughout (`--complete`), where every request is to be
+    // seen, but the last, which samples under load as by default.
     for (bench, extra) in [
         ("agent", &[][..]),
-        ("observe", &[]),
-        ("observe", &["--toggle"]),
+        ("observe", &["--complete"]),
+        ("observe", &["--complete", "--toggle"]),
         // A catalog server whose worker serves under its master, and the syscall programs.
-        ("observe", &["--toggle", "--server", "nginx", "--syscalls"]),
+        (
+            "observe",
+            &["--complete", "--toggle", "--server", "nginx", "--syscalls"],
+        ),
         // Any HTTP server by its command.
         (
             "observe",
-            &["--toggle", "--http-path", "/", "--", "node", node, "{port}"],
+            &[
+                "--complete",
+                "--toggle",
+                "--http-path",
+                "/",
+                "--",
+                "node",
+                node,
+                "{port}",
+            ],
         ),
+        ("observe", &["--toggle"]),
     ] {
         let mut a = vec!["bench", bench];
         a.extend(args);
         a.extend(extra);
+        let complete = extra.contains(&"--complete");
         let o = preheat(&a, &rd);
         let err = String::from_utf8_lossy(&o.stderr);
         if bench == "observe" && !o.status.success() && err.contains("root") {
@@ -233,9 +249,17 @@ fn paired_benches_report_every_pair() {
         if bench == "observe" {
             // The observer's programs detached and attached again between blocks: every
             // request of the attached blocks still seen (one read period each, or close).
-            assert_eq!(v["toggle"], !extra.is_empty(), "{v}");
+            assert_eq!(v["toggle"], extra.contains(&"--toggle"), "{v}");
             let seen = v["periods_per_request"]["median"].as_f64().unwrap_or(0.0);
-            assert!((0.9..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
+            if complete {
+                assert!((0.9..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
+                assert!(v["sampled_above_per_s"].is_null(), "{v}");
+            } else {
+                // Sampled: what it saw, and how much it was away, is reported.
+                assert!((0.0..=1.1).contains(&seen), "bench {bench} {extra:?}: {v}");
+                assert_eq!(v["sampled_above_per_s"], 10000, "{v}");
+                assert_eq!(v["detached_share"]["n"], 2, "{v}");
+            }
             let nginx = extra.contains(&"nginx");
             let server = match () {
                 _ if nginx => "nginx",
