@@ -359,13 +359,21 @@ impl Observer {
     /// why, and why the eBPF observer did not load where it fell back.
     pub fn what_runs(&self) -> String {
         let m = self.mechanism().describe();
-        match (self.fallback(), &self.bpf) {
+        let what = match (self.fallback(), &self.bpf) {
             (Some(why), _) => format!("{m} (the eBPF observer did not load: {why})"),
             (None, Some(b)) => format!(
                 "{m}, {}",
                 crate::report::programs(b.syscalls(), b.untyped(), b.per_call())
             ),
             (None, None) => m.to_string(),
+        };
+        match self.opts.sampling {
+            Some(s) => format!(
+                "{what}; sampled under sustained load (away {} ms each time the server makes more than {} periods a second)",
+                s.pause_ns / 1_000_000,
+                s.above_per_s
+            ),
+            None => what,
         }
     }
 

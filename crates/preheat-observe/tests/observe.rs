@@ -281,6 +281,13 @@ fn sampling_steps_aside_under_load_and_sees_an_idle_server() {
         pause_ns: 150_000_000,
     });
     let mut obs = Observer::attach(opts).expect("attaching");
+    // What runs says so (the outside preheater prints it).
+    assert!(
+        obs.what_runs()
+            .contains("sampled under sustained load (away 150 ms"),
+        "{}",
+        obs.what_runs()
+    );
     let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let t0 = Instant::now();
     let mut last_poll = Instant::now();
