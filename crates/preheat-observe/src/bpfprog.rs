@@ -457,15 +457,21 @@ pub(crate) fn count_refused(a: &mut Asm, lost_fd: i32, key: i16, done: Label) {
     count_at(a, lost_fd, key, 0, done);
 }
 
-/// Add one to element `index` of the array `lost_fd` (its key on the stack at `key`; then to
-/// `done`).
-pub(crate) fn count_at(a: &mut Asm, lost_fd: i32, key: i16, index: i32, done: Label) {
+/// r0 = element `index` of the array map `map_fd` (the key built at `key` on the stack), or
+/// to `none` where it has none.
+pub(crate) fn element_at(a: &mut Asm, map_fd: i32, key: i16, index: i32, none: Label) {
     a.store32_imm(FP, key, index);
-    a.load_map_fd(R1, lost_fd);
+    a.load_map_fd(R1, map_fd);
     a.mov(R2, FP);
     a.add_imm(R2, i32::from(key));
     a.call(helper::MAP_LOOKUP_ELEM);
-    a.jeq_imm(R0, 0, done);
+    a.jeq_imm(R0, 0, none);
+}
+
+/// Add one to element `index` of the array `lost_fd` (its key on the stack at `key`; then to
+/// `done`).
+pub(crate) fn count_at(a: &mut Asm, lost_fd: i32, key: i16, index: i32, done: Label) {
+    element_at(a, lost_fd, key, index, done);
     a.mov_imm(R1, 1);
     a.atomic_add64(R0, 0, R1);
 }

@@ -70,8 +70,8 @@
 #![forbid(unsafe_code)]
 
 use crate::bpfprog::{
-    count_at, count_refused, helper, Asm, Insn, Label, FP, R0, R1, R2, R3, R4, R6, R7, R8, R9,
-    RB_NO_WAKEUP,
+    count_at, count_refused, element_at, helper, Asm, Insn, Label, FP, R0, R1, R2, R3, R4, R6, R7,
+    R8, R9, RB_NO_WAKEUP,
 };
 use crate::slotasm::{self, Calls, Slots};
 
@@ -233,12 +233,7 @@ fn open_at_switch(a: &mut Asm, spec: &SchedSpec) {
 
 /// r0 = the counters array's element `index` (or to `none` if the map has none).
 fn counter(a: &mut Asm, spec: &SchedSpec, index: i32, none: Label) {
-    a.store32_imm(FP, LOST_KEY, index);
-    a.load_map_fd(R1, spec.lost_fd);
-    a.mov(R2, FP);
-    a.add_imm(R2, i32::from(LOST_KEY));
-    a.call(helper::MAP_LOOKUP_ELEM);
-    a.jeq_imm(R0, 0, none);
+    element_at(a, spec.lost_fd, LOST_KEY, index, none);
 }
 
 /// The anchor at `OFFSET`: the one kept unless it is missing or older than

@@ -199,7 +199,8 @@ fn periods_longer_than_a_slot_and_per_call_records() {
 /// A read that fails is no read: an event loop that reads again after each reply until the
 /// socket says EAGAIN (as many do) shows one read per request in every form. The scheduler
 /// form once counted the failed ones (the socket tracepoint passes its `int` return value
-/// zero-extended; compared in 64 bits, -EAGAIN was data): two reads per request.
+/// zero-extended; compared in 64 bits, -EAGAIN was data): two reads per request. (It now
+/// counts the copies of received data, of which a failed read makes none.)
 #[test]
 fn failed_reads_are_not_reads() {
     if !permitted() {
