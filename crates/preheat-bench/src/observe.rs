@@ -76,10 +76,11 @@ pub struct ObserveBench {
     /// One server, the observer's programs attached in every other block (`--toggle`), instead
     /// of two servers, one observed throughout.
     pub toggle: bool,
-    /// The observer sampled under load ([`preheat_observe::sampling`]): above this many
-    /// periods a second its programs were away for a while each time (`None`: observed
-    /// throughout).
-    pub sampled_above_per_s: Option<u64>,
+    /// How the observer sampled under load ([`preheat_observe::sampling`]; `None`: observed
+    /// throughout). In the JSON: the rate above which its programs were away for a while each
+    /// time.
+    #[serde(rename = "sampled_above_per_s", serialize_with = "above_per_s")]
+    pub sampling: Option<Sampling>,
     /// Per pair, where sampled: the share of the observation the programs were away.
     pub detached_share: Option<Spread>,
     pub requests_per_pair: usize,
@@ -282,7 +283,7 @@ pub fn measure(
         per_call,
         syscalls: why_syscalls,
         toggle,
-        sampled_above_per_s: setup.sampling.map(|s| s.above_per_s),
+        sampling: setup.sampling,
         detached_share: (!away.is_empty()).then(|| Spread::of(&away)),
         requests_per_pair: per_block * blocks,
         pairs,
@@ -299,6 +300,11 @@ pub fn measure(
         reader_ns_per_request: Spread::of(&rpr),
         lost_samples: lost,
     })
+}
+
+/// [`ObserveBench::sampling`] as its rate threshold (or null).
+fn above_per_s<S: serde::Serializer>(s: &Option<Sampling>, ser: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&s.map(|s| s.above_per_s), ser)
 }
 
 impl ObserveBench {
@@ -321,8 +327,11 @@ impl ObserveBench {
             "{}{typed}",
             self.mechanism_detail.unwrap_or("no observer (A/A control)")
         );
-        let sampled = match self.sampled_above_per_s {
-            Some(above) => format!(", sampled under load as the outside preheater does (its programs away for 450 ms each time the server made more than {above} periods a second)"),
+        let sampled = match self.sampling {
+            Some(s) => format!(
+                ", sampled under load as the outside preheater does (its programs {})",
+                s.describe()
+            ),
             None => ", observing throughout (no sampling)".to_string(),
         };
         let with_label = format!("{with_label}{sampled}");

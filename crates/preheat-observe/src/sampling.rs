@@ -45,6 +45,18 @@ impl Default for Sampling {
     }
 }
 
+impl Sampling {
+    /// The policy in words: "away 450 ms each time the server makes more than 10000 periods a
+    /// second".
+    pub fn describe(&self) -> String {
+        format!(
+            "away {} ms each time the server makes more than {} periods a second",
+            self.pause_ns / 1_000_000,
+            self.above_per_s
+        )
+    }
+}
+
 /// What the caller does with its programs after [`Sampler::step`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -266,41 +266,47 @@ fn anchor(a: &mut Asm, spec: &SchedSpec, none: Label) {
     a.bind(done);
 }
 
+/// A start on the scheduler's clock ([`flag::SCHED`]) converted to CLOCK_MONOTONIC by the
+/// offset in r1 (r2 clobbered).
+fn start_to_mono(a: &mut Asm) {
+    let (sched, done) = (a.label(), a.label());
+    a.load32(R2, R8, FLAGS);
+    a.jset_imm(R2, flag::SCHED, sched);
+    a.ja(done);
+    a.bind(sched);
+    a.load64(R2, R8, START_NS);
+    a.add(R2, R1);
+    a.store64(R8, START_NS, R2);
+    a.bind(done);
+}
+
 /// Close the slot's open period at a switch-out: written out if it counted a call, else
 /// dropped. Where the kernel has the way to the scheduler's clock, the period's end is that
 /// clock and both ends are converted to CLOCK_MONOTONIC by the anchor — no clock read, unless
 /// the anchor is missing or old ([`anchor`]); elsewhere the end is a clock read.
 fn close_period(a: &mut Asm, spec: &SchedSpec) {
-    let (counted, closed, out) = (a.label(), a.label(), a.label());
+    let (counted, closed) = (a.label(), a.label());
     // Reads and writes as one u64: zero when neither.
     a.load64(R1, R8, READS);
     a.jne_imm(R1, 0, counted);
     a.ja(closed);
     a.bind(counted);
-    let Some(path) = spec.fields.rq_clock else {
-        a.call(helper::KTIME_GET_NS);
-        a.store64(R8, END_NS, R0);
-        emit(a, spec, closed);
-        a.bind(closed);
-        a.store32_imm(R8, FLAGS, 0);
-        return;
-    };
-    let mono = a.label();
-    sched_clock(a, PREV, path);
-    a.store64(FP, NOW_SC, R0);
-    anchor(a, spec, closed);
-    a.load64(R1, FP, OFFSET);
-    a.load64(R0, FP, NOW_SC);
-    a.add(R0, R1);
-    a.store64(R8, END_NS, R0);
-    a.load32(R2, R8, FLAGS);
-    a.jset_imm(R2, flag::SCHED, mono);
-    a.ja(out);
-    a.bind(mono);
-    a.load64(R2, R8, START_NS);
-    a.add(R2, R1);
-    a.store64(R8, START_NS, R2);
-    a.bind(out);
+    match spec.fields.rq_clock {
+        None => {
+            a.call(helper::KTIME_GET_NS);
+            a.store64(R8, END_NS, R0);
+        }
+        Some(path) => {
+            sched_clock(a, PREV, path);
+            a.store64(FP, NOW_SC, R0);
+            anchor(a, spec, closed);
+            a.load64(R1, FP, OFFSET);
+            a.load64(R0, FP, NOW_SC);
+            a.add(R0, R1);
+            a.store64(R8, END_NS, R0);
+            start_to_mono(a);
+        }
+    }
     emit(a, spec, closed);
     a.bind(closed);
     a.store32_imm(R8, FLAGS, 0);
@@ -326,17 +332,15 @@ fn next_request(a: &mut Asm, spec: &SchedSpec) {
     a.store64(FP, STAMP, R0);
     // A start on the scheduler's clock (the period opened at a switch-in): converted by the
     // last anchor — or, with none yet, the period starts here (no time for it).
-    let (mono, none, converted) = (a.label(), a.label(), a.label());
+    let (sched, none, converted) = (a.label(), a.label(), a.label());
     a.load32(R1, R8, FLAGS);
-    a.jset_imm(R1, flag::SCHED, mono);
+    a.jset_imm(R1, flag::SCHED, sched);
     a.ja(converted);
-    a.bind(mono);
+    a.bind(sched);
     counter(a, spec, ANCHOR, none);
     a.load64(R1, R0, 0);
     a.jeq_imm(R1, 0, none);
-    a.load64(R2, R8, START_NS);
-    a.add(R2, R1);
-    a.store64(R8, START_NS, R2);
+    start_to_mono(a);
     a.ja(converted);
     a.bind(none);
     a.load64(R1, FP, STAMP);

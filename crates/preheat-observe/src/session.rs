@@ -368,11 +368,7 @@ impl Observer {
             (None, None) => m.to_string(),
         };
         match self.opts.sampling {
-            Some(s) => format!(
-                "{what}; sampled under sustained load (away {} ms each time the server makes more than {} periods a second)",
-                s.pause_ns / 1_000_000,
-                s.above_per_s
-            ),
+            Some(s) => format!("{what}; sampled under sustained load ({})", s.describe()),
             None => what,
         }
     }
