@@ -151,6 +151,51 @@ impl Sampler {
     }
 }
 
+/// The times the kernel's side was away (detached by the caller or the sampler), kept to drop
+/// the periods that straddled one: a period open when the programs went away and closed after
+/// they came back kept its slot open through a time nothing was seen, so it is no period. Only
+/// the last [`AwayTimes::KEPT`] are kept (a drain analyses what settled within about a second).
+#[derive(Debug, Clone, Default)]
+pub struct AwayTimes {
+    since: Option<u64>,
+    past: Vec<(u64, u64)>,
+}
+
+impl AwayTimes {
+    /// Away times kept.
+    pub const KEPT: usize = 8;
+
+    /// The programs are detached as of `now_ns` (read after detaching: a period opened while
+    /// the detach was under way starts before it).
+    pub fn went_away(&mut self, now_ns: u64) {
+        self.since.get_or_insert(now_ns);
+    }
+
+    /// The programs are attached again as of `now_ns` (read before attaching: whatever closes
+    /// after the attach ends at or after it).
+    pub fn came_back(&mut self, now_ns: u64) {
+        if let Some(since) = self.since.take() {
+            if self.past.len() == Self::KEPT {
+                self.past.remove(0);
+            }
+            self.past.push((since, now_ns));
+        }
+    }
+
+    /// Whether the programs are away now.
+    pub fn away(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Whether a period from `start_ns` to `end_ns` spans a time the programs were away: it
+    /// began before they went and ended at or after they came back.
+    pub fn spanned(&self, start_ns: u64, end_ns: u64) -> bool {
+        self.past
+            .iter()
+            .any(|&(from, to)| start_ns < from && end_ns >= to)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,5 +243,40 @@ mod tests {
         // A clock that goes back is no rate at all.
         let mut s = Sampler::new(Sampling::default(), 100 * MS);
         assert_eq!(s.step(50 * MS, 1_000_000), Action::Keep);
+    }
+    #[test]
+    fn periods_that_span_an_away_time_are_found() {
+        let mut a = AwayTimes::default();
+        assert!(!a.spanned(0, u64::MAX), "nothing was away yet");
+        a.went_away(100);
+        assert!(a.away());
+        // Still away: nothing is known to be spanned until the programs are back.
+        assert!(!a.spanned(50, 200));
+        a.came_back(600);
+        assert!(!a.away());
+        // Closed before the programs went: a period.
+        assert!(!a.spanned(10, 90));
+        // Opened after they came back: a period.
+        assert!(!a.spanned(600, 700));
+        assert!(!a.spanned(650, 700));
+        // Open through the whole time away (its slot kept it): not a period.
+        assert!(a.spanned(90, 600));
+        assert!(a.spanned(90, 700));
+        // A second went_away while away keeps the first time.
+        a.went_away(1000);
+        a.went_away(1200);
+        a.came_back(1500);
+        // (From 1000: a period from 1100 would have opened while away.)
+        assert!(!a.spanned(1100, 1600) && !a.spanned(900, 1400) && a.spanned(900, 1500));
+        // A came_back without a went_away records nothing.
+        a.came_back(2000);
+        assert!(!a.spanned(1600, 2100));
+        // Only the last KEPT times are kept.
+        for i in 0..AwayTimes::KEPT as u64 {
+            a.went_away(10_000 + i * 100);
+            a.came_back(10_050 + i * 100);
+        }
+        assert!(!a.spanned(90, 700), "the oldest time was dropped");
+        assert!(a.spanned(9_990, 10_060) && a.spanned(10_690, 10_760));
     }
 }

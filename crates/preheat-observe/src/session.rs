@@ -14,7 +14,7 @@ pub use crate::mechanism::Mechanism;
 use crate::perf::{self, RingBuffer};
 use crate::periods::{nr, parse_proc_syscall, Edge, Period, SchedPeriod, SysEvent, Tracker};
 use crate::report::{summarize_threads, Report};
-use crate::sampling::{Action, Sampler, Sampling};
+use crate::sampling::{Action, AwayTimes, Sampler, Sampling};
 use crate::sockets;
 use crate::tracefs;
 
@@ -105,14 +105,10 @@ pub struct Observer {
     sampler: Option<Sampler>,
     /// Paused by the caller ([`Observer::pause`]).
     paused: bool,
-    /// Since when the kernel's side is away (by the caller or the sampler), and the last
-    /// [`DETACHED_KEPT`] times it was (from, to).
-    away_since: Option<u64>,
-    away: Vec<(u64, u64)>,
+    /// When the kernel's side was away (by the caller or the sampler): the periods that
+    /// straddled such a time are dropped.
+    away: AwayTimes,
 }
-
-/// Times the kernel's side was away that are kept to drop the periods that straddled one.
-const DETACHED_KEPT: usize = 8;
 
 /// How long after its stamp an event is surely drained: a record is committed within
 /// microseconds of its stamp (the rest of a non-preemptible eBPF program or perf sample), so
@@ -270,8 +266,7 @@ impl Observer {
             fallback: None,
             sampler: None,
             paused: false,
-            away_since: None,
-            away: Vec::new(),
+            away: AwayTimes::default(),
         };
         match o.opts.mechanism {
             Mechanism::PerThread => o.open_per_thread()?,
@@ -517,31 +512,27 @@ impl Observer {
 
     /// Attach or detach the kernel's side, noting when it was away.
     fn kernel_side(&mut self, on: bool) -> Result<()> {
-        let now = preheat_engine::time::now_ns();
-        match (on, self.away_since) {
-            (true, Some(since)) => {
-                if let Some(b) = &mut self.bpf {
-                    b.reattach()?;
-                }
-                for fd in &self.fds {
-                    perf::enable(fd).map_err(open_error)?;
-                }
-                self.away_since = None;
-                if self.away.len() == DETACHED_KEPT {
-                    self.away.remove(0);
-                }
-                self.away.push((since, now));
+        let attached = !self.away.away();
+        if on == attached {
+            return Ok(());
+        }
+        if on {
+            let back = preheat_engine::time::now_ns();
+            if let Some(b) = &mut self.bpf {
+                b.reattach()?;
             }
-            (false, None) => {
-                if let Some(b) = &mut self.bpf {
-                    b.detach();
-                }
-                for fd in &self.fds {
-                    perf::disable(fd).map_err(open_error)?;
-                }
-                self.away_since = Some(now);
+            for fd in &self.fds {
+                perf::enable(fd).map_err(open_error)?;
             }
-            _ => {}
+            self.away.came_back(back);
+        } else {
+            if let Some(b) = &mut self.bpf {
+                b.detach();
+            }
+            for fd in &self.fds {
+                perf::disable(fd).map_err(open_error)?;
+            }
+            self.away.went_away(preheat_engine::time::now_ns());
         }
         Ok(())
     }
@@ -625,11 +616,7 @@ impl Observer {
         let away = &self.away;
         self.sched_periods
             .drain(..n)
-            .filter(|p| {
-                !away
-                    .iter()
-                    .any(|&(from, to)| p.start_ns < from && p.end_ns >= to)
-            })
+            .filter(|p| !away.spanned(p.start_ns, p.end_ns))
             .for_each(|p| tr.feed_period(&p));
     }
 

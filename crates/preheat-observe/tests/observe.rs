@@ -267,8 +267,10 @@ fn periods_start_inside_their_request() {
 }
 
 /// Sampling under load: while requests come fast the programs go away for a while each time
-/// (the report says how often and for how long), no period spans such a time, and once the
-/// load stops every request is seen again.
+/// (the report says how often and for how long), no period spans such a time (with the
+/// observer's filter of such periods left out, this failed 3 of 3 runs: a second client keeps
+/// the server in a period when the programs come back), and once the load stops every request
+/// is seen again.
 #[test]
 fn sampling_steps_aside_under_load_and_sees_an_idle_server() {
     if !permitted() {
@@ -298,12 +300,30 @@ fn sampling_steps_aside_under_load_and_sees_an_idle_server() {
             last_poll = Instant::now();
         }
     };
+    // A second client keeps the server busy while this thread drains: the programs then come
+    // back while the server thread is in the middle of a period, whose slot they left open
+    // when they went (the periods that straddle a pause, which the observer must drop).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let background = {
+        let stop = stop.clone();
+        let mut c2 = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        std::thread::spawn(move || {
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                request(&mut c2);
+                n += 1;
+            }
+            n
+        })
+    };
     let mut fast = 0;
     while t0.elapsed() < Duration::from_millis(800) {
         request(&mut c);
         fast += 1;
         poll(&mut obs);
     }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    fast += background.join().unwrap();
     // Idle long enough for the pause to end and the sampler to look again.
     while t0.elapsed() < Duration::from_millis(1100) {
         std::thread::sleep(Duration::from_millis(5));
