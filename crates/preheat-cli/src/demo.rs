@@ -152,6 +152,9 @@ pub struct DemoArgs {
     /// alike; the output says which ran).
     #[arg(long)]
     pub syscall_stages: bool,
+    /// Add the diagnostic row `conn-primed`: a request on the measured connection after going cold
+    #[arg(long)]
+    pub connection_row: bool,
     /// Write all results (per-request records and the table) as JSON here.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -186,6 +189,7 @@ impl DemoArgs {
             steer_rx: self.steer_rx.into(),
             keep_agent_logs: self.keep_agent_logs,
             syscall_stages: self.syscall_stages,
+            connection_row: self.connection_row,
             agent: preheat_demo::AgentPlace::parse(&self.agent),
         }
     }

@@ -12,6 +12,7 @@
 //! Modules in one direction: `hot custom params mode sysstages` ← `join outside` ← `measure table` ←
 //! `pilot steer` ← `run` ← `render`; `saved` ← `runner` (with `outside`).
 
+mod connection;
 mod custom;
 pub mod hot;
 mod join;
@@ -31,6 +32,7 @@ mod sysstages;
 mod table;
 mod warmth;
 
+pub use connection::ConnectionState;
 pub use custom::CustomProtocol;
 pub use mode::Sample;
 pub use output::{Output, Skipped};

@@ -160,7 +160,7 @@ impl ColdPath {
                 self.warmth.until(now_ns() + self.idle_ms * 1_000_000)?;
                 0.0
             }
-            Mode::ColdSweep | Mode::Preheat(_) | Mode::Auto(_) => {
+            Mode::ColdSweep | Mode::Preheat(_) | Mode::Auto(_) | Mode::ConnPrimed(_) => {
                 // On the server's CPU, by the sweeper: the client stays on its own
                 // ([`crate::sweeper`]).
                 let warmth = &mut self.warmth;
@@ -265,7 +265,7 @@ impl<'a> Bench<'a> {
             None => None,
         };
         // The same lead for every mode, announced or not (module docs).
-        let (sweep_us, t_send) = self.cold.go_cold_and_announce(mode)?;
+        let (sweep_us, t_send) = self.go_cold_and_announce(mode)?;
         let ok = self.client.request()?;
         let t_done = now_ns();
         let wire = self.client.sent_at_ns();
@@ -329,6 +329,20 @@ impl<'a> Bench<'a> {
             s.fill_agent(&b[i].preheat, &view.preheat);
         }
         Ok(s)
+    }
+
+    /// Go cold and announce as `mode` does ([`ColdPath`]); the diagnostic [`Mode::ConnPrimed`]
+    /// makes its one request on the measured connection in between. The sweep's duration (µs)
+    /// and the send time.
+    fn go_cold_and_announce(&mut self, mode: Mode) -> Result<(f64, u64)> {
+        let Mode::ConnPrimed(st) = mode else {
+            return self.cold.go_cold_and_announce(mode);
+        };
+        let sweep_us = self.cold.go_cold(mode)?;
+        if !self.client.request()? {
+            self.bad_replies += 1;
+        }
+        Ok((sweep_us, self.cold.announce(st)))
     }
 
     /// Whether a spare served the request sent at `t_send` (no announced agent's busy period

@@ -18,7 +18,15 @@ pub(crate) enum Mode {
     Preheat(Strategies),
     /// `auto`: what its pilot chose (`NONE` until then, or when nothing was measured to help).
     Auto(Strategies),
+    /// A diagnostic (`--connection-row`), not a strategy: after the cold-making step, one
+    /// request on the measured connection, then the lead and `auto`'s announcement (its choice,
+    /// as in [`Mode::Auto`]). What `auto` leaves above it is the state of the connection the
+    /// request comes on, which a warm-up on a connection of its own does not reach.
+    ConnPrimed(Strategies),
 }
+
+/// The name of [`Mode::ConnPrimed`]'s row.
+pub(crate) const CONN_PRIMED: &str = "conn-primed";
 
 impl Mode {
     pub(crate) fn name(self) -> String {
@@ -30,6 +38,7 @@ impl Mode {
             Mode::Control => "control".into(),
             Mode::Preheat(s) => format!("preheat:{}", s.name()),
             Mode::Auto(_) => "preheat:auto".into(),
+            Mode::ConnPrimed(_) => CONN_PRIMED.into(),
         }
     }
 
@@ -37,7 +46,7 @@ impl Mode {
     pub(crate) fn announced(self) -> Option<Strategies> {
         match self {
             Mode::Preheat(s) => Some(s),
-            Mode::Auto(s) if !s.is_empty() => Some(s),
+            Mode::Auto(s) | Mode::ConnPrimed(s) if !s.is_empty() => Some(s),
             _ => None,
         }
     }
@@ -46,6 +55,36 @@ impl Mode {
     pub(crate) fn replays(self) -> bool {
         matches!(self, Mode::Preheat(s) if s.contains(Strategies::REPLAY))
     }
+}
+
+/// The modes `a.strategies` asks for, after the baselines.
+pub(crate) fn wanted_modes(a: &crate::params::DemoParams) -> Result<Vec<Mode>> {
+    let mut wanted = vec![
+        Mode::Hot,
+        Mode::Warm,
+        Mode::ColdIdle,
+        Mode::ColdSweep,
+        Mode::Control,
+    ];
+    for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
+        let m = if s.trim() == "auto" {
+            Mode::Auto(Strategies::NONE)
+        } else {
+            Mode::Preheat(Strategies::parse(s).map_err(anyhow::Error::msg)?)
+        };
+        if !wanted.contains(&m) {
+            wanted.push(m);
+        }
+    }
+    if a.connection_row {
+        if !wanted.contains(&Mode::Auto(Strategies::NONE)) {
+            bail!(
+                "--connection-row compares against auto's row: add auto to --strategies (it is in the default)"
+            );
+        }
+        wanted.push(Mode::ConnPrimed(Strategies::NONE));
+    }
+    Ok(wanted)
 }
 
 /// One measured request.

@@ -67,6 +67,9 @@ pub struct Output {
     pub auto: Option<preheat_model::auto::AutoChoice>,
     /// The cold overhead split by cause (p50 differences).
     pub decomposition: Option<Decomposition>,
+    /// `--connection-row`: what the state of the connection the request comes on costs
+    /// (`auto` less `conn-primed`).
+    pub connection_state: Option<crate::connection::ConnectionState>,
     /// The agent's preheat counters at the end of the run (all announced modes together).
     pub agent_counters: preheat_model::proto::PreheatStats,
     pub rows: Vec<Row>,

@@ -63,6 +63,9 @@ pub struct DemoParams {
     /// Split every response time at the server's system calls with the outside observer
     /// attached (root; the `sysstages` module).
     pub syscall_stages: bool,
+    /// Add the `conn-primed` row (`connection.rs`): a diagnostic of what `auto` leaves above
+    /// the floor.
+    pub connection_row: bool,
     /// Where the agent runs: inside the server where it loads, else outside (default).
     pub agent: AgentPlace,
 }
@@ -117,6 +120,7 @@ impl Default for DemoParams {
             steer_rx: crate::SteerRx::Auto,
             keep_agent_logs: false,
             syscall_stages: false,
+            connection_row: false,
             agent: AgentPlace::Auto,
         }
     }

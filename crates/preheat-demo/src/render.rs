@@ -251,6 +251,10 @@ fn overhead_lines(o: &Output) -> Vec<String> {
     }
     v.extend(predictor_line(&o.predictor));
     v.extend(residual_line(o));
+    if let Some(c) = &o.connection_state {
+        let floor = explained_row(o).map_or("hot", |r| r.floor);
+        v.push(crate::connection::line(c, floor));
+    }
     v.extend(syscall_lines(o));
     v
 }
@@ -350,6 +354,9 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
     v.push(format!("every mode's client waits the lead ({lead} µs) after the mode's cold-making step, then sends (announced modes: announced that far ahead): the client does the same in every row; through the cold-making step's waits it pings itself over the loopback every {every} µs ({pings} pings in this run), so its own network path is as warm as after the priming request that precedes hot and warm (without, it cooled on this machine kind while it waited: see wire);", lead = o.lead_us, every = crate::warmth::EVERY_NS / 1000, pings = o.client_pings));
     v.push("start = send (announced modes: the announced arrival) → the server thread runs with the request; serve = from then until the client has the reply;".into());
     v.push("wire = send → the request leaves the client's transmit path (the kernel's software transmit stamp at the network device), part of start: the client's own path (its CPU never sleeps, it never runs on the server's CPU, and it stays warm through the waits), which a cold-making step on the server's CPU can still cool where the CPUs share caches; @wire = removed, computed on each response time less its wire (from the request on the wire on: the paper's measure, its client on another machine);".into());
+    if o.connection_state.is_some() {
+        v.push(format!("{} = a diagnostic row (--connection-row), not a strategy: after the cold-making step the client sends one request on the measured connection, then waits the lead and announces what auto chose; auto − {} is what the state of the connection the request comes on costs, which a warm-up on a connection of its own does not reach;", crate::mode::CONN_PRIMED, crate::mode::CONN_PRIMED));
+    }
     v.push("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);".into());
     v.push("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.".into());
     v.push("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);".into());

@@ -45,33 +45,11 @@ use preheat_launch::servers;
 use crate::custom;
 use crate::join::Join;
 use crate::measure::{Bench, ColdPath};
-use crate::mode::{agent_preheat, Mode, Sample, WakeAs};
+use crate::mode::{agent_preheat, wanted_modes, Mode, Sample, WakeAs};
 use crate::output::{Output, Skipped};
 use crate::params::DemoParams;
 use crate::pilot;
 use crate::table::{decomposition, floor_check, table, Row};
-
-/// The modes `a.strategies` asks for, after the baselines.
-fn wanted_modes(a: &DemoParams) -> Result<Vec<Mode>> {
-    let mut wanted = vec![
-        Mode::Hot,
-        Mode::Warm,
-        Mode::ColdIdle,
-        Mode::ColdSweep,
-        Mode::Control,
-    ];
-    for s in a.strategies.split(',').filter(|s| !s.trim().is_empty()) {
-        let m = if s.trim() == "auto" {
-            Mode::Auto(Strategies::NONE)
-        } else {
-            Mode::Preheat(Strategies::parse(s).map_err(anyhow::Error::msg)?)
-        };
-        if !wanted.contains(&m) {
-            wanted.push(m);
-        }
-    }
-    Ok(wanted)
-}
 
 /// Start the catalog server or the command after `--`, pinned to `server_cpu`, with the agent
 /// inside it or (`outside::place`) outside it.
@@ -341,6 +319,11 @@ fn choose_auto(
     let choice = pilot::run(bench, &cands, rounds, progress)?;
     eprintln!("demo: auto chose {}: {}", choice.chosen, choice.why);
     *slot = Mode::Auto(choice.bits);
+    for m in modes.iter_mut() {
+        if let Mode::ConnPrimed(s) = m {
+            *s = choice.bits;
+        }
+    }
     Ok(Some(choice))
 }
 
@@ -526,6 +509,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
     drop(keep_awake);
     let mut rows = table(&modes, &samples, &ws_stats);
     flag_served_elsewhere(&mut rows, &samples, pid);
+    let auto_chose = auto.as_ref().map_or(Strategies::NONE, |c| c.bits);
     let out = Output {
         serving_pids,
         joined_pids,
@@ -553,6 +537,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         predictor,
         auto,
         decomposition: decomposition(&samples),
+        connection_state: crate::connection::connection_state(&rows, auto_chose),
         agent_counters,
         rows,
         samples,

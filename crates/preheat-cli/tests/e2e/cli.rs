@@ -344,6 +344,12 @@ fn demo_on_any_server_given_by_its_command() {
         &rd,
         &["--request"],
     );
+    // The connection's diagnostic row compares against auto's: without auto, refused at once.
+    fails_with(
+        &["demo", "--connection-row", "--strategies", "lines"],
+        &rd,
+        &["--connection-row", "add auto"],
+    );
     let body = format!("<html>{}</html>\n", "any server ".repeat(300));
     let port = preheat_testsupport::free_port();
     let Some((exe, conf)) = preheat_testsupport::lighttpd_site(
@@ -529,6 +535,8 @@ mod timing {
                     "8",
                     // The split at the server's system calls (the observer, root).
                     "--syscall-stages",
+                    // The diagnostic row of the connection's own state.
+                    "--connection-row",
                 ][..],
                 &common::QUICK_DEMO,
                 &["--json", "--out", json.to_str().unwrap()],
@@ -699,6 +707,32 @@ mod timing {
             assert_eq!(r["latency"]["n"], 6, "{r}");
             assert!(r["latency"]["p50"].as_f64().unwrap() > 0.0);
         }
+        // --connection-row: the diagnostic row was measured beside auto's, and the output
+        // compares the two (auto less conn-primed, p50 differences, with both rows' counts).
+        assert!(modes.contains(&"conn-primed"), "{modes:?}");
+        let cs = &v["connection_state"];
+        let row = |m: &str| rows.iter().find(|r| r["mode"] == m).unwrap();
+        let p50 = |m: &str| row(m)["latency"]["p50"].as_f64().unwrap();
+        assert_eq!(cs["mode"], "preheat:auto", "{cs}");
+        let total = cs["total_us"].as_f64().unwrap();
+        assert!(
+            (total - (p50("preheat:auto") - p50("conn-primed"))).abs() < 1e-6,
+            "{cs}"
+        );
+        assert!(
+            cs["wire_us"].is_number() && cs["serve_us"].is_number(),
+            "{cs}"
+        );
+        assert_eq!(cs["n"][0], row("preheat:auto")["latency"]["n"], "{cs}");
+        assert_eq!(cs["n"][1], row("conn-primed")["latency"]["n"], "{cs}");
+        // It isolates the connection's own state only where auto's warm-up already ran the
+        // server's path.
+        let chose = v["auto"]["chosen"].as_str().unwrap();
+        assert_eq!(
+            cs["isolates_connection"],
+            chose.contains("replay"),
+            "{cs} {chose}"
+        );
         // Preheat rows carry the working-set metrics; the agent acted on the announcements.
         let lines = rows.iter().find(|r| r["mode"] == "preheat:lines").unwrap();
         assert!(lines["ws_kib"].as_f64().unwrap() > 0.0);
