@@ -60,6 +60,10 @@ def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
     g.add_argument("--syscall-stages", action="store_true",
                    help="also split every response at the server's own system calls (to read, "
                         "compute, reply: stages.csv); root, ~0.6 µs per traced call")
+    g.add_argument("--connection-row", action="store_true",
+                   help="also measure the demo's conn-primed row (one request on the measured "
+                        "connection after going cold, then auto's announcement; not a strategy): "
+                        "decomposition.csv gets auto − conn-primed, what the connection costs")
     g.add_argument("--timeout-s", type=float, help="per-demo time limit (default: 300 s + 3 s/round)")
     g.add_argument("--bootstrap", type=int, default=None,
                    help="bootstrap resamples for CIs (default 2000)")
@@ -70,7 +74,8 @@ def _demo_options(a: argparse.Namespace, rounds_default: int) -> DemoOptions:
     return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
                        post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
                        keep=a.keep, gap_merge=a.gap_merge, server_cpu=a.server_cpu,
-                       timeout_s=a.timeout_s, syscall_stages=a.syscall_stages)
+                       timeout_s=a.timeout_s, syscall_stages=a.syscall_stages,
+                       connection_row=a.connection_row)
 
 
 def _boot(a: argparse.Namespace, default: int) -> int:

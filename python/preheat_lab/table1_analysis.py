@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from . import stats
+from .table1_run import AUTO, CONN_PRIMED
 from .table1_samples import (
     COLD,
     CONTROL,
@@ -225,6 +226,10 @@ def analyze_server(server: str, df: pd.DataFrame, meta: dict, topo: dict,
                            floor)]
             for sm in strategies:
                 comps += [(f"removed by {sm}", f"cold-sweep − {sm}", COLD, sm)]
+            if CONN_PRIMED in modes and AUTO in modes:
+                # --connection-row: what auto leaves that one request on the connection restores.
+                comps += [("auto − conn-primed (the connection)", f"{AUTO} − {CONN_PRIMED}",
+                           AUTO, CONN_PRIMED)]
             fns = {}
             for name, _, a, b in comps:
                 fns[name + "|us"] = stats.diff_fn(a, b)

@@ -24,6 +24,10 @@ WARM = "warm"
 #: mode). Shares removed are against it when it was measured, else against warm.
 HOT = "hot"
 CONTROL = "control"
+#: `preheat demo --connection-row`'s diagnostic row (a request on the measured connection after
+#: going cold, then auto's announcement): not a strategy, compared with `preheat:auto` only.
+CONN_PRIMED = "conn-primed"
+AUTO = "preheat:auto"
 
 DISPLAY = {"kv": "preheat-kv", "memcached": "memcached", "nginx": "nginx", "redis": "redis",
            "mariadb": "MariaDB"}
@@ -46,6 +50,8 @@ class DemoOptions:
     timeout_s: float | None = None
     #: `--syscall-stages`: split each response at the server's system calls (root).
     syscall_stages: bool = False
+    #: `--connection-row`: the diagnostic row of what the request's connection costs.
+    connection_row: bool = False
 
     FLAGS = {"lead_us": "--lead-us", "idle_ms": "--idle-ms", "sweep_mib": "--sweep-mib",
              "post_gap_us": "--post-gap-us", "strategies": "--strategies",
@@ -63,6 +69,8 @@ class DemoOptions:
             a += [flag, str(v)]
         if self.syscall_stages:
             a.append("--syscall-stages")
+        if self.connection_row:
+            a.append("--connection-row")
         return a
 
     def timeout(self) -> float:
@@ -74,7 +82,8 @@ class DemoOptions:
 
     def modes_per_round(self) -> int:
         strategies = self.strategies or "wake,lines,replay,wake+lines,all"
-        return len(BASE_MODES) + len([s for s in strategies.split(",") if s])
+        return (len(BASE_MODES) + len([s for s in strategies.split(",") if s])
+                + int(self.connection_row))
 
 
 @dataclass
@@ -122,8 +131,10 @@ def check_flags(opts: DemoOptions) -> list[str]:
     for name, flag in DemoOptions.FLAGS.items():
         if getattr(opts, name) is not None and not cli.supports("demo", flag):
             missing.append(flag)
-    if opts.syscall_stages and not cli.supports("demo", "--syscall-stages"):
-        missing.append("--syscall-stages")
+    for on, flag in ((opts.syscall_stages, "--syscall-stages"),
+                     (opts.connection_row, "--connection-row")):
+        if on and not cli.supports("demo", flag):
+            missing.append(flag)
     return missing
 
 

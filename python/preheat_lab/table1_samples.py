@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .table1_run import BASE_MODES, COLD, CONTROL, DISPLAY, HOT, SERVERS, WARM
+from .table1_run import BASE_MODES, COLD, CONN_PRIMED, CONTROL, DISPLAY, HOT, SERVERS, WARM
 
 __all__ = ["BASE_MODES", "COLD", "CONTROL", "DISPLAY", "HOT", "LINE_BYTES", "SAMPLE_COLUMNS",
            "SERVERS", "WARM", "floor_mode", "load_server", "loads_lines", "mode_order",
@@ -97,4 +97,5 @@ def loads_lines(mode: str) -> bool:
 
 
 def strategy_modes(modes: Sequence[str]) -> list[str]:
-    return [m for m in modes if m not in BASE_MODES]
+    """The preheating strategies among `modes` (not the baselines, not the diagnostic row)."""
+    return [m for m in modes if m not in BASE_MODES and m != CONN_PRIMED]

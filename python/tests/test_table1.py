@@ -87,10 +87,11 @@ def test_paper_numbers_and_the_79_8_percent_average():
     assert sum(shares) / 3 == pytest.approx(table1.PAPER_AVERAGE_REMOVED, abs=0.001)
 
 
-def _synthetic(rounds=60, noise=0.0, seed=3):
+def _synthetic(rounds=60, noise=0.0, seed=3, extra=None):
     rng = np.random.default_rng(seed)
     truth = {"warm": 20.0, "cold-sweep": 120.0, "cold-idle": 100.0, "control": 60.0,
-             "preheat:wake": 80.0, "preheat:lines": 70.0, "preheat:wake+lines": 45.0}
+             "preheat:wake": 80.0, "preheat:lines": 70.0, "preheat:wake+lines": 45.0,
+             **(extra or {})}
     rows = []
     for r in range(rounds):
         for m in rng.permutation(list(truth)):
@@ -346,6 +347,28 @@ def test_stages_add_the_split_at_the_server_syscalls_where_recorded():
     assert "n_sys" not in plain.columns
     assert "--syscall-stages" in DemoOptions(rounds=5, syscall_stages=True).args()
     assert "--syscall-stages" not in DemoOptions(rounds=5).args()
+
+
+def test_the_connection_row_is_a_diagnostic_not_a_strategy():
+    from preheat_lab.table1_run import DemoOptions
+
+    opts = DemoOptions(rounds=5, connection_row=True)
+    assert "--connection-row" in opts.args() and "--connection-row" not in DemoOptions(rounds=5).args()
+    assert opts.modes_per_round() == DemoOptions(rounds=5).modes_per_round() + 1
+    # auto leaves 25 µs above the floor of a 100 µs cold overhead; one request on the
+    # connection takes 20 of them: the decomposition says so, and conn-primed is no strategy
+    # (no "removed by" row, never the headline's best).
+    df = _synthetic(extra={"preheat:auto": 45.0, "conn-primed": 25.0})
+    a = table1.analyze_server("syn", df, {}, {}, boot=200)
+    d = a["decomposition"]
+    g = d[d["stat"] == "p50"].set_index("component")
+    assert g.loc["auto − conn-primed (the connection)", "us"] == pytest.approx(20.0)
+    assert g.loc["auto − conn-primed (the connection)", "share"] == pytest.approx(0.2)
+    assert "removed by conn-primed" not in g.index
+    assert "removed by preheat:auto" in g.index
+    head = a["headline"]
+    assert not head["preheated_mode"].str.startswith("conn-primed").any()
+    assert "conn-primed" not in table1.strategy_modes(list(df["mode"].unique()))
 
 
 def _recording_cli(tmp_path):
