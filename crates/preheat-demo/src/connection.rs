@@ -15,20 +15,17 @@ use preheat_model::proto::Strategies;
 use serde::Serialize;
 
 use crate::mode::CONN_PRIMED;
-use crate::table::Row;
+use crate::table::{Residual, Row};
 
-/// `auto` less `conn-primed`, µs (p50 differences).
+/// `auto` less `conn-primed`, µs (p50 differences), by stage as a mode's [`Residual`].
 #[derive(Debug, Clone, Serialize)]
 pub struct ConnectionState {
     /// The row compared (`preheat:auto`).
     pub mode: String,
-    /// Of the response time.
-    pub total_us: f64,
-    /// Of the client's own transmit (where the client's socket gives stamps).
-    pub wire_us: Option<f64>,
-    /// Of the rest of *start* (after the wire; all of *start* without stamps).
-    pub server_start_us: Option<f64>,
-    pub serve_us: Option<f64>,
+    /// The difference: of the response time, the client's own transmit (where stamped), the
+    /// rest of *start*, *serve*.
+    #[serde(flatten)]
+    pub split: Residual,
     /// What `mode` left above the floor in all (its residual), for the share.
     pub left_above_floor_us: Option<f64>,
     /// Samples of the two rows.
@@ -50,10 +47,12 @@ pub(crate) fn connection_state(rows: &[Row], auto_chose: Strategies) -> Option<C
     };
     Some(ConnectionState {
         mode: auto.mode.clone(),
-        total_us: auto.latency.p50 - primed.latency.p50,
-        wire_us: d(auto.wire_us_p50, primed.wire_us_p50),
-        server_start_us: d(after_wire(auto), after_wire(primed)),
-        serve_us: d(auto.serve_us_p50, primed.serve_us_p50),
+        split: Residual {
+            total_us: auto.latency.p50 - primed.latency.p50,
+            wire_us: d(auto.wire_us_p50, primed.wire_us_p50),
+            server_start_us: d(after_wire(auto), after_wire(primed)),
+            serve_us: d(auto.serve_us_p50, primed.serve_us_p50),
+        },
         left_above_floor_us: auto.residual.as_ref().map(|r| r.total_us),
         n: (auto.latency.n, primed.latency.n),
         isolates_connection: auto_chose.contains(Strategies::REPLAY),
@@ -73,10 +72,10 @@ pub(crate) fn line(c: &ConnectionState, floor: &str) -> String {
     };
     format!(
         "{what}: {:+.1} µs{of} = wire {} + start after the wire {} + serve {} [{} − {CONN_PRIMED}, p50 differences, measured, n = {} / {}; {CONN_PRIMED}: one request on the measured connection after the cold-making step, then the same lead and announcement — a diagnostic, not a strategy]",
-        c.total_us,
-        us(c.wire_us),
-        us(c.server_start_us),
-        us(c.serve_us),
+        c.split.total_us,
+        us(c.split.wire_us),
+        us(c.split.server_start_us),
+        us(c.split.serve_us),
         c.mode,
         c.n.0,
         c.n.1

@@ -42,4 +42,4 @@ pub use run::run;
 pub use runner::{run_server, RunServer, Running};
 pub use saved::{parse_saved_choice, read_saved_choice, SavedChoice};
 pub use steer::{SteerChoice, SteerRx};
-pub use table::{Decomposition, FloorCheck, Row, SysRow};
+pub use table::{Decomposition, FloorCheck, Residual, Row, SysRow};
