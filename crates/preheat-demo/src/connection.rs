@@ -14,8 +14,8 @@
 use preheat_model::proto::Strategies;
 use serde::Serialize;
 
-use crate::mode::CONN_PRIMED;
-use crate::table::{Residual, Row};
+use crate::mode::{Mode, Sample, CONN_PRIMED};
+use crate::table::{difference, Residual, Row};
 
 /// `auto` less `conn-primed`, µs (p50 differences), by stage as a mode's [`Residual`].
 #[derive(Debug, Clone, Serialize)]
@@ -36,23 +36,19 @@ pub struct ConnectionState {
     pub isolates_connection: bool,
 }
 
-/// The comparison, where both rows were measured.
-pub(crate) fn connection_state(rows: &[Row], auto_chose: Strategies) -> Option<ConnectionState> {
-    let auto = rows.iter().find(|r| r.mode == "preheat:auto")?;
+/// The comparison, where both rows were measured (by stage as [`crate::table::difference`]
+/// computes a mode's residual above its floor).
+pub(crate) fn connection_state(
+    rows: &[Row],
+    samples: &[Sample],
+    auto_chose: Strategies,
+) -> Option<ConnectionState> {
+    let name = Mode::Auto(Strategies::NONE).name();
+    let auto = rows.iter().find(|r| r.mode == name)?;
     let primed = rows.iter().find(|r| r.mode == CONN_PRIMED)?;
-    let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
-    let after_wire = |r: &Row| match r.wire_us_p50 {
-        Some(w) => r.start_us_p50.map(|s| s - w),
-        None => r.start_us_p50,
-    };
     Some(ConnectionState {
         mode: auto.mode.clone(),
-        split: Residual {
-            total_us: auto.latency.p50 - primed.latency.p50,
-            wire_us: d(auto.wire_us_p50, primed.wire_us_p50),
-            server_start_us: d(after_wire(auto), after_wire(primed)),
-            serve_us: d(auto.serve_us_p50, primed.serve_us_p50),
-        },
+        split: difference(samples, &auto.mode, &primed.mode)?,
         left_above_floor_us: auto.residual.as_ref().map(|r| r.total_us),
         n: (auto.latency.n, primed.latency.n),
         isolates_connection: auto_chose.contains(Strategies::REPLAY),

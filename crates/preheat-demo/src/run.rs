@@ -537,7 +537,7 @@ pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -
         predictor,
         auto,
         decomposition: decomposition(&samples),
-        connection_state: crate::connection::connection_state(&rows, auto_chose),
+        connection_state: crate::connection::connection_state(&rows, &samples, auto_chose),
         agent_counters,
         rows,
         samples,
