@@ -10,7 +10,7 @@
 //! * [`run_server`] – `preheat run`: a server kept running with its agent inside or outside it.
 //!
 //! Modules in one direction: `hot custom params mode sysstages` ← `join outside` ← `measure table` ←
-//! `pilot steer` ← `run` ← `render`; `saved` ← `runner` (with `outside`).
+//! `pilot steer connection` ← `run` ← `render`; `saved` ← `runner` (with `outside`).
 
 mod connection;
 mod custom;
