@@ -198,7 +198,7 @@ impl DemoArgs {
 pub fn run(a: DemoArgs) -> Result<()> {
     let (out_path, json) = (a.out.clone(), a.json);
     if !a.keep_agent_logs {
-        preheat_launch::launch::tidy_agent_logs_on_signal();
+        preheat_launch::cleanup::tidy_agent_logs_on_signal();
     }
     // The recording's bar is drawn even with --json (as it always was); the pilot's and the
     // rounds' are hidden then.

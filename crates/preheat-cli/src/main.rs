@@ -26,7 +26,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use preheat_launch::{agentctl, launch, paths, servers};
+use preheat_launch::{agentctl, cleanup, paths, servers};
 use preheat_model::proto::{Announcement, Request, Strategies};
 use preheat_model::FilterParams;
 
@@ -338,9 +338,9 @@ fn main() {
             | Cmd::Load(_)
             | Cmd::Affinity(_)
     ) {
-        launch::install_cleanup();
+        cleanup::install_cleanup();
         // A calibration (the demo's first on a boot) stopped by the signal: its bench dirs.
-        launch::on_signal(preheat_wake::bench::remove_own_dirs);
+        cleanup::on_signal(preheat_wake::bench::remove_own_dirs);
     }
     // A hot floor (`demo`) killed by SIGKILL left a CPU held out of idle: put it back.
     preheat_demo::hot::restore_stale(&paths::run_dir());
@@ -352,7 +352,7 @@ fn main() {
         // A command stopped by SIGINT/SIGTERM may fail on its own meanwhile (what it ran was
         // stopped under it): the signal handler's cleanup ends the process (128 + the signal),
         // not this error, which would exit before the cleanup is done.
-        if launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+        if cleanup::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst) != 0 {
             loop {
                 std::thread::park();
             }

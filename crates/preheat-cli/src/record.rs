@@ -120,7 +120,7 @@ fn session(a: &RecordArgs, dir: &std::path::Path) -> Result<Session> {
 
 pub fn run(a: RecordArgs) -> Result<()> {
     if !a.keep_agent_logs {
-        preheat_launch::launch::tidy_agent_logs_on_signal();
+        preheat_launch::cleanup::tidy_agent_logs_on_signal();
     }
     let scratch = scratch_dir("record")?;
     let started = session(&a, scratch.path())?.start(scratch.path())?;

@@ -65,7 +65,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         None => (preheat_launch::launch::scratch_dir("serve")?.keep(), true),
     };
     if fresh {
-        preheat_launch::launch::tidy_agent_logs_on_signal();
+        preheat_launch::cleanup::tidy_agent_logs_on_signal();
     }
     let started = servers::start(
         a.server,

@@ -39,7 +39,7 @@ pub static STOP: AtomicBool = AtomicBool::new(false);
 /// Set once the controller has restored everything.
 pub static DONE: AtomicBool = AtomicBool::new(true);
 
-/// The signal hook (for `preheat_launch::launch::on_signal`): stop the controller and wait
+/// The signal hook (for `preheat_launch::cleanup::on_signal`): stop the controller and wait
 /// (≤ 2 s) until it has restored the threads.
 pub fn on_signal() {
     STOP.store(true, Ordering::Relaxed);

@@ -95,7 +95,7 @@ impl KeepAwake {
             return Err("the hot floor is already in use in this process".into());
         }
         *slot = Some(m);
-        preheat_launch::launch::on_signal(restore_now);
+        preheat_launch::cleanup::on_signal(restore_now);
         Ok(KeepAwake {
             cpus,
             spinners,

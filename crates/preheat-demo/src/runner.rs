@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use preheat_launch::agentctl::AgentClient;
-use preheat_launch::{launch, paths};
+use preheat_launch::{cleanup, launch, paths};
 use preheat_model::proto::{Request, Strategies};
 
 use crate::params::AgentPlace;
@@ -99,7 +99,7 @@ pub fn run_server(o: &RunServer) -> Result<Running> {
         if let Ok(mut v) = OUTSIDE_SOCKETS.lock() {
             v.extend(a.sockets().iter().cloned());
         }
-        launch::on_signal(remove_outside_sockets);
+        cleanup::on_signal(remove_outside_sockets);
     }
     let pids = match &outside {
         Some(a) => vec![a.pid()],

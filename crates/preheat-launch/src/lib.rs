@@ -4,8 +4,10 @@
 //!
 //! * [`launch`] – start a server with the agent attached (`LD_PRELOAD`, pinned, in its own
 //!   process group) or any other program, and stop every process started on drop, on error and
-//!   on SIGINT/SIGTERM ([`launch::install_cleanup`]); scratch directories removed likewise; the
-//!   busy-polling request/response [`launch::Client`].
+//!   on SIGINT/SIGTERM; scratch directories removed likewise; the busy-polling
+//!   request/response [`launch::Client`].
+//! * [`cleanup`] – what stops all of that when the command is stopped by SIGINT or SIGTERM, with
+//!   the hooks that run first ([`cleanup::install_cleanup`]).
 //! * [`preflight`] – whether the agent can be loaded into a program (dynamically linked, of
 //!   the agent's machine, no secure execution), decided before it starts, so a program it
 //!   cannot reach is refused at once with what to do; [`launch::attach_agent`] is the one way
@@ -21,6 +23,7 @@
 //! No `unsafe`: signals, affinity and process state go through `preheat-engine`.
 
 pub mod agentctl;
+pub mod cleanup;
 pub mod launch;
 pub mod mysql_session;
 pub mod paths;

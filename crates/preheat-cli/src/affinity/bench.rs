@@ -30,7 +30,7 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    preheat_launch::launch::install_cleanup();
+    preheat_launch::cleanup::install_cleanup();
     let spec = BenchSpec {
         reps: a.reps,
         cpu_ms: a.cpu_ms,

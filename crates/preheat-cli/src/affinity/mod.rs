@@ -131,7 +131,7 @@ pub fn run(a: AffinityArgs) -> Result<()> {
     };
     // Stopped by SIGINT/SIGTERM: the handler stops the processes; whatever error the run saw
     // as they vanished is a consequence, not the cause. Exit as the signal would.
-    let sig = preheat_launch::launch::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
+    let sig = preheat_launch::cleanup::SIGNALLED.load(std::sync::atomic::Ordering::SeqCst);
     if sig != 0 {
         eprintln!(
             "preheat affinity: stopped by signal {sig}; the processes it started are stopped"
@@ -144,7 +144,7 @@ pub fn run(a: AffinityArgs) -> Result<()> {
 }
 
 fn run_cmd(a: RunArgs) -> Result<()> {
-    preheat_launch::launch::install_cleanup();
+    preheat_launch::cleanup::install_cleanup();
     let main = MainSpec::parse(a.workload.as_deref(), &a.program)?;
     let exp = match (a.experiment.as_deref(), &a.interleave) {
         (Some("table3"), _) => {

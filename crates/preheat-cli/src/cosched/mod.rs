@@ -19,7 +19,7 @@ use preheat_cosched_run::{on_signal, watchdog};
 /// A run ended by SIGINT/SIGTERM (threads restored) exits with 128 + the signal, as the
 /// signal handler would.
 fn exit_if_signalled(r: Result<()>) -> Result<()> {
-    let sig = preheat_launch::launch::SIGNALLED.load(Ordering::SeqCst);
+    let sig = preheat_launch::cleanup::SIGNALLED.load(Ordering::SeqCst);
     if sig != 0 {
         eprintln!("preheat cosched: stopped by signal {sig}; every thread it changed is restored");
         std::process::exit(128 + sig);
@@ -80,11 +80,11 @@ enum CoschedCmd {
 pub fn run(a: CoschedArgs) -> Result<()> {
     match a.cmd {
         CoschedCmd::Run(r) => {
-            preheat_launch::launch::on_signal(on_signal);
+            preheat_launch::cleanup::on_signal(on_signal);
             exit_if_signalled(run::run(&r))
         }
         CoschedCmd::Experiment(e) => {
-            preheat_launch::launch::on_signal(on_signal);
+            preheat_launch::cleanup::on_signal(on_signal);
             exit_if_signalled(experiment::run(&e))
         }
         CoschedCmd::Simulate(s) => simulate::run(&s),
