@@ -24,3 +24,4 @@ mod probe_accuracy;
 mod readme;
 mod run_auto;
 mod runtimes;
+mod stopping;
