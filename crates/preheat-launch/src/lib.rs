@@ -6,8 +6,9 @@
 //!   process group) or any other program, and stop every process started on drop, on error and
 //!   on SIGINT/SIGTERM; scratch directories removed likewise; the busy-polling
 //!   request/response [`launch::Client`].
-//! * [`cleanup`] – what stops all of that when the command is stopped by SIGINT or SIGTERM, with
-//!   the hooks that run first ([`cleanup::install_cleanup`]).
+//! * [`cleanup`] – what stops all of that when the command is stopped: SIGINT, SIGTERM, or a
+//!   print that finds its output closed (a reader that went away), with the hooks that run
+//!   first ([`cleanup::install_cleanup`]).
 //! * [`preflight`] – whether the agent can be loaded into a program (dynamically linked, of
 //!   the agent's machine, no secure execution), decided before it starts, so a program it
 //!   cannot reach is refused at once with what to do; [`launch::attach_agent`] is the one way

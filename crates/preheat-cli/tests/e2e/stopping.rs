@@ -1,5 +1,5 @@
-//! How commands stop, and that nothing outlives them: stopped by SIGTERM, and a hot floor killed
-//! by SIGKILL put back by the next command.
+//! How commands stop, and that nothing outlives them: stopped by SIGTERM, by a closed output (the
+//! reader went away), and a hot floor killed by SIGKILL put back by the next command.
 
 use crate::common;
 
@@ -46,6 +46,47 @@ fn a_killed_hot_floor_is_restored_by_the_next_command() {
     let _ = preheat(&["ws", "show", "/nonexistent.phws"], &rd);
     assert_eq!(std::fs::read_to_string(&knob).unwrap().trim(), original);
     assert!(!journal.exists(), "the restored journal was not removed");
+}
+
+/// A demo whose reader goes away (`preheat demo 2>&1 | head`) stops as on SIGTERM when it next
+/// prints: exit 128 + 15, its server stopped, nothing left in the run directory — not a panic
+/// (exit 101) that kept the agents' logs as after a failure.
+#[test]
+fn a_demo_whose_output_is_closed_stops_as_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rd = run_dir(&tmp);
+    let mut demo = preheat_testsupport::TermOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_preheat"))
+            .args(["demo", "--rounds", "200"])
+            .args(common::QUICK_DEMO)
+            .env("PREHEAT_RUN_DIR", &rd)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = std::time::Instant::now();
+    while agent_logs(&rd).is_empty() {
+        assert!(t0.elapsed().as_secs() < 60, "no agent log within 60 s");
+        assert!(demo.0.try_wait().unwrap().is_none(), "the demo ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The reader goes away; the demo's next progress line finds its stderr closed.
+    drop(demo.0.stderr.take());
+    let st = loop {
+        if let Some(st) = demo.0.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed().as_secs() < 240,
+            "the demo went on for 240 s with its output closed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(st.code(), Some(143), "stopped as by SIGTERM: exit 128 + 15");
+    assert_no_agent_sockets(&rd);
+    let logs: Vec<String> = agent_logs(&rd).into_iter().map(|(n, _)| n).collect();
+    assert!(logs.is_empty(), "agent logs left behind: {logs:?}");
 }
 
 /// A demo stopped by SIGTERM stops its server and leaves nothing in the run directory: no agent
