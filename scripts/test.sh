@@ -19,7 +19,7 @@ skip() { # skip STEP COMPONENT REASON: a step of this script that did not run
   echo "test.sh: SKIP $1: $3"
 }
 # What existed in /tmp before the run: whatever /tmp/preheat-* appears and stays was left behind by
-# this run (this script's own logs excepted); the same for the network namespaces `demo --netns`
+# this run (this script's own logs excepted: kept where the run failed, removed where it passed); the same for the network namespaces `demo --netns`
 # makes (/run/netns/preheat-PID) and for the Rust tests' temporary files and directories
 # (tempfile's /tmp/.tmpXXXXXX, and anything written beside them).
 tmp_listing() {
@@ -72,7 +72,13 @@ finish() {
       [ "$status" -ne 0 ] || status=1
     fi
   fi
-  [ "$status" -ne 0 ] || echo "test.sh: [${SECONDS}s] all tests passed"
+  if [ "$status" -eq 0 ]; then
+    # This script's own logs are for a failure's diagnosis: a run that passed removes them.
+    rm -f /tmp/preheat-test.log /tmp/preheat-cargo-fuzz-install.log /tmp/preheat-fuzz-*.log
+    echo "test.sh: [${SECONDS}s] all tests passed"
+  else
+    echo "test.sh: this run's logs (where it got that far): /tmp/preheat-test.log, /tmp/preheat-fuzz-*.log"
+  fi
   exit "$status"
 }
 trap finish EXIT

@@ -94,6 +94,30 @@ impl AgentPlace {
     }
 }
 
+/// The longest lead a demo accepts, µs (10 s: every round waits it once per mode).
+pub const MAX_LEAD_US: u64 = 10_000_000;
+
+impl DemoParams {
+    /// Refuse sizes that cannot make a measurement, before anything starts: no rounds (the
+    /// table had only zeros), no pilot rounds, no lead or one of hours.
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.rounds == 0 {
+            anyhow::bail!("--rounds 0: the table needs at least one round of every mode");
+        }
+        if self.pilot_rounds == 0 {
+            anyhow::bail!("--pilot-rounds 0: `auto`'s pilot needs at least one round");
+        }
+        if !(1..=MAX_LEAD_US).contains(&self.lead_us) {
+            anyhow::bail!(
+                "--lead-us {}: the lead must be 1 to {MAX_LEAD_US} µs (announced that far ahead; \
+                 every round waits it once per mode)",
+                self.lead_us
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Default for DemoParams {
     fn default() -> DemoParams {
         DemoParams {
@@ -123,5 +147,27 @@ impl Default for DemoParams {
             connection_row: false,
             agent: AgentPlace::Auto,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_measure_nothing_are_refused() {
+        assert!(DemoParams::default().check().is_ok());
+        let with = |f: fn(&mut DemoParams)| {
+            let mut p = DemoParams::default();
+            f(&mut p);
+            p.check().unwrap_err().to_string()
+        };
+        assert!(with(|p| p.rounds = 0).contains("--rounds 0"));
+        assert!(with(|p| p.pilot_rounds = 0).contains("--pilot-rounds 0"));
+        assert!(with(|p| p.lead_us = 0).contains("--lead-us 0"));
+        assert!(with(|p| p.lead_us = 99_999_999_999).contains("1 to 10000000"));
+        let mut p = DemoParams::default();
+        p.lead_us = MAX_LEAD_US;
+        assert!(p.check().is_ok());
     }
 }

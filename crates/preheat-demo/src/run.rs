@@ -455,6 +455,7 @@ fn machine(ncpu: usize) -> String {
 /// the rounds to `measuring`; notes go to stderr (`demo: ...`). The server and everything
 /// started for it are stopped before this returns.
 pub fn run(a: &DemoParams, recording: &dyn Progress, measuring: &dyn Progress) -> Result<Output> {
+    a.check()?;
     let (ncpu, server_cpu, client_cpu) = placement(a)?;
     let wanted = wanted_modes(a)?;
     preheat_engine::os::set_affinity(&[client_cpu]).context("pinning the client")?;

@@ -154,6 +154,10 @@ fn usage_errors_are_clear() {
         );
     }
     fails_with(&["announce", "--port", "1"], &rd, &["no agents"]);
+    // Sizes that measure nothing are refused before a server starts.
+    fails_with(&["demo", "--rounds", "0"], &rd, &["--rounds 0"]);
+    fails_with(&["demo", "--lead-us", "99999999999"], &rd, &["--lead-us"]);
+    assert_no_agent_sockets(&rd);
     assert!(!out.exists(), "nothing written on errors");
     // --help explains.
     let help = ok(&["record", "--help"], &rd);
