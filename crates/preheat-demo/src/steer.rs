@@ -152,7 +152,7 @@ pub(crate) fn decide(
     let (gain, verdict) = judge(&off, &on);
     let steered = verdict == Verdict::Helps;
     steering.set(steered)?;
-    let why = pilot_sentence(&m.name(), &gain, wired, steered);
+    let why = pilot_sentence(&m.name(), &gain, wired, verdict);
     eprintln!("demo: steer-rx: {why}");
     Ok(SteerChoice {
         steered,
@@ -163,7 +163,7 @@ pub(crate) fn decide(
 }
 
 /// What the steering pilot measured and decided, in one sentence.
-fn pilot_sentence(mode: &str, gain: &Summary, wired: bool, steered: bool) -> String {
+fn pilot_sentence(mode: &str, gain: &Summary, wired: bool, verdict: Verdict) -> String {
     format!(
         "{mode} with steering was {:.1} µs per round faster than without (median{}, 95% CI \
          {:.1}–{:.1}, {} paired rounds): {}",
@@ -172,10 +172,10 @@ fn pilot_sentence(mode: &str, gain: &Summary, wired: bool, steered: bool) -> Str
         gain.p50_lo,
         gain.p50_hi,
         gain.n,
-        if steered {
-            "steered"
-        } else {
-            "not shown faster, not steered"
+        match verdict {
+            Verdict::Helps => "steered",
+            Verdict::TooFewRounds => "too few rounds for that interval, not steered",
+            _ => "not shown faster, not steered",
         }
     )
 }
@@ -187,7 +187,7 @@ mod tests {
     #[test]
     fn the_pilot_says_what_it_measured() {
         let gain = preheat_model::stats::summarize(&[3.0, 5.0, 6.8, 7.0, 9.0, 12.0, 14.6]);
-        let s = pilot_sentence("preheat:auto", &gain, true, true);
+        let s = pilot_sentence("preheat:auto", &gain, true, Verdict::Helps);
         assert!(
             s.starts_with("preheat:auto with steering was 7.0 µs per round faster"),
             "{s}"
@@ -196,9 +196,14 @@ mod tests {
             s.contains("(median from the wire on, 95% CI") && s.ends_with(": steered"),
             "{s}"
         );
-        let s = pilot_sentence("preheat:replay", &gain, false, false);
+        let s = pilot_sentence("preheat:replay", &gain, false, Verdict::NoMeasurableEffect);
         assert!(
-            s.contains("(median, 95% CI") && s.ends_with("not steered"),
+            s.contains("(median, 95% CI") && s.ends_with("not shown faster, not steered"),
+            "{s}"
+        );
+        let s = pilot_sentence("preheat:replay", &gain, false, Verdict::TooFewRounds);
+        assert!(
+            s.ends_with("too few rounds for that interval, not steered"),
             "{s}"
         );
     }

@@ -133,13 +133,18 @@ fn median(v: Vec<f64>) -> Option<f64> {
 }
 
 /// Whether the hot floor is one in this run: warm − hot per round (the rounds that measured
-/// both), its median with the 95% CI. Verified when the CI lies above 0.
+/// both), its median with the 95% CI. Verified when the CI lies above 0 — and only where the
+/// rounds can bracket a 95% interval of the median at all (`preheat_model::stats`'
+/// ranks, as `auto`'s verdicts): fewer rounds' "interval" is their smallest and largest value,
+/// and one round "verified" a floor from a single difference.
 #[derive(Debug, Clone, Serialize)]
 pub struct FloorCheck {
     pub verified: bool,
     pub warm_minus_hot_us_p50: f64,
     pub ci_us: [f64; 2],
     pub rounds: usize,
+    /// Too few rounds for a 95% interval of the median: not verified, whatever the values.
+    pub too_few_rounds: bool,
 }
 
 impl FloorCheck {
@@ -154,6 +159,8 @@ impl FloorCheck {
             self.rounds,
             if self.verified {
                 ""
+            } else if self.too_few_rounds {
+                ": too few rounds for a 95% interval of the median, so shares are against warm"
             } else {
                 ": hot is not shown faster than warm here, so shares are against warm"
             }
@@ -174,11 +181,14 @@ pub(crate) fn floor_check(samples: &[Sample]) -> Option<FloorCheck> {
         .filter_map(|w| hot.get(&w.round).map(|h| w.latency_us - h))
         .collect();
     let s = summarize(&d);
+    let r = preheat_model::stats::quantile_ranks(s.n, 0.5);
+    let too_few_rounds = r.lo.is_none() || r.hi.is_none();
     (s.n > 0).then_some(FloorCheck {
-        verified: s.p50_lo > 0.0,
+        verified: !too_few_rounds && s.p50_lo > 0.0,
         warm_minus_hot_us_p50: s.p50,
         ci_us: [s.p50_lo, s.p50_hi],
         rounds: s.n,
+        too_few_rounds,
     })
 }
 
@@ -536,6 +546,38 @@ mod tests {
         Sample::new(mode.into(), round, kind.into(), latency_us, 0.0)
     }
 
+    /// Hot 2 µs below warm in every round: verified from enough rounds, never from a handful
+    /// (one round once "verified" a floor from a single difference, its "CI" that difference).
+    #[test]
+    fn a_floor_is_verified_only_from_rounds_that_bracket_an_interval() {
+        let rounds = |n: usize| -> Vec<Sample> {
+            (0..n)
+                .flat_map(|r| {
+                    let j = r as f64 * 0.01;
+                    [
+                        sample("hot", r, "request", 10.0 + j),
+                        sample("warm", r, "request", 12.0 + j),
+                    ]
+                })
+                .collect()
+        };
+        for n in [1, 2, 5, 7] {
+            let c = floor_check(&rounds(n)).unwrap();
+            assert!(!c.verified && c.too_few_rounds, "{n} rounds: {c:?}");
+            assert!(c.describe().contains("too few rounds"), "{}", c.describe());
+        }
+        let c = floor_check(&rounds(30)).unwrap();
+        assert!(c.verified && !c.too_few_rounds, "{c:?}");
+        // Enough rounds but hot not below warm: not verified, and not for too few rounds.
+        let mut flat = rounds(30);
+        for x in flat.iter_mut().filter(|x| x.mode == "warm") {
+            x.latency_us -= 2.0;
+        }
+        let c = floor_check(&flat).unwrap();
+        assert!(!c.verified && !c.too_few_rounds, "{c:?}");
+        assert!(c.describe().contains("not shown faster"));
+    }
+
     /// A mode that leaves 10 µs above hot, 8 of them in the client's own transmit (wire): the
     /// residual names the stages, and the share from the wire on sees the server's part.
     #[test]
@@ -548,7 +590,7 @@ mod tests {
             ("cold-sweep", 120.0, 20.0, 75.0),
             ("preheat:replay", 30.0, 10.0, 19.0),
         ];
-        for r in 0..7 {
+        for r in 0..9 {
             for &(m, total, wire, start) in &modes {
                 let mut x = sample(m, r, "request", total + r as f64 * 0.1);
                 x.wire_us = wire;

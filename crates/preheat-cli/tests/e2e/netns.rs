@@ -113,7 +113,7 @@ fn demo_over_a_veth_pair() {
     );
     let rows = v["rows"].as_array().unwrap();
     // The hot row is shown only where this run verified it as a floor (hot below warm by its
-    // CI); with 3 rounds on a loaded machine it may not be, and the shares are then against warm.
+    // CI); 3 rounds are too few for that interval, and the shares are then against warm.
     let floor = rows[0]["floor"].as_str().unwrap();
     let hot = (floor == "hot").then_some("hot");
     for m in hot
