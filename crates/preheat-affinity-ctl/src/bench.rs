@@ -63,6 +63,9 @@ fn median(v: &[f64]) -> f64 {
 /// Measure the controller's overhead and quantum accuracy (see the module docs), reporting one
 /// step per run to `progress` ("affinity", 3 × reps steps); workers are started with `worker`.
 pub fn measure(a: &BenchSpec, worker: &WorkerCmd, progress: &dyn Progress) -> Result<BenchResult> {
+    if a.reps == 0 {
+        anyhow::bail!("--reps 0: a benchmark needs at least one repetition (>= 5 for a headline)");
+    }
     let kind = Kind::parse(&a.workload)
         .ok_or_else(|| anyhow::anyhow!("--workload {:?}: chase, stream or branchy", a.workload))?;
     let plan = crate::topology::plan(None, 0, &[2, 10, 200])?;
@@ -79,7 +82,7 @@ pub fn measure(a: &BenchSpec, worker: &WorkerCmd, progress: &dyn Progress) -> Re
         vector_in_process: in_process,
         worker: worker.clone(),
     };
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     progress.start(3 * reps as u64, "affinity");
     let mut ratios = Vec::new();
     let mut proc_ratios = Vec::new();

@@ -193,6 +193,9 @@ pub fn measure(
     passthrough: bool,
     progress: &dyn Progress,
 ) -> Result<AgentBench> {
+    if pairs == 0 {
+        anyhow::bail!("--pairs 0: a benchmark needs at least one pair (>= 5 for a headline)");
+    }
     let second = match (aa, passthrough) {
         (true, _) => None,
         (false, p) => Some(!p),

@@ -230,6 +230,9 @@ pub fn measure(
     setup: &Setup,
     progress: &dyn Progress,
 ) -> Result<ObserveBench> {
+    if pairs == 0 {
+        anyhow::bail!("--pairs 0: a benchmark needs at least one pair (>= 5 for a headline)");
+    }
     let (mechanism, toggle) = (setup.mechanism, setup.toggle);
     if preheat_engine::os::online_cpus() >= 2 {
         preheat_engine::os::set_affinity(&[0])?;

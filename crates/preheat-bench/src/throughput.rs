@@ -201,7 +201,9 @@ pub fn measure(
     reps: usize,
     progress: &dyn Progress,
 ) -> Result<PreheatBench> {
-    let reps = reps.max(1);
+    if reps == 0 {
+        anyhow::bail!("--reps 0: a benchmark needs at least one repetition (>= 5 for a headline)");
+    }
     let heap = vec![1u8; 256 << 20];
     let runs = synthetic_ws(&heap, ws_kib * 1024 / 64, 7);
     let addrs: Vec<VirtAddr> = runs

@@ -147,6 +147,10 @@ impl Spread {
     /// Values times `scale` with a unit: `show_scaled(100.0, 1, "%")` gives
     /// "7.9% median [-0.6%–8.6%], n = 5".
     pub fn show_scaled(&self, scale: f64, prec: usize, unit: &str) -> String {
+        if self.n == 0 {
+            // No repetition gave a value: no number, not the zeros of an empty summary.
+            return "n/a (nothing measured), n = 0".into();
+        }
         format!(
             "{:.prec$}{unit} median [{:.prec$}{unit}–{:.prec$}{unit}], n = {}",
             self.median * scale,
@@ -159,6 +163,17 @@ impl Spread {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_spread_of_nothing_shows_no_number() {
+        let s = Spread::of(&[]);
+        assert_eq!(s.show(2), "n/a (nothing measured), n = 0");
+        assert_eq!(
+            Spread::of(&[f64::NAN]).show_scaled(100.0, 1, "%"),
+            s.show(2)
+        );
+        assert_eq!(Spread::of(&[0.5]).show(1), "0.5 median [0.5–0.5], n = 1");
+    }
     use super::*;
 
     #[test]

@@ -157,6 +157,10 @@ fn usage_errors_are_clear() {
     // Sizes that measure nothing are refused before a server starts.
     fails_with(&["demo", "--rounds", "0"], &rd, &["--rounds 0"]);
     fails_with(&["demo", "--lead-us", "99999999999"], &rd, &["--lead-us"]);
+    // A benchmark of no repetitions is refused, not reported as 0.00% with n = 0.
+    fails_with(&["bench", "agent", "--pairs", "0"], &rd, &["--pairs 0"]);
+    fails_with(&["bench", "preheat", "--reps", "0"], &rd, &["--reps 0"]);
+    fails_with(&["affinity", "bench", "--reps", "0"], &rd, &["--reps 0"]);
     assert_no_agent_sockets(&rd);
     assert!(!out.exists(), "nothing written on errors");
     // --help explains.
