@@ -88,7 +88,7 @@ pub enum SimError {
         value: f64,
         why: &'static str,
     },
-    #[error("phase distribution: {0}")]
+    #[error("phase distribution")]
     Phase(#[from] PhaseError),
     #[error(transparent)]
     Setup(#[from] ScenarioError),

@@ -72,6 +72,11 @@ impl Running {
 
 /// Start the server and configure its agents (or its outside agent).
 pub fn run_server(o: &RunServer) -> Result<Running> {
+    // A profile that cannot be read is refused before the server starts (its agents would
+    // otherwise be asked to load it only after the server's start-up).
+    if let Some(p) = &o.profile {
+        preheat_estimate::read_profile(p)?;
+    }
     let auto = o
         .auto_choice
         .as_deref()

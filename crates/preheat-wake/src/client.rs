@@ -28,7 +28,7 @@ pub enum ClientError {
     /// The daemon refused the request; the text says why.
     #[error("the wake daemon refused: {0}")]
     Rejected(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] io::Error),
     #[error("bad reply from the wake daemon: {0}")]
     Protocol(String),

@@ -161,6 +161,30 @@ fn usage_errors_are_clear() {
     fails_with(&["bench", "agent", "--pairs", "0"], &rd, &["--pairs 0"]);
     fails_with(&["bench", "preheat", "--reps", "0"], &rd, &["--reps 0"]);
     fails_with(&["affinity", "bench", "--reps", "0"], &rd, &["--reps 0"]);
+    // A profile that cannot be read is refused before the server starts.
+    let missing = tmp.path().join("missing.phws");
+    let run = [
+        "run",
+        "--port",
+        "1",
+        "--profile",
+        missing.to_str().unwrap(),
+        "--",
+        "true",
+    ];
+    fails_with(&run, &rd, &["cannot read", "missing.phws"]);
+    // An error's cause is said once (it was repeated: the message embedded its source).
+    let sim = [
+        "cosched",
+        "simulate",
+        "--scenario",
+        "single",
+        "--phase-us",
+        "0",
+    ];
+    let o = preheat(&sim, &rd);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.matches("must be positive").count(), 1, "{err}");
     assert_no_agent_sockets(&rd);
     assert!(!out.exists(), "nothing written on errors");
     // --help explains.
