@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from . import affinity_plan, cosched_plan
 from .cli import ToolError
@@ -35,6 +36,25 @@ from .table1_run import SERVERS, CustomServer, DemoOptions
 QUICK_ROUNDS = 5
 
 
+def _number(kind: type, low: float, inclusive: bool) -> Callable[[str], Any]:
+    """An argparse type: a `kind` number at least (or above) `low`, else a clear error."""
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if v < low or (v == low and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text}: must be {'at least' if inclusive else 'above'} {low:g}")
+        return v
+    return parse
+
+
+_positive_int = _number(int, 1, True)
+_nonneg_int = _number(int, 0, True)
+_positive_float = _number(float, 0, False)
+_nonneg_float = _number(float, 0, True)
+
+
 def _servers(text: str, allowed: Sequence[str]) -> list[str]:
     out = [s.strip().lower() for s in text.split(",") if s.strip()]
     bad = [s for s in out if s not in allowed]
@@ -45,18 +65,18 @@ def _servers(text: str, allowed: Sequence[str]) -> list[str]:
 
 def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
     g = p.add_argument_group("preheat demo options (default: the CLI's own)")
-    g.add_argument("--rounds", type=int, default=None,
+    g.add_argument("--rounds", type=_positive_int, default=None,
                    help=f"interleaved rounds per server (default {rounds_default}; --quick: {QUICK_ROUNDS})")
     g.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds, for tests and smoke runs")
-    g.add_argument("--lead-us", type=float, help="announcement lead time, µs (Fastpass: 65)")
-    g.add_argument("--idle-ms", type=float, help="idle gap before a cold-idle request, ms")
-    g.add_argument("--sweep-mib", type=int, help="eviction sweep size, MiB")
-    g.add_argument("--post-gap-us", type=float, help="gap after the sweep, µs")
+    g.add_argument("--lead-us", type=_positive_float, help="announcement lead time, µs (Fastpass: 65)")
+    g.add_argument("--idle-ms", type=_nonneg_float, help="idle gap before a cold-idle request, ms")
+    g.add_argument("--sweep-mib", type=_positive_int, help="eviction sweep size, MiB")
+    g.add_argument("--post-gap-us", type=_nonneg_float, help="gap after the sweep, µs")
     g.add_argument("--strategies", help="strategies, comma separated (each may combine with +)")
-    g.add_argument("--samples", type=int, help="recording samples (n of k-of-n)")
-    g.add_argument("--keep", type=int, help="keep lines seen in at least this many samples (k)")
-    g.add_argument("--gap-merge", type=int, help="merge runs separated by at most this many lines")
-    g.add_argument("--server-cpu", type=int, help="server CPU (default: the last)")
+    g.add_argument("--samples", type=_positive_int, help="recording samples (n of k-of-n)")
+    g.add_argument("--keep", type=_positive_int, help="keep lines seen in at least this many samples (k)")
+    g.add_argument("--gap-merge", type=_nonneg_int, help="merge runs separated by at most this many lines")
+    g.add_argument("--server-cpu", type=_nonneg_int, help="server CPU (default: the last)")
     g.add_argument("--syscall-stages", action="store_true",
                    help="also split every response at the server's own system calls (to read, "
                         "compute, reply: stages.csv); root, ~0.6 µs per traced call")
@@ -64,13 +84,13 @@ def _demo_args(p: argparse.ArgumentParser, rounds_default: int) -> None:
                    help="also measure the demo's conn-primed row (one request on the measured "
                         "connection after going cold, then auto's announcement; not a strategy): "
                         "decomposition.csv gets auto − conn-primed, what the connection costs")
-    g.add_argument("--timeout-s", type=float, help="per-demo time limit (default: 300 s + 3 s/round)")
-    g.add_argument("--bootstrap", type=int, default=None,
+    g.add_argument("--timeout-s", type=_positive_float, help="per-demo time limit (default: 300 s + 3 s/round)")
+    g.add_argument("--bootstrap", type=_positive_int, default=None,
                    help="bootstrap resamples for CIs (default 2000)")
 
 
 def _demo_options(a: argparse.Namespace, rounds_default: int) -> DemoOptions:
-    rounds = a.rounds if a.rounds else (QUICK_ROUNDS if a.quick else rounds_default)
+    rounds = a.rounds if a.rounds is not None else (QUICK_ROUNDS if a.quick else rounds_default)
     return DemoOptions(rounds=rounds, lead_us=a.lead_us, idle_ms=a.idle_ms, sweep_mib=a.sweep_mib,
                        post_gap_us=a.post_gap_us, strategies=a.strategies, samples=a.samples,
                        keep=a.keep, gap_merge=a.gap_merge, server_cpu=a.server_cpu,
@@ -127,7 +147,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g = t1.add_argument_group(
         "any server", "instead of catalog servers, one server given by its command after --, as "
                       "`preheat demo --port P --protocol X --request R -- CMD` takes it")
-    g.add_argument("--port", type=int, help="the port the server listens on")
+    g.add_argument("--port", type=_number(int, 1, True), help="the port the server listens on")
     g.add_argument("--protocol", choices=["http", "memcached", "redis", "raw"], default="http",
                    help="its protocol (default http)")
     g.add_argument("--request", help="the request to measure: an HTTP path, a key, raw bytes")
@@ -148,16 +168,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     help="output directory (results in DIR/peer/, report in DIR/report.html) (default results/peer)")
     pe.add_argument("--servers", type=lambda s: _servers(s, PEER_SERVERS), default=list(PEER_SERVERS),
                     help=f"comma list of {','.join(PEER_SERVERS)}")
-    pe.add_argument("--seconds", type=float, default=10.0, help="duration of each run (default 10)")
-    pe.add_argument("--connections", type=int, default=4, help="connections on both sides (default 4)")
-    pe.add_argument("--repeats", type=int, default=1, help="repeat ours-epoll/peer/ours-block/ours-spin (default 1)")
-    pe.add_argument("--server-cpu", type=int,
+    pe.add_argument("--seconds", type=_positive_float, default=10.0, help="duration of each run (default 10)")
+    pe.add_argument("--connections", type=_positive_int, default=4, help="connections on both sides (default 4)")
+    pe.add_argument("--repeats", type=_positive_int, default=1, help="repeat ours-epoll/peer/ours-block/ours-spin (default 1)")
+    pe.add_argument("--server-cpu", type=_nonneg_int,
                     help="pin the server to this CPU (default: the last CPU; both clients get the others)")
-    pe.add_argument("--threads", type=int, default=1,
+    pe.add_argument("--threads", type=_positive_int, default=1,
                     help="client threads on both sides (default 1; redis-benchmark is always 1)")
     pe.add_argument("--no-pin", action="store_true",
                     help="do not pin the server and the clients (default: pinned, recorded in the report)")
-    pe.add_argument("--tolerance", type=float, default=0.05, help="agreement band (default 0.05)")
+    pe.add_argument("--tolerance", type=_positive_float, default=0.05, help="agreement band (default 0.05)")
     pe.add_argument("--quick", action="store_true", help="2-second runs")
 
     sw = sub.add_parser(
@@ -181,7 +201,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     sw.add_argument("--executor", choices=["local", "ray"], default="local",
                     help="local: process pool; ray: Ray tasks, one per node at a time, each "
                          "requesting all CPUs of its node")
-    sw.add_argument("--jobs", type=int, default=None,
+    sw.add_argument("--jobs", type=_positive_int, default=None,
                     help="points at a time (local default 1: concurrent measurements interfere; "
                          "ray default: one per node)")
     sw.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local cluster)")
@@ -189,7 +209,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
 
     rp = sub.add_parser("report", help="rebuild DIR/report.html (re-analyzing DIR/raw if present)")
     rp.add_argument("--out", type=Path, required=True, help="a directory a lab command wrote")
-    rp.add_argument("--bootstrap", type=int, default=None, help="bootstrap resamples (default 2000)")
+    rp.add_argument("--bootstrap", type=_positive_int, default=None, help="bootstrap resamples (default 2000)")
     rp.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
 
     cm = sub.add_parser(
@@ -203,7 +223,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     help="comma list of mg,cg,is,ep (empty: none)")
     cm.add_argument("--from", dest="from_files", type=Path, nargs="*", default=[],
                     help="existing preheat comm reports to render")
-    cm.add_argument("--seconds", type=float, default=4.0, help="kernel run time (default 4)")
+    cm.add_argument("--seconds", type=_positive_float, default=4.0, help="kernel run time (default 4)")
     cm.add_argument("--quick", action="store_true", help="2-second runs of mg only")
 
     cs = sub.add_parser(
@@ -219,15 +239,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                     help="mg,ep; single,double; 2 reps of 2 s; regroup 0.7 s; 2 seeds (minutes)")
     cs.add_argument("--kernels", help="comma list of mg,cg,is,ep (default all; --quick: mg,ep)")
     cs.add_argument("--scenarios", help="comma list of single,double (default both)")
-    cs.add_argument("--reps", type=int, help="repetitions per cell (default 5; --quick: 2)")
-    cs.add_argument("--seconds", type=float, help="seconds per run (default 6; --quick: 2)")
+    cs.add_argument("--reps", type=_positive_int, help="repetitions per cell (default 5; --quick: 2)")
+    cs.add_argument("--seconds", type=_positive_float, help="seconds per run (default 6; --quick: 2)")
     cs.add_argument("--from", dest="from_file", type=Path,
                     help="render this `preheat cosched experiment --json` output instead of measuring")
     cs.add_argument("--no-measure", action="store_true", help="simulations only")
     cs.add_argument("--guests", action="store_true",
                     help="every VM a real QEMU guest (preheat cosched experiment --guests; "
                          "kernels mg,cg,is; guests booted per run; --quick: mg, 3 s runs)")
-    cs.add_argument("--sim-seeds", type=int, help="simulator seeds per configuration "
+    cs.add_argument("--sim-seeds", type=_nonneg_int, help="simulator seeds per configuration "
                                                   "(default 5; --quick: 2; 0: no simulations)")
 
     af = sub.add_parser(
@@ -251,9 +271,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     af.add_argument("--workloads", help="comma list of chase,stream,branchy,gzip,xz,sqlite3,cc "
                                         "(default all; --quick: chase,gzip)")
     af.add_argument("--quanta", help="quanta in ms, comma list (default 2,10,200; --quick: 2)")
-    af.add_argument("--reps", type=int, help="rounds: every condition once per round "
+    af.add_argument("--reps", type=_positive_int, help="rounds: every condition once per round "
                                              "(default 5, at least 5 unless --quick; --quick: 2)")
-    af.add_argument("--cpu-ms", type=int, help="CPU time per bundled-kernel run, ms (default 500, "
+    af.add_argument("--cpu-ms", type=_positive_int, help="CPU time per bundled-kernel run, ms (default 500, "
                                                "lowered to fit 28 min; --quick: 150)")
     af.add_argument("--seed", type=int, help="seed of the shuffled order (default 1)")
     af.add_argument("--from", dest="from_dir", type=Path,

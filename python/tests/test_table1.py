@@ -446,3 +446,18 @@ def test_share_flags_follow_the_cli_rule():
     assert "removed 120%" in share_flag("preheat:replay", "hot", removed=1.2)
     assert "removed vs warm -130%" in share_flag("preheat:wake", "hot", removed_vs_warm=-1.3)
     assert share_flag("preheat:wake", "hot", removed=float("nan"), removed_vs_warm=None) == ""
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["table1", "--rounds", "0"], "--rounds: 0: must be at least 1"),
+    (["table1", "--lead-us", "0"], "--lead-us: 0: must be above 0"),
+    (["table1", "--rounds", "x"], "'x' is not a number"),
+    (["peer", "--seconds", "-1"], "--seconds: -1: must be above 0"),
+    (["affinity", "--reps", "0"], "--reps: 0: must be at least 1"),
+])
+def test_sizes_that_measure_nothing_are_refused(argv, says, capsys):
+    # `--rounds 0` once fell back to the default silently and ran a whole table.
+    with pytest.raises(SystemExit) as e:
+        lab.main(argv)
+    assert e.value.code == 2
+    assert says in capsys.readouterr().err
