@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use preheat_model::stats::brackets_median;
 use preheat_wake::predictor::PredictorResult;
 
 use crate::output::Output;
@@ -64,7 +65,7 @@ pub fn render(o: &Output) -> String {
             "{:<26} {:>4} {:>20} {:>7.1} {:>7.1} {:>8} {:>8} {:>6} {:>6} {:>7} {:>7} {:>8} {:>8}",
             r.mode,
             l.n,
-            format!("{:.1} ({:.1}–{:.1})", l.p50, l.p50_lo, l.p50_hi),
+            p50_cell(l),
             l.p99,
             l.mean,
             pct(r.overhead_removed),
@@ -118,6 +119,13 @@ pub fn render(o: &Output) -> String {
         w!("{line}");
     }
     out
+}
+
+/// A row's "p50 (95% CI)" cell; `*` where its rounds are too few for that interval (the legend
+/// says what the range is then).
+fn p50_cell(l: &preheat_model::stats::Summary) -> String {
+    let mark = if brackets_median(l.n) { "" } else { "*" };
+    format!("{:.1} ({:.1}–{:.1}){mark}", l.p50, l.p50_lo, l.p50_hi)
 }
 
 /// The recording's line and what its probe had to redo.
@@ -357,6 +365,9 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
     if o.connection_state.is_some() {
         v.push(format!("{} = a diagnostic row (--connection-row), not a strategy: after the cold-making step the client sends one request on the measured connection, then waits the lead and announces what auto chose; auto − {} is what the state of the connection the request comes on costs, which a warm-up on a connection of its own does not reach;", crate::mode::CONN_PRIMED, crate::mode::CONN_PRIMED));
     }
+    if o.rows.iter().any(|r| !brackets_median(r.latency.n)) {
+        v.push("* = fewer than 8 rounds: the interval shown is the smallest and largest value, not a 95% confidence interval;".into());
+    }
     v.push("start rm / serve rm = each stage's share removed, computed like removed on that stage's p50s. preheat = agent-reported time to issue the lines (p50);".into());
     v.push("lead t/w = announced arrival − when the agent's trigger thread got the announcement / when its worker started on the server CPU (p50); server start p50/p99.".into());
     v.push("paper (Table 1, Odroid-XU3 ARM, not this machine): memcached warm 178.8 / cold 238.8 / preheated 188.5 µs, 142.3 KiB, preheat 53.0 µs (84% removed);".into());
@@ -366,6 +377,15 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_interval_of_too_few_rounds_is_marked() {
+        use preheat_model::stats::summarize;
+        let few = summarize(&[10.0, 11.0, 12.0]);
+        assert_eq!(p50_cell(&few), "11.0 (10.0–12.0)*");
+        let v: Vec<f64> = (0..30).map(|i| 10.0 + i as f64 * 0.1).collect();
+        assert!(!p50_cell(&summarize(&v)).ends_with('*'));
+    }
     use super::*;
     use preheat_wake::predictor::P50;
 

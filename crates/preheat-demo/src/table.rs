@@ -181,8 +181,7 @@ pub(crate) fn floor_check(samples: &[Sample]) -> Option<FloorCheck> {
         .filter_map(|w| hot.get(&w.round).map(|h| w.latency_us - h))
         .collect();
     let s = summarize(&d);
-    let r = preheat_model::stats::quantile_ranks(s.n, 0.5);
-    let too_few_rounds = r.lo.is_none() || r.hi.is_none();
+    let too_few_rounds = !preheat_model::stats::brackets_median(s.n);
     (s.n > 0).then_some(FloorCheck {
         verified: !too_few_rounds && s.p50_lo > 0.0,
         warm_minus_hot_us_p50: s.p50,

@@ -33,7 +33,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::proto::Strategies;
-use crate::stats::{quantile_ranks, summarize, Summary};
+use crate::stats::{brackets_median, summarize, Summary};
 
 /// What the pilot measured of one candidate against none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,8 +130,7 @@ fn paired_gains(none: &[f64], cand: &[f64]) -> Vec<f64> {
 
 fn verdict(g: &Summary) -> Verdict {
     // A CI the sample cannot bracket reads as its extremes: not evidence.
-    let r = quantile_ranks(g.n, 0.5);
-    if g.n == 0 || r.lo.is_none() || r.hi.is_none() {
+    if !brackets_median(g.n) {
         Verdict::TooFewRounds
     } else if g.p50_lo > 0.0 {
         Verdict::Helps

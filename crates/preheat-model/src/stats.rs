@@ -45,6 +45,14 @@ pub fn quantile_ranks(n: usize, q: f64) -> QuantileRanks {
     }
 }
 
+/// Whether `n` values bracket a 95% confidence interval of their median ([`quantile_ranks`]:
+/// 8 or more). Below that, [`quantile_ci`]'s "interval" is the smallest and largest value, which
+/// is no evidence: the one criterion for every verdict and claim drawn from a median's interval.
+pub fn brackets_median(n: usize) -> bool {
+    let r = quantile_ranks(n, 0.5);
+    n > 0 && r.lo.is_some() && r.hi.is_some()
+}
+
 /// The `q` quantile of an ascending sample and its 95% confidence interval `(value, lo, hi)`
 /// ([`quantile_ranks`]; a bound the sample cannot bracket is its smallest or largest value).
 /// NaN for an empty sample.
@@ -163,6 +171,12 @@ impl Spread {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn eight_values_are_the_fewest_that_bracket_a_median_interval() {
+        assert!(!brackets_median(0) && !brackets_median(1) && !brackets_median(7));
+        assert!((8..200).all(brackets_median));
+    }
 
     #[test]
     fn a_spread_of_nothing_shows_no_number() {
