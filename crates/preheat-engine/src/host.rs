@@ -84,6 +84,20 @@ pub fn free_port() -> io::Result<u16> {
     ))
 }
 
+/// Whether something accepts TCP connections at `addr` (a connection within `timeout`). A
+/// connect to a loopback port nothing listens on can still succeed: when the kernel picks that
+/// very port as the connection's own ephemeral source port, the socket connects to itself (TCP
+/// simultaneous open). Such a connection is no listener and counts as none — without this, a
+/// wait for a starting server's port could end before the server listened.
+pub fn accepts_connections(addr: std::net::SocketAddr, timeout: std::time::Duration) -> bool {
+    std::net::TcpStream::connect_timeout(&addr, timeout).is_ok_and(|s| reached_a_listener(&s))
+}
+
+/// Whether a connected stream reached another socket (not itself).
+fn reached_a_listener(s: &std::net::TcpStream) -> bool {
+    matches!((s.local_addr(), s.peer_addr()), (Ok(l), Ok(p)) if l != p)
+}
+
 /// This process's real and effective user and group ids and its `no_new_privs` flag (under
 /// which the kernel ignores set-id bits and file capabilities).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,6 +206,48 @@ pub fn on_nosuid_mount(p: &Path) -> io::Result<bool> {
 
 #[cfg(test)]
 mod tests {
+
+    /// A socket bound to a port and connected to that same port connects to itself; a
+    /// connection to a listener does not.
+    #[test]
+    fn a_self_connection_is_no_listener() {
+        use std::os::fd::FromRawFd;
+        let port = free_port().unwrap();
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        // SAFETY: a new socket; `addr` is a valid sockaddr_in of `len` bytes for bind and
+        // connect; the fd is owned by the TcpStream made from it (closed on its drop).
+        let stream = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let sa = &addr as *const libc::sockaddr_in as *const libc::sockaddr;
+            assert_eq!(libc::bind(fd, sa, len), 0, "{}", io::Error::last_os_error());
+            assert_eq!(
+                libc::connect(fd, sa, len),
+                0,
+                "{}",
+                io::Error::last_os_error()
+            );
+            std::net::TcpStream::from_raw_fd(fd)
+        };
+        assert!(
+            !reached_a_listener(&stream),
+            "a self-connection counted as a listener"
+        );
+        drop(stream);
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = l.local_addr().unwrap();
+        assert!(accepts_connections(to, std::time::Duration::from_secs(2)));
+        drop(l);
+        assert!(!accepts_connections(to, std::time::Duration::from_secs(2)));
+    }
     use super::*;
 
     #[test]

@@ -8,7 +8,7 @@
 #![allow(clippy::disallowed_methods)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -83,7 +83,7 @@ fn lighttpd(max_requests: u32) -> Option<(Lighttpd, SocketAddr)> {
     let guard = Lighttpd(child, dir);
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let t0 = Instant::now();
-    while TcpStream::connect(addr).is_err() {
+    while !preheat_engine::host::accepts_connections(addr, Duration::from_secs(1)) {
         assert!(
             t0.elapsed() < Duration::from_secs(10),
             "lighttpd did not listen on {addr}"

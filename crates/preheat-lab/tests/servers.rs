@@ -127,7 +127,7 @@ fn start(kind: ServerKind, warehouses: u32) -> Option<Running> {
     };
     let deadline = Instant::now() + running.plan.start_timeout;
     loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        if preheat_engine::host::accepts_connections(addr, Duration::from_millis(200)) {
             break;
         }
         if let Ok(Some(status)) = running.child.try_wait() {

@@ -359,9 +359,9 @@ pub fn port_in_use(port: u16) -> bool {
     listens(SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-/// Whether something accepts connections at `addr`.
+/// Whether something accepts connections at `addr` (not a loopback socket connected to itself).
 fn listens(addr: SocketAddr) -> bool {
-    TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    preheat_engine::host::accepts_connections(addr, Duration::from_millis(200))
 }
 
 /// Give `cmd` (a program the agent is attached to) `run_dir` as its agents' run directory,

@@ -357,7 +357,9 @@ pub fn wait_port(port: u16, child: &mut std::process::Child) -> Result<u16, Stri
         if let Ok(Some(st)) = child.try_wait() {
             return Err(format!("the server for 127.0.0.1:{port} exited: {st}"));
         }
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        // Not a bare connect: one to a port nothing listens on yet can connect to itself.
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        if preheat_engine::host::accepts_connections(addr, std::time::Duration::from_secs(1)) {
             return Ok(port);
         }
         if t0.elapsed() > std::time::Duration::from_secs(20) {

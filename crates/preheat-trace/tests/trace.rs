@@ -165,7 +165,10 @@ fn get_experiment(name: &str, cmd: Vec<String>, ready: Ready, setup: Option<&[u8
                 }
             }
             Ready::Port(p) => {
-                if TcpStream::connect(("127.0.0.1", p)).is_ok() {
+                if preheat_engine::host::accepts_connections(
+                    ([127, 0, 0, 1], p).into(),
+                    Duration::from_secs(1),
+                ) {
                     break p;
                 }
             }

@@ -163,7 +163,10 @@ fn serve_starts_loads_and_stops_redis() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let t0 = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_ok() {
+    while preheat_engine::host::accepts_connections(
+        ([127, 0, 0, 1], port).into(),
+        Duration::from_secs(1),
+    ) {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
             "redis still listens after SIGTERM"

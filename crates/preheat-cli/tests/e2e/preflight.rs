@@ -96,7 +96,10 @@ fn refused_at_once(server: &std::path::Path, reason: &str, fix: &str, comm_fix: 
         assert!(took < AT_ONCE, "{args:?} took {took:?}");
     }
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).is_err(),
+        !preheat_engine::host::accepts_connections(
+            ([127, 0, 0, 1], port.parse::<u16>().unwrap()).into(),
+            std::time::Duration::from_secs(1)
+        ),
         "nothing listens on the port"
     );
     assert!(!std::path::Path::new(out).exists(), "no profile written");

@@ -320,7 +320,10 @@ fn run_preheats_a_static_go_server_from_outside() {
     preheat_engine::os::send_signal(run.0.id(), libc::SIGTERM, false).unwrap();
     run.0.wait().unwrap();
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port.parse::<u16>().unwrap())).is_err(),
+        !preheat_engine::host::accepts_connections(
+            ([127, 0, 0, 1], port.parse::<u16>().unwrap()).into(),
+            std::time::Duration::from_secs(1)
+        ),
         "the server still listens"
     );
     // Removed on the signal, not left for the next command's discovery.

@@ -2,7 +2,7 @@
 //! wrapped so it dies with us; stopped on drop.
 
 use std::ffi::OsString;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,7 +65,7 @@ pub(super) fn resolve(text: &str) -> Result<SocketAddr> {
 fn wait_connectable(addr: SocketAddr, child: &mut Child, stop: &AtomicBool) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        if preheat_engine::host::accepts_connections(addr, Duration::from_millis(200)) {
             return Ok(());
         }
         if let Some(st) = child.try_wait()? {
