@@ -66,6 +66,9 @@ fn config(a: &LoadParams, strategy: String) -> Result<LoadConfig> {
         None => None,
     };
     let requests = a.request_count();
+    if requests == Some(0) {
+        bail!("--requests 0: nothing would be measured (give at least 1, or --duration-s)");
+    }
     let threads = a.threads.unwrap_or(a.connections);
     if threads == 0 || threads > a.connections {
         bail!(

@@ -408,6 +408,10 @@ fn bad_flag_combinations_are_clear_errors() {
         "connection 0",
     );
     fails(
+        &["--target", "127.0.0.1:1", "--requests", "0"],
+        "--requests 0",
+    );
+    fails(
         &[
             "--target",
             "127.0.0.1:1",
