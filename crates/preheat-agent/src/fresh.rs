@@ -239,14 +239,7 @@ fn connect_loopback(port: u16) -> Option<RawFd> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    let addr = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
+    let addr = preheat_engine::os::loopback_sockaddr_in(port);
     // SAFETY: `addr` is a valid sockaddr_in local and the length is its size.
     let r = unsafe {
         libc::syscall(

@@ -213,14 +213,7 @@ mod tests {
     fn a_self_connection_is_no_listener() {
         use std::os::fd::FromRawFd;
         let port = free_port().unwrap();
-        let addr = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: port.to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
+        let addr = crate::os::loopback_sockaddr_in(port);
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         // SAFETY: a new socket; `addr` is a valid sockaddr_in of `len` bytes for bind and
         // connect; the fd is owned by the TcpStream made from it (closed on its drop).

@@ -517,6 +517,19 @@ pub fn advise_hugepages(addr: preheat_model::VirtAddr, len: usize) -> io::Result
     Ok(())
 }
 
+/// The IPv4 loopback address 127.0.0.1:`port` as the kernel takes it (for raw `bind` and
+/// `connect`: the agent's own connections, which make no allocation and no libc call).
+pub const fn loopback_sockaddr_in(port: u16) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
 /// Acknowledge what socket `fd` has received at once (`TCP_QUICKACK`; the kernel sends a pending
 /// delayed ACK now). A client that reads a reply in several pieces uses it so a server's Nagle
 /// algorithm, waiting for the ACK of the first piece, does not stall the rest for the delayed-ACK

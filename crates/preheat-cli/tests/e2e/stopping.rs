@@ -55,22 +55,8 @@ fn a_killed_hot_floor_is_restored_by_the_next_command() {
 fn a_demo_whose_output_is_closed_stops_as_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
-    let mut demo = preheat_testsupport::TermOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_preheat"))
-            .args(["demo", "--rounds", "200"])
-            .args(common::QUICK_DEMO)
-            .env("PREHEAT_RUN_DIR", &rd)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut demo = demo_until_attached(&rd, std::process::Stdio::piped());
     let t0 = std::time::Instant::now();
-    while agent_logs(&rd).is_empty() {
-        assert!(t0.elapsed().as_secs() < 60, "no agent log within 60 s");
-        assert!(demo.0.try_wait().unwrap().is_none(), "the demo ended early");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
     // The reader goes away; the demo's next progress line finds its stderr closed.
     drop(demo.0.stderr.take());
     let st = loop {
@@ -95,27 +81,7 @@ fn a_demo_whose_output_is_closed_stops_as_on_sigterm() {
 fn a_demo_stopped_by_sigterm_leaves_no_agent_logs() {
     let tmp = tempfile::tempdir().unwrap();
     let rd = run_dir(&tmp);
-    let mut demo = preheat_testsupport::TermOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_preheat"))
-            .args(["demo", "--rounds", "200"])
-            .args(common::QUICK_DEMO)
-            .env("PREHEAT_RUN_DIR", &rd)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    // Until its server's agent has written its log (it attached).
-    let t0 = std::time::Instant::now();
-    while agent_logs(&rd).is_empty() {
-        assert!(
-            t0.elapsed().as_secs() < 60,
-            "no agent log within 60 s in {}",
-            rd.display()
-        );
-        assert!(demo.0.try_wait().unwrap().is_none(), "the demo ended early");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let mut demo = demo_until_attached(&rd, std::process::Stdio::null());
     std::thread::sleep(std::time::Duration::from_millis(500));
     preheat_engine::os::send_signal(demo.0.id(), libc::SIGTERM, false).unwrap();
     let st = demo.0.wait().unwrap();
@@ -132,4 +98,33 @@ fn a_demo_stopped_by_sigterm_leaves_no_agent_logs() {
         .filter(|e| e.file_name().to_string_lossy().starts_with(&own))
         .collect();
     assert!(left.is_empty(), "calibration dirs left behind: {left:?}");
+}
+
+/// A long demo (200 rounds) in `rd`, its stdout discarded and its stderr as given, returned once
+/// its server's agent has written its log (it attached).
+fn demo_until_attached(
+    rd: &std::path::Path,
+    stderr: std::process::Stdio,
+) -> preheat_testsupport::TermOnDrop {
+    let mut demo = preheat_testsupport::TermOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_preheat"))
+            .args(["demo", "--rounds", "200"])
+            .args(common::QUICK_DEMO)
+            .env("PREHEAT_RUN_DIR", rd)
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap(),
+    );
+    let t0 = std::time::Instant::now();
+    while agent_logs(rd).is_empty() {
+        assert!(
+            t0.elapsed().as_secs() < 60,
+            "no agent log within 60 s in {}",
+            rd.display()
+        );
+        assert!(demo.0.try_wait().unwrap().is_none(), "the demo ended early");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    demo
 }
