@@ -184,6 +184,7 @@ impl DemoArgs {
             keep: self.keep,
             gap_merge: self.gap_merge,
             records: self.records,
+            out: self.out,
             server_cpu: self.server_cpu,
             netns: self.netns,
             steer_rx: self.steer_rx.into(),

@@ -27,8 +27,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use preheat_launch::{agentctl, cleanup, paths, servers};
-use preheat_model::proto::{Announcement, Request, Strategies};
-use preheat_model::FilterParams;
+use preheat_model::{proto::Announcement, proto::Request, proto::Strategies, FilterParams};
 
 #[derive(Parser)]
 #[command(

@@ -2,9 +2,8 @@
 
 use anyhow::{bail, Result};
 use preheat_estimate::layout::{self, Layout};
-use preheat_estimate::params::Vote;
-use preheat_estimate::session::{choose_backend, Session};
-use preheat_estimate::{write_profile, RecordParams};
+use preheat_estimate::{check_destination, write_profile, RecordParams};
+use preheat_estimate::{params::Vote, session::choose_backend, session::Session};
 use preheat_launch::launch::{self, scratch_dir};
 use preheat_launch::servers;
 
@@ -122,6 +121,7 @@ pub fn run(a: RecordArgs) -> Result<()> {
     if !a.keep_agent_logs {
         preheat_launch::cleanup::tidy_agent_logs_on_signal();
     }
+    check_destination(&a.out)?;
     let scratch = scratch_dir("record")?;
     let started = session(&a, scratch.path())?.start(scratch.path())?;
     eprintln!("preheat: {}", started.describe());

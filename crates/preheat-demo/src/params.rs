@@ -49,6 +49,9 @@ pub struct DemoParams {
     pub gap_merge: u32,
     /// Append every sample as one JSON line to this file as it is measured.
     pub records: Option<PathBuf>,
+    /// Where the caller writes all results as JSON when the run ends (checked before it
+    /// starts: minutes of rounds are not lost to a path that cannot be written).
+    pub out: Option<PathBuf>,
     /// Server CPU (default: the last CPU); the client uses another one.
     pub server_cpu: Option<usize>,
     /// Run the server in a network namespace of its own, reached over a veth pair, instead of
@@ -107,6 +110,13 @@ impl DemoParams {
         if self.pilot_rounds == 0 {
             anyhow::bail!("--pilot-rounds 0: `auto`'s pilot needs at least one round");
         }
+        for (flag, p) in [("--out", &self.out), ("--records", &self.records)] {
+            if let Some(p) = p {
+                preheat_engine::host::check_writable(p).map_err(|e| {
+                    anyhow::anyhow!("{flag} {}: cannot be written: {e}", p.display())
+                })?;
+            }
+        }
         if !(1..=MAX_LEAD_US).contains(&self.lead_us) {
             anyhow::bail!(
                 "--lead-us {}: the lead must be 1 to {MAX_LEAD_US} µs (announced that far ahead; \
@@ -139,6 +149,7 @@ impl Default for DemoParams {
             keep: 6,
             gap_merge: 0,
             records: None,
+            out: None,
             server_cpu: None,
             netns: false,
             steer_rx: crate::SteerRx::Auto,
@@ -166,6 +177,10 @@ mod tests {
         assert!(with(|p| p.pilot_rounds = 0).contains("--pilot-rounds 0"));
         assert!(with(|p| p.lead_us = 0).contains("--lead-us 0"));
         assert!(with(|p| p.lead_us = 99_999_999_999).contains("1 to 10000000"));
+        assert!(
+            with(|p| p.out = Some(PathBuf::from("/nonexistent/dir/x.json")))
+                .starts_with("--out /nonexistent/dir/x.json: cannot be written")
+        );
         let longest = DemoParams {
             lead_us: MAX_LEAD_US,
             ..Default::default()

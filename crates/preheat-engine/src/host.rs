@@ -84,6 +84,27 @@ pub fn free_port() -> io::Result<u16> {
     ))
 }
 
+/// Whether a file can be written at `path`, checked before long work whose result goes there
+/// (a recording, a demo's rounds) instead of after it: its directory exists and takes a new
+/// file (one is created beside `path` and removed again; a file already at `path` is left
+/// alone), and `path` is no directory.
+pub fn check_writable(path: &Path) -> io::Result<()> {
+    if path.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "it is a directory: give a file name",
+        ));
+    }
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|s| s.to_str()).unwrap_or("out");
+    let probe = dir.join(format!(".{name}.check-{}", std::process::id()));
+    std::fs::File::create(&probe)?;
+    std::fs::remove_file(&probe)
+}
+
 /// Whether something accepts TCP connections at `addr` (a connection within `timeout`). A
 /// connect to a loopback port nothing listens on can still succeed: when the kernel picks that
 /// very port as the connection's own ephemeral source port, the socket connects to itself (TCP
@@ -206,6 +227,24 @@ pub fn on_nosuid_mount(p: &Path) -> io::Result<bool> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destination_is_checked_without_touching_what_is_there() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("out.json");
+        check_writable(&f).unwrap();
+        assert_eq!(
+            std::fs::read_dir(d.path()).unwrap().count(),
+            0,
+            "left a file behind"
+        );
+        std::fs::write(&f, b"kept").unwrap();
+        check_writable(&f).unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"kept");
+        assert!(check_writable(d.path()).is_err(), "a directory");
+        assert!(check_writable(&d.path().join("no/such/dir/x")).is_err());
+    }
 
     /// A socket bound to a port and connected to that same port connects to itself; a
     /// connection to a listener does not.
@@ -241,7 +280,6 @@ mod tests {
         drop(l);
         assert!(!accepts_connections(to, std::time::Duration::from_secs(2)));
     }
-    use super::*;
 
     #[test]
     fn left_by_the_dead_names_only_entries_of_gone_processes() {

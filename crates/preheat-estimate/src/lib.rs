@@ -29,4 +29,4 @@ pub mod session;
 pub mod show;
 
 pub use params::{BackendChoice, HybridStats, RecordParams, RecordStats, Recording};
-pub use profile::{read_profile, write_profile};
+pub use profile::{check_destination, read_profile, write_profile};

@@ -62,6 +62,13 @@ pub fn make_profile(
     }
 }
 
+/// Whether a profile can be written to `path`, checked before a recording (which takes seconds
+/// to minutes) instead of after it.
+pub fn check_destination(path: &Path) -> Result<()> {
+    preheat_engine::host::check_writable(path)
+        .with_context(|| format!("cannot write the profile to {}", path.display()))
+}
+
 /// Write a profile atomically: a temporary file in the same directory, fsync, rename.
 pub fn write_profile(path: &Path, profile: &Profile) -> Result<()> {
     use std::io::Write;

@@ -157,6 +157,19 @@ fn usage_errors_are_clear() {
     // Sizes that measure nothing are refused before a server starts.
     fails_with(&["demo", "--rounds", "0"], &rd, &["--rounds 0"]);
     fails_with(&["demo", "--lead-us", "99999999999"], &rd, &["--lead-us"]);
+    // A result path that cannot be written is refused before the minutes of work that fill it.
+    let nowhere = tmp.path().join("no/such/dir/x");
+    let nowhere = nowhere.to_str().unwrap();
+    fails_with(
+        &["demo", "--out", nowhere],
+        &rd,
+        &["--out", "cannot be written"],
+    );
+    fails_with(
+        &["record", "--server", "kv", "--out", nowhere],
+        &rd,
+        &["cannot write the profile"],
+    );
     // A benchmark of no repetitions is refused, not reported as 0.00% with n = 0.
     fails_with(&["bench", "agent", "--pairs", "0"], &rd, &["--pairs 0"]);
     fails_with(&["bench", "preheat", "--reps", "0"], &rd, &["--reps 0"]);
