@@ -85,12 +85,7 @@ pub fn cpus_of(p: &Params) -> Result<Vec<usize>> {
         return Ok((0..online).collect());
     }
     for &c in &p.cpus {
-        if c >= online {
-            bail!(
-                "CPU {c} does not exist (this machine has CPUs 0-{})",
-                online - 1
-            );
-        }
+        preheat_engine::os::check_cpu(c).map_err(anyhow::Error::msg)?;
     }
     Ok(p.cpus.clone())
 }

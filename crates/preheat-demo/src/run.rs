@@ -713,6 +713,7 @@ fn placement(a: &DemoParams) -> Result<(usize, usize, usize)> {
         );
     }
     let server_cpu = a.server_cpu.unwrap_or(ncpu - 1);
+    preheat_engine::os::check_cpu(server_cpu).map_err(|e| anyhow::anyhow!("--server-cpu: {e}"))?;
     let client_cpu = if server_cpu == 0 { 1 } else { 0 };
     Ok((ncpu, server_cpu, client_cpu))
 }

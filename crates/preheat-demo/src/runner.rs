@@ -72,6 +72,7 @@ impl Running {
 
 /// Start the server and configure its agents (or its outside agent).
 pub fn run_server(o: &RunServer) -> Result<Running> {
+    preheat_engine::os::check_cpu(o.cpu).map_err(|e| anyhow::anyhow!("--cpu: {e}"))?;
     // A profile that cannot be read is refused before the server starts (its agents would
     // otherwise be asked to load it only after the server's start-up).
     if let Some(p) = &o.profile {

@@ -124,6 +124,20 @@ pub fn timer_slack_ns() -> u64 {
     r.max(0) as u64
 }
 
+/// Whether this machine has CPU `cpu` (CPUs are numbered 0 to [`online_cpus`] − 1 here), else
+/// why not, in words a user can act on.
+pub fn check_cpu(cpu: usize) -> Result<(), String> {
+    let n = online_cpus();
+    if cpu < n {
+        Ok(())
+    } else {
+        Err(format!(
+            "CPU {cpu} does not exist (this machine has CPUs 0-{})",
+            n.saturating_sub(1)
+        ))
+    }
+}
+
 /// Number of online CPUs.
 pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no memory-safety preconditions.

@@ -166,6 +166,11 @@ fn usage_errors_are_clear() {
         &["--out", "cannot be written"],
     );
     fails_with(
+        &["demo", "--server-cpu", "4096"],
+        &rd,
+        &["--server-cpu", "CPU 4096 does not exist"],
+    );
+    fails_with(
         &["record", "--server", "kv", "--out", nowhere],
         &rd,
         &["cannot write the profile"],
