@@ -147,7 +147,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g = t1.add_argument_group(
         "any server", "instead of catalog servers, one server given by its command after --, as "
                       "`preheat demo --port P --protocol X --request R -- CMD` takes it")
-    g.add_argument("--port", type=_number(int, 1, True), help="the port the server listens on")
+    g.add_argument("--port", type=_positive_int, help="the port the server listens on")
     g.add_argument("--protocol", choices=["http", "memcached", "redis", "raw"], default="http",
                    help="its protocol (default http)")
     g.add_argument("--request", help="the request to measure: an HTTP path, a key, raw bytes")

@@ -63,9 +63,8 @@ fn median(v: &[f64]) -> f64 {
 /// Measure the controller's overhead and quantum accuracy (see the module docs), reporting one
 /// step per run to `progress` ("affinity", 3 × reps steps); workers are started with `worker`.
 pub fn measure(a: &BenchSpec, worker: &WorkerCmd, progress: &dyn Progress) -> Result<BenchResult> {
-    if a.reps == 0 {
-        anyhow::bail!("--reps 0: a benchmark needs at least one repetition (>= 5 for a headline)");
-    }
+    preheat_model::stats::require_repetitions(a.reps, "--reps", "repetition")
+        .map_err(anyhow::Error::msg)?;
     let kind = Kind::parse(&a.workload)
         .ok_or_else(|| anyhow::anyhow!("--workload {:?}: chase, stream or branchy", a.workload))?;
     let plan = crate::topology::plan(None, 0, &[2, 10, 200])?;

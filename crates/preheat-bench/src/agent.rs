@@ -193,9 +193,8 @@ pub fn measure(
     passthrough: bool,
     progress: &dyn Progress,
 ) -> Result<AgentBench> {
-    if pairs == 0 {
-        anyhow::bail!("--pairs 0: a benchmark needs at least one pair (>= 5 for a headline)");
-    }
+    preheat_model::stats::require_repetitions(pairs, "--pairs", "pair")
+        .map_err(anyhow::Error::msg)?;
     let second = match (aa, passthrough) {
         (true, _) => None,
         (false, p) => Some(!p),

@@ -230,9 +230,8 @@ pub fn measure(
     setup: &Setup,
     progress: &dyn Progress,
 ) -> Result<ObserveBench> {
-    if pairs == 0 {
-        anyhow::bail!("--pairs 0: a benchmark needs at least one pair (>= 5 for a headline)");
-    }
+    preheat_model::stats::require_repetitions(pairs, "--pairs", "pair")
+        .map_err(anyhow::Error::msg)?;
     let (mechanism, toggle) = (setup.mechanism, setup.toggle);
     if preheat_engine::os::online_cpus() >= 2 {
         preheat_engine::os::set_affinity(&[0])?;

@@ -201,9 +201,8 @@ pub fn measure(
     reps: usize,
     progress: &dyn Progress,
 ) -> Result<PreheatBench> {
-    if reps == 0 {
-        anyhow::bail!("--reps 0: a benchmark needs at least one repetition (>= 5 for a headline)");
-    }
+    preheat_model::stats::require_repetitions(reps, "--reps", "repetition")
+        .map_err(anyhow::Error::msg)?;
     let heap = vec![1u8; 256 << 20];
     let runs = synthetic_ws(&heap, ws_kib * 1024 / 64, 7);
     let addrs: Vec<VirtAddr> = runs

@@ -377,6 +377,8 @@ fn legend(o: &Output, floor: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use preheat_wake::predictor::P50;
 
     #[test]
     fn an_interval_of_too_few_rounds_is_marked() {
@@ -386,8 +388,6 @@ mod tests {
         let v: Vec<f64> = (0..30).map(|i| 10.0 + i as f64 * 0.1).collect();
         assert!(!p50_cell(&summarize(&v)).ends_with('*'));
     }
-    use super::*;
-    use preheat_wake::predictor::P50;
 
     #[test]
     fn the_machine_sentence_only_where_the_run_measured_the_loss() {

@@ -385,13 +385,13 @@ pub(crate) fn table(modes: &[Mode], samples: &[Sample], ws: &preheat_model::WsSt
         .collect()
 }
 
-/// What `mode` leaves above the floor `fl`, by stage (`None` without both totals).
 /// What mode `a` leaves above mode `b`, by stage: the same differences as a mode's residual
 /// above its floor.
 pub(crate) fn difference(samples: &[Sample], a: &str, b: &str) -> Option<Residual> {
     residual(&stages(samples, a), &stages(samples, b))
 }
 
+/// What `mode` leaves above the floor `fl`, by stage (`None` without both totals).
 fn residual(mode: &Stages, fl: &Stages) -> Option<Residual> {
     let d = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a - b);
     let wire = d(mode.wire, fl.wire);

@@ -53,6 +53,17 @@ pub fn brackets_median(n: usize) -> bool {
     n > 0 && r.lo.is_some() && r.hi.is_some()
 }
 
+/// A benchmark's repetition count `n` given by `flag` (`what`: one repetition's name), refused at
+/// 0: it would report a spread of nothing.
+pub fn require_repetitions(n: usize, flag: &str, what: &str) -> Result<(), String> {
+    if n == 0 {
+        return Err(format!(
+            "{flag} 0: a benchmark needs at least one {what} (>= 5 for a headline)"
+        ));
+    }
+    Ok(())
+}
+
 /// The `q` quantile of an ascending sample and its 95% confidence interval `(value, lo, hi)`
 /// ([`quantile_ranks`]; a bound the sample cannot bracket is its smallest or largest value).
 /// NaN for an empty sample.
@@ -171,6 +182,7 @@ impl Spread {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn eight_values_are_the_fewest_that_bracket_a_median_interval() {
@@ -188,7 +200,6 @@ mod tests {
         );
         assert_eq!(Spread::of(&[0.5]).show(1), "0.5 median [0.5–0.5], n = 1");
     }
-    use super::*;
 
     #[test]
     fn binomial_tail_matches_hand_counts() {
